@@ -1,0 +1,219 @@
+//! The one seam between the model graphs and the hardware.
+//!
+//! A forward pass is a sequence of calls on a [`Backend`]: the worker builds a [`BatchLayout`]
+//! once per pass (which rows belong to which sequence, where each row's K/V goes, which slots
+//! each sequence's attention reads), uploads it with [`Backend::prepare_batch`], then runs the
+//! layer ops in order. Ops are issued in program order on one stream, so a K/V write always
+//! completes before any attention that reads it.
+//!
+//! # Determinism contract
+//! Every op computes each output row from that row's inputs alone (attention: from its
+//! sequence's keys, visited in logical-position order) with a reduction order fixed by the op's
+//! static shapes (hidden size, head_dim, ...) — never by the number of rows, the batch layout,
+//! the physical KV slots or the thread count. That is what makes a pair's score independent of
+//! what else is in its batch, the split, and prefix reuse.
+
+use std::fmt;
+
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error("shape mismatch: {0}")]
+    Shape(String),
+    #[error("device error: {0}")]
+    Device(String),
+    #[error("out of device memory: {0}")]
+    OutOfMemory(String),
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// Raised by a test fault hook to exercise failure paths.
+    #[error("injected fault: {0}")]
+    Injected(String),
+}
+
+pub type Result<T> = std::result::Result<T, KernelError>;
+
+/// How rotary embedding pairs the dimensions of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeLayout {
+    /// Adjacent pairs (2i, 2i+1): GGUF llama checkpoints (llama.cpp permutes Q/K at conversion).
+    Interleaved,
+    /// Halves (i, i + d/2): HF checkpoints (GPT-NeoX style `rotate_half`).
+    HalfSplit,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeConfig {
+    pub theta: f32,
+    /// Rotated dimensions per head (≤ head_dim; the rest pass through).
+    pub rotary_dim: usize,
+    pub layout: RopeLayout,
+}
+
+/// Column layout of the fused QKV projection output: `[q heads | k heads | v heads]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QkvLayout {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl QkvLayout {
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+    /// Total columns of the fused QKV tensor.
+    pub fn qkv_dim(&self) -> usize {
+        self.q_dim() + 2 * self.kv_dim()
+    }
+    pub fn k_offset(&self) -> usize {
+        self.q_dim()
+    }
+    pub fn v_offset(&self) -> usize {
+        self.q_dim() + self.kv_dim()
+    }
+}
+
+/// One sequence of a varlen batch, as attention sees it.
+///
+/// The sequence's context is `ctx_len` logical positions `0..ctx_len`; its query rows are the
+/// last `q_len` of them (rows `q_row .. q_row + q_len` of the batch activations). The K/V of
+/// logical position `p` is at slot `key_slots[slot_offset + p]`. A shared prefix is simply
+/// positions whose slots lie in the prefix blocks: its exact length needs no block alignment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttnSeq {
+    pub q_row: u32,
+    pub q_len: u32,
+    pub ctx_len: u32,
+    pub slot_offset: u32,
+}
+
+/// Host-side description of one forward pass over a varlen batch.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BatchLayout {
+    /// Token id of each row.
+    pub token_ids: Vec<u32>,
+    /// Logical position of each row (RoPE angle).
+    pub positions: Vec<u32>,
+    /// KV slot each row's K and V are written to.
+    pub row_slots: Vec<u32>,
+    pub seqs: Vec<AttnSeq>,
+    /// Logical position → slot, concatenated per sequence (see [`AttnSeq`]).
+    pub key_slots: Vec<u32>,
+}
+
+impl BatchLayout {
+    pub fn num_rows(&self) -> usize {
+        self.token_ids.len()
+    }
+
+    /// Checks internal consistency; a backend calls this in `prepare_batch`.
+    pub fn validate(&self, num_slots: usize) -> Result<()> {
+        let n = self.token_ids.len();
+        if self.positions.len() != n || self.row_slots.len() != n {
+            return Err(KernelError::Shape(format!(
+                "batch layout: {} tokens, {} positions, {} row slots",
+                n,
+                self.positions.len(),
+                self.row_slots.len()
+            )));
+        }
+        if let Some(&s) = self.row_slots.iter().chain(self.key_slots.iter()).find(|&&s| s as usize >= num_slots) {
+            return Err(KernelError::Shape(format!("slot {s} out of range ({num_slots} slots)")));
+        }
+        for (i, s) in self.seqs.iter().enumerate() {
+            let q_end = s.q_row as usize + s.q_len as usize;
+            let k_end = s.slot_offset as usize + s.ctx_len as usize;
+            if s.q_len > s.ctx_len || q_end > n || k_end > self.key_slots.len() {
+                return Err(KernelError::Shape(format!("sequence {i} out of range: {s:?}")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The compute interface. One instance per device; the worker's runner thread owns it.
+pub trait Backend: Send + Sync + 'static {
+    /// A 2-D row-major activation matrix `[rows, cols]` on the device.
+    type Tensor: Send;
+    /// A linear layer's weight, logically `[out_features, in_features]`, packed for this device.
+    type Weight: Send + Sync;
+    /// A 1-D parameter (norm weight, bias, folded score vector).
+    type Vector: Send + Sync;
+    /// An embedding table `[vocab, hidden]`.
+    type Embedding: Send + Sync;
+    /// Paged K/V storage for all layers: per layer, `num_slots` rows of `[n_kv_heads, head_dim]`.
+    type KvCache: Send;
+    /// A [`BatchLayout`] resident on the device for one forward pass.
+    type Batch: Send;
+
+    fn name(&self) -> String;
+
+    // ---- memory ----
+    fn linear_weight(&self, data: &[f32], out_features: usize, in_features: usize) -> Result<Self::Weight>;
+    fn vector(&self, data: &[f32]) -> Result<Self::Vector>;
+    fn embedding(&self, data: &[f32], vocab: usize, hidden: usize) -> Result<Self::Embedding>;
+    fn kv_cache(&self, num_layers: usize, num_slots: usize, n_kv_heads: usize, head_dim: usize) -> Result<Self::KvCache>;
+    fn zeros(&self, rows: usize, cols: usize) -> Result<Self::Tensor>;
+    fn from_host(&self, data: &[f32], rows: usize, cols: usize) -> Result<Self::Tensor>;
+    fn to_host(&self, t: &Self::Tensor) -> Result<Vec<f32>>;
+    fn shape(&self, t: &Self::Tensor) -> (usize, usize);
+    fn prepare_batch(&self, layout: &BatchLayout, cache: &Self::KvCache) -> Result<Self::Batch>;
+
+    // ---- ops ----
+    /// `out[r] = table[ids[r]]` for the batch's token ids.
+    fn embed(&self, table: &Self::Embedding, batch: &Self::Batch, out: &mut Self::Tensor) -> Result<()>;
+    /// `out = x · Wᵀ (+ bias)`.
+    fn matmul(&self, x: &Self::Tensor, w: &Self::Weight, bias: Option<&Self::Vector>, out: &mut Self::Tensor) -> Result<()>;
+    /// `acc += x · Wᵀ` (the residual add fused into the projection).
+    fn matmul_add(&self, x: &Self::Tensor, w: &Self::Weight, acc: &mut Self::Tensor) -> Result<()>;
+    /// Row-wise RMSNorm: `out[r] = x[r] / rms(x[r]) * w`.
+    fn rms_norm(&self, x: &Self::Tensor, w: &Self::Vector, eps: f32, out: &mut Self::Tensor) -> Result<()>;
+    /// In place on the fused QKV tensor: optional per-head RMSNorm of q and k heads (qwen3's
+    /// `q_norm`/`k_norm`, weight of length head_dim), then RoPE of q and k heads at each row's
+    /// position.
+    #[allow(clippy::too_many_arguments)]
+    fn qk_norm_rope(
+        &self,
+        qkv: &mut Self::Tensor,
+        layout: QkvLayout,
+        q_norm: Option<&Self::Vector>,
+        k_norm: Option<&Self::Vector>,
+        eps: f32,
+        rope: RopeConfig,
+        batch: &Self::Batch,
+    ) -> Result<()>;
+    /// Writes each row's K and V heads (from the fused QKV tensor) to its slot in `layer`.
+    fn write_kv(&self, qkv: &Self::Tensor, layout: QkvLayout, cache: &mut Self::KvCache, layer: usize, batch: &Self::Batch) -> Result<()>;
+    /// Causal GQA attention for every query row over its sequence's context (see [`AttnSeq`]),
+    /// softmax scale `1/sqrt(head_dim)`. `out` is `[rows, n_heads * head_dim]`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        qkv: &Self::Tensor,
+        layout: QkvLayout,
+        cache: &Self::KvCache,
+        layer: usize,
+        batch: &Self::Batch,
+        out: &mut Self::Tensor,
+    ) -> Result<()>;
+    /// `out = silu(gate) * up` where `gate_up = [gate | up]` column halves.
+    fn silu_mul(&self, gate_up: &Self::Tensor, out: &mut Self::Tensor) -> Result<()>;
+    /// `out[i] = x[rows[i]]`.
+    fn gather_rows(&self, x: &Self::Tensor, rows: &[u32], out: &mut Self::Tensor) -> Result<()>;
+    /// One dot product per row with `v` (the folded score head): `x[r] · v`.
+    fn dot_rows(&self, x: &Self::Tensor, v: &Self::Vector) -> Result<Vec<f32>>;
+    /// Full-vocabulary logits against an embedding table used as the LM head (tests, generation).
+    fn lm_logits(&self, x: &Self::Tensor, table: &Self::Embedding, out: &mut Self::Tensor) -> Result<()>;
+}
+
+impl fmt::Display for RopeLayout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RopeLayout::Interleaved => f.write_str("interleaved"),
+            RopeLayout::HalfSplit => f.write_str("half-split"),
+        }
+    }
+}

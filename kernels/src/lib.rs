@@ -1,0 +1,10 @@
+//! Compute for the Sieve worker. The model graphs call the [`Backend`] trait; this crate provides
+//! the implementations: [`reference::ReferenceBackend`] (plain loops, the test oracle),
+//! the CPU backend (SIMD, threaded) and the CUDA backend (cudarc + NVRTC kernels).
+//! Nothing here knows about HTTP, tokens or requests.
+
+pub mod backend;
+pub mod host;
+pub mod reference;
+
+pub use backend::{AttnSeq, Backend, BatchLayout, KernelError, QkvLayout, Result, RopeConfig, RopeLayout};

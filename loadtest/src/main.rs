@@ -1,0 +1,4 @@
+fn main() {
+    eprintln!("sieve-loadtest: not built yet (see the load-test issue)");
+    std::process::exit(2);
+}

@@ -1,0 +1,165 @@
+//! API errors and their one mapping to HTTP status codes.
+
+use serde::{Deserialize, Serialize};
+
+/// What went wrong, from the caller's point of view. Each kind has exactly one HTTP status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// 400: the body is not valid JSON.
+    Malformed,
+    /// 404: no such route.
+    NotFound,
+    /// 405: the route exists but not with this method.
+    MethodNotAllowed,
+    /// 413: body, item count or an item is over a limit.
+    TooLarge,
+    /// 422: well-formed but semantically invalid (empty query, no items, wrong field type).
+    Invalid,
+    /// 429: queues are full; retry later or elsewhere.
+    Overloaded,
+    /// 500: a bug or an engine failure; the request may be retried elsewhere.
+    Internal,
+    /// 503: not ready (loading, draining, no healthy worker).
+    NotReady,
+    /// 504: the deadline passed before the work could finish.
+    DeadlineExceeded,
+}
+
+impl ErrorKind {
+    pub fn status(self) -> u16 {
+        match self {
+            ErrorKind::Malformed => 400,
+            ErrorKind::NotFound => 404,
+            ErrorKind::MethodNotAllowed => 405,
+            ErrorKind::TooLarge => 413,
+            ErrorKind::Invalid => 422,
+            ErrorKind::Overloaded => 429,
+            ErrorKind::Internal => 500,
+            ErrorKind::NotReady => 503,
+            ErrorKind::DeadlineExceeded => 504,
+        }
+    }
+
+    pub fn from_status(status: u16) -> Option<Self> {
+        Some(match status {
+            400 => ErrorKind::Malformed,
+            404 => ErrorKind::NotFound,
+            405 => ErrorKind::MethodNotAllowed,
+            413 => ErrorKind::TooLarge,
+            422 => ErrorKind::Invalid,
+            429 => ErrorKind::Overloaded,
+            500 => ErrorKind::Internal,
+            503 => ErrorKind::NotReady,
+            504 => ErrorKind::DeadlineExceeded,
+            _ => return None,
+        })
+    }
+
+    /// Whether another attempt (elsewhere or later) could succeed.
+    pub fn is_retryable(self) -> bool {
+        matches!(self, ErrorKind::Overloaded | ErrorKind::Internal | ErrorKind::NotReady)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{kind:?} ({}): {message}", kind.status())]
+pub struct ApiError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        ApiError { kind, message: message.into() }
+    }
+    pub fn malformed(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Malformed, m)
+    }
+    pub fn too_large(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::TooLarge, m)
+    }
+    pub fn invalid(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Invalid, m)
+    }
+    pub fn overloaded(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Overloaded, m)
+    }
+    pub fn internal(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Internal, m)
+    }
+    pub fn not_ready(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::NotReady, m)
+    }
+    pub fn deadline(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::DeadlineExceeded, m)
+    }
+
+    pub fn status(&self) -> u16 {
+        self.kind.status()
+    }
+
+    /// Parses a JSON request body: syntax errors are 400, shape errors (missing field, wrong
+    /// type, unknown field) are 422, each with serde's message naming the place.
+    pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+        serde_json::from_slice(body).map_err(|e| match e.classify() {
+            serde_json::error::Category::Data => ApiError::invalid(format!("invalid request: {e}")),
+            _ => ApiError::malformed(format!("malformed JSON: {e}")),
+        })
+    }
+
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody {
+            error: ErrorDetail { kind: self.kind, code: self.kind.status(), message: self.message.clone() },
+        }
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(&self.body()).unwrap_or_else(|_| String::from("{}"))
+    }
+
+    /// Rebuilds an error from a peer's HTTP status and body (proxy side).
+    pub fn from_response(status: u16, body: &[u8]) -> Self {
+        let kind = ErrorKind::from_status(status).unwrap_or(ErrorKind::Internal);
+        let message = serde_json::from_slice::<ErrorBody>(body)
+            .map(|b| b.error.message)
+            .unwrap_or_else(|_| String::from_utf8_lossy(body).chars().take(500).collect());
+        ApiError::new(kind, message)
+    }
+}
+
+/// `{"error": {"type": "invalid", "code": 422, "message": "..."}}`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    #[serde(rename = "type")]
+    pub kind: ErrorKind,
+    pub code: u16,
+    pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ScoreRequest;
+
+    #[test]
+    fn syntax_is_400_shape_is_422() {
+        let e = ApiError::parse_json::<ScoreRequest>(b"{\"query\": ").unwrap_err();
+        assert_eq!(e.status(), 400);
+        let e = ApiError::parse_json::<ScoreRequest>(b"{\"query\": 3, \"items\": []}").unwrap_err();
+        assert_eq!(e.status(), 422);
+        assert!(e.message.contains("query") || e.message.contains("integer"), "{}", e.message);
+    }
+
+    #[test]
+    fn round_trips_through_a_response_body() {
+        let e = ApiError::too_large("too many items: 5000 > max_items 1024");
+        let back = ApiError::from_response(413, e.to_json().as_bytes());
+        assert_eq!(back, e);
+    }
+}

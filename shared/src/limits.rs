@@ -1,0 +1,120 @@
+//! Request limits, checked the same way by the proxy (before any shard is sent) and the worker.
+//! Token-level limits (an item longer than the model's context) are the worker's, after
+//! tokenization; everything checkable on the text is here.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{ApiError, ScoreRequest};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Largest accepted request body, in bytes.
+    pub max_body_bytes: usize,
+    /// Most items in one call.
+    pub max_items: usize,
+    /// Longest query, in characters.
+    pub max_query_chars: usize,
+    /// Longest item text, in characters.
+    pub max_item_chars: usize,
+    /// Longest instruction, in characters.
+    pub max_instruction_chars: usize,
+    /// Longest accepted deadline, in milliseconds.
+    pub max_deadline_ms: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: 16 << 20,
+            max_items: 2048,
+            max_query_chars: 4096,
+            max_item_chars: 32_768,
+            max_instruction_chars: 4096,
+            max_deadline_ms: 600_000,
+        }
+    }
+}
+
+impl Limits {
+    /// Checks everything that can be checked without a tokenizer. The first violation wins;
+    /// the message names the field and the limit.
+    pub fn check(&self, req: &ScoreRequest) -> Result<(), ApiError> {
+        if req.query.trim().is_empty() {
+            return Err(ApiError::invalid("query is empty"));
+        }
+        if req.items.is_empty() {
+            return Err(ApiError::invalid("items is empty: at least one item is required"));
+        }
+        if req.items.len() > self.max_items {
+            return Err(ApiError::too_large(format!(
+                "too many items: {} > max_items {}",
+                req.items.len(),
+                self.max_items
+            )));
+        }
+        let qc = req.query.chars().count();
+        if qc > self.max_query_chars {
+            return Err(ApiError::too_large(format!(
+                "query too long: {qc} characters > max_query_chars {}",
+                self.max_query_chars
+            )));
+        }
+        if let Some(instr) = &req.instruction {
+            let ic = instr.chars().count();
+            if ic > self.max_instruction_chars {
+                return Err(ApiError::too_large(format!(
+                    "instruction too long: {ic} characters > max_instruction_chars {}",
+                    self.max_instruction_chars
+                )));
+            }
+        }
+        for (i, item) in req.items.iter().enumerate() {
+            let text = item.text();
+            if text.trim().is_empty() {
+                return Err(ApiError::invalid(format!("items[{i}] is empty")));
+            }
+            let c = text.chars().count();
+            if c > self.max_item_chars {
+                return Err(ApiError::too_large(format!(
+                    "items[{i}] too long: {c} characters > max_item_chars {}",
+                    self.max_item_chars
+                )));
+            }
+        }
+        if let Some(d) = req.deadline_ms {
+            if d == 0 {
+                return Err(ApiError::invalid("deadline_ms must be positive"));
+            }
+            if d > self.max_deadline_ms {
+                return Err(ApiError::invalid(format!(
+                    "deadline_ms {d} > max_deadline_ms {}",
+                    self.max_deadline_ms
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(query: &str, items: Vec<&str>) -> ScoreRequest {
+        ScoreRequest { query: query.into(), items: items.into_iter().map(Into::into).collect(), instruction: None, deadline_ms: None }
+    }
+
+    #[test]
+    fn each_violation_has_its_code() {
+        let l = Limits { max_items: 2, max_item_chars: 5, ..Limits::default() };
+        assert!(l.check(&req("q", vec!["a"])).is_ok());
+        assert_eq!(l.check(&req(" ", vec!["a"])).unwrap_err().status(), 422);
+        assert_eq!(l.check(&req("q", vec![])).unwrap_err().status(), 422);
+        assert_eq!(l.check(&req("q", vec!["a", "b", "c"])).unwrap_err().status(), 413);
+        let e = l.check(&req("q", vec!["a", "toolong"])).unwrap_err();
+        assert_eq!(e.status(), 413);
+        assert!(e.message.contains("items[1]") && e.message.contains("max_item_chars 5"), "{}", e.message);
+        assert_eq!(l.check(&req("q", vec!["a", ""])).unwrap_err().status(), 422);
+    }
+}

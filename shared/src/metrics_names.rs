@@ -1,0 +1,17 @@
+//! Metric names, `sieve_<crate>_<thing>`, in one place so dashboards and tests agree.
+
+pub mod worker {
+    pub const REQUESTS: &str = "sieve_worker_requests_total";
+    pub const REQUEST_ERRORS: &str = "sieve_worker_request_errors_total";
+    pub const REQUEST_SECONDS: &str = "sieve_worker_request_seconds";
+    pub const QUEUE_SECONDS: &str = "sieve_worker_queue_seconds";
+    pub const FORWARD_SECONDS: &str = "sieve_worker_forward_seconds";
+    pub const IN_FLIGHT: &str = "sieve_worker_in_flight_requests";
+    pub const QUEUED_PAIRS: &str = "sieve_worker_queued_pairs";
+    pub const PAIRS: &str = "sieve_worker_pairs_total";
+    pub const TOKENS_COMPUTED: &str = "sieve_worker_tokens_computed_total";
+    pub const PROMPT_TOKENS: &str = "sieve_worker_prompt_tokens_total";
+    pub const KV_BLOCKS_USED: &str = "sieve_worker_kv_blocks_used";
+    pub const KV_BLOCKS_FREE: &str = "sieve_worker_kv_blocks_free";
+    pub const BATCH_TOKENS: &str = "sieve_worker_batch_tokens";
+}

@@ -1,0 +1,2 @@
+//! The Sieve worker: prompt building, tokenization, scheduling, the KV block manager and the
+//! model graphs, served over HTTP.

@@ -1,0 +1,4 @@
+fn main() {
+    eprintln!("sieve-worker: not built yet");
+    std::process::exit(2);
+}
