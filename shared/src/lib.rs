@@ -5,7 +5,9 @@ pub mod api;
 pub mod error;
 pub mod limits;
 pub mod metrics_names;
+pub mod stats;
 
 pub use api::*;
 pub use error::{ApiError, ErrorKind};
 pub use limits::Limits;
+pub use stats::WorkerStats;
