@@ -247,8 +247,8 @@ pub struct HedgeConfig {
     /// Multiplier of the predicted time used until `min_samples` shards were measured.
     pub initial_multiplier: f64,
     pub min_samples: usize,
-    /// A hedge goes only to a worker whose predicted backlog is at most this (0: idle).
-    pub max_target_backlog_ms: f64,
+    /// A hedge goes only to a worker with at most this many calls in flight (0: idle).
+    pub max_target_in_flight: u64,
 }
 
 impl Default for HedgeConfig {
@@ -260,7 +260,7 @@ impl Default for HedgeConfig {
             min_delay_ms: 5.0,
             initial_multiplier: 2.0,
             min_samples: 20,
-            max_target_backlog_ms: 0.0,
+            max_target_in_flight: 0,
         }
     }
 }
@@ -328,7 +328,7 @@ pub struct EstimatorConfig {
 
 impl Default for EstimatorConfig {
     fn default() -> Self {
-        EstimatorConfig { recalibrate: true, token_decay: 0.9995, cost_decay: 0.995, prior_weight: 20.0, speed_smoothing: 0.2 }
+        EstimatorConfig { recalibrate: true, token_decay: 0.9995, cost_decay: 0.995, prior_weight: 5.0, speed_smoothing: 0.2 }
     }
 }
 

@@ -127,15 +127,20 @@ impl SimEngine {
         self.ready.load(Ordering::SeqCst) && !self.is_draining()
     }
 
-    /// Compute time of a call at the current settings, before jitter.
+    /// Compute time of a call at the worker's normal speed: what it expects, and what it
+    /// checks deadlines against. Slowdowns (scheduled or set) are not part of it: a throttled
+    /// worker does not know it is throttled.
     pub fn nominal_compute_ms(&self, prefix: u32, items: &[u32]) -> f64 {
-        let s = self.settings();
-        let slowdown: f64 =
-            self.config.slowdowns.iter().map(|d| d.factor_at(self.started.elapsed())).product::<f64>() * s.slowdown;
         let passes = self.passes(prefix, items);
         let one_pass = self.config.cost.call_ms(f64::from(prefix), items.iter().map(|&n| f64::from(n)));
         // A call over the batch limit runs as several passes, each paying the fixed cost.
-        (one_pass + (passes - 1) as f64 * self.config.cost.request_ms) * slowdown / s.speed
+        (one_pass + (passes - 1) as f64 * self.config.cost.request_ms) / self.settings().speed
+    }
+
+    /// The current slowdown: scheduled ones times the one set at run time.
+    pub fn slowdown(&self) -> f64 {
+        let since = self.started.elapsed();
+        self.config.slowdowns.iter().map(|d| d.factor_at(since)).product::<f64>() * self.settings().slowdown
     }
 
     fn passes(&self, prefix: u32, items: &[u32]) -> u64 {
@@ -211,14 +216,14 @@ impl SimEngine {
             let fail = rng.random::<f64>() < settings.fail_rate;
             (noise, fail.then(|| rng.random::<f64>()))
         };
-        let compute_ms = self.nominal_compute_ms(prefix, &item_tokens) * noise;
-        let compute = Duration::from_secs_f64(compute_ms / 1e3);
+        let nominal_ms = self.nominal_compute_ms(prefix, &item_tokens);
+        let compute = Duration::from_secs_f64(nominal_ms * self.slowdown() * noise / 1e3);
         if let Some(d) = deadline {
-            if start + compute > d {
+            if start + Duration::from_secs_f64(nominal_ms / 1e3) > d {
                 in_flight.finished = true;
                 c.deadline_drops.fetch_add(1, Ordering::Relaxed);
                 return Err(ApiError::deadline(format!(
-                    "cannot finish within the deadline: {compute_ms:.1} ms of compute, {:.1} ms left",
+                    "cannot finish within the deadline: {nominal_ms:.1} ms of compute, {:.1} ms left",
                     d.saturating_duration_since(start).as_secs_f64() * 1e3
                 )));
             }
@@ -230,7 +235,18 @@ impl SimEngine {
             c.failures_injected.fetch_add(1, Ordering::Relaxed);
             return Err(ApiError::internal("injected failure"));
         }
-        tokio::time::sleep(compute).await;
+        // Like the worker between forward passes: work still running at the deadline is dropped.
+        let end = start + compute;
+        match deadline {
+            Some(d) if d < end => {
+                tokio::time::sleep_until(d).await;
+                drop(permit);
+                in_flight.finished = true;
+                c.deadline_drops.fetch_add(1, Ordering::Relaxed);
+                return Err(ApiError::deadline("deadline passed during compute"));
+            }
+            _ => tokio::time::sleep_until(end).await,
+        }
         drop(permit);
         let elapsed = start.elapsed();
         c.busy_us.fetch_add(elapsed.as_micros() as u64, Ordering::Relaxed);
@@ -367,6 +383,18 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_slowed_worker_accepts_work_and_drops_it_at_the_deadline() {
+        let cost = CostModel { request_ms: 10.0, token_ms: 0.0, token_context_ms: 0.0 };
+        let e = engine(SimConfig { cost, ..SimConfig::default() });
+        e.update(&SimSettingsUpdate { slowdown: Some(100.0), ..Default::default() }).unwrap();
+        let t0 = Instant::now();
+        let err = e.score(req(&["x"], Some(50)), t0).await.unwrap_err();
+        assert_eq!(err.status(), 504);
+        assert!(err.message.contains("during compute"), "{}", err.message);
+        assert_eq!(t0.elapsed(), Duration::from_millis(50));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn failures_speed_and_limits() {
         let e = engine(SimConfig { fail_rate: 1.0, ..SimConfig::default() });
         assert_eq!(e.score(req(&["x"], None), Instant::now()).await.unwrap_err().status(), 500);
@@ -380,8 +408,9 @@ mod tests {
         assert!(err.message.contains("items[1]"), "{}", err.message);
         let slow = engine(SimConfig::default());
         let fast_ms = slow.nominal_compute_ms(100, &[100, 100]);
-        slow.update(&SimSettingsUpdate { speed: Some(0.5), ..Default::default() }).unwrap();
+        slow.update(&SimSettingsUpdate { speed: Some(0.5), slowdown: Some(3.0), ..Default::default() }).unwrap();
         assert!((slow.nominal_compute_ms(100, &[100, 100]) - 2.0 * fast_ms).abs() < 1e-9);
+        assert_eq!(slow.slowdown(), 3.0);
         slow.drain();
         assert_eq!(slow.score(req(&["x"], None), Instant::now()).await.unwrap_err().status(), 503);
         assert!(slow.stats().draining);
