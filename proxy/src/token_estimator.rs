@@ -26,33 +26,93 @@ const DEFAULT_PREFIX_BIAS: [f64; 2] = [60.0, 45.0];
 const PREFIX_BIAS_SMOOTHING: f64 = 0.1;
 
 pub fn features(text: &str) -> Features {
-    let mut f = [0.0; FEATURES];
-    f[0] = 1.0;
-    let mut in_word = false;
-    for c in text.chars() {
-        let wordish = c.is_alphanumeric() && !is_cjk(c);
-        if wordish && !in_word {
-            f[5] += 1.0;
+    let mut counts = [0u32; FEATURES];
+    counts[0] = 1;
+    if text.is_ascii() {
+        ascii_counts(text.as_bytes(), &mut counts);
+    } else {
+        let mut in_word = false;
+        for c in text.chars() {
+            let class = if c.is_ascii() {
+                ascii_class(c as u8)
+            } else if c.is_whitespace() {
+                4
+            } else if is_cjk(c) {
+                7
+            } else if c.is_alphanumeric() {
+                6
+            } else {
+                8
+            };
+            let wordish = matches!(class, 1 | 2 | 6);
+            counts[5] += u32::from(wordish && !in_word);
+            in_word = wordish;
+            counts[class] += 1;
         }
-        in_word = wordish;
-        let class = if c.is_ascii_alphabetic() {
-            1
-        } else if c.is_ascii_digit() {
-            2
-        } else if c.is_ascii_punctuation() {
-            3
-        } else if c.is_whitespace() {
-            4
-        } else if is_cjk(c) {
-            7
-        } else if c.is_alphanumeric() {
-            6
-        } else {
-            8
-        };
-        f[class] += 1.0;
     }
-    f
+    counts.map(f64::from)
+}
+
+/// Feature index of an ASCII byte: 1 letter, 2 digit, 3 punctuation, 4 whitespace, 8 other.
+const fn ascii_class(c: u8) -> usize {
+    if c.is_ascii_alphabetic() {
+        1
+    } else if c.is_ascii_digit() {
+        2
+    } else if c.is_ascii_punctuation() {
+        3
+    } else if c.is_ascii_whitespace() || c == 0x0b {
+        4
+    } else {
+        8
+    }
+}
+
+/// The ASCII path runs on every item of every request, so it works on eight bytes at a time
+/// (SWAR): per-byte class masks from range tests on the high bit of each byte, counted by a
+/// multiply; a word starts where an alphanumeric byte follows a non-alphanumeric one.
+fn ascii_counts(bytes: &[u8], counts: &mut [u32; FEATURES]) {
+    const L: u64 = 0x0101_0101_0101_0101;
+    const H: u64 = 0x8080_8080_8080_8080;
+    // High bit of each byte set where that byte is >= n (bytes < 0x80, 1 <= n <= 0x80).
+    let ge = |x: u64, n: u64| (x | H).wrapping_sub(n * L) & H;
+    let within = |x: u64, lo: u64, hi: u64| ge(x, lo) & !ge(x, hi + 1);
+    // Bytes marked in a mask: the byte sum of (mask >> 7) (no popcount instruction needed).
+    let marked = |m: u64| ((m >> 7).wrapping_mul(L) >> 56) as u32;
+    let (mut letters, mut digits, mut graphic, mut space, mut words) = (0u32, 0u32, 0u32, 0u32, 0u32);
+    let mut prev_alnum_top = 0u64; // the previous word's last byte's mark, at bit 7
+    let mut add = |x: u64| {
+        let l = within(x | 0x2020_2020_2020_2020, 0x61, 0x7a);
+        let d = within(x, 0x30, 0x39);
+        let alnum = l | d;
+        letters += marked(l);
+        digits += marked(d);
+        graphic += marked(within(x, 0x21, 0x7e));
+        space += marked(within(x, 0x09, 0x0d) | within(x, 0x20, 0x20));
+        // Byte i's predecessor is byte i-1 (little endian: the next lower byte).
+        let prev = (alnum << 8) | prev_alnum_top;
+        words += marked(alnum & !prev);
+        prev_alnum_top = alnum >> 56;
+    };
+    let mut chunks = bytes.chunks_exact(8);
+    for c in &mut chunks {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(c);
+        add(u64::from_le_bytes(w));
+    }
+    let rem = chunks.remainder();
+    if !rem.is_empty() {
+        let mut w = [0u8; 8];
+        w[..rem.len()].copy_from_slice(rem);
+        add(u64::from_le_bytes(w));
+    }
+    // The zero padding of the last word is "other", never a letter, digit, symbol or space.
+    counts[1] += letters;
+    counts[2] += digits;
+    counts[3] += graphic - letters - digits;
+    counts[4] += space;
+    counts[5] += words;
+    counts[8] += bytes.len() as u32 - graphic - space;
 }
 
 fn is_cjk(c: char) -> bool {
@@ -145,6 +205,49 @@ mod tests {
         let words = ["waterproof", "trail", "running", "shoe", "men's", "size", "lightweight", "cushioned", "grip", "mesh", "upper", "black/red"];
         let n = 3 + (i * 7) % 40;
         (0..n).map(|k| words[(i + k * 5) % words.len()]).collect::<Vec<_>>().join(" ") + &format!(", model {}", 1000 + i)
+    }
+
+    #[test]
+    fn ascii_fast_path_agrees_with_the_general_path() {
+        let long = "Trail runner, size 42 (EU)\tblack/red ~\x01 ".repeat(400); // > 4,095 bytes
+        for t in ["Trail runner, size 42 (EU)\tblack/red", "  a  b  ", "x1y2 z", "", long.as_str()] {
+            let fast = features(t);
+            // The same text with one non-ASCII character appended takes the general path.
+            let mut slow = features(&format!("{t}é"));
+            slow[6] -= 1.0;
+            if !t.ends_with(|c: char| c.is_ascii_alphanumeric()) {
+                slow[5] -= 1.0; // é starts a word unless it continues one
+            }
+            assert_eq!(fast, slow, "{t:?}");
+        }
+    }
+
+    #[test]
+    fn swar_ascii_counts_match_a_byte_by_byte_count() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for len in 0..300 {
+            let text: String = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    // Mostly printable, some control characters and whitespace.
+                    (if x % 7 == 0 { (x >> 8) % 32 } else { 32 + (x >> 8) % 95 }) as u8 as char
+                })
+                .collect();
+            let mut fast = [0u32; FEATURES];
+            ascii_counts(text.as_bytes(), &mut fast);
+            let mut slow = [0u32; FEATURES];
+            let mut in_word = false;
+            for b in text.bytes() {
+                let class = ascii_class(b);
+                let wordish = class == 1 || class == 2;
+                slow[5] += u32::from(wordish && !in_word);
+                in_word = wordish;
+                slow[class] += 1;
+            }
+            assert_eq!(fast, slow, "{text:?}");
+        }
     }
 
     #[test]

@@ -11,6 +11,17 @@ pub const TEMPLATE_TAIL_TOKENS: u32 = 10;
 pub fn count_tokens(text: &str) -> u32 {
     let mut tokens = 0u32;
     let mut word = 0u32;
+    if text.is_ascii() {
+        for &b in text.as_bytes() {
+            if b.is_ascii_alphanumeric() {
+                word += 1;
+                continue;
+            }
+            tokens += word_tokens(word) + u32::from(!(b as char).is_whitespace());
+            word = 0;
+        }
+        return tokens + word_tokens(word);
+    }
     for c in text.chars() {
         if c.is_alphanumeric() && !is_cjk(c) {
             word += 1;
