@@ -146,3 +146,82 @@ async fn sigterm_drains_the_proxy_without_failing_requests_in_flight() {
     assert!(status.success(), "{status:?}");
     std::fs::remove_dir_all(cfg.parent().unwrap()).ok();
 }
+
+/// The addresses `sieve up` printed (proxy and workers).
+fn printed_addresses(out: &str) -> Vec<std::net::SocketAddr> {
+    out.split(|c: char| c.is_whitespace() || c == '(' || c == ')')
+        .filter_map(|w| w.strip_prefix("http://"))
+        .filter_map(|a| a.parse().ok())
+        .collect()
+}
+
+fn closed(addrs: &[std::net::SocketAddr]) -> bool {
+    addrs.iter().all(|a| std::net::TcpStream::connect_timeout(a, Duration::from_millis(200)).is_err())
+}
+
+#[test]
+fn sieve_up_scores_the_demo_request_and_leaves_nothing_running() {
+    let out = std::process::Command::new(sieve_e2e::bin("sieve"))
+        .args(["up", "--sim", "--workers", "3"])
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    for i in 1001..=1020 {
+        assert!(stdout.contains(&format!("sku-{i}")), "sku-{i} not ranked:\n{stdout}");
+    }
+    assert!(stdout.contains("timing:") && stdout.contains("over "), "{stdout}");
+    let addrs = printed_addresses(&stdout);
+    assert_eq!(addrs.len(), 8, "proxy api+admin and 3 workers' api+admin: {addrs:?}");
+    assert!(closed(&addrs), "a process of the cluster is still listening");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sieve_up_keep_running_serves_until_interrupted_and_sieve_score_ranks() {
+    use std::io::{BufRead, BufReader};
+    let http = Http::new();
+    let mut child = std::process::Command::new(sieve_e2e::bin("sieve"))
+        .args(["up", "--sim", "--workers", "2", "--keep-running", "--port", "0", "--admin-port", "0"])
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut reader = BufReader::new(child.stdout.take().unwrap());
+    let mut printed = String::new();
+    let url = loop {
+        let mut line = String::new();
+        assert!(reader.read_line(&mut line).unwrap() > 0, "sieve up exited early:\n{printed}");
+        printed.push_str(&line);
+        if let Some(rest) = line.strip_prefix("serving on ") {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+    };
+    let r = http.post_json(&format!("{url}/v1/score"), &score_body(QUERY, &catalogue(30, 3), None)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/demo-request.json");
+    let out = std::process::Command::new(sieve_e2e::bin("sieve"))
+        .args(["score", "--items-file", demo, "--target", &url, "--top", "5"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let rows = text.lines().filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()) && l.contains("sku-")).count();
+    assert_eq!(rows, 5, "{text}");
+    // SAFETY: signalling our own child.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGINT);
+    }
+    let end = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < end, "sieve up did not stop on Ctrl-C");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    assert!(closed(&printed_addresses(&printed)), "a process of the cluster is still listening");
+}

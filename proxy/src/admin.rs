@@ -1,6 +1,7 @@
 //! The admin port: `/health` (the process is up), `/ready` (not draining and at least one
 //! worker can take shards), `/metrics` (Prometheus), `/workers` (a JSON table of every
-//! worker's state), `/config` (the effective config) and `POST /reload` (re-read the file).
+//! worker's state, also as `/stats`), `/config` (the effective config) and `POST /reload`
+//! (re-read the file).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -41,13 +42,14 @@ pub async fn handle(state: Arc<AppState>, discovery: Arc<Discovery>, req: Reques
             refresh_worker_gauges(&state);
             text(StatusCode::OK, state.metrics.render(), "text/plain; version=0.0.4")
         }
-        (&Method::GET, "/workers") => json(StatusCode::OK, &workers_report(&state)),
+        // `/stats` is the same report, under the name the worker's admin port uses.
+        (&Method::GET, "/workers" | "/stats") => json(StatusCode::OK, &workers_report(&state)),
         (&Method::GET, "/config") => json(StatusCode::OK, &*state.config()),
         (&Method::POST, "/reload") => match discovery.reload() {
             Ok(n) => json(StatusCode::OK, &serde_json::json!({"reloaded": true, "workers": n})),
             Err(e) => error(&ApiError::invalid(e)),
         },
-        (_, "/health" | "/ready" | "/metrics" | "/workers" | "/config" | "/reload") => {
+        (_, "/health" | "/ready" | "/metrics" | "/workers" | "/stats" | "/config" | "/reload") => {
             error(&ApiError::new(ErrorKind::MethodNotAllowed, format!("method not allowed on {path}")))
         }
         _ => error(&ApiError::new(ErrorKind::NotFound, format!("no route {path}"))),

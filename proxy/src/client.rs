@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::header::{CONTENT_TYPE, HeaderValue};
-use hyper::{Method, Request, StatusCode, Uri};
+use hyper::{HeaderMap, Method, Request, StatusCode, Uri};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -36,6 +36,7 @@ pub enum ClientError {
 #[derive(Debug)]
 pub struct Reply {
     pub status: StatusCode,
+    pub headers: HeaderMap,
     pub body: Bytes,
 }
 
@@ -80,15 +81,15 @@ impl HttpClient {
                 ClientError::Broken(error_chain(&e))
             }
         })?;
-        let status = resp.status();
-        let body = Limited::new(resp.into_body(), self.max_response_bytes).collect().await.map_err(|e| {
+        let (parts, body) = resp.into_parts();
+        let body = Limited::new(body, self.max_response_bytes).collect().await.map_err(|e| {
             if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
                 ClientError::TooLarge(self.max_response_bytes)
             } else {
                 ClientError::Broken(e.to_string())
             }
         })?;
-        Ok(Reply { status, body: body.to_bytes() })
+        Ok(Reply { status: parts.status, headers: parts.headers, body: body.to_bytes() })
     }
 }
 
