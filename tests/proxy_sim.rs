@@ -38,7 +38,7 @@ async fn through(http: &Http, p: &RunningProxy, body: &serde_json::Value) -> sie
     http.post_json(&format!("{}/v1/score", p.api_url()), body).await
 }
 
-fn worker_by_url<'a>(p: &RunningProxy, url: &str) -> Arc<sieve_proxy::worker::Worker> {
+fn worker_by_url(p: &RunningProxy, url: &str) -> Arc<sieve_proxy::worker::Worker> {
     p.state.pool.snapshot().iter().find(|w| w.url() == url).cloned().expect("worker in pool")
 }
 

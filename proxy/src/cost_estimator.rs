@@ -44,7 +44,7 @@ impl CostEstimator {
 
     /// Learns from one shard: its reported usage and compute time.
     pub fn observe(&mut self, f: &CostFeatures, compute_ms: f64) {
-        if !self.recalibrate || !(compute_ms.is_finite() && compute_ms >= 0.0) {
+        if !(self.recalibrate && compute_ms.is_finite() && compute_ms >= 0.0) {
             return;
         }
         let x = f.as_array();

@@ -77,6 +77,8 @@ impl Service {
 pub struct LocalCluster {
     pub workers: Vec<Service>,
     pub proxy: Option<Service>,
+    /// Files written for the cluster (the generated proxy config), removed at shutdown.
+    temp_files: Vec<PathBuf>,
 }
 
 impl Drop for LocalCluster {
@@ -93,6 +95,9 @@ impl LocalCluster {
         }
         for mut w in self.workers.drain(..) {
             w.stop(Duration::from_secs(10));
+        }
+        for f in self.temp_files.drain(..) {
+            let _ = std::fs::remove_file(f);
         }
     }
 }
@@ -207,6 +212,9 @@ pub async fn wait_ready(client: &HttpClient, name: &str, admin_url: &str, timeou
     }
 }
 
+/// The proxy config of a local cluster when none is given.
+const LOCAL_PROXY_CONFIG: &str = "[deadline]\ndefault_ms = 60000\n\n[health]\ninterval_ms = 250\n";
+
 /// Options of `sieve up`.
 #[derive(Debug, Clone)]
 pub struct ClusterSpec {
@@ -223,7 +231,7 @@ pub struct ClusterSpec {
 
 /// Starts the workers, then the proxy; returns once the proxy sees every worker ready.
 pub async fn start(spec: &ClusterSpec, client: &HttpClient) -> Result<LocalCluster, ClusterError> {
-    let mut cluster = LocalCluster { workers: Vec::new(), proxy: None };
+    let mut cluster = LocalCluster { workers: Vec::new(), proxy: None, temp_files: Vec::new() };
     let (program, base_args): (PathBuf, Vec<String>) = match &spec.kind {
         WorkerKind::Model { model, device } => (
             sibling("sieve-worker", "sieve-worker")?,
@@ -248,9 +256,18 @@ pub async fn start(spec: &ClusterSpec, client: &HttpClient) -> Result<LocalClust
         "--admin-port".into(),
         spec.proxy_admin_port.to_string(),
     ];
-    if let Some(c) = &spec.proxy_config {
-        args.extend(["--config".into(), c.display().to_string()]);
-    }
+    let config = match &spec.proxy_config {
+        Some(c) => c.clone(),
+        None => {
+            // A local cluster may run on CPU workers: give calls without a deadline a budget
+            // they can meet there, and notice worker state quickly.
+            let path = std::env::temp_dir().join(format!("sieve-up-{}.toml", std::process::id()));
+            std::fs::write(&path, LOCAL_PROXY_CONFIG).map_err(|e| ClusterError::Spawn("proxy config".into(), e))?;
+            cluster.temp_files.push(path.clone());
+            path
+        }
+    };
+    args.extend(["--config".into(), config.display().to_string()]);
     for w in &cluster.workers {
         args.extend(["--worker".into(), format!("{},admin={}", w.api_url(), w.admin_url())]);
     }

@@ -58,9 +58,9 @@ impl<const N: usize> OnlineFit<N> {
             let (mut a2, mut b2) = (a, b);
             for j in 0..N {
                 if fixed[j] {
-                    for k in 0..N {
-                        a2[j][k] = 0.0;
-                        a2[k][j] = 0.0;
+                    a2[j] = [0.0; N];
+                    for row in a2.iter_mut() {
+                        row[j] = 0.0;
                     }
                     a2[j][j] = 1.0;
                     b2[j] = 0.0;
@@ -108,8 +108,9 @@ fn solve_linear<const N: usize>(mut a: [[f64; N]; N], mut b: [f64; N]) -> Option
         for row in col + 1..N {
             let f = a[row][col] / a[col][col];
             if f != 0.0 {
-                for k in col..N {
-                    a[row][k] -= f * a[col][k];
+                let pivot_row = a[col];
+                for (k, v) in a[row].iter_mut().enumerate().skip(col) {
+                    *v -= f * pivot_row[k];
                 }
                 b[row] -= f * b[col];
             }

@@ -232,7 +232,7 @@ mod tests {
                     x ^= x >> 7;
                     x ^= x << 17;
                     // Mostly printable, some control characters and whitespace.
-                    (if x % 7 == 0 { (x >> 8) % 32 } else { 32 + (x >> 8) % 95 }) as u8 as char
+                    (if x.is_multiple_of(7) { (x >> 8) % 32 } else { 32 + (x >> 8) % 95 }) as u8 as char
                 })
                 .collect();
             let mut fast = [0u32; FEATURES];

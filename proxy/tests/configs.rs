@@ -15,8 +15,7 @@ fn the_documented_config_is_the_default_plus_one_worker() {
     let text = std::fs::read_to_string(configs().join("proxy.toml")).unwrap();
     let cfg = ProxyConfig::from_toml(&text).unwrap();
     // Every value it shows is the default: the file documents the defaults.
-    let mut expected = ProxyConfig::default();
-    expected.workers = cfg.workers.clone();
+    let expected = ProxyConfig { workers: cfg.workers.clone(), ..ProxyConfig::default() };
     assert_eq!(cfg, expected);
     assert_eq!(cfg.workers.len(), 1);
     assert_eq!(cfg.workers[0].admin.as_deref(), Some("http://127.0.0.1:9081"));

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{CostModel, Limits};
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ProxyConfig {
     pub server: ServerConfig,
@@ -31,28 +31,6 @@ pub struct ProxyConfig {
     pub drain: DrainConfig,
     /// The static worker list (`[[workers]]` tables). Hot-reloaded when the file changes.
     pub workers: Vec<WorkerEndpoint>,
-}
-
-impl Default for ProxyConfig {
-    fn default() -> Self {
-        ProxyConfig {
-            server: ServerConfig::default(),
-            limits: Limits::default(),
-            deadline: DeadlineConfig::default(),
-            split: SplitConfig::default(),
-            balance: BalanceConfig::default(),
-            retry: RetryConfig::default(),
-            hedge: HedgeConfig::default(),
-            breaker: BreakerConfig::default(),
-            health: HealthConfig::default(),
-            client: ClientConfig::default(),
-            cost: CostModel::default(),
-            estimator: EstimatorConfig::default(),
-            discovery: DiscoveryConfig::default(),
-            drain: DrainConfig::default(),
-            workers: Vec::new(),
-        }
-    }
 }
 
 impl ProxyConfig {
