@@ -1,2 +1,7 @@
 //! The Sieve worker: prompt building, tokenization, scheduling, the KV block manager and the
 //! model graphs, served over HTTP.
+
+pub mod error;
+pub mod model;
+
+pub use error::{Result, WorkerError};

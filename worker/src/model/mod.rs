@@ -1,0 +1,1 @@
+//! Model files, architectures and the forward pass.
