@@ -1,1 +1,191 @@
 //! Model files, architectures and the forward pass.
+//!
+//! One file per architecture under `arch/` (config parsing and what is specific to it), one set of
+//! shared layers (`layers.rs`), the score head (`head.rs`), and the varlen forward pass here.
+
+pub mod arch;
+pub mod config;
+pub mod head;
+pub mod layers;
+pub mod source;
+#[cfg(test)]
+pub(crate) mod tests;
+
+use sieve_kernels::{AttnSeq, Backend, BatchLayout};
+
+pub use config::{Arch, ModelConfig, MoeConfig};
+pub use head::{HeadKind, ScoreHead};
+use layers::{load_norm, Attention, Mlp};
+use source::WeightSource;
+
+use crate::{Result, WorkerError};
+
+/// The feed-forward half of a decoder layer.
+pub enum Ffn<B: Backend> {
+    Dense(Mlp<B>),
+}
+
+impl<B: Backend> Ffn<B> {
+    /// `acc += ffn(x)`.
+    fn forward_add(&self, backend: &B, x: &B::Tensor, acc: &mut B::Tensor) -> Result<()> {
+        match self {
+            Ffn::Dense(mlp) => mlp.forward_add(backend, x, acc),
+        }
+    }
+}
+
+pub struct DecoderLayer<B: Backend> {
+    pub input_norm: B::Vector,
+    pub attn: Attention<B>,
+    pub post_attn_norm: B::Vector,
+    pub ffn: Ffn<B>,
+}
+
+/// What the score head reads: which tokens' ids mean yes/no, or a classifier.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HeadSpec {
+    YesNo { yes: u32, no: u32 },
+    Classifier,
+}
+
+/// Called at the start of every layer of a forward pass; an error aborts the pass. Tests use it
+/// to inject faults mid-forward (after some KV has been written).
+pub type LayerHook<'a> = &'a (dyn Fn(usize) -> Result<()> + Sync);
+
+pub struct Model<B: Backend> {
+    pub config: ModelConfig,
+    embed: B::Embedding,
+    layers: Vec<DecoderLayer<B>>,
+    final_norm: B::Vector,
+    pub head: ScoreHead<B>,
+    /// Untied LM head, kept only when full logits are wanted (tests, generation).
+    lm_head: Option<B::Weight>,
+}
+
+impl<B: Backend> Model<B> {
+    /// Loads every weight through `backend`. `keep_lm_head` keeps an untied LM head for
+    /// [`Model::logits`]; serving needs only the folded score head.
+    pub fn load(backend: &B, src: &dyn WeightSource, config: ModelConfig, head: HeadSpec, keep_lm_head: bool) -> Result<Self> {
+        config.validate()?;
+        let h = config.hidden;
+        let embed_w = layers::load(src, "model.embed_tokens.weight", &[config.vocab, h])?;
+        let embed = backend.embedding(&embed_w.data, config.vocab, h)?;
+        drop(embed_w);
+        let mut decoder = Vec::with_capacity(config.n_layers);
+        for i in 0..config.n_layers {
+            let p = format!("model.layers.{i}");
+            let ffn = match &config.moe {
+                Some(m) if m.is_sparse_layer(i) => {
+                    return Err(WorkerError::Unsupported(format!("{} MoE layers are not supported yet", config.arch.name())))
+                }
+                _ => Ffn::Dense(Mlp::load(backend, src, h, config.intermediate, &format!("{p}.mlp"))?),
+            };
+            decoder.push(DecoderLayer {
+                input_norm: load_norm(backend, src, &format!("{p}.input_layernorm.weight"), h)?,
+                attn: Attention::load(backend, src, &config, &format!("{p}.self_attn"))?,
+                post_attn_norm: load_norm(backend, src, &format!("{p}.post_attention_layernorm.weight"), h)?,
+                ffn,
+            });
+        }
+        let final_norm = load_norm(backend, src, "model.norm.weight", h)?;
+        let tied = config.tie_embeddings || !src.has("lm_head.weight");
+        let lm_name = if tied { "model.embed_tokens.weight" } else { "lm_head.weight" };
+        let head = match head {
+            HeadSpec::YesNo { yes, no } => ScoreHead::yes_no(backend, src, lm_name, yes, no, h)?,
+            HeadSpec::Classifier => ScoreHead::classifier(backend, src, h)?,
+        };
+        let lm_head = if keep_lm_head && !tied {
+            let w = layers::load(src, "lm_head.weight", &[config.vocab, h])?;
+            Some(backend.linear_weight(&w.data, config.vocab, h)?)
+        } else {
+            None
+        };
+        Ok(Model { config, embed, layers: decoder, final_norm, head, lm_head })
+    }
+
+    /// Runs the decoder over a varlen batch and returns the final-normed hidden states of
+    /// `out_rows` (in that order). K/V of every row is written to `cache` at its slot.
+    ///
+    /// When every out row is the last query row of its sequence (scoring), the last layer's
+    /// attention, output projection and MLP run for those rows only.
+    pub fn forward(&self, backend: &B, layout: &BatchLayout, cache: &mut B::KvCache, out_rows: &[u32], hook: Option<LayerHook>) -> Result<B::Tensor> {
+        let rows = layout.num_rows();
+        let h = self.config.hidden;
+        let batch = backend.prepare_batch(layout, cache)?;
+        let last_only = last_rows_layout(layout, out_rows);
+        let last_batch = match &last_only {
+            Some(l) => Some(backend.prepare_batch(l, cache)?),
+            None => None,
+        };
+        let qkv_layout = self.config.qkv_layout();
+        let mut x = backend.zeros(rows, h)?;
+        backend.embed(&self.embed, &batch, &mut x)?;
+        let mut xn = backend.zeros(rows, h)?;
+        let n_layers = self.layers.len();
+        for (i, layer) in self.layers.iter().enumerate() {
+            if let Some(hook) = hook {
+                hook(i)?;
+            }
+            let a = &layer.attn;
+            backend.rms_norm(&x, &layer.input_norm, self.config.rms_eps, &mut xn)?;
+            let mut qkv = backend.zeros(rows, qkv_layout.qkv_dim())?;
+            backend.matmul(&xn, &a.qkv, a.qkv_bias.as_ref(), &mut qkv)?;
+            backend.qk_norm_rope(&mut qkv, qkv_layout, a.q_norm.as_ref(), a.k_norm.as_ref(), self.config.rms_eps, self.config.rope, &batch)?;
+            backend.write_kv(&qkv, qkv_layout, cache, i, &batch)?;
+            let mut attn = backend.zeros(rows, qkv_layout.q_dim())?;
+            let is_last = i + 1 == n_layers;
+            if let (true, Some(lb)) = (is_last, &last_batch) {
+                // Only the scored rows matter after the last layer: attend, project and run
+                // the MLP for them alone.
+                backend.attention(&qkv, qkv_layout, cache, i, lb, &mut attn)?;
+                drop(qkv);
+                let mut attn_out = backend.zeros(out_rows.len(), qkv_layout.q_dim())?;
+                backend.gather_rows(&attn, out_rows, &mut attn_out)?;
+                let mut xo = backend.zeros(out_rows.len(), h)?;
+                backend.gather_rows(&x, out_rows, &mut xo)?;
+                backend.matmul_add(&attn_out, &a.o, &mut xo)?;
+                let mut xon = backend.zeros(out_rows.len(), h)?;
+                backend.rms_norm(&xo, &layer.post_attn_norm, self.config.rms_eps, &mut xon)?;
+                layer.ffn.forward_add(backend, &xon, &mut xo)?;
+                backend.rms_norm(&xo, &self.final_norm, self.config.rms_eps, &mut xon)?;
+                return Ok(xon);
+            }
+            backend.attention(&qkv, qkv_layout, cache, i, &batch, &mut attn)?;
+            drop(qkv);
+            backend.matmul_add(&attn, &a.o, &mut x)?;
+            backend.rms_norm(&x, &layer.post_attn_norm, self.config.rms_eps, &mut xn)?;
+            layer.ffn.forward_add(backend, &xn, &mut x)?;
+        }
+        let mut xo = backend.zeros(out_rows.len(), h)?;
+        backend.gather_rows(&x, out_rows, &mut xo)?;
+        let mut out = backend.zeros(out_rows.len(), h)?;
+        backend.rms_norm(&xo, &self.final_norm, self.config.rms_eps, &mut out)?;
+        Ok(out)
+    }
+
+    /// Full-vocabulary logits of final-normed hidden rows (tests and generation only).
+    pub fn logits(&self, backend: &B, hidden: &B::Tensor) -> Result<Vec<f32>> {
+        let (rows, _) = backend.shape(hidden);
+        let mut out = backend.zeros(rows, self.config.vocab)?;
+        match &self.lm_head {
+            Some(w) => backend.matmul(hidden, w, None, &mut out)?,
+            None if self.config.tie_embeddings => backend.lm_logits(hidden, &self.embed, &mut out)?,
+            None => return Err(WorkerError::Config("logits need the LM head: load with keep_lm_head".into())),
+        }
+        Ok(backend.to_host(&out)?)
+    }
+}
+
+/// The layout of the last layer when only each sequence's final row is wanted: every sequence
+/// keeps its context but queries only its last position (sequences without an out row query
+/// nothing). `None` when some out row is not the last row of its sequence.
+fn last_rows_layout(layout: &BatchLayout, out_rows: &[u32]) -> Option<BatchLayout> {
+    let by_last_row: std::collections::HashMap<u32, &AttnSeq> =
+        layout.seqs.iter().filter(|s| s.q_len > 0).map(|s| (s.q_row + s.q_len - 1, s)).collect();
+    let mut seqs = Vec::with_capacity(out_rows.len());
+    for r in out_rows {
+        let s = by_last_row.get(r)?;
+        seqs.push(AttnSeq { q_row: *r, q_len: 1, ..**s });
+    }
+    Some(BatchLayout { seqs, ..layout.clone() })
+}
