@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::{Result, WorkerError};
 
 /// What prompt building needs from a tokenizer.
-pub trait TextEncoder {
+pub trait TextEncoder: Send + Sync {
     /// Encodes template text: special tokens written in it are recognised.
     fn encode_special(&self, text: &str) -> Result<Vec<u32>>;
     /// Encodes caller text: special-token strings are ordinary text.
@@ -98,7 +98,7 @@ pub struct PromptBuilder {
 }
 
 /// The prompts of one call, tokenized.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct TokenizedCall {
     /// Full prompt of each item, in input order.
     pub prompts: Vec<Vec<u32>>,
