@@ -1,9 +1,11 @@
 //! The Sieve worker: prompt building, tokenization, scheduling, the KV block manager and the
 //! model graphs, served over HTTP.
 
+pub mod config;
 pub mod engine;
 pub mod error;
 pub mod model;
 pub mod prompt;
+pub mod server;
 
 pub use error::{Result, WorkerError};
