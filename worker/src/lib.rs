@@ -3,5 +3,7 @@
 
 pub mod error;
 pub mod model;
+pub mod tokenizer;
 
 pub use error::{Result, WorkerError};
+pub use tokenizer::Tokenizer;
