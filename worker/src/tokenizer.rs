@@ -223,3 +223,161 @@ impl Tokenizer {
         self.vocab_size
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::gguf::test_writer::gguf_bytes;
+    use crate::model::gguf::GgufValue;
+    use crate::model::test_assets::{asset, fixture_json, TempDir, QWEN3_TOKENIZER, SMOLLM2_GGUF};
+
+    fn cases(fixture: &str) -> Vec<(String, Vec<u32>)> {
+        fixture_json(fixture)["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                let ids = c["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+                (c["text"].as_str().unwrap().to_string(), ids)
+            })
+            .collect()
+    }
+
+    fn check_against(tok: &Tokenizer, fixture: &str, lossless: bool) {
+        let cases = cases(fixture);
+        assert!(cases.len() >= 30, "{fixture}: {} cases", cases.len());
+        let mut failures = Vec::new();
+        for (text, want) in &cases {
+            let got = tok.encode(text).unwrap();
+            if &got != want {
+                failures.push(format!("{text:?}: got {got:?}, want {want:?}"));
+            }
+            // Decoding gives the (normalized) text back, special tokens included: encoding it
+            // again gives the same ids. (Qwen3 normalizes to NFC, so the text itself can differ.)
+            let decoded = tok.decode(&got).unwrap();
+            assert_eq!(tok.encode(&decoded).unwrap(), got, "{text:?} re-encoded");
+            if lossless {
+                assert_eq!(&decoded, text);
+            }
+        }
+        assert!(failures.is_empty(), "{fixture}: {} mismatches:\n{}", failures.len(), failures.join("\n"));
+        // A batch gives the same ids as one at a time.
+        let texts: Vec<String> = cases.iter().map(|(t, _)| t.clone()).collect();
+        let batch = tok.encode_batch(&texts).unwrap();
+        let want: Vec<Vec<u32>> = cases.into_iter().map(|(_, ids)| ids).collect();
+        assert_eq!(batch, want);
+    }
+
+    fn qwen3() -> Tokenizer {
+        Tokenizer::from_file(&asset(QWEN3_TOKENIZER)).unwrap()
+    }
+
+    fn smollm2() -> Tokenizer {
+        Tokenizer::from_gguf(&GgufFile::open(asset(SMOLLM2_GGUF)).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn qwen3_matches_python_tokenizers() {
+        check_against(&qwen3(), "tokenizer_qwen3.json", false);
+    }
+
+    #[test]
+    fn qwen3_special_and_answer_tokens() {
+        let tok = qwen3();
+        assert_eq!(tok.token_id("yes"), Some(9693));
+        assert_eq!(tok.token_id("no"), Some(2152));
+        assert_eq!(tok.token_id("<|im_start|>"), Some(151644));
+        assert_eq!(tok.token_id("<|im_end|>"), Some(151645));
+        assert_eq!(tok.encode("<|im_start|>").unwrap(), vec![151644]);
+        assert_eq!(tok.vocab_size(), 151669);
+        assert!(tok.decode(&[151669]).is_err());
+    }
+
+    #[test]
+    fn smollm2_gguf_matches_llama_cpp() {
+        check_against(&smollm2(), "tokenizer_smollm2.json", true);
+    }
+
+    #[test]
+    fn smollm2_special_and_answer_tokens() {
+        let tok = smollm2();
+        assert_eq!(tok.vocab_size(), 49152);
+        assert_eq!(tok.token_id("<|im_start|>"), Some(1));
+        assert_eq!(tok.token_id("<|im_end|>"), Some(2));
+        assert_eq!(tok.token_id("yes"), Some(10407));
+        assert_eq!(tok.token_id("no"), Some(4607));
+        // Digits are split one by one (llama.cpp's "smollm" pre-tokenizer).
+        assert_eq!(tok.encode("2024").unwrap().len(), 4);
+    }
+
+    #[test]
+    fn bpe_merges_across_a_query_item_boundary() {
+        // Why the shared prefix is found on token ids: "run" + "ning" != tokens("running").
+        for tok in [qwen3(), smollm2()] {
+            let mut joined = tok.encode("run").unwrap();
+            joined.extend(tok.encode("ning shoes").unwrap());
+            assert_ne!(joined, tok.encode("running shoes").unwrap());
+        }
+    }
+
+    fn tiny_gguf(pre: &str, model: &str) -> Vec<u8> {
+        // Byte-level symbols: "Ġ" is the space byte; "a", "b", "1", "2" are themselves.
+        let tokens = ["<s>", "a", "b", "Ġ", "1", "2", "ab", "Ġab", "12"];
+        let types = [3, 1, 1, 1, 1, 1, 1, 1, 1];
+        let merges = ["a b", "Ġ ab", "1 2"];
+        gguf_bytes(
+            &[
+                ("tokenizer.ggml.model", GgufValue::Str(model.into())),
+                ("tokenizer.ggml.pre", GgufValue::Str(pre.into())),
+                (
+                    "tokenizer.ggml.tokens",
+                    GgufValue::Array(tokens.iter().map(|t| GgufValue::Str(t.to_string())).collect()),
+                ),
+                (
+                    "tokenizer.ggml.token_type",
+                    GgufValue::Array(types.iter().map(|&t| GgufValue::I32(t)).collect()),
+                ),
+                (
+                    "tokenizer.ggml.merges",
+                    GgufValue::Array(merges.iter().map(|t| GgufValue::Str(t.to_string())).collect()),
+                ),
+            ],
+            &[],
+        )
+    }
+
+    fn open_tiny(dir: &TempDir, pre: &str, model: &str) -> Result<Tokenizer> {
+        let path = dir.path().join(format!("{pre}-{model}.gguf"));
+        std::fs::write(&path, tiny_gguf(pre, model)).unwrap();
+        Tokenizer::from_gguf(&GgufFile::open(&path).unwrap())
+    }
+
+    #[test]
+    fn gguf_pre_tokenizer_follows_the_pre_value() {
+        let dir = TempDir::new("tok");
+        // "smollm" isolates each digit; "gpt2" keeps digit runs together, so "12" merges.
+        let smollm = open_tiny(&dir, "smollm", "gpt2").unwrap();
+        assert_eq!(smollm.encode("ab ab12<s>").unwrap(), vec![6, 7, 4, 5, 0]);
+        let gpt2 = open_tiny(&dir, "gpt-2", "gpt2").unwrap();
+        assert_eq!(gpt2.encode("ab ab12<s>").unwrap(), vec![6, 7, 8, 0]);
+        let qwen2 = open_tiny(&dir, "qwen2", "gpt2").unwrap();
+        assert_eq!(qwen2.encode("ab ab12").unwrap(), vec![6, 7, 4, 5]);
+        assert_eq!(gpt2.decode(&[6, 7, 8, 0]).unwrap(), "ab ab12<s>");
+    }
+
+    #[test]
+    fn unsupported_gguf_tokenizers_are_errors() {
+        let dir = TempDir::new("tok");
+        let err = open_tiny(&dir, "no-such-pre", "gpt2").unwrap_err();
+        assert!(matches!(err, WorkerError::Unsupported(_)), "{err}");
+        assert!(err.to_string().contains("no-such-pre"), "{err}");
+        let err = open_tiny(&dir, "smollm", "llama").unwrap_err();
+        assert!(err.to_string().contains("tokenizer.ggml.model"), "{err}");
+    }
+
+    #[test]
+    fn missing_tokenizer_file_is_an_error() {
+        let err = Tokenizer::from_file(Path::new("/nonexistent/tokenizer.json")).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/tokenizer.json"), "{err}");
+    }
+}
