@@ -7,5 +7,7 @@ pub mod error;
 pub mod model;
 pub mod prompt;
 pub mod server;
+pub mod tokenizer;
 
 pub use error::{Result, WorkerError};
+pub use tokenizer::Tokenizer;

@@ -32,7 +32,7 @@ impl<B: Backend> ScoreHead<B> {
     pub fn yes_no(backend: &B, src: &dyn WeightSource, lm_name: &str, yes: u32, no: u32, hidden: usize) -> Result<Self> {
         let lm = src.get(lm_name)?;
         if lm.shape.len() != 2 || lm.shape[1] != hidden {
-            return Err(crate::model::layers::shape_err(lm_name, &lm.shape, &[0, hidden]));
+            return Err(WorkerError::ModelFile(format!("tensor {lm_name}: shape {:?}, expected [vocab, {hidden}]", lm.shape)));
         }
         let vocab = lm.shape[0];
         for (what, id) in [("yes", yes), ("no", no)] {

@@ -7,16 +7,10 @@ use crate::model::config::ModelConfig;
 use crate::model::source::{HostWeight, WeightSource};
 use crate::{Result, WorkerError};
 
-pub(crate) fn shape_err(name: &str, got: &[usize], want: &[usize]) -> WorkerError {
-    WorkerError::ModelFile(format!("tensor {name}: shape {got:?}, expected {want:?}"))
-}
-
 /// Loads a tensor and checks its shape.
 pub(crate) fn load(src: &dyn WeightSource, name: &str, shape: &[usize]) -> Result<HostWeight> {
     let w = src.get(name)?;
-    if w.shape != shape {
-        return Err(shape_err(name, &w.shape, shape));
-    }
+    w.expect_shape(name, shape)?;
     Ok(w)
 }
 

@@ -5,18 +5,26 @@
 
 pub mod arch;
 pub mod config;
+pub mod ggml_quants;
+pub mod gguf;
 pub mod head;
 pub mod layers;
+pub mod safetensors;
 pub mod source;
+pub mod testgen;
+#[cfg(test)]
+pub(crate) mod test_assets;
 #[cfg(test)]
 pub(crate) mod tests;
 
 use sieve_kernels::{AttnSeq, Backend, BatchLayout};
 
 pub use config::{Arch, ModelConfig, MoeConfig};
+pub use gguf::GgufFile;
 pub use head::{HeadKind, ScoreHead};
+pub use safetensors::HfCheckpoint;
+pub use source::{HostWeight, WeightSource};
 use layers::{load_norm, Attention, Mlp};
-use source::WeightSource;
 
 use crate::{Result, WorkerError};
 
