@@ -73,6 +73,9 @@ fn pre_tokenizer_spec(pre: &str) -> Option<PreTokenizerSpec> {
 /// A text tokenizer (byte-level BPE in practice) wrapping the `tokenizers` crate.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// The same tokenizer with special-token matching off: for caller text, so that a string
+    /// such as "<|im_start|>" inside a query or item stays plain text.
+    plain: tokenizers::Tokenizer,
     /// Number of token ids: the largest id (base vocabulary or added token) plus one.
     vocab_size: usize,
 }
@@ -178,13 +181,24 @@ impl Tokenizer {
 
     fn wrap(inner: tokenizers::Tokenizer) -> Self {
         let vocab_size = inner.get_vocab(true).values().max().map_or(0, |&m| m as usize + 1);
-        Self { inner, vocab_size }
+        let mut plain = inner.clone();
+        plain.set_encode_special_tokens(true);
+        Self { inner, plain, vocab_size }
     }
 
     /// Token ids of `text`; special tokens written in it are recognised; no BOS/EOS is added.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let enc = self
             .inner
+            .encode_fast(text, false)
+            .map_err(|e| WorkerError::Tokenizer(format!("encoding failed: {e}")))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Token ids of caller text: special-token strings in it are ordinary text.
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .plain
             .encode_fast(text, false)
             .map_err(|e| WorkerError::Tokenizer(format!("encoding failed: {e}")))?;
         Ok(enc.get_ids().to_vec())
@@ -221,6 +235,15 @@ impl Tokenizer {
     /// Number of token ids (largest id + 1, added tokens included).
     pub fn vocab_size(&self) -> usize {
         self.vocab_size
+    }
+}
+
+impl crate::prompt::TextEncoder for Tokenizer {
+    fn encode_special(&self, text: &str) -> Result<Vec<u32>> {
+        self.encode(text)
+    }
+    fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
+        Tokenizer::encode_plain(self, text)
     }
 }
 
@@ -289,6 +312,10 @@ mod tests {
         assert_eq!(tok.token_id("<|im_start|>"), Some(151644));
         assert_eq!(tok.token_id("<|im_end|>"), Some(151645));
         assert_eq!(tok.encode("<|im_start|>").unwrap(), vec![151644]);
+        // Caller text cannot produce control tokens.
+        let plain = tok.encode_plain("a<|im_start|>b").unwrap();
+        assert!(plain.len() > 3 && !plain.contains(&151644), "{plain:?}");
+        assert_eq!(tok.encode_plain("plain words").unwrap(), tok.encode("plain words").unwrap());
         assert_eq!(tok.vocab_size(), 151669);
         assert!(tok.decode(&[151669]).is_err());
     }

@@ -201,3 +201,41 @@ pub fn base_from_hf(v: &Value, arch: Arch) -> Result<ModelConfig> {
         moe: None,
     })
 }
+
+/// The shared fields from a GGUF file's metadata (`<arch>.*` keys, llama.cpp naming).
+pub fn base_from_gguf(g: &super::GgufFile, arch: Arch) -> Result<ModelConfig> {
+    let key = |s: &str| g.arch_key(s);
+    let req = |s: &str| -> Result<usize> { Ok(g.require_u32(&key(s)?)? as usize) };
+    let opt = |s: &str| -> Result<Option<usize>> { Ok(g.get_u32(&key(s)?)?.map(|v| v as usize)) };
+    let hidden = req("embedding_length")?;
+    let n_heads = req("attention.head_count")?;
+    let head_dim = opt("attention.key_length")?.unwrap_or(hidden / n_heads.max(1));
+    let vocab = match opt("vocab_size")? {
+        Some(v) => v,
+        None => g.get_str_array("tokenizer.ggml.tokens")?.map(|t| t.len()).unwrap_or(0),
+    };
+    Ok(ModelConfig {
+        arch,
+        hidden,
+        n_layers: req("block_count")?,
+        n_heads,
+        n_kv_heads: opt("attention.head_count_kv")?.unwrap_or(n_heads),
+        head_dim,
+        intermediate: opt("feed_forward_length")?.unwrap_or(0),
+        vocab,
+        rms_eps: g.get_f32(&key("attention.layer_norm_rms_epsilon")?)?.unwrap_or(1e-6),
+        rope: RopeConfig {
+            theta: g.get_f32(&key("rope.freq_base")?)?.unwrap_or(10_000.0),
+            rotary_dim: opt("rope.dimension_count")?.unwrap_or(head_dim),
+            // llama.cpp runs qwen2/qwen3 with NeoX (half-split) rotary; llama's Q/K were
+            // permuted at conversion for adjacent pairs. Architecture files set it.
+            layout: RopeLayout::HalfSplit,
+        },
+        max_position: opt("context_length")?.unwrap_or(4096),
+        tie_embeddings: !super::WeightSource::has(g, "lm_head.weight"),
+        qkv_bias: false,
+        o_bias: false,
+        qk_norm: false,
+        moe: None,
+    })
+}

@@ -9,6 +9,7 @@ pub mod ggml_quants;
 pub mod gguf;
 pub mod head;
 pub mod layers;
+pub mod loader;
 pub mod safetensors;
 pub mod source;
 pub mod testgen;

@@ -13,10 +13,7 @@ pub(crate) fn fixture_json(name: &str) -> serde_json::Value {
 /// An asset in the cache (`$SIEVE_CACHE`, default `<repo>/.cache`); panics with the fix when
 /// it is missing, so a missing asset is a loud failure rather than a silently skipped test.
 pub(crate) fn asset(rel: &str) -> PathBuf {
-    let cache = std::env::var_os("SIEVE_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.cache"));
-    let path = cache.join(rel);
+    let path = crate::assets::cache_dir().join(rel);
     assert!(
         path.is_file(),
         "asset {} is missing: run scripts/fetch-assets (scripts/test does)",
@@ -25,8 +22,7 @@ pub(crate) fn asset(rel: &str) -> PathBuf {
     path
 }
 
-pub(crate) const SMOLLM2_GGUF: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-pub(crate) const QWEN3_TOKENIZER: &str = "tokenizers/qwen3/tokenizer.json";
+pub(crate) use crate::assets::{DEFAULT_MODEL as SMOLLM2_GGUF, QWEN3_TOKENIZER};
 
 /// A fresh, empty temporary directory for one test (removed when dropped).
 pub(crate) struct TempDir(pub PathBuf);

@@ -2,6 +2,8 @@
 
 pub mod admin;
 pub mod api;
+#[cfg(test)]
+mod tests;
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -22,3 +22,13 @@ pub fn config_from_hf(v: &Value) -> Result<ModelConfig> {
         a @ (Arch::Qwen3Moe | Arch::Qwen2Moe) => Err(WorkerError::Unsupported(format!("{} is not supported yet", a.name()))),
     }
 }
+
+/// Reads a GGUF file's metadata with the parser of its `general.architecture`.
+pub fn config_from_gguf(g: &crate::model::GgufFile) -> Result<ModelConfig> {
+    match Arch::parse(g.architecture()?)? {
+        Arch::Llama => llama::config_from_gguf(g),
+        Arch::Qwen2 => qwen2::config_from_gguf(g),
+        Arch::Qwen3 => qwen3::config_from_gguf(g),
+        a => Err(WorkerError::Unsupported(format!("{} from GGUF", a.name()))),
+    }
+}

@@ -3,7 +3,8 @@
 
 use serde_json::Value;
 
-use crate::model::config::{base_from_hf, Arch, HfConfig, ModelConfig};
+use crate::model::config::{base_from_gguf, base_from_hf, Arch, HfConfig, ModelConfig};
+use crate::model::{GgufFile, WeightSource};
 use crate::Result;
 
 pub fn config_from_hf(v: &Value) -> Result<ModelConfig> {
@@ -12,5 +13,13 @@ pub fn config_from_hf(v: &Value) -> Result<ModelConfig> {
     c.qkv_bias = bias;
     c.o_bias = bias;
     c.qk_norm = true;
+    Ok(c)
+}
+
+pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig> {
+    let mut c = base_from_gguf(g, Arch::Qwen3)?;
+    c.qk_norm = true;
+    c.qkv_bias = g.has("model.layers.0.self_attn.q_proj.bias");
+    c.o_bias = g.has("model.layers.0.self_attn.o_proj.bias");
     Ok(c)
 }
