@@ -18,6 +18,14 @@ fn random(rng: &mut impl Rng, n: usize) -> Vec<f32> {
 
 /// Median seconds per call of `f`, run until about `budget` seconds have passed.
 fn time(budget: f64, mut f: impl FnMut()) -> f64 {
+    if let Some(reps) = std::env::var("BENCH_REPS").ok().and_then(|v| v.parse::<usize>().ok()) {
+        // Fixed work, for measuring with an external CPU-time counter.
+        let t = Instant::now();
+        for _ in 0..reps {
+            f();
+        }
+        return t.elapsed().as_secs_f64() / reps as f64;
+    }
     f();
     let mut samples = Vec::new();
     let start = Instant::now();
@@ -27,7 +35,7 @@ fn time(budget: f64, mut f: impl FnMut()) -> f64 {
         samples.push(t.elapsed().as_secs_f64());
     }
     samples.sort_by(f64::total_cmp);
-    samples[samples.len() / 2]
+    if std::env::var_os("BENCH_MIN").is_some() { samples[0] } else { samples[samples.len() / 2] }
 }
 
 fn main() {
@@ -35,6 +43,14 @@ fn main() {
     let threads = args.iter().position(|a| a == "--threads").and_then(|i| args.get(i + 1)).and_then(|s| s.parse().ok()).unwrap_or(0);
     let quick = args.iter().any(|a| a == "--quick");
     let budget = if quick { 0.2 } else { 1.0 };
+    // --m 64,4096 and --shapes 0,3 restrict the GEMM table (for tuning runs).
+    let list = |flag: &str| -> Option<Vec<usize>> {
+        let i = args.iter().position(|a| a == flag)?;
+        Some(args.get(i + 1)?.split(',').filter_map(|v| v.parse().ok()).collect())
+    };
+    let ms = list("--m").unwrap_or(vec![1, 16, 64, 512, 4096]);
+    let shape_ids = list("--shapes").unwrap_or(vec![0, 1, 2, 3]);
+    let skip_attention = args.iter().any(|a| a == "--no-attention");
     let cpu = CpuBackend::new(threads).expect("cpu backend");
     let threads = cpu.threads();
     println!("backend: {}", cpu.name());
@@ -44,16 +60,17 @@ fn main() {
     println!("\nGEMM out[M,N] = x[M,K] · W[N,K]ᵀ, GFLOP/s (median), {threads} threads");
     println!("{:<26} {:>6} {:>10} {:>10} {:>7}", "shape (N x K)", "M", "sieve", "gemm", "ratio");
     let shapes = [("qkv 960x576", 960, 576), ("o_proj 576x576", 576, 576), ("gate_up 3072x576", 3072, 576), ("down 576x1536", 576, 1536)];
-    for &(name, n, k) in &shapes {
+    for &(name, n, k) in shape_ids.iter().filter_map(|&i| shapes.get(i)) {
         let wdata = random(&mut rng, n * k);
         let w = cpu.linear_weight(&wdata, n, k).expect("weight");
-        for &m in &[1usize, 16, 64, 512, 4096] {
+        for &m in &ms {
             let x = HostTensor::from_vec(random(&mut rng, m * k), m, k);
             let mut out = HostTensor::zeros(m, n);
             let flops = 2.0 * (m * n * k) as f64;
             let ours = time(budget, || cpu.matmul(&x, &w, None, &mut out).expect("matmul"));
-            let mut dst = vec![0f32; m * n];
-            let theirs = time(budget, || {
+            let mut dst = out.data.clone();
+            let ours_only = std::env::var_os("BENCH_OURS_ONLY").is_some();
+            let theirs = if ours_only { f64::NAN } else { time(budget, || {
                 gemm_pool.install(|| unsafe {
                     gemm::gemm(
                         m, n, k,
@@ -64,13 +81,16 @@ fn main() {
                         gemm::Parallelism::Rayon(threads),
                     )
                 })
-            });
+            }) };
             let max_diff = out.data.iter().zip(&dst).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
             assert!(max_diff < 1e-2, "results differ by {max_diff}");
             println!("{:<26} {:>6} {:>10.1} {:>10.1} {:>7.2}", name, m, flops / ours / 1e9, flops / theirs / 1e9, theirs / ours);
         }
     }
 
+    if skip_attention {
+        return;
+    }
     // Attention: 1 prefix of 80 tokens + 64 items of 40..120 tokens, SmolLM2 heads.
     let layout = QkvLayout { n_heads: 9, n_kv_heads: 3, head_dim: 64 };
     let prefix = 80usize;

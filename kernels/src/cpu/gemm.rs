@@ -8,6 +8,7 @@
 use rayon::prelude::*;
 
 use super::gemm_tile::{max_rows, tile_fn, Tile};
+
 use super::isa::Isa;
 use super::pack::{PackedWeight, NR};
 
@@ -20,11 +21,13 @@ pub(crate) enum Epilogue<'a> {
     Accumulate,
 }
 
-/// Rows per tile and panels per tile for large M.
+/// Most rows of a tile for large M (one panel: 14 × 2 accumulators of the 32 registers).
 const BIG_TILE_ROWS: usize = 14;
-const BIG_TILE_PANELS: usize = 1;
-/// Rows per task block for large M (a multiple of the tile rows keeps the tail tile last).
+/// Most row tiles of a task's row block: the block's x rows (`KC` columns of them) stay in L2.
 const BLOCK_TILES: usize = 9;
+/// K steps per block: a tile's panel slice (`KC × NR` floats, 32 KiB) stays in L1 while the row
+/// tiles of a block stream past it. Fixed, so the blocking depends on K alone.
+const KC: usize = 256;
 /// Below this many multiply-adds a GEMM runs on the calling thread.
 const PARALLEL_MIN_FMAS: usize = 1 << 18;
 
@@ -34,16 +37,21 @@ struct SharedOut(*mut f32);
 unsafe impl Send for SharedOut {}
 unsafe impl Sync for SharedOut {}
 
-/// The tile shape for a GEMM of `m` rows: small M gets wide tiles so that enough independent
-/// accumulator chains hide the FMA latency.
+/// Panels per tile and most rows per tile for a GEMM of `m` rows: small M gets wide tiles so
+/// that enough independent accumulator chains hide the FMA latency.
 fn tile_shape(m: usize) -> (usize, usize) {
-    if m >= 8 {
-        (BIG_TILE_ROWS, BIG_TILE_PANELS)
-    } else if m >= 4 {
-        (m, 2)
-    } else {
-        (m, 4)
+    match m {
+        0..=3 => (4, m),
+        4..=6 => (2, m),
+        _ => (1, BIG_TILE_ROWS),
     }
+}
+
+/// Splits `n` into `parts` near-equal consecutive ranges; range `i` is returned.
+fn balanced(n: usize, parts: usize, i: usize) -> (usize, usize) {
+    let (base, extra) = (n / parts, n % parts);
+    let start = i * base + i.min(extra);
+    (start, start + base + usize::from(i < extra))
 }
 
 /// Shapes are checked by the caller: `x.len() == m * K`, `out.len() == m * N`, bias of N.
@@ -65,9 +73,11 @@ pub(crate) fn gemm(pool: &rayon::ThreadPool, threads: usize, isa: Isa, x: &[f32]
         }
         return;
     }
-    let (mr, np) = tile_shape(m);
-    let block_rows = if m >= 8 { mr * BLOCK_TILES } else { m };
-    let row_blocks = m.div_ceil(block_rows);
+    let (np, mr) = tile_shape(m);
+    // Row blocks of at most BLOCK_TILES full tiles, tiles of near-equal rows (tile sizes never
+    // change a result bit, so they may follow M).
+    let row_tiles = m.div_ceil(mr);
+    let row_blocks = row_tiles.div_ceil(BLOCK_TILES);
     let panels = w.panels();
     let groups = panels.div_ceil(np);
     // Enough tasks to balance the threads; for large M the row blocks alone do it.
@@ -84,36 +94,49 @@ pub(crate) fn gemm(pool: &rayon::ThreadPool, threads: usize, isa: Isa, x: &[f32]
     };
     let out_ptr = SharedOut(out.as_mut_ptr());
     let wdata = w.data.as_slice();
+    let kc = KC;
+    let k_blocks = k.div_ceil(kc);
+    let block_rows_max = mr * BLOCK_TILES;
     let run_task = |task: usize| {
         let out_ptr = out_ptr;
+        // Partial chains of one panel group × the block's rows, between K blocks.
+        let mut partial = if k_blocks > 1 { vec![0f32; block_rows_max * np * NR] } else { Vec::new() };
         let (rb, cc) = (task / col_chunks, task % col_chunks);
-        let (r0, r1) = (rb * block_rows, ((rb + 1) * block_rows).min(m));
+        let (t0, t1) = balanced(row_tiles, row_blocks, rb);
         let (g0, g1) = (cc * groups_per_chunk, ((cc + 1) * groups_per_chunk).min(groups));
         for g in g0..g1 {
             let p0 = g * np;
             let npp = np.min(panels - p0);
             let col0 = p0 * NR;
             let ncols = (npp * NR).min(n - col0);
-            let mut r = r0;
-            while r < r1 {
-                let rows = mr.min(r1 - r).min(max_rows(npp));
-                let Some(kernel) = tile_fn(isa, rows, npp) else { unreachable!("tile {rows}x{npp} outside the table") };
-                let tile = Tile {
-                    k,
-                    a: x[r * k..].as_ptr(),
-                    lda: k,
-                    b: wdata[p0 * w.panel_stride()..].as_ptr(),
-                    panel_stride: w.panel_stride(),
-                    // SAFETY: (r, col0) is inside `out`; tasks own disjoint tiles.
-                    c: unsafe { out_ptr.0.add(r * n + col0) },
-                    ldc: n,
-                    ncols,
-                    bias: bias.map_or(std::ptr::null(), |b| b[col0..].as_ptr()),
-                    accumulate,
-                };
-                // SAFETY: the tile's rows, K, panels and columns are in bounds of x, W and out.
-                unsafe { kernel(&tile) };
-                r += rows;
+            for kb in 0..k_blocks {
+                let (k0, k1) = (kb * kc, ((kb + 1) * kc).min(k));
+                let r0 = balanced(m, row_tiles, t0).0;
+                for t in t0..t1 {
+                    let (r, r_end) = balanced(m, row_tiles, t);
+                    let rows = r_end - r;
+                    debug_assert!(rows <= max_rows(npp));
+                    let Some(kernel) = tile_fn(isa, rows, npp) else { unreachable!("tile {rows}x{npp} outside the table") };
+                    let tile = Tile {
+                        k: k1 - k0,
+                        a: x[r * k + k0..].as_ptr(),
+                        lda: k,
+                        b: wdata[p0 * w.panel_stride() + k0 * NR..].as_ptr(),
+                        panel_stride: w.panel_stride(),
+                        // SAFETY: (r, col0) is inside `out`; tasks own disjoint tiles.
+                        c: unsafe { out_ptr.0.add(r * n + col0) },
+                        ldc: n,
+                        ncols,
+                        bias: bias.map_or(std::ptr::null(), |b| b[col0..].as_ptr()),
+                        accumulate,
+                        first: kb == 0,
+                        last: kb + 1 == k_blocks,
+                        partial: partial.as_mut_ptr().wrapping_add((r - r0) * npp * NR),
+                    };
+                    // SAFETY: the tile's rows, K, panels and columns are in bounds of x, W and out,
+                    // and its partial sums in bounds of `partial`.
+                    unsafe { kernel(&tile) };
+                }
             }
         }
     };

@@ -28,6 +28,12 @@ pub(crate) struct Tile {
     pub bias: *const f32,
     /// Add the result onto `c` instead of overwriting it.
     pub accumulate: bool,
+    /// K-blocking: the tile covers `k` steps of a longer chain. Unless `first`, the chain
+    /// continues from the partial sums in `partial` (`[MR][NV * 16]`); unless `last`, the chain
+    /// is stored there (exactly: it is f32 either way) instead of going through the epilogue.
+    pub first: bool,
+    pub last: bool,
+    pub partial: *mut f32,
 }
 
 pub(crate) type TileFn = unsafe fn(&Tile);
@@ -36,7 +42,7 @@ pub(crate) type TileFn = unsafe fn(&Tile);
 pub(crate) fn max_rows(panels: usize) -> usize {
     match panels {
         1 => 14,
-        2 => 7,
+        2 => 6,
         3 => 4,
         4 => 3,
         _ => 0,
@@ -51,6 +57,13 @@ mod x86 {
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn tile<const MR: usize, const NV: usize>(t: &Tile) {
         let mut acc = [[_mm512_setzero_ps(); NV]; MR];
+        if !t.first {
+            for (i, acc) in acc.iter_mut().enumerate() {
+                for (v, acc) in acc.iter_mut().enumerate() {
+                    *acc = _mm512_loadu_ps(t.partial.add((i * NV + v) * 16));
+                }
+            }
+        }
         let mut a = t.a;
         let mut b = t.b;
         for _ in 0..t.k {
@@ -66,6 +79,14 @@ mod x86 {
             }
             a = a.add(1);
             b = b.add(NR);
+        }
+        if !t.last {
+            for (i, acc) in acc.iter().enumerate() {
+                for (v, &acc) in acc.iter().enumerate() {
+                    _mm512_storeu_ps(t.partial.add((i * NV + v) * 16), acc);
+                }
+            }
+            return;
         }
         for (i, acc) in acc.iter().enumerate() {
             let crow = t.c.add(i * t.ldc);
@@ -101,6 +122,13 @@ mod portable {
     #[inline(always)]
     pub(super) unsafe fn tile_body<const MR: usize, const NV: usize>(t: &Tile) {
         let mut acc = [[[0f32; 16]; NV]; MR];
+        if !t.first {
+            for (i, acc) in acc.iter_mut().enumerate() {
+                for (v, acc) in acc.iter_mut().enumerate() {
+                    *acc = *(t.partial.add((i * NV + v) * 16) as *const [f32; 16]);
+                }
+            }
+        }
         for kk in 0..t.k {
             let mut bv = [[0f32; 16]; NV];
             for (v, bv) in bv.iter_mut().enumerate() {
@@ -115,6 +143,14 @@ mod portable {
                     }
                 }
             }
+        }
+        if !t.last {
+            for (i, acc) in acc.iter().enumerate() {
+                for (v, acc) in acc.iter().enumerate() {
+                    *(t.partial.add((i * NV + v) * 16) as *mut [f32; 16]) = *acc;
+                }
+            }
+            return;
         }
         for (i, acc) in acc.iter().enumerate() {
             let crow = t.c.add(i * t.ldc);
@@ -153,7 +189,7 @@ macro_rules! all_tiles {
     ($module:ident :: $kernel:ident, $mr:expr, $np:expr) => {
         tile_table!($module::$kernel; $mr, $np;
             (1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (6, 1), (7, 1), (8, 1), (9, 1), (10, 1), (11, 1), (12, 1), (13, 1), (14, 1),
-            (1, 2), (2, 2), (3, 2), (4, 2), (5, 2), (6, 2), (7, 2),
+            (1, 2), (2, 2), (3, 2), (4, 2), (5, 2), (6, 2),
             (1, 3), (2, 3), (3, 3), (4, 3),
             (1, 4), (2, 4), (3, 4),
         )
