@@ -1,0 +1,130 @@
+//! CPU backend throughput: our GEMM vs the `gemm` crate on SmolLM2-135M's projection shapes, and
+//! attention on a realistic scoring batch (one shared prefix + many items).
+//!
+//!   cargo run --release -p sieve-kernels --example bench_cpu [-- --threads N] [-- --quick]
+//!
+//! Figures are wall-clock medians on whatever else the machine is doing: compare the columns of
+//! one run, not runs on different days.
+
+use std::time::Instant;
+
+use rand::{Rng, SeedableRng};
+use sieve_kernels::host::HostTensor;
+use sieve_kernels::{AttnSeq, Backend, BatchLayout, CpuBackend, QkvLayout};
+
+fn random(rng: &mut impl Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+}
+
+/// Median seconds per call of `f`, run until about `budget` seconds have passed.
+fn time(budget: f64, mut f: impl FnMut()) -> f64 {
+    if let Some(reps) = std::env::var("BENCH_REPS").ok().and_then(|v| v.parse::<usize>().ok()) {
+        // Fixed work, for measuring with an external CPU-time counter.
+        let t = Instant::now();
+        for _ in 0..reps {
+            f();
+        }
+        return t.elapsed().as_secs_f64() / reps as f64;
+    }
+    f();
+    let mut samples = Vec::new();
+    let start = Instant::now();
+    while samples.len() < 3 || (start.elapsed().as_secs_f64() < budget && samples.len() < 1000) {
+        let t = Instant::now();
+        f();
+        samples.push(t.elapsed().as_secs_f64());
+    }
+    samples.sort_by(f64::total_cmp);
+    if std::env::var_os("BENCH_MIN").is_some() { samples[0] } else { samples[samples.len() / 2] }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let threads = args.iter().position(|a| a == "--threads").and_then(|i| args.get(i + 1)).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let quick = args.iter().any(|a| a == "--quick");
+    let budget = if quick { 0.2 } else { 1.0 };
+    // --m 64,4096 and --shapes 0,3 restrict the GEMM table (for tuning runs).
+    let list = |flag: &str| -> Option<Vec<usize>> {
+        let i = args.iter().position(|a| a == flag)?;
+        Some(args.get(i + 1)?.split(',').filter_map(|v| v.parse().ok()).collect())
+    };
+    let ms = list("--m").unwrap_or(vec![1, 16, 64, 512, 4096]);
+    let shape_ids = list("--shapes").unwrap_or(vec![0, 1, 2, 3]);
+    let skip_attention = args.iter().any(|a| a == "--no-attention");
+    let cpu = CpuBackend::new(threads).expect("cpu backend");
+    let threads = cpu.threads();
+    println!("backend: {}", cpu.name());
+    let gemm_pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+
+    println!("\nGEMM out[M,N] = x[M,K] · W[N,K]ᵀ, GFLOP/s (median), {threads} threads");
+    println!("{:<26} {:>6} {:>10} {:>10} {:>7}", "shape (N x K)", "M", "sieve", "gemm", "ratio");
+    let shapes = [("qkv 960x576", 960, 576), ("o_proj 576x576", 576, 576), ("gate_up 3072x576", 3072, 576), ("down 576x1536", 576, 1536)];
+    for &(name, n, k) in shape_ids.iter().filter_map(|&i| shapes.get(i)) {
+        let wdata = random(&mut rng, n * k);
+        let w = cpu.linear_weight(&wdata, n, k).expect("weight");
+        for &m in &ms {
+            let x = HostTensor::from_vec(random(&mut rng, m * k), m, k);
+            let mut out = HostTensor::zeros(m, n);
+            let flops = 2.0 * (m * n * k) as f64;
+            let ours = time(budget, || cpu.matmul(&x, &w, None, &mut out).expect("matmul"));
+            let mut dst = out.data.clone();
+            let ours_only = std::env::var_os("BENCH_OURS_ONLY").is_some();
+            let theirs = if ours_only { f64::NAN } else { time(budget, || {
+                gemm_pool.install(|| unsafe {
+                    gemm::gemm(
+                        m, n, k,
+                        dst.as_mut_ptr(), 1, n as isize, false,
+                        x.data.as_ptr(), 1, k as isize,
+                        wdata.as_ptr(), k as isize, 1,
+                        0.0, 1.0, false, false, false,
+                        gemm::Parallelism::Rayon(threads),
+                    )
+                })
+            }) };
+            let max_diff = out.data.iter().zip(&dst).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(max_diff < 1e-2, "results differ by {max_diff}");
+            println!("{:<26} {:>6} {:>10.1} {:>10.1} {:>7.2}", name, m, flops / ours / 1e9, flops / theirs / 1e9, theirs / ours);
+        }
+    }
+
+    if skip_attention {
+        return;
+    }
+    // Attention: 1 prefix of 80 tokens + 64 items of 40..120 tokens, SmolLM2 heads.
+    let layout = QkvLayout { n_heads: 9, n_kv_heads: 3, head_dim: 64 };
+    let prefix = 80usize;
+    let items: Vec<usize> = (0..64).map(|_| rng.random_range(40..=120)).collect();
+    let rows = prefix + items.iter().sum::<usize>();
+    let mut batch = BatchLayout::default();
+    let push_rows = |b: &mut BatchLayout, n: usize, pos0: usize, slot0: usize| {
+        for i in 0..n {
+            b.token_ids.push(0);
+            b.positions.push((pos0 + i) as u32);
+            b.row_slots.push((slot0 + i) as u32);
+        }
+    };
+    push_rows(&mut batch, prefix, 0, 0);
+    batch.seqs.push(AttnSeq { q_row: 0, q_len: prefix as u32, ctx_len: prefix as u32, slot_offset: 0 });
+    batch.key_slots.extend(0..prefix as u32);
+    let (mut row, mut slot) = (prefix, prefix);
+    let mut flops = 4.0 * (prefix * (prefix + 1) / 2) as f64;
+    for &n in &items {
+        push_rows(&mut batch, n, prefix, slot);
+        batch.seqs.push(AttnSeq { q_row: row as u32, q_len: n as u32, ctx_len: (prefix + n) as u32, slot_offset: batch.key_slots.len() as u32 });
+        batch.key_slots.extend(0..prefix as u32);
+        batch.key_slots.extend(slot as u32..(slot + n) as u32);
+        flops += 4.0 * (0..n).map(|i| (prefix + i + 1) as f64).sum::<f64>();
+        row += n;
+        slot += n;
+    }
+    flops *= (layout.n_heads * layout.head_dim) as f64;
+    let mut cache = cpu.kv_cache(1, slot, layout.n_kv_heads, layout.head_dim).expect("cache");
+    let b = cpu.prepare_batch(&batch, &cache).expect("batch");
+    let qkv = HostTensor::from_vec(random(&mut rng, rows * layout.qkv_dim()), rows, layout.qkv_dim());
+    cpu.write_kv(&qkv, layout, &mut cache, 0, &b).expect("write_kv");
+    let mut out = HostTensor::zeros(rows, layout.q_dim());
+    let t = time(budget, || cpu.attention(&qkv, layout, &cache, 0, &b, &mut out).expect("attention"));
+    println!("\nattention: 1 prefix of {prefix} + {} items of 40..120 tokens ({rows} rows), 9 heads / 3 kv heads / head_dim 64", items.len());
+    println!("  {:.2} ms per layer, {:.1} GFLOP/s (QK + PV), {:.0} rows/s", t * 1e3, flops / t / 1e9, rows as f64 / t);
+}

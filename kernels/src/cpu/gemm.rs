@@ -1,0 +1,148 @@
+//! The GEMM driver: `out = x · Wᵀ (+ bias)` or `out += x · Wᵀ` with W packed in panels.
+//!
+//! Work is split into tasks of (row block × panel range) run on the backend's thread pool; within
+//! a task, each group of panels stays in cache while the row tiles of the block stream past it.
+//! K is never split: each output element is one chain over the full K (see `gemm_tile`), so the
+//! split — which depends on M and the thread count — never changes a bit of the result.
+
+use rayon::prelude::*;
+
+use super::gemm_tile::{max_rows, tile_fn, Tile};
+
+use super::isa::Isa;
+use super::pack::{PackedWeight, NR};
+
+/// What happens to each finished output element.
+#[derive(Clone, Copy)]
+pub(crate) enum Epilogue<'a> {
+    /// `out = chain (+ bias)`; the bias has `out_features` values.
+    Store { bias: Option<&'a [f32]> },
+    /// `out = out + chain`.
+    Accumulate,
+}
+
+/// Most rows of a tile for large M (one panel: 14 × 2 accumulators of the 32 registers).
+const BIG_TILE_ROWS: usize = 14;
+/// Most row tiles of a task's row block: the block's x rows (`KC` columns of them) stay in L2.
+const BLOCK_TILES: usize = 9;
+/// K steps per block: a tile's panel slice (`KC × NR` floats, 32 KiB) stays in L1 while the row
+/// tiles of a block stream past it. Fixed, so the blocking depends on K alone.
+const KC: usize = 256;
+/// Below this many multiply-adds a GEMM runs on the calling thread.
+const PARALLEL_MIN_FMAS: usize = 1 << 18;
+
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+// SAFETY: tasks write disjoint (row, column) ranges of the output.
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
+
+/// Panels per tile and most rows per tile for a GEMM of `m` rows: small M gets wide tiles so
+/// that enough independent accumulator chains hide the FMA latency.
+fn tile_shape(m: usize) -> (usize, usize) {
+    match m {
+        0..=3 => (4, m),
+        4..=6 => (2, m),
+        _ => (1, BIG_TILE_ROWS),
+    }
+}
+
+/// Splits `n` into `parts` near-equal consecutive ranges; range `i` is returned.
+fn balanced(n: usize, parts: usize, i: usize) -> (usize, usize) {
+    let (base, extra) = (n / parts, n % parts);
+    let start = i * base + i.min(extra);
+    (start, start + base + usize::from(i < extra))
+}
+
+/// Shapes are checked by the caller: `x.len() == m * K`, `out.len() == m * N`, bias of N.
+pub(crate) fn gemm(pool: &rayon::ThreadPool, threads: usize, isa: Isa, x: &[f32], m: usize, w: &PackedWeight, epi: Epilogue, out: &mut [f32]) {
+    let (k, n) = (w.in_features, w.out_features);
+    debug_assert_eq!(x.len(), m * k);
+    debug_assert_eq!(out.len(), m * n);
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        // Empty sums: the chain is zero.
+        for row in out.chunks_mut(n) {
+            match epi {
+                Epilogue::Store { bias: Some(b) } => row.copy_from_slice(b),
+                Epilogue::Store { bias: None } => row.fill(0.0),
+                Epilogue::Accumulate => {}
+            }
+        }
+        return;
+    }
+    let (np, mr) = tile_shape(m);
+    // Row blocks of at most BLOCK_TILES full tiles, tiles of near-equal rows (tile sizes never
+    // change a result bit, so they may follow M).
+    let row_tiles = m.div_ceil(mr);
+    let row_blocks = row_tiles.div_ceil(BLOCK_TILES);
+    let panels = w.panels();
+    let groups = panels.div_ceil(np);
+    // Enough tasks to balance the threads; for large M the row blocks alone do it.
+    let parallel = threads > 1 && m * n * k >= PARALLEL_MIN_FMAS;
+    let want_tasks = if parallel { 4 * threads } else { 1 };
+    let col_chunks = want_tasks.div_ceil(row_blocks).clamp(1, groups);
+    let groups_per_chunk = groups.div_ceil(col_chunks);
+    let col_chunks = groups.div_ceil(groups_per_chunk);
+    let tasks = row_blocks * col_chunks;
+
+    let (bias, accumulate) = match epi {
+        Epilogue::Store { bias } => (bias, false),
+        Epilogue::Accumulate => (None, true),
+    };
+    let out_ptr = SharedOut(out.as_mut_ptr());
+    let wdata = w.data.as_slice();
+    let kc = KC;
+    let k_blocks = k.div_ceil(kc);
+    let block_rows_max = mr * BLOCK_TILES;
+    let run_task = |task: usize| {
+        let out_ptr = out_ptr;
+        // Partial chains of one panel group × the block's rows, between K blocks.
+        let mut partial = if k_blocks > 1 { vec![0f32; block_rows_max * np * NR] } else { Vec::new() };
+        let (rb, cc) = (task / col_chunks, task % col_chunks);
+        let (t0, t1) = balanced(row_tiles, row_blocks, rb);
+        let (g0, g1) = (cc * groups_per_chunk, ((cc + 1) * groups_per_chunk).min(groups));
+        for g in g0..g1 {
+            let p0 = g * np;
+            let npp = np.min(panels - p0);
+            let col0 = p0 * NR;
+            let ncols = (npp * NR).min(n - col0);
+            for kb in 0..k_blocks {
+                let (k0, k1) = (kb * kc, ((kb + 1) * kc).min(k));
+                let r0 = balanced(m, row_tiles, t0).0;
+                for t in t0..t1 {
+                    let (r, r_end) = balanced(m, row_tiles, t);
+                    let rows = r_end - r;
+                    debug_assert!(rows <= max_rows(npp));
+                    let Some(kernel) = tile_fn(isa, rows, npp) else { unreachable!("tile {rows}x{npp} outside the table") };
+                    let tile = Tile {
+                        k: k1 - k0,
+                        a: x[r * k + k0..].as_ptr(),
+                        lda: k,
+                        b: wdata[p0 * w.panel_stride() + k0 * NR..].as_ptr(),
+                        panel_stride: w.panel_stride(),
+                        // SAFETY: (r, col0) is inside `out`; tasks own disjoint tiles.
+                        c: unsafe { out_ptr.0.add(r * n + col0) },
+                        ldc: n,
+                        ncols,
+                        bias: bias.map_or(std::ptr::null(), |b| b[col0..].as_ptr()),
+                        accumulate,
+                        first: kb == 0,
+                        last: kb + 1 == k_blocks,
+                        partial: partial.as_mut_ptr().wrapping_add((r - r0) * npp * NR),
+                    };
+                    // SAFETY: the tile's rows, K, panels and columns are in bounds of x, W and out,
+                    // and its partial sums in bounds of `partial`.
+                    unsafe { kernel(&tile) };
+                }
+            }
+        }
+    };
+    if tasks > 1 {
+        pool.install(|| (0..tasks).into_par_iter().with_max_len(1).for_each(run_task));
+    } else {
+        run_task(0);
+    }
+}

@@ -1,0 +1,208 @@
+//! GEMM microkernels: one output tile of `MR` rows × `NV` 16-lane vectors (`NV / 2` packed
+//! panels), over the full K.
+//!
+//! Batch invariance lives here: every output element is one multiply-add chain over `k = 0..K`
+//! in order, started from zero, then `+ bias` or added onto the old value. Tile shape, the tile's
+//! position and the number of rows never change that chain, so any tile shape may compute any
+//! row and the bits stay the same.
+
+use super::isa::Isa;
+use super::pack::NR;
+
+/// Arguments of one tile. Pointers are valid for the tile's rows, K and columns (the driver
+/// guarantees it).
+pub(crate) struct Tile {
+    pub k: usize,
+    /// First row of x for this tile; rows are `lda` apart.
+    pub a: *const f32,
+    pub lda: usize,
+    /// Start of the first packed panel of this tile; panels are `panel_stride` apart.
+    pub b: *const f32,
+    pub panel_stride: usize,
+    /// Output of the tile's first row and column; rows are `ldc` apart.
+    pub c: *mut f32,
+    pub ldc: usize,
+    /// Real columns in this tile (≤ NV * 16); the rest are padding and are not stored.
+    pub ncols: usize,
+    /// Bias at the tile's first column, or null.
+    pub bias: *const f32,
+    /// Add the result onto `c` instead of overwriting it.
+    pub accumulate: bool,
+    /// K-blocking: the tile covers `k` steps of a longer chain. Unless `first`, the chain
+    /// continues from the partial sums in `partial` (`[MR][NV * 16]`); unless `last`, the chain
+    /// is stored there (exactly: it is f32 either way) instead of going through the epilogue.
+    pub first: bool,
+    pub last: bool,
+    pub partial: *mut f32,
+}
+
+pub(crate) type TileFn = unsafe fn(&Tile);
+
+/// Largest rows per tile for each panel count (so that accumulators fit the 32 vector registers).
+pub(crate) fn max_rows(panels: usize) -> usize {
+    match panels {
+        1 => 14,
+        2 => 6,
+        3 => 4,
+        4 => 3,
+        _ => 0,
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{Tile, NR};
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn tile<const MR: usize, const NV: usize>(t: &Tile) {
+        let mut acc = [[_mm512_setzero_ps(); NV]; MR];
+        if !t.first {
+            for (i, acc) in acc.iter_mut().enumerate() {
+                for (v, acc) in acc.iter_mut().enumerate() {
+                    *acc = _mm512_loadu_ps(t.partial.add((i * NV + v) * 16));
+                }
+            }
+        }
+        let mut a = t.a;
+        let mut b = t.b;
+        for _ in 0..t.k {
+            let mut bv = [_mm512_setzero_ps(); NV];
+            for (v, bv) in bv.iter_mut().enumerate() {
+                *bv = _mm512_load_ps(b.add((v / 2) * t.panel_stride + (v % 2) * 16));
+            }
+            for (i, acc) in acc.iter_mut().enumerate() {
+                let ai = _mm512_set1_ps(*a.add(i * t.lda));
+                for v in 0..NV {
+                    acc[v] = _mm512_fmadd_ps(ai, bv[v], acc[v]);
+                }
+            }
+            a = a.add(1);
+            b = b.add(NR);
+        }
+        if !t.last {
+            for (i, acc) in acc.iter().enumerate() {
+                for (v, &acc) in acc.iter().enumerate() {
+                    _mm512_storeu_ps(t.partial.add((i * NV + v) * 16), acc);
+                }
+            }
+            return;
+        }
+        for (i, acc) in acc.iter().enumerate() {
+            let crow = t.c.add(i * t.ldc);
+            for (v, &chain) in acc.iter().enumerate() {
+                let col = v * 16;
+                if col >= t.ncols {
+                    break;
+                }
+                let rem = t.ncols - col;
+                let mask: __mmask16 = if rem >= 16 { 0xffff } else { (1u16 << rem) - 1 };
+                let mut r = chain;
+                if !t.bias.is_null() {
+                    r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(mask, t.bias.add(col)));
+                }
+                if t.accumulate {
+                    r = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, crow.add(col)), r);
+                }
+                _mm512_mask_storeu_ps(crow.add(col), mask, r);
+            }
+        }
+    }
+
+    /// The portable tile compiled for AVX2 (same bits as the portable one).
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn tile_avx2<const MR: usize, const NV: usize>(t: &Tile) {
+        super::portable::tile_body::<MR, NV>(t)
+    }
+}
+
+mod portable {
+    use super::{Tile, NR};
+
+    #[inline(always)]
+    pub(super) unsafe fn tile_body<const MR: usize, const NV: usize>(t: &Tile) {
+        let mut acc = [[[0f32; 16]; NV]; MR];
+        if !t.first {
+            for (i, acc) in acc.iter_mut().enumerate() {
+                for (v, acc) in acc.iter_mut().enumerate() {
+                    *acc = *(t.partial.add((i * NV + v) * 16) as *const [f32; 16]);
+                }
+            }
+        }
+        for kk in 0..t.k {
+            let mut bv = [[0f32; 16]; NV];
+            for (v, bv) in bv.iter_mut().enumerate() {
+                let src = t.b.add((v / 2) * t.panel_stride + kk * NR + (v % 2) * 16);
+                *bv = *(src as *const [f32; 16]);
+            }
+            for (i, acc) in acc.iter_mut().enumerate() {
+                let ai = *t.a.add(i * t.lda + kk);
+                for v in 0..NV {
+                    for l in 0..16 {
+                        acc[v][l] += ai * bv[v][l];
+                    }
+                }
+            }
+        }
+        if !t.last {
+            for (i, acc) in acc.iter().enumerate() {
+                for (v, acc) in acc.iter().enumerate() {
+                    *(t.partial.add((i * NV + v) * 16) as *mut [f32; 16]) = *acc;
+                }
+            }
+            return;
+        }
+        for (i, acc) in acc.iter().enumerate() {
+            let crow = t.c.add(i * t.ldc);
+            for (v, chain) in acc.iter().enumerate() {
+                let col = v * 16;
+                for (l, &chain) in chain.iter().enumerate().take(t.ncols.saturating_sub(col)) {
+                    let mut r = chain;
+                    if !t.bias.is_null() {
+                        r += *t.bias.add(col + l);
+                    }
+                    let dst = crow.add(col + l);
+                    if t.accumulate {
+                        r = *dst + r;
+                    }
+                    *dst = r;
+                }
+            }
+        }
+    }
+
+    pub(super) unsafe fn tile<const MR: usize, const NV: usize>(t: &Tile) {
+        tile_body::<MR, NV>(t)
+    }
+}
+
+macro_rules! tile_table {
+    ($module:ident :: $kernel:ident; $mr:expr, $np:expr; $( ($m:literal, $p:literal) ),* $(,)?) => {
+        match ($mr, $np) {
+            $( ($m, $p) => Some($module::$kernel::<$m, { 2 * $p }> as TileFn), )*
+            _ => None,
+        }
+    };
+}
+
+macro_rules! all_tiles {
+    ($module:ident :: $kernel:ident, $mr:expr, $np:expr) => {
+        tile_table!($module::$kernel; $mr, $np;
+            (1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (6, 1), (7, 1), (8, 1), (9, 1), (10, 1), (11, 1), (12, 1), (13, 1), (14, 1),
+            (1, 2), (2, 2), (3, 2), (4, 2), (5, 2), (6, 2),
+            (1, 3), (2, 3), (3, 3), (4, 3),
+            (1, 4), (2, 4), (3, 4),
+        )
+    };
+}
+
+/// The microkernel for `rows × panels` on `isa`, or None for a shape outside [`max_rows`].
+pub(crate) fn tile_fn(isa: Isa, rows: usize, panels: usize) -> Option<TileFn> {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => all_tiles!(x86::tile, rows, panels),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => all_tiles!(x86::tile_avx2, rows, panels),
+        _ => all_tiles!(portable::tile, rows, panels),
+    }
+}
