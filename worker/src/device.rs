@@ -74,7 +74,7 @@ fn start_on<B: Backend>(backend: B, cfg: &WorkerConfig, state: Arc<EngineState>)
 /// Loads the configured model on `device` and starts the engine.
 pub fn start_engine(cfg: &WorkerConfig, device: Device, state: Arc<EngineState>) -> Result<(Arc<EngineHandle>, String)> {
     match device {
-        Device::Cpu => start_on(sieve_kernels::reference::ReferenceBackend, cfg, state),
+        Device::Cpu => start_on(sieve_kernels::CpuBackend::new(cfg.model.threads)?, cfg, state),
         Device::Cuda(_) => Err(WorkerError::Unsupported("CUDA support is not built yet".into())),
     }
 }
