@@ -19,6 +19,7 @@ use sieve_worker::engine::{CancelFlag, EngineHandle, EngineParts, EngineState, S
 use sieve_worker::engine::layout::LayoutBuilder;
 use sieve_worker::config::WorkerConfig;
 use sieve_worker::model::loader::{self, LoadOptions, LoadedModel};
+use sieve_worker::model::Scratch;
 use sieve_worker::prompt::TextEncoder;
 
 const WORDS: &[&str] = &[
@@ -74,9 +75,10 @@ fn prefill(m: &LoadedModel<CpuBackend>, backend: &CpuBackend) {
     let mut lb = LayoutBuilder::new();
     let last = lb.push(&ids, &slots).expect("rows");
     let layout = lb.finish();
-    let run = |kv: &mut _| {
+    let mut scratch = Scratch::new(backend).expect("scratch");
+    let mut run = |kv: &mut _| {
         let t = Instant::now();
-        m.model.forward(backend, &layout, kv, &[last], None).expect("forward");
+        m.model.forward(backend, &layout, kv, &[last], None, &mut scratch).expect("forward");
         t.elapsed().as_secs_f64()
     };
     run(&mut kv); // warm-up

@@ -9,6 +9,7 @@ use sieve_worker::assets;
 use sieve_worker::engine::layout::LayoutBuilder;
 use sieve_worker::engine::{CancelFlag, EngineConfig, EngineHandle, EngineParts, EngineState, PrefixCacheConfig, Submission};
 use sieve_worker::model::loader::{self, LoadOptions, LoadedModel};
+use sieve_worker::model::Scratch;
 use sieve_worker::prompt::PromptTemplate;
 
 fn model_path() -> std::path::PathBuf {
@@ -30,12 +31,13 @@ fn greedy(m: &LoadedModel<CpuBackend>, b: &CpuBackend, prompt: &str, steps: usiz
     let mut kv = b.kv_cache(c.n_layers, 512, c.n_kv_heads, c.head_dim).unwrap();
     let mut out = vec![];
     let mut new = ids.clone();
+    let mut scratch = Scratch::new(b).unwrap();
     for _ in 0..steps {
         let slots: Vec<u32> = (0..ids.len() as u32).collect();
         let mut lb = LayoutBuilder::new();
         let row = lb.push(&new, &slots).unwrap();
-        let h = m.model.forward(b, &lb.finish(), &mut kv, &[row], None).unwrap();
-        let logits = m.model.logits(b, &h).unwrap();
+        let h = m.model.forward(b, &lb.finish(), &mut kv, &[row], None, &mut scratch).unwrap();
+        let logits = m.model.logits(b, h).unwrap();
         let next = (0..logits.len()).max_by(|&a, &b| logits[a].total_cmp(&logits[b])).unwrap() as u32;
         if next == 2 {
             break; // <|im_end|>

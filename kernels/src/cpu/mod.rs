@@ -208,6 +208,12 @@ impl Backend for CpuBackend {
         (t.rows, t.cols)
     }
 
+    fn reshape_scratch(&self, t: &mut HostTensor, rows: usize, cols: usize) -> Result<()> {
+        check(rows.checked_mul(cols).is_some(), || format!("tensor [{rows}, {cols}] overflows"))?;
+        t.reshape_scratch(rows, cols);
+        Ok(())
+    }
+
     fn prepare_batch(&self, layout: &BatchLayout, cache: &HostKvCache) -> Result<CpuBatch> {
         layout.validate(cache.num_slots)?;
         let mut distinct_positions = layout.positions.clone();

@@ -131,7 +131,9 @@ impl EngineHandle {
             cache.clone(),
             state.clone(),
         );
+        let scratch_tensors = crate::model::Scratch::new(&parts.backend)?;
         let runner = Runner {
+            scratch_tensors,
             backend: parts.backend,
             model: parts.model,
             kv,

@@ -14,7 +14,7 @@ use super::layout::{segment_slots, LayoutBuilder};
 use super::prefix_cache::{Epoch, PrefixCache};
 use super::scheduler::{finish_job, PreparedBatch};
 use super::state::EngineState;
-use crate::model::Model;
+use crate::model::{Model, Scratch};
 use crate::Result;
 
 /// Called at every layer of every pass with (epoch, pass, layer); an error fails the batch.
@@ -33,6 +33,7 @@ pub struct Runner<B: Backend> {
     pub backend: B,
     pub model: Model<B>,
     pub kv: B::KvCache,
+    pub scratch_tensors: Scratch<B>,
     pub block_size: usize,
     pub scratch: ScratchRegion,
     pub cache: Arc<Mutex<PrefixCache>>,
@@ -144,8 +145,8 @@ impl<B: Backend> Runner<B> {
                 None => Ok(()),
             };
             let result = catch_unwind(AssertUnwindSafe(|| -> Result<Vec<f32>> {
-                let hidden = self.model.forward(&self.backend, &layout, &mut self.kv, &out_rows, Some(&hook))?;
-                self.model.head.scores(&self.backend, &hidden)
+                let hidden = self.model.forward(&self.backend, &layout, &mut self.kv, &out_rows, Some(&hook), &mut self.scratch_tensors)?;
+                self.model.head.scores(&self.backend, hidden)
             }));
             let scores = match result {
                 Ok(Ok(s)) => s,

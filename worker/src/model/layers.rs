@@ -70,6 +70,12 @@ impl<B: Backend> Attention<B> {
     }
 }
 
+/// Reusable intermediates of an MLP.
+pub struct MlpScratch<B: Backend> {
+    pub gate_up: B::Tensor,
+    pub act: B::Tensor,
+}
+
 /// SwiGLU MLP: `down(silu(gate(x)) * up(x))`, gate and up fused.
 pub struct Mlp<B: Backend> {
     pub gate_up: B::Weight,
@@ -87,14 +93,13 @@ impl<B: Backend> Mlp<B> {
     }
 
     /// `acc += mlp(x)`.
-    pub fn forward_add(&self, backend: &B, x: &B::Tensor, acc: &mut B::Tensor) -> Result<()> {
+    pub fn forward_add(&self, backend: &B, x: &B::Tensor, acc: &mut B::Tensor, s: &mut MlpScratch<B>) -> Result<()> {
         let (rows, _) = backend.shape(x);
-        let mut gu = backend.zeros(rows, 2 * self.intermediate)?;
-        backend.matmul(x, &self.gate_up, None, &mut gu)?;
-        let mut act = backend.zeros(rows, self.intermediate)?;
-        backend.silu_mul(&gu, &mut act)?;
-        drop(gu);
-        backend.matmul_add(&act, &self.down, acc)?;
+        backend.reshape_scratch(&mut s.gate_up, rows, 2 * self.intermediate)?;
+        backend.matmul(x, &self.gate_up, None, &mut s.gate_up)?;
+        backend.reshape_scratch(&mut s.act, rows, self.intermediate)?;
+        backend.silu_mul(&s.gate_up, &mut s.act)?;
+        backend.matmul_add(&s.act, &self.down, acc)?;
         Ok(())
     }
 }

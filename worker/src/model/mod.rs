@@ -36,9 +36,9 @@ pub enum Ffn<B: Backend> {
 
 impl<B: Backend> Ffn<B> {
     /// `acc += ffn(x)`.
-    fn forward_add(&self, backend: &B, x: &B::Tensor, acc: &mut B::Tensor) -> Result<()> {
+    fn forward_add(&self, backend: &B, x: &B::Tensor, acc: &mut B::Tensor, scratch: &mut layers::MlpScratch<B>) -> Result<()> {
         match self {
-            Ffn::Dense(mlp) => mlp.forward_add(backend, x, acc),
+            Ffn::Dense(mlp) => mlp.forward_add(backend, x, acc, scratch),
         }
     }
 }
@@ -48,6 +48,35 @@ pub struct DecoderLayer<B: Backend> {
     pub attn: Attention<B>,
     pub post_attn_norm: B::Vector,
     pub ffn: Ffn<B>,
+}
+
+/// The intermediate tensors of a forward pass, kept between passes so that their storage is
+/// reused instead of reallocated for every layer.
+pub struct Scratch<B: Backend> {
+    x: B::Tensor,
+    xn: B::Tensor,
+    qkv: B::Tensor,
+    attn: B::Tensor,
+    mlp: layers::MlpScratch<B>,
+    last_attn: B::Tensor,
+    last_x: B::Tensor,
+    out: B::Tensor,
+}
+
+impl<B: Backend> Scratch<B> {
+    pub fn new(backend: &B) -> Result<Self> {
+        let t = || backend.zeros(0, 0);
+        Ok(Scratch {
+            x: t()?,
+            xn: t()?,
+            qkv: t()?,
+            attn: t()?,
+            mlp: layers::MlpScratch { gate_up: t()?, act: t()? },
+            last_attn: t()?,
+            last_x: t()?,
+            out: t()?,
+        })
+    }
 }
 
 /// What the score head reads: which tokens' ids mean yes/no, or a classifier.
@@ -113,11 +142,20 @@ impl<B: Backend> Model<B> {
     }
 
     /// Runs the decoder over a varlen batch and returns the final-normed hidden states of
-    /// `out_rows` (in that order). K/V of every row is written to `cache` at its slot.
+    /// `out_rows` (in that order, in `scratch.out`). K/V of every row is written to `cache` at its
+    /// slot. Intermediate tensors live in `scratch` and are reused from pass to pass.
     ///
     /// When every out row is the last query row of its sequence (scoring), the last layer's
     /// attention, output projection and MLP run for those rows only.
-    pub fn forward(&self, backend: &B, layout: &BatchLayout, cache: &mut B::KvCache, out_rows: &[u32], hook: Option<LayerHook>) -> Result<B::Tensor> {
+    pub fn forward<'s>(
+        &self,
+        backend: &B,
+        layout: &BatchLayout,
+        cache: &mut B::KvCache,
+        out_rows: &[u32],
+        hook: Option<LayerHook>,
+        scratch: &'s mut Scratch<B>,
+    ) -> Result<&'s B::Tensor> {
         let rows = layout.num_rows();
         let h = self.config.hidden;
         let batch = backend.prepare_batch(layout, cache)?;
@@ -126,49 +164,50 @@ impl<B: Backend> Model<B> {
             Some(l) => Some(backend.prepare_batch(l, cache)?),
             None => None,
         };
-        let qkv_layout = self.config.qkv_layout();
-        let mut x = backend.zeros(rows, h)?;
-        backend.embed(&self.embed, &batch, &mut x)?;
-        let mut xn = backend.zeros(rows, h)?;
+        let ql = self.config.qkv_layout();
+        let eps = self.config.rms_eps;
+        let Scratch { x, xn, qkv, attn, mlp, last_attn, last_x, out } = scratch;
+        backend.reshape_scratch(x, rows, h)?;
+        backend.embed(&self.embed, &batch, x)?;
+        backend.reshape_scratch(xn, rows, h)?;
+        backend.reshape_scratch(qkv, rows, ql.qkv_dim())?;
+        backend.reshape_scratch(attn, rows, ql.q_dim())?;
         let n_layers = self.layers.len();
         for (i, layer) in self.layers.iter().enumerate() {
             if let Some(hook) = hook {
                 hook(i)?;
             }
             let a = &layer.attn;
-            backend.rms_norm(&x, &layer.input_norm, self.config.rms_eps, &mut xn)?;
-            let mut qkv = backend.zeros(rows, qkv_layout.qkv_dim())?;
-            backend.matmul(&xn, &a.qkv, a.qkv_bias.as_ref(), &mut qkv)?;
-            backend.qk_norm_rope(&mut qkv, qkv_layout, a.q_norm.as_ref(), a.k_norm.as_ref(), self.config.rms_eps, self.config.rope, &batch)?;
-            backend.write_kv(&qkv, qkv_layout, cache, i, &batch)?;
-            let mut attn = backend.zeros(rows, qkv_layout.q_dim())?;
-            let is_last = i + 1 == n_layers;
-            if let (true, Some(lb)) = (is_last, &last_batch) {
+            backend.rms_norm(x, &layer.input_norm, eps, xn)?;
+            backend.matmul(xn, &a.qkv, a.qkv_bias.as_ref(), qkv)?;
+            backend.qk_norm_rope(qkv, ql, a.q_norm.as_ref(), a.k_norm.as_ref(), eps, self.config.rope, &batch)?;
+            backend.write_kv(qkv, ql, cache, i, &batch)?;
+            if let (true, Some(lb)) = (i + 1 == n_layers, &last_batch) {
                 // Only the scored rows matter after the last layer: attend, project and run
                 // the MLP for them alone.
-                backend.attention(&qkv, qkv_layout, cache, i, lb, &mut attn)?;
-                drop(qkv);
-                let mut attn_out = backend.zeros(out_rows.len(), qkv_layout.q_dim())?;
-                backend.gather_rows(&attn, out_rows, &mut attn_out)?;
-                let mut xo = backend.zeros(out_rows.len(), h)?;
-                backend.gather_rows(&x, out_rows, &mut xo)?;
-                backend.matmul_add(&attn_out, &a.o, &mut xo)?;
-                let mut xon = backend.zeros(out_rows.len(), h)?;
-                backend.rms_norm(&xo, &layer.post_attn_norm, self.config.rms_eps, &mut xon)?;
-                layer.ffn.forward_add(backend, &xon, &mut xo)?;
-                backend.rms_norm(&xo, &self.final_norm, self.config.rms_eps, &mut xon)?;
-                return Ok(xon);
+                backend.attention(qkv, ql, cache, i, lb, attn)?;
+                let n = out_rows.len();
+                backend.reshape_scratch(last_attn, n, ql.q_dim())?;
+                backend.gather_rows(attn, out_rows, last_attn)?;
+                backend.reshape_scratch(last_x, n, h)?;
+                backend.gather_rows(x, out_rows, last_x)?;
+                backend.matmul_add(last_attn, &a.o, last_x)?;
+                backend.reshape_scratch(out, n, h)?;
+                backend.rms_norm(last_x, &layer.post_attn_norm, eps, out)?;
+                layer.ffn.forward_add(backend, out, last_x, mlp)?;
+                backend.rms_norm(last_x, &self.final_norm, eps, out)?;
+                return Ok(out);
             }
-            backend.attention(&qkv, qkv_layout, cache, i, &batch, &mut attn)?;
-            drop(qkv);
-            backend.matmul_add(&attn, &a.o, &mut x)?;
-            backend.rms_norm(&x, &layer.post_attn_norm, self.config.rms_eps, &mut xn)?;
-            layer.ffn.forward_add(backend, &xn, &mut x)?;
+            backend.attention(qkv, ql, cache, i, &batch, attn)?;
+            backend.matmul_add(attn, &a.o, x)?;
+            backend.rms_norm(x, &layer.post_attn_norm, eps, xn)?;
+            layer.ffn.forward_add(backend, xn, x, mlp)?;
         }
-        let mut xo = backend.zeros(out_rows.len(), h)?;
-        backend.gather_rows(&x, out_rows, &mut xo)?;
-        let mut out = backend.zeros(out_rows.len(), h)?;
-        backend.rms_norm(&xo, &self.final_norm, self.config.rms_eps, &mut out)?;
+        let n = out_rows.len();
+        backend.reshape_scratch(last_x, n, h)?;
+        backend.gather_rows(x, out_rows, last_x)?;
+        backend.reshape_scratch(out, n, h)?;
+        backend.rms_norm(last_x, &self.final_norm, eps, out)?;
         Ok(out)
     }
 

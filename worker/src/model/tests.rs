@@ -91,8 +91,9 @@ fn scores_alone<B: Backend>(b: &B, m: &Model<B>, prompts: &[Vec<u32>]) -> Vec<f3
             let slots: Vec<u32> = (0..p.len() as u32).map(|s| s + 100).collect();
             let mut lb = LayoutBuilder::new();
             let row = lb.push(p, &slots).unwrap();
-            let h = m.forward(b, &lb.finish(), &mut cache, &[row], None).unwrap();
-            m.head.logits(b, &h).unwrap()[0]
+            let mut scratch = Scratch::new(b).unwrap();
+            let h = m.forward(b, &lb.finish(), &mut cache, &[row], None, &mut scratch).unwrap();
+            m.head.logits(b, h).unwrap()[0]
         })
         .collect()
 }
@@ -122,8 +123,9 @@ fn scores_shared<B: Backend>(b: &B, m: &Model<B>, prompts: &[Vec<u32>], prefix: 
         let ctx: Vec<u32> = pslots.iter().copied().chain(segment_slots(&oblocks, block, own.len())).collect();
         rows.push(lb.push(own, &ctx).unwrap());
     }
-    let h = m.forward(b, &lb.finish(), &mut cache, &rows, None).unwrap();
-    m.head.logits(b, &h).unwrap()
+    let mut scratch = Scratch::new(b).unwrap();
+    let h = m.forward(b, &lb.finish(), &mut cache, &rows, None, &mut scratch).unwrap();
+    m.head.logits(b, h).unwrap()
 }
 
 #[test]
