@@ -252,9 +252,12 @@ fn to_f32(dtype: Dtype, bytes: &[u8]) -> Option<Vec<f32>> {
     })
 }
 
+/// (tensor name, shard file name) pairs from model.safetensors.index.json.
+type IndexedTensors = Vec<(String, String)>;
+
 /// The safetensors files of a checkpoint (the single file, or the shards named by the index),
 /// and the index's tensor → shard file map (empty for a single file).
-fn shard_files(dir: &Path) -> Result<(Vec<PathBuf>, Vec<(String, String)>)> {
+fn shard_files(dir: &Path) -> Result<(Vec<PathBuf>, IndexedTensors)> {
     let single = dir.join(SINGLE_FILE);
     if single.is_file() {
         return Ok((vec![single], Vec::new()));

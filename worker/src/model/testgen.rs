@@ -562,7 +562,7 @@ fn write_safetensors(path: &Path, plans: &[TensorPlan], spec: &TestModelSpec) ->
     let mut header_bytes = serde_json::to_vec(&Value::Object(header))
         .map_err(|e| WorkerError::Config(format!("safetensors header: {e}")))?;
     // Pad the header with spaces so the data starts 8-byte aligned (as the reference writer does).
-    header_bytes.resize((header_bytes.len() + 8 + 7) / 8 * 8 - 8, b' ');
+    header_bytes.resize((header_bytes.len() + 8).div_ceil(8) * 8 - 8, b' ');
 
     let file = File::create(path)
         .map_err(|e| WorkerError::Config(format!("{}: cannot create: {e}", path.display())))?;
