@@ -841,6 +841,8 @@ mod tests {
             GgmlType::Q5_0,
             GgmlType::Q5_1,
             GgmlType::Q8_0,
+            GgmlType::Q2K,
+            GgmlType::Q3K,
             GgmlType::Q4K,
             GgmlType::Q5K,
             GgmlType::Q6K,
@@ -1044,12 +1046,12 @@ mod tests {
         // A known type this worker cannot dequantize: an error when read, not at open.
         let bytes = gguf_bytes(
             &[],
-            &[TestTensor { name: "output.weight".into(), dims: vec![256], type_id: 10, data: vec![0; 84] }],
+            &[TestTensor { name: "output.weight".into(), dims: vec![256], type_id: 15, data: vec![0; 292] }],
         );
         let g = GgufFile::open(write_gguf(&dir, &bytes)).unwrap();
         let err = WeightSource::get(&g, "lm_head.weight").unwrap_err();
         assert!(matches!(err, WorkerError::Unsupported(_)), "{err}");
-        assert!(err.to_string().contains("Q2_K"), "{err}");
+        assert!(err.to_string().contains("Q8_K"), "{err}");
 
         // A row that is not whole blocks.
         let bytes = gguf_bytes(
