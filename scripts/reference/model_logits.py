@@ -335,6 +335,16 @@ def test_models():
         # f32 copies of the stored tensors (bf16/f16 widen exactly).
         st = {k: v.astype(np.float64) for k, v in load_safetensors(path / "model.safetensors").items()}
         get = st.get
+        # Fingerprints of the weights transformers loaded, so a test can tell if the generator
+        # drifted from what these logits were computed on.
+        probe_names = ["model.embed_tokens.weight", "model.layers.1.self_attn.k_proj.weight", "model.norm.weight"]
+        if arch.endswith("_moe"):
+            probe_names += ["model.layers.3.mlp.experts.7.down_proj.weight", "model.layers.0.mlp.gate.weight"]
+        probes = []
+        for pn in probe_names:
+            flat = st[pn].reshape(-1)
+            idx = [0, 1, flat.size // 2, flat.size - 1]
+            probes.append({"name": pn, "sum": float(flat.sum()), "values_at": [[i, float(flat[i])] for i in idx]})
         cases = []
         with torch.no_grad():
             for name in prompts:
@@ -357,6 +367,7 @@ def test_models():
                 "intermediate_size", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
                 "shared_expert_intermediate_size", "norm_topk_prob", "tie_word_embeddings", "vocab_size",
                 "rope_theta", "rms_norm_eps", "torch_dtype")},
+            "weight_probes": probes,
             "prompts": cases,
             **({"routing": routing} if routing else {}),
         })

@@ -731,6 +731,41 @@ mod tests {
     }
 
     #[test]
+    fn regenerates_the_checkpoints_the_logits_fixture_was_computed_on() {
+        // testmodel_logits.json holds transformers' logits for checkpoints this generator made;
+        // if the generator's output changed, those logits would no longer apply.
+        let tok = asset(QWEN3_TOKENIZER);
+        let fx = crate::model::test_assets::fixture_json("testmodel_logits.json");
+        for model in fx["models"].as_array().unwrap() {
+            let g = &model["generate"];
+            let spec = TestModelSpec::preset(
+                g["arch"].as_str().unwrap().parse().unwrap(),
+                g["preset"].as_str().unwrap().parse().unwrap(),
+                g["seed"].as_u64().unwrap(),
+                g["dtype"].as_str().unwrap().parse().unwrap(),
+            );
+            let dir = TempDir::new("testgen");
+            generate(&spec, dir.path(), &tok).unwrap();
+            let ck = HfCheckpoint::open(dir.path()).unwrap();
+            for (key, want) in model["config"].as_object().unwrap() {
+                assert_eq!(&ck.config()[key], want, "{} config {key}", model["arch"]);
+            }
+            for probe in model["weight_probes"].as_array().unwrap() {
+                let name = probe["name"].as_str().unwrap();
+                let w = ck.get(name).unwrap();
+                for pair in probe["values_at"].as_array().unwrap() {
+                    let i = pair[0].as_u64().unwrap() as usize;
+                    // f32 values written as JSON doubles (serde_json's parse may be 1 ulp off in f64).
+                    assert_eq!(w.data[i], pair[1].as_f64().unwrap() as f32, "{} {name}[{i}]", model["arch"]);
+                }
+                let sum: f64 = w.data.iter().map(|&x| x as f64).sum();
+                let want = probe["sum"].as_f64().unwrap();
+                assert!((sum - want).abs() <= 1e-9 * w.numel() as f64, "{} {name} sum {sum} vs {want}", model["arch"]);
+            }
+        }
+    }
+
+    #[test]
     fn spec_validation_rejects_inconsistent_shapes() {
         let tok = asset(QWEN3_TOKENIZER);
         let dir = TempDir::new("testgen");
