@@ -31,11 +31,13 @@ F16_FIELDS = {
     T.Q5_0: [0],
     T.Q5_1: [0, 2],
     T.Q8_0: [0],
+    T.Q2_K: [80, 82],
+    T.Q3_K: [108],
     T.Q4_K: [0, 2],
     T.Q5_K: [0, 2],
     T.Q6_K: [208],
 }
-N_BLOCKS = {T.F32: 16, T.F16: 16, T.BF16: 16, T.Q4_K: 2, T.Q5_K: 2, T.Q6_K: 2}
+N_BLOCKS = {T.F32: 16, T.F16: 16, T.BF16: 16, T.Q2_K: 2, T.Q3_K: 2, T.Q4_K: 2, T.Q5_K: 2, T.Q6_K: 2}
 
 
 def random_blocks(rng, qtype):
@@ -52,7 +54,7 @@ def random_blocks(rng, qtype):
     for b in range(n_blocks):
         for off in F16_FIELDS[qtype]:
             # Scales of either sign for the symmetric types, positive d/dmin for the k-quants.
-            v = rng.uniform(0.001, 0.05) * (rng.choice([-1, 1]) if qtype in (T.Q4_0, T.Q8_0, T.Q6_K) else 1)
+            v = rng.uniform(0.001, 0.05) * (rng.choice([-1, 1]) if qtype in (T.Q4_0, T.Q8_0, T.Q3_K, T.Q6_K) else 1)
             at = b * type_size + off
             raw[at : at + 2] = np.array([v], dtype="<f2").tobytes()
     return bytes(raw)
@@ -61,7 +63,7 @@ def random_blocks(rng, qtype):
 def main():
     rng = np.random.default_rng(20240611)
     cases = []
-    for qtype in [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]:
+    for qtype in [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]:
         raw = random_blocks(rng, qtype)
         values = gguf.quants.dequantize(np.frombuffer(raw, dtype=np.uint8), qtype).astype(np.float32)
         assert np.all(np.isfinite(values)), qtype.name

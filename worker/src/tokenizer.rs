@@ -337,6 +337,35 @@ mod tests {
         assert_eq!(tok.encode("2024").unwrap().len(), 4);
     }
 
+    fn ids_of(v: &serde_json::Value) -> Vec<u32> {
+        v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    }
+
+    #[test]
+    fn logits_fixture_prompt_ids_are_our_tokenizations() {
+        // The model fixtures fix their input ids; our tokenizers must produce the same ones.
+        let smol = smollm2();
+        let fx = fixture_json("smollm2_logits.json");
+        for p in fx["prompts"].as_array().unwrap() {
+            assert_eq!(smol.encode(p["text"].as_str().unwrap()).unwrap(), ids_of(&p["ids"]), "{}", p["name"]);
+        }
+        let greedy = &fx["greedy"];
+        assert_eq!(smol.decode(&ids_of(&greedy["ids"])).unwrap(), greedy["text"].as_str().unwrap());
+        for (tok, id) in fx["token_ids"].as_object().unwrap() {
+            assert_eq!(smol.token_id(tok), Some(id.as_u64().unwrap() as u32), "{tok}");
+        }
+
+        let qwen = qwen3();
+        let fx = fixture_json("testmodel_logits.json");
+        let texts = fx["prompt_texts"].as_object().unwrap();
+        for model in fx["models"].as_array().unwrap() {
+            for p in model["prompts"].as_array().unwrap() {
+                let text = texts[p["name"].as_str().unwrap()].as_str().unwrap();
+                assert_eq!(qwen.encode(text).unwrap(), ids_of(&p["ids"]), "{} {}", model["arch"], p["name"]);
+            }
+        }
+    }
+
     #[test]
     fn bpe_merges_across_a_query_item_boundary() {
         // Why the shared prefix is found on token ids: "run" + "ning" != tokens("running").

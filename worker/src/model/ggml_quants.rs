@@ -136,6 +136,8 @@ impl GgmlType {
                 | Self::Q5_0
                 | Self::Q5_1
                 | Self::Q8_0
+                | Self::Q2K
+                | Self::Q3K
                 | Self::Q4K
                 | Self::Q5K
                 | Self::Q6K
@@ -197,6 +199,8 @@ pub fn dequantize_into(ty: GgmlType, bytes: &[u8], out: &mut Vec<f32>) -> Result
         GgmlType::Q5_0 => blocks.for_each(|b| block_q5_0(b, out)),
         GgmlType::Q5_1 => blocks.for_each(|b| block_q5_1(b, out)),
         GgmlType::Q8_0 => blocks.for_each(|b| block_q8_0(b, out)),
+        GgmlType::Q2K => blocks.for_each(|b| block_q2_k(b, out)),
+        GgmlType::Q3K => blocks.for_each(|b| block_q3_k(b, out)),
         GgmlType::Q4K => blocks.for_each(|b| block_q4_k(b, out)),
         GgmlType::Q5K => blocks.for_each(|b| block_q5_k(b, out)),
         GgmlType::Q6K => blocks.for_each(|b| block_q6_k(b, out)),
@@ -268,6 +272,64 @@ fn block_q5_1(b: &[u8], out: &mut Vec<f32>) {
 fn block_q8_0(b: &[u8], out: &mut Vec<f32>) {
     let d = f16_at(b, 0);
     out.extend(b[2..34].iter().map(|&q| q as i8 as f32 * d));
+}
+
+/// Q2_K: 16 sub-blocks of 16 with 4-bit scale and min, 2-bit quants.
+fn block_q2_k(b: &[u8], out: &mut Vec<f32>) {
+    let scales = &b[0..QK_K / 16];
+    let qs_all = &b[QK_K / 16..QK_K / 16 + QK_K / 4];
+    let d = f16_at(b, QK_K / 16 + QK_K / 4);
+    let dmin = f16_at(b, QK_K / 16 + QK_K / 4 + 2);
+    let mut is = 0;
+    for q in qs_all.chunks_exact(32) {
+        for shift in [0, 2, 4, 6] {
+            for half in [&q[..16], &q[16..]] {
+                let sc = scales[is];
+                is += 1;
+                let (dl, ml) = (d * (sc & 0x0F) as f32, dmin * (sc >> 4) as f32);
+                out.extend(half.iter().map(|&x| dl * ((x >> shift) & 3) as f32 - ml));
+            }
+        }
+    }
+}
+
+/// Q3_K: 16 sub-blocks of 16 with 6-bit signed scales, 2 low bits + 1 high bit per quant.
+fn block_q3_k(b: &[u8], out: &mut Vec<f32>) {
+    let hmask = &b[0..QK_K / 8];
+    let qs_all = &b[QK_K / 8..QK_K / 8 + QK_K / 4];
+    let packed = &b[QK_K / 8 + QK_K / 4..QK_K / 8 + QK_K / 4 + 12];
+    let d = f16_at(b, QK_K / 8 + QK_K / 4 + 12);
+    // Unpack the twelve bytes into sixteen 6-bit scales (ggml's kmask1/kmask2 shuffle).
+    let word = |i: usize| u32::from_le_bytes([packed[4 * i], packed[4 * i + 1], packed[4 * i + 2], packed[4 * i + 3]]);
+    let (a0, a1, tmp) = (word(0), word(1), word(2));
+    const KMASK1: u32 = 0x0303_0303;
+    const KMASK2: u32 = 0x0f0f_0f0f;
+    let aux = [
+        (a0 & KMASK2) | ((tmp & KMASK1) << 4),
+        (a1 & KMASK2) | (((tmp >> 2) & KMASK1) << 4),
+        ((a0 >> 4) & KMASK2) | (((tmp >> 4) & KMASK1) << 4),
+        ((a1 >> 4) & KMASK2) | (((tmp >> 6) & KMASK1) << 4),
+    ];
+    let mut scales = [0i32; 16];
+    for (s, byte) in scales.iter_mut().zip(aux.iter().flat_map(|w| w.to_le_bytes())) {
+        *s = byte as i8 as i32 - 32;
+    }
+    let mut is = 0;
+    // The high-bit mask walks through the 8 bits of hmask over the two 128-element halves.
+    let mut m = 1u8;
+    for q in qs_all.chunks_exact(32) {
+        for shift in [0, 2, 4, 6] {
+            for (lo, half) in [(0, &q[..16]), (16, &q[16..])] {
+                let dl = d * scales[is] as f32;
+                is += 1;
+                for (l, &x) in half.iter().enumerate() {
+                    let high = if hmask[lo + l] & m != 0 { 0 } else { 4 };
+                    out.push(dl * (((x >> shift) & 3) as i32 - high) as f32);
+                }
+            }
+            m = m.wrapping_shl(1);
+        }
+    }
 }
 
 /// The 6-bit scale and min of sub-block `j` of a Q4_K/Q5_K super-block (ggml `get_scale_min_k4`).
@@ -372,7 +434,7 @@ mod tests {
 
     #[test]
     fn unsupported_type_is_an_error_not_a_panic() {
-        let err = dequantize(GgmlType::Q2K, &[0u8; 84]).unwrap_err();
+        let err = dequantize(GgmlType::Q8K, &[0u8; 292]).unwrap_err();
         assert!(matches!(err, WorkerError::Unsupported(_)), "{err}");
     }
 }

@@ -296,7 +296,9 @@ impl GgufFile {
         &self.metadata
     }
 
-    pub fn get(&self, key: &str) -> Option<&GgufValue> {
+    /// A metadata value by key. (Named `value`, not `get`, so it never shadows
+    /// [`WeightSource::get`], which takes tensor names.)
+    pub fn value(&self, key: &str) -> Option<&GgufValue> {
         self.metadata_index.get(key).map(|&i| &self.metadata[i].1)
     }
 
@@ -336,7 +338,7 @@ impl GgufFile {
     }
 
     pub fn get_str(&self, key: &str) -> Result<Option<&str>> {
-        match self.get(key) {
+        match self.value(key) {
             None => Ok(None),
             Some(GgufValue::Str(s)) => Ok(Some(s)),
             Some(v) => Err(self.wrong_type(key, "string", v)),
@@ -429,7 +431,7 @@ impl GgufFile {
         want: &str,
         conv: impl Fn(&GgufValue) -> Option<T>,
     ) -> Result<Option<T>> {
-        match self.get(key) {
+        match self.value(key) {
             None => Ok(None),
             Some(v) => conv(v).map(Some).ok_or_else(|| self.wrong_type(key, want, v)),
         }
@@ -441,7 +443,7 @@ impl GgufFile {
         want: &str,
         conv: impl Fn(&'a GgufValue) -> Option<T>,
     ) -> Result<Option<Vec<T>>> {
-        match self.get(key) {
+        match self.value(key) {
             None => Ok(None),
             Some(v) => {
                 let arr = v.as_array().ok_or_else(|| self.wrong_type(key, want, v))?;
@@ -841,6 +843,8 @@ mod tests {
             GgmlType::Q5_0,
             GgmlType::Q5_1,
             GgmlType::Q8_0,
+            GgmlType::Q2K,
+            GgmlType::Q3K,
             GgmlType::Q4K,
             GgmlType::Q5K,
             GgmlType::Q6K,
@@ -988,10 +992,10 @@ mod tests {
     fn parses_nested_arrays_and_maps_expert_and_bias_names() {
         let dir = TempDir::new("gguf");
         let g = GgufFile::open(write_gguf(&dir, &small_file())).unwrap();
-        let nested = g.get("nested").unwrap().as_array().unwrap();
+        let nested = g.value("nested").unwrap().as_array().unwrap();
         assert_eq!(nested[0], GgufValue::Array(vec![GgufValue::I32(1), GgufValue::I32(-2)]));
         assert_eq!(g.get_f32("f64").unwrap(), Some(0.5));
-        assert_eq!(g.get("flags").unwrap().as_array().unwrap()[1], GgufValue::Bool(false));
+        assert_eq!(g.value("flags").unwrap().as_array().unwrap()[1], GgufValue::Bool(false));
         assert_eq!(g.require_u32("qwen3.block_count").unwrap(), 1);
         assert!(g.require_u32("qwen3.context_length").is_err());
 
@@ -1044,12 +1048,12 @@ mod tests {
         // A known type this worker cannot dequantize: an error when read, not at open.
         let bytes = gguf_bytes(
             &[],
-            &[TestTensor { name: "output.weight".into(), dims: vec![256], type_id: 10, data: vec![0; 84] }],
+            &[TestTensor { name: "output.weight".into(), dims: vec![256], type_id: 15, data: vec![0; 292] }],
         );
         let g = GgufFile::open(write_gguf(&dir, &bytes)).unwrap();
         let err = WeightSource::get(&g, "lm_head.weight").unwrap_err();
         assert!(matches!(err, WorkerError::Unsupported(_)), "{err}");
-        assert!(err.to_string().contains("Q2_K"), "{err}");
+        assert!(err.to_string().contains("Q8_K"), "{err}");
 
         // A row that is not whole blocks.
         let bytes = gguf_bytes(

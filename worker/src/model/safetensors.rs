@@ -69,7 +69,7 @@ impl HfCheckpoint {
             )));
         }
 
-        let shard_files = shard_files(&dir)?;
+        let (shard_files, indexed) = shard_files(&dir)?;
         let mut shards = Vec::with_capacity(shard_files.len());
         let mut tensors = HashMap::new();
         for path in shard_files {
@@ -95,6 +95,24 @@ impl HfCheckpoint {
                 }
             }
             shards.push(shard);
+        }
+        // Every tensor the index promises must be in the shard it names.
+        for (name, file) in &indexed {
+            match tensors.get(name) {
+                Some(e) if shards[e.shard].path.file_name() == Some(std::ffi::OsStr::new(file)) => {}
+                Some(_) => {
+                    return Err(WorkerError::ModelFile(format!(
+                        "{}: tensor {name} is not in {file}, the shard {INDEX_FILE} names",
+                        dir.display()
+                    )))
+                }
+                None => {
+                    return Err(WorkerError::ModelFile(format!(
+                        "{}: tensor {name} listed in {INDEX_FILE} is missing from {file}",
+                        dir.display()
+                    )))
+                }
+            }
         }
         Ok(Self { dir, config, shards, tensors })
     }
@@ -234,11 +252,15 @@ fn to_f32(dtype: Dtype, bytes: &[u8]) -> Option<Vec<f32>> {
     })
 }
 
-/// The safetensors files of a checkpoint: the single file, or the shards named by the index.
-fn shard_files(dir: &Path) -> Result<Vec<PathBuf>> {
+/// (tensor name, shard file name) pairs from model.safetensors.index.json.
+type IndexedTensors = Vec<(String, String)>;
+
+/// The safetensors files of a checkpoint (the single file, or the shards named by the index),
+/// and the index's tensor → shard file map (empty for a single file).
+fn shard_files(dir: &Path) -> Result<(Vec<PathBuf>, IndexedTensors)> {
     let single = dir.join(SINGLE_FILE);
     if single.is_file() {
-        return Ok(vec![single]);
+        return Ok((vec![single], Vec::new()));
     }
     let index_path = dir.join(INDEX_FILE);
     if !index_path.is_file() {
@@ -257,6 +279,7 @@ fn shard_files(dir: &Path) -> Result<Vec<PathBuf>> {
         WorkerError::ModelFile(format!("{}: no weight_map object", index_path.display()))
     })?;
     let mut files = BTreeSet::new();
+    let mut indexed = Vec::with_capacity(weight_map.len());
     for (tensor, file) in weight_map {
         let file = file.as_str().ok_or_else(|| {
             WorkerError::ModelFile(format!(
@@ -272,11 +295,12 @@ fn shard_files(dir: &Path) -> Result<Vec<PathBuf>> {
             )));
         }
         files.insert(file.to_string());
+        indexed.push((tensor.clone(), file.to_string()));
     }
     if files.is_empty() {
         return Err(WorkerError::ModelFile(format!("{}: empty weight_map", index_path.display())));
     }
-    Ok(files.into_iter().map(|f| dir.join(f)).collect())
+    Ok((files.into_iter().map(|f| dir.join(f)).collect(), indexed))
 }
 
 fn map_shard(path: PathBuf) -> Result<Shard> {
@@ -286,4 +310,114 @@ fn map_shard(path: PathBuf) -> Result<Shard> {
     let mmap = unsafe { Mmap::map(&file) }
         .map_err(|e| WorkerError::ModelFile(format!("{}: cannot map: {e}", path.display())))?;
     Ok(Shard { path, mmap })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::test_assets::TempDir;
+    use safetensors::tensor::TensorView;
+
+    fn write_shard(path: &Path, tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) {
+        let views: Vec<(String, TensorView<'_>)> = tensors
+            .iter()
+            .map(|(n, dt, shape, data)| (n.to_string(), TensorView::new(*dt, shape.clone(), data).unwrap()))
+            .collect();
+        safetensors::serialize_to_file(views, None, path).unwrap();
+    }
+
+    fn f32_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    fn write_config(dir: &Path) {
+        std::fs::write(
+            dir.join(CONFIG_FILE),
+            r#"{"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 8,
+                "rms_norm_eps": 1e-6, "tie_word_embeddings": true, "rope_scaling": null}"#,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn single_file_with_every_float_dtype() {
+        let dir = TempDir::new("st");
+        write_config(dir.path());
+        let bf: Vec<u8> = [1.5f32, -2.0].iter().flat_map(|&x| bf16::from_f32(x).to_le_bytes()).collect();
+        let hf: Vec<u8> = [0.25f32, 3.0, -1.0].iter().flat_map(|&x| f16::from_f32(x).to_le_bytes()).collect();
+        write_shard(
+            &dir.path().join(SINGLE_FILE),
+            &[
+                ("a", Dtype::F32, vec![2, 2], f32_bytes(&[1.0, 2.0, 3.0, 4.0])),
+                ("b", Dtype::BF16, vec![2], bf),
+                ("c", Dtype::F16, vec![3, 1], hf),
+                ("ids", Dtype::I64, vec![1], vec![0; 8]),
+            ],
+        );
+        let ck = HfCheckpoint::open(dir.path()).unwrap();
+        assert_eq!(ck.model_type().unwrap(), "qwen3");
+        assert_eq!(ck.require_usize("hidden_size").unwrap(), 8);
+        assert_eq!(ck.config_f64("rms_norm_eps").unwrap(), Some(1e-6));
+        assert_eq!(ck.config_bool("tie_word_embeddings").unwrap(), Some(true));
+        assert_eq!(ck.config_f64("rope_scaling").unwrap(), None);
+        assert!(ck.config_usize("model_type").is_err());
+        assert!(ck.require_usize("num_hidden_layers").unwrap_err().to_string().contains("num_hidden_layers"));
+        assert_eq!(ck.names(), vec!["a", "b", "c", "ids"]);
+        assert_eq!(ck.get("a").unwrap(), HostWeight { data: vec![1.0, 2.0, 3.0, 4.0], shape: vec![2, 2] });
+        assert_eq!(ck.get("b").unwrap().data, vec![1.5, -2.0]);
+        assert_eq!(ck.get("c").unwrap(), HostWeight { data: vec![0.25, 3.0, -1.0], shape: vec![3, 1] });
+        assert_eq!(ck.tensor_meta("b"), Some((Dtype::BF16, &[2usize][..])));
+        let err = ck.get("ids").unwrap_err();
+        assert!(matches!(err, WorkerError::Unsupported(_)) && err.to_string().contains("ids"), "{err}");
+        let err = ck.get("missing").unwrap_err();
+        assert!(err.to_string().contains("missing"), "{err}");
+        assert!(ck.tokenizer_json_path().is_none());
+    }
+
+    #[test]
+    fn sharded_checkpoint_through_the_index() {
+        let dir = TempDir::new("st");
+        write_config(dir.path());
+        write_shard(&dir.path().join("model-00001-of-00002.safetensors"), &[("x", Dtype::F32, vec![1], f32_bytes(&[7.0]))]);
+        write_shard(&dir.path().join("model-00002-of-00002.safetensors"), &[("y", Dtype::F32, vec![2], f32_bytes(&[8.0, 9.0]))]);
+        let index = r#"{"metadata": {"total_size": 12}, "weight_map": {
+            "x": "model-00001-of-00002.safetensors", "y": "model-00002-of-00002.safetensors"}}"#;
+        std::fs::write(dir.path().join(INDEX_FILE), index).unwrap();
+        let ck = HfCheckpoint::open(dir.path()).unwrap();
+        assert_eq!(ck.get("x").unwrap().data, vec![7.0]);
+        assert_eq!(ck.get("y").unwrap().data, vec![8.0, 9.0]);
+
+        // An index naming a tensor its shard lacks is an error naming the tensor.
+        let index = r#"{"weight_map": {"x": "model-00001-of-00002.safetensors", "z": "model-00001-of-00002.safetensors"}}"#;
+        std::fs::write(dir.path().join(INDEX_FILE), index).unwrap();
+        let err = HfCheckpoint::open(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("tensor z"), "{err}");
+        // A shard path escaping the directory is refused.
+        std::fs::write(dir.path().join(INDEX_FILE), r#"{"weight_map": {"x": "../x.safetensors"}}"#).unwrap();
+        assert!(HfCheckpoint::open(dir.path()).is_err());
+    }
+
+    #[test]
+    fn broken_files_are_errors_naming_the_file() {
+        let dir = TempDir::new("st");
+        // No config.
+        let err = HfCheckpoint::open(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("config.json"), "{err}");
+        std::fs::write(dir.path().join(CONFIG_FILE), "{not json").unwrap();
+        let err = HfCheckpoint::open(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("invalid JSON"), "{err}");
+        write_config(dir.path());
+        // No weights.
+        let err = HfCheckpoint::open(dir.path()).unwrap_err();
+        assert!(err.to_string().contains(SINGLE_FILE), "{err}");
+        // Truncated weights.
+        let path = dir.path().join(SINGLE_FILE);
+        write_shard(&path, &[("a", Dtype::F32, vec![4], f32_bytes(&[1.0, 2.0, 3.0, 4.0]))]);
+        let bytes = std::fs::read(&path).unwrap();
+        for cut in [bytes.len() - 1, 20, 4] {
+            std::fs::write(&path, &bytes[..cut]).unwrap();
+            let err = HfCheckpoint::open(dir.path()).unwrap_err();
+            assert!(err.to_string().contains("model.safetensors"), "cut {cut}: {err}");
+        }
+    }
 }
