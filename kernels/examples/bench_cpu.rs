@@ -60,7 +60,22 @@ fn main() {
     println!("\nGEMM out[M,N] = x[M,K] · W[N,K]ᵀ, GFLOP/s (median), {threads} threads");
     println!("{:<26} {:>6} {:>10} {:>10} {:>7}", "shape (N x K)", "M", "sieve", "gemm", "ratio");
     let shapes = [("qkv 960x576", 960, 576), ("o_proj 576x576", 576, 576), ("gate_up 3072x576", 3072, 576), ("down 576x1536", 576, 1536)];
-    for &(name, n, k) in shape_ids.iter().filter_map(|&i| shapes.get(i)) {
+    // --shape NxK adds a custom shape (tuning).
+    let custom: Vec<(String, usize, usize)> = args
+        .iter()
+        .position(|a| a == "--shape")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.split_once('x'))
+        .and_then(|(n, k)| Some((format!("custom {n}x{k}"), n.parse().ok()?, k.parse().ok()?)))
+        .into_iter()
+        .collect();
+    let selected: Vec<(String, usize, usize)> = if custom.is_empty() {
+        shape_ids.iter().filter_map(|&i| shapes.get(i)).map(|&(name, n, k)| (name.to_string(), n, k)).collect()
+    } else {
+        custom
+    };
+    for (name, n, k) in selected {
+        let (n, k) = (n, k);
         let wdata = random(&mut rng, n * k);
         let w = cpu.linear_weight(&wdata, n, k).expect("weight");
         for &m in &ms {

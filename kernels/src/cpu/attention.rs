@@ -167,22 +167,26 @@ impl Kernels for Portable {
 }
 
 /// Softmax of one head's raw scores in place over `n_valid` keys (padded to whole chunks):
-/// leaves `e^(s·scale - max)` (0 past `n_valid`) and returns `1 / Σ e`.
+/// leaves `e^(s·scale - max)` (0 past `n_valid`) and returns `1 / Σ e`. Written with selects
+/// rather than `f32::max` so that it vectorises.
 #[inline(always)]
 fn softmax_in_place(s: &mut [f32], n_valid: usize, scale: f32) -> f32 {
     let mut max = [f32::NEG_INFINITY; LANES];
     for (c, chunk) in s.chunks_exact_mut(LANES).enumerate() {
+        let chunk: &mut [f32; LANES] = chunk.try_into().unwrap_or_else(|_| unreachable!());
         for l in 0..LANES {
             let x = if c * LANES + l < n_valid { chunk[l] * scale } else { f32::NEG_INFINITY };
             chunk[l] = x;
-            max[l] = max[l].max(x);
+            max[l] = if x > max[l] { x } else { max[l] };
         }
     }
-    let m = max.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let m = max.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
     let mut sum = [0f32; LANES];
     for (c, chunk) in s.chunks_exact_mut(LANES).enumerate() {
+        let chunk: &mut [f32; LANES] = chunk.try_into().unwrap_or_else(|_| unreachable!());
         for l in 0..LANES {
-            let e = if c * LANES + l < n_valid { math::exp(chunk[l] - m) } else { 0.0 };
+            let e = math::exp(chunk[l] - m);
+            let e = if c * LANES + l < n_valid { e } else { 0.0 };
             chunk[l] = e;
             sum[l] += e;
         }

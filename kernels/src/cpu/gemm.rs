@@ -23,8 +23,10 @@ pub(crate) enum Epilogue<'a> {
 
 /// Most rows of a tile for large M (one panel: 14 × 2 accumulators of the 32 registers).
 const BIG_TILE_ROWS: usize = 14;
-/// Most row tiles of a task's row block: the block's x rows (`KC` columns of them) stay in L2.
+/// Most row tiles of a task's row block, and most bytes of its packed x rows (kept in L2 while
+/// every panel of the task streams past them).
 const BLOCK_TILES: usize = 9;
+const BLOCK_X_BYTES: usize = 512 << 10;
 /// K steps per block: a tile's panel slice (`KC × NR` floats, 32 KiB) stays in L1 while the row
 /// tiles of a block stream past it. Fixed, so the blocking depends on K alone.
 const KC: usize = 256;
@@ -77,7 +79,8 @@ pub(crate) fn gemm(pool: &rayon::ThreadPool, threads: usize, isa: Isa, x: &[f32]
     // Row blocks of at most BLOCK_TILES full tiles, tiles of near-equal rows (tile sizes never
     // change a result bit, so they may follow M).
     let row_tiles = m.div_ceil(mr);
-    let row_blocks = row_tiles.div_ceil(BLOCK_TILES);
+    let bt = (BLOCK_X_BYTES / (mr * k * 4)).clamp(1, BLOCK_TILES);
+    let row_blocks = row_tiles.div_ceil(bt);
     let panels = w.panels();
     let groups = panels.div_ceil(np);
     // Enough tasks to balance the threads; for large M the row blocks alone do it.
@@ -96,13 +99,26 @@ pub(crate) fn gemm(pool: &rayon::ThreadPool, threads: usize, isa: Isa, x: &[f32]
     let wdata = w.data.as_slice();
     let kc = KC;
     let k_blocks = k.div_ceil(kc);
-    let block_rows_max = mr * BLOCK_TILES;
+    let block_rows_max = mr * bt;
     let run_task = |task: usize| {
         let out_ptr = out_ptr;
         // Partial chains of one panel group × the block's rows, between K blocks.
         let mut partial = if k_blocks > 1 { vec![0f32; block_rows_max * np * NR] } else { Vec::new() };
         let (rb, cc) = (task / col_chunks, task % col_chunks);
         let (t0, t1) = balanced(row_tiles, row_blocks, rb);
+        let r0 = balanced(m, row_tiles, t0).0;
+        // The block's x rows, packed tile by tile k-major: one sequential stream per tile.
+        let mut packed_x = vec![0f32; (balanced(m, row_tiles, t1 - 1).1 - r0) * k];
+        for t in t0..t1 {
+            let (r, r_end) = balanced(m, row_tiles, t);
+            let rows = r_end - r;
+            let dst = &mut packed_x[(r - r0) * k..(r_end - r0) * k];
+            for i in 0..rows {
+                for (kk, &v) in x[(r + i) * k..(r + i + 1) * k].iter().enumerate() {
+                    dst[kk * rows + i] = v;
+                }
+            }
+        }
         let (g0, g1) = (cc * groups_per_chunk, ((cc + 1) * groups_per_chunk).min(groups));
         for g in g0..g1 {
             let p0 = g * np;
@@ -111,7 +127,6 @@ pub(crate) fn gemm(pool: &rayon::ThreadPool, threads: usize, isa: Isa, x: &[f32]
             let ncols = (npp * NR).min(n - col0);
             for kb in 0..k_blocks {
                 let (k0, k1) = (kb * kc, ((kb + 1) * kc).min(k));
-                let r0 = balanced(m, row_tiles, t0).0;
                 for t in t0..t1 {
                     let (r, r_end) = balanced(m, row_tiles, t);
                     let rows = r_end - r;
@@ -119,8 +134,7 @@ pub(crate) fn gemm(pool: &rayon::ThreadPool, threads: usize, isa: Isa, x: &[f32]
                     let Some(kernel) = tile_fn(isa, rows, npp) else { unreachable!("tile {rows}x{npp} outside the table") };
                     let tile = Tile {
                         k: k1 - k0,
-                        a: x[r * k + k0..].as_ptr(),
-                        lda: k,
+                        a: packed_x[(r - r0) * k + k0 * rows..].as_ptr(),
                         b: wdata[p0 * w.panel_stride() + k0 * NR..].as_ptr(),
                         panel_stride: w.panel_stride(),
                         // SAFETY: (r, col0) is inside `out`; tasks own disjoint tiles.

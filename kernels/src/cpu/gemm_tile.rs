@@ -13,9 +13,8 @@ use super::pack::NR;
 /// guarantees it).
 pub(crate) struct Tile {
     pub k: usize,
-    /// First row of x for this tile; rows are `lda` apart.
+    /// The tile's rows of x, packed k-major: element (row i, step kk) at `a[kk * MR + i]`.
     pub a: *const f32,
-    pub lda: usize,
     /// Start of the first packed panel of this tile; panels are `panel_stride` apart.
     pub b: *const f32,
     pub panel_stride: usize,
@@ -72,12 +71,12 @@ mod x86 {
                 *bv = _mm512_load_ps(b.add((v / 2) * t.panel_stride + (v % 2) * 16));
             }
             for (i, acc) in acc.iter_mut().enumerate() {
-                let ai = _mm512_set1_ps(*a.add(i * t.lda));
+                let ai = _mm512_set1_ps(*a.add(i));
                 for v in 0..NV {
                     acc[v] = _mm512_fmadd_ps(ai, bv[v], acc[v]);
                 }
             }
-            a = a.add(1);
+            a = a.add(MR);
             b = b.add(NR);
         }
         if !t.last {
@@ -136,7 +135,7 @@ mod portable {
                 *bv = *(src as *const [f32; 16]);
             }
             for (i, acc) in acc.iter_mut().enumerate() {
-                let ai = *t.a.add(i * t.lda + kk);
+                let ai = *t.a.add(kk * MR + i);
                 for v in 0..NV {
                     for l in 0..16 {
                         acc[v][l] += ai * bv[v][l];
