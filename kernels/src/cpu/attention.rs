@@ -119,6 +119,16 @@ trait Kernels {
     unsafe fn pv(heads: usize, e: *const f32, estride: usize, v: *const f32, hd: usize, n: usize, o: *mut f32, inv: *const f32, scratch_acc: &mut Vec<f32>);
     /// Most heads one `pv` call takes for this head_dim.
     fn pv_heads(hd: usize) -> usize;
+    /// `kt[d][p] = k_cache[slots[p] * kvd + off + d]` for `p < slots.len()`, `d < hd`.
+    #[inline(always)]
+    unsafe fn gather_kt(kt: &mut [f32], ctxp: usize, k_cache: &[f32], slots: &[u32], kvd: usize, off: usize, hd: usize) {
+        for (p, &slot) in slots.iter().enumerate() {
+            let base = slot as usize * kvd + off;
+            for (d, &kd) in k_cache[base..base + hd].iter().enumerate() {
+                kt[d * ctxp + p] = kd;
+            }
+        }
+    }
 }
 
 struct Portable;
@@ -167,15 +177,18 @@ impl Kernels for Portable {
 }
 
 /// Softmax of one head's raw scores in place over `n_valid` keys (padded to whole chunks):
-/// leaves `e^(s·scale - max)` (0 past `n_valid`) and returns `1 / Σ e`. Written with selects
-/// rather than `f32::max` so that it vectorises.
+/// leaves `e^(s·scale - max)` (0 past `n_valid`) and returns `1 / Σ e`. Full chunks and the
+/// masked last chunk are separate loops, written with selects so that both vectorise.
 #[inline(always)]
 fn softmax_in_place(s: &mut [f32], n_valid: usize, scale: f32) -> f32 {
+    let full = n_valid / LANES;
+    let tail = n_valid % LANES;
     let mut max = [f32::NEG_INFINITY; LANES];
     for (c, chunk) in s.chunks_exact_mut(LANES).enumerate() {
         let chunk: &mut [f32; LANES] = chunk.try_into().unwrap_or_else(|_| unreachable!());
+        let valid = if c < full { LANES } else { tail };
         for l in 0..LANES {
-            let x = if c * LANES + l < n_valid { chunk[l] * scale } else { f32::NEG_INFINITY };
+            let x = if l < valid { chunk[l] * scale } else { f32::NEG_INFINITY };
             chunk[l] = x;
             max[l] = if x > max[l] { x } else { max[l] };
         }
@@ -184,9 +197,10 @@ fn softmax_in_place(s: &mut [f32], n_valid: usize, scale: f32) -> f32 {
     let mut sum = [0f32; LANES];
     for (c, chunk) in s.chunks_exact_mut(LANES).enumerate() {
         let chunk: &mut [f32; LANES] = chunk.try_into().unwrap_or_else(|_| unreachable!());
+        let valid = if c < full { LANES } else { tail };
         for l in 0..LANES {
             let e = math::exp(chunk[l] - m);
-            let e = if c * LANES + l < n_valid { e } else { 0.0 };
+            let e = if l < valid { e } else { 0.0 };
             chunk[l] = e;
             sum[l] += e;
         }
@@ -223,11 +237,9 @@ unsafe fn run_item_body<K: Kernels>(inp: &AttnInputs, it: &WorkItem, scratch: &m
     let Scratch { kt, v, scores, inv, acc } = scratch;
     kt.resize(hd * ctxp, 0.0);
     v.resize(n_ctx * hd, 0.0);
+    K::gather_kt(kt, ctxp, inp.k_cache, slots, kvd, it.kv_head * hd, hd);
     for (p, &slot) in slots.iter().enumerate() {
         let base = slot as usize * kvd + it.kv_head * hd;
-        for (d, &kd) in inp.k_cache[base..base + hd].iter().enumerate() {
-            kt[d * ctxp + p] = kd;
-        }
         v[p * hd..(p + 1) * hd].copy_from_slice(&inp.v_cache[base..base + hd]);
     }
     scores.resize(group * ctxp, 0.0);
@@ -374,6 +386,27 @@ mod x86 {
             match (hd % LANES == 0).then(|| pv_fn(heads, hd / LANES)).flatten() {
                 Some(f) => f(e, estride, v, n, o, inv),
                 None => Portable::pv(heads, e, estride, v, hd, n, o, inv, acc),
+            }
+        }
+
+        /// 16 keys at a time with a masked gather per dimension (offsets fit i32: checked).
+        #[inline(always)]
+        unsafe fn gather_kt(kt: &mut [f32], ctxp: usize, k_cache: &[f32], slots: &[u32], kvd: usize, off: usize, hd: usize) {
+            if k_cache.len() > i32::MAX as usize {
+                return Portable::gather_kt(kt, ctxp, k_cache, slots, kvd, off, hd);
+            }
+            for (c, keys) in slots.chunks(LANES).enumerate() {
+                let mut idx = [0i32; LANES];
+                for (i, &slot) in keys.iter().enumerate() {
+                    idx[i] = (slot as usize * kvd + off) as i32;
+                }
+                let idx = _mm512_loadu_si512(idx.as_ptr() as *const _);
+                let mask: __mmask16 = if keys.len() == LANES { 0xffff } else { (1u16 << keys.len()) - 1 };
+                let dst = kt[c * LANES..].as_mut_ptr();
+                for d in 0..hd {
+                    let k = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), mask, idx, k_cache.as_ptr().add(d));
+                    _mm512_storeu_ps(dst.add(d * ctxp), k);
+                }
             }
         }
 
