@@ -9,6 +9,7 @@
 use std::time::Instant;
 
 use rand::{Rng, SeedableRng};
+use sieve_kernels::cpu::Isa;
 use sieve_kernels::host::HostTensor;
 use sieve_kernels::{AttnSeq, Backend, BatchLayout, CpuBackend, QkvLayout};
 
@@ -51,7 +52,13 @@ fn main() {
     let ms = list("--m").unwrap_or(vec![1, 16, 64, 512, 4096]);
     let shape_ids = list("--shapes").unwrap_or(vec![0, 1, 2, 3]);
     let skip_attention = args.iter().any(|a| a == "--no-attention");
-    let cpu = CpuBackend::new(threads).expect("cpu backend");
+    let isa = match args.iter().position(|a| a == "--isa").and_then(|i| args.get(i + 1)).map(String::as_str) {
+        Some("avx512") => Isa::Avx512,
+        Some("avx2") => Isa::Avx2,
+        Some("portable") => Isa::Portable,
+        _ => Isa::detect(),
+    };
+    let cpu = CpuBackend::with_isa(threads, isa).expect("cpu backend");
     let threads = cpu.threads();
     println!("backend: {}", cpu.name());
     let gemm_pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool");

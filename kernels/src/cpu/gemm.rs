@@ -7,7 +7,7 @@
 
 use rayon::prelude::*;
 
-use super::gemm_tile::{max_rows, tile_fn, Tile};
+use super::gemm_tile::{tile_fn, Tile, AVX2_TILE_ROWS};
 
 use super::isa::Isa;
 use super::pack::{PackedWeight, NR};
@@ -41,7 +41,13 @@ unsafe impl Sync for SharedOut {}
 
 /// Panels per tile and most rows per tile for a GEMM of `m` rows: small M gets wide tiles so
 /// that enough independent accumulator chains hide the FMA latency.
-fn tile_shape(m: usize) -> (usize, usize) {
+fn tile_shape(isa: Isa, m: usize) -> (usize, usize) {
+    match isa {
+        // 16 registers of 8 (AVX2) or 4 (SSE) lanes: one or two rows of one panel.
+        Isa::Avx2 => return (1, m.min(AVX2_TILE_ROWS)),
+        Isa::Portable => return (1, 1),
+        Isa::Avx512 => {}
+    }
     match m {
         0..=3 => (4, m),
         4..=6 => (2, m),
@@ -75,7 +81,7 @@ pub(crate) fn gemm(pool: &rayon::ThreadPool, threads: usize, isa: Isa, x: &[f32]
         }
         return;
     }
-    let (np, mr) = tile_shape(m);
+    let (np, mr) = tile_shape(isa, m);
     // Row blocks of at most BLOCK_TILES full tiles, tiles of near-equal rows (tile sizes never
     // change a result bit, so they may follow M).
     let row_tiles = m.div_ceil(mr);
@@ -130,7 +136,6 @@ pub(crate) fn gemm(pool: &rayon::ThreadPool, threads: usize, isa: Isa, x: &[f32]
                 for t in t0..t1 {
                     let (r, r_end) = balanced(m, row_tiles, t);
                     let rows = r_end - r;
-                    debug_assert!(rows <= max_rows(npp));
                     let Some(kernel) = tile_fn(isa, rows, npp) else { unreachable!("tile {rows}x{npp} outside the table") };
                     let tile = Tile {
                         k: k1 - k0,

@@ -37,16 +37,8 @@ pub(crate) struct Tile {
 
 pub(crate) type TileFn = unsafe fn(&Tile);
 
-/// Largest rows per tile for each panel count (so that accumulators fit the 32 vector registers).
-pub(crate) fn max_rows(panels: usize) -> usize {
-    match panels {
-        1 => 14,
-        2 => 6,
-        3 => 4,
-        4 => 3,
-        _ => 0,
-    }
-}
+/// Most rows of an AVX2 tile (one panel: 2 × 4 accumulators + 4 panel vectors + 1 broadcast).
+pub(crate) const AVX2_TILE_ROWS: usize = 2;
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -108,10 +100,59 @@ mod x86 {
         }
     }
 
-    /// The portable tile compiled for AVX2 (same bits as the portable one).
-    #[target_feature(enable = "avx2")]
+    /// AVX2 + FMA: `MR` rows × one panel (4 vectors of 8 lanes); `NV` (16-lane units) is 2.
+    #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn tile_avx2<const MR: usize, const NV: usize>(t: &Tile) {
-        super::portable::tile_body::<MR, NV>(t)
+        const V8: usize = 4;
+        let mut acc = [[_mm256_setzero_ps(); V8]; MR];
+        if !t.first {
+            for (i, acc) in acc.iter_mut().enumerate() {
+                for (v, acc) in acc.iter_mut().enumerate() {
+                    *acc = _mm256_loadu_ps(t.partial.add(i * NR + v * 8));
+                }
+            }
+        }
+        let mut a = t.a;
+        let mut b = t.b;
+        for _ in 0..t.k {
+            let mut bv = [_mm256_setzero_ps(); V8];
+            for (v, bv) in bv.iter_mut().enumerate() {
+                *bv = _mm256_load_ps(b.add(v * 8));
+            }
+            for (i, acc) in acc.iter_mut().enumerate() {
+                let ai = _mm256_set1_ps(*a.add(i));
+                for v in 0..V8 {
+                    acc[v] = _mm256_fmadd_ps(ai, bv[v], acc[v]);
+                }
+            }
+            a = a.add(MR);
+            b = b.add(NR);
+        }
+        let mut lanes = [[[0f32; 8]; V8]; MR];
+        for (i, acc) in acc.iter().enumerate() {
+            for (v, &acc) in acc.iter().enumerate() {
+                if t.last {
+                    _mm256_storeu_ps(lanes[i][v].as_mut_ptr(), acc);
+                } else {
+                    _mm256_storeu_ps(t.partial.add(i * NR + v * 8), acc);
+                }
+            }
+        }
+        if t.last {
+            for (i, row) in lanes.iter().enumerate() {
+                let crow = t.c.add(i * t.ldc);
+                for (j, &chain) in row.iter().flatten().enumerate().take(t.ncols) {
+                    let mut r = chain;
+                    if !t.bias.is_null() {
+                        r += *t.bias.add(j);
+                    }
+                    if t.accumulate {
+                        r = *crow.add(j) + r;
+                    }
+                    *crow.add(j) = r;
+                }
+            }
+        }
     }
 }
 
@@ -119,7 +160,7 @@ mod portable {
     use super::{Tile, NR};
 
     #[inline(always)]
-    pub(super) unsafe fn tile_body<const MR: usize, const NV: usize>(t: &Tile) {
+    unsafe fn tile_body<const MR: usize, const NV: usize>(t: &Tile) {
         let mut acc = [[[0f32; 16]; NV]; MR];
         if !t.first {
             for (i, acc) in acc.iter_mut().enumerate() {
@@ -195,13 +236,13 @@ macro_rules! all_tiles {
     };
 }
 
-/// The microkernel for `rows × panels` on `isa`, or None for a shape outside [`max_rows`].
+/// The microkernel for `rows × panels` on `isa`, or None for a shape it has none for.
 pub(crate) fn tile_fn(isa: Isa, rows: usize, panels: usize) -> Option<TileFn> {
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => all_tiles!(x86::tile, rows, panels),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => all_tiles!(x86::tile_avx2, rows, panels),
-        _ => all_tiles!(portable::tile, rows, panels),
+        Isa::Avx2 => tile_table!(x86::tile_avx2; rows, panels; (1, 1), (2, 1)),
+        _ => tile_table!(portable::tile; rows, panels; (1, 1)),
     }
 }
