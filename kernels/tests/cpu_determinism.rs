@@ -116,8 +116,8 @@ fn attention_over_a_shared_prefix_equals_each_full_prompt_alone() {
 
                     for (i, &n) in items.iter().enumerate() {
                         // The item's full prompt (prefix rows + its rows) as one sequence, alone.
-                        let mut alone = LayoutBuilder::default();
-                        alone.next_slot = 5; // different physical slots
+                        // (different physical slots from the shared run)
+                        let mut alone = LayoutBuilder { next_slot: 5, ..Default::default() };
                         alone.push_seq(&[], prefix + n);
                         let mut data = qkv.data[..prefix * lay.qkv_dim()].to_vec();
                         data.extend_from_slice(&qkv.data[first_rows[i] * lay.qkv_dim()..(first_rows[i] + n) * lay.qkv_dim()]);

@@ -64,6 +64,13 @@ struct SharedOut(*mut f32);
 unsafe impl Send for SharedOut {}
 unsafe impl Sync for SharedOut {}
 
+impl SharedOut {
+    /// (A method, so that closures capture the `Send` wrapper rather than the raw pointer.)
+    fn ptr(&self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// Shapes were checked by the caller; `out` is `[rows, n_heads * head_dim]`.
 pub(crate) fn attention(pool: &rayon::ThreadPool, threads: usize, isa: Isa, inp: &AttnInputs, out: &mut [f32]) {
     let l = inp.layout;
@@ -78,10 +85,7 @@ pub(crate) fn attention(pool: &rayon::ThreadPool, threads: usize, isa: Isa, inp:
     // Longest contexts first, so the big items do not end up last on one thread.
     items.sort_by_key(|it| std::cmp::Reverse(context_len(&inp.seqs[it.seq], it.q1)));
     let out = SharedOut(out.as_mut_ptr());
-    let run = |scratch: &mut Scratch, it: &WorkItem| {
-        let out = out;
-        run_item(isa, inp, it, scratch, out.0);
-    };
+    let run = |scratch: &mut Scratch, it: &WorkItem| run_item(isa, inp, it, scratch, out.ptr());
     if threads > 1 && items.len() > 1 {
         pool.install(|| items.par_iter().for_each_init(Scratch::default, run));
     } else {
@@ -112,6 +116,7 @@ fn run_item(isa: Isa, inp: &AttnInputs, it: &WorkItem, scratch: &mut Scratch, ou
 trait Kernels {
     /// Raw scores `s[h][c*16 + l] = Σ_d q_h[d] · kt[d][c*16 + l]` for `heads` heads (q rows
     /// `head_dim` apart) and `chunks` chunks of 16 keys. The chain over d is in order.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn qk(heads: usize, chunks: usize, q: *const f32, hd: usize, kt: *const f32, ctxp: usize, s: *mut f32, scratch_acc: &mut Vec<f32>);
     /// `o_h[d] = inv_h · Σ_{p<n} e_h[p] · v[p][d]` for `heads` heads (`e` rows `estride` apart,
     /// outputs `hd` apart). The chain over p is in order.
@@ -383,7 +388,7 @@ mod x86 {
 
         #[inline(always)]
         unsafe fn pv(heads: usize, e: *const f32, estride: usize, v: *const f32, hd: usize, n: usize, o: *mut f32, inv: *const f32, acc: &mut Vec<f32>) {
-            match (hd % LANES == 0).then(|| pv_fn(heads, hd / LANES)).flatten() {
+            match hd.is_multiple_of(LANES).then(|| pv_fn(heads, hd / LANES)).flatten() {
                 Some(f) => f(e, estride, v, n, o, inv),
                 None => Portable::pv(heads, e, estride, v, hd, n, o, inv, acc),
             }

@@ -39,6 +39,13 @@ struct SharedOut(*mut f32);
 unsafe impl Send for SharedOut {}
 unsafe impl Sync for SharedOut {}
 
+impl SharedOut {
+    /// (A method, so that closures capture the `Send` wrapper rather than the raw pointer.)
+    fn ptr(&self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// Panels per tile and most rows per tile for a GEMM of `m` rows: small M gets wide tiles so
 /// that enough independent accumulator chains hide the FMA latency.
 fn tile_shape(isa: Isa, m: usize) -> (usize, usize) {
@@ -62,6 +69,7 @@ fn balanced(n: usize, parts: usize, i: usize) -> (usize, usize) {
     (start, start + base + usize::from(i < extra))
 }
 
+#[allow(clippy::too_many_arguments)]
 /// Shapes are checked by the caller: `x.len() == m * K`, `out.len() == m * N`, bias of N.
 pub(crate) fn gemm(pool: &rayon::ThreadPool, threads: usize, isa: Isa, x: &[f32], m: usize, w: &PackedWeight, epi: Epilogue, out: &mut [f32]) {
     let (k, n) = (w.in_features, w.out_features);
@@ -107,7 +115,6 @@ pub(crate) fn gemm(pool: &rayon::ThreadPool, threads: usize, isa: Isa, x: &[f32]
     let k_blocks = k.div_ceil(kc);
     let block_rows_max = mr * bt;
     let run_task = |task: usize| {
-        let out_ptr = out_ptr;
         // Partial chains of one panel group × the block's rows, between K blocks.
         let mut partial = if k_blocks > 1 { vec![0f32; block_rows_max * np * NR] } else { Vec::new() };
         let (rb, cc) = (task / col_chunks, task % col_chunks);
@@ -143,7 +150,7 @@ pub(crate) fn gemm(pool: &rayon::ThreadPool, threads: usize, isa: Isa, x: &[f32]
                         b: wdata[p0 * w.panel_stride() + k0 * NR..].as_ptr(),
                         panel_stride: w.panel_stride(),
                         // SAFETY: (r, col0) is inside `out`; tasks own disjoint tiles.
-                        c: unsafe { out_ptr.0.add(r * n + col0) },
+                        c: unsafe { out_ptr.ptr().add(r * n + col0) },
                         ldc: n,
                         ncols,
                         bias: bias.map_or(std::ptr::null(), |b| b[col0..].as_ptr()),

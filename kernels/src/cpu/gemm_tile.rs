@@ -147,7 +147,7 @@ mod x86 {
                         r += *t.bias.add(j);
                     }
                     if t.accumulate {
-                        r = *crow.add(j) + r;
+                        r += *crow.add(j);
                     }
                     *crow.add(j) = r;
                 }
@@ -203,7 +203,7 @@ mod portable {
                     }
                     let dst = crow.add(col + l);
                     if t.accumulate {
-                        r = *dst + r;
+                        r += *dst;
                     }
                     *dst = r;
                 }

@@ -140,7 +140,7 @@ impl CpuBackend {
     fn check_qkv(&self, qkv: &HostTensor, layout: QkvLayout, batch: &CpuBatch, op: &str) -> Result<()> {
         check_tensor(qkv, op)?;
         check(layout.n_heads > 0 && layout.n_kv_heads > 0 && layout.head_dim > 0, || format!("{op}: empty head layout {layout:?}"))?;
-        check(layout.n_heads % layout.n_kv_heads == 0, || format!("{op}: {} heads not a multiple of {} kv heads", layout.n_heads, layout.n_kv_heads))?;
+        check(layout.n_heads.is_multiple_of(layout.n_kv_heads), || format!("{op}: {} heads not a multiple of {} kv heads", layout.n_heads, layout.n_kv_heads))?;
         check(qkv.cols == layout.qkv_dim(), || format!("{op}: qkv has {} columns, layout {layout:?} needs {}", qkv.cols, layout.qkv_dim()))?;
         check(qkv.rows == batch.layout.num_rows(), || format!("{op}: qkv has {} rows, the batch {}", qkv.rows, batch.layout.num_rows()))
     }
@@ -210,6 +210,12 @@ impl Backend for CpuBackend {
 
     fn prepare_batch(&self, layout: &BatchLayout, cache: &HostKvCache) -> Result<CpuBatch> {
         layout.validate(cache.num_slots)?;
+        // Attention writes each sequence's query rows from its own threads: they must not overlap.
+        let mut q_ranges: Vec<(u32, u32)> = layout.seqs.iter().filter(|s| s.q_len > 0).map(|s| (s.q_row, s.q_row + s.q_len)).collect();
+        q_ranges.sort_unstable();
+        if let Some(w) = q_ranges.windows(2).find(|w| w[1].0 < w[0].1) {
+            return Err(KernelError::Shape(format!("batch layout: sequences share query rows {}..{} and {}..{}", w[0].0, w[0].1, w[1].0, w[1].1)));
+        }
         let mut distinct_positions = layout.positions.clone();
         distinct_positions.sort_unstable();
         distinct_positions.dedup();
@@ -286,7 +292,7 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         self.check_qkv(qkv, layout, batch, "qk_norm_rope")?;
         let hd = layout.head_dim;
-        check(rope.rotary_dim <= hd && rope.rotary_dim % 2 == 0, || format!("qk_norm_rope: rotary_dim {} for head_dim {hd}", rope.rotary_dim))?;
+        check(rope.rotary_dim <= hd && rope.rotary_dim.is_multiple_of(2), || format!("qk_norm_rope: rotary_dim {} for head_dim {hd}", rope.rotary_dim))?;
         for (name, norm) in [("q_norm", q_norm), ("k_norm", k_norm)] {
             if let Some(w) = norm {
                 check(w.len() == hd, || format!("qk_norm_rope: {name} of {} for head_dim {hd}", w.len()))?;
