@@ -22,8 +22,8 @@ fn gemm_row_is_bitwise_independent_of_batch_and_threads() {
     for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable].into_iter().filter(|isa| isa.is_supported()) {
         let one = CpuBackend::with_isa(1, isa).unwrap();
         let two = CpuBackend::with_isa(2, isa).unwrap();
-        // SmolLM2's projection shapes and odd ones.
-        for &(n, k) in &[(960, 576), (576, 1536), (3072, 576), (100, 70), (33, 17)] {
+        // SmolLM2's projection shapes, odd ones, and a K long enough to be split in K blocks.
+        for &(n, k) in &[(960, 576), (576, 1536), (3072, 576), (100, 70), (33, 17), (40, 4500)] {
             if isa != Isa::detect() && n * k > 600_000 {
                 continue; // the fallback paths are slower; the odd shapes cover them
             }

@@ -17,7 +17,7 @@ fn matmul_and_matmul_add_match_reference() {
     let r = ReferenceBackend;
     let mut g = rng(1);
     for cpu in backends(2) {
-        for &(n, k) in &[(1, 1), (37, 19), (33, 65), (100, 70), (130, 40), (64, 576)] {
+        for &(n, k) in &[(1, 1), (37, 19), (33, 65), (100, 70), (130, 40), (64, 576), (40, 4500)] {
             let wd = random(&mut g, n * k);
             let bias = random(&mut g, n);
             let (w, wr) = (cpu.linear_weight(&wd, n, k).unwrap(), r.linear_weight(&wd, n, k).unwrap());

@@ -27,9 +27,11 @@ const BIG_TILE_ROWS: usize = 14;
 /// every panel of the task streams past them).
 const BLOCK_TILES: usize = 9;
 const BLOCK_X_BYTES: usize = 512 << 10;
-/// K steps per block: a tile's panel slice (`KC × NR` floats, 32 KiB) stays in L1 while the row
-/// tiles of a block stream past it. Fixed, so the blocking depends on K alone.
-const KC: usize = 256;
+/// K steps per block, for long K only: a tile's panel slice (`KC × NR` floats, 256 KiB) stays in
+/// L2 while the row tiles of a block stream past it. (Shorter K runs in one block: with packed x
+/// rows the panel streams from L2 fast enough, and measured no slower than L1-sized blocks.)
+/// Fixed, so the blocking depends on K alone.
+const KC: usize = 2048;
 /// Below this many multiply-adds a GEMM runs on the calling thread.
 const PARALLEL_MIN_FMAS: usize = 1 << 18;
 
