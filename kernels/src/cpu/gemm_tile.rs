@@ -45,6 +45,8 @@ mod x86 {
     use super::{Tile, NR};
     use std::arch::x86_64::*;
 
+    /// Panel rows prefetched ahead (k steps): measured a few % faster than the hardware alone.
+    const PF: usize = 16;
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn tile<const MR: usize, const NV: usize>(t: &Tile) {
         let mut acc = [[_mm512_setzero_ps(); NV]; MR];
@@ -61,6 +63,12 @@ mod x86 {
             let mut bv = [_mm512_setzero_ps(); NV];
             for (v, bv) in bv.iter_mut().enumerate() {
                 *bv = _mm512_load_ps(b.add((v / 2) * t.panel_stride + (v % 2) * 16));
+            }
+            if PF > 0 {
+                for p in 0..NV / 2 {
+                    _mm_prefetch::<_MM_HINT_T0>(b.add(p * t.panel_stride + PF * NR) as *const i8);
+                    _mm_prefetch::<_MM_HINT_T0>(b.add(p * t.panel_stride + PF * NR + 16) as *const i8);
+                }
             }
             for (i, acc) in acc.iter_mut().enumerate() {
                 let ai = _mm512_set1_ps(*a.add(i));
