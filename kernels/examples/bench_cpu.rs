@@ -150,6 +150,9 @@ fn main() {
     println!("\nattention: 1 prefix of {prefix} + {} items of 40..120 tokens ({rows} rows), 9 heads / 3 kv heads / head_dim 64", items.len());
     println!("  {:.2} ms per layer, {:.1} GFLOP/s (QK + PV), {:.0} rows/s", t * 1e3, flops / t / 1e9, rows as f64 / t);
 
+    if args.iter().any(|a| a == "--no-layer") {
+        return;
+    }
     // One whole SmolLM2 decoder layer on the same batch (random weights), and the prefill rate
     // it implies for the 30-layer model (embedding and score head excluded: negligible).
     let (hidden, inter) = (576usize, 1536usize);

@@ -44,14 +44,29 @@ struct WorkItem {
     q1: usize,
 }
 
+/// A reusable buffer handing out 64-byte-aligned slices (vector loads never split a cache line).
+#[derive(Default)]
+struct Aligned(Vec<f32>);
+
+impl Aligned {
+    /// `len` initialised values starting on a 64-byte boundary; contents are left from earlier use.
+    fn slice(&mut self, len: usize) -> &mut [f32] {
+        if self.0.len() < len + LANES {
+            self.0.resize(len + LANES, 0.0);
+        }
+        let off = self.0.as_ptr().align_offset(64).min(LANES - 1);
+        &mut self.0[off..off + len]
+    }
+}
+
 #[derive(Default)]
 struct Scratch {
     /// K of the context, transposed: `[head_dim][ctx_padded]`.
-    kt: Vec<f32>,
+    kt: Aligned,
     /// V of the context: `[ctx][head_dim]`.
-    v: Vec<f32>,
+    v: Aligned,
     /// Scores, then probabilities, of the group's heads for one row: `[group][ctx_padded]`.
-    scores: Vec<f32>,
+    scores: Aligned,
     /// Inverse softmax sums of the group's heads.
     inv: Vec<f32>,
     /// Accumulator of the portable P·V.
@@ -240,14 +255,14 @@ unsafe fn run_item_body<K: Kernels>(inp: &AttnInputs, it: &WorkItem, scratch: &m
 
     // Gather the context's K (transposed) and V for this kv head.
     let Scratch { kt, v, scores, inv, acc } = scratch;
-    kt.resize(hd * ctxp, 0.0);
-    v.resize(n_ctx * hd, 0.0);
+    let kt = kt.slice(hd * ctxp);
+    let v = v.slice(n_ctx * hd);
     K::gather_kt(kt, ctxp, inp.k_cache, slots, kvd, it.kv_head * hd, hd);
     for (p, &slot) in slots.iter().enumerate() {
         let base = slot as usize * kvd + it.kv_head * hd;
         v[p * hd..(p + 1) * hd].copy_from_slice(&inp.v_cache[base..base + hd]);
     }
-    scores.resize(group * ctxp, 0.0);
+    let scores = scores.slice(group * ctxp);
     inv.resize(group, 0.0);
     let scale = (1.0 / (hd as f64).sqrt()) as f32;
 

@@ -66,8 +66,8 @@ mod x86 {
             }
             if PF > 0 {
                 for p in 0..NV / 2 {
-                    _mm_prefetch::<_MM_HINT_T0>(b.add(p * t.panel_stride + PF * NR) as *const i8);
-                    _mm_prefetch::<_MM_HINT_T0>(b.add(p * t.panel_stride + PF * NR + 16) as *const i8);
+                    _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(p * t.panel_stride + PF * NR) as *const i8);
+                    _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(p * t.panel_stride + PF * NR + 16) as *const i8);
                 }
             }
             for (i, acc) in acc.iter_mut().enumerate() {
