@@ -156,10 +156,15 @@ fn main() {
     // One whole SmolLM2 decoder layer on the same batch (random weights), and the prefill rate
     // it implies for the 30-layer model (embedding and score head excluded: negligible).
     let (hidden, inter) = (576usize, 1536usize);
-    let w_qkv = cpu.linear_weight(&random(&mut rng, layout.qkv_dim() * hidden), layout.qkv_dim(), hidden).expect("w");
-    let w_o = cpu.linear_weight(&random(&mut rng, hidden * hidden), hidden, hidden).expect("w");
-    let w_gu = cpu.linear_weight(&random(&mut rng, 2 * inter * hidden), 2 * inter, hidden).expect("w");
-    let w_down = cpu.linear_weight(&random(&mut rng, hidden * inter), hidden, inter).expect("w");
+    // Weights scaled like a trained model's (activations of order 1, a spread-out softmax).
+    let mut weight = |n: usize, k: usize| {
+        let data: Vec<f32> = random(&mut rng, n * k).iter().map(|v| v * (3.0 / k as f32).sqrt()).collect();
+        cpu.linear_weight(&data, n, k).expect("weight")
+    };
+    let w_qkv = weight(layout.qkv_dim(), hidden);
+    let w_o = weight(hidden, hidden);
+    let w_gu = weight(2 * inter, hidden);
+    let w_down = weight(hidden, inter);
     let norm = cpu.vector(&vec![1.0; hidden]).expect("v");
     let rope = sieve_kernels::RopeConfig { theta: 100000.0, rotary_dim: 64, layout: sieve_kernels::RopeLayout::Interleaved };
     let mut h = HostTensor::from_vec(random(&mut rng, rows * hidden), rows, hidden);

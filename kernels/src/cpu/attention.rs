@@ -219,8 +219,11 @@ fn softmax_in_place(s: &mut [f32], n_valid: usize, scale: f32) -> f32 {
         let chunk: &mut [f32; LANES] = chunk.try_into().unwrap_or_else(|_| unreachable!());
         let valid = if c < full { LANES } else { tail };
         for l in 0..LANES {
-            let e = math::exp(chunk[l] - m);
-            let e = if l < valid { e } else { 0.0 };
+            let x = chunk[l] - m;
+            // Terms below e^-80 (relative to the largest, 1) are flushed to an exact 0: they are
+            // invisible in the sum, and as subnormal products in P·V they would cost microcode
+            // assists on x86.
+            let e = if l < valid && x > -80.0 { math::exp(x) } else { 0.0 };
             chunk[l] = e;
             sum[l] += e;
         }
