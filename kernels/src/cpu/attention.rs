@@ -17,6 +17,7 @@ use crate::backend::{AttnSeq, QkvLayout};
 
 use super::isa::Isa;
 use super::math::{self, LANES};
+use super::scratch::ScratchPool;
 
 /// Query rows per work item: small enough to spread one long sequence over the threads, large
 /// enough that the gather is amortised over many rows.
@@ -59,8 +60,9 @@ impl Aligned {
     }
 }
 
+/// Buffers of one attention work item (kept per thread by the backend).
 #[derive(Default)]
-struct Scratch {
+pub(crate) struct Scratch {
     /// K of the context, transposed: `[head_dim][ctx_padded]`.
     kt: Aligned,
     /// V of the context: `[ctx][head_dim]`.
@@ -87,7 +89,7 @@ impl SharedOut {
 }
 
 /// Shapes were checked by the caller; `out` is `[rows, n_heads * head_dim]`.
-pub(crate) fn attention(pool: &rayon::ThreadPool, threads: usize, isa: Isa, inp: &AttnInputs, out: &mut [f32]) {
+pub(crate) fn attention(pool: &rayon::ThreadPool, scratch: &ScratchPool<Scratch>, threads: usize, isa: Isa, inp: &AttnInputs, out: &mut [f32]) {
     let l = inp.layout;
     let mut items = Vec::new();
     for (si, s) in inp.seqs.iter().enumerate() {
@@ -100,12 +102,11 @@ pub(crate) fn attention(pool: &rayon::ThreadPool, threads: usize, isa: Isa, inp:
     // Longest contexts first, so the big items do not end up last on one thread.
     items.sort_by_key(|it| std::cmp::Reverse(context_len(&inp.seqs[it.seq], it.q1)));
     let out = SharedOut(out.as_mut_ptr());
-    let run = |scratch: &mut Scratch, it: &WorkItem| run_item(isa, inp, it, scratch, out.ptr());
+    let run = |it: &WorkItem| scratch.with(|s| run_item(isa, inp, it, s, out.ptr()));
     if threads > 1 && items.len() > 1 {
-        pool.install(|| items.par_iter().for_each_init(Scratch::default, run));
+        pool.install(|| items.par_iter().for_each(run));
     } else {
-        let mut scratch = Scratch::default();
-        items.iter().for_each(|it| run(&mut scratch, it));
+        items.iter().for_each(run);
     }
 }
 

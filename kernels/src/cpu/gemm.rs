@@ -11,6 +11,7 @@ use super::gemm_tile::{tile_fn, Tile, AVX2_TILE_ROWS};
 
 use super::isa::Isa;
 use super::pack::{PackedWeight, NR};
+use super::scratch::{grown, ScratchPool};
 
 /// What happens to each finished output element.
 #[derive(Clone, Copy)]
@@ -73,7 +74,7 @@ fn balanced(n: usize, parts: usize, i: usize) -> (usize, usize) {
 
 #[allow(clippy::too_many_arguments)]
 /// Shapes are checked by the caller: `x.len() == m * K`, `out.len() == m * N`, bias of N.
-pub(crate) fn gemm(pool: &rayon::ThreadPool, threads: usize, isa: Isa, x: &[f32], m: usize, w: &PackedWeight, epi: Epilogue, out: &mut [f32]) {
+pub(crate) fn gemm(pool: &rayon::ThreadPool, scratch: &ScratchPool<Vec<f32>>, threads: usize, isa: Isa, x: &[f32], m: usize, w: &PackedWeight, epi: Epilogue, out: &mut [f32]) {
     let (k, n) = (w.in_features, w.out_features);
     debug_assert_eq!(x.len(), m * k);
     debug_assert_eq!(out.len(), m * n);
@@ -116,21 +117,22 @@ pub(crate) fn gemm(pool: &rayon::ThreadPool, threads: usize, isa: Isa, x: &[f32]
     let kc = KC;
     let k_blocks = k.div_ceil(kc);
     let block_rows_max = mr * bt;
-    let run_task = |task: usize| {
-        // Partial chains of one panel group × the block's rows, between K blocks.
-        let mut partial = if k_blocks > 1 { vec![0f32; block_rows_max * np * NR] } else { Vec::new() };
+    let partial_len = if k_blocks > 1 { block_rows_max * np * NR } else { 0 };
+    let run_task = |task: usize| scratch.with(|buf| {
+        let buf = grown(buf, partial_len + block_rows_max * k);
+        // Partial chains of one panel group × the block's rows, between K blocks; and the
+        // block's x rows, packed tile by tile k-major: one sequential stream per tile.
+        let (partial, packed_x) = buf.split_at_mut(partial_len);
         let (rb, cc) = (task / col_chunks, task % col_chunks);
         let (t0, t1) = balanced(row_tiles, row_blocks, rb);
         let r0 = balanced(m, row_tiles, t0).0;
-        // The block's x rows, packed tile by tile k-major: one sequential stream per tile.
-        let mut packed_x = vec![0f32; (balanced(m, row_tiles, t1 - 1).1 - r0) * k];
         for t in t0..t1 {
             let (r, r_end) = balanced(m, row_tiles, t);
             let rows = r_end - r;
             let dst = &mut packed_x[(r - r0) * k..(r_end - r0) * k];
-            for i in 0..rows {
-                for (kk, &v) in x[(r + i) * k..(r + i + 1) * k].iter().enumerate() {
-                    dst[kk * rows + i] = v;
+            for (i, src) in x[r * k..r_end * k].chunks_exact(k).enumerate() {
+                for (d, &v) in dst[i..].iter_mut().step_by(rows).zip(src) {
+                    *d = v;
                 }
             }
         }
@@ -167,7 +169,7 @@ pub(crate) fn gemm(pool: &rayon::ThreadPool, threads: usize, isa: Isa, x: &[f32]
                 }
             }
         }
-    };
+    });
     if tasks > 1 {
         pool.install(|| (0..tasks).into_par_iter().with_max_len(1).for_each(run_task));
     } else {

@@ -13,6 +13,7 @@ mod isa;
 mod math;
 mod norm_rope;
 mod pack;
+mod scratch;
 
 use std::sync::{Arc, Mutex};
 
@@ -33,6 +34,8 @@ const ROW_OP_CHUNK_ELEMS: usize = 1 << 15;
 /// The CPU backend. Owns its thread pool.
 pub struct CpuBackend {
     pool: rayon::ThreadPool,
+    gemm_scratch: scratch::ScratchPool<Vec<f32>>,
+    attention_scratch: scratch::ScratchPool<attention::Scratch>,
     threads: usize,
     isa: Isa,
 }
@@ -100,7 +103,13 @@ impl CpuBackend {
             .thread_name(|i| format!("sieve-cpu-{i}"))
             .build()
             .map_err(|e| KernelError::Device(format!("cannot start {threads} CPU threads: {e}")))?;
-        Ok(CpuBackend { pool, threads, isa })
+        Ok(CpuBackend {
+            pool,
+            gemm_scratch: scratch::ScratchPool::new(threads),
+            attention_scratch: scratch::ScratchPool::new(threads),
+            threads,
+            isa,
+        })
     }
 
     pub fn isa(&self) -> Isa {
@@ -256,13 +265,13 @@ impl Backend for CpuBackend {
             check(b.len() == w.out_features, || format!("matmul: bias of {} for {} outputs", b.len(), w.out_features))?;
         }
         let epi = Epilogue::Store { bias: bias.map(|b| b.as_slice()) };
-        gemm::gemm(&self.pool, self.threads, self.isa, &x.data, x.rows, w, epi, &mut out.data);
+        gemm::gemm(&self.pool, &self.gemm_scratch, self.threads, self.isa, &x.data, x.rows, w, epi, &mut out.data);
         Ok(())
     }
 
     fn matmul_add(&self, x: &HostTensor, w: &PackedWeight, acc: &mut HostTensor) -> Result<()> {
         self.check_gemm(x, w, acc, "matmul_add")?;
-        gemm::gemm(&self.pool, self.threads, self.isa, &x.data, x.rows, w, Epilogue::Accumulate, &mut acc.data);
+        gemm::gemm(&self.pool, &self.gemm_scratch, self.threads, self.isa, &x.data, x.rows, w, Epilogue::Accumulate, &mut acc.data);
         Ok(())
     }
 
@@ -346,7 +355,7 @@ impl Backend for CpuBackend {
             seqs: &batch.layout.seqs,
             key_slots: &batch.layout.key_slots,
         };
-        attention::attention(&self.pool, self.threads, self.isa, &inputs, &mut out.data);
+        attention::attention(&self.pool, &self.attention_scratch, self.threads, self.isa, &inputs, &mut out.data);
         Ok(())
     }
 
@@ -396,7 +405,7 @@ impl Backend for CpuBackend {
 
     fn lm_logits(&self, x: &HostTensor, table: &CpuEmbedding, out: &mut HostTensor) -> Result<()> {
         self.check_gemm(x, &table.packed, out, "lm_logits")?;
-        gemm::gemm(&self.pool, self.threads, self.isa, &x.data, x.rows, &table.packed, Epilogue::Store { bias: None }, &mut out.data);
+        gemm::gemm(&self.pool, &self.gemm_scratch, self.threads, self.isa, &x.data, x.rows, &table.packed, Epilogue::Store { bias: None }, &mut out.data);
         Ok(())
     }
 }
