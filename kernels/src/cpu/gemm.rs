@@ -1,14 +1,17 @@
 //! The GEMM driver: `out = x · Wᵀ (+ bias)` or `out += x · Wᵀ` with W packed in panels.
 //!
-//! Work is split into tasks of (row block × panel range) run on the backend's thread pool; within
-//! a task, each group of panels stays in cache while the row tiles of the block stream past it.
-//! K is never split: each output element is one chain over the full K (see `gemm_tile`), so the
-//! split — which depends on M and the thread count — never changes a bit of the result.
+//! Work is split into tasks of (row block × panel range) run on the backend's thread pool. A task
+//! packs its block's x rows tile by tile (k-major, one sequential stream per tile, kept in L2),
+//! then for each group of panels runs the row tiles of the block past it.
+//!
+//! K is never split across tasks: each output element is one multiply-add chain over the full K
+//! in order (see `gemm_tile`; past `KC` the chain is continued, bit-exactly, from stored f32
+//! partial sums), so the split — which depends on M and the thread count — and the tile shapes —
+//! which depend on M — never change a bit of the result.
 
 use rayon::prelude::*;
 
 use super::gemm_tile::{tile_fn, Tile, AVX2_TILE_ROWS};
-
 use super::isa::Isa;
 use super::pack::{PackedWeight, NR};
 use super::scratch::{grown, ScratchPool};
@@ -72,8 +75,8 @@ fn balanced(n: usize, parts: usize, i: usize) -> (usize, usize) {
     (start, start + base + usize::from(i < extra))
 }
 
-#[allow(clippy::too_many_arguments)]
 /// Shapes are checked by the caller: `x.len() == m * K`, `out.len() == m * N`, bias of N.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm(pool: &rayon::ThreadPool, scratch: &ScratchPool<Vec<f32>>, threads: usize, isa: Isa, x: &[f32], m: usize, w: &PackedWeight, epi: Epilogue, out: &mut [f32]) {
     let (k, n) = (w.in_features, w.out_features);
     debug_assert_eq!(x.len(), m * k);
@@ -93,8 +96,8 @@ pub(crate) fn gemm(pool: &rayon::ThreadPool, scratch: &ScratchPool<Vec<f32>>, th
         return;
     }
     let (np, mr) = tile_shape(isa, m);
-    // Row blocks of at most BLOCK_TILES full tiles, tiles of near-equal rows (tile sizes never
-    // change a result bit, so they may follow M).
+    // Row blocks of at most `bt` tiles, tiles of near-equal rows (tile sizes never change a
+    // result bit, so they may follow M).
     let row_tiles = m.div_ceil(mr);
     let bt = (BLOCK_X_BYTES / (mr * k * 4)).clamp(1, BLOCK_TILES);
     let row_blocks = row_tiles.div_ceil(bt);

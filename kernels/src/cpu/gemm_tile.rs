@@ -1,5 +1,6 @@
 //! GEMM microkernels: one output tile of `MR` rows × `NV` 16-lane vectors (`NV / 2` packed
-//! panels), over the full K.
+//! panels) over a range of K. AVX-512: up to 14 rows × 1 panel (28 accumulators) for large M,
+//! wider tiles (up to 4 panels) for M ≤ 6. AVX2 + FMA: up to 2 rows × 1 panel. Portable: 1 × 1.
 //!
 //! Batch invariance lives here: every output element is one multiply-add chain over `k = 0..K`
 //! in order, started from zero, then `+ bias` or added onto the old value. Tile shape, the tile's
@@ -47,6 +48,7 @@ mod x86 {
 
     /// Panel rows prefetched ahead (k steps): measured a few % faster than the hardware alone.
     const PF: usize = 16;
+
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn tile<const MR: usize, const NV: usize>(t: &Tile) {
         let mut acc = [[_mm512_setzero_ps(); NV]; MR];

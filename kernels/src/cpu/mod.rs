@@ -1,9 +1,13 @@
 //! `CpuBackend`: the fast, deterministic CPU implementation of [`Backend`].
 //!
-//! f32 throughout; SIMD via AVX-512 where the CPU has it (chosen once, see [`Isa`]), a portable
-//! path elsewhere; multi-threaded on a rayon pool the backend owns. Every op honours the
-//! determinism contract of [`crate::backend`]: a row's result depends on that row's inputs and
-//! the op's static shapes only — not on the batch, the tiling, the KV slots or the thread count.
+//! f32 throughout; SIMD via AVX-512 where the CPU has it, AVX2 + FMA or plain Rust elsewhere
+//! (chosen once, see [`Isa`]); multi-threaded on a rayon pool the backend owns (no global pool),
+//! with per-thread scratch buffers it owns too. Every op honours the determinism contract of
+//! [`crate::backend`]: a row's result depends on that row's inputs and the op's static shapes
+//! only — not on the batch, the tiling, the KV slots or the thread count.
+//!
+//! One file per kernel family: `gemm` (driver) + `gemm_tile` (microkernels) + `pack` (weight
+//! panels), `attention`, `norm_rope`, `elementwise`, with `math` (fixed-order reductions, exp).
 
 mod attention;
 mod elementwise;
