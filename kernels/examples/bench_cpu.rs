@@ -9,6 +9,7 @@
 use std::time::Instant;
 
 use rand::{Rng, SeedableRng};
+use sieve_kernels::cpu::Isa;
 use sieve_kernels::host::HostTensor;
 use sieve_kernels::{AttnSeq, Backend, BatchLayout, CpuBackend, QkvLayout};
 
@@ -51,7 +52,13 @@ fn main() {
     let ms = list("--m").unwrap_or(vec![1, 16, 64, 512, 4096]);
     let shape_ids = list("--shapes").unwrap_or(vec![0, 1, 2, 3]);
     let skip_attention = args.iter().any(|a| a == "--no-attention");
-    let cpu = CpuBackend::new(threads).expect("cpu backend");
+    let isa = match args.iter().position(|a| a == "--isa").and_then(|i| args.get(i + 1)).map(String::as_str) {
+        Some("avx512") => Isa::Avx512,
+        Some("avx2") => Isa::Avx2,
+        Some("portable") => Isa::Portable,
+        _ => Isa::detect(),
+    };
+    let cpu = CpuBackend::with_isa(threads, isa).expect("cpu backend");
     let threads = cpu.threads();
     println!("backend: {}", cpu.name());
     let gemm_pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool");
@@ -60,7 +67,22 @@ fn main() {
     println!("\nGEMM out[M,N] = x[M,K] · W[N,K]ᵀ, GFLOP/s (median), {threads} threads");
     println!("{:<26} {:>6} {:>10} {:>10} {:>7}", "shape (N x K)", "M", "sieve", "gemm", "ratio");
     let shapes = [("qkv 960x576", 960, 576), ("o_proj 576x576", 576, 576), ("gate_up 3072x576", 3072, 576), ("down 576x1536", 576, 1536)];
-    for &(name, n, k) in shape_ids.iter().filter_map(|&i| shapes.get(i)) {
+    // --shape NxK adds a custom shape (tuning).
+    let custom: Vec<(String, usize, usize)> = args
+        .iter()
+        .position(|a| a == "--shape")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.split_once('x'))
+        .and_then(|(n, k)| Some((format!("custom {n}x{k}"), n.parse().ok()?, k.parse().ok()?)))
+        .into_iter()
+        .collect();
+    let selected: Vec<(String, usize, usize)> = if custom.is_empty() {
+        shape_ids.iter().filter_map(|&i| shapes.get(i)).map(|&(name, n, k)| (name.to_string(), n, k)).collect()
+    } else {
+        custom
+    };
+    for (name, n, k) in selected {
+        let (n, k) = (n, k);
         let wdata = random(&mut rng, n * k);
         let w = cpu.linear_weight(&wdata, n, k).expect("weight");
         for &m in &ms {
@@ -127,4 +149,44 @@ fn main() {
     let t = time(budget, || cpu.attention(&qkv, layout, &cache, 0, &b, &mut out).expect("attention"));
     println!("\nattention: 1 prefix of {prefix} + {} items of 40..120 tokens ({rows} rows), 9 heads / 3 kv heads / head_dim 64", items.len());
     println!("  {:.2} ms per layer, {:.1} GFLOP/s (QK + PV), {:.0} rows/s", t * 1e3, flops / t / 1e9, rows as f64 / t);
+
+    if args.iter().any(|a| a == "--no-layer") {
+        return;
+    }
+    // One whole SmolLM2 decoder layer on the same batch (random weights), and the prefill rate
+    // it implies for the 30-layer model (embedding and score head excluded: negligible).
+    let (hidden, inter) = (576usize, 1536usize);
+    // Weights scaled like a trained model's (activations of order 1, a spread-out softmax).
+    let mut weight = |n: usize, k: usize| {
+        let data: Vec<f32> = random(&mut rng, n * k).iter().map(|v| v * (3.0 / k as f32).sqrt()).collect();
+        cpu.linear_weight(&data, n, k).expect("weight")
+    };
+    let w_qkv = weight(layout.qkv_dim(), hidden);
+    let w_o = weight(hidden, hidden);
+    let w_gu = weight(2 * inter, hidden);
+    let w_down = weight(hidden, inter);
+    let norm = cpu.vector(&vec![1.0; hidden]).expect("v");
+    let rope = sieve_kernels::RopeConfig { theta: 100000.0, rotary_dim: 64, layout: sieve_kernels::RopeLayout::Interleaved };
+    let mut h = HostTensor::from_vec(random(&mut rng, rows * hidden), rows, hidden);
+    let mut x = HostTensor::zeros(rows, hidden);
+    let mut qkv = HostTensor::zeros(rows, layout.qkv_dim());
+    let mut att = HostTensor::zeros(rows, layout.q_dim());
+    let mut gu = HostTensor::zeros(rows, 2 * inter);
+    let mut act = HostTensor::zeros(rows, inter);
+    let t = time(budget, || {
+        cpu.rms_norm(&h, &norm, 1e-5, &mut x).expect("op");
+        cpu.matmul(&x, &w_qkv, None, &mut qkv).expect("op");
+        cpu.qk_norm_rope(&mut qkv, layout, None, None, 1e-5, rope, &b).expect("op");
+        cpu.write_kv(&qkv, layout, &mut cache, 0, &b).expect("op");
+        cpu.attention(&qkv, layout, &cache, 0, &b, &mut att).expect("op");
+        cpu.matmul_add(&att, &w_o, &mut h).expect("op");
+        cpu.rms_norm(&h, &norm, 1e-5, &mut x).expect("op");
+        cpu.matmul(&x, &w_gu, None, &mut gu).expect("op");
+        cpu.silu_mul(&gu, &mut act).expect("op");
+        cpu.matmul_add(&act, &w_down, &mut h).expect("op");
+        // keep the residual stream bounded over repetitions
+        cpu.rms_norm(&h, &norm, 1e-5, &mut x).expect("op");
+        std::mem::swap(&mut h, &mut x);
+    });
+    println!("\nSmolLM2 decoder layer on that batch: {:.1} ms per layer -> {:.0} prefill tokens/s for 30 layers", t * 1e3, rows as f64 / (30.0 * t));
 }

@@ -17,7 +17,7 @@ fn matmul_and_matmul_add_match_reference() {
     let r = ReferenceBackend;
     let mut g = rng(1);
     for cpu in backends(2) {
-        for &(n, k) in &[(1, 1), (37, 19), (33, 65), (100, 70), (130, 40), (64, 576)] {
+        for &(n, k) in &[(1, 1), (37, 19), (33, 65), (100, 70), (130, 40), (64, 576), (40, 4500)] {
             let wd = random(&mut g, n * k);
             let bias = random(&mut g, n);
             let (w, wr) = (cpu.linear_weight(&wd, n, k).unwrap(), r.linear_weight(&wd, n, k).unwrap());
@@ -234,6 +234,9 @@ fn inconsistent_shapes_are_errors_not_panics() {
     let mut small = cpu.kv_cache(1, 2, 1, 4).unwrap();
     assert!(is_shape_err(cpu.write_kv(&qkv, layout, &mut small, 0, &batch)));
     assert!(is_shape_err(cpu.prepare_batch(&b.layout, &small)));
+    let mut overlapping = b.layout.clone();
+    overlapping.seqs.push(overlapping.seqs[0]);
+    assert!(is_shape_err(cpu.prepare_batch(&overlapping, &cache)));
     let mut wide = cpu.kv_cache(1, 3, 2, 4).unwrap();
     assert!(is_shape_err(cpu.write_kv(&qkv, layout, &mut wide, 0, &batch)));
     assert!(is_shape_err(cpu.attention(&qkv, layout, &cache, 0, &batch, &mut HostTensor::zeros(3, 4))));

@@ -17,6 +17,7 @@ use crate::backend::{AttnSeq, QkvLayout};
 
 use super::isa::Isa;
 use super::math::{self, LANES};
+use super::scratch::ScratchPool;
 
 /// Query rows per work item: small enough to spread one long sequence over the threads, large
 /// enough that the gather is amortised over many rows.
@@ -44,14 +45,30 @@ struct WorkItem {
     q1: usize,
 }
 
+/// A reusable buffer handing out 64-byte-aligned slices (vector loads never split a cache line).
 #[derive(Default)]
-struct Scratch {
+struct Aligned(Vec<f32>);
+
+impl Aligned {
+    /// `len` initialised values starting on a 64-byte boundary; contents are left from earlier use.
+    fn slice(&mut self, len: usize) -> &mut [f32] {
+        if self.0.len() < len + LANES {
+            self.0.resize(len + LANES, 0.0);
+        }
+        let off = self.0.as_ptr().align_offset(64).min(LANES - 1);
+        &mut self.0[off..off + len]
+    }
+}
+
+/// Buffers of one attention work item (kept per thread by the backend).
+#[derive(Default)]
+pub(crate) struct Scratch {
     /// K of the context, transposed: `[head_dim][ctx_padded]`.
-    kt: Vec<f32>,
+    kt: Aligned,
     /// V of the context: `[ctx][head_dim]`.
-    v: Vec<f32>,
+    v: Aligned,
     /// Scores, then probabilities, of the group's heads for one row: `[group][ctx_padded]`.
-    scores: Vec<f32>,
+    scores: Aligned,
     /// Inverse softmax sums of the group's heads.
     inv: Vec<f32>,
     /// Accumulator of the portable P·V.
@@ -64,8 +81,15 @@ struct SharedOut(*mut f32);
 unsafe impl Send for SharedOut {}
 unsafe impl Sync for SharedOut {}
 
+impl SharedOut {
+    /// (A method, so that closures capture the `Send` wrapper rather than the raw pointer.)
+    fn ptr(&self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// Shapes were checked by the caller; `out` is `[rows, n_heads * head_dim]`.
-pub(crate) fn attention(pool: &rayon::ThreadPool, threads: usize, isa: Isa, inp: &AttnInputs, out: &mut [f32]) {
+pub(crate) fn attention(pool: &rayon::ThreadPool, scratch: &ScratchPool<Scratch>, threads: usize, isa: Isa, inp: &AttnInputs, out: &mut [f32]) {
     let l = inp.layout;
     let mut items = Vec::new();
     for (si, s) in inp.seqs.iter().enumerate() {
@@ -78,15 +102,11 @@ pub(crate) fn attention(pool: &rayon::ThreadPool, threads: usize, isa: Isa, inp:
     // Longest contexts first, so the big items do not end up last on one thread.
     items.sort_by_key(|it| std::cmp::Reverse(context_len(&inp.seqs[it.seq], it.q1)));
     let out = SharedOut(out.as_mut_ptr());
-    let run = |scratch: &mut Scratch, it: &WorkItem| {
-        let out = out;
-        run_item(isa, inp, it, scratch, out.0);
-    };
+    let run = |it: &WorkItem| scratch.with(|s| run_item(isa, inp, it, s, out.ptr()));
     if threads > 1 && items.len() > 1 {
-        pool.install(|| items.par_iter().for_each_init(Scratch::default, run));
+        pool.install(|| items.par_iter().for_each(run));
     } else {
-        let mut scratch = Scratch::default();
-        items.iter().for_each(|it| run(&mut scratch, it));
+        items.iter().for_each(run);
     }
 }
 
@@ -112,6 +132,7 @@ fn run_item(isa: Isa, inp: &AttnInputs, it: &WorkItem, scratch: &mut Scratch, ou
 trait Kernels {
     /// Raw scores `s[h][c*16 + l] = Σ_d q_h[d] · kt[d][c*16 + l]` for `heads` heads (q rows
     /// `head_dim` apart) and `chunks` chunks of 16 keys. The chain over d is in order.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn qk(heads: usize, chunks: usize, q: *const f32, hd: usize, kt: *const f32, ctxp: usize, s: *mut f32, scratch_acc: &mut Vec<f32>);
     /// `o_h[d] = inv_h · Σ_{p<n} e_h[p] · v[p][d]` for `heads` heads (`e` rows `estride` apart,
     /// outputs `hd` apart). The chain over p is in order.
@@ -119,6 +140,16 @@ trait Kernels {
     unsafe fn pv(heads: usize, e: *const f32, estride: usize, v: *const f32, hd: usize, n: usize, o: *mut f32, inv: *const f32, scratch_acc: &mut Vec<f32>);
     /// Most heads one `pv` call takes for this head_dim.
     fn pv_heads(hd: usize) -> usize;
+    /// `kt[d][p] = k_cache[slots[p] * kvd + off + d]` for `p < slots.len()`, `d < hd`.
+    #[inline(always)]
+    unsafe fn gather_kt(kt: &mut [f32], ctxp: usize, k_cache: &[f32], slots: &[u32], kvd: usize, off: usize, hd: usize) {
+        for (p, &slot) in slots.iter().enumerate() {
+            let base = slot as usize * kvd + off;
+            for (d, &kd) in k_cache[base..base + hd].iter().enumerate() {
+                kt[d * ctxp + p] = kd;
+            }
+        }
+    }
 }
 
 struct Portable;
@@ -167,22 +198,33 @@ impl Kernels for Portable {
 }
 
 /// Softmax of one head's raw scores in place over `n_valid` keys (padded to whole chunks):
-/// leaves `e^(s·scale - max)` (0 past `n_valid`) and returns `1 / Σ e`.
+/// leaves `e^(s·scale - max)` (0 past `n_valid`) and returns `1 / Σ e`. Full chunks and the
+/// masked last chunk are separate loops, written with selects so that both vectorise.
 #[inline(always)]
 fn softmax_in_place(s: &mut [f32], n_valid: usize, scale: f32) -> f32 {
+    let full = n_valid / LANES;
+    let tail = n_valid % LANES;
     let mut max = [f32::NEG_INFINITY; LANES];
     for (c, chunk) in s.chunks_exact_mut(LANES).enumerate() {
+        let chunk: &mut [f32; LANES] = chunk.try_into().unwrap_or_else(|_| unreachable!());
+        let valid = if c < full { LANES } else { tail };
         for l in 0..LANES {
-            let x = if c * LANES + l < n_valid { chunk[l] * scale } else { f32::NEG_INFINITY };
+            let x = if l < valid { chunk[l] * scale } else { f32::NEG_INFINITY };
             chunk[l] = x;
-            max[l] = max[l].max(x);
+            max[l] = if x > max[l] { x } else { max[l] };
         }
     }
-    let m = max.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let m = max.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
     let mut sum = [0f32; LANES];
     for (c, chunk) in s.chunks_exact_mut(LANES).enumerate() {
+        let chunk: &mut [f32; LANES] = chunk.try_into().unwrap_or_else(|_| unreachable!());
+        let valid = if c < full { LANES } else { tail };
         for l in 0..LANES {
-            let e = if c * LANES + l < n_valid { math::exp(chunk[l] - m) } else { 0.0 };
+            let x = chunk[l] - m;
+            // Terms below e^-80 (relative to the largest, 1) are flushed to an exact 0: they are
+            // invisible in the sum, and as subnormal products in P·V they would cost microcode
+            // assists on x86.
+            let e = if l < valid && x > -80.0 { math::exp(x) } else { 0.0 };
             chunk[l] = e;
             sum[l] += e;
         }
@@ -217,16 +259,14 @@ unsafe fn run_item_body<K: Kernels>(inp: &AttnInputs, it: &WorkItem, scratch: &m
 
     // Gather the context's K (transposed) and V for this kv head.
     let Scratch { kt, v, scores, inv, acc } = scratch;
-    kt.resize(hd * ctxp, 0.0);
-    v.resize(n_ctx * hd, 0.0);
+    let kt = kt.slice(hd * ctxp);
+    let v = v.slice(n_ctx * hd);
+    K::gather_kt(kt, ctxp, inp.k_cache, slots, kvd, it.kv_head * hd, hd);
     for (p, &slot) in slots.iter().enumerate() {
         let base = slot as usize * kvd + it.kv_head * hd;
-        for (d, &kd) in inp.k_cache[base..base + hd].iter().enumerate() {
-            kt[d * ctxp + p] = kd;
-        }
         v[p * hd..(p + 1) * hd].copy_from_slice(&inp.v_cache[base..base + hd]);
     }
-    scores.resize(group * ctxp, 0.0);
+    let scores = scores.slice(group * ctxp);
     inv.resize(group, 0.0);
     let scale = (1.0 / (hd as f64).sqrt()) as f32;
 
@@ -367,9 +407,30 @@ mod x86 {
 
         #[inline(always)]
         unsafe fn pv(heads: usize, e: *const f32, estride: usize, v: *const f32, hd: usize, n: usize, o: *mut f32, inv: *const f32, acc: &mut Vec<f32>) {
-            match (hd % LANES == 0).then(|| pv_fn(heads, hd / LANES)).flatten() {
+            match hd.is_multiple_of(LANES).then(|| pv_fn(heads, hd / LANES)).flatten() {
                 Some(f) => f(e, estride, v, n, o, inv),
                 None => Portable::pv(heads, e, estride, v, hd, n, o, inv, acc),
+            }
+        }
+
+        /// 16 keys at a time with a masked gather per dimension (offsets fit i32: checked).
+        #[inline(always)]
+        unsafe fn gather_kt(kt: &mut [f32], ctxp: usize, k_cache: &[f32], slots: &[u32], kvd: usize, off: usize, hd: usize) {
+            if k_cache.len() > i32::MAX as usize {
+                return Portable::gather_kt(kt, ctxp, k_cache, slots, kvd, off, hd);
+            }
+            for (c, keys) in slots.chunks(LANES).enumerate() {
+                let mut idx = [0i32; LANES];
+                for (i, &slot) in keys.iter().enumerate() {
+                    idx[i] = (slot as usize * kvd + off) as i32;
+                }
+                let idx = _mm512_loadu_si512(idx.as_ptr() as *const _);
+                let mask: __mmask16 = if keys.len() == LANES { 0xffff } else { (1u16 << keys.len()) - 1 };
+                let dst = kt[c * LANES..].as_mut_ptr();
+                for d in 0..hd {
+                    let k = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), mask, idx, k_cache.as_ptr().add(d));
+                    _mm512_storeu_ps(dst.add(d * ctxp), k);
+                }
             }
         }
 

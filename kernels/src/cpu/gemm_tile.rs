@@ -1,5 +1,6 @@
 //! GEMM microkernels: one output tile of `MR` rows × `NV` 16-lane vectors (`NV / 2` packed
-//! panels), over the full K.
+//! panels) over a range of K. AVX-512: up to 14 rows × 1 panel (28 accumulators) for large M,
+//! wider tiles (up to 4 panels) for M ≤ 6. AVX2 + FMA: up to 2 rows × 1 panel. Portable: 1 × 1.
 //!
 //! Batch invariance lives here: every output element is one multiply-add chain over `k = 0..K`
 //! in order, started from zero, then `+ bias` or added onto the old value. Tile shape, the tile's
@@ -13,9 +14,8 @@ use super::pack::NR;
 /// guarantees it).
 pub(crate) struct Tile {
     pub k: usize,
-    /// First row of x for this tile; rows are `lda` apart.
+    /// The tile's rows of x, packed k-major: element (row i, step kk) at `a[kk * MR + i]`.
     pub a: *const f32,
-    pub lda: usize,
     /// Start of the first packed panel of this tile; panels are `panel_stride` apart.
     pub b: *const f32,
     pub panel_stride: usize,
@@ -38,21 +38,16 @@ pub(crate) struct Tile {
 
 pub(crate) type TileFn = unsafe fn(&Tile);
 
-/// Largest rows per tile for each panel count (so that accumulators fit the 32 vector registers).
-pub(crate) fn max_rows(panels: usize) -> usize {
-    match panels {
-        1 => 14,
-        2 => 6,
-        3 => 4,
-        4 => 3,
-        _ => 0,
-    }
-}
+/// Most rows of an AVX2 tile (one panel: 2 × 4 accumulators + 4 panel vectors + 1 broadcast).
+pub(crate) const AVX2_TILE_ROWS: usize = 2;
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{Tile, NR};
     use std::arch::x86_64::*;
+
+    /// Panel rows prefetched ahead (k steps): measured a few % faster than the hardware alone.
+    const PF: usize = 16;
 
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn tile<const MR: usize, const NV: usize>(t: &Tile) {
@@ -71,13 +66,19 @@ mod x86 {
             for (v, bv) in bv.iter_mut().enumerate() {
                 *bv = _mm512_load_ps(b.add((v / 2) * t.panel_stride + (v % 2) * 16));
             }
+            if PF > 0 {
+                for p in 0..NV / 2 {
+                    _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(p * t.panel_stride + PF * NR) as *const i8);
+                    _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(p * t.panel_stride + PF * NR + 16) as *const i8);
+                }
+            }
             for (i, acc) in acc.iter_mut().enumerate() {
-                let ai = _mm512_set1_ps(*a.add(i * t.lda));
+                let ai = _mm512_set1_ps(*a.add(i));
                 for v in 0..NV {
                     acc[v] = _mm512_fmadd_ps(ai, bv[v], acc[v]);
                 }
             }
-            a = a.add(1);
+            a = a.add(MR);
             b = b.add(NR);
         }
         if !t.last {
@@ -109,10 +110,59 @@ mod x86 {
         }
     }
 
-    /// The portable tile compiled for AVX2 (same bits as the portable one).
-    #[target_feature(enable = "avx2")]
+    /// AVX2 + FMA: `MR` rows × one panel (4 vectors of 8 lanes); `NV` (16-lane units) is 2.
+    #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn tile_avx2<const MR: usize, const NV: usize>(t: &Tile) {
-        super::portable::tile_body::<MR, NV>(t)
+        const V8: usize = 4;
+        let mut acc = [[_mm256_setzero_ps(); V8]; MR];
+        if !t.first {
+            for (i, acc) in acc.iter_mut().enumerate() {
+                for (v, acc) in acc.iter_mut().enumerate() {
+                    *acc = _mm256_loadu_ps(t.partial.add(i * NR + v * 8));
+                }
+            }
+        }
+        let mut a = t.a;
+        let mut b = t.b;
+        for _ in 0..t.k {
+            let mut bv = [_mm256_setzero_ps(); V8];
+            for (v, bv) in bv.iter_mut().enumerate() {
+                *bv = _mm256_load_ps(b.add(v * 8));
+            }
+            for (i, acc) in acc.iter_mut().enumerate() {
+                let ai = _mm256_set1_ps(*a.add(i));
+                for v in 0..V8 {
+                    acc[v] = _mm256_fmadd_ps(ai, bv[v], acc[v]);
+                }
+            }
+            a = a.add(MR);
+            b = b.add(NR);
+        }
+        let mut lanes = [[[0f32; 8]; V8]; MR];
+        for (i, acc) in acc.iter().enumerate() {
+            for (v, &acc) in acc.iter().enumerate() {
+                if t.last {
+                    _mm256_storeu_ps(lanes[i][v].as_mut_ptr(), acc);
+                } else {
+                    _mm256_storeu_ps(t.partial.add(i * NR + v * 8), acc);
+                }
+            }
+        }
+        if t.last {
+            for (i, row) in lanes.iter().enumerate() {
+                let crow = t.c.add(i * t.ldc);
+                for (j, &chain) in row.iter().flatten().enumerate().take(t.ncols) {
+                    let mut r = chain;
+                    if !t.bias.is_null() {
+                        r += *t.bias.add(j);
+                    }
+                    if t.accumulate {
+                        r += *crow.add(j);
+                    }
+                    *crow.add(j) = r;
+                }
+            }
+        }
     }
 }
 
@@ -120,7 +170,7 @@ mod portable {
     use super::{Tile, NR};
 
     #[inline(always)]
-    pub(super) unsafe fn tile_body<const MR: usize, const NV: usize>(t: &Tile) {
+    unsafe fn tile_body<const MR: usize, const NV: usize>(t: &Tile) {
         let mut acc = [[[0f32; 16]; NV]; MR];
         if !t.first {
             for (i, acc) in acc.iter_mut().enumerate() {
@@ -136,7 +186,7 @@ mod portable {
                 *bv = *(src as *const [f32; 16]);
             }
             for (i, acc) in acc.iter_mut().enumerate() {
-                let ai = *t.a.add(i * t.lda + kk);
+                let ai = *t.a.add(kk * MR + i);
                 for v in 0..NV {
                     for l in 0..16 {
                         acc[v][l] += ai * bv[v][l];
@@ -163,7 +213,7 @@ mod portable {
                     }
                     let dst = crow.add(col + l);
                     if t.accumulate {
-                        r = *dst + r;
+                        r += *dst;
                     }
                     *dst = r;
                 }
@@ -196,13 +246,13 @@ macro_rules! all_tiles {
     };
 }
 
-/// The microkernel for `rows × panels` on `isa`, or None for a shape outside [`max_rows`].
+/// The microkernel for `rows × panels` on `isa`, or None for a shape it has none for.
 pub(crate) fn tile_fn(isa: Isa, rows: usize, panels: usize) -> Option<TileFn> {
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => all_tiles!(x86::tile, rows, panels),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => all_tiles!(x86::tile_avx2, rows, panels),
-        _ => all_tiles!(portable::tile, rows, panels),
+        Isa::Avx2 => tile_table!(x86::tile_avx2; rows, panels; (1, 1), (2, 1)),
+        _ => tile_table!(portable::tile; rows, panels; (1, 1)),
     }
 }

@@ -1,15 +1,16 @@
 //! Which instruction set the CPU backend runs on, chosen once at construction.
 //!
 //! Results are bitwise reproducible for a given `Isa` (that is what the determinism contract
-//! needs: one process, one ISA). Different ISAs may differ in the last bits: the AVX-512 GEMM
-//! uses fused multiply-add, the portable code separate multiply and add.
+//! needs: one process, one ISA). Different ISAs may differ in the last bits: the AVX-512 and AVX2
+//! GEMMs use fused multiply-add, the portable code separate multiply and add.
 
 /// The code path of the CPU backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
     /// AVX-512F intrinsics for the GEMM; the other kernels are auto-vectorised for AVX-512.
     Avx512,
-    /// The portable kernels compiled for AVX2 (no fused multiply-add, same bits as `Portable`).
+    /// AVX2 + FMA intrinsics for the GEMM; the other kernels are the portable ones compiled for
+    /// AVX2 (same bits as `Portable` for those).
     Avx2,
     /// Plain Rust for any CPU.
     Portable,
@@ -23,7 +24,7 @@ impl Isa {
             if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx2") {
                 return Isa::Avx512;
             }
-            if std::arch::is_x86_feature_detected!("avx2") {
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
                 return Isa::Avx2;
             }
         }
@@ -35,7 +36,7 @@ impl Isa {
         match self {
             Isa::Portable => true,
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => std::arch::is_x86_feature_detected!("avx2"),
+            Isa::Avx2 => std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx2"),
             #[cfg(not(target_arch = "x86_64"))]

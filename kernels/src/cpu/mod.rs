@@ -1,9 +1,13 @@
 //! `CpuBackend`: the fast, deterministic CPU implementation of [`Backend`].
 //!
-//! f32 throughout; SIMD via AVX-512 where the CPU has it (chosen once, see [`Isa`]), a portable
-//! path elsewhere; multi-threaded on a rayon pool the backend owns. Every op honours the
-//! determinism contract of [`crate::backend`]: a row's result depends on that row's inputs and
-//! the op's static shapes only — not on the batch, the tiling, the KV slots or the thread count.
+//! f32 throughout; SIMD via AVX-512 where the CPU has it, AVX2 + FMA or plain Rust elsewhere
+//! (chosen once, see [`Isa`]); multi-threaded on a rayon pool the backend owns (no global pool),
+//! with per-thread scratch buffers it owns too. Every op honours the determinism contract of
+//! [`crate::backend`]: a row's result depends on that row's inputs and the op's static shapes
+//! only — not on the batch, the tiling, the KV slots or the thread count.
+//!
+//! One file per kernel family: `gemm` (driver) + `gemm_tile` (microkernels) + `pack` (weight
+//! panels), `attention`, `norm_rope`, `elementwise`, with `math` (fixed-order reductions, exp).
 
 mod attention;
 mod elementwise;
@@ -13,6 +17,7 @@ mod isa;
 mod math;
 mod norm_rope;
 mod pack;
+mod scratch;
 
 use std::sync::{Arc, Mutex};
 
@@ -33,6 +38,8 @@ const ROW_OP_CHUNK_ELEMS: usize = 1 << 15;
 /// The CPU backend. Owns its thread pool.
 pub struct CpuBackend {
     pool: rayon::ThreadPool,
+    gemm_scratch: scratch::ScratchPool<Vec<f32>>,
+    attention_scratch: scratch::ScratchPool<attention::Scratch>,
     threads: usize,
     isa: Isa,
 }
@@ -100,7 +107,13 @@ impl CpuBackend {
             .thread_name(|i| format!("sieve-cpu-{i}"))
             .build()
             .map_err(|e| KernelError::Device(format!("cannot start {threads} CPU threads: {e}")))?;
-        Ok(CpuBackend { pool, threads, isa })
+        Ok(CpuBackend {
+            pool,
+            gemm_scratch: scratch::ScratchPool::new(threads),
+            attention_scratch: scratch::ScratchPool::new(threads),
+            threads,
+            isa,
+        })
     }
 
     pub fn isa(&self) -> Isa {
@@ -140,7 +153,7 @@ impl CpuBackend {
     fn check_qkv(&self, qkv: &HostTensor, layout: QkvLayout, batch: &CpuBatch, op: &str) -> Result<()> {
         check_tensor(qkv, op)?;
         check(layout.n_heads > 0 && layout.n_kv_heads > 0 && layout.head_dim > 0, || format!("{op}: empty head layout {layout:?}"))?;
-        check(layout.n_heads % layout.n_kv_heads == 0, || format!("{op}: {} heads not a multiple of {} kv heads", layout.n_heads, layout.n_kv_heads))?;
+        check(layout.n_heads.is_multiple_of(layout.n_kv_heads), || format!("{op}: {} heads not a multiple of {} kv heads", layout.n_heads, layout.n_kv_heads))?;
         check(qkv.cols == layout.qkv_dim(), || format!("{op}: qkv has {} columns, layout {layout:?} needs {}", qkv.cols, layout.qkv_dim()))?;
         check(qkv.rows == batch.layout.num_rows(), || format!("{op}: qkv has {} rows, the batch {}", qkv.rows, batch.layout.num_rows()))
     }
@@ -216,6 +229,12 @@ impl Backend for CpuBackend {
 
     fn prepare_batch(&self, layout: &BatchLayout, cache: &HostKvCache) -> Result<CpuBatch> {
         layout.validate(cache.num_slots)?;
+        // Attention writes each sequence's query rows from its own threads: they must not overlap.
+        let mut q_ranges: Vec<(u32, u32)> = layout.seqs.iter().filter(|s| s.q_len > 0).map(|s| (s.q_row, s.q_row + s.q_len)).collect();
+        q_ranges.sort_unstable();
+        if let Some(w) = q_ranges.windows(2).find(|w| w[1].0 < w[0].1) {
+            return Err(KernelError::Shape(format!("batch layout: sequences share query rows {}..{} and {}..{}", w[0].0, w[0].1, w[1].0, w[1].1)));
+        }
         let mut distinct_positions = layout.positions.clone();
         distinct_positions.sort_unstable();
         distinct_positions.dedup();
@@ -256,13 +275,13 @@ impl Backend for CpuBackend {
             check(b.len() == w.out_features, || format!("matmul: bias of {} for {} outputs", b.len(), w.out_features))?;
         }
         let epi = Epilogue::Store { bias: bias.map(|b| b.as_slice()) };
-        gemm::gemm(&self.pool, self.threads, self.isa, &x.data, x.rows, w, epi, &mut out.data);
+        gemm::gemm(&self.pool, &self.gemm_scratch, self.threads, self.isa, &x.data, x.rows, w, epi, &mut out.data);
         Ok(())
     }
 
     fn matmul_add(&self, x: &HostTensor, w: &PackedWeight, acc: &mut HostTensor) -> Result<()> {
         self.check_gemm(x, w, acc, "matmul_add")?;
-        gemm::gemm(&self.pool, self.threads, self.isa, &x.data, x.rows, w, Epilogue::Accumulate, &mut acc.data);
+        gemm::gemm(&self.pool, &self.gemm_scratch, self.threads, self.isa, &x.data, x.rows, w, Epilogue::Accumulate, &mut acc.data);
         Ok(())
     }
 
@@ -292,7 +311,7 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         self.check_qkv(qkv, layout, batch, "qk_norm_rope")?;
         let hd = layout.head_dim;
-        check(rope.rotary_dim <= hd && rope.rotary_dim % 2 == 0, || format!("qk_norm_rope: rotary_dim {} for head_dim {hd}", rope.rotary_dim))?;
+        check(rope.rotary_dim <= hd && rope.rotary_dim.is_multiple_of(2), || format!("qk_norm_rope: rotary_dim {} for head_dim {hd}", rope.rotary_dim))?;
         for (name, norm) in [("q_norm", q_norm), ("k_norm", k_norm)] {
             if let Some(w) = norm {
                 check(w.len() == hd, || format!("qk_norm_rope: {name} of {} for head_dim {hd}", w.len()))?;
@@ -346,7 +365,7 @@ impl Backend for CpuBackend {
             seqs: &batch.layout.seqs,
             key_slots: &batch.layout.key_slots,
         };
-        attention::attention(&self.pool, self.threads, self.isa, &inputs, &mut out.data);
+        attention::attention(&self.pool, &self.attention_scratch, self.threads, self.isa, &inputs, &mut out.data);
         Ok(())
     }
 
@@ -396,7 +415,7 @@ impl Backend for CpuBackend {
 
     fn lm_logits(&self, x: &HostTensor, table: &CpuEmbedding, out: &mut HostTensor) -> Result<()> {
         self.check_gemm(x, &table.packed, out, "lm_logits")?;
-        gemm::gemm(&self.pool, self.threads, self.isa, &x.data, x.rows, &table.packed, Epilogue::Store { bias: None }, &mut out.data);
+        gemm::gemm(&self.pool, &self.gemm_scratch, self.threads, self.isa, &x.data, x.rows, &table.packed, Epilogue::Store { bias: None }, &mut out.data);
         Ok(())
     }
 }

@@ -18,13 +18,13 @@ pub fn tensor(rng: &mut impl Rng, rows: usize, cols: usize) -> HostTensor {
     HostTensor::from_vec(random(rng, rows * cols), rows, cols)
 }
 
-/// The CPU backends to test on this machine: the detected ISA and the portable path.
+/// The CPU backends to test on this machine: every ISA path it supports.
 pub fn backends(threads: usize) -> Vec<CpuBackend> {
-    let mut isas = vec![Isa::detect()];
-    if Isa::detect() != Isa::Portable {
-        isas.push(Isa::Portable);
-    }
-    isas.into_iter().map(|isa| CpuBackend::with_isa(threads, isa).expect("backend")).collect()
+    [Isa::Avx512, Isa::Avx2, Isa::Portable]
+        .into_iter()
+        .filter(|isa| isa.is_supported())
+        .map(|isa| CpuBackend::with_isa(threads, isa).expect("backend"))
+        .collect()
 }
 
 /// Asserts `max |got - want| ≤ rel · max(max |want|, 1e-3)`: errors relative to the magnitude.
