@@ -6,7 +6,8 @@
 //!
 //! Options: `--threads N` (default: all), `--quick` (shorter timing), `--isa avx512|avx2|portable`,
 //! `--m 1,64` / `--shapes 0,3` / `--shape NxK` (restrict or replace the GEMM table),
-//! `--no-attention`, `--no-layer`. Environment: `BENCH_OURS_ONLY=1` skips the `gemm` crate,
+//! `--no-attention`, `--no-layer`. Environment: `BENCH_OURS_ONLY=1` / `BENCH_GEMM_ONLY=1` time
+//! only our GEMM / only the `gemm` crate,
 //! `BENCH_REPS=N` runs each case exactly N times (for CPU-time counters such as `perf stat`).
 //!
 //! Each case is timed repeatedly; "median" is the typical call on whatever else the machine is
@@ -106,7 +107,8 @@ fn main() {
             let x = HostTensor::from_vec(random(&mut rng, m * k), m, k);
             let mut out = HostTensor::zeros(m, n);
             let flops = 2.0 * (m * n * k) as f64;
-            let ours = time(budget, || cpu.matmul(&x, &w, None, &mut out).expect("matmul"));
+            let gemm_only = std::env::var_os("BENCH_GEMM_ONLY").is_some();
+            let ours = if gemm_only { Timing::NONE } else { time(budget, || cpu.matmul(&x, &w, None, &mut out).expect("matmul")) };
             let mut dst = out.data.clone();
             let ours_only = std::env::var_os("BENCH_OURS_ONLY").is_some();
             let theirs = if ours_only { Timing::NONE } else { time(budget, || {
@@ -121,6 +123,9 @@ fn main() {
                     )
                 })
             }) };
+            if gemm_only {
+                cpu.matmul(&x, &w, None, &mut out).expect("matmul");
+            }
             let max_diff = out.data.iter().zip(&dst).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
             assert!(max_diff < 1e-2, "results differ by {max_diff}");
             let gflops = |t: f64| flops / t / 1e9;
