@@ -4,7 +4,7 @@
 use sieve_kernels::reference::ReferenceBackend;
 use sieve_kernels::{Backend, RopeConfig, RopeLayout};
 
-use super::source::MemorySource;
+use super::source::{MemorySource, WeightSource};
 use super::*;
 use crate::engine::layout::{segment_slots, LayoutBuilder};
 
@@ -149,4 +149,29 @@ fn prefix_sharing_and_batching_do_not_change_scores() {
             assert_eq!(alone, shared_rev, "{arch:?} prefix {prefix}, reversed batch");
         }
     }
+}
+
+#[test]
+fn a_two_label_classifier_head_folds_like_yes_no() {
+    // score.weight = [W[no], W[yes]] must give exactly the yes/no head's logit.
+    let b = ReferenceBackend;
+    let c = tiny_config(Arch::Qwen3);
+    let mut src = random_source(&c, 3);
+    let emb = src.get("model.embed_tokens.weight").unwrap();
+    let (yes, no) = (5usize, 9usize);
+    let h = c.hidden;
+    let mut w = emb.data[no * h..(no + 1) * h].to_vec();
+    w.extend_from_slice(&emb.data[yes * h..(yes + 1) * h]);
+    src.insert("score.weight", w, vec![2, h]);
+    let yn = Model::load(&b, &src, c.clone(), HeadSpec::YesNo { yes: yes as u32, no: no as u32 }, false).unwrap();
+    let cls = Model::load(&b, &src, c.clone(), HeadSpec::Classifier, false).unwrap();
+    assert_eq!(cls.head.kind, HeadKind::Classifier { labels: 2 });
+    let prompts = vec![tokens(1, 7, c.vocab), tokens(2, 3, c.vocab)];
+    assert_eq!(scores_alone(&b, &yn, &prompts), scores_alone(&b, &cls, &prompts));
+    // One label is used as is; three are refused with a clear error.
+    src.insert("score.weight", vec![0.5; h], vec![1, h]);
+    assert!(Model::load(&b, &src, c.clone(), HeadSpec::Classifier, false).is_ok());
+    src.insert("score.weight", vec![0.5; 3 * h], vec![3, h]);
+    let err = Model::load(&b, &src, c, HeadSpec::Classifier, false).err().unwrap();
+    assert!(err.to_string().contains("3 labels"), "{err}");
 }
