@@ -4,6 +4,7 @@
 //! - PTX for compute_80 and compute_90 (the portable images), each defining its entry points.
 //! - cubins for sm_80 and sm_90: this also runs ptxas, which checks the inline PTX (mma.sync,
 //!   cp.async, cvt) and the register and shared-memory budgets that PTX generation alone does not.
+//!
 //! A kernel that does not compile fails the test with NVRTC's log.
 
 use std::path::PathBuf;
@@ -25,7 +26,7 @@ fn compiler() -> NvrtcCompiler {
         "NVRTC is missing from {}: run `scripts/fetch-assets nvrtc` (scripts/test does)",
         lib.display()
     );
-    NvrtcCompiler::new(&[lib.clone()], vec![include]).unwrap_or_else(|e| panic!("loading NVRTC from {}: {e}", lib.display()))
+    NvrtcCompiler::new(std::slice::from_ref(&lib), vec![include]).unwrap_or_else(|e| panic!("loading NVRTC from {}: {e}", lib.display()))
 }
 
 #[test]

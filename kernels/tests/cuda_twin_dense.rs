@@ -161,8 +161,7 @@ fn attention_case(twin: &TwinBackend, r: &ReferenceBackend, layout: QkvLayout, s
     let mut rc_exact = r.kv_cache(2, num_slots, layout.n_kv_heads, hd).unwrap();
 
     // Pass 1: the shared prefix (45 tokens: more than one 32-key tile, not block aligned).
-    let mut b = LayoutBuilder::default();
-    b.next_slot = 7; // prefix slots need not start at 0
+    let mut b = LayoutBuilder { next_slot: 7, ..Default::default() }; // prefix slots need not start at 0
     b.push_seq(&[], 45);
     let prefix = b.context_slots(0);
     let next_slot = b.next_slot;

@@ -10,6 +10,7 @@
 //! - [`moe`]: MoE routing and tile-selection settings shared by the GPU pipeline and its twin.
 
 pub mod checks;
+mod device;
 pub mod layout;
 mod libs;
 pub mod moe;
@@ -17,4 +18,8 @@ pub mod nvrtc;
 pub mod sources;
 pub mod twin;
 
+pub use device::{
+    device_count, CudaBackend, CudaBatch, CudaKvCache, CudaMatrix, CudaMoeStats, CudaMoeWeights, CudaOptions, CudaTensor, CudaVector,
+    DeviceInfo, KernelLoadReport,
+};
 pub use libs::{cublas_present, driver_present, nvrtc_present};

@@ -302,7 +302,8 @@ impl KernelCache {
         let io = |e: std::io::Error| KernelError::Device(format!("kernel cache {}: {e}", self.dir.display()));
         fs::create_dir_all(&self.dir).map_err(io)?;
         let path = self.path(src, image.target, key);
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        // Unique per process and thread: concurrent starts never share a temporary file.
+        let tmp = path.with_extension(format!("tmp-{}-{:?}", std::process::id(), std::thread::current().id()).replace(['(', ')'], ""));
         fs::write(&tmp, &image.bytes).map_err(io)?;
         fs::rename(&tmp, &path).map_err(io)
     }

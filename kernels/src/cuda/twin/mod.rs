@@ -6,8 +6,13 @@
 //! the kernel stores bf16. The twins are what the test suite runs on machines without a GPU to
 //! prove the kernels' math; on a GPU, the GPU tests compare the kernels with the CPU backend.
 //!
+//! Twins index arrays with the kernels' loop variables (lane, tile, mi, ni, ...) on purpose, so
+//! the correspondence with the `.cu` source stays line by line.
+//!
 //! What a twin cannot show: races, memory-ordering bugs and the exact rounding of device math
 //! functions (`expf`, `sincos`) and of the tensor cores' internal summation.
+
+#![allow(clippy::needless_range_loop)]
 
 mod attention;
 mod backend;
