@@ -1,6 +1,7 @@
 //! CUDA backend throughput, ready to run where a GPU exists:
 //!
-//! 1. dense GEMM (cuBLAS bf16, f32 accumulate) on Qwen3-0.6B/4B-like projection shapes: TFLOP/s;
+//! 1. dense GEMM (bf16, f32 accumulate) on Qwen3-0.6B/4B-like projection shapes: TFLOP/s, for
+//!    cuBLAS and for the batch-invariant tiled kernel (the same-run baseline for each other);
 //! 2. varlen paged attention on a scoring batch (one shared prefix, many items): tokens/s;
 //! 3. the MoE layer at Qwen3-30B-A3B-like expert shapes (128 experts, top-8, hidden 2048,
 //!    expert size 768) for batch sizes 1..64 sequences: each fixed grouped-GEMM variant
@@ -18,7 +19,7 @@ use std::time::Instant;
 
 use rand::{Rng, SeedableRng};
 use sieve_kernels::cuda::moe::{BlockM, MoeDims, MoeRouting, TilePolicy};
-use sieve_kernels::cuda::{CudaBackend, CudaOptions};
+use sieve_kernels::cuda::{CudaBackend, CudaOptions, GemmEngine};
 use sieve_kernels::{AttnSeq, Backend, BatchLayout, CpuBackend, QkvLayout, RopeConfig, RopeLayout};
 
 fn random(rng: &mut impl Rng, n: usize, scale: f32) -> Vec<f32> {
@@ -70,7 +71,7 @@ fn scoring_batch(prefix: usize, items: usize, item_len: usize) -> (BatchLayout, 
 }
 
 fn bench_gemm(g: &CudaBackend, rng: &mut impl Rng, reps: usize) {
-    println!("\nGEMM out[M,N] = x[M,K] · W[N,K]ᵀ (bf16 in, f32 out, cuBLAS), TFLOP/s (event median, includes the bf16 cast of x)");
+    println!("\nGEMM out[M,N] = x[M,K] · W[N,K]ᵀ (bf16 in, f32 out), {:?} engine, TFLOP/s (event median, includes the bf16 cast of x)", g.gemm_engine());
     let shapes = [("qkv 0.6B", 4096, 1024), ("gate_up 0.6B", 6144, 1024), ("down 0.6B", 1024, 3072), ("gate_up 4B", 19456, 2560)];
     print!("{:>14}", "M \\ shape");
     for (name, ..) in &shapes {
@@ -221,6 +222,11 @@ fn main() {
     println!("device: {} (sm_{}, {} SMs, {:.1} GiB); kernels: {:?}", info.name, info.arch.number(), info.multiprocessors, info.total_memory as f64 / (1u64 << 30) as f64, g.kernel_load_report());
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     bench_gemm(&g, &mut rng, reps);
+    // The batch-invariant tiled GEMM on the same shapes: the price of determinism.
+    match CudaBackend::with_options(&CudaOptions { gemm: GemmEngine::Tiled, ..CudaOptions::new(0).with_asset_cache(&cache) }) {
+        Ok(gt) => bench_gemm(&gt, &mut rng, reps),
+        Err(e) => println!("tiled GEMM backend failed to start: {e}"),
+    }
     bench_attention(&g, &mut rng, reps);
     bench_moe(&g, &mut rng, reps);
 

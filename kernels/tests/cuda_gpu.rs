@@ -13,10 +13,10 @@ mod common;
 mod cuda_common;
 
 use common::{assert_bits_eq, assert_close, random, rng, LayoutBuilder};
-use cuda_common::{gpu, only_seq, prefix_and_items, MiniModel};
+use cuda_common::{gpu, gpu_with, only_seq, prefix_and_items, MiniModel};
 use sieve_kernels::cuda::moe::{BlockM, MoeDims, MoeRouting, TilePolicy};
 use sieve_kernels::cuda::twin::{self, TwinBackend, TwinMoeWeights};
-use sieve_kernels::cuda::{CudaBackend, CudaOptions};
+use sieve_kernels::cuda::{CudaBackend, CudaOptions, GemmEngine};
 use sieve_kernels::{Backend, BatchLayout, CpuBackend, KernelError, QkvLayout, RopeConfig, RopeLayout};
 
 const BF16_TOL: f32 = 2e-2;
@@ -40,7 +40,7 @@ fn no_gpu_is_a_clear_error() {
 }
 
 fn three(test: &str) -> Option<(CudaBackend, TwinBackend, CpuBackend)> {
-    gpu(test).map(|g| (g, TwinBackend, CpuBackend::new(0).expect("cpu backend")))
+    gpu(test).map(|g| (g, TwinBackend::default(), CpuBackend::new(0).expect("cpu backend")))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -64,15 +64,21 @@ fn matmul_case<B: Backend>(b: &B, x: &[f32], m: usize, k: usize, w: &[f32], n: u
 
 #[test]
 fn dense_projections() {
-    let Some((g, t, c)) = three("dense_projections") else { return };
+    for (engine, twin) in [(GemmEngine::Cublas, TwinBackend::default()), (GemmEngine::Tiled, TwinBackend::tiled())] {
+        let Some(g) = gpu_with(&format!("dense_projections ({engine:?})"), engine) else { return };
+        dense_projections_case(&g, &twin, &CpuBackend::new(0).expect("cpu"));
+    }
+}
+
+fn dense_projections_case(g: &CudaBackend, t: &TwinBackend, c: &CpuBackend) {
     let mut r = rng(60);
     for &(m, n, k) in &[(1, 64, 64), (7, 130, 72), (64, 512, 256), (301, 1024, 576)] {
         let (x, w, bias, acc) = (random(&mut r, m * k), random(&mut r, n * k), random(&mut r, n), random(&mut r, m * n));
         for (bias, acc) in [(None, None), (Some(bias.as_slice()), None), (None, Some(acc.as_slice()))] {
-            let what = format!("GEMM {m}x{n}x{k} bias {} acc {}", bias.is_some(), acc.is_some());
-            let got = matmul_case(&g, &x, m, k, &w, n, bias, acc);
-            assert_close(&format!("{what} vs twin"), &got, &matmul_case(&t, &x, m, k, &w, n, bias, acc), TWIN_TOL);
-            assert_close(&format!("{what} vs cpu"), &got, &matmul_case(&c, &x, m, k, &w, n, bias, acc), BF16_TOL);
+            let what = format!("{:?} GEMM {m}x{n}x{k} bias {} acc {}", g.gemm_engine(), bias.is_some(), acc.is_some());
+            let got = matmul_case(g, &x, m, k, &w, n, bias, acc);
+            assert_close(&format!("{what} vs twin"), &got, &matmul_case(t, &x, m, k, &w, n, bias, acc), TWIN_TOL);
+            assert_close(&format!("{what} vs cpu"), &got, &matmul_case(c, &x, m, k, &w, n, bias, acc), BF16_TOL);
         }
     }
     // lm_logits and embed share the bf16 table.
@@ -285,4 +291,53 @@ fn a_second_start_loads_kernels_from_the_cache() {
     let report = again.kernel_load_report();
     assert!(report.compiled.is_empty(), "recompiled at the second start: {report:?}");
     assert_eq!(report.from_cache.len(), sieve_kernels::cuda::sources::ALL.len());
+}
+
+/// A row's projection bits must not depend on how many rows share the call (the determinism
+/// contract). `rows` of one x, projected all together and each alone.
+fn projection_rows_alone_and_batched(g: &CudaBackend) {
+    let mut r = rng(66);
+    let (n, k, m) = (1024, 1024, 777);
+    let x = random(&mut r, m * k);
+    let w = g.linear_weight(&random(&mut r, n * k), n, k).unwrap();
+    let xt = g.from_host(&x, m, k).unwrap();
+    let mut all = g.zeros(m, n).unwrap();
+    g.matmul(&xt, &w, None, &mut all).unwrap();
+    let all = g.to_host(&all).unwrap();
+    for (row, rows) in [(0usize, 1usize), (5, 3), (100, 64), (300, 200)] {
+        let part = g.from_host(&x[row * k..(row + rows) * k], rows, k).unwrap();
+        let mut out = g.zeros(rows, n).unwrap();
+        g.matmul(&part, &w, None, &mut out).unwrap();
+        assert_bits_eq(&format!("{:?}: rows {row}..{} in a call of {rows} vs of {m}", g.gemm_engine(), row + rows), &g.to_host(&out).unwrap(), &all[row * n..(row + rows) * n]);
+    }
+}
+
+#[test]
+fn tiled_projections_are_batch_invariant() {
+    let Some(g) = gpu_with("tiled_projections_are_batch_invariant", GemmEngine::Tiled) else { return };
+    projection_rows_alone_and_batched(&g);
+}
+
+/// If this fails on a GPU, cuBLAS picked kernels with different reduction orders for different
+/// row counts: scores then depend on the batch, and the worker must run `GemmEngine::Tiled`
+/// (or pin cuBLAS's algorithm) to keep the determinism contract.
+#[test]
+fn cublas_projections_are_batch_invariant() {
+    let Some(g) = gpu_with("cublas_projections_are_batch_invariant", GemmEngine::Cublas) else { return };
+    projection_rows_alone_and_batched(&g);
+}
+
+#[test]
+fn small_model_scores_with_the_tiled_gemm_do_not_depend_on_the_batch() {
+    let Some(g) = gpu_with("small_model_scores_with_the_tiled_gemm_do_not_depend_on_the_batch", GemmEngine::Tiled) else { return };
+    let mut r = rng(67);
+    let model = MiniModel::random(&mut r, 2);
+    let (passes, slots) = prefix_and_items(&mut r, model.vocab);
+    let batched = model.scores(&g, &passes, slots);
+    let twin = model.scores(&TwinBackend::tiled(), &passes, slots);
+    for (i, &score) in batched[1].iter().enumerate() {
+        assert!((score - twin[1][i]).abs() <= 1e-3, "item {i}: gpu {score} vs twin {}", twin[1][i]);
+        let alone = model.scores(&g, &[passes[0].clone(), only_seq(&passes[1], i)], slots);
+        assert_eq!(alone[1][0].to_bits(), score.to_bits(), "item {i}: alone {} vs batched {score}", alone[1][0]);
+    }
 }

@@ -27,9 +27,16 @@ fn rounded_tensor(t: &HostTensor) -> HostTensor {
 
 #[test]
 fn projections_are_bf16_gemms_with_f32_accumulation() {
-    let (twin, r) = (TwinBackend, ReferenceBackend);
+    for twin in [TwinBackend::default(), TwinBackend::tiled()] {
+        projections_case(&twin);
+    }
+}
+
+fn projections_case(twin: &TwinBackend) {
+    let r = ReferenceBackend;
     let mut g = rng(11);
-    for &(m, n, k) in &[(0, 8, 16), (1, 1, 1), (5, 37, 19), (17, 64, 130), (33, 100, 64)] {
+    // k = 19 and 130 are not multiples of 8: the tiled engine falls back to the cuBLAS path.
+    for &(m, n, k) in &[(0, 8, 16), (1, 1, 1), (5, 37, 19), (17, 64, 130), (33, 100, 64), (300, 72, 200), (70, 130, 40)] {
         let wd = random(&mut g, n * k);
         let bias = random(&mut g, n);
         let w = twin.linear_weight(&wd, n, k).unwrap();
@@ -41,14 +48,14 @@ fn projections_are_bf16_gemms_with_f32_accumulation() {
             twin.matmul(&x, &w, b, &mut got).unwrap();
             r.matmul(&xr, &wr, b, &mut want).unwrap();
             r.matmul(&x, &wr_exact, b, &mut want_exact).unwrap();
-            assert_close(&format!("matmul {m}x{n}x{k}"), &got.data, &want.data, EXACT_INPUT_TOL);
+            assert_close(&format!("{} matmul {m}x{n}x{k}", twin.name()), &got.data, &want.data, EXACT_INPUT_TOL);
             assert_close(&format!("matmul {m}x{n}x{k} vs f32 inputs"), &got.data, &want_exact.data, BF16_TOL);
         }
         let acc = tensor(&mut g, m, n);
         let (mut got, mut want) = (acc.clone(), acc);
         twin.matmul_add(&x, &w, &mut got).unwrap();
         r.matmul_add(&xr, &wr, &mut want).unwrap();
-        assert_close(&format!("matmul_add {m}x{n}x{k}"), &got.data, &want.data, EXACT_INPUT_TOL);
+        assert_close(&format!("{} matmul_add {m}x{n}x{k}", twin.name()), &got.data, &want.data, EXACT_INPUT_TOL);
     }
     let x = tensor(&mut g, 3, 10);
     let w = twin.linear_weight(&random(&mut g, 40), 4, 10).unwrap();
@@ -58,7 +65,7 @@ fn projections_are_bf16_gemms_with_f32_accumulation() {
 
 #[test]
 fn embed_gather_and_lm_logits() {
-    let (twin, r) = (TwinBackend, ReferenceBackend);
+    let (twin, r) = (TwinBackend::default(), ReferenceBackend);
     let mut g = rng(12);
     let (vocab, hidden) = (203, 40);
     let table = random(&mut g, vocab * hidden);
@@ -95,7 +102,7 @@ fn embed_gather_and_lm_logits() {
 
 #[test]
 fn rms_norm_silu_mul_and_dot_rows() {
-    let (twin, r) = (TwinBackend, ReferenceBackend);
+    let (twin, r) = (TwinBackend::default(), ReferenceBackend);
     let mut g = rng(13);
     for &(rows, cols) in &[(1, 1), (3, 31), (7, 256), (5, 577), (2, 2048)] {
         let x = tensor(&mut g, rows, cols);
@@ -119,7 +126,7 @@ fn rms_norm_silu_mul_and_dot_rows() {
 
 #[test]
 fn qk_norm_rope_in_both_layouts_with_partial_rotary() {
-    let (twin, r) = (TwinBackend, ReferenceBackend);
+    let (twin, r) = (TwinBackend::default(), ReferenceBackend);
     let mut g = rng(14);
     for &(n_heads, n_kv_heads, head_dim, rotary_dim) in &[(4, 2, 64, 64), (3, 1, 128, 64), (6, 6, 32, 32), (2, 1, 80, 40)] {
         let layout = QkvLayout { n_heads, n_kv_heads, head_dim };
@@ -206,7 +213,7 @@ fn attention_case(twin: &TwinBackend, r: &ReferenceBackend, layout: QkvLayout, s
 
 #[test]
 fn attention_over_a_shared_prefix_matches_reference() {
-    let (twin, r) = (TwinBackend, ReferenceBackend);
+    let (twin, r) = (TwinBackend::default(), ReferenceBackend);
     for (i, &(n_heads, n_kv_heads, head_dim)) in [(4, 2, 64), (2, 2, 128), (6, 2, 96), (3, 1, 256), (2, 1, 18)].iter().enumerate() {
         attention_case(&twin, &r, QkvLayout { n_heads, n_kv_heads, head_dim }, 20 + i as u64);
     }
@@ -214,7 +221,7 @@ fn attention_over_a_shared_prefix_matches_reference() {
 
 #[test]
 fn attention_rejects_head_sizes_the_kernel_cannot_take() {
-    let twin = TwinBackend;
+    let twin = TwinBackend::default();
     for hd in [258, 7] {
         let layout = QkvLayout { n_heads: 1, n_kv_heads: 1, head_dim: hd };
         let mut b = LayoutBuilder::default();
@@ -231,7 +238,7 @@ fn attention_rejects_head_sizes_the_kernel_cannot_take() {
 /// same alone or batched with others at other rows and slots (other q tiles, other blocks).
 #[test]
 fn attention_rows_do_not_depend_on_the_batch() {
-    let twin = TwinBackend;
+    let twin = TwinBackend::default();
     let layout = QkvLayout { n_heads: 4, n_kv_heads: 2, head_dim: 64 };
     let mut g = rng(30);
     let own = tensor(&mut g, 40, layout.qkv_dim());
@@ -262,4 +269,29 @@ fn attention_rows_do_not_depend_on_the_batch() {
         out
     };
     assert_bits_eq("sequence alone vs batched", &alone.data, &batched.data[23 * layout.q_dim()..]);
+}
+
+/// The tiled engine's promise: a row's bits do not depend on how many rows share the GEMM (nor on
+/// the BLOCK_M picked for that count).
+#[test]
+fn tiled_projections_are_batch_invariant() {
+    let twin = TwinBackend::tiled();
+    let mut g = rng(15);
+    let (n, k) = (96, 64);
+    let w = twin.linear_weight(&random(&mut g, n * k), n, k).unwrap();
+    let bias = random(&mut g, n);
+    let x = tensor(&mut g, 300, k); // 300 rows: BLOCK_M 128; a single row: BLOCK_M 64
+    let (mut all, mut all_acc) = (HostTensor::zeros(300, n), tensor(&mut g, 300, n));
+    twin.matmul(&x, &w, Some(&bias), &mut all).unwrap();
+    let acc0 = all_acc.clone();
+    twin.matmul_add(&x, &w, &mut all_acc).unwrap();
+    for r in [0usize, 1, 63, 64, 200, 299] {
+        let xr = HostTensor { data: x.row(r).to_vec(), rows: 1, cols: k };
+        let mut one = HostTensor::zeros(1, n);
+        twin.matmul(&xr, &w, Some(&bias), &mut one).unwrap();
+        assert_bits_eq(&format!("row {r} alone vs in 300"), &one.data, all.row(r));
+        let mut one_acc = HostTensor { data: acc0.row(r).to_vec(), rows: 1, cols: n };
+        twin.matmul_add(&xr, &w, &mut one_acc).unwrap();
+        assert_bits_eq(&format!("row {r} alone vs in 300 (add)"), &one_acc.data, all_acc.row(r));
+    }
 }

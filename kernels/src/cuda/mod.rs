@@ -18,6 +18,34 @@ pub mod nvrtc;
 pub mod sources;
 pub mod twin;
 
+/// How the dense projections (`matmul`, `matmul_add`, `lm_logits`) run on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GemmEngine {
+    /// cuBLAS `GemmEx` (bf16 in, f32 out and compute): the fastest. cuBLAS chooses its kernel
+    /// by problem size, so a row's bits may depend on how many rows share the call.
+    #[default]
+    Cublas,
+    /// Our tensor-core tile (kernels/cuda/gemm.cu): the same K order for every row whatever the
+    /// batch — batch-invariant by construction. Needs in_features % 8 == 0 (else cuBLAS runs).
+    Tiled,
+}
+
+impl GemmEngine {
+    /// Whether a `[*, k]` projection can take the tiled path.
+    pub fn tiled_for(self, k: usize) -> bool {
+        self == GemmEngine::Tiled && k % 8 == 0 && k > 0
+    }
+}
+
+/// BLOCK_M of the tiled dense GEMM for `m` rows: speed only, both give the same bits.
+pub fn tiled_block_m(m: usize) -> usize {
+    if m <= 256 {
+        64
+    } else {
+        128
+    }
+}
+
 pub use device::{
     device_count, CudaBackend, CudaBatch, CudaKvCache, CudaMatrix, CudaMoeStats, CudaMoeWeights, CudaOptions, CudaTensor, CudaVector,
     DeviceInfo, KernelLoadReport,

@@ -12,7 +12,8 @@ pub struct KernelSource {
 }
 
 /// Headers the `.cu` files `#include "..."`, handed to NVRTC in memory: (include name, contents).
-pub const HEADERS: &[(&str, &str)] = &[("common.cuh", include_str!("../../cuda/common.cuh"))];
+pub const HEADERS: &[(&str, &str)] =
+    &[("common.cuh", include_str!("../../cuda/common.cuh")), ("mma_tile.cuh", include_str!("../../cuda/mma_tile.cuh"))];
 
 macro_rules! kernel_source {
     ($file:literal, [$($entry:literal),* $(,)?]) => {
@@ -33,10 +34,11 @@ pub const MOE_PERMUTE: KernelSource =
     kernel_source!("moe_permute.cu", ["moe_chunk_counts", "moe_offsets", "moe_scatter", "moe_unpermute"]);
 pub const MOE_SELECT: KernelSource = kernel_source!("moe_select.cu", ["moe_select_tile"]);
 pub const MOE_GEMM: KernelSource = kernel_source!("moe_gemm.cu", ["moe_gemm_bm64", "moe_gemm_bm128"]);
+pub const GEMM: KernelSource = kernel_source!("gemm.cu", ["dense_gemm_bm64", "dense_gemm_bm128"]);
 
 /// Every kernel source; the CUDA backend loads them all at start-up.
 pub const ALL: &[KernelSource] =
-    &[RMSNORM, ROPE, SILU_MUL, KV_WRITE, ATTENTION, GATHER, CONVERT, SCORE_HEAD, MOE_ROUTING, MOE_PERMUTE, MOE_SELECT, MOE_GEMM];
+    &[RMSNORM, ROPE, SILU_MUL, KV_WRITE, ATTENTION, GATHER, CONVERT, SCORE_HEAD, MOE_ROUTING, MOE_PERMUTE, MOE_SELECT, MOE_GEMM, GEMM];
 
 /// Launch constants shared by the `.cu` files and the host code (and the CPU twins), kept in
 /// one place; a test checks each against its `#define` in the source.
@@ -78,8 +80,8 @@ pub mod consts {
         ("moe_permute.cu", "PERM_OFFSET_THREADS", PERM_OFFSET_THREADS),
         ("moe_permute.cu", "PERM_UNPERM_THREADS", PERM_UNPERM_THREADS),
         ("moe_select.cu", "SELECT_THREADS", SELECT_THREADS),
-        ("moe_gemm.cu", "GEMM_BN", GEMM_BN),
-        ("moe_gemm.cu", "GEMM_BK", GEMM_BK),
+        ("mma_tile.cuh", "GEMM_BN", GEMM_BN),
+        ("mma_tile.cuh", "GEMM_BK", GEMM_BK),
     ];
 }
 
@@ -115,7 +117,10 @@ mod tests {
     #[test]
     fn host_constants_match_the_sources() {
         for &(file, name, value) in consts::DEFINES {
-            let src = find(file).unwrap_or_else(|| panic!("{file} not listed")).source;
+            let src = find(file)
+                .map(|s| s.source)
+                .or_else(|| HEADERS.iter().find(|h| h.0 == file).map(|h| h.1))
+                .unwrap_or_else(|| panic!("{file} not listed"));
             let line = src
                 .lines()
                 .find(|l| l.trim_start().starts_with(&format!("#define {name} ")))

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use rand::Rng;
-use sieve_kernels::cuda::{CudaBackend, CudaOptions};
+use sieve_kernels::cuda::{CudaBackend, CudaOptions, GemmEngine};
 use sieve_kernels::{AttnSeq, Backend, BatchLayout, QkvLayout, RopeConfig, RopeLayout};
 
 /// The asset cache (`$SIEVE_CACHE`, default `<repo>/.cache`).
@@ -17,6 +17,11 @@ pub fn asset_cache() -> PathBuf {
 /// The CUDA backend on device 0, or `None` — after printing why — when this machine has no
 /// CUDA driver or no device. A machine that has a GPU but cannot start the backend fails.
 pub fn gpu(test: &str) -> Option<CudaBackend> {
+    gpu_with(test, GemmEngine::Cublas)
+}
+
+/// [`gpu`] with a given engine for the dense projections.
+pub fn gpu_with(test: &str, engine: GemmEngine) -> Option<CudaBackend> {
     match sieve_kernels::cuda::device_count() {
         Err(e) => {
             println!("{test}: NOT RUN on this machine (no GPU): {e}");
@@ -27,7 +32,7 @@ pub fn gpu(test: &str) -> Option<CudaBackend> {
             None
         }
         Ok(_) => {
-            let opts = CudaOptions::new(0).with_asset_cache(&asset_cache());
+            let opts = CudaOptions { gemm: engine, ..CudaOptions::new(0).with_asset_cache(&asset_cache()) };
             let b = CudaBackend::with_options(&opts).unwrap_or_else(|e| panic!("{test}: a GPU is present but the CUDA backend failed to start: {e}"));
             println!("{test}: running on {} ({:?})", b.name(), b.kernel_load_report());
             Some(b)

@@ -46,6 +46,8 @@ pub(crate) struct Kernels {
     pub moe_select_tile: CudaFunction,
     pub moe_gemm_bm64: CudaFunction,
     pub moe_gemm_bm128: CudaFunction,
+    pub dense_gemm_bm64: CudaFunction,
+    pub dense_gemm_bm128: CudaFunction,
 }
 
 /// The compile target for a device: a cubin for its exact architecture when this NVRTC knows
@@ -133,6 +135,8 @@ impl Kernels {
             moe_select_tile: f(&MOE_SELECT, "moe_select_tile")?,
             moe_gemm_bm64: f(&MOE_GEMM, "moe_gemm_bm64")?,
             moe_gemm_bm128: f(&MOE_GEMM, "moe_gemm_bm128")?,
+            dense_gemm_bm64: f(&GEMM, "dense_gemm_bm64")?,
+            dense_gemm_bm128: f(&GEMM, "dense_gemm_bm128")?,
         };
         // Head sizes up to 256 need a little over the 48 KiB of dynamic shared memory a kernel
         // gets without opting in.

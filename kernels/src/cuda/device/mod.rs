@@ -25,6 +25,7 @@ use cudarc::driver::{CudaContext, CudaStream, DriverError};
 
 use super::libs;
 use super::nvrtc::Arch;
+use super::GemmEngine;
 use crate::backend::{KernelError, Result};
 
 pub use kernels::KernelLoadReport;
@@ -42,12 +43,20 @@ pub struct CudaOptions {
     pub include_dirs: Vec<PathBuf>,
     /// Cache of compiled kernel images; `None` compiles at every start.
     pub kernel_cache_dir: Option<PathBuf>,
+    /// cuBLAS or the batch-invariant tiled kernel for the dense projections.
+    pub gemm: GemmEngine,
 }
 
 impl CudaOptions {
     /// Device `ordinal`, NVRTC from the system, kernel images cached in the temp folder.
     pub fn new(ordinal: usize) -> Self {
-        CudaOptions { ordinal, nvrtc_lib_dirs: Vec::new(), include_dirs: Vec::new(), kernel_cache_dir: Some(std::env::temp_dir().join("sieve-cuda-kernels")) }
+        CudaOptions {
+            ordinal,
+            nvrtc_lib_dirs: Vec::new(),
+            include_dirs: Vec::new(),
+            kernel_cache_dir: Some(std::env::temp_dir().join("sieve-cuda-kernels")),
+            gemm: GemmEngine::default(),
+        }
     }
 
     /// Uses the asset cache that `scripts/fetch-assets nvrtc` fills (`<cache>/cuda/{lib,include}`)
@@ -78,6 +87,7 @@ pub struct CudaBackend {
     k: kernels::Kernels,
     info: DeviceInfo,
     load_report: KernelLoadReport,
+    gemm: GemmEngine,
     staging: Mutex<memory::Staging>,
     /// bf16 copy of a GEMM's activation; held across the cast and the GEMM it feeds.
     gemm_input: Mutex<memory::Scratch<u16>>,
@@ -119,7 +129,7 @@ impl CudaBackend {
         let (k, load_report) = kernels::Kernels::load(&ctx, info.arch, opts)?;
         let blas = blas::Blas::new(stream.clone())?;
         let staging = Mutex::new(memory::Staging::new(&ctx)?);
-        Ok(CudaBackend { ctx, stream, blas, k, info, load_report, staging, gemm_input: Mutex::new(memory::Scratch::default()) })
+        Ok(CudaBackend { ctx, stream, blas, k, info, load_report, gemm: opts.gemm, staging, gemm_input: Mutex::new(memory::Scratch::default()) })
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -139,6 +149,11 @@ impl CudaBackend {
     /// Waits for everything enqueued so far (benchmarks, tests).
     pub fn synchronize(&self) -> Result<()> {
         self.stream.synchronize().map_err(driver_err("synchronize"))
+    }
+
+    /// The engine of the dense projections.
+    pub fn gemm_engine(&self) -> GemmEngine {
+        self.gemm
     }
 
     /// The stream every op runs on (benchmarks record events on it).

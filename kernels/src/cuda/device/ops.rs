@@ -8,6 +8,7 @@ use crate::backend::*;
 use crate::cuda::checks;
 use crate::cuda::layout::{attention_smem_bytes, check_rope_shape, rope_smem_bytes, PackedBatch};
 use crate::cuda::sources::consts::*;
+use crate::cuda::tiled_block_m;
 use crate::cuda::twin::{attention_scale, warp::to_bf16};
 
 /// One block of `threads` per row.
@@ -55,7 +56,15 @@ impl CudaBackend {
             None if accumulate => 1.0,
             None => 0.0,
         };
-        self.blas.gemm_bf16(xb, &w.buf, &mut out.buf, x.rows, w.rows, w.cols, beta)
+        if !self.gemm.tiled_for(w.cols) {
+            return self.blas.gemm_bf16(xb, &w.buf, &mut out.buf, x.rows, w.rows, w.cols, beta);
+        }
+        let (m, n, k) = (x.rows as i32, w.rows as i32, w.cols as i32);
+        let bm = tiled_block_m(x.rows);
+        let (f, threads) = if bm == 64 { (&self.k.dense_gemm_bm64, 128) } else { (&self.k.dense_gemm_bm128, 256) };
+        let cfg = LaunchConfig { grid_dim: (x.rows.div_ceil(bm) as u32, w.rows.div_ceil(GEMM_BN as usize) as u32, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+        unsafe { self.stream.launch_builder(f).arg(&*xb).arg(&w.buf).arg(&mut out.buf).arg(&m).arg(&n).arg(&k).arg(&beta).launch(cfg) }.map_err(driver_err("dense_gemm"))?;
+        Ok(())
     }
 }
 

@@ -6,17 +6,26 @@
 
 use super::attention::{attention_prefill, AttentionArgs};
 use super::elementwise::{broadcast_rows, cast_bf16, dot_rows, embed_rows, gather_rows, silu_mul_f32, write_kv};
-use super::gemm::gemm_bf16;
+use super::gemm::{dense_gemm, gemm_bf16};
 use super::rmsnorm::rms_norm_rows;
 use super::rope::{qk_norm_rope, QkNormRopeArgs};
 use super::warp::to_bf16_vec;
 use crate::backend::*;
-use crate::cuda::checks;
+use crate::cuda::{checks, tiled_block_m, GemmEngine};
 use crate::cuda::layout::{check_rope_shape, PackedBatch};
 use crate::host::HostTensor;
 
 #[derive(Debug, Default, Clone)]
-pub struct TwinBackend;
+pub struct TwinBackend {
+    pub gemm: GemmEngine,
+}
+
+impl TwinBackend {
+    /// The twin with the batch-invariant tiled GEMM for the projections.
+    pub fn tiled() -> Self {
+        TwinBackend { gemm: GemmEngine::Tiled }
+    }
+}
 
 /// A bf16 matrix `[rows, cols]` (a linear weight `[out, in]` or an embedding `[vocab, hidden]`).
 #[derive(Debug, Clone)]
@@ -66,7 +75,11 @@ impl TwinBackend {
         } else {
             0.0
         };
-        gemm_bf16(&xb, &w.data, &mut out.data, x.rows, w.rows, w.cols, beta);
+        if self.gemm.tiled_for(w.cols) {
+            dense_gemm(tiled_block_m(x.rows), &xb, &w.data, &mut out.data, x.rows, w.rows, w.cols, beta);
+        } else {
+            gemm_bf16(&xb, &w.data, &mut out.data, x.rows, w.rows, w.cols, beta);
+        }
     }
 }
 
@@ -79,7 +92,7 @@ impl Backend for TwinBackend {
     type Batch = TwinBatch;
 
     fn name(&self) -> String {
-        "cuda-twin".into()
+        format!("cuda-twin ({:?} GEMM)", self.gemm)
     }
 
     fn linear_weight(&self, data: &[f32], out_features: usize, in_features: usize) -> Result<TwinMatrix> {

@@ -20,3 +20,15 @@ pub fn gemm_bf16(x: &[u16], w: &[u16], out: &mut [f32], rows: usize, n: usize, k
         }
     }
 }
+
+/// Twin of kernels/cuda/gemm.cu (`dense_gemm_bm64` / `dense_gemm_bm128`): grid
+/// (ceil(m / bm), ceil(n / 64)), each block one `gemm_tile`.
+#[allow(clippy::too_many_arguments)]
+pub fn dense_gemm(block_m: usize, x: &[u16], w: &[u16], out: &mut [f32], m: usize, n: usize, k: usize, beta: f32) {
+    use super::mma_tile::{gemm_tile, Tile, BN};
+    for bx in 0..m.div_ceil(block_m) {
+        for by in 0..n.div_ceil(BN) {
+            gemm_tile(block_m, Tile { a: x, w, row_base: 0, r0: bx * block_m, rows: m, n0: by * BN, n, k, beta }, out);
+        }
+    }
+}
