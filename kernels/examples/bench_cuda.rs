@@ -139,6 +139,16 @@ fn bench_moe(g: &CudaBackend, rng: &mut impl Rng, reps: usize) {
         );
     }
     println!("{:>6} {:>8} {:>10} {sum64:>10.3} {sum128:>10.3} {sum_auto:>10.3}   (sum over the sweep)", "all", "", "");
+    let counts: Vec<usize> = [1usize, 2, 4, 8, 16, 32, 64].iter().map(|s| s * 120).collect();
+    match g.calibrate_moe_threshold(&w, routing, &counts, reps.min(7)) {
+        Ok((th, samples)) => {
+            println!("autotuned padding threshold: {th:.3} (default 1.5) from");
+            for s in samples {
+                println!("    ratio {:>7.2}: BM64 {:>8.3} ms, BM128 {:>8.3} ms", s.ratio, s.ms64, s.ms128);
+            }
+        }
+        Err(e) => println!("autotune failed: {e}"),
+    }
 }
 
 /// A Qwen3-0.6B-shaped dense stack with random weights, through the Backend trait.

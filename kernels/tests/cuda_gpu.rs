@@ -341,3 +341,16 @@ fn small_model_scores_with_the_tiled_gemm_do_not_depend_on_the_batch() {
         assert_eq!(alone[1][0].to_bits(), score.to_bits(), "item {i}: alone {} vs batched {score}", alone[1][0]);
     }
 }
+
+#[test]
+fn moe_threshold_autotune_runs_and_fits() {
+    let Some(g) = gpu("moe_threshold_autotune_runs_and_fits") else { return };
+    let mut r = rng(68);
+    let dims = MoeDims { hidden: 256, inter: 128, n_experts: 32 };
+    let w = g.moe_weights(dims, &random(&mut r, 32 * 256 * 256), &random(&mut r, 32 * 256 * 128)).unwrap();
+    let (th, samples) = g.calibrate_moe_threshold(&w, MoeRouting { top_k: 4, renormalize: true }, &[4, 64, 1024], 3).unwrap();
+    assert_eq!(samples.len(), 3);
+    assert!(samples[0].ratio > samples[2].ratio, "fewer tokens pad more: {samples:?}");
+    assert!(th.is_finite() && th > 0.0, "threshold {th}");
+    println!("calibrated threshold {th}: {samples:?}");
+}

@@ -92,3 +92,61 @@ pub fn check_moe(dims: MoeDims, routing: MoeRouting) -> Result<()> {
     }
     Ok(())
 }
+
+/// One autotune measurement: a histogram's padding ratio (padded rows at BLOCK_M 128 / real
+/// rows) and the layer time of each fixed variant on it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ThresholdSample {
+    pub ratio: f64,
+    pub ms64: f64,
+    pub ms128: f64,
+}
+
+/// The padding-ratio threshold that minimises the total time of the rule "BLOCK_M 64 when
+/// ratio > threshold" over the measured samples. Candidates are the default and the midpoints
+/// between consecutive measured ratios (the rule only changes there); ties keep the candidate
+/// closest to the default. With no samples, the default.
+pub fn fit_padding_threshold(samples: &[ThresholdSample]) -> f32 {
+    let cost = |th: f64| samples.iter().map(|s| if s.ratio > th { s.ms64 } else { s.ms128 }).sum::<f64>();
+    let mut ratios: Vec<f64> = samples.iter().map(|s| s.ratio).filter(|r| r.is_finite()).collect();
+    ratios.sort_by(f64::total_cmp);
+    ratios.dedup();
+    let default = DEFAULT_PADDING_THRESHOLD as f64;
+    let mut candidates = vec![default];
+    if let (Some(&lo), Some(&hi)) = (ratios.first(), ratios.last()) {
+        candidates.push(lo - 1e-6); // always 64
+        candidates.push(hi); // never 64
+    }
+    candidates.extend(ratios.windows(2).map(|w| (w[0] + w[1]) / 2.0));
+    let best = candidates
+        .into_iter()
+        .min_by(|&a, &b| cost(a).total_cmp(&cost(b)).then((a - default).abs().total_cmp(&(b - default).abs())))
+        .unwrap_or(default);
+    best as f32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(ratio: f64, ms64: f64, ms128: f64) -> ThresholdSample {
+        ThresholdSample { ratio, ms64, ms128 }
+    }
+
+    #[test]
+    fn the_fitted_threshold_separates_where_64_wins() {
+        // 64 wins above ratio ~1.8 in these timings.
+        let samples = [s(1.0, 1.2, 1.0), s(1.3, 1.1, 1.0), s(1.7, 1.05, 1.0), s(1.9, 0.9, 1.0), s(3.0, 0.6, 1.0), s(8.0, 0.3, 1.0)];
+        let th = fit_padding_threshold(&samples) as f64;
+        assert!(th > 1.7 && th < 1.9, "threshold {th}");
+        // 64 always wins: a threshold below every ratio.
+        let th = fit_padding_threshold(&[s(1.2, 0.5, 1.0), s(2.0, 0.5, 1.0)]) as f64;
+        assert!(th < 1.2, "threshold {th}");
+        // 128 always wins: no ratio exceeds it.
+        let th = fit_padding_threshold(&[s(1.2, 2.0, 1.0), s(4.0, 2.0, 1.0)]) as f64;
+        assert!(th >= 4.0, "threshold {th}");
+        assert_eq!(fit_padding_threshold(&[]), DEFAULT_PADDING_THRESHOLD);
+        // Indifferent timings keep the default.
+        assert_eq!(fit_padding_threshold(&[s(1.2, 1.0, 1.0), s(3.0, 1.0, 1.0)]), DEFAULT_PADDING_THRESHOLD);
+    }
+}

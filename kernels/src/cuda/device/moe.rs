@@ -9,8 +9,8 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use super::memory::{alloc, CudaTensor};
 use super::ops::{grid_stride, to_bf16_par};
 use super::{driver_err, CudaBackend};
-use crate::backend::{KernelError, Result};
-use crate::cuda::moe::{check_moe, MoeDims, MoeRouting, TileChoice, TilePolicy};
+use crate::backend::{Backend, KernelError, Result};
+use crate::cuda::moe::{check_moe, fit_padding_threshold, BlockM, MoeDims, MoeRouting, ThresholdSample, TileChoice, TilePolicy};
 use crate::cuda::sources::consts::*;
 use crate::cuda::twin::{max_tiles, n_chunks};
 
@@ -194,5 +194,47 @@ impl CudaBackend {
         }
         .map_err(driver_err("moe_unpermute"))?;
         Ok(CudaMoeStats { stats })
+    }
+}
+
+impl CudaBackend {
+    /// Start-up autotune of the padding-ratio threshold for a layer's shapes: for each token
+    /// count, random routing (small counts give high padding ratios), the layer time of each
+    /// fixed variant (CUDA events, median of `reps`), then [`fit_padding_threshold`]. Bounded by
+    /// the token counts and reps the caller passes; returns the threshold and the samples.
+    pub fn calibrate_moe_threshold(&self, w: &CudaMoeWeights, routing: MoeRouting, token_counts: &[usize], reps: usize) -> Result<(f32, Vec<ThresholdSample>)> {
+        use cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
+        let MoeDims { hidden, n_experts, .. } = w.dims;
+        let mut samples = Vec::new();
+        // A fixed pseudo-random sequence (xorshift): the autotune must not depend on global state.
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            ((state >> 11) as f64 / (1u64 << 53) as f64) as f32 * 2.0 - 1.0
+        };
+        for &tokens in token_counts.iter().filter(|&&t| t > 0) {
+            let x = self.from_host(&(0..tokens * hidden).map(|_| next()).collect::<Vec<_>>(), tokens, hidden)?;
+            let logits = self.from_host(&(0..tokens * n_experts).map(|_| 3.0 * next()).collect::<Vec<_>>(), tokens, n_experts)?;
+            let mut out = self.zeros(tokens, hidden)?;
+            let mut time = |policy: TilePolicy| -> Result<(f64, TileChoice)> {
+                let stats = self.moe_forward(&x, &logits, w, routing, policy, &mut out, false)?; // warm-up
+                let choice = stats.read(self)?;
+                let mut ms = Vec::with_capacity(reps.max(1));
+                for _ in 0..reps.max(1) {
+                    let start = self.stream.record_event(Some(CU_EVENT_DEFAULT)).map_err(driver_err("event"))?;
+                    self.moe_forward(&x, &logits, w, routing, policy, &mut out, false)?;
+                    let end = self.stream.record_event(Some(CU_EVENT_DEFAULT)).map_err(driver_err("event"))?;
+                    ms.push(start.elapsed_ms(&end).map_err(driver_err("event timing"))? as f64);
+                }
+                ms.sort_by(f64::total_cmp);
+                Ok((ms[ms.len() / 2], choice))
+            };
+            let (ms64, choice) = time(TilePolicy::Fixed(BlockM::M64))?;
+            let (ms128, _) = time(TilePolicy::Fixed(BlockM::M128))?;
+            samples.push(ThresholdSample { ratio: choice.padded128 as f64 / choice.real_rows.max(1) as f64, ms64, ms128 });
+        }
+        Ok((fit_padding_threshold(&samples), samples))
     }
 }
