@@ -160,6 +160,14 @@ pub trait Backend: Send + Sync + 'static {
     fn from_host(&self, data: &[f32], rows: usize, cols: usize) -> Result<Self::Tensor>;
     fn to_host(&self, t: &Self::Tensor) -> Result<Vec<f32>>;
     fn shape(&self, t: &Self::Tensor) -> (usize, usize);
+    /// Makes `t` a `[rows, cols]` tensor whose contents are unspecified, reusing its storage when
+    /// it is large enough (scratch buffers reused across layers and passes).
+    fn reshape_scratch(&self, t: &mut Self::Tensor, rows: usize, cols: usize) -> Result<()> {
+        if self.shape(t) != (rows, cols) {
+            *t = self.zeros(rows, cols)?;
+        }
+        Ok(())
+    }
     fn prepare_batch(&self, layout: &BatchLayout, cache: &Self::KvCache) -> Result<Self::Batch>;
 
     // ---- ops ----

@@ -18,6 +18,14 @@ impl HostTensor {
         HostTensor { data, rows, cols }
     }
 
+    /// Reshapes in place, keeping the allocation (growing it only when needed); the contents
+    /// are whatever was there (scratch use).
+    pub fn reshape_scratch(&mut self, rows: usize, cols: usize) {
+        self.data.resize(rows * cols, 0.0);
+        self.rows = rows;
+        self.cols = cols;
+    }
+
     pub fn row(&self, r: usize) -> &[f32] {
         &self.data[r * self.cols..(r + 1) * self.cols]
     }

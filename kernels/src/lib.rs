@@ -4,7 +4,10 @@
 //! Nothing here knows about HTTP, tokens or requests.
 
 pub mod backend;
+pub mod cpu;
+pub mod cuda;
 pub mod host;
 pub mod reference;
 
 pub use backend::{AttnSeq, Backend, BatchLayout, KernelError, QkvLayout, Result, RopeConfig, RopeLayout};
+pub use cpu::CpuBackend;

@@ -98,6 +98,11 @@ impl Backend for ReferenceBackend {
         (t.rows, t.cols)
     }
 
+    fn reshape_scratch(&self, t: &mut HostTensor, rows: usize, cols: usize) -> Result<()> {
+        t.reshape_scratch(rows, cols);
+        Ok(())
+    }
+
     fn prepare_batch(&self, layout: &BatchLayout, cache: &HostKvCache) -> Result<BatchLayout> {
         layout.validate(cache.num_slots)?;
         Ok(layout.clone())

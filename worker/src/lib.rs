@@ -1,2 +1,15 @@
 //! The Sieve worker: prompt building, tokenization, scheduling, the KV block manager and the
 //! model graphs, served over HTTP.
+
+pub mod assets;
+pub mod config;
+pub mod device;
+pub mod engine;
+pub mod error;
+pub mod model;
+pub mod prompt;
+pub mod server;
+pub mod tokenizer;
+
+pub use error::{Result, WorkerError};
+pub use tokenizer::Tokenizer;

@@ -1,0 +1,244 @@
+//! Engine throughput on the embedded default model (SmolLM2-135M, CPU backend).
+//!
+//! ```text
+//! cargo bench -p sieve-worker --bench engine            # all sections
+//! cargo bench -p sieve-worker --bench engine -- prefill # one section: prefill | request | pipeline
+//! ```
+//! Prints: prefill tokens/s for one 512-token sequence; for a realistic call (one query, 64 items
+//! of 40–120 tokens, prefix ~80 tokens) pairs/s and tokens/s with prefix reuse off, with in-batch
+//! reuse, and with a cross-batch cache hit, next to the fraction of prefill tokens saved; and the
+//! runner's idle fraction between batches under a queued load.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use sieve_kernels::{Backend, CpuBackend};
+use sieve_worker::assets;
+use sieve_worker::device::engine_config;
+use sieve_worker::engine::{CancelFlag, EngineHandle, EngineParts, EngineState, Submission};
+use sieve_worker::engine::layout::LayoutBuilder;
+use sieve_worker::config::WorkerConfig;
+use sieve_worker::model::loader::{self, LoadOptions, LoadedModel};
+use sieve_worker::model::Scratch;
+use sieve_worker::prompt::TextEncoder;
+
+const WORDS: &[&str] = &[
+    "waterproof", "leather", "running", "shoes", "men's", "women's", "lightweight", "breathable", "mesh", "trail",
+    "cushioned", "sole", "size", "black", "white", "red", "navy", "classic", "sneaker", "outdoor", "hiking", "boot",
+    "ankle", "support", "rubber", "grip", "durable", "stitching", "comfort", "insole", "memory", "foam", "wide", "fit",
+    "casual", "sport", "training", "gym", "road", "marathon", "vegan", "suede", "canvas", "slip-on", "lace-up",
+    "reflective", "details", "free", "returns", "best", "seller", "new", "arrival", "2024", "edition", "brand",
+];
+
+/// Deterministic product-like text of about `n_words` words.
+fn item_text(seed: u64, n_words: usize) -> String {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut words = Vec::with_capacity(n_words);
+    for _ in 0..n_words {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        words.push(WORDS[(x % WORDS.len() as u64) as usize]);
+    }
+    format!("Title: {}. Attributes: {}", words[..4.min(n_words)].join(" "), words.join(", "))
+}
+
+/// 64 items whose own segments are 40–120 tokens under `enc`.
+fn realistic_items(enc: &dyn TextEncoder, count: usize) -> Vec<String> {
+    (0..count)
+        .map(|i| {
+            let target = 40 + (i * 37) % 81; // 40..=120 tokens, spread
+            let mut words = target / 2;
+            loop {
+                let t = item_text(i as u64 + 1, words);
+                let n = enc.encode_plain(&t).map(|v| v.len()).unwrap_or(target);
+                if n >= target || words > 400 {
+                    return t;
+                }
+                words += 1 + (target - n) / 3;
+            }
+        })
+        .collect()
+}
+
+const QUERY: &str = "lightweight waterproof trail running shoes for women with good grip and cushioning, size 8";
+const INSTRUCTION: &str = "Given an e-commerce search query, judge whether the product listing is relevant to what the shopper wants";
+
+fn prefill(m: &LoadedModel<CpuBackend>, backend: &CpuBackend) {
+    let c = &m.model.config;
+    let n = 512;
+    let text = (0..200).map(|i| item_text(i, 12)).collect::<Vec<_>>().join(" ");
+    let mut ids = m.tokenizer.encode_plain(&text).expect("tokenize");
+    ids.truncate(n);
+    let mut kv = backend.kv_cache(c.n_layers, n, c.n_kv_heads, c.head_dim).expect("kv");
+    let slots: Vec<u32> = (0..n as u32).collect();
+    let mut lb = LayoutBuilder::new();
+    let last = lb.push(&ids, &slots).expect("rows");
+    let layout = lb.finish();
+    let mut scratch = Scratch::new(backend).expect("scratch");
+    let mut run = |kv: &mut _| {
+        let t = Instant::now();
+        m.model.forward(backend, &layout, kv, &[last], None, &mut scratch).expect("forward");
+        t.elapsed().as_secs_f64()
+    };
+    run(&mut kv); // warm-up
+    let times: Vec<f64> = (0..3).map(|_| run(&mut kv)).collect();
+    let best = times.iter().cloned().fold(f64::INFINITY, f64::min);
+    let mean = times.iter().sum::<f64>() / times.len() as f64;
+    println!("prefill, one sequence of {n} tokens: {:.0} tokens/s (best of 3: {:.3} s; mean {:.0} tokens/s)", n as f64 / best, best, n as f64 / mean);
+}
+
+fn start(m: LoadedModel<CpuBackend>, backend: CpuBackend, reuse: bool) -> Arc<EngineHandle> {
+    let mut cfg = WorkerConfig::default();
+    cfg.engine.prefix_reuse = reuse;
+    let ecfg = engine_config(&cfg, m.model.config.max_position);
+    let parts = EngineParts { backend, model: m.model, encoder: m.tokenizer, builder: m.builder };
+    EngineHandle::start(parts, ecfg, Arc::new(EngineState::default())).expect("engine")
+}
+
+fn call(e: &EngineHandle, query: &str, items: &[String]) -> (f64, sieve_shared::Usage, Vec<f32>) {
+    let t = Instant::now();
+    let rx = e
+        .submit(Submission {
+            query: query.into(),
+            items: items.to_vec(),
+            instruction: Some(INSTRUCTION.into()),
+            arrived: t,
+            deadline: None,
+            cancel: CancelFlag::default(),
+        })
+        .expect("submit");
+    let out = rx.blocking_recv().expect("reply").expect("scores");
+    (t.elapsed().as_secs_f64(), out.usage, out.scores)
+}
+
+fn load(threads: usize) -> (LoadedModel<CpuBackend>, CpuBackend) {
+    let path = assets::resolve_model("default").expect("default model");
+    let backend = CpuBackend::new(threads).expect("backend");
+    let m = loader::load(&backend, &path, &LoadOptions::default()).expect("load");
+    (m, backend)
+}
+
+fn request_section() {
+    let (m, backend) = load(0);
+    let items = realistic_items(m.tokenizer.as_ref(), 64);
+    let off = start(m, backend, false);
+    let (m, backend) = load(0);
+    let on = start(m, backend, true);
+    // Warm-up on another query, so the measured calls see a cold prefix cache.
+    call(&off, "warm up", &items[..4]);
+    call(&on, "warm up", &items[..4]);
+
+    let reps = 3;
+    let mut rows = vec![];
+    let (mut t_off, mut t_in, mut t_hit) = (f64::INFINITY, f64::INFINITY, f64::INFINITY);
+    let (mut u_off, mut u_in, mut u_hit) = (Default::default(), Default::default(), Default::default());
+    for r in 0..reps {
+        // A fresh query each rep for the cold cases, the same one again for the hit.
+        let q = format!("{QUERY} (variant {r})");
+        let (t, u, s_off) = call(&off, &q, &items);
+        if t < t_off {
+            (t_off, u_off) = (t, u);
+        }
+        let (t, u, s_in) = call(&on, &q, &items);
+        if t < t_in {
+            (t_in, u_in) = (t, u);
+        }
+        let (t, u, s_hit) = call(&on, &q, &items);
+        if t < t_hit {
+            (t_hit, u_hit) = (t, u);
+        }
+        assert_eq!(s_off, s_in, "reuse must not change scores");
+        assert_eq!(s_in, s_hit, "a cache hit must not change scores");
+    }
+    let u: &sieve_shared::Usage = &u_off;
+    let own: u64 = u.item_tokens.iter().map(|&t| t as u64).sum();
+    println!(
+        "realistic call: 64 items of {}–{} own tokens (mean {:.0}), prefix {} tokens, {} prompt tokens",
+        u.item_tokens.iter().min().unwrap_or(&0),
+        u.item_tokens.iter().max().unwrap_or(&0),
+        own as f64 / 64.0,
+        u.prefix_tokens,
+        u.prompt_tokens
+    );
+    for (name, t, u) in [("reuse off", t_off, &u_off), ("in-batch reuse", t_in, &u_in), ("cross-batch hit", t_hit, &u_hit)] {
+        rows.push((name, t, u.computed_tokens));
+        println!(
+            "  {name:<16} {:7.3} s  {:6.1} pairs/s  {:6.0} computed tokens/s  {:6.0} prompt tokens/s  ({} tokens computed)",
+            t,
+            64.0 / t,
+            u.computed_tokens as f64 / t,
+            u.prompt_tokens as f64 / t,
+            u.computed_tokens
+        );
+    }
+    let base = rows[0].2 as f64;
+    for (name, t, computed) in &rows[1..] {
+        let saved = 1.0 - *computed as f64 / base;
+        let time_saved = 1.0 - t / t_off;
+        println!(
+            "  {name}: prefill tokens saved {:.1}%, time saved {:.1}% ({:.0}% of the token saving realised), speed-up {:.2}x",
+            saved * 100.0,
+            time_saved * 100.0,
+            if saved > 0.0 { time_saved / saved * 100.0 } else { 0.0 },
+            t_off / t
+        );
+    }
+    off.shutdown();
+    on.shutdown();
+}
+
+fn pipeline_section() {
+    let (m, backend) = load(0);
+    let items = realistic_items(m.tokenizer.as_ref(), 64);
+    let e = start(m, backend, true);
+    call(&e, "warm up", &items[..4]);
+    let before = e.state.pipeline();
+    // 12 calls of 16 items queued at once: one batch each, prepared while the previous runs.
+    let t = Instant::now();
+    let rxs: Vec<_> = (0..12)
+        .map(|i| {
+            e.submit(Submission {
+                query: format!("{QUERY} #{i}"),
+                items: items[(i * 4) % 48..(i * 4) % 48 + 16].to_vec(),
+                instruction: Some(INSTRUCTION.into()),
+                arrived: Instant::now(),
+                deadline: None,
+                cancel: CancelFlag::default(),
+            })
+            .expect("submit")
+        })
+        .collect();
+    for rx in rxs {
+        rx.blocking_recv().expect("reply").expect("scores");
+    }
+    let wall = t.elapsed().as_secs_f64();
+    let after = e.state.pipeline();
+    let busy = after.runner_busy_seconds - before.runner_busy_seconds;
+    let idle_work = after.runner_idle_with_work_seconds - before.runner_idle_with_work_seconds;
+    println!(
+        "pipeline: 12 queued calls x 16 items in {:.2} s over {} batches; runner busy {:.3} s, idle while work was queued {:.4} s ({:.3}% idle)",
+        wall,
+        after.batches - before.batches,
+        busy,
+        idle_work,
+        idle_work / (busy + idle_work) * 100.0
+    );
+    e.shutdown();
+}
+
+fn main() {
+    let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let want = |s: &str| filter.is_empty() || filter.iter().any(|f| s.contains(f.as_str()));
+    println!("threads: {}", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    if want("prefill") {
+        let (m, backend) = load(0);
+        prefill(&m, &backend);
+    }
+    if want("request") {
+        request_section();
+    }
+    if want("pipeline") {
+        pipeline_section();
+    }
+}

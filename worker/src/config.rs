@@ -1,0 +1,161 @@
+//! Worker configuration: a TOML file (every field defaulted), overridden by command-line flags.
+//! The documented example is `configs/worker.toml`.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use sieve_shared::Limits;
+
+use crate::prompt::PromptTemplate;
+use crate::{Result, WorkerError};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerConfig {
+    pub server: ServerConfig,
+    pub model: ModelSection,
+    pub engine: EngineSection,
+    pub limits: Limits,
+    /// Overrides the model's default prompt template.
+    pub template: Option<PromptTemplate>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address to bind; loopback by default (deployments set 0.0.0.0).
+    pub host: String,
+    pub port: u16,
+    pub admin_port: u16,
+    /// How long a drain (SIGTERM) waits for in-flight calls before exiting anyway.
+    pub drain_timeout_ms: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig { host: "127.0.0.1".into(), port: 8081, admin_port: 9081, drain_timeout_ms: 30_000 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelSection {
+    /// `default` (the embedded SmolLM2-135M-Instruct, fetched when missing), a `.gguf` file, or
+    /// an HF checkpoint directory.
+    pub path: String,
+    /// `cpu` or `cuda:N`.
+    pub device: String,
+    /// `auto` (a classification head when the checkpoint has `score.weight`, else yes/no),
+    /// `yes_no`, or `classifier`.
+    pub head: String,
+    /// Longest prompt in tokens; 0 = the model's context length capped at 4096.
+    pub max_seq_tokens: usize,
+    /// Compute threads (0 = all cores).
+    pub threads: usize,
+    /// CUDA dense projections: `tiled` (our tensor-core GEMM: a row's bits never depend on its
+    /// batch) or `cublas` (faster, but cuBLAS picks kernels by problem size, so scores can move
+    /// in the last bits with batch composition).
+    pub gemm: String,
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        ModelSection { path: "default".into(), device: "cpu".into(), head: "auto".into(), max_seq_tokens: 0, threads: 0, gemm: "tiled".into() }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EngineSection {
+    /// Most tokens in one forward pass.
+    pub max_batch_tokens: usize,
+    /// Most sequences in one forward pass.
+    pub max_seqs_per_pass: usize,
+    /// Pairs accepted but not yet scored before calls get 429.
+    pub max_queued_pairs: usize,
+    /// Calls in flight before calls get 429.
+    pub max_in_flight_requests: usize,
+    /// Tokens per KV block.
+    pub kv_block_size: usize,
+    /// Blocks of the prefix region (in-batch sharing and the cross-batch prefix cache).
+    pub prefix_cache_blocks: usize,
+    /// Share each call's prefix across its items and cache it across calls.
+    pub prefix_reuse: bool,
+    pub prefix_cache_high_watermark: f64,
+    pub prefix_cache_low_watermark: f64,
+}
+
+impl Default for EngineSection {
+    fn default() -> Self {
+        EngineSection {
+            max_batch_tokens: 8192,
+            max_seqs_per_pass: 512,
+            max_queued_pairs: 16_384,
+            max_in_flight_requests: 512,
+            kv_block_size: 16,
+            prefix_cache_blocks: 1024,
+            prefix_reuse: true,
+            prefix_cache_high_watermark: 0.9,
+            prefix_cache_low_watermark: 0.7,
+        }
+    }
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            server: ServerConfig::default(),
+            model: ModelSection::default(),
+            engine: EngineSection::default(),
+            limits: Limits::default(),
+            template: None,
+        }
+    }
+}
+
+impl WorkerConfig {
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| WorkerError::Config(format!("{}: {e}", path.display())))?;
+        toml::from_str(&text).map_err(|e| WorkerError::Config(format!("{}: {e}", path.display())))
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let e = &self.engine;
+        let bad = |m: String| Err(WorkerError::Config(m));
+        if e.kv_block_size == 0 || e.max_batch_tokens == 0 || e.max_seqs_per_pass == 0 {
+            return bad("engine: kv_block_size, max_batch_tokens and max_seqs_per_pass must be positive".into());
+        }
+        if !(0.0..=1.0).contains(&e.prefix_cache_low_watermark)
+            || !(0.0..=1.0).contains(&e.prefix_cache_high_watermark)
+            || e.prefix_cache_low_watermark > e.prefix_cache_high_watermark
+        {
+            return bad("engine: need 0 <= prefix_cache_low_watermark <= prefix_cache_high_watermark <= 1".into());
+        }
+        if self.model.max_seq_tokens > e.max_batch_tokens {
+            return bad(format!("model.max_seq_tokens {} > engine.max_batch_tokens {}", self.model.max_seq_tokens, e.max_batch_tokens));
+        }
+        if let Some(t) = &self.template {
+            t.validate()?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_config_parses_and_matches_the_defaults() {
+        let text = include_str!("../../configs/worker.toml");
+        let c: WorkerConfig = toml::from_str(text).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.engine, EngineSection::default());
+        assert_eq!(c.server, ServerConfig::default());
+    }
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        assert!(toml::from_str::<WorkerConfig>("[engine]\nmax_batch_tokns = 3\n").is_err());
+    }
+}

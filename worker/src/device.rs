@@ -1,0 +1,90 @@
+//! Device selection: builds the backend for `--device` and starts the engine on it.
+
+use std::fmt;
+use std::sync::Arc;
+
+use sieve_kernels::cuda::{CudaBackend, CudaOptions, GemmEngine};
+use sieve_kernels::Backend;
+
+use crate::assets;
+use crate::config::WorkerConfig;
+use crate::engine::{EngineConfig, EngineHandle, EngineParts, EngineState, PrefixCacheConfig};
+use crate::model::loader::{self, HeadChoice, LoadOptions};
+use crate::{Result, WorkerError};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Cuda(usize),
+}
+
+impl Device {
+    pub fn parse(s: &str) -> Result<Device> {
+        if s == "cpu" {
+            return Ok(Device::Cpu);
+        }
+        if let Some(n) = s.strip_prefix("cuda:") {
+            return n.parse().map(Device::Cuda).map_err(|_| WorkerError::Config(format!("--device {s}: expected cuda:N")));
+        }
+        if s == "cuda" {
+            return Ok(Device::Cuda(0));
+        }
+        Err(WorkerError::Config(format!("--device {s}: expected cpu or cuda:N")))
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+pub fn engine_config(cfg: &WorkerConfig, model_max_position: usize) -> EngineConfig {
+    let e = &cfg.engine;
+    let max_seq = if cfg.model.max_seq_tokens > 0 { cfg.model.max_seq_tokens } else { model_max_position.min(4096) };
+    EngineConfig {
+        max_batch_tokens: e.max_batch_tokens,
+        max_seqs_per_pass: e.max_seqs_per_pass,
+        max_seq_tokens: max_seq.min(e.max_batch_tokens),
+        max_queued_pairs: e.max_queued_pairs,
+        max_in_flight_requests: e.max_in_flight_requests,
+        block_size: e.kv_block_size,
+        prefix_cache_blocks: e.prefix_cache_blocks,
+        prefix_cache: PrefixCacheConfig {
+            enabled: e.prefix_reuse,
+            high_watermark: e.prefix_cache_high_watermark,
+            low_watermark: e.prefix_cache_low_watermark,
+        },
+        fault: None,
+    }
+}
+
+fn start_on<B: Backend>(backend: B, cfg: &WorkerConfig, state: Arc<EngineState>) -> Result<(Arc<EngineHandle>, String)> {
+    let path = assets::resolve_model(&cfg.model.path)?;
+    let opts = LoadOptions { head: HeadChoice::parse(&cfg.model.head)?, template: cfg.template.clone(), keep_lm_head: false };
+    let loaded = loader::load(&backend, &path, &opts)?;
+    let ecfg = engine_config(cfg, loaded.model.config.max_position);
+    let parts = EngineParts { backend, model: loaded.model, encoder: loaded.tokenizer, builder: loaded.builder };
+    let engine = EngineHandle::start(parts, ecfg, state)?;
+    Ok((engine, loaded.name))
+}
+
+/// Loads the configured model on `device` and starts the engine.
+pub fn start_engine(cfg: &WorkerConfig, device: Device, state: Arc<EngineState>) -> Result<(Arc<EngineHandle>, String)> {
+    match device {
+        Device::Cpu => start_on(sieve_kernels::CpuBackend::new(cfg.model.threads)?, cfg, state),
+        Device::Cuda(n) => {
+            let gemm = match cfg.model.gemm.as_str() {
+                "tiled" => GemmEngine::Tiled,
+                "cublas" => GemmEngine::Cublas,
+                other => return Err(WorkerError::Config(format!("model.gemm '{other}' (tiled | cublas)"))),
+            };
+            let opts = CudaOptions { gemm, ..CudaOptions::new(n).with_asset_cache(&assets::cache_dir()) };
+            let backend = CudaBackend::with_options(&opts).map_err(|e| WorkerError::Config(format!("--device {device}: {e}")))?;
+            start_on(backend, cfg, state)
+        }
+    }
+}

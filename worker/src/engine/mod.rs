@@ -1,0 +1,204 @@
+//! The serving engine: a three-stage pipeline.
+//!
+//! ```text
+//! HTTP handlers ──submit──▶ scheduler thread ──PreparedBatch (1 ahead)──▶ runner thread
+//!   (validate, admit)        tokenize, batch, match            forward passes, score,
+//!                            and allocate prefix blocks         commit/rollback, reply
+//! ```
+//! While the runner executes batch N the scheduler prepares batch N+1, and the replies of batch
+//! N−1 are serialised by the HTTP side; the runner's idle time between batches is measured.
+
+pub mod blocks;
+pub mod job;
+pub mod layout;
+pub mod prefix_cache;
+pub mod runner;
+pub mod scheduler;
+pub mod state;
+#[cfg(test)]
+mod tests;
+
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sieve_kernels::Backend;
+use sieve_shared::ApiError;
+use tokio::sync::oneshot;
+
+use crate::model::Model;
+use crate::prompt::{PromptBuilder, TextEncoder};
+pub use job::{CancelFlag, CancelOnDrop, JobOutput, JobResult, ScoreJob};
+pub use prefix_cache::{PrefixCache, PrefixCacheConfig, PrefixCacheSnapshot};
+pub use runner::FaultHook;
+use runner::{Runner, ScratchRegion};
+use scheduler::{Scheduler, SchedulerConfig};
+pub use state::EngineState;
+
+#[derive(Clone)]
+pub struct EngineConfig {
+    pub max_batch_tokens: usize,
+    pub max_seqs_per_pass: usize,
+    pub max_seq_tokens: usize,
+    /// Pairs accepted but not yet scored, beyond which calls get 429.
+    pub max_queued_pairs: usize,
+    /// Calls in the engine at once, beyond which calls get 429.
+    pub max_in_flight_requests: usize,
+    pub block_size: usize,
+    /// Blocks of the prefix region (shared prefixes, in-batch and cached).
+    pub prefix_cache_blocks: usize,
+    pub prefix_cache: PrefixCacheConfig,
+    pub fault: Option<FaultHook>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            max_batch_tokens: 8192,
+            max_seqs_per_pass: 512,
+            max_seq_tokens: 2048,
+            max_queued_pairs: 16_384,
+            max_in_flight_requests: 512,
+            block_size: 16,
+            prefix_cache_blocks: 1024,
+            prefix_cache: PrefixCacheConfig::default(),
+            fault: None,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Blocks of the scratch region: enough for any pass the scheduler plans.
+    pub fn scratch_blocks(&self) -> usize {
+        self.max_batch_tokens.div_ceil(self.block_size) + self.max_seqs_per_pass
+    }
+
+    pub fn total_slots(&self) -> usize {
+        (self.prefix_cache_blocks + self.scratch_blocks()) * self.block_size
+    }
+}
+
+/// What the engine is built from: a loaded model on its backend, and the prompt side.
+pub struct EngineParts<B: Backend> {
+    pub backend: B,
+    pub model: Model<B>,
+    pub encoder: Arc<dyn TextEncoder>,
+    pub builder: PromptBuilder,
+}
+
+/// The HTTP side's handle on a running engine.
+pub struct EngineHandle {
+    tx: Mutex<Option<mpsc::Sender<ScoreJob>>>,
+    pub state: Arc<EngineState>,
+    pub cache: Arc<Mutex<PrefixCache>>,
+    pub cfg: EngineConfig,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
+
+/// A scoring call as submitted.
+pub struct Submission {
+    pub query: String,
+    pub items: Vec<String>,
+    pub instruction: Option<String>,
+    pub arrived: Instant,
+    pub deadline: Option<Duration>,
+    pub cancel: CancelFlag,
+}
+
+impl EngineHandle {
+    /// Starts the scheduler and runner threads. The KV cache is allocated here.
+    pub fn start<B: Backend>(parts: EngineParts<B>, cfg: EngineConfig, state: Arc<EngineState>) -> crate::Result<Arc<Self>> {
+        if cfg.max_seq_tokens > cfg.max_batch_tokens {
+            return Err(crate::WorkerError::Config(format!(
+                "max_seq_tokens {} > max_batch_tokens {}: a prompt must fit one forward pass",
+                cfg.max_seq_tokens, cfg.max_batch_tokens
+            )));
+        }
+        let c = &parts.model.config;
+        let kv = parts.backend.kv_cache(c.n_layers, cfg.total_slots(), c.n_kv_heads, c.head_dim)?;
+        let cache = Arc::new(Mutex::new(PrefixCache::new(0, cfg.prefix_cache_blocks, cfg.block_size, cfg.prefix_cache.clone())));
+        let (job_tx, job_rx) = mpsc::channel::<ScoreJob>();
+        let (batch_tx, batch_rx) = mpsc::sync_channel(1);
+        let scheduler = Scheduler::new(
+            SchedulerConfig {
+                max_batch_tokens: cfg.max_batch_tokens,
+                max_seqs_per_pass: cfg.max_seqs_per_pass,
+                max_seq_tokens: cfg.max_seq_tokens,
+                prefix_reuse: cfg.prefix_cache.enabled,
+            },
+            parts.encoder,
+            parts.builder,
+            cache.clone(),
+            state.clone(),
+        );
+        let scratch_tensors = crate::model::Scratch::new(&parts.backend)?;
+        let runner = Runner {
+            scratch_tensors,
+            backend: parts.backend,
+            model: parts.model,
+            kv,
+            block_size: cfg.block_size,
+            scratch: ScratchRegion { first_block: cfg.prefix_cache_blocks as u32, num_blocks: cfg.scratch_blocks() },
+            cache: cache.clone(),
+            state: state.clone(),
+            fault: cfg.fault.clone(),
+        };
+        let t1 = std::thread::Builder::new().name("sieve-scheduler".into()).spawn(move || scheduler.run(job_rx, batch_tx))?;
+        let t2 = std::thread::Builder::new().name("sieve-runner".into()).spawn(move || runner.run(batch_rx))?;
+        state.ready.store(true, std::sync::atomic::Ordering::Release);
+        Ok(Arc::new(EngineHandle { tx: Mutex::new(Some(job_tx)), state, cache, cfg, threads: Mutex::new(vec![t1, t2]) }))
+    }
+
+    /// Queues a call, or refuses it at once when the engine is over its limits.
+    pub fn submit(&self, s: Submission) -> Result<oneshot::Receiver<JobResult>, ApiError> {
+        let st = &self.state;
+        if st.draining.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(ApiError::not_ready("draining: not accepting new work"));
+        }
+        let pairs = s.items.len() as u64;
+        let queued = EngineState::get(&st.queued_pairs);
+        if queued > 0 && queued + pairs > self.cfg.max_queued_pairs as u64 {
+            return Err(ApiError::overloaded(format!(
+                "overloaded: {queued} pairs queued, {pairs} more would pass max_queued_pairs {}",
+                self.cfg.max_queued_pairs
+            )));
+        }
+        if EngineState::get(&st.in_flight_requests) >= self.cfg.max_in_flight_requests as u64 {
+            return Err(ApiError::overloaded(format!("overloaded: max_in_flight_requests {} reached", self.cfg.max_in_flight_requests)));
+        }
+        let (reply, rx) = oneshot::channel();
+        let job = ScoreJob {
+            instruction: s.instruction,
+            query: s.query,
+            items: s.items,
+            arrived: s.arrived,
+            deadline: s.deadline.map(|d| s.arrived + d),
+            cancel: s.cancel,
+            reply: Some(reply),
+        };
+        st.add(&st.queued_pairs, pairs);
+        st.add(&st.in_flight_requests, 1);
+        let sent = match self.tx.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            Some(tx) => tx.send(job).is_ok(),
+            None => false,
+        };
+        if !sent {
+            st.sub(&st.queued_pairs, pairs);
+            st.sub(&st.in_flight_requests, 1);
+            return Err(ApiError::not_ready("the engine has stopped"));
+        }
+        Ok(rx)
+    }
+
+    pub fn prefix_snapshot(&self) -> PrefixCacheSnapshot {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner()).snapshot()
+    }
+
+    /// Stops accepting work, lets queued work finish, and joins the threads.
+    pub fn shutdown(&self) {
+        self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+        for t in self.threads.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,26 @@
+//! Llama (SmolLM2, Llama 2/3 without rope scaling, Mistral without sliding window).
+
+use serde_json::Value;
+use sieve_kernels::RopeLayout;
+
+use crate::model::config::{base_from_gguf, base_from_hf, Arch, HfConfig, ModelConfig};
+use crate::model::{GgufFile, WeightSource};
+use crate::Result;
+
+pub fn config_from_hf(v: &Value) -> Result<ModelConfig> {
+    let mut c = base_from_hf(v, Arch::Llama)?;
+    // Llama's `attention_bias` puts a bias on all four projections.
+    let bias = HfConfig(v).opt_bool("attention_bias")?.unwrap_or(false);
+    c.qkv_bias = bias;
+    c.o_bias = bias;
+    Ok(c)
+}
+
+pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig> {
+    let mut c = base_from_gguf(g, Arch::Llama)?;
+    // llama.cpp permutes llama's Q/K rows at conversion so that RoPE rotates adjacent pairs.
+    c.rope.layout = RopeLayout::Interleaved;
+    c.qkv_bias = g.has("model.layers.0.self_attn.q_proj.bias");
+    c.o_bias = g.has("model.layers.0.self_attn.o_proj.bias");
+    Ok(c)
+}

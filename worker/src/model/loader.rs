@@ -1,0 +1,119 @@
+//! Opens a model path (a `.gguf` file or an HF checkpoint directory) and builds everything the
+//! engine needs: the model on its backend, the tokenizer, and the prompt template.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use sieve_kernels::Backend;
+
+use super::config::{Arch, ModelConfig};
+use super::{arch, GgufFile, HeadSpec, HfCheckpoint, Model, WeightSource};
+use crate::prompt::{PromptBuilder, PromptTemplate};
+use crate::tokenizer::Tokenizer;
+use crate::{Result, WorkerError};
+
+/// How the score head is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadChoice {
+    /// A classifier when the checkpoint has `score.weight`, else yes/no.
+    Auto,
+    YesNo,
+    Classifier,
+}
+
+impl HeadChoice {
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(HeadChoice::Auto),
+            "yes_no" => Ok(HeadChoice::YesNo),
+            "classifier" => Ok(HeadChoice::Classifier),
+            other => Err(WorkerError::Config(format!("model.head '{other}' (auto | yes_no | classifier)"))),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    pub head: HeadChoice,
+    /// Replaces the model's default template.
+    pub template: Option<PromptTemplate>,
+    /// Keep an untied LM head for full logits (tests, generation).
+    pub keep_lm_head: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { head: HeadChoice::Auto, template: None, keep_lm_head: false }
+    }
+}
+
+pub struct LoadedModel<B: Backend> {
+    pub model: Model<B>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub builder: PromptBuilder,
+    /// A display name: the file or directory name.
+    pub name: String,
+}
+
+/// The template a model gets unless configured: Qwen3 models are trained with the empty think
+/// block of the Qwen3-Reranker template; other ChatML models get it without.
+pub fn default_template(arch: Arch) -> PromptTemplate {
+    match arch {
+        Arch::Qwen3 | Arch::Qwen3Moe => PromptTemplate::default(),
+        _ => PromptTemplate::chatml(),
+    }
+}
+
+/// The id of a token that must encode to exactly one id.
+fn single_token(tok: &Tokenizer, text: &str, what: &str) -> Result<u32> {
+    let ids = tok.encode_plain(text)?;
+    match ids.as_slice() {
+        [id] => Ok(*id),
+        _ => Err(WorkerError::Config(format!("template {what} {text:?} is {} tokens; it must be exactly one", ids.len()))),
+    }
+}
+
+pub fn load<B: Backend>(backend: &B, path: &Path, opts: &LoadOptions) -> Result<LoadedModel<B>> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| path.display().to_string());
+    let (src, config, tokenizer): (Box<dyn WeightSource>, ModelConfig, Tokenizer) = if path.is_dir() {
+        let ckpt = HfCheckpoint::open(path)?;
+        let config = arch::config_from_hf(ckpt.config())?;
+        let tj = ckpt
+            .tokenizer_json_path()
+            .ok_or_else(|| WorkerError::ModelFile(format!("{}: no tokenizer.json", path.display())))?;
+        let tokenizer = Tokenizer::from_file(&tj)?;
+        (Box::new(ckpt), config, tokenizer)
+    } else {
+        let g = GgufFile::open(path)?;
+        let config = arch::config_from_gguf(&g)?;
+        let tokenizer = Tokenizer::from_gguf(&g)?;
+        (Box::new(g), config, tokenizer)
+    };
+    let template = opts.template.clone().unwrap_or_else(|| default_template(config.arch));
+    let builder = PromptBuilder::new(template, &tokenizer)?;
+    let classifier = match opts.head {
+        HeadChoice::Auto => src.has("score.weight"),
+        HeadChoice::YesNo => false,
+        HeadChoice::Classifier => true,
+    };
+    let head = if classifier {
+        HeadSpec::Classifier
+    } else {
+        HeadSpec::YesNo {
+            yes: single_token(&tokenizer, &builder.template.yes_token, "yes_token")?,
+            no: single_token(&tokenizer, &builder.template.no_token, "no_token")?,
+        }
+    };
+    tracing::info!(
+        arch = config.arch.name(),
+        layers = config.n_layers,
+        hidden = config.hidden,
+        heads = config.n_heads,
+        kv_heads = config.n_kv_heads,
+        rope = %config.rope.layout,
+        ?head,
+        "loading {name}"
+    );
+    let model = Model::load(backend, src.as_ref(), config, head, opts.keep_lm_head)?;
+    Ok(LoadedModel { model, tokenizer: Arc::new(tokenizer), builder, name })
+}

@@ -1,0 +1,239 @@
+//! Model files, architectures and the forward pass.
+//!
+//! One file per architecture under `arch/` (config parsing and what is specific to it), one set of
+//! shared layers (`layers.rs`), the score head (`head.rs`), and the varlen forward pass here.
+
+pub mod arch;
+pub mod config;
+pub mod ggml_quants;
+pub mod gguf;
+pub mod head;
+pub mod layers;
+pub mod loader;
+pub mod safetensors;
+pub mod source;
+pub mod testgen;
+#[cfg(test)]
+pub(crate) mod test_assets;
+#[cfg(test)]
+pub(crate) mod tests;
+
+use sieve_kernels::{AttnSeq, Backend, BatchLayout};
+
+pub use config::{Arch, ModelConfig, MoeConfig};
+pub use gguf::GgufFile;
+pub use head::{HeadKind, ScoreHead};
+pub use safetensors::HfCheckpoint;
+pub use source::{HostWeight, WeightSource};
+use layers::{load_norm, Attention, Mlp};
+
+use crate::{Result, WorkerError};
+
+/// The feed-forward half of a decoder layer.
+pub enum Ffn<B: Backend> {
+    Dense(Mlp<B>),
+}
+
+impl<B: Backend> Ffn<B> {
+    /// `acc += ffn(x)`.
+    fn forward_add(&self, backend: &B, x: &B::Tensor, acc: &mut B::Tensor, scratch: &mut layers::MlpScratch<B>) -> Result<()> {
+        match self {
+            Ffn::Dense(mlp) => mlp.forward_add(backend, x, acc, scratch),
+        }
+    }
+}
+
+pub struct DecoderLayer<B: Backend> {
+    pub input_norm: B::Vector,
+    pub attn: Attention<B>,
+    pub post_attn_norm: B::Vector,
+    pub ffn: Ffn<B>,
+}
+
+/// The intermediate tensors of a forward pass, kept between passes so that their storage is
+/// reused instead of reallocated for every layer.
+pub struct Scratch<B: Backend> {
+    x: B::Tensor,
+    xn: B::Tensor,
+    qkv: B::Tensor,
+    attn: B::Tensor,
+    mlp: layers::MlpScratch<B>,
+    last_attn: B::Tensor,
+    last_x: B::Tensor,
+    out: B::Tensor,
+}
+
+impl<B: Backend> Scratch<B> {
+    pub fn new(backend: &B) -> Result<Self> {
+        let t = || backend.zeros(0, 0);
+        Ok(Scratch {
+            x: t()?,
+            xn: t()?,
+            qkv: t()?,
+            attn: t()?,
+            mlp: layers::MlpScratch { gate_up: t()?, act: t()? },
+            last_attn: t()?,
+            last_x: t()?,
+            out: t()?,
+        })
+    }
+}
+
+/// What the score head reads: which tokens' ids mean yes/no, or a classifier.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HeadSpec {
+    YesNo { yes: u32, no: u32 },
+    Classifier,
+}
+
+/// Called at the start of every layer of a forward pass; an error aborts the pass. Tests use it
+/// to inject faults mid-forward (after some KV has been written).
+pub type LayerHook<'a> = &'a (dyn Fn(usize) -> Result<()> + Sync);
+
+pub struct Model<B: Backend> {
+    pub config: ModelConfig,
+    embed: B::Embedding,
+    layers: Vec<DecoderLayer<B>>,
+    final_norm: B::Vector,
+    pub head: ScoreHead<B>,
+    /// Untied LM head, kept only when full logits are wanted (tests, generation).
+    lm_head: Option<B::Weight>,
+}
+
+impl<B: Backend> Model<B> {
+    /// Loads every weight through `backend`. `keep_lm_head` keeps an untied LM head for
+    /// [`Model::logits`]; serving needs only the folded score head.
+    pub fn load(backend: &B, src: &dyn WeightSource, config: ModelConfig, head: HeadSpec, keep_lm_head: bool) -> Result<Self> {
+        config.validate()?;
+        let h = config.hidden;
+        let embed_w = layers::load(src, "model.embed_tokens.weight", &[config.vocab, h])?;
+        let embed = backend.embedding(&embed_w.data, config.vocab, h)?;
+        drop(embed_w);
+        let mut decoder = Vec::with_capacity(config.n_layers);
+        for i in 0..config.n_layers {
+            let p = format!("model.layers.{i}");
+            let ffn = match &config.moe {
+                Some(m) if m.is_sparse_layer(i) => {
+                    return Err(WorkerError::Unsupported(format!("{} MoE layers are not supported yet", config.arch.name())))
+                }
+                _ => Ffn::Dense(Mlp::load(backend, src, h, config.intermediate, &format!("{p}.mlp"))?),
+            };
+            decoder.push(DecoderLayer {
+                input_norm: load_norm(backend, src, &format!("{p}.input_layernorm.weight"), h)?,
+                attn: Attention::load(backend, src, &config, &format!("{p}.self_attn"))?,
+                post_attn_norm: load_norm(backend, src, &format!("{p}.post_attention_layernorm.weight"), h)?,
+                ffn,
+            });
+        }
+        let final_norm = load_norm(backend, src, "model.norm.weight", h)?;
+        let tied = config.tie_embeddings || !src.has("lm_head.weight");
+        let lm_name = if tied { "model.embed_tokens.weight" } else { "lm_head.weight" };
+        let head = match head {
+            HeadSpec::YesNo { yes, no } => ScoreHead::yes_no(backend, src, lm_name, yes, no, h)?,
+            HeadSpec::Classifier => ScoreHead::classifier(backend, src, h)?,
+        };
+        let lm_head = if keep_lm_head && !tied {
+            let w = layers::load(src, "lm_head.weight", &[config.vocab, h])?;
+            Some(backend.linear_weight(&w.data, config.vocab, h)?)
+        } else {
+            None
+        };
+        Ok(Model { config, embed, layers: decoder, final_norm, head, lm_head })
+    }
+
+    /// Runs the decoder over a varlen batch and returns the final-normed hidden states of
+    /// `out_rows` (in that order, in `scratch.out`). K/V of every row is written to `cache` at its
+    /// slot. Intermediate tensors live in `scratch` and are reused from pass to pass.
+    ///
+    /// When every out row is the last query row of its sequence (scoring), the last layer's
+    /// attention, output projection and MLP run for those rows only.
+    pub fn forward<'s>(
+        &self,
+        backend: &B,
+        layout: &BatchLayout,
+        cache: &mut B::KvCache,
+        out_rows: &[u32],
+        hook: Option<LayerHook>,
+        scratch: &'s mut Scratch<B>,
+    ) -> Result<&'s B::Tensor> {
+        let rows = layout.num_rows();
+        let h = self.config.hidden;
+        let batch = backend.prepare_batch(layout, cache)?;
+        let last_only = last_rows_layout(layout, out_rows);
+        let last_batch = match &last_only {
+            Some(l) => Some(backend.prepare_batch(l, cache)?),
+            None => None,
+        };
+        let ql = self.config.qkv_layout();
+        let eps = self.config.rms_eps;
+        let Scratch { x, xn, qkv, attn, mlp, last_attn, last_x, out } = scratch;
+        backend.reshape_scratch(x, rows, h)?;
+        backend.embed(&self.embed, &batch, x)?;
+        backend.reshape_scratch(xn, rows, h)?;
+        backend.reshape_scratch(qkv, rows, ql.qkv_dim())?;
+        backend.reshape_scratch(attn, rows, ql.q_dim())?;
+        let n_layers = self.layers.len();
+        for (i, layer) in self.layers.iter().enumerate() {
+            if let Some(hook) = hook {
+                hook(i)?;
+            }
+            let a = &layer.attn;
+            backend.rms_norm(x, &layer.input_norm, eps, xn)?;
+            backend.matmul(xn, &a.qkv, a.qkv_bias.as_ref(), qkv)?;
+            backend.qk_norm_rope(qkv, ql, a.q_norm.as_ref(), a.k_norm.as_ref(), eps, self.config.rope, &batch)?;
+            backend.write_kv(qkv, ql, cache, i, &batch)?;
+            if let (true, Some(lb)) = (i + 1 == n_layers, &last_batch) {
+                // Only the scored rows matter after the last layer: attend, project and run
+                // the MLP for them alone.
+                backend.attention(qkv, ql, cache, i, lb, attn)?;
+                let n = out_rows.len();
+                backend.reshape_scratch(last_attn, n, ql.q_dim())?;
+                backend.gather_rows(attn, out_rows, last_attn)?;
+                backend.reshape_scratch(last_x, n, h)?;
+                backend.gather_rows(x, out_rows, last_x)?;
+                backend.matmul_add(last_attn, &a.o, last_x)?;
+                backend.reshape_scratch(out, n, h)?;
+                backend.rms_norm(last_x, &layer.post_attn_norm, eps, out)?;
+                layer.ffn.forward_add(backend, out, last_x, mlp)?;
+                backend.rms_norm(last_x, &self.final_norm, eps, out)?;
+                return Ok(out);
+            }
+            backend.attention(qkv, ql, cache, i, &batch, attn)?;
+            backend.matmul_add(attn, &a.o, x)?;
+            backend.rms_norm(x, &layer.post_attn_norm, eps, xn)?;
+            layer.ffn.forward_add(backend, xn, x, mlp)?;
+        }
+        let n = out_rows.len();
+        backend.reshape_scratch(last_x, n, h)?;
+        backend.gather_rows(x, out_rows, last_x)?;
+        backend.reshape_scratch(out, n, h)?;
+        backend.rms_norm(last_x, &self.final_norm, eps, out)?;
+        Ok(out)
+    }
+
+    /// Full-vocabulary logits of final-normed hidden rows (tests and generation only).
+    pub fn logits(&self, backend: &B, hidden: &B::Tensor) -> Result<Vec<f32>> {
+        let (rows, _) = backend.shape(hidden);
+        let mut out = backend.zeros(rows, self.config.vocab)?;
+        match &self.lm_head {
+            Some(w) => backend.matmul(hidden, w, None, &mut out)?,
+            None if self.config.tie_embeddings => backend.lm_logits(hidden, &self.embed, &mut out)?,
+            None => return Err(WorkerError::Config("logits need the LM head: load with keep_lm_head".into())),
+        }
+        Ok(backend.to_host(&out)?)
+    }
+}
+
+/// The layout of the last layer when only each sequence's final row is wanted: every sequence
+/// keeps its context but queries only its last position (sequences without an out row query
+/// nothing). `None` when some out row is not the last row of its sequence.
+fn last_rows_layout(layout: &BatchLayout, out_rows: &[u32]) -> Option<BatchLayout> {
+    let by_last_row: std::collections::HashMap<u32, &AttnSeq> =
+        layout.seqs.iter().filter(|s| s.q_len > 0).map(|s| (s.q_row + s.q_len - 1, s)).collect();
+    let mut seqs = Vec::with_capacity(out_rows.len());
+    for r in out_rows {
+        let s = by_last_row.get(r)?;
+        seqs.push(AttnSeq { q_row: *r, q_len: 1, ..**s });
+    }
+    Some(BatchLayout { seqs, ..layout.clone() })
+}

@@ -1,0 +1,177 @@
+//! Forward-pass properties on a small random model: prefix sharing and batch composition must
+//! not change a sequence's result.
+
+use sieve_kernels::reference::ReferenceBackend;
+use sieve_kernels::{Backend, RopeConfig, RopeLayout};
+
+use super::source::{MemorySource, WeightSource};
+use super::*;
+use crate::engine::layout::{segment_slots, LayoutBuilder};
+
+/// xorshift64*: a tiny deterministic generator for test weights.
+pub(crate) struct Rng(u64);
+impl Rng {
+    pub(crate) fn next_f32(&mut self) -> f32 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let x = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    pub(crate) fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.next_f32() * scale).collect()
+    }
+}
+
+pub(crate) fn tiny_config(arch: Arch) -> ModelConfig {
+    ModelConfig {
+        arch,
+        hidden: 48,
+        n_layers: 2,
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 12,
+        intermediate: 80,
+        vocab: 97,
+        rms_eps: 1e-6,
+        rope: RopeConfig { theta: 10_000.0, rotary_dim: 12, layout: RopeLayout::HalfSplit },
+        max_position: 512,
+        tie_embeddings: true,
+        qkv_bias: arch == Arch::Qwen2,
+        o_bias: false,
+        qk_norm: arch == Arch::Qwen3,
+        moe: None,
+    }
+}
+
+pub(crate) fn random_source(c: &ModelConfig, seed: u64) -> MemorySource {
+    let mut r = Rng(seed | 1);
+    let mut s = MemorySource::default();
+    let (h, l) = (c.hidden, c.qkv_layout());
+    s.insert("model.embed_tokens.weight", r.vec(c.vocab * h, 1.0), vec![c.vocab, h]);
+    s.insert("model.norm.weight", r.vec(h, 0.2).iter().map(|x| 1.0 + x).collect(), vec![h]);
+    for i in 0..c.n_layers {
+        let p = format!("model.layers.{i}");
+        let sc = 1.0 / (h as f32).sqrt();
+        for (n, rows) in [("q", l.q_dim()), ("k", l.kv_dim()), ("v", l.kv_dim())] {
+            s.insert(format!("{p}.self_attn.{n}_proj.weight"), r.vec(rows * h, sc), vec![rows, h]);
+            if c.qkv_bias {
+                s.insert(format!("{p}.self_attn.{n}_proj.bias"), r.vec(rows, 0.1), vec![rows]);
+            }
+        }
+        if c.qk_norm {
+            for n in ["q_norm", "k_norm"] {
+                s.insert(format!("{p}.self_attn.{n}.weight"), r.vec(l.head_dim, 0.2).iter().map(|x| 1.0 + x).collect(), vec![l.head_dim]);
+            }
+        }
+        s.insert(format!("{p}.self_attn.o_proj.weight"), r.vec(h * l.q_dim(), sc), vec![h, l.q_dim()]);
+        for n in ["input_layernorm", "post_attention_layernorm"] {
+            s.insert(format!("{p}.{n}.weight"), r.vec(h, 0.2).iter().map(|x| 1.0 + x).collect(), vec![h]);
+        }
+        let im = c.intermediate;
+        s.insert(format!("{p}.mlp.gate_proj.weight"), r.vec(im * h, sc), vec![im, h]);
+        s.insert(format!("{p}.mlp.up_proj.weight"), r.vec(im * h, sc), vec![im, h]);
+        s.insert(format!("{p}.mlp.down_proj.weight"), r.vec(h * im, 1.0 / (im as f32).sqrt()), vec![h, im]);
+    }
+    s
+}
+
+fn tokens(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
+    let mut r = Rng(seed | 1);
+    (0..n).map(|_| ((r.next_f32() + 1.0) * 0.5 * vocab as f32) as u32 % vocab as u32).collect()
+}
+
+/// Scores each prompt alone (one full sequence per pass).
+fn scores_alone<B: Backend>(b: &B, m: &Model<B>, prompts: &[Vec<u32>]) -> Vec<f32> {
+    let c = &m.config;
+    prompts
+        .iter()
+        .map(|p| {
+            let mut cache = b.kv_cache(c.n_layers, 1024, c.n_kv_heads, c.head_dim).unwrap();
+            let slots: Vec<u32> = (0..p.len() as u32).map(|s| s + 100).collect();
+            let mut lb = LayoutBuilder::new();
+            let row = lb.push(p, &slots).unwrap();
+            let mut scratch = Scratch::new(b).unwrap();
+            let h = m.forward(b, &lb.finish(), &mut cache, &[row], None, &mut scratch).unwrap();
+            m.head.logits(b, h).unwrap()[0]
+        })
+        .collect()
+}
+
+/// Scores prompts that share their first `prefix` tokens in one pass: the prefix once, each
+/// item's own tokens attending over the prefix slots. Blocks are scattered on purpose.
+fn scores_shared<B: Backend>(b: &B, m: &Model<B>, prompts: &[Vec<u32>], prefix: usize, block: usize) -> Vec<f32> {
+    let c = &m.config;
+    let mut cache = b.kv_cache(c.n_layers, 4096, c.n_kv_heads, c.head_dim).unwrap();
+    let mut next_block = 3u32;
+    let mut alloc = |n: usize| -> Vec<u32> {
+        (0..n.div_ceil(block))
+            .map(|_| {
+                next_block += 2;
+                next_block
+            })
+            .collect()
+    };
+    let pblocks = alloc(prefix);
+    let pslots: Vec<u32> = segment_slots(&pblocks, block, prefix).collect();
+    let mut lb = LayoutBuilder::new();
+    lb.push(&prompts[0][..prefix], &pslots);
+    let mut rows = vec![];
+    for p in prompts {
+        let own = &p[prefix..];
+        let oblocks = alloc(own.len());
+        let ctx: Vec<u32> = pslots.iter().copied().chain(segment_slots(&oblocks, block, own.len())).collect();
+        rows.push(lb.push(own, &ctx).unwrap());
+    }
+    let mut scratch = Scratch::new(b).unwrap();
+    let h = m.forward(b, &lb.finish(), &mut cache, &rows, None, &mut scratch).unwrap();
+    m.head.logits(b, h).unwrap()
+}
+
+#[test]
+fn prefix_sharing_and_batching_do_not_change_scores() {
+    let b = ReferenceBackend;
+    for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
+        let c = tiny_config(arch);
+        let src = random_source(&c, 7);
+        let m = Model::load(&b, &src, c.clone(), HeadSpec::YesNo { yes: 5, no: 9 }, false).unwrap();
+        for prefix in [1usize, 3, 4, 5, 9] {
+            let base = tokens(prefix as u64, prefix, c.vocab);
+            let prompts: Vec<Vec<u32>> =
+                (0..4).map(|i| base.iter().copied().chain(tokens(99 + i as u64, 1 + 3 * i, c.vocab)).collect()).collect();
+            let alone = scores_alone(&b, &m, &prompts);
+            let shared = scores_shared(&b, &m, &prompts, prefix, 4);
+            assert_eq!(alone, shared, "{arch:?} prefix {prefix}");
+            let mut rev = prompts.clone();
+            rev.reverse();
+            let mut shared_rev = scores_shared(&b, &m, &rev, prefix, 4);
+            shared_rev.reverse();
+            assert_eq!(alone, shared_rev, "{arch:?} prefix {prefix}, reversed batch");
+        }
+    }
+}
+
+#[test]
+fn a_two_label_classifier_head_folds_like_yes_no() {
+    // score.weight = [W[no], W[yes]] must give exactly the yes/no head's logit.
+    let b = ReferenceBackend;
+    let c = tiny_config(Arch::Qwen3);
+    let mut src = random_source(&c, 3);
+    let emb = src.get("model.embed_tokens.weight").unwrap();
+    let (yes, no) = (5usize, 9usize);
+    let h = c.hidden;
+    let mut w = emb.data[no * h..(no + 1) * h].to_vec();
+    w.extend_from_slice(&emb.data[yes * h..(yes + 1) * h]);
+    src.insert("score.weight", w, vec![2, h]);
+    let yn = Model::load(&b, &src, c.clone(), HeadSpec::YesNo { yes: yes as u32, no: no as u32 }, false).unwrap();
+    let cls = Model::load(&b, &src, c.clone(), HeadSpec::Classifier, false).unwrap();
+    assert_eq!(cls.head.kind, HeadKind::Classifier { labels: 2 });
+    let prompts = vec![tokens(1, 7, c.vocab), tokens(2, 3, c.vocab)];
+    assert_eq!(scores_alone(&b, &yn, &prompts), scores_alone(&b, &cls, &prompts));
+    // One label is used as is; three are refused with a clear error.
+    src.insert("score.weight", vec![0.5; h], vec![1, h]);
+    assert!(Model::load(&b, &src, c.clone(), HeadSpec::Classifier, false).is_ok());
+    src.insert("score.weight", vec![0.5; 3 * h], vec![3, h]);
+    let err = Model::load(&b, &src, c, HeadSpec::Classifier, false).err().unwrap();
+    assert!(err.to_string().contains("3 labels"), "{err}");
+}

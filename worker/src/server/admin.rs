@@ -1,0 +1,123 @@
+//! The admin port: `/health`, `/ready`, `/metrics` (Prometheus), `/stats` (JSON).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::json;
+use sieve_shared::metrics_names::worker as m;
+use sieve_shared::{ApiError, ErrorKind, WorkerStats};
+
+use super::{error_response, json_response, AppState, HttpResponse};
+use crate::engine::EngineState;
+
+pub async fn handle(app: Arc<AppState>, req: Request<Incoming>) -> HttpResponse {
+    if req.method() != Method::GET {
+        return error_response(&ApiError::new(ErrorKind::MethodNotAllowed, "the admin port serves GET only"));
+    }
+    match req.uri().path() {
+        "/health" => json_response(StatusCode::OK, json!({"status": "ok"}).to_string()),
+        "/ready" => ready(&app),
+        "/stats" => json_response(StatusCode::OK, serde_json::to_string(&stats(&app)).unwrap_or_default()),
+        "/metrics" => prometheus(&app),
+        p => error_response(&ApiError::new(ErrorKind::NotFound, format!("no route {p} (admin: /health /ready /metrics /stats)"))),
+    }
+}
+
+fn ready(app: &AppState) -> HttpResponse {
+    let st = &app.state;
+    if st.is_ready() && app.engine.get().is_some() {
+        return json_response(StatusCode::OK, json!({"ready": true}).to_string());
+    }
+    let reason = if st.draining.load(Ordering::Acquire) {
+        "draining".to_string()
+    } else if let Some(e) = st.load_error.lock().ok().and_then(|e| e.clone()) {
+        format!("model failed to load: {e}")
+    } else {
+        "loading".to_string()
+    };
+    json_response(StatusCode::SERVICE_UNAVAILABLE, json!({"ready": false, "reason": reason}).to_string())
+}
+
+pub fn stats(app: &AppState) -> WorkerStats {
+    let st = &app.state;
+    let g = EngineState::get;
+    let mut s = WorkerStats {
+        model: app.model_name.get().cloned().unwrap_or_default(),
+        device: app.device.clone(),
+        ready: st.is_ready() && app.engine.get().is_some(),
+        draining: st.draining.load(Ordering::Acquire),
+        in_flight_requests: g(&st.in_flight_requests),
+        queued_pairs: g(&st.queued_pairs),
+        queued_tokens: g(&st.queued_tokens),
+        tokens_processed: g(&st.tokens_computed),
+        pairs_processed: g(&st.pairs_processed),
+        requests_processed: g(&st.requests_processed),
+        tokens_per_second: st.tokens_per_second(),
+        ..Default::default()
+    };
+    if let Some(engine) = app.engine.get() {
+        let snap = engine.prefix_snapshot();
+        let scratch = engine.cfg.scratch_blocks() as u64;
+        s.max_batch_tokens = engine.cfg.max_batch_tokens as u64;
+        s.max_seq_tokens = engine.cfg.max_seq_tokens as u64;
+        s.kv_blocks_total = snap.blocks_total + scratch;
+        // Scratch blocks are in use only while a pass runs; count them as free.
+        s.kv_blocks_used = snap.blocks_in_use;
+        s.kv_blocks_free = s.kv_blocks_total - s.kv_blocks_used;
+        let lookups = snap.counters.lookups.max(1) as f64;
+        let mut prefix = serde_json::to_value(&snap).unwrap_or_default();
+        if let Some(o) = prefix.as_object_mut() {
+            o.insert("hit_rate".into(), json!(snap.counters.hits as f64 / lookups));
+            o.insert("enabled".into(), json!(engine.cfg.prefix_cache.enabled));
+        }
+        s.extra.insert("prefix_cache".into(), prefix);
+        s.extra.insert(
+            "engine".into(),
+            json!({
+                "kv_block_size": engine.cfg.block_size,
+                "scratch_blocks": scratch,
+                "max_seqs_per_pass": engine.cfg.max_seqs_per_pass,
+                "max_queued_pairs": engine.cfg.max_queued_pairs,
+            }),
+        );
+    }
+    s.extra.insert("pipeline".into(), serde_json::to_value(st.pipeline()).unwrap_or_default());
+    s
+}
+
+/// Renders Prometheus text. Live gauges are refreshed from the engine state first.
+fn prometheus(app: &AppState) -> HttpResponse {
+    let Some(handle) = &app.prometheus else {
+        return error_response(&ApiError::not_ready("metrics are not enabled in this process"));
+    };
+    let s = stats(app);
+    metrics::gauge!(m::IN_FLIGHT).set(s.in_flight_requests as f64);
+    metrics::gauge!(m::QUEUED_PAIRS).set(s.queued_pairs as f64);
+    metrics::gauge!(m::KV_BLOCKS_USED).set(s.kv_blocks_used as f64);
+    metrics::gauge!(m::KV_BLOCKS_FREE).set(s.kv_blocks_free as f64);
+    metrics::gauge!("sieve_worker_ready").set(if s.ready { 1.0 } else { 0.0 });
+    if let Some(engine) = app.engine.get() {
+        let p = engine.prefix_snapshot();
+        metrics::gauge!("sieve_worker_prefix_blocks_pending").set(p.blocks_pending as f64);
+        metrics::gauge!("sieve_worker_prefix_blocks_committed").set(p.blocks_committed as f64);
+        metrics::gauge!("sieve_worker_prefix_blocks_free").set(p.blocks_free as f64);
+        metrics::counter!("sieve_worker_prefix_lookups_total").absolute(p.counters.lookups);
+        metrics::counter!("sieve_worker_prefix_hits_total").absolute(p.counters.hits);
+        metrics::counter!("sieve_worker_prefix_rollbacks_total").absolute(p.counters.rollbacks);
+        metrics::counter!("sieve_worker_prefix_evicted_blocks_total").absolute(p.counters.evicted_blocks);
+    }
+    let pl = app.state.pipeline();
+    metrics::counter!("sieve_worker_prefix_tokens_computed_total").absolute(pl.prefix_tokens_computed);
+    metrics::counter!("sieve_worker_prefix_tokens_reused_total", "scope" => "in_batch").absolute(pl.prefix_tokens_reused_in_batch);
+    metrics::counter!("sieve_worker_prefix_tokens_reused_total", "scope" => "cross_batch").absolute(pl.prefix_tokens_reused_cross_batch);
+    metrics::gauge!("sieve_worker_runner_busy_seconds_total").set(pl.runner_busy_seconds);
+    metrics::gauge!("sieve_worker_runner_idle_with_work_seconds_total").set(pl.runner_idle_with_work_seconds);
+    metrics::counter!("sieve_worker_batch_failures_total").absolute(pl.batch_failures);
+    let mut r = Response::new(Full::new(Bytes::from(handle.render())));
+    r.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"));
+    r
+}

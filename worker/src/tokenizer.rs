@@ -1,0 +1,439 @@
+//! Text ↔ token ids, from a tokenizer.json or rebuilt from a GGUF file's `tokenizer.ggml.*`.
+//!
+//! Special tokens written in the text (e.g. `<|im_start|>`) are recognised as special tokens, and
+//! nothing is added around the text (no BOS/EOS): the prompt template says exactly what the model
+//! sees.
+//!
+//! The GGUF rebuild follows llama.cpp (the runtime GGUF files are made for): byte-level BPE over
+//! the file's tokens and merges, with the pre-tokenizer regexes llama.cpp's `llama-vocab.cpp`
+//! uses for the file's `tokenizer.ggml.pre`, each applied in turn as an isolating split (that is
+//! how llama.cpp's `unicode_regex_split` applies a list of regexes).
+
+use std::path::Path;
+
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::BPE;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::{AddedToken, SplitDelimiterBehavior};
+
+use crate::error::{Result, WorkerError};
+use crate::model::gguf::GgufFile;
+
+/// llama.cpp token types (`llama_token_type`) as stored in `tokenizer.ggml.token_type`.
+const TOKEN_TYPE_CONTROL: i32 = 3;
+const TOKEN_TYPE_USER_DEFINED: i32 = 4;
+
+/// The GPT-2 split regex (llama.cpp's LLAMA_VOCAB_PRE_TYPE_GPT2 and the tail of several others).
+const GPT2_REGEX: &str =
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+/// Qwen2's regex as llama.cpp adapted it (case-insensitive contractions spelled out).
+const QWEN2_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Llama 3's regex as llama.cpp adapted it.
+const LLAMA3_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// How a GGUF's `tokenizer.ggml.pre` value splits text before BPE.
+struct PreTokenizerSpec {
+    regexes: Vec<&'static str>,
+    /// A piece that is itself a vocabulary token is emitted whole (llama.cpp `ignore_merges`).
+    ignore_merges: bool,
+}
+
+/// The llama.cpp pre-tokenizer for a `tokenizer.ggml.pre` value (see `llama-vocab.cpp`,
+/// `llm_tokenizer_bpe`).
+fn pre_tokenizer_spec(pre: &str) -> Option<PreTokenizerSpec> {
+    let spec = |regexes: Vec<&'static str>, ignore_merges| PreTokenizerSpec { regexes, ignore_merges };
+    Some(match pre {
+        // llama.cpp's default: what it uses for a missing or "default" value.
+        "" | "default" => spec(
+            vec![
+                r"[\p{P}\$\+<=>\^~\|]+",
+                GPT2_REGEX,
+                r"\p{N}+",
+                "[0-9][0-9][0-9]",
+            ],
+            false,
+        ),
+        "gpt2" | "gpt-2" | "phi-2" | "mpt" | "olmo" | "jais" | "roberta-bpe" => {
+            spec(vec![GPT2_REGEX], false)
+        }
+        // Digits one by one, then GPT-2 (SmolLM/SmolLM2, StarCoder, ...).
+        "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b" => {
+            spec(vec![r"\p{N}", GPT2_REGEX], false)
+        }
+        "qwen2" | "deepseek-r1-qwen" | "megrez" | "stablelm2" => spec(vec![QWEN2_REGEX], false),
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" => spec(vec![LLAMA3_REGEX], true),
+        "dbrx" | "smaug-bpe" => spec(vec![LLAMA3_REGEX], false),
+        _ => return None,
+    })
+}
+
+/// A text tokenizer (byte-level BPE in practice) wrapping the `tokenizers` crate.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    /// The same tokenizer with special-token matching off: for caller text, so that a string
+    /// such as "<|im_start|>" inside a query or item stays plain text.
+    plain: tokenizers::Tokenizer,
+    /// Number of token ids: the largest id (base vocabulary or added token) plus one.
+    vocab_size: usize,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer").field("vocab_size", &self.vocab_size).finish()
+    }
+}
+
+impl Tokenizer {
+    /// Loads a tokenizer.json.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let inner = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| WorkerError::Tokenizer(format!("{}: {e}", path.display())))?;
+        Ok(Self::wrap(inner))
+    }
+
+    /// Rebuilds the tokenizer stored in a GGUF file (`tokenizer.ggml.model` = "gpt2": byte-level
+    /// BPE from `tokenizer.ggml.tokens` + `tokenizer.ggml.merges`, control and user-defined
+    /// tokens as added tokens, pre-tokenizer from `tokenizer.ggml.pre`).
+    pub fn from_gguf(gguf: &GgufFile) -> Result<Self> {
+        let err = |msg: String| WorkerError::Tokenizer(format!("{}: {msg}", gguf.path().display()));
+        let model = gguf.get_str("tokenizer.ggml.model")?.ok_or_else(|| err("no tokenizer.ggml.model".into()))?;
+        if model != "gpt2" {
+            return Err(WorkerError::Unsupported(format!(
+                "{}: tokenizer.ggml.model {model:?} (supported: \"gpt2\", byte-level BPE)",
+                gguf.path().display()
+            )));
+        }
+        let pre = gguf.get_str("tokenizer.ggml.pre")?.unwrap_or("default");
+        let spec = pre_tokenizer_spec(pre).ok_or_else(|| {
+            WorkerError::Unsupported(format!(
+                "{}: tokenizer.ggml.pre {pre:?} is not supported",
+                gguf.path().display()
+            ))
+        })?;
+        let tokens = gguf.get_str_array("tokenizer.ggml.tokens")?.ok_or_else(|| err("no tokenizer.ggml.tokens".into()))?;
+        let merges = gguf.get_str_array("tokenizer.ggml.merges")?.ok_or_else(|| err("no tokenizer.ggml.merges".into()))?;
+        let token_types = gguf.get_i32_array("tokenizer.ggml.token_type")?;
+        if let Some(tt) = &token_types {
+            if tt.len() != tokens.len() {
+                return Err(err(format!(
+                    "{} token types for {} tokens",
+                    tt.len(),
+                    tokens.len()
+                )));
+            }
+        }
+
+        let mut vocab = tokenizers::models::bpe::Vocab::with_capacity(tokens.len());
+        for (id, tok) in tokens.iter().enumerate() {
+            // llama.cpp keeps the first id for a duplicated token text; so do we.
+            vocab.entry(tok.to_string()).or_insert(id as u32);
+        }
+        let mut merge_pairs = Vec::with_capacity(merges.len());
+        for (i, m) in merges.iter().enumerate() {
+            // llama.cpp splits a merge at the first space after the first byte.
+            let split = m.bytes().enumerate().skip(1).find(|&(_, b)| b == b' ').map(|(p, _)| p);
+            let (a, b) = match split {
+                Some(p) => (&m[..p], &m[p + 1..]),
+                None => return Err(err(format!("merge {i} {m:?} has no space"))),
+            };
+            if !vocab.contains_key(a) || !vocab.contains_key(b) || !vocab.contains_key(&format!("{a}{b}")) {
+                return Err(err(format!("merge {i} {m:?} uses a token not in the vocabulary")));
+            }
+            merge_pairs.push((a.to_string(), b.to_string()));
+        }
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, merge_pairs)
+            .ignore_merges(spec.ignore_merges)
+            .build()
+            .map_err(|e| err(format!("building BPE: {e}")))?;
+
+        let mut pre_tokenizers = Vec::with_capacity(spec.regexes.len() + 1);
+        for re in &spec.regexes {
+            let split = Split::new(SplitPattern::Regex(re.to_string()), SplitDelimiterBehavior::Isolated, false)
+                .map_err(|e| err(format!("pre-tokenizer regex {re:?}: {e}")))?;
+            pre_tokenizers.push(PreTokenizerWrapper::Split(split));
+        }
+        pre_tokenizers.push(PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, false)));
+
+        let mut inner = tokenizers::Tokenizer::new(bpe);
+        inner.with_pre_tokenizer(Some(Sequence::new(pre_tokenizers)));
+        inner.with_decoder(Some(ByteLevelDecoder::default()));
+
+        // Control tokens are special tokens; user-defined ones are matched in text too
+        // (llama.cpp's tokenizer_st_partition with parse_special). Both are already in the
+        // vocabulary with their ids, so adding them assigns no new ids.
+        if let Some(tt) = &token_types {
+            let specials: Vec<AddedToken> = tokens
+                .iter()
+                .zip(tt)
+                .filter(|(_, &t)| t == TOKEN_TYPE_CONTROL || t == TOKEN_TYPE_USER_DEFINED)
+                .map(|(tok, &t)| {
+                    AddedToken::from(tok.to_string(), t == TOKEN_TYPE_CONTROL).normalized(false)
+                })
+                .collect();
+            inner.add_special_tokens(&specials);
+        }
+        Ok(Self::wrap(inner))
+    }
+
+    fn wrap(inner: tokenizers::Tokenizer) -> Self {
+        let vocab_size = inner.get_vocab(true).values().max().map_or(0, |&m| m as usize + 1);
+        let mut plain = inner.clone();
+        plain.set_encode_special_tokens(true);
+        Self { inner, plain, vocab_size }
+    }
+
+    /// Token ids of `text`; special tokens written in it are recognised; no BOS/EOS is added.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode_fast(text, false)
+            .map_err(|e| WorkerError::Tokenizer(format!("encoding failed: {e}")))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Token ids of caller text: special-token strings in it are ordinary text.
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .plain
+            .encode_fast(text, false)
+            .map_err(|e| WorkerError::Tokenizer(format!("encoding failed: {e}")))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// [`Tokenizer::encode`] for many texts (in parallel on the rayon pool).
+    pub fn encode_batch(&self, texts: &[String]) -> Result<Vec<Vec<u32>>> {
+        let inputs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let encs = self
+            .inner
+            .encode_batch_fast(inputs, false)
+            .map_err(|e| WorkerError::Tokenizer(format!("encoding failed: {e}")))?;
+        Ok(encs.into_iter().map(|e| e.get_ids().to_vec()).collect())
+    }
+
+    /// Text of `ids`, special tokens included.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.vocab_size) {
+            return Err(WorkerError::Tokenizer(format!(
+                "token id {bad} is outside the vocabulary ({} ids)",
+                self.vocab_size
+            )));
+        }
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| WorkerError::Tokenizer(format!("decoding failed: {e}")))
+    }
+
+    /// The id of a token given by its vocabulary text (e.g. "yes", "<|im_end|>", "Ġyes").
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// Number of token ids (largest id + 1, added tokens included).
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+}
+
+impl crate::prompt::TextEncoder for Tokenizer {
+    fn encode_special(&self, text: &str) -> Result<Vec<u32>> {
+        self.encode(text)
+    }
+    fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
+        Tokenizer::encode_plain(self, text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::gguf::test_writer::gguf_bytes;
+    use crate::model::gguf::GgufValue;
+    use crate::model::test_assets::{asset, fixture_json, TempDir, QWEN3_TOKENIZER, SMOLLM2_GGUF};
+
+    fn cases(fixture: &str) -> Vec<(String, Vec<u32>)> {
+        fixture_json(fixture)["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                let ids = c["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+                (c["text"].as_str().unwrap().to_string(), ids)
+            })
+            .collect()
+    }
+
+    fn check_against(tok: &Tokenizer, fixture: &str, lossless: bool) {
+        let cases = cases(fixture);
+        assert!(cases.len() >= 30, "{fixture}: {} cases", cases.len());
+        let mut failures = Vec::new();
+        for (text, want) in &cases {
+            let got = tok.encode(text).unwrap();
+            if &got != want {
+                failures.push(format!("{text:?}: got {got:?}, want {want:?}"));
+            }
+            // Decoding gives the (normalized) text back, special tokens included: encoding it
+            // again gives the same ids. (Qwen3 normalizes to NFC, so the text itself can differ.)
+            let decoded = tok.decode(&got).unwrap();
+            assert_eq!(tok.encode(&decoded).unwrap(), got, "{text:?} re-encoded");
+            if lossless {
+                assert_eq!(&decoded, text);
+            }
+        }
+        assert!(failures.is_empty(), "{fixture}: {} mismatches:\n{}", failures.len(), failures.join("\n"));
+        // A batch gives the same ids as one at a time.
+        let texts: Vec<String> = cases.iter().map(|(t, _)| t.clone()).collect();
+        let batch = tok.encode_batch(&texts).unwrap();
+        let want: Vec<Vec<u32>> = cases.into_iter().map(|(_, ids)| ids).collect();
+        assert_eq!(batch, want);
+    }
+
+    fn qwen3() -> Tokenizer {
+        Tokenizer::from_file(&asset(QWEN3_TOKENIZER)).unwrap()
+    }
+
+    fn smollm2() -> Tokenizer {
+        Tokenizer::from_gguf(&GgufFile::open(asset(SMOLLM2_GGUF)).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn qwen3_matches_python_tokenizers() {
+        check_against(&qwen3(), "tokenizer_qwen3.json", false);
+    }
+
+    #[test]
+    fn qwen3_special_and_answer_tokens() {
+        let tok = qwen3();
+        assert_eq!(tok.token_id("yes"), Some(9693));
+        assert_eq!(tok.token_id("no"), Some(2152));
+        assert_eq!(tok.token_id("<|im_start|>"), Some(151644));
+        assert_eq!(tok.token_id("<|im_end|>"), Some(151645));
+        assert_eq!(tok.encode("<|im_start|>").unwrap(), vec![151644]);
+        // Caller text cannot produce control tokens.
+        let plain = tok.encode_plain("a<|im_start|>b").unwrap();
+        assert!(plain.len() > 3 && !plain.contains(&151644), "{plain:?}");
+        assert_eq!(tok.encode_plain("plain words").unwrap(), tok.encode("plain words").unwrap());
+        assert_eq!(tok.vocab_size(), 151669);
+        assert!(tok.decode(&[151669]).is_err());
+    }
+
+    #[test]
+    fn smollm2_gguf_matches_llama_cpp() {
+        check_against(&smollm2(), "tokenizer_smollm2.json", true);
+    }
+
+    #[test]
+    fn smollm2_special_and_answer_tokens() {
+        let tok = smollm2();
+        assert_eq!(tok.vocab_size(), 49152);
+        assert_eq!(tok.token_id("<|im_start|>"), Some(1));
+        assert_eq!(tok.token_id("<|im_end|>"), Some(2));
+        assert_eq!(tok.token_id("yes"), Some(10407));
+        assert_eq!(tok.token_id("no"), Some(4607));
+        // Digits are split one by one (llama.cpp's "smollm" pre-tokenizer).
+        assert_eq!(tok.encode("2024").unwrap().len(), 4);
+    }
+
+    fn ids_of(v: &serde_json::Value) -> Vec<u32> {
+        v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    }
+
+    #[test]
+    fn logits_fixture_prompt_ids_are_our_tokenizations() {
+        // The model fixtures fix their input ids; our tokenizers must produce the same ones.
+        let smol = smollm2();
+        let fx = fixture_json("smollm2_logits.json");
+        for p in fx["prompts"].as_array().unwrap() {
+            assert_eq!(smol.encode(p["text"].as_str().unwrap()).unwrap(), ids_of(&p["ids"]), "{}", p["name"]);
+        }
+        let greedy = &fx["greedy"];
+        assert_eq!(smol.decode(&ids_of(&greedy["ids"])).unwrap(), greedy["text"].as_str().unwrap());
+        for (tok, id) in fx["token_ids"].as_object().unwrap() {
+            assert_eq!(smol.token_id(tok), Some(id.as_u64().unwrap() as u32), "{tok}");
+        }
+
+        let qwen = qwen3();
+        let fx = fixture_json("testmodel_logits.json");
+        let texts = fx["prompt_texts"].as_object().unwrap();
+        for model in fx["models"].as_array().unwrap() {
+            for p in model["prompts"].as_array().unwrap() {
+                let text = texts[p["name"].as_str().unwrap()].as_str().unwrap();
+                assert_eq!(qwen.encode(text).unwrap(), ids_of(&p["ids"]), "{} {}", model["arch"], p["name"]);
+            }
+        }
+    }
+
+    #[test]
+    fn bpe_merges_across_a_query_item_boundary() {
+        // Why the shared prefix is found on token ids: "run" + "ning" != tokens("running").
+        for tok in [qwen3(), smollm2()] {
+            let mut joined = tok.encode("run").unwrap();
+            joined.extend(tok.encode("ning shoes").unwrap());
+            assert_ne!(joined, tok.encode("running shoes").unwrap());
+        }
+    }
+
+    fn tiny_gguf(pre: &str, model: &str) -> Vec<u8> {
+        // Byte-level symbols: "Ġ" is the space byte; "a", "b", "1", "2" are themselves.
+        let tokens = ["<s>", "a", "b", "Ġ", "1", "2", "ab", "Ġab", "12"];
+        let types = [3, 1, 1, 1, 1, 1, 1, 1, 1];
+        let merges = ["a b", "Ġ ab", "1 2"];
+        gguf_bytes(
+            &[
+                ("tokenizer.ggml.model", GgufValue::Str(model.into())),
+                ("tokenizer.ggml.pre", GgufValue::Str(pre.into())),
+                (
+                    "tokenizer.ggml.tokens",
+                    GgufValue::Array(tokens.iter().map(|t| GgufValue::Str(t.to_string())).collect()),
+                ),
+                (
+                    "tokenizer.ggml.token_type",
+                    GgufValue::Array(types.iter().map(|&t| GgufValue::I32(t)).collect()),
+                ),
+                (
+                    "tokenizer.ggml.merges",
+                    GgufValue::Array(merges.iter().map(|t| GgufValue::Str(t.to_string())).collect()),
+                ),
+            ],
+            &[],
+        )
+    }
+
+    fn open_tiny(dir: &TempDir, pre: &str, model: &str) -> Result<Tokenizer> {
+        let path = dir.path().join(format!("{pre}-{model}.gguf"));
+        std::fs::write(&path, tiny_gguf(pre, model)).unwrap();
+        Tokenizer::from_gguf(&GgufFile::open(&path).unwrap())
+    }
+
+    #[test]
+    fn gguf_pre_tokenizer_follows_the_pre_value() {
+        let dir = TempDir::new("tok");
+        // "smollm" isolates each digit; "gpt2" keeps digit runs together, so "12" merges.
+        let smollm = open_tiny(&dir, "smollm", "gpt2").unwrap();
+        assert_eq!(smollm.encode("ab ab12<s>").unwrap(), vec![6, 7, 4, 5, 0]);
+        let gpt2 = open_tiny(&dir, "gpt-2", "gpt2").unwrap();
+        assert_eq!(gpt2.encode("ab ab12<s>").unwrap(), vec![6, 7, 8, 0]);
+        let qwen2 = open_tiny(&dir, "qwen2", "gpt2").unwrap();
+        assert_eq!(qwen2.encode("ab ab12").unwrap(), vec![6, 7, 4, 5]);
+        assert_eq!(gpt2.decode(&[6, 7, 8, 0]).unwrap(), "ab ab12<s>");
+    }
+
+    #[test]
+    fn unsupported_gguf_tokenizers_are_errors() {
+        let dir = TempDir::new("tok");
+        let err = open_tiny(&dir, "no-such-pre", "gpt2").unwrap_err();
+        assert!(matches!(err, WorkerError::Unsupported(_)), "{err}");
+        assert!(err.to_string().contains("no-such-pre"), "{err}");
+        let err = open_tiny(&dir, "smollm", "llama").unwrap_err();
+        assert!(err.to_string().contains("tokenizer.ggml.model"), "{err}");
+    }
+
+    #[test]
+    fn missing_tokenizer_file_is_an_error() {
+        let err = Tokenizer::from_file(Path::new("/nonexistent/tokenizer.json")).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/tokenizer.json"), "{err}");
+    }
+}
