@@ -233,10 +233,15 @@ pub struct ClusterSpec {
 pub async fn start(spec: &ClusterSpec, client: &HttpClient) -> Result<LocalCluster, ClusterError> {
     let mut cluster = LocalCluster { workers: Vec::new(), proxy: None, temp_files: Vec::new() };
     let (program, base_args): (PathBuf, Vec<String>) = match &spec.kind {
-        WorkerKind::Model { model, device } => (
-            sibling("sieve-worker", "sieve-worker")?,
-            vec!["--model".into(), model.clone(), "--device".into(), device.clone()],
-        ),
+        WorkerKind::Model { model, device } => {
+            let mut args = vec!["--model".into(), model.clone(), "--device".into(), device.clone()];
+            if device == "cpu" {
+                // CPU workers on one machine share its cores rather than each taking them all.
+                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                args.extend(["--threads".into(), (cores / spec.workers).max(1).to_string()]);
+            }
+            (sibling("sieve-worker", "sieve-worker")?, args)
+        }
         WorkerKind::Simulated => (sibling("sieve-loadtest", "sieve-loadtest")?, vec!["sim-worker".into()]),
     };
     for i in 0..spec.workers {
