@@ -175,9 +175,12 @@ async fn attempt(ctx: Arc<RequestCtx>, items: Arc<Vec<usize>>, worker: Arc<Worke
         instruction: ctx.instruction.as_deref(),
         deadline_ms,
     };
-    let result = match serde_json::to_vec(&body) {
+    // Sized up front: growing a large body by doubling copies it several times.
+    let size_hint = 64 + ctx.query.len() + body.items.iter().map(|i| i.text().len() + 16).sum::<usize>();
+    let mut bytes = Vec::with_capacity(size_hint);
+    let result = match serde_json::to_writer(&mut bytes, &body) {
         Err(e) => Err(AttemptError::BadResponse(format!("encoding the shard: {e}"))),
-        Ok(bytes) => {
+        Ok(()) => {
             let hdrs = [(headers::DEADLINE_MS, deadline_ms.to_string())];
             match ctx.state.client.post_json(&worker.score_uri, Bytes::from(bytes), &hdrs).await {
                 Err(e) => Err(AttemptError::Client(e)),

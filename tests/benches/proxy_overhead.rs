@@ -12,7 +12,8 @@
 //!
 //! Part 1 (overhead): workers with zero compute, one request at a time; added latency is the
 //! path's percentile minus the direct path's. Part 2 (throughput): zero compute, closed loop
-//! with 32 concurrent clients. Part 3: workers with the default cost model (a ~100-item call is
+//! with 32 concurrent clients, and the CPU time the router process (nginx master and workers,
+//! or the proxy) spent per request, from /proc. Part 3: workers with the default cost model (a ~100-item call is
 //! ~20 ms of compute), one request at a time: the whole request on one worker (nginx) against
 //! the proxy's cost-balanced split over four.
 //!
@@ -54,6 +55,8 @@ struct Figures {
     p50_ms: f64,
     p99_ms: f64,
     rps: f64,
+    /// Requests answered, the warm-up excluded.
+    count: usize,
     errors: usize,
 }
 
@@ -105,7 +108,34 @@ async fn measure(http: &Http, url: &str, body: &serde_json::Value, clients: usiz
     }
     let elapsed = start.elapsed().as_secs_f64();
     all.sort_unstable();
-    Figures { p50_ms: percentile(&all, 0.5), p99_ms: percentile(&all, 0.99), rps: all.len() as f64 / elapsed, errors }
+    Figures { p50_ms: percentile(&all, 0.5), p99_ms: percentile(&all, 0.99), rps: all.len() as f64 / elapsed, count: all.len() + errors, errors }
+}
+
+/// CPU time (user + system) used so far by `pid` and its direct children, in seconds (Linux).
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let read = |p: &str| -> Option<(u32, f64)> {
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+        // Fields after the parenthesised command name: state ppid ... utime(14) stime(15).
+        let rest = stat.rsplit_once(')')?.1;
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ppid = f.get(1)?.parse().ok()?;
+        let cpu = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+        Some((ppid, cpu / ticks))
+    };
+    let mut total = read(&pid.to_string())?.1;
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let name = e.file_name();
+        let Some(n) = name.to_str() else { continue };
+        if n.bytes().all(|b| b.is_ascii_digit()) {
+            if let Some((ppid, cpu)) = read(n) {
+                if ppid == pid {
+                    total += cpu;
+                }
+            }
+        }
+    }
+    Some(total)
 }
 
 fn free_port() -> u16 {
@@ -201,9 +231,10 @@ fn row(name: &str, f: &Figures, base: Option<&Figures>) {
     println!("  {name:<34} {:>8.3} {:>8.3}   {a50}  {a99}{err}", f.p50_ms, f.p99_ms);
 }
 
-fn trow(name: &str, f: &Figures) {
+fn trow(name: &str, f: &Figures, cpu_us: Option<f64>) {
     let err = if f.errors > 0 { format!("  ({} errors)", f.errors) } else { String::new() };
-    println!("  {name:<34} {:>9.0} {:>8.3} {:>8.3}{err}", f.rps, f.p50_ms, f.p99_ms);
+    let cpu = cpu_us.map_or("       —".to_string(), |c| format!("{c:>8.0}"));
+    println!("  {name:<34} {:>9.0} {:>8.3} {:>8.3}  {cpu}{err}", f.rps, f.p50_ms, f.p99_ms);
 }
 
 async fn run(args: Args) {
@@ -246,20 +277,21 @@ async fn run(args: Args) {
     println!("Sieve proxy overhead: {WORKERS} sim workers, {ITEMS}-item requests ({:.1} KB), loopback.", bytes as f64 / 1024.0);
     println!("One machine runs the load generator, nginx, the proxy and the workers: compare rows, not runs.\n");
 
-    let paths_zero: Vec<(&str, String)> = {
-        let mut v = vec![("direct to one worker", format!("{}/v1/score", sims_zero[0].api_url()))];
+    // (name, url, the router process whose CPU time is counted)
+    let paths_zero: Vec<(&str, String, Option<u32>)> = {
+        let mut v = vec![("direct to one worker", format!("{}/v1/score", sims_zero[0].api_url()), None)];
         if let Some(n) = &nginx_zero {
-            v.push(("nginx least_conn (whole request)", format!("http://127.0.0.1:{}/v1/score", n.port)));
+            v.push(("nginx least_conn (whole request)", format!("http://127.0.0.1:{}/v1/score", n.port), Some(n.child.id())));
         }
-        v.push(("sieve-proxy (whole request)", format!("{}/v1/score", proxy_whole.api_url())));
-        v.push(("sieve-proxy (4 shards, merged)", format!("{}/v1/score", proxy_four.api_url())));
+        v.push(("sieve-proxy (whole request)", format!("{}/v1/score", proxy_whole.api_url()), Some(proxy_whole.pid())));
+        v.push(("sieve-proxy (4 shards, merged)", format!("{}/v1/score", proxy_four.api_url()), Some(proxy_four.pid())));
         v
     };
 
     println!("1. Added latency, zero-compute workers, one request at a time ({} requests per path), ms:", args.latency_requests);
     println!("  {:<34} {:>8} {:>8}   {:>8}  {:>8}", "path", "p50", "p99", "+p50", "+p99");
     let mut base = None;
-    for (name, url) in &paths_zero {
+    for (name, url, _) in &paths_zero {
         let f = measure(&http, url, &body, 1, Some(args.latency_requests), 0.0).await;
         row(name, &f, base.as_ref());
         if base.is_none() {
@@ -268,10 +300,15 @@ async fn run(args: Args) {
     }
 
     println!("\n2. Throughput, zero-compute workers, {} concurrent clients, {:.0} s per path:", args.clients, args.throughput_secs);
-    println!("  {:<34} {:>9} {:>8} {:>8}", "path", "req/s", "p50 ms", "p99 ms");
-    for (name, url) in &paths_zero {
+    println!("  {:<34} {:>9} {:>8} {:>8}  {:>8}", "path", "req/s", "p50 ms", "p99 ms", "router CPU µs/req");
+    for (name, url, router) in &paths_zero {
+        let before = router.and_then(cpu_seconds);
         let f = measure(&http, url, &body, args.clients, None, args.throughput_secs).await;
-        trow(name, &f);
+        let after = router.and_then(cpu_seconds);
+        // Includes the 50 warm-up requests `measure` sends first.
+        let served = (f.count + 50) as f64;
+        let cpu_us = before.zip(after).map(|(b, a)| (a - b) * 1e6 / served);
+        trow(name, &f, cpu_us);
     }
 
     println!(
