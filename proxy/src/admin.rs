@@ -12,9 +12,8 @@ use serde::Serialize;
 use sieve_shared::{ApiError, CostModel, ErrorKind};
 
 use crate::discovery::Discovery;
-use crate::http::{error, json, text};
+use sieve_shared::http::{HttpResponse, error, json, text};
 use crate::metrics as m;
-use crate::server::HttpResponse;
 use crate::state::{AppState, lock};
 use crate::worker::WorkerRow;
 

@@ -11,10 +11,9 @@ use sieve_shared::api::headers;
 use sieve_shared::{ApiError, ErrorKind, RerankRequest, RerankResponse, ScoreRequest, Timing};
 
 use crate::fanout;
-use crate::http::{error, json, read_body};
+use sieve_shared::http::{HttpResponse, error, json, read_body};
 use crate::merger::MergeStats;
 use crate::metrics as m;
-use crate::server::HttpResponse;
 use crate::state::AppState;
 
 #[derive(Clone, Copy)]

@@ -17,7 +17,6 @@ pub mod drain;
 pub mod error;
 pub mod fanout;
 pub mod health;
-pub mod http;
 pub mod http_api;
 pub mod latency_ratio;
 pub mod local_cluster;
@@ -26,7 +25,6 @@ pub mod metrics;
 pub mod online_fit;
 pub mod pool;
 pub mod ranking;
-pub mod server;
 pub mod splitter;
 pub mod state;
 pub mod token_estimator;
@@ -37,7 +35,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sieve_shared::{ProxyConfig, WorkerEndpoint};
+use sieve_shared::{http, ProxyConfig, WorkerEndpoint};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -84,9 +82,9 @@ pub async fn start(launch: Launch) -> Result<RunningProxy> {
 
     let mut tasks = Vec::new();
     let s = state.clone();
-    tasks.push(tokio::spawn(server::serve(api, move |r| http_api::handle(s.clone(), r), stop_rx.clone(), grace)));
+    tasks.push(tokio::spawn(http::serve(api, move |r| http_api::handle(s.clone(), r), drained(stop_rx.clone(), grace))));
     let (s, d) = (state.clone(), discovery.clone());
-    tasks.push(tokio::spawn(server::serve(admin, move |r| admin::handle(s.clone(), d.clone(), r), stop_rx.clone(), grace)));
+    tasks.push(tokio::spawn(http::serve(admin, move |r| admin::handle(s.clone(), d.clone(), r), drained(stop_rx.clone(), grace))));
     tasks.push(tokio::spawn(health::run(state.clone(), stop_rx.clone())));
     tasks.extend(discovery.spawn_file_watch());
     let (s, mut stop_upkeep) = (state.clone(), stop_rx);
@@ -145,4 +143,11 @@ impl Drop for RunningProxy {
             t.abort();
         }
     }
+}
+
+/// Resolves once `stop` turns true (or its sender is gone): a graceful stop with `grace` for the
+/// requests still in progress.
+async fn drained(mut stop: watch::Receiver<bool>, grace: Duration) -> http::StopMode {
+    let _ = stop.wait_for(|s| *s).await;
+    http::StopMode::Graceful(Some(grace))
 }

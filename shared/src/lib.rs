@@ -1,9 +1,11 @@
 //! Types both Sieve processes speak: the scoring API on the wire, its errors and limits,
-//! configuration, and metric names. No I/O lives here.
+//! configuration, and metric names; and the one HTTP/1.1 server plumbing (`http`) every Sieve
+//! port runs on, so they all answer bad input the same way.
 
 pub mod api;
 pub mod cost;
 pub mod error;
+pub mod http;
 pub mod limits;
 pub mod metrics_names;
 pub mod proxy_config;

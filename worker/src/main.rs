@@ -118,7 +118,7 @@ fn main() -> ExitCode {
 
 async fn serve(cfg: WorkerConfig, dev: device::Device, prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>) -> ExitCode {
     let app = Arc::new(AppState::new(cfg.limits.clone(), dev.to_string(), prometheus));
-    let bind = |port| server::bind(&cfg.server.host, port);
+    let bind = |port| sieve_shared::http::bind(&cfg.server.host, port);
     let (api, admin) = match (bind(cfg.server.port).await, bind(cfg.server.admin_port).await) {
         (Ok(a), Ok(b)) => (a, b),
         (Err(e), _) | (_, Err(e)) => {
@@ -129,9 +129,10 @@ async fn serve(cfg: WorkerConfig, dev: device::Device, prometheus: Option<metric
     // The one machine-readable line launchers wait for.
     println!("sieve-worker listening api={} admin={}", api.1, admin.1);
     let a = app.clone();
-    tokio::spawn(server::serve(api.0, move |req| server::api::handle(a.clone(), req)));
+    // Both ports serve until the process exits (a drain refuses new work and waits first).
+    tokio::spawn(sieve_shared::http::serve(api.0, move |req| server::api::handle(a.clone(), req), std::future::pending()));
     let a = app.clone();
-    tokio::spawn(server::serve(admin.0, move |req| server::admin::handle(a.clone(), req)));
+    tokio::spawn(sieve_shared::http::serve(admin.0, move |req| server::admin::handle(a.clone(), req), std::future::pending()));
 
     // Load on a plain thread: the ports answer (/health 200, /ready 503) meanwhile.
     let (loaded_tx, loaded_rx) = tokio::sync::oneshot::channel();

@@ -11,26 +11,28 @@ use serde_json::json;
 use sieve_shared::metrics_names::worker as m;
 use sieve_shared::{ApiError, ErrorKind, WorkerStats};
 
-use super::{error_response, json_response, AppState, HttpResponse};
+use sieve_shared::http::{self, HttpResponse};
+
+use super::AppState;
 use crate::engine::EngineState;
 
 pub async fn handle(app: Arc<AppState>, req: Request<Incoming>) -> HttpResponse {
     if req.method() != Method::GET {
-        return error_response(&ApiError::new(ErrorKind::MethodNotAllowed, "the admin port serves GET only"));
+        return http::error(&ApiError::new(ErrorKind::MethodNotAllowed, "the admin port serves GET only"));
     }
     match req.uri().path() {
-        "/health" => json_response(StatusCode::OK, json!({"status": "ok"}).to_string()),
+        "/health" => http::json(StatusCode::OK, &json!({"status": "ok"})),
         "/ready" => ready(&app),
-        "/stats" => json_response(StatusCode::OK, serde_json::to_string(&stats(&app)).unwrap_or_default()),
+        "/stats" => http::json(StatusCode::OK, &stats(&app)),
         "/metrics" => prometheus(&app),
-        p => error_response(&ApiError::new(ErrorKind::NotFound, format!("no route {p} (admin: /health /ready /metrics /stats)"))),
+        p => http::error(&ApiError::new(ErrorKind::NotFound, format!("no route {p} (admin: /health /ready /metrics /stats)"))),
     }
 }
 
 fn ready(app: &AppState) -> HttpResponse {
     let st = &app.state;
     if st.is_ready() && app.engine.get().is_some() {
-        return json_response(StatusCode::OK, json!({"ready": true}).to_string());
+        return http::json(StatusCode::OK, &json!({"ready": true}));
     }
     let reason = if st.draining.load(Ordering::Acquire) {
         "draining".to_string()
@@ -39,7 +41,7 @@ fn ready(app: &AppState) -> HttpResponse {
     } else {
         "loading".to_string()
     };
-    json_response(StatusCode::SERVICE_UNAVAILABLE, json!({"ready": false, "reason": reason}).to_string())
+    http::json(StatusCode::SERVICE_UNAVAILABLE, &json!({"ready": false, "reason": reason}))
 }
 
 pub fn stats(app: &AppState) -> WorkerStats {
@@ -92,7 +94,7 @@ pub fn stats(app: &AppState) -> WorkerStats {
 /// Renders Prometheus text. Live gauges are refreshed from the engine state first.
 fn prometheus(app: &AppState) -> HttpResponse {
     let Some(handle) = &app.prometheus else {
-        return error_response(&ApiError::not_ready("metrics are not enabled in this process"));
+        return http::error(&ApiError::not_ready("metrics are not enabled in this process"));
     };
     let s = stats(app);
     metrics::gauge!(m::IN_FLIGHT).set(s.in_flight_requests as f64);

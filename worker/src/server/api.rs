@@ -11,7 +11,9 @@ use sieve_shared::api::headers;
 use sieve_shared::metrics_names::worker as m;
 use sieve_shared::{ApiError, ErrorKind, RerankRequest, RerankResponse, ScoreRequest, ScoreResponse, Timing};
 
-use super::{error_response, json_response, read_body, AppState, HttpResponse};
+use sieve_shared::http::{self, read_body, HttpResponse};
+
+use super::AppState;
 use crate::engine::{CancelFlag, CancelOnDrop, Submission};
 
 pub async fn handle(app: Arc<AppState>, req: Request<Incoming>) -> HttpResponse {
@@ -20,11 +22,11 @@ pub async fn handle(app: Arc<AppState>, req: Request<Incoming>) -> HttpResponse 
         "/v1/score" => "score",
         "/v1/rerank" => "rerank",
         _ => {
-            return error_response(&ApiError::new(ErrorKind::NotFound, format!("no route {} (try POST /v1/score or /v1/rerank)", req.uri().path())))
+            return http::error(&ApiError::new(ErrorKind::NotFound, format!("no route {} (try POST /v1/score or /v1/rerank)", req.uri().path())))
         }
     };
     if req.method() != Method::POST {
-        return error_response(&ApiError::new(ErrorKind::MethodNotAllowed, format!("{} needs POST", req.uri().path())));
+        return http::error(&ApiError::new(ErrorKind::MethodNotAllowed, format!("{} needs POST", req.uri().path())));
     }
     let result = match route {
         "score" => score(&app, req, arrived).await,
@@ -38,7 +40,7 @@ pub async fn handle(app: Arc<AppState>, req: Request<Incoming>) -> HttpResponse 
             if e.kind == ErrorKind::Internal {
                 tracing::error!(route, "{}", e.message);
             }
-            error_response(&e)
+            http::error(&e)
         }
     };
     metrics::counter!(m::REQUESTS, "route" => route, "status" => response.status().as_u16().to_string()).increment(1);
@@ -51,7 +53,7 @@ async fn score(app: &AppState, req: Request<Incoming>, arrived: Instant) -> Resu
     let r: ScoreRequest = ApiError::parse_json(&body)?;
     let resp = run(app, &r, arrived).await?;
     let timing = resp.timing;
-    Ok(with_timing(json_response(StatusCode::OK, to_json(&resp)?), timing))
+    Ok(with_timing(http::json(StatusCode::OK, &resp), timing))
 }
 
 async fn rerank(app: &AppState, req: Request<Incoming>, arrived: Instant) -> Result<HttpResponse, ApiError> {
@@ -63,11 +65,7 @@ async fn rerank(app: &AppState, req: Request<Incoming>, arrived: Instant) -> Res
     let resp = run(app, &r.to_score_request(), arrived).await?;
     let timing = resp.timing;
     let out = RerankResponse::from_scores(&r, resp);
-    Ok(with_timing(json_response(StatusCode::OK, to_json(&out)?), timing))
-}
-
-fn to_json<T: serde::Serialize>(v: &T) -> Result<String, ApiError> {
-    serde_json::to_string(v).map_err(|e| ApiError::internal(format!("encoding the response: {e}")))
+    Ok(with_timing(http::json(StatusCode::OK, &out), timing))
 }
 
 fn with_timing(mut r: HttpResponse, t: Timing) -> HttpResponse {

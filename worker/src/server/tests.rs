@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use sieve_kernels::reference::ReferenceBackend;
+use sieve_shared::http::{bind, serve};
 use sieve_shared::Limits;
 
 use super::*;
@@ -49,9 +50,9 @@ fn server(engine: bool, cfg: EngineConfig) -> Server {
         let (l1, a1) = bind("127.0.0.1", 0).await.unwrap();
         let (l2, a2) = bind("127.0.0.1", 0).await.unwrap();
         let a = app.clone();
-        tokio::spawn(serve(l1, move |r| api::handle(a.clone(), r)));
+        tokio::spawn(serve(l1, move |r| api::handle(a.clone(), r), std::future::pending()));
         let a = app.clone();
-        tokio::spawn(serve(l2, move |r| admin::handle(a.clone(), r)));
+        tokio::spawn(serve(l2, move |r| admin::handle(a.clone(), r), std::future::pending()));
         (a1, a2)
     });
     Server { api, admin, app, _rt: rt }
