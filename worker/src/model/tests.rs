@@ -68,12 +68,51 @@ pub(crate) fn random_source(c: &ModelConfig, seed: u64) -> MemorySource {
         for n in ["input_layernorm", "post_attention_layernorm"] {
             s.insert(format!("{p}.{n}.weight"), r.vec(h, 0.2).iter().map(|x| 1.0 + x).collect(), vec![h]);
         }
-        let im = c.intermediate;
-        s.insert(format!("{p}.mlp.gate_proj.weight"), r.vec(im * h, sc), vec![im, h]);
-        s.insert(format!("{p}.mlp.up_proj.weight"), r.vec(im * h, sc), vec![im, h]);
-        s.insert(format!("{p}.mlp.down_proj.weight"), r.vec(h * im, 1.0 / (im as f32).sqrt()), vec![h, im]);
+        match &c.moe {
+            Some(m) if m.is_sparse_layer(i) => {
+                let (e, im) = (m.num_experts, m.expert_intermediate);
+                s.insert(format!("{p}.mlp.gate.weight"), r.vec(e * h, 2.0 * sc), vec![e, h]);
+                for x in 0..e {
+                    s.insert(format!("{p}.mlp.experts.{x}.gate_proj.weight"), r.vec(im * h, sc), vec![im, h]);
+                    s.insert(format!("{p}.mlp.experts.{x}.up_proj.weight"), r.vec(im * h, sc), vec![im, h]);
+                    s.insert(format!("{p}.mlp.experts.{x}.down_proj.weight"), r.vec(h * im, 1.0 / (im as f32).sqrt()), vec![h, im]);
+                }
+                if m.shared_expert_intermediate > 0 {
+                    let si = m.shared_expert_intermediate;
+                    s.insert(format!("{p}.mlp.shared_expert.gate_proj.weight"), r.vec(si * h, sc), vec![si, h]);
+                    s.insert(format!("{p}.mlp.shared_expert.up_proj.weight"), r.vec(si * h, sc), vec![si, h]);
+                    s.insert(format!("{p}.mlp.shared_expert.down_proj.weight"), r.vec(h * si, 1.0 / (si as f32).sqrt()), vec![h, si]);
+                    s.insert(format!("{p}.mlp.shared_expert_gate.weight"), r.vec(h, sc), vec![1, h]);
+                }
+            }
+            _ => {
+                let im = c.intermediate;
+                s.insert(format!("{p}.mlp.gate_proj.weight"), r.vec(im * h, sc), vec![im, h]);
+                s.insert(format!("{p}.mlp.up_proj.weight"), r.vec(im * h, sc), vec![im, h]);
+                s.insert(format!("{p}.mlp.down_proj.weight"), r.vec(h * im, 1.0 / (im as f32).sqrt()), vec![h, im]);
+            }
+        }
     }
     s
+}
+
+/// A tiny MoE config: 3 layers, the middle one dense (`mlp_only_layers`), 12 experts.
+pub(crate) fn tiny_moe_config(arch: Arch) -> ModelConfig {
+    let base = if arch == Arch::Qwen3Moe { Arch::Qwen3 } else { Arch::Qwen2 };
+    ModelConfig {
+        arch,
+        n_layers: 3,
+        moe: Some(MoeConfig {
+            num_experts: 12,
+            top_k: if arch == Arch::Qwen3Moe { 4 } else { 2 },
+            expert_intermediate: 40,
+            norm_topk_prob: arch == Arch::Qwen3Moe,
+            shared_expert_intermediate: if arch == Arch::Qwen2Moe { 56 } else { 0 },
+            dense_layers: vec![1],
+            sparse_step: 1,
+        }),
+        ..tiny_config(base)
+    }
 }
 
 fn tokens(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
@@ -149,4 +188,68 @@ fn prefix_sharing_and_batching_do_not_change_scores() {
             assert_eq!(alone, shared_rev, "{arch:?} prefix {prefix}, reversed batch");
         }
     }
+}
+
+#[test]
+fn moe_scores_do_not_depend_on_batch_prefix_sharing_or_variant() {
+    use sieve_kernels::CpuBackend;
+    let cpu = CpuBackend::new(2).unwrap();
+    let r = ReferenceBackend;
+    for arch in [Arch::Qwen3Moe, Arch::Qwen2Moe] {
+        let c = tiny_moe_config(arch);
+        let src = random_source(&c, 11);
+        let mut m = Model::load(&cpu, &src, c.clone(), HeadSpec::YesNo { yes: 5, no: 9 }, false).unwrap();
+        assert_eq!(m.moe_layers().count(), 2, "layer 1 is dense (mlp_only_layers)");
+        let oracle = Model::load(&r, &src, c.clone(), HeadSpec::YesNo { yes: 5, no: 9 }, false).unwrap();
+        let prefix = 5;
+        let base = tokens(3, prefix, c.vocab);
+        let prompts: Vec<Vec<u32>> = (0..6).map(|i| base.iter().copied().chain(tokens(50 + i as u64, 2 + 5 * i, c.vocab)).collect()).collect();
+        let want = scores_alone(&r, &oracle, &prompts);
+        let mut policies = vec![m.moe_policy().clone()];
+        policies.extend((0..cpu.moe_variants().len()).map(MoePolicy::Fixed));
+        let mut first: Option<Vec<f32>> = None;
+        for policy in policies {
+            m.set_moe_policy(&cpu, policy.clone()).unwrap();
+            let alone = scores_alone(&cpu, &m, &prompts);
+            let shared = scores_shared(&cpu, &m, &prompts, prefix, 4);
+            let mut rev = prompts.clone();
+            rev.reverse();
+            let mut shared_rev = scores_shared(&cpu, &m, &rev, prefix, 4);
+            shared_rev.reverse();
+            assert_eq!(alone, shared, "{arch:?} {policy:?}: prefix sharing");
+            assert_eq!(alone, shared_rev, "{arch:?} {policy:?}: batch order");
+            match &first {
+                None => first = Some(alone.clone()),
+                Some(f) => assert_eq!(f, &alone, "{arch:?}: {policy:?} changes a score"),
+            }
+            for (a, w) in alone.iter().zip(&want) {
+                assert!((a - w).abs() <= 1e-4 * w.abs().max(1.0), "{arch:?} {policy:?}: cpu {a} vs reference {w}");
+            }
+        }
+        // The MoE record of the last pass: one entry per MoE layer.
+        let mut scratch = Scratch::new(&cpu).unwrap();
+        let mut cache = cpu.kv_cache(c.n_layers, 64, c.n_kv_heads, c.head_dim).unwrap();
+        let mut lb = LayoutBuilder::new();
+        let row = lb.push(&prompts[2], &(0..prompts[2].len() as u32).collect::<Vec<_>>()).unwrap();
+        m.forward(&cpu, &lb.finish(), &mut cache, &[row], None, &mut scratch).unwrap();
+        let layers = &scratch.moe.pass.layers;
+        assert_eq!(layers.len(), 2);
+        let k = c.moe.as_ref().unwrap().top_k as u64;
+        assert_eq!(layers[0].rows, prompts[2].len() as u64 * k);
+        assert_eq!(layers[1].rows, k, "the last layer runs the scored row only");
+        assert!(scratch.moe.pass.moe_time > std::time::Duration::ZERO);
+    }
+}
+
+#[test]
+fn moe_policies_are_checked_against_the_backend() {
+    use sieve_kernels::CpuBackend;
+    let cpu = CpuBackend::new(1).unwrap();
+    let c = tiny_moe_config(Arch::Qwen3Moe);
+    let mut m = Model::load(&cpu, &random_source(&c, 3), c, HeadSpec::YesNo { yes: 5, no: 9 }, false).unwrap();
+    assert!(m.set_moe_policy(&cpu, MoePolicy::Fixed(99)).is_err());
+    let rule = sieve_kernels::MoeCostModel::padding_ratio_rule("bm128", "bm64", 1.5);
+    assert!(m.set_moe_policy(&cpu, MoePolicy::Auto(rule)).unwrap_err().to_string().contains("bm128"));
+    assert!(MoePolicy::fixed_by_name(&cpu, "padded64").is_ok());
+    assert!(MoePolicy::fixed_by_name(&cpu, "tile99").unwrap_err().to_string().contains("grouped"));
 }

@@ -2,11 +2,13 @@
 
 pub mod llama;
 pub mod qwen2;
+pub mod qwen2_moe;
 pub mod qwen3;
+pub mod qwen3_moe;
 
 use serde_json::Value;
 
-use crate::model::config::{Arch, ModelConfig};
+use crate::model::config::{Arch, HfConfig, ModelConfig, MoeConfig};
 use crate::{Result, WorkerError};
 
 /// Reads an HF `config.json` with the parser of its `model_type`.
@@ -19,7 +21,8 @@ pub fn config_from_hf(v: &Value) -> Result<ModelConfig> {
         Arch::Llama => llama::config_from_hf(v),
         Arch::Qwen2 => qwen2::config_from_hf(v),
         Arch::Qwen3 => qwen3::config_from_hf(v),
-        a @ (Arch::Qwen3Moe | Arch::Qwen2Moe) => Err(WorkerError::Unsupported(format!("{} is not supported yet", a.name()))),
+        Arch::Qwen3Moe => qwen3_moe::config_from_hf(v),
+        Arch::Qwen2Moe => qwen2_moe::config_from_hf(v),
     }
 }
 
@@ -31,4 +34,36 @@ pub fn config_from_gguf(g: &crate::model::GgufFile) -> Result<ModelConfig> {
         Arch::Qwen3 => qwen3::config_from_gguf(g),
         a => Err(WorkerError::Unsupported(format!("{} from GGUF", a.name()))),
     }
+}
+
+/// The MoE keys qwen3_moe and qwen2_moe share (HF names): `num_experts`, `num_experts_per_tok`,
+/// `moe_intermediate_size`, `norm_topk_prob` (default false, as in transformers),
+/// `decoder_sparse_step` (default 1), `mlp_only_layers` (default none), and with
+/// `shared_expert` the `shared_expert_intermediate_size`. Sliding-window attention is refused.
+pub(crate) fn moe_config_from_hf(v: &Value, shared_expert: bool) -> Result<MoeConfig> {
+    let c = HfConfig(v);
+    if c.opt_bool("use_sliding_window")?.unwrap_or(false) {
+        return Err(WorkerError::Unsupported("use_sliding_window = true (sliding-window attention)".into()));
+    }
+    let dense_layers = match v.get("mlp_only_layers") {
+        None | Some(Value::Null) => vec![],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| x.as_u64().map(|l| l as usize).ok_or_else(|| WorkerError::ModelFile("config.json: 'mlp_only_layers' holds a non-integer".into())))
+            .collect::<Result<_>>()?,
+        Some(_) => return Err(WorkerError::ModelFile("config.json: 'mlp_only_layers' is not a list".into())),
+    };
+    let sparse_step = c.opt_usize("decoder_sparse_step")?.unwrap_or(1);
+    if sparse_step == 0 {
+        return Err(WorkerError::ModelFile("config.json: 'decoder_sparse_step' is 0".into()));
+    }
+    Ok(MoeConfig {
+        num_experts: c.usize("num_experts")?,
+        top_k: c.usize("num_experts_per_tok")?,
+        expert_intermediate: c.usize("moe_intermediate_size")?,
+        norm_topk_prob: c.opt_bool("norm_topk_prob")?.unwrap_or(false),
+        shared_expert_intermediate: if shared_expert { c.usize("shared_expert_intermediate_size")? } else { 0 },
+        dense_layers,
+        sparse_step,
+    })
 }
