@@ -4,6 +4,7 @@
 //!
 //!   cargo run --release -p sieve-kernels --example bench_moe_variants -- [--threads N]
 //!       [--hidden 1024] [--inter 512] [--experts 128] [--rows 1,2,4,...] [--active 128] [--reps 5]
+//!       [--f32]   (weights not bf16-exact: grouped_bf16 then runs f32 panels)
 //!
 //! Variants run interleaved, each figure is the minimum over the repetitions (the machine is
 //! shared: the minimum is the least disturbed run). Compare columns of one run only.
@@ -32,7 +33,10 @@ fn main() {
     let rows: Vec<u32> = arg("--rows").map(|s| s.split(',').filter_map(|v| v.parse().ok()).collect()).unwrap_or(vec![1, 2, 4, 8, 12, 16, 24, 32, 64, 128, 256]);
     let cpu = CpuBackend::new(threads).expect("backend");
     let mut g = rand::rngs::StdRng::seed_from_u64(5);
-    let mut w = |n: usize, fan_in: usize| -> Vec<f32> { (0..n).map(|_| g.random_range(-1f32..1.0) * (3.0 / fan_in as f32).sqrt()).collect() };
+    // Weights rounded to bf16 as in a bf16 checkpoint (`--f32` keeps full f32 values).
+    let keep_f32 = args.iter().any(|a| a == "--f32");
+    let round = |v: f32| if keep_f32 { v } else { f32::from_bits((v.to_bits() + 0x8000) & 0xffff_0000) };
+    let mut w = |n: usize, fan_in: usize| -> Vec<f32> { (0..n).map(|_| round(g.random_range(-1f32..1.0) * (3.0 / fan_in as f32).sqrt())).collect() };
     let (router, gate_up, down) = (w(e * h, h), w(e * 2 * i * h, h), w(e * h * i, i));
     let layer = MoeLayerHost { hidden: h, num_experts: e, expert_inter: i, router: &router, gate_up: &gate_up, down: &down, shared: None };
     let weights = cpu.moe_weights(&layer).expect("weights");

@@ -44,6 +44,14 @@ impl Layer {
         Layer { hidden, experts, inter, router, gate_up, down, shared }
     }
 
+    /// The same layer with every weight rounded to bf16 (a bf16 checkpoint).
+    fn rounded_to_bf16(mut self) -> Self {
+        let round = |v: &mut f32| *v = f32::from_bits((v.to_bits() + 0x8000) & 0xffff_0000);
+        self.gate_up.iter_mut().for_each(round);
+        self.down.iter_mut().for_each(round);
+        self
+    }
+
     fn host(&self) -> MoeLayerHost<'_> {
         MoeLayerHost {
             hidden: self.hidden,
@@ -109,12 +117,14 @@ fn every_variant_matches_the_per_token_reference() {
     let mut g = rng(41);
     // Odd widths (not multiples of the 32-column panels), 16 experts, top-4; with and without
     // the shared expert and the renormalisation.
-    for (shared, norm) in [(None, true), (Some(24), false)] {
+    for (shared, norm, bf16) in [(None, true, false), (Some(24), false, false), (None, true, true)] {
         let layer = Layer::new(&mut g, 50, 16, 40, shared);
+        let layer = if bf16 { layer.rounded_to_bf16() } else { layer };
         let rw = r.moe_weights(&layer.host()).unwrap();
         let routing = MoeRouting { top_k: 4, norm_topk_prob: norm };
         for cpu in backends(2) {
             let w = cpu.moe_weights(&layer.host()).unwrap();
+            assert_eq!(w.has_bf16_panels(), bf16, "bf16 panels exactly when the weights are bf16");
             let variants = cpu.moe_variants();
             for &tokens in &[1usize, 9, 300] {
                 for (name, choice) in routings(&mut g, tokens, layer.experts, routing.top_k) {
@@ -126,7 +136,7 @@ fn every_variant_matches_the_per_token_reference() {
                     let rstats = r.read_moe_log(&mut rlog).unwrap()[0];
                     let mut first: Option<HostTensor> = None;
                     for (v, variant) in variants.iter().enumerate() {
-                        let what = format!("{} {} tokens={tokens} {name} shared={shared:?} {}", cpu.name(), variant.name, norm);
+                        let what = format!("{} {} tokens={tokens} {name} shared={shared:?} norm={norm} bf16={bf16}", cpu.name(), variant.name);
                         let (got, stats) = run_cpu(&cpu, &w, &x, &acc0, routing, MoeSelect::Fixed(v));
                         assert_close(&what, &got.data, &want.data, MOE_TOL);
                         match &first {
@@ -169,8 +179,9 @@ fn a_row_is_bitwise_independent_of_its_batch_variant_and_threads() {
     let mut g = rng(43);
     let layer = Layer::new(&mut g, 64, 16, 48, Some(32));
     let routing = MoeRouting { top_k: 4, norm_topk_prob: true };
-    // Random routing through the real router path: random router weights.
-    let mut layer_r = layer;
+    // Random routing through the real router path: random router weights; bf16 experts, so
+    // that grouped_bf16 streams bf16 panels.
+    let mut layer_r = layer.rounded_to_bf16();
     layer_r.router = random(&mut g, 16 * 64);
     let row = random(&mut g, 64);
     let acc_row = random(&mut g, 64);

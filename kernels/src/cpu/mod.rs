@@ -16,6 +16,7 @@ mod gemm_tile;
 mod isa;
 mod math;
 mod moe;
+mod moe_tile;
 mod norm_rope;
 mod pack;
 mod scratch;

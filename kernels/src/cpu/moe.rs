@@ -15,6 +15,11 @@
 //!   on one expert's rows, gathered); a fork-join per GEMM, no imbalance between experts.
 //! - `padded64` / `padded128`: CPU twins of the GPU's BLOCK_M 64 / 128 grouped GEMM: items of one
 //!   tile of BM rows, partial tiles padded with zero rows that are computed and thrown away.
+//! - `grouped_bf16`: `grouped` with the experts' weights streamed as bf16 panels and widened in
+//!   registers by its own microkernel (`moe_tile`): half the bytes from memory, two extra
+//!   shuffle µops per panel row. Only when every expert weight of the layer is exactly a bf16
+//!   (a bf16 checkpoint) and on AVX-512: then the widened values are the f32 weights and the bits
+//!   those of the other variants. Otherwise it runs the f32 panels.
 
 use std::time::{Duration, Instant};
 
@@ -24,6 +29,7 @@ use super::elementwise;
 use super::gemm::{self, Epilogue};
 use super::gemm_tile::{tile_fn, Tile, AVX2_TILE_ROWS};
 use super::isa::Isa;
+use super::moe_tile::{bf16_tile_fn, Bf16Panels, Bf16Tile};
 use super::pack::{PackedWeight, NR};
 use super::scratch::grown;
 use super::{check, check_tensor, CpuBackend};
@@ -45,6 +51,7 @@ pub(crate) const SMALL_M: usize = 1;
 // 2: expert_gemm (the `match` default in `run_variant`).
 pub(crate) const PADDED64: usize = 3;
 pub(crate) const PADDED128: usize = 4;
+pub(crate) const GROUPED_BF16: usize = 5;
 
 pub(crate) fn variants() -> Vec<MoeVariant> {
     vec![
@@ -68,6 +75,12 @@ pub(crate) fn variants() -> Vec<MoeVariant> {
         },
         MoeVariant { name: "padded64", tile_rows: 64, padded: true, description: "GPU BLOCK_M 64 twin: one 64-row tile per item, padding computed" },
         MoeVariant { name: "padded128", tile_rows: 128, padded: true, description: "GPU BLOCK_M 128 twin: one 128-row tile per item, padding computed" },
+        MoeVariant {
+            name: "grouped_bf16",
+            tile_rows: MAX_ROW_BLOCK as u32,
+            padded: false,
+            description: "grouped, streaming bf16 weight panels widened per panel (bf16 checkpoints)",
+        },
     ]
 }
 
@@ -79,7 +92,8 @@ struct CpuSharedExpert {
 }
 
 /// One MoE layer packed for the CPU: the router and each expert's gate|up and down as GEMM
-/// panels (stacked per expert), and the shared expert if any.
+/// panels (stacked per expert), the bf16 copies of the experts' panels when the values allow
+/// it, and the shared expert if any.
 pub struct CpuMoeWeights {
     hidden: usize,
     num_experts: usize,
@@ -87,6 +101,9 @@ pub struct CpuMoeWeights {
     router: PackedWeight,
     gate_up: Vec<PackedWeight>,
     down: Vec<PackedWeight>,
+    /// Empty unless every expert weight of the layer is exactly a bf16.
+    gate_up_bf16: Vec<Bf16Panels>,
+    down_bf16: Vec<Bf16Panels>,
     shared: Option<CpuSharedExpert>,
 }
 
@@ -94,6 +111,19 @@ impl CpuMoeWeights {
     pub fn num_experts(&self) -> usize {
         self.num_experts
     }
+
+    /// Whether the `grouped_bf16` variant streams bf16 panels for this layer.
+    pub fn has_bf16_panels(&self) -> bool {
+        !self.gate_up_bf16.is_empty()
+    }
+}
+
+/// Where an item's GEMM reads its weight panels from.
+#[derive(Clone, Copy)]
+enum Panels<'a> {
+    F32(&'a PackedWeight),
+    /// The bf16 copy of this weight, read by the bf16 microkernel.
+    Bf16(&'a PackedWeight, &'a Bf16Panels),
 }
 
 /// Per-call buffers, kept by the backend between calls (one MoE call at a time).
@@ -213,11 +243,14 @@ fn pack_rows<'x>(dst: &mut [f32], k: usize, m: usize, row_tiles: usize, rows_of:
 ///
 /// # Safety
 /// `c` must be valid for `m` rows of `ldc` floats, `N ≤ ldc`; `packed` holds `m × K` values
-/// packed by [`pack_rows`] with the same `row_tiles`.
-unsafe fn gemm_rows(isa: Isa, packed: &[f32], m: usize, row_tiles: usize, np: usize, w: &PackedWeight, c: *mut f32, ldc: usize) {
+/// packed by [`pack_rows`] with the same `row_tiles`; bf16 panels only on AVX-512.
+unsafe fn gemm_rows(isa: Isa, packed: &[f32], m: usize, row_tiles: usize, np: usize, panels_of: Panels, c: *mut f32, ldc: usize) {
+    let w = match panels_of {
+        Panels::F32(w) | Panels::Bf16(w, _) => w,
+    };
     let (k, n) = (w.in_features, w.out_features);
     let panels = w.panels();
-    let wdata = w.data.as_slice();
+    let stride = w.panel_stride();
     for g in 0..panels.div_ceil(np) {
         let p0 = g * np;
         let npp = np.min(panels - p0);
@@ -226,12 +259,26 @@ unsafe fn gemm_rows(isa: Isa, packed: &[f32], m: usize, row_tiles: usize, np: us
         for t in 0..row_tiles {
             let (r, r_end) = balanced(m, row_tiles, t);
             let rows = r_end - r;
+            if let Panels::Bf16(_, half) = panels_of {
+                let Some(kernel) = bf16_tile_fn(rows, npp) else { unreachable!("bf16 tile {rows}x{npp} outside the table") };
+                let tile = Bf16Tile {
+                    k,
+                    a: packed[r * k..].as_ptr(),
+                    b: half.as_slice()[p0 * stride..].as_ptr(),
+                    panel_stride: stride,
+                    c: c.add(r * ldc + col0),
+                    ldc,
+                    ncols,
+                };
+                kernel(&tile);
+                continue;
+            }
             let Some(kernel) = tile_fn(isa, rows, npp) else { unreachable!("tile {rows}x{npp} outside the table") };
             let tile = Tile {
                 k,
                 a: packed[r * k..].as_ptr(),
-                b: wdata[p0 * w.panel_stride()..].as_ptr(),
-                panel_stride: w.panel_stride(),
+                b: w.data.as_slice()[p0 * stride..].as_ptr(),
+                panel_stride: stride,
                 c: c.add(r * ldc + col0),
                 ldc,
                 ncols,
@@ -252,12 +299,14 @@ unsafe fn gemm_rows(isa: Isa, packed: &[f32], m: usize, row_tiles: usize, np: us
 ///
 /// # Safety
 /// `out` must be valid for `item.rows` rows of `w.hidden` floats, written by no one else.
-unsafe fn run_item(isa: Isa, w: &CpuMoeWeights, item: Item, tiles: Tiles, plan: &Plan, scratch: &mut Vec<f32>, out: *mut f32) {
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_item(isa: Isa, w: &CpuMoeWeights, item: Item, tiles: Tiles, bf16: bool, plan: &Plan, scratch: &mut Vec<f32>, out: *mut f32) {
     let (h, i) = (w.hidden, w.inter);
     let (m, real) = (item.computed as usize, item.rows as usize);
     let padded = m > real;
     let (np, mr) = tile_shape(isa, m, tiles);
     let row_tiles = m.div_ceil(mr);
+    let bf16 = bf16 && isa == Isa::Avx512 && w.has_bf16_panels();
     let buf = grown(scratch, m * (2 * h + 4 * i));
     let (px, rest) = buf.split_at_mut(m * h);
     let (gu, rest) = rest.split_at_mut(m * 2 * i);
@@ -271,14 +320,19 @@ unsafe fn run_item(isa: Isa, w: &CpuMoeWeights, item: Item, tiles: Tiles, plan: 
         })
     });
     let e = item.expert as usize;
-    gemm_rows(isa, px, m, row_tiles, np, &w.gate_up[e], gu.as_mut_ptr(), 2 * i);
+    let (wgu, wd) = if bf16 {
+        (Panels::Bf16(&w.gate_up[e], &w.gate_up_bf16[e]), Panels::Bf16(&w.down[e], &w.down_bf16[e]))
+    } else {
+        (Panels::F32(&w.gate_up[e]), Panels::F32(&w.down[e]))
+    };
+    gemm_rows(isa, px, m, row_tiles, np, wgu, gu.as_mut_ptr(), 2 * i);
     elementwise::silu_mul_rows(isa, gu, i, act);
     pack_rows(pa, i, m, row_tiles, |r| Some(&act[r * i..(r + 1) * i]));
     if padded {
-        gemm_rows(isa, pa, m, row_tiles, np, &w.down[e], tmp.as_mut_ptr(), h);
+        gemm_rows(isa, pa, m, row_tiles, np, wd, tmp.as_mut_ptr(), h);
         std::ptr::copy_nonoverlapping(tmp.as_ptr(), out, real * h);
     } else {
-        gemm_rows(isa, pa, m, row_tiles, np, &w.down[e], out, h);
+        gemm_rows(isa, pa, m, row_tiles, np, wd, out, h);
     }
 }
 
@@ -307,6 +361,13 @@ impl CpuBackend {
         w.validate()?;
         let (h, e, i) = (w.hidden, w.num_experts, w.expert_inter);
         let pack = |data: &[f32], n: usize, k: usize| PackedWeight::pack(&self.pool, data, n, k);
+        let gate_up: Vec<PackedWeight> = w.gate_up.chunks_exact(2 * i * h).map(|d| pack(d, 2 * i, h)).collect();
+        let down: Vec<PackedWeight> = w.down.chunks_exact(h * i).map(|d| pack(d, h, i)).collect();
+        let halves = |ws: &[PackedWeight]| ws.iter().map(|w| Bf16Panels::from_exact(w.data.as_slice())).collect::<Option<Vec<_>>>();
+        let (gate_up_bf16, down_bf16) = match (halves(&gate_up), halves(&down)) {
+            (Some(a), Some(b)) => (a, b),
+            _ => (vec![], vec![]),
+        };
         let shared = w.shared.map(|s| CpuSharedExpert {
             inter: s.inter,
             gate_up: pack(s.gate_up, 2 * s.inter, h),
@@ -318,8 +379,10 @@ impl CpuBackend {
             num_experts: e,
             inter: i,
             router: pack(w.router, e, h),
-            gate_up: w.gate_up.chunks_exact(2 * i * h).map(|d| pack(d, 2 * i, h)).collect(),
-            down: w.down.chunks_exact(h * i).map(|d| pack(d, h, i)).collect(),
+            gate_up,
+            down,
+            gate_up_bf16,
+            down_bf16,
             shared,
         })
     }
@@ -327,11 +390,12 @@ impl CpuBackend {
     /// Computes `y` (permuted order) for every row of `plan` with `variant`.
     fn run_variant(&self, w: &CpuMoeWeights, variant: usize, plan: &Plan, hist: &[u32], ws: &mut GemmWorkspace, y: &mut [f32]) {
         let (h, isa) = (w.hidden, self.isa);
-        let (tiles, block, pad) = match variant {
-            GROUPED => (Tiles::Tall, row_block(h), false),
-            SMALL_M => (Tiles::Wide, row_block(h), false),
-            PADDED64 => (Tiles::Tall, 64, true),
-            PADDED128 => (Tiles::Tall, 128, true),
+        let (tiles, block, pad, bf16) = match variant {
+            GROUPED => (Tiles::Tall, row_block(h), false, false),
+            SMALL_M => (Tiles::Wide, row_block(h), false, false),
+            PADDED64 => (Tiles::Tall, 64, true, false),
+            PADDED128 => (Tiles::Tall, 128, true, false),
+            GROUPED_BF16 => (Tiles::Tall, row_block(h), false, true),
             // expert_gemm (callers checked the index against `variants()`).
             _ => return self.run_expert_gemm(w, plan, hist, ws, y),
         };
@@ -340,7 +404,7 @@ impl CpuBackend {
         let run = |it: &Item| {
             self.moe_scratch.with(|scratch| {
                 // SAFETY: the item's rows `start..start + rows` of y are its own.
-                unsafe { run_item(isa, w, *it, tiles, plan, scratch, out.ptr().add(it.start as usize * h)) }
+                unsafe { run_item(isa, w, *it, tiles, bf16, plan, scratch, out.ptr().add(it.start as usize * h)) }
             })
         };
         if self.threads > 1 && work.len() > 1 {
@@ -556,6 +620,7 @@ pub(crate) fn default_cost(hidden: usize, inter: usize, threads: usize) -> crate
             entry("expert_gemm", table(70e9, 25e9, None)),
             entry("padded64", table(80e9, 30e9, Some(64))),
             entry("padded128", table(80e9, 30e9, Some(128))),
+            entry("grouped_bf16", table(76e9, 60e9, None)),
         ],
         origin: "default".into(),
     }
