@@ -362,6 +362,18 @@ pub struct AutotuneReport {
     pub complete: bool,
 }
 
+/// Cleans a measured per-expert table of timing spikes: an expert with fewer rows never costs
+/// more than one with more (true of every variant, padded ones included), so each knot is capped
+/// by the knots after it, then the table is made non-decreasing.
+fn monotone(t: &mut [f64]) {
+    for i in (0..t.len().saturating_sub(1)).rev() {
+        t[i] = t[i].min(t[i + 1]);
+    }
+    for i in 1..t.len() {
+        t[i] = t[i].max(t[i - 1]);
+    }
+}
+
 /// Experts in a calibration sample of `computed` rows per expert: enough distinct experts that
 /// their weights stream from memory as in a real pass, few enough that the sample stays short.
 fn sample_experts(num_experts: usize, computed_rows: u64) -> usize {
@@ -376,7 +388,7 @@ fn sample_experts(num_experts: usize, computed_rows: u64) -> usize {
 pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: usize, budget: Duration) -> Result<(MoeCostModel, AutotuneReport)> {
     let variants = backend.moe_variants();
     let t0 = Instant::now();
-    const REPS: usize = 2;
+    const REPS: usize = 3;
     let mut tables: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
     let mut samples = 0usize;
     // Rotate through the experts so that consecutive samples do not reuse cached weights.
@@ -416,6 +428,9 @@ pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: u
         }
         last_knot_seconds = tk.elapsed().as_secs_f64();
         knots_measured = ki + 1;
+    }
+    for t in &mut tables {
+        monotone(t);
     }
     // Extrapolate what the budget left out: the last segment's slope (at least per-row linear).
     for t in &mut tables {
@@ -472,6 +487,16 @@ mod tests {
         let (mut ids, mut w) = ([0u32; 1], [0f32; 1]);
         route_row(&logits, MoeRouting { top_k: 1, norm_topk_prob: true }, f32::exp, &mut ids, &mut w);
         assert_eq!((ids, w), ([5], [1.0]));
+    }
+
+    #[test]
+    fn monotone_removes_spikes() {
+        let mut t = [1.0, 2.0, 40.0, 3.0, 5.0];
+        monotone(&mut t);
+        assert_eq!(t, [1.0, 2.0, 3.0, 3.0, 5.0]);
+        let mut t = [2.0, 1.0, 1.5];
+        monotone(&mut t);
+        assert_eq!(t, [1.0, 1.0, 1.5]);
     }
 
     #[test]

@@ -67,3 +67,61 @@ pub(crate) fn moe_config_from_hf(v: &Value, shared_expert: bool) -> Result<MoeCo
         sparse_step,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn qwen3_moe() -> Value {
+        json!({
+            "model_type": "qwen3_moe", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 16, "num_hidden_layers": 4, "vocab_size": 100, "intermediate_size": 96,
+            "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": true,
+            "decoder_sparse_step": 2, "mlp_only_layers": [3]
+        })
+    }
+
+    #[test]
+    fn moe_configs_read_the_hf_keys() {
+        let c = config_from_hf(&qwen3_moe()).unwrap();
+        let m = c.moe.as_ref().unwrap();
+        assert_eq!((m.num_experts, m.top_k, m.expert_intermediate, m.norm_topk_prob, m.shared_expert_intermediate), (8, 2, 32, true, 0));
+        assert!(c.qk_norm && !c.qkv_bias);
+        // decoder_sparse_step 2: layers 1 and 3 are sparse, but 3 is in mlp_only_layers.
+        assert_eq!((0..4).filter(|&l| m.is_sparse_layer(l)).collect::<Vec<_>>(), vec![1]);
+
+        let mut v = qwen3_moe();
+        v["model_type"] = json!("qwen2_moe");
+        v["shared_expert_intermediate_size"] = json!(48);
+        v.as_object_mut().unwrap().remove("norm_topk_prob");
+        let c = config_from_hf(&v).unwrap();
+        let m = c.moe.as_ref().unwrap();
+        assert_eq!((m.shared_expert_intermediate, m.norm_topk_prob), (48, false));
+        assert!(c.qkv_bias && !c.qk_norm);
+    }
+
+    #[test]
+    fn bad_moe_configs_are_clear_errors() {
+        let cases: [(&str, Value, &str); 5] = [
+            ("num_experts", json!(null), "num_experts"),
+            ("mlp_only_layers", json!("3"), "mlp_only_layers"),
+            ("decoder_sparse_step", json!(0), "decoder_sparse_step"),
+            ("use_sliding_window", json!(true), "sliding"),
+            ("num_experts_per_tok", json!(-1), "num_experts_per_tok"),
+        ];
+        for (key, value, msg) in cases {
+            let mut v = qwen3_moe();
+            v[key] = value;
+            let err = config_from_hf(&v).unwrap_err().to_string();
+            assert!(err.contains(msg), "{key}: {err}");
+        }
+        let mut v = qwen3_moe();
+        v["model_type"] = json!("qwen2_moe");
+        assert!(config_from_hf(&v).unwrap_err().to_string().contains("shared_expert_intermediate_size"));
+        let mut v = qwen3_moe();
+        v["num_experts_per_tok"] = json!(9);
+        assert!(config_from_hf(&v).unwrap().validate().is_err());
+    }
+}
