@@ -189,15 +189,17 @@ pub fn histogram_stats(hist: &[u32], variant: &MoeVariant) -> (u64, u64, u32, u3
 pub const COST_KNOTS: [u32; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
 
 /// Predicted cost of one variant, in seconds:
-/// `per_call + Σ_{experts with n > 0} per_expert(n) + per_row · rows + per_padded_row · padded_rows`,
-/// where `per_expert` is linear between [`COST_KNOTS`] and extrapolated past the last knot.
+/// `per_call + Σ_{experts with n > 0} per_expert(c(n)) + per_row · rows + per_padded_row · padded_rows`,
+/// where `c(n)` is the rows the variant computes for an expert holding n (n, or n rounded up to
+/// the tile for padded variants: their cost steps with every tile) and `per_expert` is linear
+/// between [`COST_KNOTS`] and extrapolated past the last knot.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct VariantCost {
     pub variant: String,
     #[serde(default)]
     pub per_call: f64,
-    /// Seconds per expert holding `COST_KNOTS[i]` rows (empty: no per-expert term).
+    /// Seconds per expert computing `COST_KNOTS[i]` rows (empty: no per-expert term).
     #[serde(default)]
     pub per_expert: Vec<f64>,
     #[serde(default)]
@@ -230,16 +232,19 @@ impl VariantCost {
         let mut cost = self.per_call;
         let (mut rows, mut padded) = (0u64, 0u64);
         for &n in hist.iter().filter(|&&n| n > 0) {
-            cost += self.expert_cost(n);
+            let computed = variant.computed_rows(n);
+            cost += self.expert_cost(computed.min(u32::MAX as u64) as u32);
             rows += n as u64;
-            padded += variant.computed_rows(n);
+            padded += computed;
         }
         cost + self.per_row * rows as f64 + self.per_padded_row * padded as f64
     }
 }
 
-/// Per-variant costs, in the backend's variants' order or a subset: a variant the model does not
-/// list is never chosen. On equal predictions the variant listed first wins.
+/// Per-variant costs, for the backend's variants or a subset: a variant the model does not list
+/// is never chosen. The list is in order of preference: the selector runs the first variant whose
+/// prediction is within `tie_margin` (relative) of the cheapest — predictions that close are
+/// within the calibration's noise, and the generally cheaper variant is the safer bet.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MoeCostModel {
@@ -247,6 +252,8 @@ pub struct MoeCostModel {
     /// Where the figures came from: `autotune`, `cache`, `default`, `config`, `padding_ratio_rule`.
     #[serde(default)]
     pub origin: String,
+    #[serde(default)]
+    pub tie_margin: f64,
 }
 
 impl MoeCostModel {
@@ -260,6 +267,7 @@ impl MoeCostModel {
                 VariantCost { variant: small.into(), per_call: 0.0, per_expert: vec![], per_row: threshold, per_padded_row: 0.0 },
             ],
             origin: "padding_ratio_rule".into(),
+            tie_margin: 0.0,
         }
     }
 
@@ -267,6 +275,9 @@ impl MoeCostModel {
     pub fn validate(&self, variants: &[MoeVariant]) -> Result<()> {
         if self.variants.is_empty() {
             return Err(KernelError::Unsupported("moe cost model lists no variant".into()));
+        }
+        if !(self.tie_margin.is_finite() && (0.0..1.0).contains(&self.tie_margin)) {
+            return Err(KernelError::Unsupported(format!("moe cost model: tie_margin {} (0 ≤ margin < 1)", self.tie_margin)));
         }
         for (i, c) in self.variants.iter().enumerate() {
             if !variants.iter().any(|v| v.name == c.variant) {
@@ -295,17 +306,12 @@ impl MoeCostModel {
             .collect()
     }
 
-    /// The variant with the lowest predicted cost (index into `variants`); 0 if none is listed.
+    /// The variant to run (index into `variants`): the first listed whose predicted cost is
+    /// within `tie_margin` of the lowest; 0 if the model lists none of `variants`.
     pub fn select(&self, hist: &[u32], variants: &[MoeVariant]) -> usize {
-        let mut best: Option<(usize, f64)> = None;
-        for c in &self.variants {
-            let Some(i) = variants.iter().position(|v| v.name == c.variant) else { continue };
-            let cost = c.predict(hist, &variants[i]);
-            if best.is_none_or(|(_, b)| cost < b) {
-                best = Some((i, cost));
-            }
-        }
-        best.map_or(0, |(i, _)| i)
+        let predictions = self.predictions(hist, variants);
+        let lowest = predictions.iter().map(|&(_, c)| c).fold(f64::INFINITY, f64::min);
+        predictions.iter().find(|&&(_, c)| c <= lowest * (1.0 + self.tie_margin)).map_or(0, |&(i, _)| i)
     }
 
     /// Where the choice changes for evenly spread histograms (`experts` experts holding `n` rows
@@ -362,6 +368,33 @@ pub struct AutotuneReport {
     pub complete: bool,
 }
 
+/// A full table over [`COST_KNOTS`] from the knots measured (`(index, seconds)`, ascending, at
+/// least one): spikes cleaned ([`monotone`]), knots before the first measured one take its
+/// value, knots between measured ones are interpolated, and knots past the last are extrapolated
+/// along the last measured segment (cost per extra row; flat if only one knot was measured).
+fn fill_knots(measured: &[(usize, f64)]) -> Vec<f64> {
+    let mut values: Vec<f64> = measured.iter().map(|&(_, t)| t).collect();
+    monotone(&mut values);
+    let at = |i: usize| COST_KNOTS[measured[i].0] as f64;
+    COST_KNOTS
+        .iter()
+        .map(|&k| {
+            let k = k as f64;
+            let j = measured.iter().position(|&(ki, _)| COST_KNOTS[ki] as f64 >= k);
+            match j {
+                Some(0) => values[0],
+                Some(j) => values[j - 1] + (values[j] - values[j - 1]) * (k - at(j - 1)) / (at(j) - at(j - 1)),
+                None if values.len() >= 2 => {
+                    let n = values.len();
+                    let slope = ((values[n - 1] - values[n - 2]) / (at(n - 1) - at(n - 2))).max(0.0);
+                    values[n - 1] + slope * (k - at(n - 1))
+                }
+                None => values[values.len() - 1],
+            }
+        })
+        .collect()
+}
+
 /// Cleans a measured per-expert table of timing spikes: an expert with fewer rows never costs
 /// more than one with more (true of every variant, padded ones included), so each knot is capped
 /// by the knots after it, then the table is made non-decreasing.
@@ -374,22 +407,31 @@ fn monotone(t: &mut [f64]) {
     }
 }
 
+/// Relative difference under which two calibrated predictions count as a tie: about the
+/// repeatability of the timings the autotune takes.
+pub const AUTOTUNE_TIE_MARGIN: f64 = 0.03;
+
 /// Experts in a calibration sample of `computed` rows per expert: enough distinct experts that
-/// their weights stream from memory as in a real pass, few enough that the sample stays short.
+/// their weights stream from memory as in a real pass (consecutive samples rotate through the
+/// layer's experts), few enough that the sample stays short.
 fn sample_experts(num_experts: usize, computed_rows: u64) -> usize {
-    const TARGET_ROWS: u64 = 512;
-    ((TARGET_ROWS / computed_rows.max(1)) as usize).clamp(4, 128).min(num_experts)
+    const TARGET_ROWS: u64 = 256;
+    ((TARGET_ROWS / computed_rows.max(1)) as usize).clamp(2, 32).min(num_experts)
 }
 
 /// Calibrates a cost model for `weights` (one MoE layer of the loaded model) by timing every
 /// variant of `backend` on evenly spread histograms at each of [`COST_KNOTS`] rows per expert,
-/// smallest first, interleaving the variants so that background load affects them alike. When the
-/// next knot would overrun `budget`, the remaining knots are extrapolated from the last two.
+/// smallest first, interleaving the variants so that background load affects them alike. A padded
+/// variant is timed only at knots that are whole tiles (its table is by computed rows; smaller
+/// knots take the first tile's cost). When the next knot would overrun `budget`, the remaining
+/// knots are extrapolated from the last two.
 pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: usize, budget: Duration) -> Result<(MoeCostModel, AutotuneReport)> {
     let variants = backend.moe_variants();
     let t0 = Instant::now();
     const REPS: usize = 3;
-    let mut tables: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+    // Per variant, (knot index, seconds per expert) of the knots measured.
+    let mut tables: Vec<Vec<(usize, f64)>> = vec![Vec::new(); variants.len()];
+    let timed_at = |v: &MoeVariant, n: u32| !v.padded || n % v.tile_rows.max(1) == 0;
     let mut samples = 0usize;
     // Rotate through the experts so that consecutive samples do not reuse cached weights.
     let mut first_expert = 0usize;
@@ -409,46 +451,39 @@ pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: u
     }
     let mut knots_measured = 0usize;
     let mut last_knot_seconds = 0.0f64;
+    // Rows one knot's samples compute, over the variants: its time scales with them.
+    let knot_rows = |n: u32| -> f64 {
+        variants.iter().filter(|v| timed_at(v, n)).map(|v| (sample_experts(num_experts, v.computed_rows(n)) as u64 * v.computed_rows(n)) as f64).sum::<f64>().max(1.0)
+    };
     for (ki, &n) in COST_KNOTS.iter().enumerate() {
         let spent = t0.elapsed().as_secs_f64();
-        // The next knot has at most twice the rows of this one (the sample sizes are capped).
-        let predicted = last_knot_seconds * 2.5;
+        let predicted = if ki == 0 { 0.0 } else { last_knot_seconds * knot_rows(n) / knot_rows(COST_KNOTS[ki - 1]) };
         if ki >= 2 && spent + predicted > budget.as_secs_f64() {
             break;
         }
         let tk = Instant::now();
-        for (vi, v) in variants.iter().enumerate() {
+        for (vi, v) in variants.iter().enumerate().filter(|(_, v)| timed_at(v, n)) {
             let (hist, a) = hist_for(v, n);
             let mut best = f64::INFINITY;
             for _ in 0..REPS {
                 best = best.min(backend.moe_time_variant(weights, vi, &hist)?.as_secs_f64());
                 samples += 1;
             }
-            tables[vi].push(best / a as f64);
+            tables[vi].push((ki, best / a as f64));
         }
         last_knot_seconds = tk.elapsed().as_secs_f64();
         knots_measured = ki + 1;
     }
-    for t in &mut tables {
-        monotone(t);
-    }
-    // Extrapolate what the budget left out: the last segment's slope (at least per-row linear).
-    for t in &mut tables {
-        while t.len() < COST_KNOTS.len() {
-            let i = t.len();
-            let (k0, k1, k2) = (COST_KNOTS[i - 2] as f64, COST_KNOTS[i - 1] as f64, COST_KNOTS[i] as f64);
-            let slope = ((t[i - 1] - t[i - 2]) / (k1 - k0)).max(t[i - 1] / k1);
-            t.push(t[i - 1] + slope * (k2 - k1));
-        }
-    }
-    let model = MoeCostModel {
-        variants: variants
-            .iter()
-            .zip(tables)
-            .map(|(v, per_expert)| VariantCost { variant: v.name.to_string(), per_call: 0.0, per_expert, per_row: 0.0, per_padded_row: 0.0 })
-            .collect(),
-        origin: "autotune".into(),
-    };
+    let tables: Vec<Vec<f64>> = tables.iter().map(|measured| fill_knots(measured)).collect();
+    let mut entries: Vec<VariantCost> = variants
+        .iter()
+        .zip(tables)
+        .map(|(v, per_expert)| VariantCost { variant: v.name.to_string(), per_call: 0.0, per_expert, per_row: 0.0, per_padded_row: 0.0 })
+        .collect();
+    // In order of preference: the lowest geometric mean over the knots first.
+    let log_mean = |c: &VariantCost| c.per_expert.iter().map(|t| t.max(1e-12).ln()).sum::<f64>();
+    entries.sort_by(|a, b| log_mean(a).total_cmp(&log_mean(b)));
+    let model = MoeCostModel { variants: entries, origin: "autotune".into(), tie_margin: AUTOTUNE_TIE_MARGIN };
     let report = AutotuneReport { seconds: t0.elapsed().as_secs_f64(), samples, knots_measured, complete: knots_measured == COST_KNOTS.len() };
     Ok((model, report))
 }
@@ -462,6 +497,7 @@ mod tests {
             MoeVariant { name: "bm128", tile_rows: 128, padded: true, description: "" },
             MoeVariant { name: "bm64", tile_rows: 64, padded: true, description: "" },
             MoeVariant { name: "exact", tile_rows: 128, padded: false, description: "" },
+            MoeVariant { name: "small", tile_rows: 3, padded: false, description: "" },
         ]
     }
 
@@ -487,6 +523,44 @@ mod tests {
         let (mut ids, mut w) = ([0u32; 1], [0f32; 1]);
         route_row(&logits, MoeRouting { top_k: 1, norm_topk_prob: true }, f32::exp, &mut ids, &mut w);
         assert_eq!((ids, w), ([5], [1.0]));
+    }
+
+    #[test]
+    fn tables_are_filled_from_the_knots_measured() {
+        // Measured at knots 64, 128, 256 (indices 6, 7, 8): earlier knots take the first value,
+        // 512 is extrapolated along 128 → 256.
+        let t = fill_knots(&[(6, 2.0), (7, 3.0), (8, 5.0)]);
+        assert_eq!(&t[..7], &[2.0; 7]);
+        assert_eq!(t[7..], [3.0, 5.0, 9.0]);
+        // Knot 2 lies between knots 1 and 4 (values 1 and 3); knot 8 extends that segment.
+        let t = fill_knots(&[(0, 1.0), (2, 3.0)]);
+        assert!((t[1] - 5.0 / 3.0).abs() < 1e-12 && (t[3] - 17.0 / 3.0).abs() < 1e-12, "{t:?}");
+        // One knot only: flat.
+        assert_eq!(fill_knots(&[(3, 4.0)]), vec![4.0; COST_KNOTS.len()]);
+    }
+
+    #[test]
+    fn padded_variants_cost_whole_tiles() {
+        let vs = variants();
+        // Linear in computed rows: 1 per row.
+        let per_row: Vec<f64> = COST_KNOTS.iter().map(|&k| k as f64).collect();
+        let c = VariantCost { variant: "bm128".into(), per_call: 0.0, per_expert: per_row, per_row: 0.0, per_padded_row: 0.0 };
+        assert_eq!(c.predict(&[1], &vs[0]), 128.0);
+        assert_eq!(c.predict(&[129], &vs[0]), 256.0);
+        assert_eq!(c.predict(&[300], &vs[0]), 384.0);
+        assert_eq!(c.predict(&[300], &vs[2]), 300.0);
+    }
+
+    #[test]
+    fn near_ties_go_to_the_variant_listed_first() {
+        let vs = variants();
+        let flat = |name: &str, t: f64| VariantCost { variant: name.into(), per_call: 0.0, per_expert: vec![t], per_row: 0.0, per_padded_row: 0.0 };
+        let mut m = MoeCostModel { variants: vec![flat("exact", 1.02), flat("small", 1.0)], origin: "test".into(), tie_margin: 0.03 };
+        assert_eq!(vs[m.select(&[5, 5], &vs)].name, "exact");
+        m.tie_margin = 0.0;
+        assert_eq!(vs[m.select(&[5, 5], &vs)].name, "small");
+        m.tie_margin = 1.5;
+        assert!(m.validate(&vs).is_err());
     }
 
     #[test]
@@ -529,23 +603,24 @@ mod tests {
     #[test]
     fn selection_follows_the_cheapest_prediction_and_thresholds_show_it() {
         let vs = variants();
-        // "bm64" cheap per expert but steep per row; "exact" the other way round.
+        // "small" cheap per expert but steep per row; "exact" the other way round.
         let m = MoeCostModel {
             variants: vec![
-                VariantCost { variant: "bm64".into(), per_call: 0.0, per_expert: vec![1.0, 2.0, 4.0, 8.0, 16.0], per_row: 0.0, per_padded_row: 0.0 },
+                VariantCost { variant: "small".into(), per_call: 0.0, per_expert: vec![1.0, 2.0, 4.0, 8.0, 16.0], per_row: 0.0, per_padded_row: 0.0 },
                 VariantCost { variant: "exact".into(), per_call: 0.0, per_expert: vec![3.0, 4.0, 6.0, 10.0, 14.0], per_row: 0.0, per_padded_row: 0.0 },
             ],
             origin: "test".into(),
+            tie_margin: 0.0,
         };
         m.validate(&vs).unwrap();
-        assert_eq!(vs[m.select(&[2; 8], &vs)].name, "bm64");
+        assert_eq!(vs[m.select(&[2; 8], &vs)].name, "small");
         assert_eq!(vs[m.select(&[16; 8], &vs)].name, "exact");
         // 1 hot expert, many cold ones: summed per expert.
         let mut hist = vec![1u32; 20];
         hist[0] = 16;
-        assert_eq!(vs[m.select(&hist, &vs)].name, "bm64");
+        assert_eq!(vs[m.select(&hist, &vs)].name, "small");
         let t = m.thresholds(&vs, 8, 20);
-        assert_eq!(t[0].variant, "bm64");
+        assert_eq!(t[0].variant, "small");
         assert_eq!(t.last().unwrap().variant, "exact");
         assert_eq!(t[0].to_rows + 1, t[1].from_rows);
         // Invalid models are refused with the reason.

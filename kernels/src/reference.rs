@@ -278,7 +278,7 @@ impl Backend for ReferenceBackend {
     }
 
     fn moe_default_cost(&self, _hidden: usize, _expert_inter: usize) -> MoeCostModel {
-        MoeCostModel { variants: vec![VariantCost { variant: "per_token".into(), per_call: 0.0, per_expert: vec![], per_row: 1.0, per_padded_row: 0.0 }], origin: "default".into() }
+        MoeCostModel { variants: vec![VariantCost { variant: "per_token".into(), per_call: 0.0, per_expert: vec![], per_row: 1.0, per_padded_row: 0.0 }], origin: "default".into(), tie_margin: 0.0 }
     }
 
     fn moe_log(&self) -> Result<Vec<MoeLayerStats>> {

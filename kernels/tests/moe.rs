@@ -248,6 +248,7 @@ fn auto_runs_the_variant_the_cost_model_picks() {
             VariantCost { variant: "grouped".into(), per_call: 0.0, per_expert: vec![2.0, 3.0, 3.5, 6.0], per_row: 0.0, per_padded_row: 0.0 },
         ],
         origin: "test".into(),
+        tie_margin: 0.0,
     };
     let (_, s) = run_cpu(&cpu, &w, &rows_routed_to(&mut g, 48, 16, &few), &tensor(&mut g, 32, 48), routing, MoeSelect::Auto(&table));
     assert_eq!(s.variant as usize, idx("grouped"));

@@ -601,27 +601,23 @@ pub(crate) fn default_cost(hidden: usize, inter: usize, threads: usize) -> crate
     let flops_per_row = 6.0 * (hidden * inter) as f64;
     let weight_bytes = 12.0 * (hidden * inter) as f64;
     let threads = threads.max(1) as f64;
-    // Seconds per expert at n rows: streaming its weights once, or the FMAs, whichever is
-    // longer, at `rate` FLOP/s per thread; padded variants compute whole tiles.
-    let table = |rate: f64, bytes_per_s: f64, tile: Option<u32>| -> Vec<f64> {
-        COST_KNOTS
-            .iter()
-            .map(|&n| {
-                let rows = tile.map_or(n, |t| n.div_ceil(t) * t) as f64;
-                (weight_bytes / bytes_per_s).max(rows * flops_per_row / rate) / threads
-            })
-            .collect()
+    // Seconds per expert computing n rows: streaming its weights once, or the FMAs, whichever
+    // is longer, at `rate` FLOP/s per thread (padded variants' tables are by computed rows too).
+    let table = |rate: f64, bytes_per_s: f64| -> Vec<f64> {
+        COST_KNOTS.iter().map(|&n| (weight_bytes / bytes_per_s).max(n as f64 * flops_per_row / rate) / threads).collect()
     };
     let entry = |name: &str, per_expert: Vec<f64>| VariantCost { variant: name.into(), per_call: 0.0, per_expert, per_row: 0.0, per_padded_row: 0.0 };
     MoeCostModel {
+        // Generally cheapest first (near-ties go to the earlier one).
         variants: vec![
-            entry("grouped", table(80e9, 30e9, None)),
-            entry("small_m", table(65e9, 32e9, None)),
-            entry("expert_gemm", table(70e9, 25e9, None)),
-            entry("padded64", table(80e9, 30e9, Some(64))),
-            entry("padded128", table(80e9, 30e9, Some(128))),
-            entry("grouped_bf16", table(76e9, 60e9, None)),
+            entry("grouped_bf16", table(80e9, 60e9)),
+            entry("grouped", table(80e9, 30e9)),
+            entry("small_m", table(65e9, 32e9)),
+            entry("expert_gemm", table(70e9, 25e9)),
+            entry("padded64", table(80e9, 30e9)),
+            entry("padded128", table(80e9, 30e9)),
         ],
         origin: "default".into(),
+        tie_margin: 0.03,
     }
 }

@@ -45,6 +45,9 @@ impl<B: Backend> Ffn<B> {
         match self {
             Ffn::Dense(mlp) => mlp.forward_add(backend, x, acc, scratch),
             Ffn::Moe(m) => {
+                if moe.capture_inputs {
+                    moe.captured.push(backend.to_host(x)?);
+                }
                 let t = Instant::now();
                 backend.moe_ffn(x, &m.weights, m.routing, select, acc, &mut moe.log)?;
                 moe.pass.moe_time += t.elapsed();
@@ -203,6 +206,7 @@ impl<B: Backend> Model<B> {
         scratch: &'s mut Scratch<B>,
     ) -> Result<&'s B::Tensor> {
         scratch.moe.pass.moe_time = std::time::Duration::ZERO;
+        scratch.moe.captured.clear();
         let result = self.forward_layers(backend, layout, cache, out_rows, hook, scratch);
         if self.config.moe.is_some() {
             // The one read-back of the MoE log per pass (drained after a failed pass too).

@@ -101,10 +101,14 @@ pub struct MoePassStats {
 pub struct MoeRun<B: Backend> {
     pub log: B::MoeLog,
     pub pass: MoePassStats,
+    /// When set, each MoE layer's input (`[rows, hidden]`, host copy) is kept in `captured`, in
+    /// call order — real activations for benchmarks and calibration. Off when serving.
+    pub capture_inputs: bool,
+    pub captured: Vec<Vec<f32>>,
 }
 
 impl<B: Backend> MoeRun<B> {
     pub fn new(backend: &B) -> Result<Self> {
-        Ok(MoeRun { log: backend.moe_log()?, pass: MoePassStats::default() })
+        Ok(MoeRun { log: backend.moe_log()?, pass: MoePassStats::default(), capture_inputs: false, captured: Vec::new() })
     }
 }
