@@ -421,10 +421,21 @@ fn sample_experts(num_experts: usize, computed_rows: u64) -> usize {
 
 /// Calibrates a cost model for `weights` (one MoE layer of the loaded model) by timing every
 /// variant of `backend` on evenly spread histograms at each of [`COST_KNOTS`] rows per expert,
-/// smallest first, interleaving the variants so that background load affects them alike. A padded
-/// variant is timed only at knots that are whole tiles (its table is by computed rows; smaller
-/// knots take the first tile's cost). When the next knot would overrun `budget`, the remaining
-/// knots are extrapolated from the last two.
+/// smallest first. A padded variant is timed only at knots that are whole tiles (its table is by
+/// computed rows; smaller knots take the first tile's cost). When the next knot would overrun
+/// `budget`, the remaining knots are extrapolated from the last two.
+///
+/// Every timed run is set up as a real pass sees its experts (this is what keeps the fit honest):
+/// - cold: each run takes experts not touched for many runs (the histograms rotate through the
+///   layer's experts), so their weights come from memory. A real pass visits each of its experts
+///   once per layer, out of hundreds of MB of expert weights, so it never finds them in cache.
+///   Repeating a run on the same experts and keeping the minimum would instead time weights left
+///   in L2/L3 by the previous repetition — and favour the variant with the smaller weights (the
+///   bf16 panels: half the bytes fit where the f32 ones do not), which is how an earlier fit
+///   picked `grouped_bf16` at every size while f32 `grouped` was faster at hundreds of rows per
+///   expert.
+/// - interleaved: each repetition runs every variant once, so a burst of background load on the
+///   shared cores hits the variants alike instead of one variant's repetitions.
 pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: usize, budget: Duration) -> Result<(MoeCostModel, AutotuneReport)> {
     let variants = backend.moe_variants();
     let t0 = Instant::now();
@@ -433,7 +444,7 @@ pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: u
     let mut tables: Vec<Vec<(usize, f64)>> = vec![Vec::new(); variants.len()];
     let timed_at = |v: &MoeVariant, n: u32| !v.padded || n % v.tile_rows.max(1) == 0;
     let mut samples = 0usize;
-    // Rotate through the experts so that consecutive samples do not reuse cached weights.
+    // Rotate through the experts so that consecutive runs do not reuse cached weights.
     let mut first_expert = 0usize;
     let mut hist_for = |v: &MoeVariant, n: u32| -> (Vec<u32>, usize) {
         let a = sample_experts(num_experts, v.computed_rows(n));
@@ -462,14 +473,20 @@ pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: u
             break;
         }
         let tk = Instant::now();
-        for (vi, v) in variants.iter().enumerate().filter(|(_, v)| timed_at(v, n)) {
-            let (hist, a) = hist_for(v, n);
-            let mut best = f64::INFINITY;
-            for _ in 0..REPS {
-                best = best.min(backend.moe_time_variant(weights, vi, &hist)?.as_secs_f64());
+        let timed: Vec<usize> = (0..variants.len()).filter(|&vi| timed_at(&variants[vi], n)).collect();
+        let mut best = vec![f64::INFINITY; variants.len()];
+        for rep in 0..REPS {
+            // The order rotates too: no variant always runs right after the same one.
+            for j in 0..timed.len() {
+                let vi = timed[(j + rep) % timed.len()];
+                let (hist, a) = hist_for(&variants[vi], n);
+                let t = backend.moe_time_variant(weights, vi, &hist)?.as_secs_f64() / a as f64;
+                best[vi] = best[vi].min(t);
                 samples += 1;
             }
-            tables[vi].push((ki, best / a as f64));
+        }
+        for &vi in &timed {
+            tables[vi].push((ki, best[vi]));
         }
         last_knot_seconds = tk.elapsed().as_secs_f64();
         knots_measured = ki + 1;

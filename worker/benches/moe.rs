@@ -12,11 +12,17 @@
 //! product listing, 100–200 tokens each, no prefix sharing) run one forward pass that captures
 //! every MoE layer's input (real activations, real routing). Then each MoE layer call of that pass
 //! (three full layers, and the last layer on the scored rows only) is timed with every fixed
-//! variant and with auto, variants interleaved, `reps` rounds; a figure is the per-layer minimum
-//! over the rounds, summed over the pass's MoE layers. `wall` is elapsed time; `cpu` is the
-//! process's CPU time / threads during the call (Linux), steadier when other processes share the
-//! cores. Auto's cost model comes from the worker's start-up path (the calibration cache, or an
-//! autotune that fills it).
+//! variant and with auto, back to back on the same layer (the order rotating every round), `reps`
+//! rounds; a figure is the per-layer minimum over the rounds, summed over the pass's MoE layers.
+//! `wall` is elapsed time; `cpu` is the process's CPU time / threads during the call (Linux),
+//! steadier when other processes share the cores. `auto@fixed` prices auto's per-layer choices at
+//! the fixed columns' per-layer figures: it shows whether the choices were right, free of the
+//! noise between columns. `paired` is auto against the best fixed variant measured the robust
+//! way: the median over rounds of (auto's pass time / that variant's pass time in the same
+//! round) — both measured back to back on each layer, so slow drifts of the machine cancel. The
+//! sweep summary compares auto with each fixed variant the same way (per-size paired medians,
+//! weighted by that variant's time). Auto's cost model comes from the worker's start-up path (the
+//! calibration cache, or an autotune that fills it).
 //!
 //! The benchmark checkpoint is generated once into `<asset cache>/bench/` (about 2 GB).
 
@@ -89,11 +95,36 @@ struct Timing {
     cpu: f64,
 }
 
+/// One batch size's figures.
+struct SizeResult<'a> {
+    seqs: usize,
+    tokens: usize,
+    /// Mean rows per active expert in the first MoE layer.
+    mean_rows: f64,
+    /// Per column (fixed variants, then auto): per-layer minima over the rounds, summed.
+    best: Vec<Timing>,
+    /// Auto's choices priced at the fixed columns' per-layer minima.
+    priced: Timing,
+    /// Per column, per round: the pass time (summed over layers).
+    rounds: Vec<Vec<Timing>>,
+    chosen: Vec<&'a str>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let arg = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
     let sizes: Vec<usize> = arg("--sizes").map(|s| s.split(',').filter_map(|v| v.parse().ok()).collect()).unwrap_or(vec![1, 2, 4, 8, 16, 32, 64]);
-    let reps: usize = arg("--reps").and_then(|v| v.parse().ok()).unwrap_or(5);
+    let reps: usize = arg("--reps").and_then(|v| v.parse().ok()).unwrap_or(5).max(1);
     let threads: usize = arg("--threads").and_then(|v| v.parse().ok()).unwrap_or(0);
     let seed: u64 = arg("--seed").and_then(|v| v.parse().ok()).unwrap_or(1);
     let autotune = !args.iter().any(|a| a == "--no-autotune");
@@ -131,8 +162,7 @@ fn main() {
     let c = loaded.model.config.clone();
     let enc = loaded.tokenizer.clone();
 
-    // rows[size][variant or auto] → summed minimum per layer
-    let mut results: Vec<(usize, usize, f64, Vec<Timing>, Vec<&str>)> = Vec::new();
+    let mut results: Vec<SizeResult> = Vec::new();
     for &b in &sizes {
         // B prompts of 100–200 tokens.
         let prompts: Vec<Vec<u32>> = (0..b)
@@ -180,40 +210,55 @@ fn main() {
         let n = names.len();
         let mut best = vec![vec![(f64::INFINITY, f64::INFINITY); layers.len()]; n];
         let mut chosen = vec![""; layers.len()];
+        let mut chosen_column = vec![0usize; layers.len()];
+        let mut rounds: Vec<Vec<Timing>> = (0..n).map(|_| (0..reps).map(|_| Timing { wall: 0.0, cpu: 0.0 }).collect()).collect();
         let mut log = backend.moe_log().expect("log");
-        for _ in 0..reps {
-            for (v, best) in best.iter_mut().enumerate() {
-                let select = if v < variants.len() { MoeSelect::Fixed(variants[v].0) } else { MoeSelect::Auto(&cost) };
-                for (l, (x, layer)) in inputs.iter().zip(&layers).enumerate() {
+        for round in 0..reps {
+            for (l, (x, layer)) in inputs.iter().zip(&layers).enumerate() {
+                for i in 0..n {
+                    let v = (i + round) % n;
+                    let select = if v < variants.len() { MoeSelect::Fixed(variants[v].0) } else { MoeSelect::Auto(&cost) };
                     let mut acc = backend.zeros(x.rows, x.cols).expect("acc");
                     let (c0, t0) = (process_cpu_ns(), Instant::now());
                     backend.moe_ffn(x, &layer.weights, layer.routing, select, &mut acc, &mut log).expect("moe");
                     let wall = t0.elapsed().as_secs_f64();
                     let cpu = (process_cpu_ns() - c0) as f64 / 1e9 / backend.threads() as f64;
-                    best[l].0 = best[l].0.min(wall);
-                    best[l].1 = best[l].1.min(cpu);
+                    best[v][l].0 = best[v][l].0.min(wall);
+                    best[v][l].1 = best[v][l].1.min(cpu);
+                    rounds[v][round].wall += wall;
+                    rounds[v][round].cpu += cpu;
                     let rec = backend.read_moe_log(&mut log).expect("log");
                     if v == variants.len() {
-                        chosen[l] = all_variants[rec[0].variant as usize].name;
+                        let idx = rec[0].variant as usize;
+                        chosen[l] = all_variants[idx].name;
+                        chosen_column[l] = variants.iter().position(|(i, _)| *i == idx).expect("auto chose a listed variant");
                     }
                 }
             }
         }
         let timings = best.iter().map(|per_layer| Timing { wall: per_layer.iter().map(|t| t.0).sum(), cpu: per_layer.iter().map(|t| t.1).sum() }).collect();
-        results.push((b, tokens, mean_rows, timings, chosen));
+        let priced = Timing {
+            wall: chosen_column.iter().enumerate().map(|(l, &c)| best[c][l].0).sum(),
+            cpu: chosen_column.iter().enumerate().map(|(l, &c)| best[c][l].1).sum(),
+        };
+        results.push(SizeResult { seqs: b, tokens, mean_rows, best: timings, priced, rounds, chosen });
         eprintln!("batch {b} done");
     }
 
     for (label, pick) in [("wall", 0usize), ("cpu", 1)] {
         let get = |t: &Timing| if pick == 0 { t.wall } else { t.cpu };
-        println!("\nMoE time per forward pass ({} MoE layers), ms, {label} (min of {reps} rounds); * = best fixed variant", results.first().map_or(0, |r| r.4.len()));
+        println!("\nMoE time per forward pass ({} MoE layers), ms, {label} (min of {reps} rounds); * = best fixed variant", results.first().map_or(0, |r| r.chosen.len()));
         print!("{:>5} {:>6} {:>7}", "seqs", "tokens", "rows/e");
         for n in &names {
             print!(" {:>12}", n);
         }
-        println!(" {:>9}  auto's choice per layer", "auto/best");
+        println!(" {:>9} {:>10} {:>7}  auto's choice per layer", "auto/best", "auto@fixed", "paired");
         let mut worst_ratio = 0f64;
-        for (b, tokens, mean_rows, t, chosen) in &results {
+        let auto_col = variants.len();
+        // Auto / fixed variant v at one size: the median over rounds of the paired ratios.
+        let paired = |r: &SizeResult, v: usize| median((0..reps).map(|i| get(&r.rounds[auto_col][i]) / get(&r.rounds[v][i])).collect());
+        for r in &results {
+            let (b, tokens, mean_rows, t, priced, chosen) = (r.seqs, r.tokens, r.mean_rows, &r.best, &r.priced, &r.chosen);
             let fixed = &t[..variants.len()];
             let best = fixed.iter().map(get).fold(f64::INFINITY, f64::min);
             print!("{b:>5} {tokens:>6} {mean_rows:>7.1}");
@@ -222,13 +267,15 @@ fn main() {
                 print!(" {:>11.1}{mark}", get(x) * 1e3);
             }
             let auto = get(&t[variants.len()]);
-            worst_ratio = worst_ratio.max(auto / best);
-            println!(" {:>12.1} {:>8.3}  {}", auto * 1e3, auto / best, chosen.join(" "));
+            let best_col = (0..variants.len()).min_by(|&a, &c| get(&fixed[a]).total_cmp(&get(&fixed[c]))).unwrap_or(0);
+            let p = paired(r, best_col);
+            worst_ratio = worst_ratio.max(p);
+            println!(" {:>12.1} {:>9.3} {:>10.3} {:>7.3}  {}", auto * 1e3, auto / best, get(priced) / best, p, chosen.join(" "));
         }
         // Over the sweep: total time, and the geometric mean of time / best fixed (every size
         // weighted alike).
         print!("{:>20}", "total");
-        let totals: Vec<f64> = (0..names.len()).map(|v| results.iter().map(|r| get(&r.3[v])).sum()).collect();
+        let totals: Vec<f64> = (0..names.len()).map(|v| results.iter().map(|r| get(&r.best[v])).sum()).collect();
         for t in &totals {
             print!(" {:>12.1}", t * 1e3);
         }
@@ -239,8 +286,8 @@ fn main() {
                 let logs: f64 = results
                     .iter()
                     .map(|r| {
-                        let best = r.3[..variants.len()].iter().map(get).fold(f64::INFINITY, f64::min);
-                        (get(&r.3[v]) / best).ln()
+                        let best = r.best[..variants.len()].iter().map(get).fold(f64::INFINITY, f64::min);
+                        (get(&r.best[v]) / best).ln()
                     })
                     .sum();
                 (logs / results.len() as f64).exp()
@@ -250,15 +297,22 @@ fn main() {
             print!(" {:>12.3}", g);
         }
         println!();
-        let auto_total = totals[variants.len()];
-        let beaten: Vec<&str> = variants.iter().zip(&totals).filter(|(_, &t)| auto_total < t).map(|((_, v), _)| v.name).collect();
+        // Over the sweep, auto against each fixed variant: per-size paired ratios weighted by the
+        // variant's time (= auto's total / the variant's total, estimated pairwise).
+        print!("{:>20}", "auto/this, sweep");
+        let sweep: Vec<f64> = (0..variants.len())
+            .map(|v| results.iter().map(|r| paired(r, v) * get(&r.best[v])).sum::<f64>() / results.iter().map(|r| get(&r.best[v])).sum::<f64>())
+            .collect();
+        for s in &sweep {
+            print!(" {:>12.3}", s);
+        }
+        println!();
+        let not_beaten: Vec<&str> = variants.iter().zip(&sweep).filter(|(_, &s)| s >= 1.0).map(|((_, v), _)| v.name).collect();
         println!(
-            "auto: worst ratio to the best fixed variant {:.3} ({}); total below {} of {} fixed variants ({})",
+            "auto (paired): worst ratio to the best fixed variant {:.3} ({}); over the sweep {}",
             worst_ratio,
             if worst_ratio <= 1.05 { "within 5% at every size" } else { "NOT within 5% everywhere" },
-            beaten.len(),
-            variants.len(),
-            if beaten.len() == variants.len() { "strictly better than each".to_string() } else { format!("not below: {:?}", variants.iter().map(|(_, v)| v.name).filter(|n| !beaten.contains(n)).collect::<Vec<_>>()) }
+            if not_beaten.is_empty() { "strictly better than each fixed variant".to_string() } else { format!("not better than {not_beaten:?}") }
         );
     }
 }
