@@ -1,10 +1,17 @@
-//! CPU backend throughput: our GEMM vs the `gemm` crate on SmolLM2-135M's projection shapes, and
-//! attention on a realistic scoring batch (one shared prefix + many items).
+//! CPU backend throughput: our GEMM vs the `gemm` crate on SmolLM2-135M's projection shapes (same
+//! run, same thread count), attention on a realistic scoring batch (one shared prefix + many
+//! items), and one whole decoder layer on that batch with the prefill rate it implies.
 //!
-//!   cargo run --release -p sieve-kernels --example bench_cpu [-- --threads N] [-- --quick]
+//!   cargo run --release -p sieve-kernels --example bench_cpu
 //!
-//! Figures are wall-clock medians on whatever else the machine is doing: compare the columns of
-//! one run, not runs on different days.
+//! Options: `--threads N` (default: all), `--quick` (shorter timing), `--isa avx512|avx2|portable`,
+//! `--m 1,64` / `--shapes 0,3` / `--shape NxK` (restrict or replace the GEMM table),
+//! `--no-attention`, `--no-layer`. Environment: `BENCH_OURS_ONLY=1` / `BENCH_GEMM_ONLY=1` time
+//! only our GEMM / only the `gemm` crate,
+//! `BENCH_REPS=N` runs each case exactly N times (for CPU-time counters such as `perf stat`).
+//!
+//! Each case is timed repeatedly; "median" is the typical call on whatever else the machine is
+//! doing, "best" the fastest call (closest to an idle machine). Compare columns of one run.
 
 use std::time::Instant;
 
@@ -17,26 +24,37 @@ fn random(rng: &mut impl Rng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
 }
 
-/// Median seconds per call of `f`, run until about `budget` seconds have passed.
-fn time(budget: f64, mut f: impl FnMut()) -> f64 {
+/// Seconds per call.
+#[derive(Clone, Copy)]
+struct Timing {
+    median: f64,
+    best: f64,
+}
+
+impl Timing {
+    const NONE: Timing = Timing { median: f64::NAN, best: f64::NAN };
+}
+
+/// Times `f` until about `budget` seconds have passed (or exactly `BENCH_REPS` calls).
+fn time(budget: f64, mut f: impl FnMut()) -> Timing {
     if let Some(reps) = std::env::var("BENCH_REPS").ok().and_then(|v| v.parse::<usize>().ok()) {
-        // Fixed work, for measuring with an external CPU-time counter.
         let t = Instant::now();
         for _ in 0..reps {
             f();
         }
-        return t.elapsed().as_secs_f64() / reps as f64;
+        let per_call = t.elapsed().as_secs_f64() / reps.max(1) as f64;
+        return Timing { median: per_call, best: per_call };
     }
     f();
     let mut samples = Vec::new();
     let start = Instant::now();
-    while samples.len() < 3 || (start.elapsed().as_secs_f64() < budget && samples.len() < 1000) {
+    while samples.len() < 5 || (start.elapsed().as_secs_f64() < budget && samples.len() < 1000) {
         let t = Instant::now();
         f();
         samples.push(t.elapsed().as_secs_f64());
     }
     samples.sort_by(f64::total_cmp);
-    if std::env::var_os("BENCH_MIN").is_some() { samples[0] } else { samples[samples.len() / 2] }
+    Timing { median: samples[samples.len() / 2], best: samples[0] }
 }
 
 fn main() {
@@ -64,8 +82,9 @@ fn main() {
     let gemm_pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool");
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
 
-    println!("\nGEMM out[M,N] = x[M,K] · W[N,K]ᵀ, GFLOP/s (median), {threads} threads");
-    println!("{:<26} {:>6} {:>10} {:>10} {:>7}", "shape (N x K)", "M", "sieve", "gemm", "ratio");
+    println!("\nGEMM out[M,N] = x[M,K] · W[N,K]ᵀ, GFLOP/s, {threads} threads");
+    println!("{:<18} {:>5}   {:>14}   {:>14}   {:>12}", "", "", "sieve", "gemm crate", "sieve / gemm");
+    println!("{:<18} {:>5}   {:>6} {:>7}   {:>6} {:>7}   {:>5} {:>6}", "shape (N x K)", "M", "median", "best", "median", "best", "median", "best");
     let shapes = [("qkv 960x576", 960, 576), ("o_proj 576x576", 576, 576), ("gate_up 3072x576", 3072, 576), ("down 576x1536", 576, 1536)];
     // --shape NxK adds a custom shape (tuning).
     let custom: Vec<(String, usize, usize)> = args
@@ -82,17 +101,17 @@ fn main() {
         custom
     };
     for (name, n, k) in selected {
-        let (n, k) = (n, k);
         let wdata = random(&mut rng, n * k);
         let w = cpu.linear_weight(&wdata, n, k).expect("weight");
         for &m in &ms {
             let x = HostTensor::from_vec(random(&mut rng, m * k), m, k);
             let mut out = HostTensor::zeros(m, n);
             let flops = 2.0 * (m * n * k) as f64;
-            let ours = time(budget, || cpu.matmul(&x, &w, None, &mut out).expect("matmul"));
+            let gemm_only = std::env::var_os("BENCH_GEMM_ONLY").is_some();
+            let ours = if gemm_only { Timing::NONE } else { time(budget, || cpu.matmul(&x, &w, None, &mut out).expect("matmul")) };
             let mut dst = out.data.clone();
             let ours_only = std::env::var_os("BENCH_OURS_ONLY").is_some();
-            let theirs = if ours_only { f64::NAN } else { time(budget, || {
+            let theirs = if ours_only { Timing::NONE } else { time(budget, || {
                 gemm_pool.install(|| unsafe {
                     gemm::gemm(
                         m, n, k,
@@ -104,16 +123,32 @@ fn main() {
                     )
                 })
             }) };
+            if gemm_only {
+                cpu.matmul(&x, &w, None, &mut out).expect("matmul");
+            }
             let max_diff = out.data.iter().zip(&dst).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
             assert!(max_diff < 1e-2, "results differ by {max_diff}");
-            println!("{:<26} {:>6} {:>10.1} {:>10.1} {:>7.2}", name, m, flops / ours / 1e9, flops / theirs / 1e9, theirs / ours);
+            let gflops = |t: f64| flops / t / 1e9;
+            println!(
+                "{:<18} {:>5}   {:>6.1} {:>7.1}   {:>6.1} {:>7.1}   {:>5.2} {:>6.2}",
+                name,
+                m,
+                gflops(ours.median),
+                gflops(ours.best),
+                gflops(theirs.median),
+                gflops(theirs.best),
+                theirs.median / ours.median,
+                theirs.best / ours.best
+            );
         }
     }
 
     if skip_attention {
         return;
     }
-    // Attention: 1 prefix of 80 tokens + 64 items of 40..120 tokens, SmolLM2 heads.
+    // Attention: 1 prefix of 80 tokens + 64 items of 40..120 tokens, SmolLM2 heads (its own seed:
+    // the same batch whatever the GEMM table ran).
+    let mut rng = rand::rngs::StdRng::seed_from_u64(8);
     let layout = QkvLayout { n_heads: 9, n_kv_heads: 3, head_dim: 64 };
     let prefix = 80usize;
     let items: Vec<usize> = (0..64).map(|_| rng.random_range(40..=120)).collect();
@@ -148,7 +183,13 @@ fn main() {
     let mut out = HostTensor::zeros(rows, layout.q_dim());
     let t = time(budget, || cpu.attention(&qkv, layout, &cache, 0, &b, &mut out).expect("attention"));
     println!("\nattention: 1 prefix of {prefix} + {} items of 40..120 tokens ({rows} rows), 9 heads / 3 kv heads / head_dim 64", items.len());
-    println!("  {:.2} ms per layer, {:.1} GFLOP/s (QK + PV), {:.0} rows/s", t * 1e3, flops / t / 1e9, rows as f64 / t);
+    println!(
+        "  median {:.1} ms per layer ({:.1} GFLOP/s of QK + PV), best {:.1} ms ({:.1} GFLOP/s)",
+        t.median * 1e3,
+        flops / t.median / 1e9,
+        t.best * 1e3,
+        flops / t.best / 1e9
+    );
 
     if args.iter().any(|a| a == "--no-layer") {
         return;
@@ -188,5 +229,12 @@ fn main() {
         cpu.rms_norm(&h, &norm, 1e-5, &mut x).expect("op");
         std::mem::swap(&mut h, &mut x);
     });
-    println!("\nSmolLM2 decoder layer on that batch: {:.1} ms per layer -> {:.0} prefill tokens/s for 30 layers", t * 1e3, rows as f64 / (30.0 * t));
+    println!("\nSmolLM2 decoder layer (norms, QKV, RoPE, KV write, attention, o_proj, SwiGLU MLP) on that batch:");
+    println!(
+        "  median {:.1} ms per layer -> {:.0} prefill tokens/s for 30 layers; best {:.1} ms -> {:.0} tokens/s",
+        t.median * 1e3,
+        rows as f64 / (30.0 * t.median),
+        t.best * 1e3,
+        rows as f64 / (30.0 * t.best)
+    );
 }

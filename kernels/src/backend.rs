@@ -262,8 +262,20 @@ pub trait Backend: Send + Sync + 'static {
     fn read_moe_log(&self, log: &mut Self::MoeLog) -> Result<Vec<MoeLayerStats>>;
     /// Calibration (start-up autotune): the wall time of step 3 of [`Backend::moe_ffn`] alone, run
     /// by `variant` on synthetic rows spread over the experts as `histogram` says (one count per
-    /// expert). May synchronise the device.
+    /// expert), less what a backend can tell was time spent waiting for a core taken by other
+    /// processes (the CPU backend: the threads' run-queue delay). May synchronise the device.
     fn moe_time_variant(&self, w: &Self::MoeWeights, variant: usize, histogram: &[u32]) -> Result<Duration>;
+    /// Start-up calibration of the cost model on one MoE layer of the loaded model, kept within
+    /// about `budget`. By default [`crate::moe::autotune`] (per-variant tables from
+    /// [`Backend::moe_time_variant`]); a backend whose selector runs on the device fits the
+    /// parameters of the rule it evaluates there instead (CUDA: the padding-ratio threshold).
+    fn moe_autotune(&self, w: &Self::MoeWeights, routing: MoeRouting, num_experts: usize, budget: Duration) -> Result<(MoeCostModel, crate::moe::AutotuneReport)>
+    where
+        Self: Sized,
+    {
+        let _ = routing;
+        crate::moe::autotune(self, w, num_experts, budget)
+    }
 }
 
 impl fmt::Display for RopeLayout {

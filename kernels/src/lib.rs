@@ -5,6 +5,7 @@
 
 pub mod backend;
 pub mod cpu;
+pub mod cuda;
 pub mod host;
 pub mod moe;
 pub mod reference;

@@ -271,6 +271,21 @@ impl MoeCostModel {
         }
     }
 
+    /// The threshold of a model that is the padding-ratio rule for `large` / `small` (as
+    /// [`MoeCostModel::padding_ratio_rule`] builds it, or scaled): `large` costed by padded rows
+    /// only, `small` by real rows only. `None` for any other model. A device backend whose
+    /// selector runs on the device (no host round trip per layer) evaluates only this rule.
+    pub fn padding_threshold(&self, large: &str, small: &str) -> Option<f64> {
+        let [a, b] = &self.variants[..] else { return None };
+        let (l, s) = match (a.variant.as_str(), b.variant.as_str()) {
+            (x, y) if x == large && y == small => (a, b),
+            (x, y) if x == small && y == large => (b, a),
+            _ => return None,
+        };
+        let only = |c: &VariantCost, per_row: bool| c.per_call == 0.0 && c.per_expert.is_empty() && if per_row { c.per_padded_row == 0.0 && c.per_row > 0.0 } else { c.per_row == 0.0 && c.per_padded_row > 0.0 };
+        (only(l, false) && only(s, true)).then(|| s.per_row / l.per_padded_row)
+    }
+
     /// Checks that every entry names one of `variants` (once) and has a usable table.
     pub fn validate(&self, variants: &[MoeVariant]) -> Result<()> {
         if self.variants.is_empty() {
@@ -595,6 +610,11 @@ mod tests {
         let vs = variants();
         let m = MoeCostModel::padding_ratio_rule("bm128", "bm64", 1.5);
         m.validate(&vs).unwrap();
+        assert_eq!(m.padding_threshold("bm128", "bm64"), Some(1.5));
+        assert_eq!(m.padding_threshold("bm64", "bm128"), None);
+        let mut calibrated = m.clone();
+        calibrated.variants[0].per_expert = vec![1.0];
+        assert_eq!(calibrated.padding_threshold("bm128", "bm64"), None, "a per-expert table is not the rule");
         // 10 experts × 100 rows: padded 1280 / real 1000 = 1.28 ≤ 1.5 → bm128.
         assert_eq!(vs[m.select(&[100; 10], &vs)].name, "bm128");
         // 10 experts × 30 rows: 1280 / 300 = 4.3 → bm64.

@@ -53,6 +53,36 @@ fn gemm_row_is_bitwise_independent_of_batch_and_threads() {
 }
 
 #[test]
+fn every_tile_shape_gives_the_single_row_bits() {
+    // M = 1..=30 walks every tile shape (1..14 rows, 1..4 panels, tail tiles and panel groups);
+    // N = 130 is 5 panels (a partial one), so 4-panel groups leave a 1-panel tail.
+    let mut g = rng(14);
+    let (n, k) = (130, 37);
+    for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable].into_iter().filter(|isa| isa.is_supported()) {
+        let cpu = CpuBackend::with_isa(2, isa).unwrap();
+        let wd = random(&mut g, n * k);
+        let w = cpu.linear_weight(&wd, n, k).unwrap();
+        let bias = random(&mut g, n);
+        let x = tensor(&mut g, 30, k);
+        let single: Vec<Vec<f32>> = (0..30)
+            .map(|r| {
+                let mut out = HostTensor::zeros(1, n);
+                cpu.matmul(&HostTensor::from_vec(x.row(r).to_vec(), 1, k), &w, Some(&bias), &mut out).unwrap();
+                out.data
+            })
+            .collect();
+        for m in 1..=30 {
+            let xm = HostTensor::from_vec(x.data[..m * k].to_vec(), m, k);
+            let mut out = HostTensor::zeros(m, n);
+            cpu.matmul(&xm, &w, Some(&bias), &mut out).unwrap();
+            for (r, want) in single.iter().enumerate().take(m) {
+                assert_bits_eq(&format!("{isa:?} m={m} row {r}"), out.row(r), want);
+            }
+        }
+    }
+}
+
+#[test]
 fn row_ops_are_bitwise_independent_of_batch_and_threads() {
     let mut g = rng(11);
     let (one, two) = (CpuBackend::new(1).unwrap(), CpuBackend::new(2).unwrap());

@@ -1,4 +1,103 @@
-fn main() {
-    eprintln!("sieve-proxy: not built yet (see the proxy issue)");
-    std::process::exit(2);
+//! `sieve-proxy [--host H] [--port 8080] [--admin-port 9080] [--worker URL[,admin=URL]]...
+//! [--config FILE]`. Prints `sieve-proxy listening api=HOST:PORT admin=HOST:PORT` once both
+//! ports are bound. SIGTERM/SIGINT: drain (finish in flight, refuse new) and exit;
+//! SIGHUP: reload the config file.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use sieve_proxy::{Launch, Overrides};
+use sieve_shared::WorkerEndpoint;
+
+#[derive(Parser)]
+#[command(name = "sieve-proxy", version, about = "Sieve proxy: cost-balanced fan-out of scoring calls over workers")]
+struct Cli {
+    /// Address to listen on (both ports).
+    #[arg(long)]
+    host: Option<String>,
+    /// API port (0: a free port). Default 8080, or the config's.
+    #[arg(long)]
+    port: Option<u16>,
+    /// Admin port (0: a free port). Default 9080, or the config's.
+    #[arg(long)]
+    admin_port: Option<u16>,
+    /// A worker: its API base URL, optionally with its admin base URL,
+    /// e.g. http://10.0.0.5:8081,admin=http://10.0.0.5:9081. Repeatable.
+    #[arg(long = "worker", value_name = "URL[,admin=URL]")]
+    workers: Vec<WorkerEndpoint>,
+    /// Config file (TOML, see configs/proxy.toml); watched and hot-reloaded.
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+    let cli = Cli::parse();
+    let overrides = Overrides { host: cli.host, port: cli.port, admin_port: cli.admin_port };
+    let config = match sieve_proxy::config::load(cli.config.as_deref(), &overrides) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("sieve-proxy: config: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sieve-proxy: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    rt.block_on(async move {
+        let launch = Launch { config, config_path: cli.config, overrides, workers: cli.workers };
+        let proxy = match sieve_proxy::start(launch).await {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("sieve-proxy: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        println!("{}", proxy.listening_line());
+        wait_for_shutdown(&proxy).await;
+        tracing::info!("draining");
+        if proxy.drain_and_stop().await {
+            ExitCode::SUCCESS
+        } else {
+            tracing::warn!("drain timed out with requests in flight");
+            ExitCode::FAILURE
+        }
+    })
+}
+
+/// Returns on SIGTERM or SIGINT; reloads the config on SIGHUP meanwhile.
+async fn wait_for_shutdown(proxy: &sieve_proxy::RunningProxy) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int), Ok(mut hup)) =
+            (signal(SignalKind::terminate()), signal(SignalKind::interrupt()), signal(SignalKind::hangup()))
+        else {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = term.recv() => return,
+                _ = int.recv() => return,
+                _ = hup.recv() => match proxy.discovery.reload() {
+                    Ok(n) => tracing::info!("SIGHUP: config reloaded, {n} workers"),
+                    Err(e) => tracing::warn!("SIGHUP: config not reloaded: {e}"),
+                },
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = proxy;
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }

@@ -54,11 +54,15 @@ pub struct ModelSection {
     pub max_seq_tokens: usize,
     /// Compute threads (0 = all cores).
     pub threads: usize,
+    /// CUDA dense projections: `tiled` (our tensor-core GEMM: a row's bits never depend on its
+    /// batch) or `cublas` (faster, but cuBLAS picks kernels by problem size, so scores can move
+    /// in the last bits with batch composition).
+    pub gemm: String,
 }
 
 impl Default for ModelSection {
     fn default() -> Self {
-        ModelSection { path: "default".into(), device: "cpu".into(), head: "auto".into(), max_seq_tokens: 0, threads: 0 }
+        ModelSection { path: "default".into(), device: "cpu".into(), head: "auto".into(), max_seq_tokens: 0, threads: 0, gemm: "tiled".into() }
     }
 }
 

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use sieve_kernels::cuda::{CudaBackend, CudaOptions, GemmEngine};
 use sieve_kernels::Backend;
 
 use crate::assets;
@@ -79,6 +80,15 @@ fn start_on<B: Backend>(backend: B, cfg: &WorkerConfig, state: Arc<EngineState>)
 pub fn start_engine(cfg: &WorkerConfig, device: Device, state: Arc<EngineState>) -> Result<(Arc<EngineHandle>, String)> {
     match device {
         Device::Cpu => start_on(sieve_kernels::CpuBackend::new(cfg.model.threads)?, cfg, state),
-        Device::Cuda(_) => Err(WorkerError::Unsupported("CUDA support is not built yet".into())),
+        Device::Cuda(n) => {
+            let gemm = match cfg.model.gemm.as_str() {
+                "tiled" => GemmEngine::Tiled,
+                "cublas" => GemmEngine::Cublas,
+                other => return Err(WorkerError::Config(format!("model.gemm '{other}' (tiled | cublas)"))),
+            };
+            let opts = CudaOptions { gemm, ..CudaOptions::new(n).with_asset_cache(&assets::cache_dir()) };
+            let backend = CudaBackend::with_options(&opts).map_err(|e| WorkerError::Config(format!("--device {device}: {e}")))?;
+            start_on(backend, cfg, state)
+        }
     }
 }

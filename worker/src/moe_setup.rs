@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use sieve_kernels::moe::{autotune, AutotuneReport, MoeCostModel, MoeVariant};
+use sieve_kernels::moe::{AutotuneReport, MoeCostModel, MoeVariant};
 use sieve_kernels::Backend;
 
 use crate::config::MoeSection;
@@ -161,7 +161,7 @@ pub fn configure<B: Backend>(backend: &B, model: &mut Model<B>, model_name: &str
                 return Err(WorkerError::Config("a MoE config without MoE layers".into()));
             };
             let budget = Duration::from_millis(cfg.autotune_budget_ms);
-            let (m, r) = autotune(backend, &layer.weights, layer.num_experts, budget)?;
+            let (m, r) = backend.moe_autotune(&layer.weights, layer.routing, layer.num_experts, budget)?;
             tracing::info!(seconds = format!("{:.2}", r.seconds), samples = r.samples, knots = r.knots_measured, "MoE autotune done");
             if let Err(e) = write_cache(&path, &key, &m) {
                 tracing::warn!("cannot cache the MoE calibration at {}: {e}", path.display());

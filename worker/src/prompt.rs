@@ -192,6 +192,17 @@ pub(crate) mod tests {
         }
     }
 
+    /// [`ByteEncoder`] folded into a small model's vocabulary.
+    pub(crate) struct ModEncoder(pub u32);
+    impl TextEncoder for ModEncoder {
+        fn encode_special(&self, t: &str) -> Result<Vec<u32>> {
+            Ok(ByteEncoder.encode_special(t)?.into_iter().map(|x| x % self.0).collect())
+        }
+        fn encode_plain(&self, t: &str) -> Result<Vec<u32>> {
+            Ok(ByteEncoder.encode_plain(t)?.into_iter().map(|x| x % self.0).collect())
+        }
+    }
+
     fn builder() -> PromptBuilder {
         let t = PromptTemplate {
             prefix: "<s>sys\n".into(),

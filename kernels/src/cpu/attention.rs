@@ -7,8 +7,9 @@
 //! Determinism: a query row at logical position `pos` visits keys `0..=pos` in logical order. The
 //! score of a key is one chain over head_dim; keys are vectorised in chunks of 16 anchored at
 //! position 0; lanes past `pos` are replaced (not multiplied) by -inf / 0, so they contribute
-//! exact zeros; the softmax sum is a fixed lane order plus a fixed tree; `P·V` is one chain over
-//! `0..=pos` per output element. Nothing depends on q_len, on the keys after `pos`, on where the
+//! exact zeros (as do terms below e^-80 of the largest, which are flushed to avoid subnormals);
+//! the softmax sum is a fixed lane order plus a fixed tree; `P·V` is one chain over `0..=pos` per
+//! output element. Nothing depends on q_len, on the keys after `pos`, on where the
 //! K/V physically live (shared prefix or own blocks), or on the work split.
 
 use rayon::prelude::*;

@@ -10,20 +10,10 @@ use sieve_kernels::reference::ReferenceBackend;
 use super::*;
 use crate::model::tests::{random_source, tiny_config};
 use crate::model::{Arch, HeadSpec, Model};
-use crate::prompt::tests::ByteEncoder;
+use crate::prompt::tests::ModEncoder;
 use crate::prompt::{PromptTemplate, TextEncoder};
 use crate::WorkerError;
 
-/// Byte-level test encoder folded into the tiny model's vocabulary.
-struct ModEncoder(u32);
-impl TextEncoder for ModEncoder {
-    fn encode_special(&self, t: &str) -> crate::Result<Vec<u32>> {
-        Ok(ByteEncoder.encode_special(t)?.into_iter().map(|x| x % self.0).collect())
-    }
-    fn encode_plain(&self, t: &str) -> crate::Result<Vec<u32>> {
-        Ok(ByteEncoder.encode_plain(t)?.into_iter().map(|x| x % self.0).collect())
-    }
-}
 
 fn template() -> PromptTemplate {
     PromptTemplate {

@@ -4,7 +4,7 @@
 use sieve_kernels::reference::ReferenceBackend;
 use sieve_kernels::{Backend, RopeConfig, RopeLayout};
 
-use super::source::MemorySource;
+use super::source::{MemorySource, WeightSource};
 use super::*;
 use crate::engine::layout::{segment_slots, LayoutBuilder};
 
@@ -252,4 +252,84 @@ fn moe_policies_are_checked_against_the_backend() {
     assert!(m.set_moe_policy(&cpu, MoePolicy::Auto(rule)).unwrap_err().to_string().contains("bm128"));
     assert!(MoePolicy::fixed_by_name(&cpu, "padded64").is_ok());
     assert!(MoePolicy::fixed_by_name(&cpu, "tile99").unwrap_err().to_string().contains("grouped"));
+}
+
+#[test]
+fn a_two_label_classifier_head_folds_like_yes_no() {
+    // score.weight = [W[no], W[yes]] must give exactly the yes/no head's logit.
+    let b = ReferenceBackend;
+    let c = tiny_config(Arch::Qwen3);
+    let mut src = random_source(&c, 3);
+    let emb = src.get("model.embed_tokens.weight").unwrap();
+    let (yes, no) = (5usize, 9usize);
+    let h = c.hidden;
+    let mut w = emb.data[no * h..(no + 1) * h].to_vec();
+    w.extend_from_slice(&emb.data[yes * h..(yes + 1) * h]);
+    src.insert("score.weight", w, vec![2, h]);
+    let yn = Model::load(&b, &src, c.clone(), HeadSpec::YesNo { yes: yes as u32, no: no as u32 }, false).unwrap();
+    let cls = Model::load(&b, &src, c.clone(), HeadSpec::Classifier, false).unwrap();
+    assert_eq!(cls.head.kind, HeadKind::Classifier { labels: 2 });
+    let prompts = vec![tokens(1, 7, c.vocab), tokens(2, 3, c.vocab)];
+    assert_eq!(scores_alone(&b, &yn, &prompts), scores_alone(&b, &cls, &prompts));
+    // One label is used as is; three are refused with a clear error.
+    src.insert("score.weight", vec![0.5; h], vec![1, h]);
+    assert!(Model::load(&b, &src, c.clone(), HeadSpec::Classifier, false).is_ok());
+    src.insert("score.weight", vec![0.5; 3 * h], vec![3, h]);
+    let err = Model::load(&b, &src, c, HeadSpec::Classifier, false).err().unwrap();
+    assert!(err.to_string().contains("3 labels"), "{err}");
+}
+
+#[test]
+fn moe_model_on_the_cuda_pipeline_twin_matches_the_cpu_backend() {
+    // The GPU MoE path (router projection, device-side tile selection by the padding-ratio rule,
+    // permutation, grouped bf16 GEMMs, un-permute into the residual) as `TwinBackend` runs it:
+    // the same launches `CudaBackend::moe_ffn` makes, on the kernels' CPU twins.
+    use sieve_kernels::cuda::twin::TwinBackend;
+    use sieve_kernels::CpuBackend;
+    // `scores_alone` gives the logit l_yes − l_no; bf16 weights (and bf16 expert activations)
+    // move it by at most 0.05 + 2% of its size here.
+    let tol = |w: f32| 0.05 + 0.02 * w.abs();
+    let (cpu, twin) = (CpuBackend::new(2).unwrap(), TwinBackend::tiled());
+    let c = tiny_moe_config(Arch::Qwen3Moe);
+    let src = random_source(&c, 11);
+    let head = HeadSpec::YesNo { yes: 5, no: 9 };
+    let on_cpu = Model::load(&cpu, &src, c.clone(), head.clone(), false).unwrap();
+    let mut on_twin = Model::load(&twin, &src, c.clone(), head.clone(), false).unwrap();
+    assert!(matches!(on_twin.moe_policy(), MoePolicy::Auto(m) if m.padding_threshold("bm128", "bm64") == Some(1.5)));
+    let prompts: Vec<Vec<u32>> = (0..5).map(|i| tokens(70 + i as u64, 3 + 7 * i, c.vocab)).collect();
+    let want = scores_alone(&cpu, &on_cpu, &prompts);
+    assert!(want.iter().any(|&s| (s - want[0]).abs() > 0.5), "logits do not vary: {want:?}");
+    for policy in [on_twin.moe_policy().clone(), MoePolicy::Fixed(0), MoePolicy::Fixed(1)] {
+        on_twin.set_moe_policy(&twin, policy.clone()).unwrap();
+        let got = scores_alone(&twin, &on_twin, &prompts);
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() <= tol(*w), "{policy:?}: twin {g} vs cpu {w}");
+        }
+    }
+    // The record: at a handful of rows per expert the rule picks BLOCK_M 64 (index 1).
+    let mut scratch = Scratch::new(&twin).unwrap();
+    let mut cache = twin.kv_cache(c.n_layers, 64, c.n_kv_heads, c.head_dim).unwrap();
+    on_twin.set_moe_policy(&twin, MoePolicy::Auto(twin.moe_default_cost(c.hidden, 40))).unwrap();
+    let mut lb = LayoutBuilder::new();
+    let row = lb.push(&prompts[4], &(0..prompts[4].len() as u32).collect::<Vec<_>>()).unwrap();
+    on_twin.forward(&twin, &lb.finish(), &mut cache, &[row], None, &mut scratch).unwrap();
+    let first = scratch.moe.pass.layers[0];
+    assert_eq!(first.rows, prompts[4].len() as u64 * 4);
+    assert_eq!(first.variant, 1, "{first:?}");
+    assert!(first.padded_rows >= first.rows && first.active_experts > 0 && first.max_expert_rows > 0);
+    // A calibrated per-expert table cannot run on the device selector: refused with the reason.
+    let table = sieve_kernels::MoeCostModel {
+        variants: vec![sieve_kernels::VariantCost { variant: "bm64".into(), per_call: 0.0, per_expert: vec![1.0], per_row: 0.0, per_padded_row: 0.0 }],
+        origin: "test".into(),
+        tie_margin: 0.0,
+    };
+    on_twin.set_moe_policy(&twin, MoePolicy::Auto(table)).unwrap();
+    let mut lb = LayoutBuilder::new();
+    let row = lb.push(&prompts[0], &(0..prompts[0].len() as u32).collect::<Vec<_>>()).unwrap();
+    let err = on_twin.forward(&twin, &lb.finish(), &mut cache, &[row], None, &mut scratch).err().unwrap();
+    assert!(err.to_string().contains("padding-ratio rule"), "{err}");
+    // qwen2_moe's shared expert has no GPU kernel yet: a clear load error, not a panic.
+    let c2 = tiny_moe_config(Arch::Qwen2Moe);
+    let err = Model::load(&twin, &random_source(&c2, 3), c2, head, false).err().unwrap();
+    assert!(err.to_string().contains("shared expert"), "{err}");
 }

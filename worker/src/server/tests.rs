@@ -15,18 +15,9 @@ use super::*;
 use crate::engine::{EngineConfig, EngineHandle, EngineParts, FaultHook};
 use crate::model::tests::{random_source, tiny_config};
 use crate::model::{Arch, HeadSpec, Model};
-use crate::prompt::tests::ByteEncoder;
+use crate::prompt::tests::ModEncoder;
 use crate::prompt::{PromptBuilder, PromptTemplate, TextEncoder};
 
-struct ModEncoder(u32);
-impl TextEncoder for ModEncoder {
-    fn encode_special(&self, t: &str) -> crate::Result<Vec<u32>> {
-        Ok(ByteEncoder.encode_special(t)?.into_iter().map(|x| x % self.0).collect())
-    }
-    fn encode_plain(&self, t: &str) -> crate::Result<Vec<u32>> {
-        Ok(ByteEncoder.encode_plain(t)?.into_iter().map(|x| x % self.0).collect())
-    }
-}
 
 struct Server {
     api: SocketAddr,

@@ -1,0 +1,38 @@
+// Grouped expert GEMM on tensor cores: for every expert e, C[rows of e] = A[rows of e] . W_e^T,
+// A the permuted activations [n_rows, K] (bf16), W [n_experts, N, K] (bf16, nn.Linear layout),
+// C [n_rows, N] (f32). Rows of expert e are [offsets[e], offsets[e] + counts[e]) (moe_permute.cu).
+//
+// Launch: grid (the host's worst-case tile count for the variant, ceil(N / GEMM_BN)), block
+// BLOCK_M * 2 threads. blockIdx.x indexes this variant's device-built tile schedule
+// (expert, first row within the expert); a block past the device's tile count exits, and every
+// block of the variant the selector did not choose (the `choice` flag) exits at once.
+// The tile itself is mma_tile.cuh's gemm_tile; both variants give the same bits.
+#include "mma_tile.cuh"
+
+template <int BM>
+__device__ __forceinline__ void grouped_gemm(const bf16_t* __restrict__ a, const bf16_t* __restrict__ w,
+                                             float* __restrict__ c, const u32* __restrict__ counts,
+                                             const u32* __restrict__ offsets, const u32* __restrict__ tiles,
+                                             u32 n_tiles, int n, int k) {
+    const u32 tile = blockIdx.x;
+    if (tile >= n_tiles) return;
+    const u32 e = tiles[2 * tile], r0 = tiles[2 * tile + 1];
+    gemm_tile<BM>(a, w + (long long)e * n * k, c, offsets[e], r0, counts[e], blockIdx.y * GEMM_BN, n, k, 0.0f);
+}
+
+// n_tiles = [tiles at BLOCK_M 64, tiles at BLOCK_M 128] (moe_offsets); choice = the selector's BLOCK_M.
+extern "C" __global__ void __launch_bounds__(128)
+moe_gemm_bm64(const bf16_t* __restrict__ a, const bf16_t* __restrict__ w, float* __restrict__ c,
+              const u32* __restrict__ counts, const u32* __restrict__ offsets, const u32* __restrict__ tiles,
+              const u32* __restrict__ n_tiles, const int* __restrict__ choice, int n, int k) {
+    if (*choice != 64) return;
+    grouped_gemm<64>(a, w, c, counts, offsets, tiles, n_tiles[0], n, k);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+moe_gemm_bm128(const bf16_t* __restrict__ a, const bf16_t* __restrict__ w, float* __restrict__ c,
+               const u32* __restrict__ counts, const u32* __restrict__ offsets, const u32* __restrict__ tiles,
+               const u32* __restrict__ n_tiles, const int* __restrict__ choice, int n, int k) {
+    if (*choice != 128) return;
+    grouped_gemm<128>(a, w, c, counts, offsets, tiles, n_tiles[1], n, k);
+}

@@ -1,0 +1,124 @@
+// MoE token permutation: group the (token, pick) assignments by expert so each expert's rows are
+// contiguous, run the grouped GEMMs on the permuted rows, then un-permute with the routing weights.
+//
+// Assignment a = token * top_k + j (pick j of the token) goes to expert topk_ids[a]. Within an
+// expert, rows keep assignment order, so the layout is a pure function of the routing: no atomics
+// decide an order. Expert e's rows are [expert_offsets[e], expert_offsets[e] + counts[e]) —
+// unpadded; the GEMM tiles mask rows past an expert's count.
+//
+// Pipeline (all on one stream, no host synchronisation):
+//   moe_chunk_counts  grid (n_chunks), block PERM_CHUNK, dyn smem n_experts u32:
+//                     per chunk of PERM_CHUNK assignments, the count per expert.
+//   moe_offsets       grid (1), block PERM_OFFSET_THREADS: per-expert running sums over chunks
+//                     (chunk_base), totals (counts), exclusive scan over experts (offsets), and
+//                     both tile schedules (BLOCK_M 64 and 128): for each expert, ceil(n_e/BM)
+//                     tiles (expert, first row within the expert), experts in order.
+//   moe_select_tile   (moe_select.cu) picks the variant from the counts.
+//   moe_scatter       grid (n_chunks), block PERM_CHUNK: destination row of each assignment
+//                     (offset + chunk_base + rank among the chunk's earlier assignments to the same
+//                     expert), then copies token rows there as bf16.
+//   moe_unpermute     grid (tokens), block PERM_UNPERM_THREADS: out[t] (+)= sum_j w[t,j] * y[dest[t,j]]
+//                     with j in pick order.
+#include "common.cuh"
+
+#define PERM_CHUNK 256
+#define PERM_OFFSET_THREADS 1024
+#define PERM_UNPERM_THREADS 256
+
+extern "C" __global__ void __launch_bounds__(PERM_CHUNK)
+moe_chunk_counts(const u32* __restrict__ topk_ids, u32* __restrict__ chunk_counts, int n_assign, int n_experts) {
+    extern __shared__ u32 counts_s[];
+    for (int e = threadIdx.x; e < n_experts; e += PERM_CHUNK) counts_s[e] = 0;
+    __syncthreads();
+    const int a = blockIdx.x * PERM_CHUNK + threadIdx.x;
+    if (a < n_assign) atomicAdd(&counts_s[topk_ids[a]], 1u);
+    __syncthreads();
+    for (int e = threadIdx.x; e < n_experts; e += PERM_CHUNK)
+        chunk_counts[(long long)blockIdx.x * n_experts + e] = counts_s[e];
+}
+
+__device__ __forceinline__ u32 ceil_div_u32(u32 a, u32 b) { return (a + b - 1) / b; }
+
+extern "C" __global__ void __launch_bounds__(PERM_OFFSET_THREADS)
+moe_offsets(const u32* __restrict__ chunk_counts, u32* __restrict__ chunk_base, u32* __restrict__ counts,
+            u32* __restrict__ offsets, u32* __restrict__ tiles64, u32* __restrict__ tiles128, u32* __restrict__ n_tiles,
+            int n_chunks, int n_experts) {
+    extern __shared__ u32 offs_s[];  // [3][n_experts + 1]: row offsets, 64-tile offsets, 128-tile offsets
+    u32* row_off = offs_s;
+    u32* t64_off = offs_s + (n_experts + 1);
+    u32* t128_off = offs_s + 2 * (n_experts + 1);
+    for (int e = threadIdx.x; e < n_experts; e += PERM_OFFSET_THREADS) {
+        u32 running = 0;
+        for (int c = 0; c < n_chunks; ++c) {
+            chunk_base[(long long)c * n_experts + e] = running;
+            running += chunk_counts[(long long)c * n_experts + e];
+        }
+        counts[e] = running;
+        row_off[e + 1] = running;
+        t64_off[e + 1] = ceil_div_u32(running, 64);
+        t128_off[e + 1] = ceil_div_u32(running, 128);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {  // integer scans: exact in any order; serial keeps it simple
+        row_off[0] = t64_off[0] = t128_off[0] = 0;
+        for (int e = 0; e < n_experts; ++e) {
+            row_off[e + 1] += row_off[e];
+            t64_off[e + 1] += t64_off[e];
+            t128_off[e + 1] += t128_off[e];
+        }
+        n_tiles[0] = t64_off[n_experts];
+        n_tiles[1] = t128_off[n_experts];
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e <= n_experts; e += PERM_OFFSET_THREADS) offsets[e] = row_off[e];
+    for (int e = threadIdx.x; e < n_experts; e += PERM_OFFSET_THREADS) {
+        for (u32 t = t64_off[e]; t < t64_off[e + 1]; ++t) {
+            tiles64[2 * t] = e;
+            tiles64[2 * t + 1] = (t - t64_off[e]) * 64;
+        }
+        for (u32 t = t128_off[e]; t < t128_off[e + 1]; ++t) {
+            tiles128[2 * t] = e;
+            tiles128[2 * t + 1] = (t - t128_off[e]) * 128;
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(PERM_CHUNK)
+moe_scatter(const float* __restrict__ x, const u32* __restrict__ topk_ids, const u32* __restrict__ chunk_base,
+            const u32* __restrict__ offsets, bf16_t* __restrict__ xp, u32* __restrict__ dest, int n_assign, int top_k,
+            int hidden, int n_experts) {
+    __shared__ u32 ids_s[PERM_CHUNK];
+    __shared__ u32 dest_s[PERM_CHUNK];
+    const int a0 = blockIdx.x * PERM_CHUNK;
+    const int n_here = min(PERM_CHUNK, n_assign - a0);
+    const int i = threadIdx.x;
+    if (i < n_here) ids_s[i] = topk_ids[a0 + i];
+    __syncthreads();
+    if (i < n_here) {
+        const u32 e = ids_s[i];
+        u32 rank = 0;
+        for (int j = 0; j < i; ++j) rank += ids_s[j] == e;
+        const u32 pos = offsets[e] + chunk_base[(long long)blockIdx.x * n_experts + e] + rank;
+        dest_s[i] = pos;
+        dest[a0 + i] = pos;
+    }
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int j = warp; j < n_here; j += PERM_CHUNK / 32) {
+        const float* src = x + (long long)((a0 + j) / top_k) * hidden;
+        bf16_t* dst = xp + (long long)dest_s[j] * hidden;
+        for (int c = lane; c < hidden; c += 32) dst[c] = f32_to_bf16(src[c]);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(PERM_UNPERM_THREADS)
+moe_unpermute(const float* __restrict__ yp, const u32* __restrict__ dest, const float* __restrict__ topk_weights,
+              float* __restrict__ out, int top_k, int hidden, int accumulate) {
+    const long long t = blockIdx.x;
+    for (int c = threadIdx.x; c < hidden; c += PERM_UNPERM_THREADS) {
+        float acc = 0.0f;
+        for (int j = 0; j < top_k; ++j)
+            acc = fmaf(topk_weights[t * top_k + j], yp[(long long)dest[t * top_k + j] * hidden + c], acc);
+        out[t * hidden + c] = accumulate ? out[t * hidden + c] + acc : acc;
+    }
+}

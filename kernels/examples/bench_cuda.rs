@@ -1,0 +1,255 @@
+//! CUDA backend throughput, ready to run where a GPU exists:
+//!
+//! 1. dense GEMM (bf16, f32 accumulate) on Qwen3-0.6B/4B-like projection shapes: TFLOP/s, for
+//!    cuBLAS and for the batch-invariant tiled kernel (the same-run baseline for each other);
+//! 2. varlen paged attention on a scoring batch (one shared prefix, many items): tokens/s;
+//! 3. the MoE layer at Qwen3-30B-A3B-like expert shapes (128 experts, top-8, hidden 2048,
+//!    expert size 768) for batch sizes 1..64 sequences: each fixed grouped-GEMM variant
+//!    (BLOCK_M 64, BLOCK_M 128) against the device-side auto selector, with the histogram's
+//!    padding ratio — the baseline is measured in the same run;
+//! 4. a synthetic 28-layer dense model through the `Backend` trait: pairs/s and tokens/s, with
+//!    the CPU backend on the smallest batch as the same-run baseline (`--no-cpu` skips it).
+//!
+//!   cargo run --release -p sieve-kernels --example bench_cuda [-- --quick] [-- --no-cpu]
+//!
+//! GPU timings are CUDA-event medians of the enqueued work; end-to-end figures are wall clock.
+//! Without a GPU it says so and exits with status 1.
+
+use std::time::Instant;
+
+use rand::{Rng, SeedableRng};
+use sieve_kernels::cuda::moe::{BlockM, MoeDims, MoeRouting, TilePolicy};
+use sieve_kernels::cuda::{CudaBackend, CudaOptions, GemmEngine};
+use sieve_kernels::{AttnSeq, Backend, BatchLayout, CpuBackend, QkvLayout, RopeConfig, RopeLayout};
+
+fn random(rng: &mut impl Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-1.0f32..1.0) * scale).collect()
+}
+
+/// Median milliseconds of `f`'s device work, by CUDA events around each call.
+fn gpu_ms(g: &CudaBackend, reps: usize, mut f: impl FnMut()) -> f64 {
+    use cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
+    f();
+    g.synchronize().expect("sync");
+    let mut samples: Vec<f64> = (0..reps)
+        .map(|_| {
+            let start = g.stream().record_event(Some(CU_EVENT_DEFAULT)).expect("event");
+            f();
+            let end = g.stream().record_event(Some(CU_EVENT_DEFAULT)).expect("event");
+            start.elapsed_ms(&end).expect("elapsed") as f64
+        })
+        .collect();
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+/// One shared prefix of `prefix` tokens (already in the cache) and `items` items of `item_len`.
+fn scoring_batch(prefix: usize, items: usize, item_len: usize) -> (BatchLayout, BatchLayout, usize) {
+    let mut pre = BatchLayout::default();
+    for p in 0..prefix {
+        pre.token_ids.push((p % 50) as u32);
+        pre.positions.push(p as u32);
+        pre.row_slots.push(p as u32);
+        pre.key_slots.push(p as u32);
+    }
+    pre.seqs.push(AttnSeq { q_row: 0, q_len: prefix as u32, ctx_len: prefix as u32, slot_offset: 0 });
+    let mut b = BatchLayout::default();
+    let mut slot = prefix as u32;
+    for _ in 0..items {
+        let (q_row, slot_offset) = (b.token_ids.len() as u32, b.key_slots.len() as u32);
+        b.key_slots.extend(0..prefix as u32);
+        for i in 0..item_len {
+            b.token_ids.push((i % 50) as u32);
+            b.positions.push((prefix + i) as u32);
+            b.row_slots.push(slot);
+            b.key_slots.push(slot);
+            slot += 1;
+        }
+        b.seqs.push(AttnSeq { q_row, q_len: item_len as u32, ctx_len: (prefix + item_len) as u32, slot_offset });
+    }
+    (pre, b, slot as usize)
+}
+
+fn bench_gemm(g: &CudaBackend, rng: &mut impl Rng, reps: usize) {
+    println!("\nGEMM out[M,N] = x[M,K] · W[N,K]ᵀ (bf16 in, f32 out), {:?} engine, TFLOP/s (event median, includes the bf16 cast of x)", g.gemm_engine());
+    let shapes = [("qkv 0.6B", 4096, 1024), ("gate_up 0.6B", 6144, 1024), ("down 0.6B", 1024, 3072), ("gate_up 4B", 19456, 2560)];
+    print!("{:>14}", "M \\ shape");
+    for (name, ..) in &shapes {
+        print!("{name:>16}");
+    }
+    println!();
+    for m in [16usize, 128, 512, 2048, 8192] {
+        print!("{m:>14}");
+        for &(_, n, k) in &shapes {
+            let w = g.linear_weight(&random(rng, n * k, 0.05), n, k).expect("weight");
+            let x = g.from_host(&random(rng, m * k, 1.0), m, k).expect("x");
+            let mut out = g.zeros(m, n).expect("out");
+            let ms = gpu_ms(g, reps, || g.matmul(&x, &w, None, &mut out).expect("matmul"));
+            print!("{:>16.1}", 2.0 * (m * n * k) as f64 / (ms * 1e-3) / 1e12);
+        }
+        println!();
+    }
+}
+
+fn bench_attention(g: &CudaBackend, rng: &mut impl Rng, reps: usize) {
+    println!("\nAttention (one layer, prefix already cached): query tokens/s (event median)");
+    println!("{:>8} {:>8} {:>8} {:>22} {:>12} {:>14}", "prefix", "items", "item", "heads/kv/hd", "ms", "Mtok/s");
+    for &(prefix, items, item_len, (nh, nkv, hd)) in
+        &[(200, 20, 100, (16, 8, 128)), (200, 200, 100, (16, 8, 128)), (500, 1000, 60, (16, 8, 128)), (200, 200, 100, (32, 4, 128)), (200, 200, 100, (8, 8, 256))]
+    {
+        let layout = QkvLayout { n_heads: nh, n_kv_heads: nkv, head_dim: hd };
+        let (pre, batch, slots) = scoring_batch(prefix, items, item_len);
+        let mut cache = g.kv_cache(1, slots, nkv, hd).expect("cache");
+        let pb = g.prepare_batch(&pre, &cache).expect("batch");
+        let q = g.from_host(&random(rng, pre.num_rows() * layout.qkv_dim(), 1.0), pre.num_rows(), layout.qkv_dim()).expect("q");
+        g.write_kv(&q, layout, &mut cache, 0, &pb).expect("kv");
+        let rows = batch.num_rows();
+        let bb = g.prepare_batch(&batch, &cache).expect("batch");
+        let q = g.from_host(&random(rng, rows * layout.qkv_dim(), 1.0), rows, layout.qkv_dim()).expect("q");
+        g.write_kv(&q, layout, &mut cache, 0, &bb).expect("kv");
+        let mut out = g.zeros(rows, layout.q_dim()).expect("out");
+        let ms = gpu_ms(g, reps, || g.attention(&q, layout, &cache, 0, &bb, &mut out).expect("attention"));
+        println!("{prefix:>8} {items:>8} {item_len:>8} {:>22} {ms:>12.3} {:>14.2}", format!("{nh}/{nkv}/{hd}"), rows as f64 / (ms * 1e-3) / 1e6);
+    }
+}
+
+fn bench_moe(g: &CudaBackend, rng: &mut impl Rng, reps: usize) {
+    let dims = MoeDims { hidden: 2048, inter: 768, n_experts: 128 };
+    let routing = MoeRouting { top_k: 8, renormalize: true };
+    println!("\nMoE layer, {} experts top-{}, hidden {}, expert size {} (event median ms; padding ratio = padded rows at 128 / real rows)", dims.n_experts, routing.top_k, dims.hidden, dims.inter);
+    let w = g.moe_expert_weights(dims, &random(rng, dims.n_experts * 2 * dims.inter * dims.hidden, 0.02), &random(rng, dims.n_experts * dims.hidden * dims.inter, 0.02)).expect("moe weights");
+    println!("{:>6} {:>8} {:>10} {:>10} {:>10} {:>10} {:>7} {:>10}", "seqs", "tokens", "pad@128", "BM64", "BM128", "auto", "chose", "auto/best");
+    let (mut sum64, mut sum128, mut sum_auto) = (0.0, 0.0, 0.0);
+    for seqs in [1usize, 2, 4, 8, 16, 32, 64] {
+        let tokens = seqs * 120; // ~120 item tokens per scored pair
+        let x = g.from_host(&random(rng, tokens * dims.hidden, 1.0), tokens, dims.hidden).expect("x");
+        let logits = g.from_host(&random(rng, tokens * dims.n_experts, 3.0), tokens, dims.n_experts).expect("logits");
+        let mut out = g.zeros(tokens, dims.hidden).expect("out");
+        let mut time = |policy| gpu_ms(g, reps, || drop(g.moe_forward(&x, &logits, &w, routing, policy, &mut out, false).expect("moe")));
+        let (t64, t128, ta) = (time(TilePolicy::Fixed(BlockM::M64)), time(TilePolicy::Fixed(BlockM::M128)), time(TilePolicy::default()));
+        let stats = g.moe_forward(&x, &logits, &w, routing, TilePolicy::default(), &mut out, false).expect("moe").read(g).expect("stats");
+        sum64 += t64;
+        sum128 += t128;
+        sum_auto += ta;
+        println!(
+            "{seqs:>6} {tokens:>8} {:>10.2} {t64:>10.3} {t128:>10.3} {ta:>10.3} {:>7} {:>10.3}",
+            stats.padded128 as f64 / stats.real_rows.max(1) as f64,
+            stats.block_m,
+            ta / t64.min(t128)
+        );
+    }
+    println!("{:>6} {:>8} {:>10} {sum64:>10.3} {sum128:>10.3} {sum_auto:>10.3}   (sum over the sweep)", "all", "", "");
+    let counts: Vec<usize> = [1usize, 2, 4, 8, 16, 32, 64].iter().map(|s| s * 120).collect();
+    match g.calibrate_moe_threshold(&w, routing, &counts, reps.min(7)) {
+        Ok((th, samples)) => {
+            println!("autotuned padding threshold: {th:.3} (default 1.5) from");
+            for s in samples {
+                println!("    ratio {:>7.2}: BM64 {:>8.3} ms, BM128 {:>8.3} ms", s.ratio, s.ms64, s.ms128);
+            }
+        }
+        Err(e) => println!("autotune failed: {e}"),
+    }
+}
+
+/// A Qwen3-0.6B-shaped dense stack with random weights, through the Backend trait.
+struct Dense {
+    layers: usize,
+    hidden: usize,
+    inter: usize,
+    layout: QkvLayout,
+}
+
+impl Dense {
+    fn pairs_per_s<B: Backend>(&self, b: &B, rng: &mut impl Rng, items: usize, item_len: usize, prefix: usize) -> (f64, f64) {
+        let (h, l) = (self.hidden, self.layout);
+        let vocab = 1000;
+        let emb = b.embedding(&random(rng, vocab * h, 1.0), vocab, h).expect("embedding");
+        let norm = b.vector(&vec![1.0; h]).expect("norm");
+        let hn = b.vector(&vec![1.0; l.head_dim]).expect("norm");
+        let ws: Vec<_> = (0..self.layers)
+            .map(|_| {
+                (
+                    b.linear_weight(&random(rng, l.qkv_dim() * h, 0.03), l.qkv_dim(), h).expect("w"),
+                    b.linear_weight(&random(rng, h * l.q_dim(), 0.03), h, l.q_dim()).expect("w"),
+                    b.linear_weight(&random(rng, 2 * self.inter * h, 0.03), 2 * self.inter, h).expect("w"),
+                    b.linear_weight(&random(rng, h * self.inter, 0.02), h, self.inter).expect("w"),
+                )
+            })
+            .collect();
+        let (pre, batch, slots) = scoring_batch(prefix, items, item_len);
+        let mut cache = b.kv_cache(self.layers, slots, l.n_kv_heads, l.head_dim).expect("cache");
+        let rope = RopeConfig { theta: 1_000_000.0, rotary_dim: l.head_dim, layout: RopeLayout::HalfSplit };
+        let forward = |layout: &BatchLayout, cache: &mut B::KvCache| -> Vec<f32> {
+            let rows = layout.num_rows();
+            let pb = b.prepare_batch(layout, cache).expect("batch");
+            let mut x = b.zeros(rows, h).expect("x");
+            b.embed(&emb, &pb, &mut x).expect("embed");
+            let (mut t, mut qkv, mut att) = (b.zeros(rows, h).expect("t"), b.zeros(rows, l.qkv_dim()).expect("qkv"), b.zeros(rows, l.q_dim()).expect("att"));
+            let (mut gu, mut act) = (b.zeros(rows, 2 * self.inter).expect("gu"), b.zeros(rows, self.inter).expect("act"));
+            for (layer, (wqkv, wo, wgu, wd)) in ws.iter().enumerate() {
+                b.rms_norm(&x, &norm, 1e-6, &mut t).expect("norm");
+                b.matmul(&t, wqkv, None, &mut qkv).expect("qkv");
+                b.qk_norm_rope(&mut qkv, l, Some(&hn), Some(&hn), 1e-6, rope, &pb).expect("rope");
+                b.write_kv(&qkv, l, cache, layer, &pb).expect("kv");
+                b.attention(&qkv, l, cache, layer, &pb, &mut att).expect("attention");
+                b.matmul_add(&att, wo, &mut x).expect("o");
+                b.rms_norm(&x, &norm, 1e-6, &mut t).expect("norm");
+                b.matmul(&t, wgu, None, &mut gu).expect("gate_up");
+                b.silu_mul(&gu, &mut act).expect("silu");
+                b.matmul_add(&act, wd, &mut x).expect("down");
+            }
+            let last: Vec<u32> = layout.seqs.iter().map(|s| s.q_row + s.q_len - 1).collect();
+            let mut xl = b.zeros(last.len(), h).expect("xl");
+            b.gather_rows(&x, &last, &mut xl).expect("gather");
+            b.dot_rows(&xl, &norm).expect("score")
+        };
+        forward(&pre, &mut cache);
+        forward(&batch, &mut cache); // warm-up
+        let reps = 3;
+        let t = Instant::now();
+        for _ in 0..reps {
+            forward(&batch, &mut cache);
+        }
+        let s = t.elapsed().as_secs_f64() / reps as f64;
+        (items as f64 / s, batch.num_rows() as f64 / s)
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let with_cpu = !args.iter().any(|a| a == "--no-cpu");
+    let reps = if quick { 5 } else { 21 };
+    let cache = std::env::var_os("SIEVE_CACHE").map(std::path::PathBuf::from).unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.cache"));
+    let g = match CudaBackend::with_options(&CudaOptions::new(0).with_asset_cache(&cache)) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("bench_cuda: no usable GPU on this machine, nothing measured: {e}");
+            std::process::exit(1);
+        }
+    };
+    let info = g.info();
+    println!("device: {} (sm_{}, {} SMs, {:.1} GiB); kernels: {:?}", info.name, info.arch.number(), info.multiprocessors, info.total_memory as f64 / (1u64 << 30) as f64, g.kernel_load_report());
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    bench_gemm(&g, &mut rng, reps);
+    // The batch-invariant tiled GEMM on the same shapes: the price of determinism.
+    match CudaBackend::with_options(&CudaOptions { gemm: GemmEngine::Tiled, ..CudaOptions::new(0).with_asset_cache(&cache) }) {
+        Ok(gt) => bench_gemm(&gt, &mut rng, reps),
+        Err(e) => println!("tiled GEMM backend failed to start: {e}"),
+    }
+    bench_attention(&g, &mut rng, reps);
+    bench_moe(&g, &mut rng, reps);
+
+    let model = Dense { layers: 28, hidden: 1024, inter: 3072, layout: QkvLayout { n_heads: 16, n_kv_heads: 8, head_dim: 128 } };
+    println!("\nDense model (28 layers, hidden 1024, Qwen3-0.6B shapes, random weights): prefix 200 tokens + items of 100 tokens");
+    println!("{:>8} {:>14} {:>14} {:>10}", "items", "pairs/s", "tokens/s", "backend");
+    for items in [20usize, 100, 500] {
+        let (p, t) = model.pairs_per_s(&g, &mut rng, items, 100, 200);
+        println!("{items:>8} {p:>14.1} {t:>14.0} {:>10}", "cuda");
+        if with_cpu && items == 20 {
+            let cpu = CpuBackend::new(0).expect("cpu");
+            let (p, t) = model.pairs_per_s(&cpu, &mut rng, items, 100, 200);
+            println!("{items:>8} {p:>14.1} {t:>14.0} {:>10}", "cpu");
+        }
+    }
+}

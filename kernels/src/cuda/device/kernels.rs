@@ -1,0 +1,156 @@
+//! Loading the kernel images at start-up: the disk cache first, NVRTC (loaded only when needed)
+//! for whatever is missing, for this device's exact architecture.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
+use cudarc::nvrtc::Ptx;
+
+use super::{driver_err, CudaOptions};
+use crate::backend::{KernelError, Result};
+use crate::cuda::layout::attention_smem_bytes;
+use crate::cuda::nvrtc::{cache_key, options_for, Arch, CompiledImage, KernelCache, NvrtcCompiler, Target};
+use crate::cuda::sources::{self, consts::ATT_MAX_HD, KernelSource};
+
+/// Where each translation unit's image came from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KernelLoadReport {
+    /// (file, target) loaded from the disk cache.
+    pub from_cache: Vec<(String, String)>,
+    /// (file, target) compiled by NVRTC at this start.
+    pub compiled: Vec<(String, String)>,
+    /// NVRTC's version, when it was loaded.
+    pub nvrtc_version: Option<(i32, i32)>,
+}
+
+/// Every kernel entry point, resolved.
+pub(crate) struct Kernels {
+    pub rms_norm_rows: CudaFunction,
+    pub qk_norm_rope: CudaFunction,
+    pub silu_mul_f32: CudaFunction,
+    pub silu_mul_bf16: CudaFunction,
+    pub write_kv: CudaFunction,
+    pub attention_prefill: CudaFunction,
+    pub embed_rows: CudaFunction,
+    pub gather_rows: CudaFunction,
+    pub cast_bf16: CudaFunction,
+    pub broadcast_rows: CudaFunction,
+    pub dot_rows: CudaFunction,
+    pub moe_topk_softmax: CudaFunction,
+    pub moe_chunk_counts: CudaFunction,
+    pub moe_offsets: CudaFunction,
+    pub moe_scatter: CudaFunction,
+    pub moe_unpermute: CudaFunction,
+    pub moe_select_tile: CudaFunction,
+    pub moe_gemm_bm64: CudaFunction,
+    pub moe_gemm_bm128: CudaFunction,
+    pub dense_gemm_bm64: CudaFunction,
+    pub dense_gemm_bm128: CudaFunction,
+}
+
+/// The compile target for a device: a cubin for its exact architecture when this NVRTC knows
+/// it, else PTX for the newest architecture NVRTC knows that the device can run (JIT-compiled by
+/// the driver). Without NVRTC (cache only), the cubin target.
+fn target_for(arch: Arch, nvrtc: Option<&NvrtcCompiler>) -> Result<Target> {
+    let Some(c) = nvrtc else { return Ok(Target::Cubin(arch)) };
+    let archs = c.supported_archs()?;
+    if archs.contains(&arch.number()) {
+        return Ok(Target::Cubin(arch));
+    }
+    let best = archs.iter().copied().filter(|&a| a <= arch.number() && a >= 80).max().ok_or_else(|| {
+        KernelError::Unsupported(format!("NVRTC {:?} cannot compile for sm_{} (supports {archs:?})", c.version(), arch.number()))
+    })?;
+    Ok(Target::Ptx(Arch::new(best / 10, best % 10)))
+}
+
+impl Kernels {
+    pub fn load(ctx: &Arc<CudaContext>, arch: Arch, opts: &CudaOptions) -> Result<(Kernels, KernelLoadReport)> {
+        let cache = opts.kernel_cache_dir.as_ref().map(KernelCache::new);
+        let mut report = KernelLoadReport::default();
+        let mut nvrtc: Option<NvrtcCompiler> = None;
+        let mut modules: HashMap<&'static str, Arc<CudaModule>> = HashMap::new();
+
+        for src in sources::ALL {
+            // Cache lookup for the device's cubin first; it needs no NVRTC.
+            let cubin = Target::Cubin(arch);
+            let cached = cache.as_ref().and_then(|c| c.get(src, cubin, cache_key(src, &options_for(cubin, &opts.include_dirs))));
+            let image = match cached {
+                Some(img) => {
+                    report.from_cache.push((src.file.into(), format!("{cubin:?}")));
+                    img
+                }
+                None => {
+                    if nvrtc.is_none() {
+                        let c = NvrtcCompiler::new(&opts.nvrtc_lib_dirs, opts.include_dirs.clone())?;
+                        report.nvrtc_version = Some(c.version());
+                        nvrtc = Some(c);
+                    }
+                    let compiler = nvrtc.as_ref().ok_or_else(|| KernelError::Device("NVRTC not loaded".into()))?;
+                    let target = target_for(arch, Some(compiler))?;
+                    let key = cache_key(src, &compiler.options(target));
+                    match cache.as_ref().and_then(|c| c.get(src, target, key)) {
+                        Some(img) => {
+                            report.from_cache.push((src.file.into(), format!("{target:?}")));
+                            img
+                        }
+                        None => {
+                            let img = compiler.compile(src, target)?;
+                            if let Some(c) = &cache {
+                                // A cache that cannot be written costs start-up time, not correctness.
+                                let _ = c.put(src, key, &img);
+                            }
+                            report.compiled.push((src.file.into(), format!("{target:?}")));
+                            img
+                        }
+                    }
+                }
+            };
+            modules.insert(src.file, load_image(ctx, src, image)?);
+        }
+
+        let f = |src: &KernelSource, entry: &str| -> Result<CudaFunction> {
+            let m = modules.get(src.file).ok_or_else(|| KernelError::Device(format!("{} not loaded", src.file)))?;
+            m.load_function(entry).map_err(|e| KernelError::Device(format!("kernel {entry} in {}: {e:?}", src.file)))
+        };
+        use sources::*;
+        let k = Kernels {
+            rms_norm_rows: f(&RMSNORM, "rms_norm_rows")?,
+            qk_norm_rope: f(&ROPE, "qk_norm_rope")?,
+            silu_mul_f32: f(&SILU_MUL, "silu_mul_f32")?,
+            silu_mul_bf16: f(&SILU_MUL, "silu_mul_bf16")?,
+            write_kv: f(&KV_WRITE, "write_kv")?,
+            attention_prefill: f(&ATTENTION, "attention_prefill")?,
+            embed_rows: f(&GATHER, "embed_rows")?,
+            gather_rows: f(&GATHER, "gather_rows")?,
+            cast_bf16: f(&CONVERT, "cast_bf16")?,
+            broadcast_rows: f(&CONVERT, "broadcast_rows")?,
+            dot_rows: f(&SCORE_HEAD, "dot_rows")?,
+            moe_topk_softmax: f(&MOE_ROUTING, "moe_topk_softmax")?,
+            moe_chunk_counts: f(&MOE_PERMUTE, "moe_chunk_counts")?,
+            moe_offsets: f(&MOE_PERMUTE, "moe_offsets")?,
+            moe_scatter: f(&MOE_PERMUTE, "moe_scatter")?,
+            moe_unpermute: f(&MOE_PERMUTE, "moe_unpermute")?,
+            moe_select_tile: f(&MOE_SELECT, "moe_select_tile")?,
+            moe_gemm_bm64: f(&MOE_GEMM, "moe_gemm_bm64")?,
+            moe_gemm_bm128: f(&MOE_GEMM, "moe_gemm_bm128")?,
+            dense_gemm_bm64: f(&GEMM, "dense_gemm_bm64")?,
+            dense_gemm_bm128: f(&GEMM, "dense_gemm_bm128")?,
+        };
+        // Head sizes up to 256 need a little over the 48 KiB of dynamic shared memory a kernel
+        // gets without opting in.
+        k.attention_prefill
+            .set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, attention_smem_bytes(ATT_MAX_HD as usize) as i32)
+            .map_err(driver_err("attention shared memory limit"))?;
+        Ok((k, report))
+    }
+}
+
+fn load_image(ctx: &Arc<CudaContext>, src: &KernelSource, image: CompiledImage) -> Result<Arc<CudaModule>> {
+    let ptx = match image.target {
+        Target::Cubin(_) => Ptx::from_binary(image.bytes),
+        Target::Ptx(_) => Ptx::from_src(String::from_utf8(image.bytes).map_err(|_| KernelError::Device(format!("{}: PTX is not UTF-8", src.file)))?),
+    };
+    ctx.load_module(ptx).map_err(|e| KernelError::Device(format!("loading {} ({:?}): {e:?}", src.file, image.target)))
+}

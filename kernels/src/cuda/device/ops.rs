@@ -1,0 +1,351 @@
+//! `Backend` for `CudaBackend`: shape checks (shared with the CPU twin), then one launch each.
+
+use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
+
+use super::memory::{alloc, CudaBatch, CudaKvCache, CudaMatrix, CudaTensor, CudaVector};
+use super::{driver_err, CudaBackend};
+use crate::backend::*;
+use crate::cuda::checks;
+use crate::cuda::layout::{attention_smem_bytes, check_rope_shape, rope_smem_bytes, PackedBatch};
+use crate::cuda::sources::consts::*;
+use crate::cuda::tiled_block_m;
+use crate::cuda::twin::{attention_scale, warp::to_bf16};
+
+/// One block of `threads` per row.
+fn per_row(rows: usize, threads: u32, smem: usize) -> LaunchConfig {
+    LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem as u32 }
+}
+
+/// A grid-stride launch over `n` elements.
+pub(crate) fn grid_stride(n: usize) -> LaunchConfig {
+    let blocks = n.div_ceil(256).clamp(1, 8192) as u32;
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+}
+
+fn shape(t: &CudaTensor) -> (usize, usize) {
+    (t.rows, t.cols)
+}
+
+pub(crate) fn to_bf16_par(data: &[f32]) -> Vec<u16> {
+    use rayon::prelude::*;
+    data.par_iter().map(|&x| to_bf16(x)).collect()
+}
+
+impl CudaBackend {
+    /// out (+)= x · Wᵀ (+ bias): cast x to bf16, then cuBLAS. The cast buffer stays locked until
+    /// the GEMM reading it is enqueued.
+    fn project(&self, x: &CudaTensor, w: &CudaMatrix, bias: Option<&CudaVector>, out: &mut CudaTensor, accumulate: bool) -> Result<()> {
+        let n = x.rows * x.cols;
+        if x.rows == 0 {
+            return Ok(());
+        }
+        let mut scratch = self.gemm_input.lock().unwrap_or_else(|p| p.into_inner());
+        let xb = scratch.get(&self.stream, n)?;
+        let n_i64 = n as i64;
+        // SAFETY (all launches in this file): arguments match the kernel's signature; every index
+        // a kernel forms is bounded by the shape checks run before it.
+        unsafe { self.stream.launch_builder(&self.k.cast_bf16).arg(&x.buf).arg(&mut *xb).arg(&n_i64).launch(grid_stride(n)) }.map_err(driver_err("cast_bf16"))?;
+        let beta = match bias {
+            Some(b) => {
+                let total = (out.rows * out.cols) as i64;
+                let cols = out.cols as i32;
+                unsafe { self.stream.launch_builder(&self.k.broadcast_rows).arg(&b.buf).arg(&mut out.buf).arg(&total).arg(&cols).launch(grid_stride(total as usize)) }
+                    .map_err(driver_err("broadcast_rows"))?;
+                1.0
+            }
+            None if accumulate => 1.0,
+            None => 0.0,
+        };
+        if !self.gemm.tiled_for(w.cols) {
+            return self.blas.gemm_bf16(xb, &w.buf, &mut out.buf, x.rows, w.rows, w.cols, beta);
+        }
+        let (m, n, k) = (x.rows as i32, w.rows as i32, w.cols as i32);
+        let bm = tiled_block_m(x.rows);
+        let (f, threads) = if bm == 64 { (&self.k.dense_gemm_bm64, 128) } else { (&self.k.dense_gemm_bm128, 256) };
+        let cfg = LaunchConfig { grid_dim: (x.rows.div_ceil(bm) as u32, w.rows.div_ceil(GEMM_BN as usize) as u32, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+        unsafe { self.stream.launch_builder(f).arg(&*xb).arg(&w.buf).arg(&mut out.buf).arg(&m).arg(&n).arg(&k).arg(&beta).launch(cfg) }.map_err(driver_err("dense_gemm"))?;
+        Ok(())
+    }
+}
+
+impl Backend for CudaBackend {
+    type Tensor = CudaTensor;
+    type Weight = CudaMatrix;
+    type Vector = CudaVector;
+    type Embedding = CudaMatrix;
+    type KvCache = CudaKvCache;
+    type Batch = CudaBatch;
+    type MoeWeights = super::moe::CudaMoeLayer;
+    type MoeLog = super::moe::CudaMoeLog;
+
+    fn name(&self) -> String {
+        format!("cuda:{} ({}, sm_{})", self.info.ordinal, self.info.name, self.info.arch.number())
+    }
+
+    fn linear_weight(&self, data: &[f32], out_features: usize, in_features: usize) -> Result<CudaMatrix> {
+        checks::host_data(data.len(), out_features, in_features, "weight")?;
+        Ok(CudaMatrix { buf: self.upload_bulk(&to_bf16_par(data))?, rows: out_features, cols: in_features })
+    }
+
+    fn vector(&self, data: &[f32]) -> Result<CudaVector> {
+        Ok(CudaVector { buf: self.upload_bulk(data)?, len: data.len() })
+    }
+
+    fn embedding(&self, data: &[f32], vocab: usize, hidden: usize) -> Result<CudaMatrix> {
+        self.linear_weight(data, vocab, hidden)
+    }
+
+    fn kv_cache(&self, num_layers: usize, num_slots: usize, n_kv_heads: usize, head_dim: usize) -> Result<CudaKvCache> {
+        let kv_dim = n_kv_heads * head_dim;
+        let len = num_layers
+            .checked_mul(num_slots)
+            .and_then(|v| v.checked_mul(kv_dim))
+            .ok_or_else(|| KernelError::Shape(format!("kv cache {num_layers} x {num_slots} x {kv_dim} overflows")))?;
+        Ok(CudaKvCache { k: alloc(&self.stream, len)?, v: alloc(&self.stream, len)?, num_layers, num_slots, kv_dim })
+    }
+
+    fn zeros(&self, rows: usize, cols: usize) -> Result<CudaTensor> {
+        Ok(CudaTensor { buf: alloc(&self.stream, rows * cols)?, rows, cols })
+    }
+
+    fn from_host(&self, data: &[f32], rows: usize, cols: usize) -> Result<CudaTensor> {
+        checks::host_data(data.len(), rows, cols, "tensor")?;
+        Ok(CudaTensor { buf: self.upload(data)?, rows, cols })
+    }
+
+    fn to_host(&self, t: &CudaTensor) -> Result<Vec<f32>> {
+        self.lock_staging().download(&self.stream, &t.buf, t.rows * t.cols)
+    }
+
+    fn shape(&self, t: &CudaTensor) -> (usize, usize) {
+        shape(t)
+    }
+
+    fn prepare_batch(&self, layout: &BatchLayout, cache: &CudaKvCache) -> Result<CudaBatch> {
+        layout.validate(cache.num_slots)?;
+        let packed = PackedBatch::new(layout);
+        let words = self.upload(&packed.words)?;
+        Ok(CudaBatch { layout: layout.clone(), packed, words })
+    }
+
+    fn embed(&self, table: &CudaMatrix, batch: &CudaBatch, out: &mut CudaTensor) -> Result<()> {
+        checks::embed((table.rows, table.cols), &batch.layout, shape(out))?;
+        if out.rows == 0 {
+            return Ok(());
+        }
+        let hidden = table.cols as i32;
+        unsafe {
+            self.stream
+                .launch_builder(&self.k.embed_rows)
+                .arg(&table.buf)
+                .arg(&batch.view(&batch.packed.token_ids))
+                .arg(&mut out.buf)
+                .arg(&hidden)
+                .launch(per_row(out.rows, GATHER_THREADS, 0))
+        }
+        .map_err(driver_err("embed_rows"))?;
+        Ok(())
+    }
+
+    fn matmul(&self, x: &CudaTensor, w: &CudaMatrix, bias: Option<&CudaVector>, out: &mut CudaTensor) -> Result<()> {
+        checks::matmul(shape(x), (w.rows, w.cols), shape(out), bias.map(|b| b.len))?;
+        self.project(x, w, bias, out, false)
+    }
+
+    fn matmul_add(&self, x: &CudaTensor, w: &CudaMatrix, acc: &mut CudaTensor) -> Result<()> {
+        checks::matmul(shape(x), (w.rows, w.cols), shape(acc), None)?;
+        self.project(x, w, None, acc, true)
+    }
+
+    fn rms_norm(&self, x: &CudaTensor, w: &CudaVector, eps: f32, out: &mut CudaTensor) -> Result<()> {
+        checks::rms_norm(shape(x), w.len, shape(out))?;
+        if x.rows == 0 {
+            return Ok(());
+        }
+        let cols = x.cols as i32;
+        unsafe { self.stream.launch_builder(&self.k.rms_norm_rows).arg(&x.buf).arg(&w.buf).arg(&mut out.buf).arg(&cols).arg(&eps).launch(per_row(x.rows, RMS_THREADS, 0)) }
+            .map_err(driver_err("rms_norm_rows"))?;
+        Ok(())
+    }
+
+    fn qk_norm_rope(
+        &self,
+        qkv: &mut CudaTensor,
+        layout: QkvLayout,
+        q_norm: Option<&CudaVector>,
+        k_norm: Option<&CudaVector>,
+        eps: f32,
+        rope: RopeConfig,
+        batch: &CudaBatch,
+    ) -> Result<()> {
+        checks::qk_norm_rope(shape(qkv), layout, q_norm.map(|v| v.len), k_norm.map(|v| v.len), batch.packed.num_rows)?;
+        check_rope_shape(layout, rope)?;
+        if qkv.rows == 0 {
+            return Ok(());
+        }
+        let (qkv_cols, n_heads, n_kv_heads, head_dim) = (qkv.cols as i32, layout.n_heads as i32, layout.n_kv_heads as i32, layout.head_dim as i32);
+        let (use_q, use_k) = (q_norm.is_some() as i32, k_norm.is_some() as i32);
+        let (theta, rotary_dim, interleaved) = (rope.theta as f64, rope.rotary_dim as i32, (rope.layout == RopeLayout::Interleaved) as i32);
+        // Norm weights go as raw device addresses: null when absent (the kernel never reads them then).
+        let addr = |v: Option<&CudaVector>| -> u64 { v.map_or(0, |v| v.buf.device_ptr(&self.stream).0) };
+        let (q_addr, k_addr) = (addr(q_norm), addr(k_norm));
+        let cfg = per_row(qkv.rows, ROPE_THREADS, rope_smem_bytes(layout.head_dim, rope.rotary_dim));
+        let positions = batch.view(&batch.packed.positions);
+        let mut b = self.stream.launch_builder(&self.k.qk_norm_rope);
+        b.arg(&mut qkv.buf).arg(&positions).arg(&q_addr).arg(&k_addr);
+        b.arg(&qkv_cols).arg(&n_heads).arg(&n_kv_heads).arg(&head_dim).arg(&eps).arg(&use_q).arg(&use_k).arg(&theta).arg(&rotary_dim).arg(&interleaved);
+        unsafe { b.launch(cfg) }.map_err(driver_err("qk_norm_rope"))?;
+        Ok(())
+    }
+
+    fn write_kv(&self, qkv: &CudaTensor, layout: QkvLayout, cache: &mut CudaKvCache, layer: usize, batch: &CudaBatch) -> Result<()> {
+        checks::write_kv(shape(qkv), layout, cache.dims(), layer, batch.packed.num_rows)?;
+        if qkv.rows == 0 {
+            return Ok(());
+        }
+        let range = cache.layer_range(layer);
+        let (qkv_cols, k_off, v_off, kv_dim) = (qkv.cols as i32, layout.k_offset() as i32, layout.v_offset() as i32, layout.kv_dim() as i32);
+        let mut k = cache.k.slice_mut(range.clone());
+        let mut v = cache.v.slice_mut(range);
+        unsafe {
+            self.stream
+                .launch_builder(&self.k.write_kv)
+                .arg(&qkv.buf)
+                .arg(&batch.view(&batch.packed.row_slots))
+                .arg(&mut k)
+                .arg(&mut v)
+                .arg(&qkv_cols)
+                .arg(&k_off)
+                .arg(&v_off)
+                .arg(&kv_dim)
+                .launch(per_row(qkv.rows, KV_THREADS, 0))
+        }
+        .map_err(driver_err("write_kv"))?;
+        Ok(())
+    }
+
+    fn attention(&self, qkv: &CudaTensor, layout: QkvLayout, cache: &CudaKvCache, layer: usize, batch: &CudaBatch, out: &mut CudaTensor) -> Result<()> {
+        checks::attention(shape(qkv), layout, cache.dims(), layer, batch.packed.num_rows, shape(out))?;
+        if batch.packed.num_q_tiles == 0 {
+            return Ok(());
+        }
+        let range = cache.layer_range(layer);
+        let (k, v) = (cache.k.slice(range.clone()), cache.v.slice(range));
+        let (qkv_cols, n_heads, n_kv_heads, head_dim) = (qkv.cols as i32, layout.n_heads as i32, layout.n_kv_heads as i32, layout.head_dim as i32);
+        let scale = attention_scale(layout.head_dim);
+        let cfg = LaunchConfig {
+            grid_dim: (batch.packed.num_q_tiles as u32, layout.n_heads as u32, 1),
+            block_dim: (ATT_THREADS, 1, 1),
+            shared_mem_bytes: attention_smem_bytes(layout.head_dim) as u32,
+        };
+        unsafe {
+            self.stream
+                .launch_builder(&self.k.attention_prefill)
+                .arg(&qkv.buf)
+                .arg(&k)
+                .arg(&v)
+                .arg(&batch.view(&batch.packed.seqs))
+                .arg(&batch.view(&batch.packed.key_slots))
+                .arg(&batch.view(&batch.packed.q_tiles))
+                .arg(&mut out.buf)
+                .arg(&qkv_cols)
+                .arg(&n_heads)
+                .arg(&n_kv_heads)
+                .arg(&head_dim)
+                .arg(&scale)
+                .launch(cfg)
+        }
+        .map_err(driver_err("attention_prefill"))?;
+        Ok(())
+    }
+
+    fn silu_mul(&self, gate_up: &CudaTensor, out: &mut CudaTensor) -> Result<()> {
+        checks::silu_mul(shape(gate_up), shape(out))?;
+        let n = out.rows * out.cols;
+        if n == 0 {
+            return Ok(());
+        }
+        let (n_i64, inter) = (n as i64, out.cols as i32);
+        unsafe { self.stream.launch_builder(&self.k.silu_mul_f32).arg(&gate_up.buf).arg(&mut out.buf).arg(&n_i64).arg(&inter).launch(grid_stride(n)) }
+            .map_err(driver_err("silu_mul_f32"))?;
+        Ok(())
+    }
+
+    fn gather_rows(&self, x: &CudaTensor, rows: &[u32], out: &mut CudaTensor) -> Result<()> {
+        checks::gather_rows(shape(x), rows, shape(out))?;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let idx = self.upload(rows)?;
+        let cols = x.cols as i32;
+        unsafe { self.stream.launch_builder(&self.k.gather_rows).arg(&x.buf).arg(&idx).arg(&mut out.buf).arg(&cols).launch(per_row(rows.len(), GATHER_THREADS, 0)) }
+            .map_err(driver_err("gather_rows"))?;
+        Ok(())
+    }
+
+    fn dot_rows(&self, x: &CudaTensor, v: &CudaVector) -> Result<Vec<f32>> {
+        checks::dot_rows(shape(x), v.len)?;
+        if x.rows == 0 {
+            return Ok(Vec::new());
+        }
+        let mut out = alloc::<f32>(&self.stream, x.rows)?;
+        let cols = x.cols as i32;
+        unsafe { self.stream.launch_builder(&self.k.dot_rows).arg(&x.buf).arg(&v.buf).arg(&mut out).arg(&cols).launch(per_row(x.rows, SCORE_THREADS, 0)) }
+            .map_err(driver_err("dot_rows"))?;
+        self.lock_staging().download(&self.stream, &out, x.rows)
+    }
+
+    fn lm_logits(&self, x: &CudaTensor, table: &CudaMatrix, out: &mut CudaTensor) -> Result<()> {
+        checks::matmul(shape(x), (table.rows, table.cols), shape(out), None)?;
+        self.project(x, table, None, out, false)
+    }
+
+    // ---- MoE: the device pipeline of device/moe.rs; the tile is chosen on the device ----
+    fn moe_weights(&self, w: &crate::moe::MoeLayerHost) -> Result<super::moe::CudaMoeLayer> {
+        self.moe_layer(w)
+    }
+
+    fn moe_variants(&self) -> Vec<crate::moe::MoeVariant> {
+        crate::cuda::moe::gpu_variants()
+    }
+
+    fn moe_default_cost(&self, _hidden: usize, _expert_inter: usize) -> crate::moe::MoeCostModel {
+        crate::cuda::moe::gpu_default_cost()
+    }
+
+    fn moe_log(&self) -> Result<super::moe::CudaMoeLog> {
+        Ok(super::moe::CudaMoeLog::default())
+    }
+
+    fn moe_ffn(
+        &self,
+        x: &CudaTensor,
+        w: &super::moe::CudaMoeLayer,
+        routing: crate::moe::MoeRouting,
+        select: crate::moe::MoeSelect,
+        acc: &mut CudaTensor,
+        log: &mut super::moe::CudaMoeLog,
+    ) -> Result<()> {
+        self.moe_layer_ffn(x, w, routing, select, acc, log)
+    }
+
+    fn read_moe_log(&self, log: &mut super::moe::CudaMoeLog) -> Result<Vec<crate::moe::MoeLayerStats>> {
+        self.read_moe_layer_log(log)
+    }
+
+    fn moe_time_variant(&self, _w: &super::moe::CudaMoeLayer, _variant: usize, _histogram: &[u32]) -> Result<std::time::Duration> {
+        // Routing runs on the device from router logits, so a histogram cannot be imposed; the
+        // GPU calibrates the padding-ratio threshold instead (`moe_autotune`).
+        Err(KernelError::Unsupported("moe_time_variant on CUDA: the GPU calibration is moe_autotune (padding-ratio threshold)".into()))
+    }
+
+    fn moe_autotune(
+        &self,
+        w: &super::moe::CudaMoeLayer,
+        routing: crate::moe::MoeRouting,
+        _num_experts: usize,
+        budget: std::time::Duration,
+    ) -> Result<(crate::moe::MoeCostModel, crate::moe::AutotuneReport)> {
+        self.moe_layer_autotune(w, routing, budget)
+    }
+}

@@ -1,0 +1,34 @@
+//! The dense projections: on the device, cuBLAS `GemmEx` with bf16 A and B, f32 C, f32 compute
+//! (the activation is rounded to bf16 by `cast_bf16` first). cuBLAS's reduction order is its own;
+//! this twin fixes the numerics that matter — bf16 inputs, f32 accumulation — with a sequential
+//! fmaf over K.
+
+use super::warp::from_bf16;
+
+/// out[r, n] = beta * out[r, n] + Σ_k x[r, k] · w[n, k], with x and w bf16, accumulation in f32.
+pub fn gemm_bf16(x: &[u16], w: &[u16], out: &mut [f32], rows: usize, n: usize, k: usize, beta: f32) {
+    for r in 0..rows {
+        let xr = &x[r * k..(r + 1) * k];
+        for c in 0..n {
+            let wr = &w[c * k..(c + 1) * k];
+            let mut acc = 0f32;
+            for (&a, &b) in xr.iter().zip(wr) {
+                acc = from_bf16(a).mul_add(from_bf16(b), acc);
+            }
+            let o = &mut out[r * n + c];
+            *o = if beta == 0.0 { acc } else { beta.mul_add(*o, acc) };
+        }
+    }
+}
+
+/// Twin of kernels/cuda/gemm.cu (`dense_gemm_bm64` / `dense_gemm_bm128`): grid
+/// (ceil(m / bm), ceil(n / 64)), each block one `gemm_tile`.
+#[allow(clippy::too_many_arguments)]
+pub fn dense_gemm(block_m: usize, x: &[u16], w: &[u16], out: &mut [f32], m: usize, n: usize, k: usize, beta: f32) {
+    use super::mma_tile::{gemm_tile, Tile, BN};
+    for bx in 0..m.div_ceil(block_m) {
+        for by in 0..n.div_ceil(BN) {
+            gemm_tile(block_m, Tile { a: x, w, row_base: 0, r0: bx * block_m, rows: m, n0: by * BN, n, k, beta }, out);
+        }
+    }
+}

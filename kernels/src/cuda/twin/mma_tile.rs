@@ -1,0 +1,188 @@
+//! Twin of kernels/cuda/mma_tile.cuh (`gemm_tile`), down to the tensor-core fragments: the
+//! cp.async chunk loads into the padded shared tiles, each lane's fragment registers read with the
+//! kernel's index expressions, `mma.sync.m16n8k16` evaluated from those registers by the operand
+//! layouts of the PTX ISA ("Matrix Fragments for mma.m16n8k16 with floating point type"), and the
+//! epilogue's stores. A wrong fragment index in the kernel would scramble this twin's output too.
+
+use super::warp::from_bf16;
+use crate::cuda::sources::consts::{GEMM_BK, GEMM_BN};
+
+pub(crate) const BN: usize = GEMM_BN as usize;
+const BK: usize = GEMM_BK as usize;
+const LD: usize = BK + 8;
+
+/// One warp's registers for an mma: 32 lanes × (4 A words, 2 B words, 4 accumulators).
+type AFrag = [[u32; 4]; 32];
+type BFrag = [[u32; 2]; 32];
+type CFrag = [[f32; 4]; 32];
+
+fn lo(w: u32) -> u16 {
+    (w & 0xffff) as u16
+}
+fn hi(w: u32) -> u16 {
+    (w >> 16) as u16
+}
+
+/// `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32` D = A·B + C, from the warp's registers,
+/// placing elements by the PTX ISA's formulas (groupID = lane >> 2, threadID_in_group = lane % 4):
+/// A: a_i (i = 0..8, two per register, low half first) at row g (+8 for i in {2,3,6,7}),
+///    col 2·tg + (i & 1) (+8 for i ≥ 4); B: b_i at row(k) 2·tg + (i & 1) (+8 for i ≥ 2), col g;
+/// C/D: c_i at row g (+8 for i ≥ 2), col 2·tg + (i & 1).
+/// The products of two bf16 are exact in f32; the 16 are summed in k order then added to C.
+fn mma_m16n8k16(c: &mut CFrag, a: &AFrag, b: &BFrag) {
+    let mut am = [[0f32; 16]; 16];
+    let mut bm = [[0f32; 8]; 16];
+    for lane in 0..32 {
+        let (g, tg) = (lane >> 2, lane & 3);
+        for i in 0..8 {
+            let reg = a[lane][i / 2];
+            let v = if i % 2 == 0 { lo(reg) } else { hi(reg) };
+            let row = if i < 2 || (4..6).contains(&i) { g } else { g + 8 };
+            let col = tg * 2 + (i & 1) + if i >= 4 { 8 } else { 0 };
+            am[row][col] = from_bf16(v);
+        }
+        for i in 0..4 {
+            let reg = b[lane][i / 2];
+            let v = if i % 2 == 0 { lo(reg) } else { hi(reg) };
+            let row = tg * 2 + (i & 1) + if i >= 2 { 8 } else { 0 };
+            bm[row][g] = from_bf16(v);
+        }
+    }
+    for (lane, cl) in c.iter_mut().enumerate() {
+        let (g, tg) = (lane >> 2, lane & 3);
+        for (i, ci) in cl.iter_mut().enumerate() {
+            let row = if i < 2 { g } else { g + 8 };
+            let col = tg * 2 + (i & 1);
+            let mut sum = 0f32;
+            for kk in 0..16 {
+                sum += am[row][kk] * bm[kk][col];
+            }
+            *ci += sum;
+        }
+    }
+}
+
+/// A shared-memory tile of bf16, `rows × LD`.
+struct SmemTile {
+    data: Vec<u16>,
+}
+
+impl SmemTile {
+    fn new(rows: usize) -> Self {
+        SmemTile { data: vec![0; rows * LD] }
+    }
+    /// A 32-bit load at (row, col): col and col + 1, the lower address in the low half.
+    fn word(&self, row: usize, col: usize) -> u32 {
+        self.data[row * LD + col] as u32 | (self.data[row * LD + col + 1] as u32) << 16
+    }
+}
+
+/// Where one tile reads and writes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Tile<'a> {
+    /// Row space of A (row 0 at index 0), [.., k] bf16.
+    pub a: &'a [u16],
+    /// The weight [n, k] bf16.
+    pub w: &'a [u16],
+    pub row_base: usize,
+    pub r0: usize,
+    /// Rows valid from row_base (the tile covers r0 .. r0 + bm of them).
+    pub rows: usize,
+    pub n0: usize,
+    pub n: usize,
+    pub k: usize,
+    pub beta: f32,
+}
+
+/// `gemm_tile<BM>`: one block of `bm * 2` threads.
+pub(crate) fn gemm_tile(bm: usize, t: Tile<'_>, c: &mut [f32]) {
+    let threads = bm * 2;
+    let warps = threads / 32;
+    let Tile { a, w: w_e, row_base, r0, rows: rows_e, n0, n, k, beta } = t;
+
+    let mut a_s = [SmemTile::new(bm), SmemTile::new(bm)];
+    let mut b_s = [SmemTile::new(BN), SmemTile::new(BN)];
+    // cp.async of 16 bytes (8 bf16) per chunk id; src-size 0 zero-fills.
+    let load_stage = |a_s: &mut SmemTile, b_s: &mut SmemTile, k0: usize| {
+        for id in 0..bm * 4 {
+            let (r, kc) = (id >> 2, (id & 3) * 8);
+            let ok = r0 + r < rows_e && k0 + kc < k;
+            for i in 0..8 {
+                a_s.data[r * LD + kc + i] = if ok { a[(row_base + r0 + r) * k + k0 + kc + i] } else { 0 };
+            }
+        }
+        for id in 0..BN * 4 {
+            let (r, kc) = (id >> 2, (id & 3) * 8);
+            let ok = n0 + r < n && k0 + kc < k;
+            for i in 0..8 {
+                b_s.data[r * LD + kc + i] = if ok { w_e[(n0 + r) * k + k0 + kc + i] } else { 0 };
+            }
+        }
+    };
+
+    // acc[warp][mi][ni] is the warp's registers for one 16x8 mma tile.
+    let mut acc = vec![[[[[0f32; 4]; 32]; 4]; 2]; warps];
+    let n_k = k.div_ceil(BK);
+    {
+        let (a0, b0) = (&mut a_s[0], &mut b_s[0]);
+        load_stage(a0, b0, 0);
+    }
+    for kt in 0..n_k {
+        let stage = kt & 1;
+        if kt + 1 < n_k {
+            let (a1, b1) = (&mut a_s[stage ^ 1], &mut b_s[stage ^ 1]);
+            load_stage(a1, b1, (kt + 1) * BK);
+        }
+        for kk in (0..BK).step_by(16) {
+            for (warp, wacc) in acc.iter_mut().enumerate() {
+                let (warp_m, warp_n) = (warp >> 1, warp & 1);
+                let mut af = [[[0u32; 4]; 32]; 2];
+                let mut bfr = [[[0u32; 2]; 32]; 4];
+                for lane in 0..32 {
+                    let (g, tg) = (lane >> 2, lane & 3);
+                    for (mi, afm) in af.iter_mut().enumerate() {
+                        let rm = warp_m * 32 + mi * 16 + g;
+                        let sa = &a_s[stage];
+                        afm[lane] = [sa.word(rm, kk + tg * 2), sa.word(rm + 8, kk + tg * 2), sa.word(rm, kk + tg * 2 + 8), sa.word(rm + 8, kk + tg * 2 + 8)];
+                    }
+                    for (ni, bfn) in bfr.iter_mut().enumerate() {
+                        let cn = warp_n * 32 + ni * 8 + g;
+                        let sb = &b_s[stage];
+                        bfn[lane] = [sb.word(cn, kk + tg * 2), sb.word(cn, kk + tg * 2 + 8)];
+                    }
+                }
+                for mi in 0..2 {
+                    for ni in 0..4 {
+                        mma_m16n8k16(&mut wacc[mi][ni], &af[mi], &bfr[ni]);
+                    }
+                }
+            }
+        }
+    }
+
+    for (warp, wacc) in acc.iter().enumerate() {
+        let (warp_m, warp_n) = (warp >> 1, warp & 1);
+        for lane in 0..32 {
+            let (g, tg) = (lane >> 2, lane & 3);
+            for mi in 0..2 {
+                for ni in 0..4 {
+                    for half in 0..2 {
+                        let r = r0 + warp_m * 32 + mi * 16 + g + half * 8;
+                        let col = n0 + warp_n * 32 + ni * 8 + tg * 2;
+                        if r >= rows_e {
+                            continue;
+                        }
+                        let dst = (row_base + r) * n;
+                        for (j, v) in [(col, wacc[mi][ni][lane][half * 2]), (col + 1, wacc[mi][ni][lane][half * 2 + 1])] {
+                            if j < n {
+                                let o = &mut c[dst + j];
+                                *o = if beta != 0.0 { v + beta * *o } else { v };
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+

@@ -1,0 +1,89 @@
+//! The MoE layer on the twin kernels, in the order the GPU pipeline launches them:
+//! route → count → offsets and tile schedules → select → scatter → gate/up grouped GEMM (both
+//! variants launched, one runs) → SiLU·up to bf16 → down grouped GEMM → weighted un-permute.
+
+use super::elementwise::silu_mul_bf16;
+use super::moe_gemm::{max_tiles, moe_gemm, GroupedGemmArgs};
+use super::moe_permute::{moe_chunk_counts, moe_offsets, moe_scatter, moe_select_tile, moe_unpermute, n_chunks};
+use super::moe_routing::moe_topk_softmax;
+use super::warp::to_bf16_vec;
+use crate::backend::{KernelError, Result};
+use crate::cuda::moe::{check_moe, MoeDims, MoeRouting, TileChoice, TilePolicy};
+
+/// Expert weights as the device holds them (bf16, nn.Linear layout):
+/// gate_up [n_experts, 2·inter, hidden] (gate rows then up rows), down [n_experts, hidden, inter].
+#[derive(Debug, Clone)]
+pub struct TwinMoeWeights {
+    pub dims: MoeDims,
+    pub gate_up: Vec<u16>,
+    pub down: Vec<u16>,
+}
+
+impl TwinMoeWeights {
+    pub fn new(dims: MoeDims, gate_up: &[f32], down: &[f32]) -> Result<Self> {
+        let MoeDims { hidden, inter, n_experts } = dims;
+        if gate_up.len() != n_experts * 2 * inter * hidden || down.len() != n_experts * hidden * inter {
+            return Err(KernelError::Shape(format!(
+                "MoE weights: gate_up {} and down {} values for {n_experts} experts of [{}, {hidden}] / [{hidden}, {inter}]",
+                gate_up.len(),
+                down.len(),
+                2 * inter
+            )));
+        }
+        Ok(TwinMoeWeights { dims, gate_up: to_bf16_vec(gate_up), down: to_bf16_vec(down) })
+    }
+}
+
+/// out[t] = Σ_j w[t, j] · down_e(silu(gate_e(x[t])) · up_e(x[t])) over the token's top-k experts.
+/// `x` is [tokens, hidden], `router_logits` [tokens, n_experts].
+pub fn moe_forward(x: &[f32], router_logits: &[f32], w: &TwinMoeWeights, routing: MoeRouting, policy: TilePolicy) -> Result<(Vec<f32>, TileChoice)> {
+    moe_forward_with_counts(x, router_logits, w, routing, policy).map(|(out, choice, _)| (out, choice))
+}
+
+/// [`moe_forward`], also returning the token-per-expert histogram the selector saw.
+pub fn moe_forward_with_counts(x: &[f32], router_logits: &[f32], w: &TwinMoeWeights, routing: MoeRouting, policy: TilePolicy) -> Result<(Vec<f32>, TileChoice, Vec<u32>)> {
+    let MoeDims { hidden, inter, n_experts } = w.dims;
+    check_moe(w.dims, routing)?;
+    let tokens = x.len() / hidden;
+    if x.len() != tokens * hidden || router_logits.len() != tokens * n_experts {
+        return Err(KernelError::Shape(format!("MoE: {} activations and {} router logits for hidden {hidden}, {n_experts} experts", x.len(), router_logits.len())));
+    }
+    let k = routing.top_k;
+    let n_assign = tokens * k;
+    if n_assign == 0 {
+        return Ok((Vec::new(), TileChoice::default(), vec![0; n_experts]));
+    }
+    let mut ids = vec![0u32; n_assign];
+    let mut weights = vec![0f32; n_assign];
+    moe_topk_softmax(router_logits, &mut ids, &mut weights, tokens, n_experts, k, routing.renormalize);
+
+    let chunk_counts = moe_chunk_counts(&ids, n_experts);
+    let off = moe_offsets(&chunk_counts, n_chunks(n_assign), n_experts);
+    let (threshold, force) = policy.kernel_args();
+    let choice = moe_select_tile(&off.counts, threshold, force);
+    let (dest, xp) = moe_scatter(x, &ids, &off, k, hidden, n_experts);
+
+    let gemm = |a: &[u16], wts: &[u16], n: usize, kdim: usize| {
+        let mut c = vec![0f32; n_assign * n];
+        for bm in [64usize, 128] {
+            let tiles = if bm == 64 { &off.tiles64 } else { &off.tiles128 };
+            let args = GroupedGemmArgs { a, w: wts, counts: &off.counts, offsets: &off.offsets, tiles, n_tiles: off.n_tiles, choice: choice.block_m, n, k: kdim };
+            moe_gemm(bm, args, max_tiles(n_assign, n_experts, bm), &mut c);
+        }
+        c
+    };
+    let gate_up = gemm(&xp, &w.gate_up, 2 * inter, hidden);
+    let mut act = vec![0u16; n_assign * inter];
+    silu_mul_bf16(&gate_up, &mut act, inter);
+    let y = gemm(&act, &w.down, hidden, inter);
+    let mut out = vec![0f32; tokens * hidden];
+    moe_unpermute(&y, &dest, &weights, &mut out, k, hidden, false);
+    Ok((out, choice, off.counts))
+}
+
+/// One MoE layer for the twin's `Backend::moe_ffn`: the router as a bf16 projection, the experts.
+#[derive(Debug, Clone)]
+pub struct TwinMoeLayer {
+    pub router: super::backend::TwinMatrix,
+    pub experts: TwinMoeWeights,
+}

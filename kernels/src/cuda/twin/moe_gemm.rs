@@ -1,0 +1,60 @@
+//! Twin of kernels/cuda/moe_gemm.cu: the grouped launch over the device-built tile schedule, each
+//! block one `gemm_tile` (twin in mma_tile.rs).
+
+use super::mma_tile::{gemm_tile, Tile, BN};
+
+/// Arguments of one grouped-GEMM launch (both variants get the same).
+#[derive(Debug, Clone, Copy)]
+pub struct GroupedGemmArgs<'a> {
+    /// Permuted activations [rows, k], bf16.
+    pub a: &'a [u16],
+    /// Expert weights [n_experts, n, k], bf16.
+    pub w: &'a [u16],
+    pub counts: &'a [u32],
+    pub offsets: &'a [u32],
+    /// This variant's tile schedule (expert, first row) pairs.
+    pub tiles: &'a [u32],
+    /// [tiles at 64, tiles at 128].
+    pub n_tiles: [u32; 2],
+    /// The selector's BLOCK_M.
+    pub choice: u32,
+    pub n: usize,
+    pub k: usize,
+}
+
+/// `moe_gemm_bm64` / `moe_gemm_bm128`: grid (the host's worst-case tile count, ceil(n / 64)).
+/// Writes only rows of scheduled tiles; `c` must be sized [rows, n].
+pub fn moe_gemm(block_m: usize, args: GroupedGemmArgs<'_>, grid_x: usize, c: &mut [f32]) {
+    assert!(block_m == 64 || block_m == 128, "BLOCK_M {block_m}");
+    if args.choice != block_m as u32 {
+        return;
+    }
+    let n_tiles = if block_m == 64 { args.n_tiles[0] } else { args.n_tiles[1] };
+    let (n, k) = (args.n, args.k);
+    for tile in 0..grid_x {
+        if tile as u32 >= n_tiles {
+            continue;
+        }
+        let (e, r0) = (args.tiles[2 * tile] as usize, args.tiles[2 * tile + 1] as usize);
+        for by in 0..n.div_ceil(BN) {
+            let t = Tile {
+                a: args.a,
+                w: &args.w[e * n * k..(e + 1) * n * k],
+                row_base: args.offsets[e] as usize,
+                r0,
+                rows: args.counts[e] as usize,
+                n0: by * BN,
+                n,
+                k,
+                beta: 0.0,
+            };
+            gemm_tile(block_m, t, c);
+        }
+    }
+}
+
+/// Upper bound on a variant's tile count, from host-known sizes only: what the host sizes the
+/// grid by (the exact count is computed on the device).
+pub fn max_tiles(n_assign: usize, n_experts: usize, block_m: usize) -> usize {
+    n_assign / block_m + n_assign.min(n_experts)
+}

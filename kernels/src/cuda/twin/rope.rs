@@ -1,0 +1,71 @@
+//! Twin of kernels/cuda/rope.cu (`qk_norm_rope`).
+
+use super::warp::warp_sum;
+use crate::cuda::sources::consts::ROPE_THREADS;
+
+/// Arguments of one `qk_norm_rope` launch.
+#[derive(Debug, Clone, Copy)]
+pub struct QkNormRopeArgs<'a> {
+    pub qkv_cols: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub eps: f32,
+    pub q_norm: Option<&'a [f32]>,
+    pub k_norm: Option<&'a [f32]>,
+    pub theta: f64,
+    pub rotary_dim: usize,
+    pub interleaved: bool,
+}
+
+/// grid (rows), block ROPE_THREADS: the row's angle table in double, then warp w takes heads
+/// w, w + 4, ...: load, optional RMSNorm (lane-strided fmaf + warp_sum), rotate, store.
+pub fn qk_norm_rope(qkv: &mut [f32], positions: &[u32], a: QkNormRopeArgs<'_>) {
+    let half = a.rotary_dim / 2;
+    let hd = a.head_dim;
+    let warps = ROPE_THREADS as usize / 32;
+    for (row, &pos) in positions.iter().enumerate() {
+        let pos = pos as f64;
+        let (mut cos_t, mut sin_t) = (vec![0f64; half], vec![0f64; half]);
+        for i in 0..half {
+            let inv_freq = a.theta.powf(-(2.0 * i as f64) / a.rotary_dim as f64);
+            let (s, c) = (pos * inv_freq).sin_cos();
+            cos_t[i] = c;
+            sin_t[i] = s;
+        }
+        let row_vals = &mut qkv[row * a.qkv_cols..(row + 1) * a.qkv_cols];
+        // Warps are independent (disjoint heads); replay them one after another.
+        for warp in 0..warps {
+            let mut h = warp;
+            while h < a.n_heads + a.n_kv_heads {
+                let is_q = h < a.n_heads;
+                let off = if is_q { h * hd } else { a.n_heads * hd + (h - a.n_heads) * hd };
+                let w = if is_q { a.q_norm } else { a.k_norm };
+                let mut buf = row_vals[off..off + hd].to_vec();
+                if let Some(w) = w {
+                    let lanes: [f32; 32] = std::array::from_fn(|lane| {
+                        let mut acc = 0f32;
+                        let mut d = lane;
+                        while d < hd {
+                            acc = buf[d].mul_add(buf[d], acc);
+                            d += 32;
+                        }
+                        acc
+                    });
+                    let inv = 1.0f32 / (warp_sum(lanes) / hd as f32 + a.eps).sqrt();
+                    for d in 0..hd {
+                        buf[d] = (buf[d] * inv) * w[d];
+                    }
+                }
+                for i in 0..half {
+                    let (ia, ib) = if a.interleaved { (2 * i, 2 * i + 1) } else { (i, i + half) };
+                    let (x0, x1) = (buf[ia] as f64, buf[ib] as f64);
+                    buf[ia] = (x0 * cos_t[i] - x1 * sin_t[i]) as f32;
+                    buf[ib] = (x0 * sin_t[i] + x1 * cos_t[i]) as f32;
+                }
+                row_vals[off..off + hd].copy_from_slice(&buf);
+                h += warps;
+            }
+        }
+    }
+}

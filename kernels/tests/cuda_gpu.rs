@@ -1,0 +1,356 @@
+//! The CUDA backend on a real GPU: every kernel and dense op against the CPU backend (f32) and
+//! against the CPU twin of the same kernels, the MoE pipeline against its twin and the per-token
+//! loop, and a small model's scores end to end. On a machine without a GPU each test prints
+//! "NOT RUN ... (no GPU)" and passes; `no_gpu_is_a_clear_error` runs everywhere.
+//!
+//! Tolerances (relative to the largest expected value unless said otherwise):
+//! - vs the CPU backend (f32 weights and K/V): `BF16_TOL` 2e-2, the cost of bf16 storage.
+//! - vs the twin (same bf16 data, same kernel structure): `TWIN_TOL` 1e-4 for the SIMT kernels
+//!   (device expf/sincos vs Rust's, cuBLAS's summation order); `MMA_TWIN_TOL` 2e-3 for the MoE
+//!   layer (tensor-core summation order, and a one-ulp bf16 flip of a rounded activation).
+
+mod common;
+mod cuda_common;
+
+use common::{assert_bits_eq, assert_close, random, rng, LayoutBuilder};
+use cuda_common::{gpu, gpu_with, only_seq, prefix_and_items, MiniModel};
+use sieve_kernels::cuda::moe::{BlockM, MoeDims, MoeRouting, TilePolicy};
+use sieve_kernels::cuda::twin::{self, TwinBackend, TwinMoeWeights};
+use sieve_kernels::cuda::{CudaBackend, CudaOptions, GemmEngine};
+use sieve_kernels::{Backend, BatchLayout, CpuBackend, KernelError, QkvLayout, RopeConfig, RopeLayout};
+
+const BF16_TOL: f32 = 2e-2;
+const TWIN_TOL: f32 = 1e-4;
+const MMA_TWIN_TOL: f32 = 2e-3;
+
+#[test]
+fn no_gpu_is_a_clear_error() {
+    match sieve_kernels::cuda::device_count() {
+        Err(e) => {
+            let err = CudaBackend::new(0).err().expect("no driver: CudaBackend::new must fail");
+            assert!(matches!(err, KernelError::Device(_)), "{err}");
+            assert!(err.to_string().contains("driver"), "{err}");
+            println!("no_gpu_is_a_clear_error: no driver here ({e}); CudaBackend::new(0) -> {err}");
+        }
+        Ok(n) => {
+            let err = CudaBackend::new(n + 7).err().expect("a missing device must fail");
+            assert!(err.to_string().contains(&format!("device {}", n + 7)), "{err}");
+        }
+    }
+}
+
+fn three(test: &str) -> Option<(CudaBackend, TwinBackend, CpuBackend)> {
+    gpu(test).map(|g| (g, TwinBackend::default(), CpuBackend::new(0).expect("cpu backend")))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn matmul_case<B: Backend>(b: &B, x: &[f32], m: usize, k: usize, w: &[f32], n: usize, bias: Option<&[f32]>, acc: Option<&[f32]>) -> Vec<f32> {
+    let xt = b.from_host(x, m, k).unwrap();
+    let wt = b.linear_weight(w, n, k).unwrap();
+    match acc {
+        Some(a) => {
+            let mut out = b.from_host(a, m, n).unwrap();
+            b.matmul_add(&xt, &wt, &mut out).unwrap();
+            b.to_host(&out).unwrap()
+        }
+        None => {
+            let bv = bias.map(|v| b.vector(v).unwrap());
+            let mut out = b.zeros(m, n).unwrap();
+            b.matmul(&xt, &wt, bv.as_ref(), &mut out).unwrap();
+            b.to_host(&out).unwrap()
+        }
+    }
+}
+
+#[test]
+fn dense_projections() {
+    for (engine, twin) in [(GemmEngine::Cublas, TwinBackend::default()), (GemmEngine::Tiled, TwinBackend::tiled())] {
+        let Some(g) = gpu_with(&format!("dense_projections ({engine:?})"), engine) else { return };
+        dense_projections_case(&g, &twin, &CpuBackend::new(0).expect("cpu"));
+    }
+}
+
+fn dense_projections_case(g: &CudaBackend, t: &TwinBackend, c: &CpuBackend) {
+    let mut r = rng(60);
+    for &(m, n, k) in &[(1, 64, 64), (7, 130, 72), (64, 512, 256), (301, 1024, 576)] {
+        let (x, w, bias, acc) = (random(&mut r, m * k), random(&mut r, n * k), random(&mut r, n), random(&mut r, m * n));
+        for (bias, acc) in [(None, None), (Some(bias.as_slice()), None), (None, Some(acc.as_slice()))] {
+            let what = format!("{:?} GEMM {m}x{n}x{k} bias {} acc {}", g.gemm_engine(), bias.is_some(), acc.is_some());
+            let got = matmul_case(g, &x, m, k, &w, n, bias, acc);
+            assert_close(&format!("{what} vs twin"), &got, &matmul_case(t, &x, m, k, &w, n, bias, acc), TWIN_TOL);
+            assert_close(&format!("{what} vs cpu"), &got, &matmul_case(c, &x, m, k, &w, n, bias, acc), BF16_TOL);
+        }
+    }
+    // lm_logits and embed share the bf16 table.
+    let (vocab, hidden) = (1000, 64);
+    let table = random(&mut r, vocab * hidden);
+    let x = random(&mut r, 5 * hidden);
+    let got = g.run(&table, vocab, hidden, &x);
+    assert_close("lm_logits vs twin", &got, &t.run(&table, vocab, hidden, &x), TWIN_TOL);
+    assert_close("lm_logits vs cpu", &got, &c.run(&table, vocab, hidden, &x), BF16_TOL);
+}
+
+/// embedding + lm_logits on any backend.
+trait LmLogits {
+    fn run(&self, table: &[f32], vocab: usize, hidden: usize, x: &[f32]) -> Vec<f32>;
+}
+
+impl<B: Backend> LmLogits for B {
+    fn run(&self, table: &[f32], vocab: usize, hidden: usize, x: &[f32]) -> Vec<f32> {
+        let rows = x.len() / hidden;
+        let e = self.embedding(table, vocab, hidden).unwrap();
+        let xt = self.from_host(x, rows, hidden).unwrap();
+        let mut out = self.zeros(rows, vocab).unwrap();
+        self.lm_logits(&xt, &e, &mut out).unwrap();
+        self.to_host(&out).unwrap()
+    }
+}
+
+fn rowwise_case<B: Backend>(b: &B, x: &[f32], rows: usize, cols: usize, w: &[f32], gu: &[f32]) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+    let xt = b.from_host(x, rows, cols).unwrap();
+    let wv = b.vector(w).unwrap();
+    let mut out = b.zeros(rows, cols).unwrap();
+    b.rms_norm(&xt, &wv, 1e-6, &mut out).unwrap();
+    let norm = b.to_host(&out).unwrap();
+    let dots = b.dot_rows(&xt, &wv).unwrap();
+    let gut = b.from_host(gu, rows, 2 * cols).unwrap();
+    b.silu_mul(&gut, &mut out).unwrap();
+    let silu = b.to_host(&out).unwrap();
+    let idx: Vec<u32> = (0..rows as u32).rev().step_by(2).collect();
+    let mut gathered = b.zeros(idx.len(), cols).unwrap();
+    b.gather_rows(&xt, &idx, &mut gathered).unwrap();
+    (norm, dots, silu, b.to_host(&gathered).unwrap())
+}
+
+#[test]
+fn row_ops_and_host_round_trip() {
+    let Some((g, t, c)) = three("row_ops_and_host_round_trip") else { return };
+    let mut r = rng(61);
+    for &(rows, cols) in &[(1, 8), (9, 333), (128, 2048), (3, 5120)] {
+        let (x, w, gu) = (random(&mut r, rows * cols), random(&mut r, cols), random(&mut r, rows * 2 * cols));
+        let xt = g.from_host(&x, rows, cols).unwrap();
+        assert_bits_eq("from_host/to_host", &g.to_host(&xt).unwrap(), &x);
+        let got = rowwise_case(&g, &x, rows, cols, &w, &gu);
+        for (name, other, tol) in [("twin", rowwise_case(&t, &x, rows, cols, &w, &gu), TWIN_TOL), ("cpu", rowwise_case(&c, &x, rows, cols, &w, &gu), 1e-4)] {
+            let what = format!("{rows}x{cols} vs {name}");
+            assert_close(&format!("rms_norm {what}"), &got.0, &other.0, tol);
+            assert_close(&format!("dot_rows {what}"), &got.1, &other.1, tol);
+            assert_close(&format!("silu_mul {what}"), &got.2, &other.2, tol);
+            assert_bits_eq(&format!("gather_rows {what}"), &got.3, &other.3);
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn embed_rope_case<B: Backend>(b: &B, table: &[f32], vocab: usize, layout: QkvLayout, qkv: &[f32], batch: &BatchLayout, rope: RopeConfig, norms: Option<(&[f32], &[f32])>) -> (Vec<f32>, Vec<f32>) {
+    let rows = batch.num_rows();
+    let cache = b.kv_cache(1, 64, layout.n_kv_heads, layout.head_dim).unwrap();
+    let pb = b.prepare_batch(batch, &cache).unwrap();
+    let e = b.embedding(table, vocab, layout.qkv_dim()).unwrap();
+    let mut emb = b.zeros(rows, layout.qkv_dim()).unwrap();
+    b.embed(&e, &pb, &mut emb).unwrap();
+    let mut q = b.from_host(qkv, rows, layout.qkv_dim()).unwrap();
+    let nv = norms.map(|(qn, kn)| (b.vector(qn).unwrap(), b.vector(kn).unwrap()));
+    b.qk_norm_rope(&mut q, layout, nv.as_ref().map(|n| &n.0), nv.as_ref().map(|n| &n.1), 1e-6, rope, &pb).unwrap();
+    (b.to_host(&emb).unwrap(), b.to_host(&q).unwrap())
+}
+
+#[test]
+fn embed_and_qk_norm_rope() {
+    let Some((g, t, c)) = three("embed_and_qk_norm_rope") else { return };
+    let mut r = rng(62);
+    for &(n_heads, n_kv_heads, head_dim, rotary_dim) in &[(16, 8, 128, 128), (9, 3, 64, 64), (4, 1, 256, 128), (2, 2, 80, 40)] {
+        let layout = QkvLayout { n_heads, n_kv_heads, head_dim };
+        let mut lb = LayoutBuilder::default();
+        lb.push_seq(&[], 6);
+        lb.layout.positions = vec![0, 1, 31, 1000, 32767, 131_071];
+        lb.layout.token_ids = vec![0, 5, 9, 5, 2, 10];
+        let vocab = 11;
+        let table = random(&mut r, vocab * layout.qkv_dim());
+        let qkv = random(&mut r, 6 * layout.qkv_dim());
+        let (qn, kn) = (random(&mut r, head_dim), random(&mut r, head_dim));
+        for rl in [RopeLayout::Interleaved, RopeLayout::HalfSplit] {
+            for norms in [None, Some((qn.as_slice(), kn.as_slice()))] {
+                let rope = RopeConfig { theta: 1_000_000.0, rotary_dim, layout: rl };
+                let what = format!("{layout:?} {rl} rotary {rotary_dim} norms {}", norms.is_some());
+                let got = embed_rope_case(&g, &table, vocab, layout, &qkv, &lb.layout, rope, norms);
+                let tw = embed_rope_case(&t, &table, vocab, layout, &qkv, &lb.layout, rope, norms);
+                let cp = embed_rope_case(&c, &table, vocab, layout, &qkv, &lb.layout, rope, norms);
+                assert_bits_eq(&format!("embed {what} vs twin"), &got.0, &tw.0);
+                assert_close(&format!("embed {what} vs cpu"), &got.0, &cp.0, BF16_TOL);
+                assert_close(&format!("qk_norm_rope {what} vs twin"), &got.1, &tw.1, TWIN_TOL);
+                assert_close(&format!("qk_norm_rope {what} vs cpu"), &got.1, &cp.1, 1e-4);
+            }
+        }
+    }
+}
+
+/// write_kv then attention over a prefix pass and an items pass (shared prefix slots).
+fn attention_case<B: Backend>(b: &B, layout: QkvLayout, passes: &[(BatchLayout, Vec<f32>)], num_slots: usize) -> Vec<Vec<f32>> {
+    let mut cache = b.kv_cache(2, num_slots, layout.n_kv_heads, layout.head_dim).unwrap();
+    passes
+        .iter()
+        .map(|(batch, qkv)| {
+            let rows = batch.num_rows();
+            let pb = b.prepare_batch(batch, &cache).unwrap();
+            let q = b.from_host(qkv, rows, layout.qkv_dim()).unwrap();
+            b.write_kv(&q, layout, &mut cache, 1, &pb).unwrap();
+            let mut out = b.zeros(rows, layout.q_dim()).unwrap();
+            b.attention(&q, layout, &cache, 1, &pb, &mut out).unwrap();
+            b.to_host(&out).unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn paged_attention_over_a_shared_prefix() {
+    let Some((g, t, c)) = three("paged_attention_over_a_shared_prefix") else { return };
+    let mut r = rng(63);
+    for &(n_heads, n_kv_heads, head_dim) in &[(16, 8, 128), (8, 2, 64), (4, 4, 256), (6, 2, 96), (2, 1, 18)] {
+        let layout = QkvLayout { n_heads, n_kv_heads, head_dim };
+        let (batches, slots) = prefix_and_items(&mut r, 10);
+        let passes: Vec<(BatchLayout, Vec<f32>)> = batches.into_iter().map(|b| {
+            let q = random(&mut r, b.num_rows() * layout.qkv_dim());
+            (b, q)
+        }).collect();
+        let got = attention_case(&g, layout, &passes, slots);
+        let tw = attention_case(&t, layout, &passes, slots);
+        let cp = attention_case(&c, layout, &passes, slots);
+        for p in 0..passes.len() {
+            assert_close(&format!("attention {layout:?} pass {p} vs twin"), &got[p], &tw[p], TWIN_TOL);
+            assert_close(&format!("attention {layout:?} pass {p} vs cpu"), &got[p], &cp[p], BF16_TOL);
+        }
+        // Batch invariance on the device: each item alone gives the same bits.
+        for i in 0..passes[1].0.seqs.len() {
+            let alone = only_seq(&passes[1].0, i);
+            let s = passes[1].0.seqs[i];
+            let w = layout.qkv_dim();
+            let q = passes[1].1[s.q_row as usize * w..(s.q_row + s.q_len) as usize * w].to_vec();
+            let solo = attention_case(&g, layout, &[passes[0].clone(), (alone, q)], slots);
+            let od = layout.q_dim();
+            assert_bits_eq(&format!("attention {layout:?} item {i} alone vs batched"), &solo[1], &got[1][s.q_row as usize * od..(s.q_row + s.q_len) as usize * od]);
+        }
+    }
+}
+
+#[test]
+fn moe_layer_matches_twin_for_every_variant() {
+    let Some(g) = gpu("moe_layer_matches_twin_for_every_variant") else { return };
+    let mut r = rng(64);
+    let dims = MoeDims { hidden: 256, inter: 192, n_experts: 64 };
+    let gate_up: Vec<f32> = random(&mut r, 64 * 2 * 192 * 256).iter().map(|v| v * 0.1).collect();
+    let down: Vec<f32> = random(&mut r, 64 * 256 * 192).iter().map(|v| v * 0.1).collect();
+    let tw = TwinMoeWeights::new(dims, &gate_up, &down).unwrap();
+    let gw = g.moe_expert_weights(dims, &gate_up, &down).unwrap();
+    for &(tokens, top_k) in &[(1usize, 8usize), (13, 8), (200, 4), (1024, 8)] {
+        let routing = MoeRouting { top_k, renormalize: true };
+        let x = random(&mut r, tokens * 256);
+        let logits: Vec<f32> = random(&mut r, tokens * 64).iter().map(|v| v * 4.0).collect();
+        let xt = g.from_host(&x, tokens, 256).unwrap();
+        let lt = g.from_host(&logits, tokens, 64).unwrap();
+        let mut outs = Vec::new();
+        for policy in [TilePolicy::default(), TilePolicy::Fixed(BlockM::M64), TilePolicy::Fixed(BlockM::M128)] {
+            let mut out = g.zeros(tokens, 256).unwrap();
+            let stats = g.moe_forward(&xt, &lt, &gw, routing, policy, &mut out, false).unwrap();
+            let got = g.to_host(&out).unwrap();
+            let choice = stats.read(&g).unwrap();
+            let (want, want_choice) = twin::moe_forward(&x, &logits, &tw, routing, policy).unwrap();
+            assert_eq!(choice, want_choice, "{tokens} tokens {policy:?}: selector");
+            assert_close(&format!("MoE {tokens} tokens top-{top_k} {policy:?} vs twin"), &got, &want, MMA_TWIN_TOL);
+            outs.push(got);
+        }
+        assert_bits_eq(&format!("MoE {tokens} tokens: auto vs BLOCK_M 64"), &outs[0], &outs[1]);
+        assert_bits_eq(&format!("MoE {tokens} tokens: auto vs BLOCK_M 128"), &outs[0], &outs[2]);
+    }
+}
+
+#[test]
+fn small_model_scores_match_the_cpu_backend() {
+    let Some((g, t, c)) = three("small_model_scores_match_the_cpu_backend") else { return };
+    let mut r = rng(65);
+    let model = MiniModel::random(&mut r, 3);
+    let (passes, slots) = prefix_and_items(&mut r, model.vocab);
+    let got = model.scores(&g, &passes, slots);
+    let tw = model.scores(&t, &passes, slots);
+    let cp = model.scores(&c, &passes, slots);
+    for p in 0..passes.len() {
+        for i in 0..got[p].len() {
+            assert!((got[p][i] - tw[p][i]).abs() <= 1e-3, "pass {p} item {i}: gpu {} vs twin {}", got[p][i], tw[p][i]);
+            assert!((got[p][i] - cp[p][i]).abs() <= BF16_TOL, "pass {p} item {i}: gpu {} vs cpu {}", got[p][i], cp[p][i]);
+        }
+    }
+    println!("scores gpu {got:?}\n       cpu {cp:?}");
+}
+
+#[test]
+fn a_second_start_loads_kernels_from_the_cache() {
+    let Some(g) = gpu("a_second_start_loads_kernels_from_the_cache") else { return };
+    drop(g);
+    let opts = CudaOptions::new(0).with_asset_cache(&cuda_common::asset_cache());
+    let again = CudaBackend::with_options(&opts).unwrap();
+    let report = again.kernel_load_report();
+    assert!(report.compiled.is_empty(), "recompiled at the second start: {report:?}");
+    assert_eq!(report.from_cache.len(), sieve_kernels::cuda::sources::ALL.len());
+}
+
+/// A row's projection bits must not depend on how many rows share the call (the determinism
+/// contract). `rows` of one x, projected all together and each alone.
+fn projection_rows_alone_and_batched(g: &CudaBackend) {
+    let mut r = rng(66);
+    let (n, k, m) = (1024, 1024, 777);
+    let x = random(&mut r, m * k);
+    let w = g.linear_weight(&random(&mut r, n * k), n, k).unwrap();
+    let xt = g.from_host(&x, m, k).unwrap();
+    let mut all = g.zeros(m, n).unwrap();
+    g.matmul(&xt, &w, None, &mut all).unwrap();
+    let all = g.to_host(&all).unwrap();
+    for (row, rows) in [(0usize, 1usize), (5, 3), (100, 64), (300, 200)] {
+        let part = g.from_host(&x[row * k..(row + rows) * k], rows, k).unwrap();
+        let mut out = g.zeros(rows, n).unwrap();
+        g.matmul(&part, &w, None, &mut out).unwrap();
+        assert_bits_eq(&format!("{:?}: rows {row}..{} in a call of {rows} vs of {m}", g.gemm_engine(), row + rows), &g.to_host(&out).unwrap(), &all[row * n..(row + rows) * n]);
+    }
+}
+
+#[test]
+fn tiled_projections_are_batch_invariant() {
+    let Some(g) = gpu_with("tiled_projections_are_batch_invariant", GemmEngine::Tiled) else { return };
+    projection_rows_alone_and_batched(&g);
+}
+
+/// If this fails on a GPU, cuBLAS picked kernels with different reduction orders for different
+/// row counts: scores then depend on the batch, and the worker must run `GemmEngine::Tiled`
+/// (or pin cuBLAS's algorithm) to keep the determinism contract.
+#[test]
+fn cublas_projections_are_batch_invariant() {
+    let Some(g) = gpu_with("cublas_projections_are_batch_invariant", GemmEngine::Cublas) else { return };
+    projection_rows_alone_and_batched(&g);
+}
+
+#[test]
+fn small_model_scores_with_the_tiled_gemm_do_not_depend_on_the_batch() {
+    let Some(g) = gpu_with("small_model_scores_with_the_tiled_gemm_do_not_depend_on_the_batch", GemmEngine::Tiled) else { return };
+    let mut r = rng(67);
+    let model = MiniModel::random(&mut r, 2);
+    let (passes, slots) = prefix_and_items(&mut r, model.vocab);
+    let batched = model.scores(&g, &passes, slots);
+    let twin = model.scores(&TwinBackend::tiled(), &passes, slots);
+    for (i, &score) in batched[1].iter().enumerate() {
+        assert!((score - twin[1][i]).abs() <= 1e-3, "item {i}: gpu {score} vs twin {}", twin[1][i]);
+        let alone = model.scores(&g, &[passes[0].clone(), only_seq(&passes[1], i)], slots);
+        assert_eq!(alone[1][0].to_bits(), score.to_bits(), "item {i}: alone {} vs batched {score}", alone[1][0]);
+    }
+}
+
+#[test]
+fn moe_threshold_autotune_runs_and_fits() {
+    let Some(g) = gpu("moe_threshold_autotune_runs_and_fits") else { return };
+    let mut r = rng(68);
+    let dims = MoeDims { hidden: 256, inter: 128, n_experts: 32 };
+    let w = g.moe_expert_weights(dims, &random(&mut r, 32 * 256 * 256), &random(&mut r, 32 * 256 * 128)).unwrap();
+    let (th, samples) = g.calibrate_moe_threshold(&w, MoeRouting { top_k: 4, renormalize: true }, &[4, 64, 1024], 3).unwrap();
+    assert_eq!(samples.len(), 3);
+    assert!(samples[0].ratio > samples[2].ratio, "fewer tokens pad more: {samples:?}");
+    assert!(th.is_finite() && th > 0.0, "threshold {th}");
+    println!("calibrated threshold {th}: {samples:?}");
+}

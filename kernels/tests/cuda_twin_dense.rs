@@ -1,0 +1,297 @@
+//! The CUDA kernels' CPU twins (kernels/src/cuda/twin), run as `TwinBackend`, against the f64
+//! `ReferenceBackend`, with the block tables, slot maps and tile schedules a CUDA launch gets.
+//!
+//! Tolerances (relative to the largest reference value):
+//! - `EXACT_INPUT_TOL` 2e-5: the reference is given the same bf16-rounded inputs the device
+//!   holds (weights, K/V, the GEMM's activation), so only f32-vs-f64 accumulation differs.
+//! - `BF16_TOL` 2e-2: against unrounded inputs — what bf16 storage costs.
+
+mod common;
+
+use common::*;
+use sieve_kernels::cuda::twin::{warp::round_bf16, TwinBackend};
+use sieve_kernels::host::HostTensor;
+use sieve_kernels::reference::ReferenceBackend;
+use sieve_kernels::{Backend, KernelError, QkvLayout, RopeConfig, RopeLayout};
+
+const EXACT_INPUT_TOL: f32 = 2e-5;
+const BF16_TOL: f32 = 2e-2;
+
+fn rounded(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|&x| round_bf16(x)).collect()
+}
+
+fn rounded_tensor(t: &HostTensor) -> HostTensor {
+    HostTensor { data: rounded(&t.data), rows: t.rows, cols: t.cols }
+}
+
+#[test]
+fn projections_are_bf16_gemms_with_f32_accumulation() {
+    for twin in [TwinBackend::default(), TwinBackend::tiled()] {
+        projections_case(&twin);
+    }
+}
+
+fn projections_case(twin: &TwinBackend) {
+    let r = ReferenceBackend;
+    let mut g = rng(11);
+    // k = 19 and 130 are not multiples of 8: the tiled engine falls back to the cuBLAS path.
+    for &(m, n, k) in &[(0, 8, 16), (1, 1, 1), (5, 37, 19), (17, 64, 130), (33, 100, 64), (300, 72, 200), (70, 130, 40)] {
+        let wd = random(&mut g, n * k);
+        let bias = random(&mut g, n);
+        let w = twin.linear_weight(&wd, n, k).unwrap();
+        let (wr, wr_exact) = (r.linear_weight(&rounded(&wd), n, k).unwrap(), r.linear_weight(&wd, n, k).unwrap());
+        let x = tensor(&mut g, m, k);
+        let xr = rounded_tensor(&x);
+        for b in [None, Some(&bias)] {
+            let (mut got, mut want, mut want_exact) = (HostTensor::zeros(m, n), HostTensor::zeros(m, n), HostTensor::zeros(m, n));
+            twin.matmul(&x, &w, b, &mut got).unwrap();
+            r.matmul(&xr, &wr, b, &mut want).unwrap();
+            r.matmul(&x, &wr_exact, b, &mut want_exact).unwrap();
+            assert_close(&format!("{} matmul {m}x{n}x{k}", twin.name()), &got.data, &want.data, EXACT_INPUT_TOL);
+            assert_close(&format!("matmul {m}x{n}x{k} vs f32 inputs"), &got.data, &want_exact.data, BF16_TOL);
+        }
+        let acc = tensor(&mut g, m, n);
+        let (mut got, mut want) = (acc.clone(), acc);
+        twin.matmul_add(&x, &w, &mut got).unwrap();
+        r.matmul_add(&xr, &wr, &mut want).unwrap();
+        assert_close(&format!("{} matmul_add {m}x{n}x{k}", twin.name()), &got.data, &want.data, EXACT_INPUT_TOL);
+    }
+    let x = tensor(&mut g, 3, 10);
+    let w = twin.linear_weight(&random(&mut g, 40), 4, 10).unwrap();
+    let mut wrong = HostTensor::zeros(3, 5);
+    assert!(matches!(twin.matmul(&x, &w, None, &mut wrong), Err(KernelError::Shape(_))));
+}
+
+#[test]
+fn embed_gather_and_lm_logits() {
+    let (twin, r) = (TwinBackend::default(), ReferenceBackend);
+    let mut g = rng(12);
+    let (vocab, hidden) = (203, 40);
+    let table = random(&mut g, vocab * hidden);
+    let (te, tr) = (twin.embedding(&table, vocab, hidden).unwrap(), r.embedding(&rounded(&table), vocab, hidden).unwrap());
+    let mut b = LayoutBuilder::default();
+    b.push_seq(&[], 9);
+    b.layout.token_ids = vec![0, 202, 5, 5, 100, 31, 32, 33, 1];
+    let cache = twin.kv_cache(1, 16, 1, 4).unwrap();
+    let batch = twin.prepare_batch(&b.layout, &cache).unwrap();
+    let rbatch = r.prepare_batch(&b.layout, &r.kv_cache(1, 16, 1, 4).unwrap()).unwrap();
+    let (mut got, mut want) = (HostTensor::zeros(9, hidden), HostTensor::zeros(9, hidden));
+    twin.embed(&te, &batch, &mut got).unwrap();
+    r.embed(&tr, &rbatch, &mut want).unwrap();
+    assert_bits_eq("embed (bf16 table)", &got.data, &want.data);
+
+    let x = tensor(&mut g, 6, hidden);
+    let (mut got, mut want) = (HostTensor::zeros(6, vocab), HostTensor::zeros(6, vocab));
+    twin.lm_logits(&x, &te, &mut got).unwrap();
+    r.lm_logits(&rounded_tensor(&x), &tr, &mut want).unwrap();
+    assert_close("lm_logits", &got.data, &want.data, EXACT_INPUT_TOL);
+
+    let rows = [5u32, 0, 5, 2];
+    let (mut got, mut want) = (HostTensor::zeros(4, hidden), HostTensor::zeros(4, hidden));
+    twin.gather_rows(&x, &rows, &mut got).unwrap();
+    r.gather_rows(&x, &rows, &mut want).unwrap();
+    assert_bits_eq("gather_rows", &got.data, &want.data);
+    assert!(matches!(twin.gather_rows(&x, &[6], &mut HostTensor::zeros(1, hidden)), Err(KernelError::Shape(_))));
+
+    b.layout.token_ids[3] = vocab as u32;
+    let bad = twin.prepare_batch(&b.layout, &cache).unwrap();
+    let err = twin.embed(&te, &bad, &mut HostTensor::zeros(9, hidden)).unwrap_err();
+    assert!(err.to_string().contains("token id 203"), "{err}");
+}
+
+#[test]
+fn rms_norm_silu_mul_and_dot_rows() {
+    let (twin, r) = (TwinBackend::default(), ReferenceBackend);
+    let mut g = rng(13);
+    for &(rows, cols) in &[(1, 1), (3, 31), (7, 256), (5, 577), (2, 2048)] {
+        let x = tensor(&mut g, rows, cols);
+        let w = random(&mut g, cols);
+        let (mut got, mut want) = (HostTensor::zeros(rows, cols), HostTensor::zeros(rows, cols));
+        twin.rms_norm(&x, &w, 1e-6, &mut got).unwrap();
+        r.rms_norm(&x, &w, 1e-6, &mut want).unwrap();
+        assert_close(&format!("rms_norm {rows}x{cols}"), &got.data, &want.data, EXACT_INPUT_TOL);
+
+        let d = twin.dot_rows(&x, &w).unwrap();
+        let dr = r.dot_rows(&x, &w).unwrap();
+        assert_close(&format!("dot_rows {rows}x{cols}"), &d, &dr, EXACT_INPUT_TOL);
+
+        let gu = tensor(&mut g, rows, 2 * cols);
+        let (mut got, mut want) = (HostTensor::zeros(rows, cols), HostTensor::zeros(rows, cols));
+        twin.silu_mul(&gu, &mut got).unwrap();
+        r.silu_mul(&gu, &mut want).unwrap();
+        assert_close(&format!("silu_mul {rows}x{cols}"), &got.data, &want.data, EXACT_INPUT_TOL);
+    }
+}
+
+#[test]
+fn qk_norm_rope_in_both_layouts_with_partial_rotary() {
+    let (twin, r) = (TwinBackend::default(), ReferenceBackend);
+    let mut g = rng(14);
+    for &(n_heads, n_kv_heads, head_dim, rotary_dim) in &[(4, 2, 64, 64), (3, 1, 128, 64), (6, 6, 32, 32), (2, 1, 80, 40)] {
+        let layout = QkvLayout { n_heads, n_kv_heads, head_dim };
+        let mut b = LayoutBuilder::default();
+        b.push_seq(&[], 5);
+        b.layout.positions = vec![0, 1, 17, 4095, 100_000];
+        let cache = twin.kv_cache(1, 8, n_kv_heads, head_dim).unwrap();
+        let batch = twin.prepare_batch(&b.layout, &cache).unwrap();
+        let rbatch = r.prepare_batch(&b.layout, &r.kv_cache(1, 8, n_kv_heads, head_dim).unwrap()).unwrap();
+        let (qn, kn) = (random(&mut g, head_dim), random(&mut g, head_dim));
+        for rope_layout in [RopeLayout::Interleaved, RopeLayout::HalfSplit] {
+            for norms in [false, true] {
+                let rope = RopeConfig { theta: 1_000_000.0, rotary_dim, layout: rope_layout };
+                let qkv = tensor(&mut g, 5, layout.qkv_dim());
+                let (mut got, mut want) = (qkv.clone(), qkv);
+                let (q, k) = if norms { (Some(&qn), Some(&kn)) } else { (None, None) };
+                twin.qk_norm_rope(&mut got, layout, q, k, 1e-6, rope, &batch).unwrap();
+                r.qk_norm_rope(&mut want, layout, q, k, 1e-6, rope, &rbatch).unwrap();
+                assert_close(&format!("qk_norm_rope {layout:?} {rope_layout} rotary {rotary_dim} norms {norms}"), &got.data, &want.data, EXACT_INPUT_TOL);
+            }
+        }
+    }
+    let layout = QkvLayout { n_heads: 2, n_kv_heads: 1, head_dim: 8 };
+    let mut b = LayoutBuilder::default();
+    b.push_seq(&[], 1);
+    let batch = twin.prepare_batch(&b.layout, &twin.kv_cache(1, 2, 1, 8).unwrap()).unwrap();
+    let bad = RopeConfig { theta: 10_000.0, rotary_dim: 10, layout: RopeLayout::HalfSplit };
+    let mut qkv = tensor(&mut g, 1, layout.qkv_dim());
+    assert!(twin.qk_norm_rope(&mut qkv, layout, None, None, 1e-6, bad, &batch).is_err());
+}
+
+/// A batch with a shared prefix (its KV written by an earlier pass), items that extend it,
+/// a sub-tile remainder, contexts longer than one key tile and queries spanning several q tiles.
+fn attention_case(twin: &TwinBackend, r: &ReferenceBackend, layout: QkvLayout, seed: u64) {
+    let mut g = rng(seed);
+    let (num_slots, hd) = (400, layout.head_dim);
+    let mut tc = twin.kv_cache(2, num_slots, layout.n_kv_heads, hd).unwrap();
+    let mut rc = r.kv_cache(2, num_slots, layout.n_kv_heads, hd).unwrap();
+    let mut rc_exact = r.kv_cache(2, num_slots, layout.n_kv_heads, hd).unwrap();
+
+    // Pass 1: the shared prefix (45 tokens: more than one 32-key tile, not block aligned).
+    let mut b = LayoutBuilder { next_slot: 7, ..Default::default() }; // prefix slots need not start at 0
+    b.push_seq(&[], 45);
+    let prefix = b.context_slots(0);
+    let next_slot = b.next_slot;
+    let run = |b: &LayoutBuilder, tc: &mut _, rc: &mut _, rc_exact: &mut _, g: &mut rand::rngs::StdRng| {
+        let rows = b.layout.num_rows();
+        let qkv = tensor(g, rows, layout.qkv_dim());
+        let qkv_r = {
+            // The device stores K and V as bf16; the reference gets the same rounded values.
+            let mut t = qkv.clone();
+            for row in 0..rows {
+                for c in layout.k_offset()..layout.qkv_dim() {
+                    t.data[row * layout.qkv_dim() + c] = round_bf16(t.data[row * layout.qkv_dim() + c]);
+                }
+            }
+            t
+        };
+        let batch = twin.prepare_batch(&b.layout, tc).unwrap();
+        let rbatch = r.prepare_batch(&b.layout, rc).unwrap();
+        twin.write_kv(&qkv, layout, tc, 1, &batch).unwrap();
+        r.write_kv(&qkv_r, layout, rc, 1, &rbatch).unwrap();
+        r.write_kv(&qkv, layout, rc_exact, 1, &rbatch).unwrap();
+        let (mut got, mut want, mut want_exact) = (HostTensor::zeros(rows, layout.q_dim()), HostTensor::zeros(rows, layout.q_dim()), HostTensor::zeros(rows, layout.q_dim()));
+        twin.attention(&qkv, layout, tc, 1, &batch, &mut got).unwrap();
+        r.attention(&qkv_r, layout, rc, 1, &rbatch, &mut want).unwrap();
+        r.attention(&qkv, layout, rc_exact, 1, &rbatch, &mut want_exact).unwrap();
+        let what = format!("attention {layout:?}, {} seqs", b.layout.seqs.len());
+        assert_close(&what, &got.data, &want.data, EXACT_INPUT_TOL);
+        assert_close(&format!("{what} vs f32 K/V"), &got.data, &want_exact.data, BF16_TOL);
+        got
+    };
+    run(&b, &mut tc, &mut rc, &mut rc_exact, &mut g);
+
+    // Pass 2: items over the prefix, as the worker lays them out (prefix slots shared).
+    let mut b = LayoutBuilder { next_slot, ..Default::default() };
+    b.push_seq(&prefix, 1);
+    b.push_seq(&prefix, 16);
+    b.push_seq(&prefix[..20], 37);
+    b.push_seq(&[], 3);
+    b.push_seq(&prefix, 70);
+    run(&b, &mut tc, &mut rc, &mut rc_exact, &mut g);
+}
+
+#[test]
+fn attention_over_a_shared_prefix_matches_reference() {
+    let (twin, r) = (TwinBackend::default(), ReferenceBackend);
+    for (i, &(n_heads, n_kv_heads, head_dim)) in [(4, 2, 64), (2, 2, 128), (6, 2, 96), (3, 1, 256), (2, 1, 18)].iter().enumerate() {
+        attention_case(&twin, &r, QkvLayout { n_heads, n_kv_heads, head_dim }, 20 + i as u64);
+    }
+}
+
+#[test]
+fn attention_rejects_head_sizes_the_kernel_cannot_take() {
+    let twin = TwinBackend::default();
+    for hd in [258, 7] {
+        let layout = QkvLayout { n_heads: 1, n_kv_heads: 1, head_dim: hd };
+        let mut b = LayoutBuilder::default();
+        b.push_seq(&[], 2);
+        let cache = twin.kv_cache(1, 4, 1, hd).unwrap();
+        let batch = twin.prepare_batch(&b.layout, &cache).unwrap();
+        let qkv = HostTensor::zeros(2, layout.qkv_dim());
+        let err = twin.attention(&qkv, layout, &cache, 0, &batch, &mut HostTensor::zeros(2, hd)).unwrap_err();
+        assert!(matches!(err, KernelError::Unsupported(_)), "{err}");
+    }
+}
+
+/// The determinism contract on the kernel design: a sequence's attention output is bitwise the
+/// same alone or batched with others at other rows and slots (other q tiles, other blocks).
+#[test]
+fn attention_rows_do_not_depend_on_the_batch() {
+    let twin = TwinBackend::default();
+    let layout = QkvLayout { n_heads: 4, n_kv_heads: 2, head_dim: 64 };
+    let mut g = rng(30);
+    let own = tensor(&mut g, 40, layout.qkv_dim());
+    let other = tensor(&mut g, 23, layout.qkv_dim());
+
+    let alone = {
+        let mut b = LayoutBuilder::default();
+        b.push_seq(&[], 40);
+        let mut cache = twin.kv_cache(1, 200, 2, 64).unwrap();
+        let batch = twin.prepare_batch(&b.layout, &cache).unwrap();
+        twin.write_kv(&own, layout, &mut cache, 0, &batch).unwrap();
+        let mut out = HostTensor::zeros(40, layout.q_dim());
+        twin.attention(&own, layout, &cache, 0, &batch, &mut out).unwrap();
+        out
+    };
+    let batched = {
+        let mut b = LayoutBuilder { next_slot: 90, ..Default::default() };
+        b.push_seq(&[], 23);
+        b.push_seq(&[], 40);
+        let mut qkv = other.clone();
+        qkv.data.extend_from_slice(&own.data);
+        qkv.rows += 40;
+        let mut cache = twin.kv_cache(1, 200, 2, 64).unwrap();
+        let batch = twin.prepare_batch(&b.layout, &cache).unwrap();
+        twin.write_kv(&qkv, layout, &mut cache, 0, &batch).unwrap();
+        let mut out = HostTensor::zeros(63, layout.q_dim());
+        twin.attention(&qkv, layout, &cache, 0, &batch, &mut out).unwrap();
+        out
+    };
+    assert_bits_eq("sequence alone vs batched", &alone.data, &batched.data[23 * layout.q_dim()..]);
+}
+
+/// The tiled engine's promise: a row's bits do not depend on how many rows share the GEMM (nor on
+/// the BLOCK_M picked for that count).
+#[test]
+fn tiled_projections_are_batch_invariant() {
+    let twin = TwinBackend::tiled();
+    let mut g = rng(15);
+    let (n, k) = (96, 64);
+    let w = twin.linear_weight(&random(&mut g, n * k), n, k).unwrap();
+    let bias = random(&mut g, n);
+    let x = tensor(&mut g, 300, k); // 300 rows: BLOCK_M 128; a single row: BLOCK_M 64
+    let (mut all, mut all_acc) = (HostTensor::zeros(300, n), tensor(&mut g, 300, n));
+    twin.matmul(&x, &w, Some(&bias), &mut all).unwrap();
+    let acc0 = all_acc.clone();
+    twin.matmul_add(&x, &w, &mut all_acc).unwrap();
+    for r in [0usize, 1, 63, 64, 200, 299] {
+        let xr = HostTensor { data: x.row(r).to_vec(), rows: 1, cols: k };
+        let mut one = HostTensor::zeros(1, n);
+        twin.matmul(&xr, &w, Some(&bias), &mut one).unwrap();
+        assert_bits_eq(&format!("row {r} alone vs in 300"), &one.data, all.row(r));
+        let mut one_acc = HostTensor { data: acc0.row(r).to_vec(), rows: 1, cols: n };
+        twin.matmul_add(&xr, &w, &mut one_acc).unwrap();
+        assert_bits_eq(&format!("row {r} alone vs in 300 (add)"), &one_acc.data, all_acc.row(r));
+    }
+}

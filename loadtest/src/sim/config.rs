@@ -1,0 +1,200 @@
+//! What a simulated worker is: its cost model, speed, batch slots, noise and injected faults.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use sieve_shared::{CostModel, Limits};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimConfig {
+    /// Reported in responses and `/stats`.
+    pub model: String,
+    /// Compute time of a call at speed 1 (prefix once per call, then every item).
+    pub cost: CostModel,
+    /// Throughput multiplier: 2 computes twice as fast.
+    pub speed: f64,
+    /// Calls computed at once; more wait in a FIFO queue (a GPU's batch slots).
+    pub slots: usize,
+    /// Log-normal noise on compute time: sigma of ln(time), mean kept at 1.
+    pub jitter: f64,
+    /// Fraction of calls that fail with 500 part-way through their compute.
+    pub fail_rate: f64,
+    /// Scheduled slowdowns, relative to start-up.
+    pub slowdowns: Vec<Slowdown>,
+    /// Seed of the noise and failure draws.
+    pub seed: u64,
+    /// Calls waiting for a slot beyond which new calls get 429; 0: unbounded.
+    pub max_queue: usize,
+    /// Reported in `/stats`; a call over it is computed as several passes (no error).
+    pub max_batch_tokens: u64,
+    /// Longest prompt accepted, in simulated tokens; longer items get 413.
+    pub max_seq_tokens: u64,
+    pub limits: Limits,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            model: "sim".into(),
+            cost: CostModel::default(),
+            speed: 1.0,
+            slots: 1,
+            jitter: 0.0,
+            fail_rate: 0.0,
+            slowdowns: Vec::new(),
+            seed: 0,
+            max_queue: 0,
+            max_batch_tokens: 32_768,
+            max_seq_tokens: 8192,
+            limits: Limits::default(),
+        }
+    }
+}
+
+impl SimConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        self.cost.validate()?;
+        if !(self.speed.is_finite() && self.speed > 0.0) {
+            return Err(format!("speed must be positive, got {}", self.speed));
+        }
+        if self.slots == 0 {
+            return Err("slots must be at least 1".into());
+        }
+        if !(self.jitter.is_finite() && self.jitter >= 0.0) {
+            return Err(format!("jitter must be >= 0, got {}", self.jitter));
+        }
+        if !(0.0..=1.0).contains(&self.fail_rate) {
+            return Err(format!("fail-rate must be in [0, 1], got {}", self.fail_rate));
+        }
+        Ok(())
+    }
+}
+
+/// Compute time multiplied by `factor` from `start` after start-up, for `duration` (or for
+/// ever). Command-line form: `FACTOR[@START_S[+DURATION_S]]`, e.g. `3`, `3@10`, `3@10+5`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Slowdown {
+    pub factor: f64,
+    pub start: Duration,
+    pub duration: Option<Duration>,
+}
+
+impl Slowdown {
+    pub fn factor_at(&self, since_start: Duration) -> f64 {
+        let active = since_start >= self.start && self.duration.is_none_or(|d| since_start < self.start + d);
+        if active {
+            self.factor
+        } else {
+            1.0
+        }
+    }
+}
+
+impl FromStr for Slowdown {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = |what: &str| format!("slowdown '{s}': {what} (expected FACTOR[@START_S[+DURATION_S]])");
+        let (factor, when) = match s.split_once('@') {
+            Some((f, w)) => (f, Some(w)),
+            None => (s, None),
+        };
+        let factor: f64 = factor.trim().parse().map_err(|_| bad("bad factor"))?;
+        if !(factor.is_finite() && factor > 0.0) {
+            return Err(bad("factor must be positive"));
+        }
+        let secs = |t: &str| -> Result<Duration, String> {
+            let v: f64 = t.trim().parse().map_err(|_| bad("bad time"))?;
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(bad("times must be >= 0"));
+            }
+            Ok(Duration::from_secs_f64(v))
+        };
+        let (start, duration) = match when {
+            None => (Duration::ZERO, None),
+            Some(w) => match w.split_once('+') {
+                Some((st, d)) => (secs(st)?, Some(secs(d)?)),
+                None => (secs(w)?, None),
+            },
+        };
+        Ok(Slowdown { factor, start, duration })
+    }
+}
+
+/// The settings that can be changed while running (`PUT /sim` on the admin port).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SimSettings {
+    pub speed: f64,
+    pub jitter: f64,
+    pub fail_rate: f64,
+    /// Extra compute-time multiplier on top of the scheduled slowdowns.
+    pub slowdown: f64,
+}
+
+/// A partial update of [`SimSettings`]; absent fields are left alone.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimSettingsUpdate {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speed: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jitter: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fail_rate: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slowdown: Option<f64>,
+}
+
+impl SimSettings {
+    pub fn apply(&self, u: &SimSettingsUpdate) -> Result<SimSettings, String> {
+        let next = SimSettings {
+            speed: u.speed.unwrap_or(self.speed),
+            jitter: u.jitter.unwrap_or(self.jitter),
+            fail_rate: u.fail_rate.unwrap_or(self.fail_rate),
+            slowdown: u.slowdown.unwrap_or(self.slowdown),
+        };
+        if !(next.speed.is_finite() && next.speed > 0.0) {
+            return Err(format!("speed must be positive, got {}", next.speed));
+        }
+        if !(next.jitter.is_finite() && next.jitter >= 0.0) {
+            return Err(format!("jitter must be >= 0, got {}", next.jitter));
+        }
+        if !(0.0..=1.0).contains(&next.fail_rate) {
+            return Err(format!("fail_rate must be in [0, 1], got {}", next.fail_rate));
+        }
+        if !(next.slowdown.is_finite() && next.slowdown > 0.0) {
+            return Err(format!("slowdown must be positive, got {}", next.slowdown));
+        }
+        Ok(next)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slowdown_forms() {
+        let s: Slowdown = "3".parse().unwrap();
+        assert_eq!(s.factor_at(Duration::from_secs(1000)), 3.0);
+        let s: Slowdown = "2.5@10".parse().unwrap();
+        assert_eq!(s.factor_at(Duration::from_secs(9)), 1.0);
+        assert_eq!(s.factor_at(Duration::from_secs(10)), 2.5);
+        let s: Slowdown = "4@1+0.5".parse().unwrap();
+        assert_eq!(s.factor_at(Duration::from_millis(1200)), 4.0);
+        assert_eq!(s.factor_at(Duration::from_millis(1600)), 1.0);
+        assert!("x".parse::<Slowdown>().unwrap_err().contains("FACTOR"));
+        assert!("0".parse::<Slowdown>().is_err());
+        assert!("2@-1".parse::<Slowdown>().is_err());
+    }
+
+    #[test]
+    fn settings_updates_are_checked() {
+        let s = SimSettings { speed: 1.0, jitter: 0.0, fail_rate: 0.0, slowdown: 1.0 };
+        let n = s.apply(&SimSettingsUpdate { fail_rate: Some(0.5), ..Default::default() }).unwrap();
+        assert_eq!(n.fail_rate, 0.5);
+        assert_eq!(n.speed, 1.0);
+        assert!(s.apply(&SimSettingsUpdate { speed: Some(0.0), ..Default::default() }).is_err());
+    }
+}

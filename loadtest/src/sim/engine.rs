@@ -1,0 +1,418 @@
+//! The simulated engine: validates a call like the worker, waits for a batch slot (FIFO),
+//! "computes" for the cost model's time (scaled by speed, slowdowns and jitter), honours the
+//! deadline like the worker (work that cannot finish in time is dropped with 504), injects
+//! failures part-way through compute, and answers with deterministic scores.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, StandardNormal};
+use sieve_shared::{ApiError, ScoreRequest, ScoreResponse, Timing, Usage, WorkerStats};
+use tokio::sync::Semaphore;
+// Tokio's clock, so tests can run with time paused.
+use tokio::time::Instant;
+
+use super::config::{SimConfig, SimSettings, SimSettingsUpdate};
+use super::{scores, tokens};
+
+pub struct SimEngine {
+    config: SimConfig,
+    settings: Mutex<SimSettings>,
+    slots: Semaphore,
+    rng: Mutex<StdRng>,
+    started: Instant,
+    ready: AtomicBool,
+    draining: AtomicBool,
+    counters: Counters,
+}
+
+/// Live and cumulative counts, read by `/stats`, `/metrics` and tests.
+#[derive(Default)]
+pub struct Counters {
+    pub in_flight: AtomicU64,
+    pub waiting: AtomicU64,
+    pub queued_pairs: AtomicU64,
+    pub queued_tokens: AtomicU64,
+    pub requests: AtomicU64,
+    pub completed: AtomicU64,
+    pub pairs: AtomicU64,
+    pub tokens: AtomicU64,
+    pub failures_injected: AtomicU64,
+    pub deadline_drops: AtomicU64,
+    pub rejected: AtomicU64,
+    pub cancelled: AtomicU64,
+    /// Sum of compute time, in microseconds (utilisation).
+    pub busy_us: AtomicU64,
+}
+
+/// Undoes the in-flight accounting of a call however it ends (response, error or cancellation
+/// when the client goes away).
+struct InFlight<'a> {
+    c: &'a Counters,
+    pairs: u64,
+    tokens: u64,
+    finished: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.c.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.c.queued_pairs.fetch_sub(self.pairs, Ordering::Relaxed);
+        self.c.queued_tokens.fetch_sub(self.tokens, Ordering::Relaxed);
+        if !self.finished {
+            self.c.cancelled.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+struct Waiting<'a>(&'a AtomicU64);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl SimEngine {
+    pub fn new(config: SimConfig) -> Self {
+        let settings =
+            SimSettings { speed: config.speed, jitter: config.jitter, fail_rate: config.fail_rate, slowdown: 1.0 };
+        SimEngine {
+            slots: Semaphore::new(config.slots),
+            rng: Mutex::new(StdRng::seed_from_u64(config.seed)),
+            settings: Mutex::new(settings),
+            started: Instant::now(),
+            ready: AtomicBool::new(true),
+            draining: AtomicBool::new(false),
+            counters: Counters::default(),
+            config,
+        }
+    }
+
+    pub fn config(&self) -> &SimConfig {
+        &self.config
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    pub fn settings(&self) -> SimSettings {
+        *self.settings.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn update(&self, u: &SimSettingsUpdate) -> Result<SimSettings, String> {
+        let mut s = self.settings.lock().unwrap_or_else(|p| p.into_inner());
+        *s = s.apply(u)?;
+        Ok(*s)
+    }
+
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::SeqCst);
+    }
+
+    /// Stops taking calls (503, `/ready` 503, `draining` in `/stats`); running ones finish.
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst) && !self.is_draining()
+    }
+
+    /// Compute time of a call at the worker's normal speed: what it expects, and what it
+    /// checks deadlines against. Slowdowns (scheduled or set) are not part of it: a throttled
+    /// worker does not know it is throttled.
+    pub fn nominal_compute_ms(&self, prefix: u32, items: &[u32]) -> f64 {
+        let passes = self.passes(prefix, items);
+        let one_pass = self.config.cost.call_ms(f64::from(prefix), items.iter().map(|&n| f64::from(n)));
+        // A call over the batch limit runs as several passes, each paying the fixed cost.
+        (one_pass + (passes - 1) as f64 * self.config.cost.request_ms) / self.settings().speed
+    }
+
+    /// The current slowdown: scheduled ones times the one set at run time.
+    pub fn slowdown(&self) -> f64 {
+        let since = self.started.elapsed();
+        self.config.slowdowns.iter().map(|d| d.factor_at(since)).product::<f64>() * self.settings().slowdown
+    }
+
+    fn passes(&self, prefix: u32, items: &[u32]) -> u64 {
+        let total: u64 = u64::from(prefix) + items.iter().map(|&n| u64::from(n)).sum::<u64>();
+        if self.config.max_batch_tokens == 0 {
+            1
+        } else {
+            total.div_ceil(self.config.max_batch_tokens).max(1)
+        }
+    }
+
+    /// Scores a call. `arrival` is when its request arrived (queue time counts from there).
+    pub async fn score(&self, req: ScoreRequest, arrival: Instant) -> Result<ScoreResponse, ApiError> {
+        let c = &self.counters;
+        c.requests.fetch_add(1, Ordering::Relaxed);
+        if !self.ready.load(Ordering::SeqCst) {
+            c.rejected.fetch_add(1, Ordering::Relaxed);
+            return Err(ApiError::not_ready("sim worker is not ready"));
+        }
+        if self.is_draining() {
+            c.rejected.fetch_add(1, Ordering::Relaxed);
+            return Err(ApiError::not_ready("sim worker is draining"));
+        }
+        self.config.limits.check(&req)?;
+        let instruction = req.instruction.as_deref();
+        let prefix = tokens::prefix_tokens(&req.query, instruction);
+        let item_tokens: Vec<u32> = req.items.iter().map(|i| tokens::item_tokens(i.text())).collect();
+        for (i, n) in item_tokens.iter().enumerate() {
+            let len = u64::from(prefix + n);
+            if len > self.config.max_seq_tokens {
+                return Err(ApiError::too_large(format!(
+                    "items[{i}] too long: prompt of {len} tokens > max_seq_tokens {}",
+                    self.config.max_seq_tokens
+                )));
+            }
+        }
+        let deadline = req.deadline_ms.map(|ms| arrival + Duration::from_millis(ms));
+        let pairs = item_tokens.len() as u64;
+        let total_tokens = u64::from(prefix) + item_tokens.iter().map(|&n| u64::from(n)).sum::<u64>();
+
+        if self.config.max_queue > 0 && c.waiting.load(Ordering::Relaxed) >= self.config.max_queue as u64 {
+            c.rejected.fetch_add(1, Ordering::Relaxed);
+            return Err(ApiError::overloaded(format!("queue full: {} calls waiting", self.config.max_queue)));
+        }
+        c.in_flight.fetch_add(1, Ordering::Relaxed);
+        c.queued_pairs.fetch_add(pairs, Ordering::Relaxed);
+        c.queued_tokens.fetch_add(total_tokens, Ordering::Relaxed);
+        let mut in_flight = InFlight { c, pairs, tokens: total_tokens, finished: false };
+
+        c.waiting.fetch_add(1, Ordering::Relaxed);
+        let waiting = Waiting(&c.waiting);
+        let permit = match deadline {
+            Some(d) => match tokio::time::timeout_at(d, self.slots.acquire()).await {
+                Ok(p) => p,
+                Err(_) => {
+                    in_flight.finished = true;
+                    c.deadline_drops.fetch_add(1, Ordering::Relaxed);
+                    return Err(ApiError::deadline("deadline passed while queued"));
+                }
+            },
+            None => self.slots.acquire().await,
+        }
+        .map_err(|_| ApiError::internal("sim worker is shutting down"))?;
+        drop(waiting);
+        let start = Instant::now();
+        let queue_ms = (start - arrival).as_secs_f64() * 1e3;
+
+        let settings = self.settings();
+        let (noise, fail_at) = {
+            let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+            let z: f64 = StandardNormal.sample(&mut *rng);
+            let noise = (settings.jitter * z - settings.jitter * settings.jitter / 2.0).exp();
+            let fail = rng.random::<f64>() < settings.fail_rate;
+            (noise, fail.then(|| rng.random::<f64>()))
+        };
+        let nominal_ms = self.nominal_compute_ms(prefix, &item_tokens);
+        let compute = Duration::from_secs_f64(nominal_ms * self.slowdown() * noise / 1e3);
+        if let Some(d) = deadline {
+            if start + Duration::from_secs_f64(nominal_ms / 1e3) > d {
+                in_flight.finished = true;
+                c.deadline_drops.fetch_add(1, Ordering::Relaxed);
+                return Err(ApiError::deadline(format!(
+                    "cannot finish within the deadline: {nominal_ms:.1} ms of compute, {:.1} ms left",
+                    d.saturating_duration_since(start).as_secs_f64() * 1e3
+                )));
+            }
+        }
+        if let Some(fraction) = fail_at {
+            tokio::time::sleep(compute.mul_f64(fraction)).await;
+            drop(permit);
+            in_flight.finished = true;
+            c.failures_injected.fetch_add(1, Ordering::Relaxed);
+            return Err(ApiError::internal("injected failure"));
+        }
+        // Like the worker between forward passes: work still running at the deadline is dropped.
+        let end = start + compute;
+        match deadline {
+            Some(d) if d < end => {
+                tokio::time::sleep_until(d).await;
+                drop(permit);
+                in_flight.finished = true;
+                c.deadline_drops.fetch_add(1, Ordering::Relaxed);
+                return Err(ApiError::deadline("deadline passed during compute"));
+            }
+            _ => tokio::time::sleep_until(end).await,
+        }
+        drop(permit);
+        let elapsed = start.elapsed();
+        c.busy_us.fetch_add(elapsed.as_micros() as u64, Ordering::Relaxed);
+        c.completed.fetch_add(1, Ordering::Relaxed);
+        c.pairs.fetch_add(pairs, Ordering::Relaxed);
+        c.tokens.fetch_add(total_tokens, Ordering::Relaxed);
+        in_flight.finished = true;
+
+        let scores = req.items.iter().map(|i| Some(scores::score(instruction, &req.query, i.text()))).collect();
+        let ids = req.items.iter().any(|i| i.id().is_some()).then(|| req.items.iter().map(|i| i.id().map(String::from)).collect());
+        Ok(ScoreResponse {
+            scores,
+            ids,
+            missing: Vec::new(),
+            usage: Usage {
+                pairs: pairs as u32,
+                prompt_tokens: item_tokens.iter().map(|&n| u64::from(prefix + n)).sum(),
+                computed_tokens: total_tokens,
+                prefix_tokens: prefix,
+                cached_prefix_tokens: 0,
+                item_tokens,
+            },
+            timing: Timing { queue_ms, compute_ms: elapsed.as_secs_f64() * 1e3, total_ms: arrival.elapsed().as_secs_f64() * 1e3 },
+            model: self.config.model.clone(),
+        })
+    }
+
+    pub fn stats(&self) -> WorkerStats {
+        let c = &self.counters;
+        let s = self.settings();
+        let mut extra = serde_json::Map::new();
+        extra.insert("sim".into(), serde_json::json!({
+            "slots": self.config.slots,
+            "waiting": c.waiting.load(Ordering::Relaxed),
+            "speed": s.speed,
+            "slowdown": s.slowdown,
+            "fail_rate": s.fail_rate,
+            "failures_injected": c.failures_injected.load(Ordering::Relaxed),
+            "deadline_drops": c.deadline_drops.load(Ordering::Relaxed),
+            "rejected": c.rejected.load(Ordering::Relaxed),
+            "cancelled": c.cancelled.load(Ordering::Relaxed),
+            "busy_seconds": c.busy_us.load(Ordering::Relaxed) as f64 / 1e6,
+        }));
+        WorkerStats {
+            model: self.config.model.clone(),
+            device: "sim".into(),
+            ready: self.is_ready(),
+            draining: self.is_draining(),
+            in_flight_requests: c.in_flight.load(Ordering::Relaxed),
+            queued_pairs: c.queued_pairs.load(Ordering::Relaxed),
+            queued_tokens: c.queued_tokens.load(Ordering::Relaxed),
+            max_batch_tokens: self.config.max_batch_tokens,
+            max_seq_tokens: self.config.max_seq_tokens,
+            tokens_processed: c.tokens.load(Ordering::Relaxed),
+            pairs_processed: c.pairs.load(Ordering::Relaxed),
+            requests_processed: c.completed.load(Ordering::Relaxed),
+            tokens_per_second: if self.config.cost.token_ms > 0.0 { 1e3 * s.speed / self.config.cost.token_ms } else { 0.0 },
+            extra,
+            ..WorkerStats::default()
+        }
+    }
+
+    /// Prometheus text exposition of the counters.
+    pub fn metrics_text(&self) -> String {
+        let c = &self.counters;
+        let mut out = String::new();
+        for (name, kind, v) in [
+            ("sieve_sim_requests_total", "counter", c.requests.load(Ordering::Relaxed)),
+            ("sieve_sim_completed_total", "counter", c.completed.load(Ordering::Relaxed)),
+            ("sieve_sim_pairs_total", "counter", c.pairs.load(Ordering::Relaxed)),
+            ("sieve_sim_tokens_total", "counter", c.tokens.load(Ordering::Relaxed)),
+            ("sieve_sim_failures_injected_total", "counter", c.failures_injected.load(Ordering::Relaxed)),
+            ("sieve_sim_deadline_drops_total", "counter", c.deadline_drops.load(Ordering::Relaxed)),
+            ("sieve_sim_cancelled_total", "counter", c.cancelled.load(Ordering::Relaxed)),
+            ("sieve_sim_in_flight_requests", "gauge", c.in_flight.load(Ordering::Relaxed)),
+            ("sieve_sim_queued_tokens", "gauge", c.queued_tokens.load(Ordering::Relaxed)),
+        ] {
+            out.push_str(&format!("# TYPE {name} {kind}\n{name} {v}\n"));
+        }
+        out
+    }
+}
+
+/// Shared handle type used by the servers.
+pub type SharedEngine = Arc<SimEngine>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sieve_shared::{CostModel, Item};
+
+    fn req(items: &[&str], deadline_ms: Option<u64>) -> ScoreRequest {
+        ScoreRequest { query: "trail running shoes".into(), items: items.iter().map(|&s| Item::from(s)).collect(), instruction: None, deadline_ms }
+    }
+
+    fn engine(cfg: SimConfig) -> SimEngine {
+        SimEngine::new(cfg)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn compute_time_follows_the_cost_model() {
+        let cost = CostModel { request_ms: 5.0, token_ms: 0.5, token_context_ms: 0.0 };
+        let e = engine(SimConfig { cost, ..SimConfig::default() });
+        let t0 = Instant::now();
+        let r = e.score(req(&["a b c", "d"], None), t0).await.unwrap();
+        let expect = 5.0 + 0.5 * r.usage.computed_tokens as f64;
+        let took = t0.elapsed().as_secs_f64() * 1e3;
+        assert!((took - expect).abs() < 1.0, "took {took} ms, cost model says {expect} ms");
+        assert_eq!(r.usage.item_tokens, vec![tokens::item_tokens("a b c"), tokens::item_tokens("d")]);
+        assert_eq!(r.usage.computed_tokens, u64::from(r.usage.prefix_tokens) + r.usage.item_tokens.iter().map(|&n| u64::from(n)).sum::<u64>());
+        assert_eq!(r.scores[1], Some(scores::score(None, "trail running shoes", "d")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_slot_serialises_calls() {
+        let cost = CostModel { request_ms: 100.0, token_ms: 0.0, token_context_ms: 0.0 };
+        let e = Arc::new(engine(SimConfig { cost, slots: 1, ..SimConfig::default() }));
+        let t0 = Instant::now();
+        let (a, b) = tokio::join!(e.score(req(&["x"], None), t0), e.score(req(&["y"], None), t0));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        let later = a.timing.queue_ms.max(b.timing.queue_ms);
+        assert!((later - 100.0).abs() < 1.0, "second call should queue 100 ms, queued {later}");
+        assert!((t0.elapsed().as_secs_f64() * 1e3 - 200.0).abs() < 1.0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn work_that_cannot_finish_in_time_is_dropped() {
+        let cost = CostModel { request_ms: 100.0, token_ms: 0.0, token_context_ms: 0.0 };
+        let e = engine(SimConfig { cost, ..SimConfig::default() });
+        let t0 = Instant::now();
+        let err = e.score(req(&["x"], Some(50)), t0).await.unwrap_err();
+        assert_eq!(err.status(), 504);
+        assert!(t0.elapsed() < Duration::from_millis(1), "dropped at once, not after computing");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slowed_worker_accepts_work_and_drops_it_at_the_deadline() {
+        let cost = CostModel { request_ms: 10.0, token_ms: 0.0, token_context_ms: 0.0 };
+        let e = engine(SimConfig { cost, ..SimConfig::default() });
+        e.update(&SimSettingsUpdate { slowdown: Some(100.0), ..Default::default() }).unwrap();
+        let t0 = Instant::now();
+        let err = e.score(req(&["x"], Some(50)), t0).await.unwrap_err();
+        assert_eq!(err.status(), 504);
+        assert!(err.message.contains("during compute"), "{}", err.message);
+        assert_eq!(t0.elapsed(), Duration::from_millis(50));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_speed_and_limits() {
+        let e = engine(SimConfig { fail_rate: 1.0, ..SimConfig::default() });
+        assert_eq!(e.score(req(&["x"], None), Instant::now()).await.unwrap_err().status(), 500);
+        e.update(&SimSettingsUpdate { fail_rate: Some(0.0), ..Default::default() }).unwrap();
+        assert!(e.score(req(&["x"], None), Instant::now()).await.is_ok());
+        assert_eq!(e.score(req(&[], None), Instant::now()).await.unwrap_err().status(), 422);
+        let long = "word ".repeat(20_000);
+        let small = engine(SimConfig { max_seq_tokens: 100, ..SimConfig::default() });
+        let err = small.score(req(&["ok", &long], None), Instant::now()).await.unwrap_err();
+        assert_eq!(err.status(), 413);
+        assert!(err.message.contains("items[1]"), "{}", err.message);
+        let slow = engine(SimConfig::default());
+        let fast_ms = slow.nominal_compute_ms(100, &[100, 100]);
+        slow.update(&SimSettingsUpdate { speed: Some(0.5), slowdown: Some(3.0), ..Default::default() }).unwrap();
+        assert!((slow.nominal_compute_ms(100, &[100, 100]) - 2.0 * fast_ms).abs() < 1e-9);
+        assert_eq!(slow.slowdown(), 3.0);
+        slow.drain();
+        assert_eq!(slow.score(req(&["x"], None), Instant::now()).await.unwrap_err().status(), 503);
+        assert!(slow.stats().draining);
+    }
+}

@@ -1,0 +1,105 @@
+//! The HTTP client to workers: hyper's pooled client, keep-alive connections reused across
+//! shards, bodies read whole with a size cap. Dropping a call's future closes its connection,
+//! which is how a hedge's loser (or a call past the deadline) is cancelled on the worker.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::{HeaderMap, Method, Request, StatusCode, Uri};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use sieve_shared::proxy_config::ClientConfig;
+
+#[derive(Clone)]
+pub struct HttpClient {
+    client: Client<HttpConnector, Full<Bytes>>,
+    max_response_bytes: usize,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ClientError {
+    /// No connection could be made: nothing was sent.
+    #[error("connect: {0}")]
+    Connect(String),
+    /// The connection failed after the request was (maybe) sent: the worker died mid-call.
+    #[error("connection lost: {0}")]
+    Broken(String),
+    #[error("response larger than {0} bytes")]
+    TooLarge(usize),
+    #[error("bad request: {0}")]
+    Request(String),
+}
+
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl HttpClient {
+    pub fn new(cfg: &ClientConfig) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_millis(cfg.connect_timeout_ms)));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_millis(cfg.pool_idle_timeout_ms))
+            .pool_timer(TokioTimer::new())
+            .build(connector);
+        HttpClient { client, max_response_bytes: cfg.max_response_bytes }
+    }
+
+    pub async fn post_json(&self, uri: &Uri, body: Bytes, headers: &[(&'static str, String)]) -> Result<Reply, ClientError> {
+        let mut req = Request::builder().method(Method::POST).uri(uri.clone());
+        for (name, value) in headers {
+            req = req.header(*name, value.as_str());
+        }
+        let req = req
+            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+            .body(Full::new(body))
+            .map_err(|e| ClientError::Request(e.to_string()))?;
+        self.send(req).await
+    }
+
+    pub async fn get(&self, uri: &Uri) -> Result<Reply, ClientError> {
+        let req = Request::builder()
+            .method(Method::GET)
+            .uri(uri.clone())
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| ClientError::Request(e.to_string()))?;
+        self.send(req).await
+    }
+
+    async fn send(&self, req: Request<Full<Bytes>>) -> Result<Reply, ClientError> {
+        let resp = self.client.request(req).await.map_err(|e| {
+            if e.is_connect() {
+                ClientError::Connect(error_chain(&e))
+            } else {
+                ClientError::Broken(error_chain(&e))
+            }
+        })?;
+        let (parts, body) = resp.into_parts();
+        let body = Limited::new(body, self.max_response_bytes).collect().await.map_err(|e| {
+            if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+                ClientError::TooLarge(self.max_response_bytes)
+            } else {
+                ClientError::Broken(e.to_string())
+            }
+        })?;
+        Ok(Reply { status: parts.status, headers: parts.headers, body: body.to_bytes() })
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}

@@ -1,0 +1,66 @@
+//! Active health checks: every `health.interval_ms`, each worker's admin `GET /ready` (can it
+//! take work?) and `GET /stats` (its queue, limits and whether it is draining). Runs at once
+//! when workers are added, so a new worker takes shards as soon as it is ready.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sieve_shared::{ApiError, WorkerStats};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::client::HttpClient;
+use crate::metrics as m;
+use crate::state::AppState;
+use crate::worker::{Health, Worker};
+
+pub async fn run(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
+    loop {
+        let cfg = state.config();
+        let timeout = Duration::from_millis(cfg.health.timeout_ms);
+        let mut checks = JoinSet::new();
+        for w in state.pool.snapshot().iter() {
+            if w.ready_uri.is_some() {
+                let (client, w) = (state.client.clone(), w.clone());
+                checks.spawn(async move { check(&client, &w, timeout).await });
+            }
+        }
+        while checks.join_next().await.is_some() {}
+        metrics::gauge!(m::WORKERS_ELIGIBLE).set(state.pool.eligible(Instant::now()).len() as f64);
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(cfg.health.interval_ms)) => {}
+            _ = state.health_wake.notified() => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+pub async fn check(client: &HttpClient, w: &Worker, timeout: Duration) {
+    let (Some(ready_uri), Some(stats_uri)) = (&w.ready_uri, &w.stats_uri) else { return };
+    let (mut health, detail) = match tokio::time::timeout(timeout, client.get(ready_uri)).await {
+        Err(_) => (Health::Unreachable, Some(format!("/ready did not answer in {timeout:?}"))),
+        Ok(Err(e)) => (Health::Unreachable, Some(e.to_string())),
+        Ok(Ok(r)) if r.status.is_success() => (Health::Ready, None),
+        Ok(Ok(r)) => {
+            let e = ApiError::from_response(r.status.as_u16(), &r.body);
+            let health = if e.message.contains("draining") { Health::Draining } else { Health::NotReady };
+            (health, Some(format!("/ready {}: {}", r.status.as_u16(), e.message)))
+        }
+    };
+    let stats = if health == Health::Unreachable {
+        None
+    } else {
+        match tokio::time::timeout(timeout, client.get(stats_uri)).await {
+            Ok(Ok(r)) if r.status.is_success() => serde_json::from_slice::<WorkerStats>(&r.body).ok(),
+            _ => None,
+        }
+    };
+    if stats.as_ref().is_some_and(|s| s.draining) {
+        health = Health::Draining;
+    }
+    let before = w.state().health;
+    if before != health {
+        tracing::info!(worker = w.url(), ?before, now = ?health, detail = detail.as_deref().unwrap_or(""), "worker health");
+    }
+    w.record_health(Instant::now(), health, detail, stats);
+}

@@ -1,0 +1,148 @@
+//! The Sieve proxy: splits a scoring call into shards of near-equal predicted finish time,
+//! sends each to the least-loaded worker (deadline, retries, hedges), and merges the scores
+//! back in order. Stateless: any number can run side by side.
+//!
+//! Start one in-process with [`start`], or run `sieve-proxy`.
+
+pub mod admin;
+pub mod balancer;
+pub mod breaker;
+pub mod budget;
+pub mod client;
+pub mod config;
+pub mod cost_estimator;
+pub mod discovery;
+pub mod dispatcher;
+pub mod drain;
+pub mod error;
+pub mod fanout;
+pub mod health;
+pub mod http;
+pub mod http_api;
+pub mod latency_ratio;
+pub mod local_cluster;
+pub mod merger;
+pub mod metrics;
+pub mod online_fit;
+pub mod pool;
+pub mod ranking;
+pub mod server;
+pub mod splitter;
+pub mod state;
+pub mod token_estimator;
+pub mod worker;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sieve_shared::{ProxyConfig, WorkerEndpoint};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub use config::Overrides;
+pub use discovery::Discovery;
+pub use error::{ProxyError, Result};
+pub use state::AppState;
+
+/// What to start a proxy with.
+#[derive(Debug, Clone, Default)]
+pub struct Launch {
+    /// The effective config (file + overrides already applied).
+    pub config: ProxyConfig,
+    /// The file it came from, watched for changes (hot reload).
+    pub config_path: Option<PathBuf>,
+    /// Re-applied on every reload.
+    pub overrides: Overrides,
+    /// `--worker` flags: workers besides the config's.
+    pub workers: Vec<WorkerEndpoint>,
+}
+
+/// A proxy serving on its two ports. Dropping it stops the servers (without draining).
+pub struct RunningProxy {
+    pub api_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub state: Arc<AppState>,
+    pub discovery: Arc<Discovery>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// Binds both ports and starts serving, health checking and discovery.
+pub async fn start(launch: Launch) -> Result<RunningProxy> {
+    launch.config.validate().map_err(ProxyError::Config)?;
+    let cfg = launch.config;
+    let api = TcpListener::bind((cfg.server.host.as_str(), cfg.server.port)).await?;
+    let admin = TcpListener::bind((cfg.server.host.as_str(), cfg.server.admin_port)).await?;
+    let (api_addr, admin_addr) = (api.local_addr()?, admin.local_addr()?);
+    let grace = Duration::from_millis(cfg.drain.timeout_ms);
+    let state = Arc::new(AppState::new(cfg, metrics::handle()));
+    let (stop, stop_rx) = watch::channel(false);
+    let discovery = Discovery::new(state.clone(), launch.config_path, launch.overrides, launch.workers, stop_rx.clone());
+
+    let mut tasks = Vec::new();
+    let s = state.clone();
+    tasks.push(tokio::spawn(server::serve(api, move |r| http_api::handle(s.clone(), r), stop_rx.clone(), grace)));
+    let (s, d) = (state.clone(), discovery.clone());
+    tasks.push(tokio::spawn(server::serve(admin, move |r| admin::handle(s.clone(), d.clone(), r), stop_rx.clone(), grace)));
+    tasks.push(tokio::spawn(health::run(state.clone(), stop_rx.clone())));
+    tasks.extend(discovery.spawn_file_watch());
+    let (s, mut stop_upkeep) = (state.clone(), stop_rx);
+    tasks.push(tokio::spawn(async move {
+        // The Prometheus recorder needs its histograms drained now and then.
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(5)) => s.metrics.run_upkeep(),
+                _ = stop_upkeep.changed() => return,
+            }
+        }
+    }));
+    Ok(RunningProxy { api_addr, admin_addr, state, discovery, stop, tasks })
+}
+
+impl RunningProxy {
+    pub fn api_url(&self) -> String {
+        format!("http://{}", self.api_addr)
+    }
+
+    pub fn admin_url(&self) -> String {
+        format!("http://{}", self.admin_addr)
+    }
+
+    /// The line `sieve-proxy` prints on start-up.
+    pub fn listening_line(&self) -> String {
+        format!("sieve-proxy listening api={} admin={}", self.api_addr, self.admin_addr)
+    }
+
+    /// Graceful drain: refuse new requests (503), wait for those in flight (at most
+    /// `drain.timeout_ms`), then stop. True when nothing was cut off.
+    pub async fn drain_and_stop(mut self) -> bool {
+        let timeout = Duration::from_millis(self.state.config().drain.timeout_ms);
+        let idle = self.state.drain.drain(timeout).await;
+        let _ = self.stop.send(true);
+        for t in self.tasks.drain(..) {
+            let _ = t.await;
+        }
+        idle
+    }
+
+    /// Stops at once.
+    pub async fn stop(mut self) {
+        let _ = self.stop.send(true);
+        for t in self.tasks.drain(..) {
+            t.abort();
+            let _ = t.await;
+        }
+    }
+}
+
+impl Drop for RunningProxy {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}

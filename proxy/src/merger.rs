@@ -1,0 +1,185 @@
+//! Putting shard answers back together: scores by original index, usage summed, the indices
+//! the deadline left unscored listed in `missing` (never silently absent). A failed shard
+//! fails the request with its error, item indices in the message mapped back to the caller's.
+
+use std::time::Instant;
+
+use sieve_shared::{ApiError, ScoreResponse, Timing, Usage};
+
+use crate::dispatcher::ShardOutcome;
+
+pub struct ShardResult {
+    /// The caller's indices of the shard's items, in the order they were sent.
+    pub items: Vec<usize>,
+    pub outcome: ShardOutcome,
+}
+
+/// Summary figures for metrics and logs.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct MergeStats {
+    pub shards: usize,
+    pub hedged: usize,
+    pub retries: u32,
+    pub missing: usize,
+}
+
+pub fn merge(
+    n_items: usize,
+    ids: Option<Vec<Option<String>>>,
+    budget_ms: u64,
+    results: Vec<ShardResult>,
+    arrival: Instant,
+) -> Result<(ScoreResponse, MergeStats), ApiError> {
+    let mut scores: Vec<Option<f32>> = vec![None; n_items];
+    let mut item_tokens = vec![0u32; n_items];
+    let mut missing = Vec::new();
+    let mut usage = Usage::default();
+    let mut prefix: Option<u32> = None;
+    let mut queue_ms = f64::INFINITY;
+    let mut compute_ms = 0.0;
+    let mut model = String::new();
+    let mut stats = MergeStats { shards: results.len(), ..MergeStats::default() };
+    let mut done_any = false;
+
+    for r in results {
+        match r.outcome {
+            ShardOutcome::Failed(e) => return Err(remap_item_indices(e, &r.items)),
+            ShardOutcome::Missed => missing.extend(r.items.iter().copied()),
+            ShardOutcome::Done(d) => {
+                done_any = true;
+                stats.hedged += usize::from(d.hedged);
+                stats.retries += d.retries;
+                let resp = d.response;
+                for (k, &i) in r.items.iter().enumerate() {
+                    scores[i] = resp.scores.get(k).copied().flatten();
+                    if let Some(&t) = resp.usage.item_tokens.get(k) {
+                        item_tokens[i] = t;
+                    }
+                }
+                // A worker's own partial answer (it should not give one) is still reported.
+                missing.extend(resp.missing.iter().filter_map(|&k| r.items.get(k).copied()));
+                usage.pairs += resp.usage.pairs;
+                usage.prompt_tokens += resp.usage.prompt_tokens;
+                usage.computed_tokens += resp.usage.computed_tokens;
+                usage.cached_prefix_tokens += resp.usage.cached_prefix_tokens;
+                prefix = Some(prefix.map_or(resp.usage.prefix_tokens, |p| p.min(resp.usage.prefix_tokens)));
+                queue_ms = f64::min(queue_ms, d.sent_after_ms + resp.timing.queue_ms);
+                compute_ms += resp.timing.compute_ms;
+                if model.is_empty() {
+                    model = resp.model;
+                }
+            }
+        }
+    }
+    if !done_any {
+        return Err(ApiError::deadline(format!(
+            "the deadline of {budget_ms} ms passed before any of the {n_items} items was scored"
+        )));
+    }
+    missing.sort_unstable();
+    missing.dedup();
+    stats.missing = missing.len();
+    usage.prefix_tokens = prefix.unwrap_or(0);
+    usage.item_tokens = item_tokens;
+    let timing = Timing {
+        queue_ms: if queue_ms.is_finite() { queue_ms } else { 0.0 },
+        compute_ms,
+        total_ms: arrival.elapsed().as_secs_f64() * 1e3,
+    };
+    Ok((ScoreResponse { scores, ids, missing, usage, timing, model }, stats))
+}
+
+/// Rewrites `items[k]` (the shard's index) in a worker's error message to the caller's index.
+pub fn remap_item_indices(mut e: ApiError, items: &[usize]) -> ApiError {
+    const TAG: &str = "items[";
+    let msg = &e.message;
+    let mut out = String::with_capacity(msg.len());
+    let mut rest = msg.as_str();
+    while let Some(pos) = rest.find(TAG) {
+        out.push_str(&rest[..pos + TAG.len()]);
+        rest = &rest[pos + TAG.len()..];
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        match rest[..digits].parse::<usize>().ok().and_then(|k| items.get(k)) {
+            Some(orig) if rest[digits..].starts_with(']') => {
+                out.push_str(&orig.to_string());
+                rest = &rest[digits..];
+            }
+            _ => {}
+        }
+    }
+    out.push_str(rest);
+    e.message = out;
+    e
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dispatcher::ShardDone;
+
+    fn done(items: &[usize], scores: &[f32], tokens: &[u32], prefix: u32) -> ShardResult {
+        let response = ScoreResponse {
+            scores: scores.iter().map(|&s| Some(s)).collect(),
+            ids: None,
+            missing: vec![],
+            usage: Usage {
+                pairs: scores.len() as u32,
+                prompt_tokens: tokens.iter().map(|&t| u64::from(t + prefix)).sum(),
+                computed_tokens: u64::from(prefix) + tokens.iter().map(|&t| u64::from(t)).sum::<u64>(),
+                prefix_tokens: prefix,
+                cached_prefix_tokens: 0,
+                item_tokens: tokens.to_vec(),
+            },
+            timing: Timing { queue_ms: 1.0, compute_ms: 10.0, total_ms: 11.0 },
+            model: "m".into(),
+        };
+        ShardResult {
+            items: items.to_vec(),
+            outcome: ShardOutcome::Done(ShardDone { response, sent_after_ms: 0.5, hedged: false, retries: 0 }),
+        }
+    }
+
+    #[test]
+    fn scores_go_back_to_their_original_index() {
+        let t0 = Instant::now();
+        let (r, stats) = merge(
+            5,
+            None,
+            500,
+            vec![done(&[4, 0], &[0.4, 0.0], &[14, 10], 50), done(&[1, 2, 3], &[0.1, 0.2, 0.3], &[11, 12, 13], 50)],
+            t0,
+        )
+        .unwrap();
+        assert_eq!(r.scores, vec![Some(0.0), Some(0.1), Some(0.2), Some(0.3), Some(0.4)]);
+        assert_eq!(r.usage.item_tokens, vec![10, 11, 12, 13, 14]);
+        assert_eq!(r.usage.pairs, 5);
+        assert_eq!(r.usage.prefix_tokens, 50);
+        assert_eq!(r.usage.computed_tokens, 50 + 24 + 50 + 36);
+        assert!(r.missing.is_empty());
+        assert_eq!(stats.shards, 2);
+        assert_eq!(r.timing.compute_ms, 20.0);
+        assert_eq!(r.timing.queue_ms, 1.5);
+    }
+
+    #[test]
+    fn the_deadline_leaves_missing_indices_never_silent_gaps() {
+        let missed = ShardResult { items: vec![1, 3], outcome: ShardOutcome::Missed };
+        let (r, stats) = merge(4, None, 100, vec![done(&[0, 2], &[0.5, 0.6], &[1, 1], 5), missed], Instant::now()).unwrap();
+        assert_eq!(r.missing, vec![1, 3]);
+        assert_eq!(r.scores, vec![Some(0.5), None, Some(0.6), None]);
+        assert_eq!(stats.missing, 2);
+        let all_missed = vec![ShardResult { items: vec![0, 1], outcome: ShardOutcome::Missed }];
+        assert_eq!(merge(2, None, 100, all_missed, Instant::now()).unwrap_err().status(), 504);
+    }
+
+    #[test]
+    fn a_failed_shard_fails_the_request_with_the_callers_indices() {
+        let failed = ShardResult {
+            items: vec![7, 9, 12],
+            outcome: ShardOutcome::Failed(ApiError::too_large("items[2] too long: 9000 tokens; see items[0] too and items[x]")),
+        };
+        let e = merge(13, None, 100, vec![done(&[0], &[0.1], &[1], 1), failed], Instant::now()).unwrap_err();
+        assert_eq!(e.status(), 413);
+        assert_eq!(e.message, "items[12] too long: 9000 tokens; see items[7] too and items[x]");
+    }
+}

@@ -1,0 +1,97 @@
+//! Everything a running proxy shares between requests, the admin port and its background
+//! tasks. Built once at start-up and passed down; nothing global but the metrics recorder.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use metrics_exporter_prometheus::PrometheusHandle;
+use sieve_shared::{CostModel, ProxyConfig};
+use tokio::sync::Notify;
+
+use crate::balancer::{self, Policy};
+use crate::budget::TokenBucket;
+use crate::client::HttpClient;
+use crate::cost_estimator::CostEstimator;
+use crate::drain::Drain;
+use crate::latency_ratio::RatioTracker;
+use crate::pool::WorkerPool;
+use crate::token_estimator::TokenEstimator;
+use crate::worker::ViewParams;
+
+/// Most retries saved up; and the hedge allowance cap, in ms of predicted work.
+const RETRY_BUCKET_CAPACITY: f64 = 100.0;
+const HEDGE_BUCKET_CAPACITY_MS: f64 = 10_000.0;
+
+pub struct AppState {
+    config: ArcSwap<ProxyConfig>,
+    policy: ArcSwap<Arc<dyn Policy>>,
+    pub pool: WorkerPool,
+    pub client: HttpClient,
+    pub tokens: Mutex<TokenEstimator>,
+    pub cost: Mutex<CostEstimator>,
+    pub retry_budget: TokenBucket,
+    pub hedge_budget: TokenBucket,
+    pub ratios: RatioTracker,
+    pub drain: Drain,
+    /// Wakes the health checker at once (workers were added).
+    pub health_wake: Notify,
+    pub metrics: PrometheusHandle,
+    pub started: Instant,
+}
+
+impl AppState {
+    pub fn new(config: ProxyConfig, metrics: PrometheusHandle) -> Self {
+        AppState {
+            policy: ArcSwap::from_pointee(balancer::build(&config.balance)),
+            pool: WorkerPool::default(),
+            client: HttpClient::new(&config.client),
+            tokens: Mutex::new(TokenEstimator::new(&config.estimator)),
+            cost: Mutex::new(CostEstimator::new(config.cost, &config.estimator)),
+            retry_budget: TokenBucket::new(RETRY_BUCKET_CAPACITY, config.retry.budget_min_per_sec, config.retry.budget_min_per_sec),
+            hedge_budget: TokenBucket::new(HEDGE_BUCKET_CAPACITY_MS, 0.0, 0.0),
+            ratios: RatioTracker::new(config.hedge.quantile),
+            drain: Drain::default(),
+            health_wake: Notify::new(),
+            metrics,
+            started: Instant::now(),
+            config: ArcSwap::from_pointee(config),
+        }
+    }
+
+    pub fn config(&self) -> Arc<ProxyConfig> {
+        self.config.load_full()
+    }
+
+    /// Applies a reloaded config to everything that can change while running: the policy,
+    /// split, retry, hedge, breaker, health and estimator tuning. Listen addresses, the
+    /// client and the budgets' capacities keep their start-up values.
+    pub fn set_config(&self, config: ProxyConfig) {
+        if config.balance != self.config.load().balance {
+            self.policy.store(Arc::new(balancer::build(&config.balance)));
+        }
+        self.config.store(Arc::new(config));
+    }
+
+    pub fn policy(&self) -> Arc<dyn Policy> {
+        self.policy.load().as_ref().clone()
+    }
+
+    pub fn cost_model(&self) -> CostModel {
+        lock(&self.cost).model()
+    }
+
+    pub fn view_params(cfg: &ProxyConfig) -> ViewParams {
+        ViewParams {
+            health_interval: Duration::from_millis(cfg.health.interval_ms),
+            parallelism: cfg.balance.worker_parallelism,
+            default_max_batch_tokens: cfg.split.default_max_batch_tokens,
+        }
+    }
+}
+
+/// Locks a mutex, recovering the data if a panicking thread poisoned it (the estimators are
+/// always left consistent between statements).
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

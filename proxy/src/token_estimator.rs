@@ -1,0 +1,301 @@
+//! Token counts estimated from text, per script, recalibrated online from what workers report.
+//!
+//! An item's own-segment token count is modelled as a linear function of character-class counts
+//! of its text: a constant (the template text after the item), letters, digits, punctuation,
+//! whitespace, words, non-ASCII letters, CJK characters and everything else (emoji, symbols).
+//! The default weights are typical of BPE tokenizers on product text; every worker response
+//! carries the true per-item counts (`usage.item_tokens`), and a forgetting least-squares fit
+//! moves the weights to the deployed tokenizer within a few hundred items.
+
+use sieve_shared::proxy_config::EstimatorConfig;
+
+use crate::online_fit::{OnlineFit, dot};
+
+pub const FEATURES: usize = 9;
+pub type Features = [f64; FEATURES];
+
+/// Feature order: constant, ASCII letters, digits, ASCII punctuation, whitespace, words,
+/// non-ASCII letters (Latin extended, Greek, Cyrillic, ...), CJK, other.
+const DEFAULT_WEIGHTS: Features = [10.0, 0.12, 0.4, 0.8, 0.0, 0.75, 0.35, 0.9, 1.5];
+/// Typical counts per item, for the prior's pull.
+const SCALES: Features = [1.0, 100.0, 10.0, 10.0, 20.0, 20.0, 50.0, 50.0, 5.0];
+
+/// Prefix tokens besides query and instruction (system line, labels), without and with an
+/// explicit instruction (without one, the worker inserts its default instruction).
+const DEFAULT_PREFIX_BIAS: [f64; 2] = [60.0, 45.0];
+const PREFIX_BIAS_SMOOTHING: f64 = 0.1;
+
+pub fn features(text: &str) -> Features {
+    let mut counts = [0u32; FEATURES];
+    counts[0] = 1;
+    if text.is_ascii() {
+        ascii_counts(text.as_bytes(), &mut counts);
+    } else {
+        let mut in_word = false;
+        for c in text.chars() {
+            let class = if c.is_ascii() {
+                ascii_class(c as u8)
+            } else if c.is_whitespace() {
+                4
+            } else if is_cjk(c) {
+                7
+            } else if c.is_alphanumeric() {
+                6
+            } else {
+                8
+            };
+            let wordish = matches!(class, 1 | 2 | 6);
+            counts[5] += u32::from(wordish && !in_word);
+            in_word = wordish;
+            counts[class] += 1;
+        }
+    }
+    counts.map(f64::from)
+}
+
+/// Feature index of an ASCII byte: 1 letter, 2 digit, 3 punctuation, 4 whitespace, 8 other.
+const fn ascii_class(c: u8) -> usize {
+    if c.is_ascii_alphabetic() {
+        1
+    } else if c.is_ascii_digit() {
+        2
+    } else if c.is_ascii_punctuation() {
+        3
+    } else if c.is_ascii_whitespace() || c == 0x0b {
+        4
+    } else {
+        8
+    }
+}
+
+/// The ASCII path runs on every item of every request, so it works on eight bytes at a time
+/// (SWAR): per-byte class masks from range tests on the high bit of each byte, counted by a
+/// multiply; a word starts where an alphanumeric byte follows a non-alphanumeric one.
+fn ascii_counts(bytes: &[u8], counts: &mut [u32; FEATURES]) {
+    const L: u64 = 0x0101_0101_0101_0101;
+    const H: u64 = 0x8080_8080_8080_8080;
+    // High bit of each byte set where that byte is >= n (bytes < 0x80, 1 <= n <= 0x80).
+    let ge = |x: u64, n: u64| (x | H).wrapping_sub(n * L) & H;
+    let within = |x: u64, lo: u64, hi: u64| ge(x, lo) & !ge(x, hi + 1);
+    // Bytes marked in a mask: the byte sum of (mask >> 7) (no popcount instruction needed).
+    let marked = |m: u64| ((m >> 7).wrapping_mul(L) >> 56) as u32;
+    let (mut letters, mut digits, mut graphic, mut space, mut words) = (0u32, 0u32, 0u32, 0u32, 0u32);
+    let mut prev_alnum_top = 0u64; // the previous word's last byte's mark, at bit 7
+    let mut add = |x: u64| {
+        let l = within(x | 0x2020_2020_2020_2020, 0x61, 0x7a);
+        let d = within(x, 0x30, 0x39);
+        let alnum = l | d;
+        letters += marked(l);
+        digits += marked(d);
+        graphic += marked(within(x, 0x21, 0x7e));
+        space += marked(within(x, 0x09, 0x0d) | within(x, 0x20, 0x20));
+        // Byte i's predecessor is byte i-1 (little endian: the next lower byte).
+        let prev = (alnum << 8) | prev_alnum_top;
+        words += marked(alnum & !prev);
+        prev_alnum_top = alnum >> 56;
+    };
+    let mut chunks = bytes.chunks_exact(8);
+    for c in &mut chunks {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(c);
+        add(u64::from_le_bytes(w));
+    }
+    let rem = chunks.remainder();
+    if !rem.is_empty() {
+        let mut w = [0u8; 8];
+        w[..rem.len()].copy_from_slice(rem);
+        add(u64::from_le_bytes(w));
+    }
+    // The zero padding of the last word is "other", never a letter, digit, symbol or space.
+    counts[1] += letters;
+    counts[2] += digits;
+    counts[3] += graphic - letters - digits;
+    counts[4] += space;
+    counts[5] += words;
+    counts[8] += bytes.len() as u32 - graphic - space;
+}
+
+fn is_cjk(c: char) -> bool {
+    matches!(c as u32, 0x3040..=0x30FF | 0x3400..=0x4DBF | 0x4E00..=0x9FFF | 0xAC00..=0xD7AF | 0xF900..=0xFAFF)
+}
+
+/// The current weights, copied out for one request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenWeights {
+    pub weights: Features,
+    pub prefix_bias: [f64; 2],
+}
+
+impl TokenWeights {
+    /// Own-segment tokens of an item (at least 1).
+    pub fn item_tokens(&self, f: &Features) -> f64 {
+        dot(&self.weights, f).max(1.0)
+    }
+
+    /// Tokens of the prefix a call's prompts share: template head, instruction and query.
+    pub fn prefix_tokens(&self, query: &Features, instruction: Option<&Features>) -> f64 {
+        let text = |f: &Features| dot(&self.weights, f) - self.weights[0] * f[0];
+        let bias = self.prefix_bias[usize::from(instruction.is_some())];
+        (bias + text(query) + instruction.map_or(0.0, text)).max(1.0)
+    }
+}
+
+pub struct TokenEstimator {
+    fit: OnlineFit<FEATURES>,
+    current: TokenWeights,
+    recalibrate: bool,
+}
+
+impl TokenEstimator {
+    pub fn new(cfg: &EstimatorConfig) -> Self {
+        TokenEstimator {
+            fit: OnlineFit::new(DEFAULT_WEIGHTS, SCALES, cfg.prior_weight, cfg.token_decay),
+            current: TokenWeights { weights: DEFAULT_WEIGHTS, prefix_bias: DEFAULT_PREFIX_BIAS },
+            recalibrate: cfg.recalibrate,
+        }
+    }
+
+    pub fn weights(&self) -> TokenWeights {
+        self.current
+    }
+
+    /// Learns from one shard's reported counts: `items` pairs each item's features with the
+    /// own-segment tokens the worker counted; `prefix` is the reported shared prefix.
+    pub fn observe<'a>(
+        &mut self,
+        items: impl IntoIterator<Item = (&'a Features, u32)>,
+        query: &Features,
+        instruction: Option<&Features>,
+        prefix_tokens: u32,
+    ) {
+        if !self.recalibrate {
+            return;
+        }
+        for (f, tokens) in items {
+            self.fit.observe(f, f64::from(tokens));
+        }
+        self.current.weights = self.fit.solve();
+        // The prefix's text part uses the (new) text weights; its constant is tracked apart.
+        let with_zero_bias = TokenWeights { prefix_bias: [0.0; 2], ..self.current };
+        let text_part = with_zero_bias.prefix_tokens(query, instruction);
+        let slot = usize::from(instruction.is_some());
+        let observed_bias = f64::from(prefix_tokens) - text_part;
+        let b = &mut self.current.prefix_bias[slot];
+        *b = (*b + PREFIX_BIAS_SMOOTHING * (observed_bias - *b)).max(0.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> EstimatorConfig {
+        EstimatorConfig::default()
+    }
+
+    /// A tokenizer unlike the defaults: 1 token per 3 letters of each word, 2 per symbol,
+    /// 20 tokens of template tail.
+    fn odd_tokenizer(text: &str) -> u32 {
+        let words: u32 = text.split(|c: char| !c.is_alphanumeric()).filter(|w| !w.is_empty()).map(|w| (w.chars().count() as u32).div_ceil(3)).sum();
+        let symbols = text.chars().filter(|c| c.is_ascii_punctuation()).count() as u32;
+        20 + words + 2 * symbols
+    }
+
+    fn catalogue(i: usize) -> String {
+        let words = ["waterproof", "trail", "running", "shoe", "men's", "size", "lightweight", "cushioned", "grip", "mesh", "upper", "black/red"];
+        let n = 3 + (i * 7) % 40;
+        (0..n).map(|k| words[(i + k * 5) % words.len()]).collect::<Vec<_>>().join(" ") + &format!(", model {}", 1000 + i)
+    }
+
+    #[test]
+    fn ascii_fast_path_agrees_with_the_general_path() {
+        let long = "Trail runner, size 42 (EU)\tblack/red ~\x01 ".repeat(400); // > 4,095 bytes
+        for t in ["Trail runner, size 42 (EU)\tblack/red", "  a  b  ", "x1y2 z", "", long.as_str()] {
+            let fast = features(t);
+            // The same text with one non-ASCII character appended takes the general path.
+            let mut slow = features(&format!("{t}é"));
+            slow[6] -= 1.0;
+            if !t.ends_with(|c: char| c.is_ascii_alphanumeric()) {
+                slow[5] -= 1.0; // é starts a word unless it continues one
+            }
+            assert_eq!(fast, slow, "{t:?}");
+        }
+    }
+
+    #[test]
+    fn swar_ascii_counts_match_a_byte_by_byte_count() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for len in 0..300 {
+            let text: String = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    // Mostly printable, some control characters and whitespace.
+                    (if x.is_multiple_of(7) { (x >> 8) % 32 } else { 32 + (x >> 8) % 95 }) as u8 as char
+                })
+                .collect();
+            let mut fast = [0u32; FEATURES];
+            ascii_counts(text.as_bytes(), &mut fast);
+            let mut slow = [0u32; FEATURES];
+            let mut in_word = false;
+            for b in text.bytes() {
+                let class = ascii_class(b);
+                let wordish = class == 1 || class == 2;
+                slow[5] += u32::from(wordish && !in_word);
+                in_word = wordish;
+                slow[class] += 1;
+            }
+            assert_eq!(fast, slow, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn features_count_scripts() {
+        let f = features("Größe 42, 跑步 shoes!");
+        assert_eq!(f[0], 1.0);
+        assert_eq!(f[1], 3.0 + 5.0); // G r e + s h o e s (ö and ß are non-ASCII letters)
+        assert_eq!(f[6], 2.0);
+        assert_eq!(f[2], 2.0);
+        assert_eq!(f[3], 2.0); // , !
+        assert_eq!(f[7], 2.0);
+        assert_eq!(f[5], 3.0); // Größe, 42, shoes
+    }
+
+    #[test]
+    fn recalibration_converges_to_the_workers_counts() {
+        let mut est = TokenEstimator::new(&cfg());
+        let query = features("waterproof trail running shoes");
+        let err = |est: &TokenEstimator| {
+            let w = est.weights();
+            let (mut abs, mut total) = (0.0, 0.0);
+            for i in 1000..1200 {
+                let t = catalogue(i);
+                abs += (w.item_tokens(&features(&t)) - f64::from(odd_tokenizer(&t))).abs();
+                total += f64::from(odd_tokenizer(&t));
+            }
+            abs / total
+        };
+        let before = err(&est);
+        for batch in 0..10 {
+            let texts: Vec<String> = (batch * 50..batch * 50 + 50).map(catalogue).collect();
+            let feats: Vec<Features> = texts.iter().map(|t| features(t)).collect();
+            let counts: Vec<u32> = texts.iter().map(|t| odd_tokenizer(t)).collect();
+            est.observe(feats.iter().zip(counts.iter().copied()), &query, None, 70);
+        }
+        let after = err(&est);
+        assert!(after < 0.05, "relative error after recalibration {after:.3} (before {before:.3})");
+        assert!(after < before / 3.0, "before {before:.3}, after {after:.3}");
+        let p = est.weights().prefix_tokens(&query, None);
+        assert!((p - 70.0).abs() < 3.0, "prefix estimate {p}");
+    }
+
+    #[test]
+    fn no_recalibration_when_disabled() {
+        let mut est = TokenEstimator::new(&EstimatorConfig { recalibrate: false, ..cfg() });
+        let before = est.weights();
+        let f = features("abc");
+        est.observe([(&f, 500)], &f, None, 500);
+        assert_eq!(est.weights(), before);
+    }
+}

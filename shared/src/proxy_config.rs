@@ -1,0 +1,480 @@
+//! The proxy's configuration: a TOML file (`configs/proxy.toml` is the documented example) in
+//! which every field has a default, so an empty file is a valid config. The load-test harness
+//! builds these too, to start proxies with a given strategy. Unknown keys are errors, so a typo
+//! never silently falls back to a default.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{CostModel, Limits};
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProxyConfig {
+    pub server: ServerConfig,
+    /// Request limits, checked before any shard is sent (the worker's, by default).
+    pub limits: Limits,
+    pub deadline: DeadlineConfig,
+    pub split: SplitConfig,
+    pub balance: BalanceConfig,
+    pub retry: RetryConfig,
+    pub hedge: HedgeConfig,
+    pub breaker: BreakerConfig,
+    pub health: HealthConfig,
+    pub client: ClientConfig,
+    /// Initial cost model (the prior the online recalibration starts from).
+    pub cost: CostModel,
+    pub estimator: EstimatorConfig,
+    pub discovery: DiscoveryConfig,
+    pub drain: DrainConfig,
+    /// The static worker list (`[[workers]]` tables). Hot-reloaded when the file changes.
+    pub workers: Vec<WorkerEndpoint>,
+}
+
+impl ProxyConfig {
+    /// Parses and validates a TOML config. Reading the file is the caller's job.
+    pub fn from_toml(text: &str) -> Result<Self, String> {
+        let cfg: ProxyConfig = toml::from_str(text).map_err(|e| e.to_string())?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_default()
+    }
+
+    /// Checks ranges the types cannot express; the message names the key.
+    pub fn validate(&self) -> Result<(), String> {
+        fn check(ok: bool, msg: &str) -> Result<(), String> {
+            if ok {
+                Ok(())
+            } else {
+                Err(msg.to_string())
+            }
+        }
+        self.cost.validate()?;
+        check(self.server.max_in_flight_requests > 0, "server.max_in_flight_requests must be positive")?;
+        check(self.deadline.default_ms > 0, "deadline.default_ms must be positive")?;
+        check(self.split.fixed_items > 0, "split.fixed_items must be positive")?;
+        check(self.split.max_shards > 0, "split.max_shards must be positive")?;
+        check(self.split.tolerance >= 0.0 && self.split.tolerance.is_finite(), "split.tolerance must be >= 0")?;
+        check(self.balance.choices >= 2, "balance.choices must be at least 2")?;
+        check(
+            self.balance.worker_parallelism >= 1.0 && self.balance.worker_parallelism.is_finite(),
+            "balance.worker_parallelism must be >= 1",
+        )?;
+        check(self.retry.max_attempts >= 1, "retry.max_attempts must be at least 1")?;
+        check(self.retry.budget_ratio >= 0.0, "retry.budget_ratio must be >= 0")?;
+        check(self.hedge.quantile > 0.0 && self.hedge.quantile < 1.0, "hedge.quantile must be in (0, 1)")?;
+        check(self.hedge.budget_ratio >= 0.0, "hedge.budget_ratio must be >= 0")?;
+        check(self.hedge.initial_multiplier >= 1.0, "hedge.initial_multiplier must be >= 1")?;
+        check(self.breaker.failure_threshold >= 1, "breaker.failure_threshold must be at least 1")?;
+        check(self.breaker.open_ms > 0, "breaker.open_ms must be positive")?;
+        check(self.breaker.max_open_ms >= self.breaker.open_ms, "breaker.max_open_ms must be >= breaker.open_ms")?;
+        check(self.health.interval_ms > 0, "health.interval_ms must be positive")?;
+        check(self.health.timeout_ms > 0, "health.timeout_ms must be positive")?;
+        check(
+            self.estimator.token_decay > 0.0 && self.estimator.token_decay <= 1.0,
+            "estimator.token_decay must be in (0, 1]",
+        )?;
+        check(
+            self.estimator.cost_decay > 0.0 && self.estimator.cost_decay <= 1.0,
+            "estimator.cost_decay must be in (0, 1]",
+        )?;
+        check(
+            self.estimator.speed_smoothing > 0.0 && self.estimator.speed_smoothing <= 1.0,
+            "estimator.speed_smoothing must be in (0, 1]",
+        )?;
+        check(self.discovery.reload_interval_ms > 0, "discovery.reload_interval_ms must be positive")?;
+        for (i, d) in self.discovery.dns.iter().enumerate() {
+            if d.name.trim().is_empty() {
+                return Err(format!("discovery.dns[{i}].name is empty"));
+            }
+            if d.interval_ms == 0 {
+                return Err(format!("discovery.dns[{i}].interval_ms must be positive"));
+            }
+        }
+        for (i, w) in self.workers.iter().enumerate() {
+            w.validate().map_err(|e| format!("workers[{i}]: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    pub host: String,
+    /// API port (`POST /v1/score`, `/v1/rerank`); 0 picks a free port.
+    pub port: u16,
+    /// Admin port (`/health`, `/ready`, `/metrics`, `/workers`); 0 picks a free port.
+    pub admin_port: u16,
+    /// Requests in progress at once; more get 429.
+    pub max_in_flight_requests: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig { host: "127.0.0.1".into(), port: 8080, admin_port: 9080, max_in_flight_requests: 4096 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DeadlineConfig {
+    /// Budget of a request that carries no `deadline_ms`.
+    pub default_ms: u64,
+}
+
+impl Default for DeadlineConfig {
+    fn default() -> Self {
+        DeadlineConfig { default_ms: 500 }
+    }
+}
+
+/// How a request's items are cut into shards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SplitMode {
+    /// Choose the shard count and pack by predicted cost (the design).
+    Cost,
+    /// Consecutive chunks of `fixed_items` items (the request-level baseline).
+    Fixed,
+    /// The whole request to one worker.
+    None,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SplitConfig {
+    pub mode: SplitMode,
+    /// Items per shard in `fixed` mode.
+    pub fixed_items: usize,
+    /// Most shards one request is cut into.
+    pub max_shards: usize,
+    /// Fewer shards are preferred while their predicted makespan is within this fraction of
+    /// the best (fan-out has costs the model does not see: tail risk, connections).
+    pub tolerance: f64,
+    /// Shard token limit used for a worker that does not report `max_batch_tokens`; 0: none.
+    pub default_max_batch_tokens: u64,
+}
+
+impl Default for SplitConfig {
+    fn default() -> Self {
+        SplitConfig { mode: SplitMode::Cost, fixed_items: 32, max_shards: 64, tolerance: 0.02, default_max_batch_tokens: 0 }
+    }
+}
+
+/// How workers are ranked for a request's shards (one file per policy in the proxy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyKind {
+    /// Least predicted backlog first (ties: fewer in-flight requests, then random).
+    LeastLoaded,
+    /// Each pick: the least loaded of `choices` random workers (several proxies don't herd).
+    PowerOfTwo,
+    Random,
+    RoundRobin,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BalanceConfig {
+    pub policy: PolicyKind,
+    /// Sample size of `power_of_two`.
+    pub choices: usize,
+    /// Shards a worker computes at full speed concurrently (1 for a compute-bound GPU).
+    pub worker_parallelism: f64,
+}
+
+impl Default for BalanceConfig {
+    fn default() -> Self {
+        BalanceConfig { policy: PolicyKind::LeastLoaded, choices: 2, worker_parallelism: 1.0 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetryConfig {
+    /// Attempts per shard, the first included (1: never retry).
+    pub max_attempts: u32,
+    /// Retries earned per shard sent (a token bucket, so failures cannot multiply load).
+    pub budget_ratio: f64,
+    /// Retries always allowed per second, whatever the traffic.
+    pub budget_min_per_sec: f64,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig { max_attempts: 3, budget_ratio: 0.2, budget_min_per_sec: 10.0 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HedgeConfig {
+    pub enabled: bool,
+    /// A shard is hedged when it runs past this quantile of (actual / predicted) time.
+    pub quantile: f64,
+    /// Extra work allowed for hedges, as a fraction of predicted work sent.
+    pub budget_ratio: f64,
+    /// Never hedge earlier than this after sending.
+    pub min_delay_ms: f64,
+    /// Multiplier of the predicted time used until `min_samples` shards were measured.
+    pub initial_multiplier: f64,
+    pub min_samples: usize,
+    /// A hedge goes only to a worker with at most this many calls in flight (0: idle).
+    pub max_target_in_flight: u64,
+}
+
+impl Default for HedgeConfig {
+    fn default() -> Self {
+        HedgeConfig {
+            enabled: true,
+            quantile: 0.95,
+            budget_ratio: 0.05,
+            min_delay_ms: 5.0,
+            initial_multiplier: 2.0,
+            min_samples: 20,
+            max_target_in_flight: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BreakerConfig {
+    /// Consecutive failures that open the breaker.
+    pub failure_threshold: u32,
+    /// First open period; doubled after each failed half-open probe, up to `max_open_ms`.
+    pub open_ms: u64,
+    pub max_open_ms: u64,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        BreakerConfig { failure_threshold: 5, open_ms: 1000, max_open_ms: 30_000 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HealthConfig {
+    /// Period of `GET /ready` and `GET /stats` on every worker's admin port.
+    pub interval_ms: u64,
+    pub timeout_ms: u64,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig { interval_ms: 500, timeout_ms: 1000 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClientConfig {
+    pub connect_timeout_ms: u64,
+    /// Idle keep-alive connections to workers are closed after this.
+    pub pool_idle_timeout_ms: u64,
+    /// Largest worker response accepted, in bytes.
+    pub max_response_bytes: usize,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig { connect_timeout_ms: 1000, pool_idle_timeout_ms: 90_000, max_response_bytes: 64 << 20 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EstimatorConfig {
+    /// Learn token counts and compute times from what workers report.
+    pub recalibrate: bool,
+    /// Per-item forgetting factor of the token estimator (0.9995: ~2,000 items of memory).
+    pub token_decay: f64,
+    /// Per-shard forgetting factor of the cost model (0.995: ~200 shards of memory).
+    pub cost_decay: f64,
+    /// Weight of the prior, in samples: how much evidence it takes to move off the defaults.
+    pub prior_weight: f64,
+    /// Smoothing of each worker's measured speed (weight of the newest shard).
+    pub speed_smoothing: f64,
+}
+
+impl Default for EstimatorConfig {
+    fn default() -> Self {
+        EstimatorConfig { recalibrate: true, token_decay: 0.9995, cost_decay: 0.995, prior_weight: 5.0, speed_smoothing: 0.2 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DiscoveryConfig {
+    /// How often the config file is checked for changes (the worker list is hot-reloaded).
+    pub reload_interval_ms: u64,
+    /// DNS names re-resolved periodically; every address is a worker (a Kubernetes headless
+    /// Service resolves to one address per ready pod).
+    pub dns: Vec<DnsDiscovery>,
+}
+
+impl Default for DiscoveryConfig {
+    fn default() -> Self {
+        DiscoveryConfig { reload_interval_ms: 1000, dns: Vec::new() }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DnsDiscovery {
+    pub name: String,
+    /// Worker API port on every resolved address.
+    pub port: u16,
+    /// Worker admin port on every resolved address (health checks and load reports).
+    pub admin_port: u16,
+    pub interval_ms: u64,
+}
+
+impl Default for DnsDiscovery {
+    fn default() -> Self {
+        DnsDiscovery { name: String::new(), port: 8081, admin_port: 9081, interval_ms: 5000 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DrainConfig {
+    /// On SIGTERM: refuse new requests, wait at most this long for in-flight ones, then exit.
+    pub timeout_ms: u64,
+}
+
+impl Default for DrainConfig {
+    fn default() -> Self {
+        DrainConfig { timeout_ms: 30_000 }
+    }
+}
+
+/// One worker: its API base URL and, optionally, its admin base URL. Without an admin URL the
+/// worker gets no active health checks or load reports (passive failure detection only).
+///
+/// Command-line form: `URL[,admin=URL]`, e.g.
+/// `http://127.0.0.1:8081,admin=http://127.0.0.1:9081`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerEndpoint {
+    pub url: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin: Option<String>,
+}
+
+impl WorkerEndpoint {
+    pub fn new(url: impl Into<String>, admin: Option<String>) -> Self {
+        WorkerEndpoint { url: trim_slash(url.into()), admin: admin.map(trim_slash) }
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        check_base_url(&self.url)?;
+        if let Some(a) = &self.admin {
+            check_base_url(a).map_err(|e| format!("admin: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+fn trim_slash(mut s: String) -> String {
+    while s.ends_with('/') {
+        s.pop();
+    }
+    s
+}
+
+fn check_base_url(u: &str) -> Result<(), String> {
+    let rest = u.strip_prefix("http://").ok_or_else(|| format!("'{u}' is not an http:// URL"))?;
+    let authority = rest.split('/').next().unwrap_or("");
+    if authority.is_empty() {
+        return Err(format!("'{u}' has no host"));
+    }
+    Ok(())
+}
+
+impl FromStr for WorkerEndpoint {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut parts = s.split(',');
+        let url = parts.next().unwrap_or("").trim().to_string();
+        let mut admin = None;
+        for p in parts {
+            match p.trim().split_once('=') {
+                Some(("admin", v)) => admin = Some(v.trim().to_string()),
+                _ => return Err(format!("worker '{s}': unknown option '{p}' (expected URL[,admin=URL])")),
+            }
+        }
+        let w = WorkerEndpoint::new(url, admin);
+        w.validate().map_err(|e| format!("worker '{s}': {e}"))?;
+        Ok(w)
+    }
+}
+
+impl fmt::Display for WorkerEndpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.admin {
+            Some(a) => write!(f, "{},admin={a}", self.url),
+            None => f.write_str(&self.url),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_file_is_the_default_config() {
+        assert_eq!(ProxyConfig::from_toml("").unwrap(), ProxyConfig::default());
+    }
+
+    #[test]
+    fn default_config_round_trips() {
+        let c = ProxyConfig::default();
+        assert_eq!(ProxyConfig::from_toml(&c.to_toml()).unwrap(), c);
+    }
+
+    #[test]
+    fn typos_and_bad_ranges_are_named() {
+        let e = ProxyConfig::from_toml("[hedge]\nquantil = 0.9\n").unwrap_err();
+        assert!(e.contains("quantil"), "{e}");
+        let e = ProxyConfig::from_toml("[hedge]\nquantile = 1.5\n").unwrap_err();
+        assert!(e.contains("hedge.quantile"), "{e}");
+        let e = ProxyConfig::from_toml("[[workers]]\nurl = \"localhost:1\"\n").unwrap_err();
+        assert!(e.contains("workers[0]"), "{e}");
+    }
+
+    #[test]
+    fn worker_tables_and_strategies_parse() {
+        let c = ProxyConfig::from_toml(
+            "[split]\nmode = \"fixed\"\n[balance]\npolicy = \"power_of_two\"\n\
+             [[workers]]\nurl = \"http://10.0.0.1:8081/\"\nadmin = \"http://10.0.0.1:9081\"\n\
+             [[discovery.dns]]\nname = \"sieve-worker.sieve.svc\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.split.mode, SplitMode::Fixed);
+        assert_eq!(c.balance.policy, PolicyKind::PowerOfTwo);
+        assert_eq!(c.workers[0].admin.as_deref(), Some("http://10.0.0.1:9081"));
+        assert_eq!(c.discovery.dns[0].admin_port, 9081);
+    }
+
+    #[test]
+    fn worker_command_line_form() {
+        let w: WorkerEndpoint = "http://127.0.0.1:8081/,admin=http://127.0.0.1:9081".parse().unwrap();
+        assert_eq!(w.url, "http://127.0.0.1:8081");
+        assert_eq!(w.admin.as_deref(), Some("http://127.0.0.1:9081"));
+        assert_eq!(w.to_string().parse::<WorkerEndpoint>().unwrap(), w);
+        let bare: WorkerEndpoint = "http://h:1".parse().unwrap();
+        assert_eq!(bare.admin, None);
+        assert!("http://h:1,adm=x".parse::<WorkerEndpoint>().unwrap_err().contains("adm=x"));
+        assert!("ftp://h:1".parse::<WorkerEndpoint>().is_err());
+    }
+}

@@ -1,0 +1,339 @@
+//! The proxy's added latency and throughput, next to nginx, measured in the same run.
+//!
+//!     cargo build --release -p sieve-proxy -p sieve-loadtest
+//!     cargo bench -p sieve-e2e --bench proxy_overhead [-- --quick]
+//!
+//! Four `sieve-loadtest sim-worker` processes serve the worker API on loopback. The same
+//! requests go (a) straight to one worker, (b) through nginx (`least_conn` upstream over the
+//! four, whole request forwarded, keep-alive), (c) through `sieve-proxy` forwarding the whole
+//! request (split = none, least-loaded), and (d) through `sieve-proxy` fanning each request out
+//! to four shards and merging. Nginx and the proxy each run as a separate process started and
+//! stopped here, with a temporary config.
+//!
+//! Part 1 (overhead): workers with zero compute, one request at a time; added latency is the
+//! path's percentile minus the direct path's. Part 2 (throughput): zero compute, closed loop
+//! with 32 concurrent clients, and the CPU time the router process (nginx master and workers,
+//! or the proxy) spent per request, from /proc. Part 3: workers with the default cost model (a ~100-item call is
+//! ~20 ms of compute), one request at a time: the whole request on one worker (nginx) against
+//! the proxy's cost-balanced split over four.
+//!
+//! Everything runs on one machine, the load generator included, so the figures are relative:
+//! compare rows of the same run. Hedging is off in the proxy (nginx does not hedge).
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use sieve_e2e::{Http, Proc, catalogue, score_body, wait_ready};
+
+const WORKERS: usize = 4;
+const ITEMS: usize = 100;
+const QUERY: &str = "waterproof trail running shoes for women";
+
+struct Args {
+    latency_requests: usize,
+    throughput_secs: f64,
+    clients: usize,
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let args = if quick {
+        Args { latency_requests: 300, throughput_secs: 1.0, clients: 32 }
+    } else {
+        Args { latency_requests: 2000, throughput_secs: 4.0, clients: 32 }
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    rt.block_on(run(args));
+}
+
+/// The figures of one path.
+struct Figures {
+    p50_ms: f64,
+    p99_ms: f64,
+    rps: f64,
+    /// Requests answered, the warm-up excluded.
+    count: usize,
+    errors: usize,
+}
+
+fn percentile(sorted_us: &[u64], q: f64) -> f64 {
+    if sorted_us.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted_us.len() as f64 - 1.0) * q).round() as usize;
+    sorted_us[i] as f64 / 1e3
+}
+
+/// Closed loop: `clients` tasks each sending the next request when the last one answered.
+async fn measure(http: &Http, url: &str, body: &serde_json::Value, clients: usize, count: Option<usize>, secs: f64) -> Figures {
+    let body = Arc::new(serde_json::to_vec(body).expect("json"));
+    // Warm-up: connections, pools, the proxy's estimators.
+    for _ in 0..50 {
+        let _ = http.send(hyper::Method::POST, url, body.as_ref().clone()).await;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let per_client = count.map(|c| c.div_ceil(clients));
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| {
+            let (http, url, body, stop) = (http.clone(), url.to_string(), body.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut lat = Vec::new();
+                let mut errors = 0;
+                while !stop.load(Ordering::Relaxed) && per_client.is_none_or(|n| lat.len() + errors < n) {
+                    let t = Instant::now();
+                    match http.send(hyper::Method::POST, &url, body.as_ref().clone()).await {
+                        Ok(r) if r.status == 200 => lat.push(t.elapsed().as_micros() as u64),
+                        _ => errors += 1,
+                    }
+                }
+                (lat, errors)
+            })
+        })
+        .collect();
+    if count.is_none() {
+        tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+        stop.store(true, Ordering::Relaxed);
+    }
+    let mut all = Vec::new();
+    let mut errors = 0;
+    for t in tasks {
+        let (l, e) = t.await.expect("client task");
+        all.extend(l);
+        errors += e;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    all.sort_unstable();
+    Figures { p50_ms: percentile(&all, 0.5), p99_ms: percentile(&all, 0.99), rps: all.len() as f64 / elapsed, count: all.len() + errors, errors }
+}
+
+/// CPU time (user + system) used so far by `pid` and its direct children, in seconds (Linux).
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let read = |p: &str| -> Option<(u32, f64)> {
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+        // Fields after the parenthesised command name: state ppid ... utime(14) stime(15).
+        let rest = stat.rsplit_once(')')?.1;
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ppid = f.get(1)?.parse().ok()?;
+        let cpu = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+        Some((ppid, cpu / ticks))
+    };
+    let mut total = read(&pid.to_string())?.1;
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let name = e.file_name();
+        let Some(n) = name.to_str() else { continue };
+        if n.bytes().all(|b| b.is_ascii_digit()) {
+            if let Some((ppid, cpu)) = read(n) {
+                if ppid == pid {
+                    total += cpu;
+                }
+            }
+        }
+    }
+    Some(total)
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+}
+
+/// nginx with a temporary prefix and config; stopped (SIGQUIT, then SIGKILL) when dropped.
+struct Nginx {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl Nginx {
+    fn start(upstreams: &[String]) -> Option<Nginx> {
+        let exe = ["/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/bin/nginx"].into_iter().find(|p| Path::new(p).exists())?;
+        let dir = std::env::temp_dir().join(format!("sieve-bench-nginx-{}", std::process::id()));
+        for sub in ["", "body", "proxy", "fastcgi", "uwsgi", "scgi", "logs"] {
+            std::fs::create_dir_all(dir.join(sub)).ok()?;
+        }
+        // Workers may run as an unprivileged user: let them write the temp dirs.
+        let _ = Command::new("chmod").args(["-R", "0777"]).arg(&dir).status();
+        let port = free_port();
+        let servers: String = upstreams.iter().map(|u| format!("    server {u};\n")).collect();
+        let d = dir.display();
+        let conf = format!(
+            "worker_processes 2;\ndaemon off;\nmaster_process on;\npid {d}/nginx.pid;\nerror_log {d}/logs/error.log warn;\n\
+             events {{ worker_connections 4096; }}\n\
+             http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
+             \x20 client_max_body_size 64m;\n  client_body_buffer_size 1m;\n  proxy_buffer_size 64k;\n  proxy_buffers 32 64k;\n  keepalive_requests 100000;\n\
+             \x20 upstream sims {{\n    least_conn;\n{servers}    keepalive 128;\n  }}\n\
+             \x20 server {{\n    listen 127.0.0.1:{port};\n    location / {{\n      proxy_pass http://sims;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n    }}\n  }}\n}}\n"
+        );
+        std::fs::write(dir.join("nginx.conf"), conf).ok()?;
+        let child = Command::new(exe)
+            .arg("-p")
+            .arg(&dir)
+            .arg("-c")
+            .arg(dir.join("nginx.conf"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .ok()?;
+        let end = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if Instant::now() > end {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(Nginx { child, port, dir })
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGQUIT);
+        }
+        let end = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < end {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn start_proxy(workers: &[Proc], config: &str, name: &str) -> (Proc, PathBuf) {
+    let path = std::env::temp_dir().join(format!("sieve-bench-{}-{name}.toml", std::process::id()));
+    std::fs::write(&path, config).expect("proxy config");
+    let mut args = vec!["--port".to_string(), "0".into(), "--admin-port".into(), "0".into(), "--config".into(), path.display().to_string()];
+    for w in workers {
+        args.push("--worker".into());
+        args.push(w.worker_arg());
+    }
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    (Proc::spawn("sieve-proxy", &refs, Duration::from_secs(20)), path)
+}
+
+fn row(name: &str, f: &Figures, base: Option<&Figures>) {
+    let added = |v: f64, b: f64| format!("{:+8.3}", v - b);
+    let (a50, a99) = match base {
+        Some(b) => (added(f.p50_ms, b.p50_ms), added(f.p99_ms, b.p99_ms)),
+        None => ("       —".into(), "       —".into()),
+    };
+    let err = if f.errors > 0 { format!("  ({} errors)", f.errors) } else { String::new() };
+    println!("  {name:<34} {:>8.3} {:>8.3}   {a50}  {a99}{err}", f.p50_ms, f.p99_ms);
+}
+
+fn trow(name: &str, f: &Figures, cpu_us: Option<f64>) {
+    let err = if f.errors > 0 { format!("  ({} errors)", f.errors) } else { String::new() };
+    let cpu = cpu_us.map_or("       —".to_string(), |c| format!("{c:>8.0}"));
+    println!("  {name:<34} {:>9.0} {:>8.3} {:>8.3}  {cpu}{err}", f.rps, f.p50_ms, f.p99_ms);
+}
+
+async fn run(args: Args) {
+    let http = Http::new();
+    let items = catalogue(ITEMS, 42);
+    let body = score_body(QUERY, &items, Some(10_000));
+    let bytes = serde_json::to_vec(&body).map(|b| b.len()).unwrap_or(0);
+
+    let zero_cost = std::env::temp_dir().join(format!("sieve-bench-{}-zero.toml", std::process::id()));
+    std::fs::write(&zero_cost, "request_ms = 0.0\ntoken_ms = 0.0\ntoken_context_ms = 0.0\n").expect("cost file");
+    let zero = zero_cost.display().to_string();
+    let sims_zero: Vec<Proc> = (0..WORKERS)
+        .map(|_| {
+            Proc::spawn("sieve-loadtest", &["sim-worker", "--port", "0", "--admin-port", "0", "--slots", "64", "--cost-model", &zero], Duration::from_secs(20))
+        })
+        .collect();
+    let sims_cost: Vec<Proc> = (0..WORKERS)
+        .map(|_| Proc::spawn("sieve-loadtest", &["sim-worker", "--port", "0", "--admin-port", "0"], Duration::from_secs(20)))
+        .collect();
+
+    let base_cfg = "[hedge]\nenabled = false\n[health]\ninterval_ms = 200\n[deadline]\ndefault_ms = 10000\n";
+    let whole_cfg = format!("{base_cfg}[split]\nmode = \"none\"\n");
+    let four_cfg = format!("{base_cfg}[split]\nmode = \"fixed\"\nfixed_items = {}\n", ITEMS / WORKERS);
+    let cost_cfg = base_cfg.to_string();
+
+    let (proxy_whole, p1) = start_proxy(&sims_zero, &whole_cfg, "whole");
+    let (proxy_four, p2) = start_proxy(&sims_zero, &four_cfg, "four");
+    let (proxy_cost, p3) = start_proxy(&sims_cost, &cost_cfg, "cost");
+    for p in [&proxy_whole, &proxy_four, &proxy_cost] {
+        assert!(wait_ready(&http, &p.admin_url(), Duration::from_secs(20)).await, "proxy not ready");
+    }
+    // Every worker must be eligible before measuring.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let nginx_zero = Nginx::start(&sims_zero.iter().map(|s| s.api.to_string()).collect::<Vec<_>>());
+    let nginx_cost = Nginx::start(&sims_cost.iter().map(|s| s.api.to_string()).collect::<Vec<_>>());
+    if nginx_zero.is_none() {
+        println!("nginx not found or failed to start (Debian: apt-get install nginx); its rows are skipped");
+    }
+
+    println!("Sieve proxy overhead: {WORKERS} sim workers, {ITEMS}-item requests ({:.1} KB), loopback.", bytes as f64 / 1024.0);
+    println!("One machine runs the load generator, nginx, the proxy and the workers: compare rows, not runs.\n");
+
+    // (name, url, the router process whose CPU time is counted)
+    let paths_zero: Vec<(&str, String, Option<u32>)> = {
+        let mut v = vec![("direct to one worker", format!("{}/v1/score", sims_zero[0].api_url()), None)];
+        if let Some(n) = &nginx_zero {
+            v.push(("nginx least_conn (whole request)", format!("http://127.0.0.1:{}/v1/score", n.port), Some(n.child.id())));
+        }
+        v.push(("sieve-proxy (whole request)", format!("{}/v1/score", proxy_whole.api_url()), Some(proxy_whole.pid())));
+        v.push(("sieve-proxy (4 shards, merged)", format!("{}/v1/score", proxy_four.api_url()), Some(proxy_four.pid())));
+        v
+    };
+
+    println!("1. Added latency, zero-compute workers, one request at a time ({} requests per path), ms:", args.latency_requests);
+    println!("  {:<34} {:>8} {:>8}   {:>8}  {:>8}", "path", "p50", "p99", "+p50", "+p99");
+    let mut base = None;
+    for (name, url, _) in &paths_zero {
+        let f = measure(&http, url, &body, 1, Some(args.latency_requests), 0.0).await;
+        row(name, &f, base.as_ref());
+        if base.is_none() {
+            base = Some(f);
+        }
+    }
+
+    println!("\n2. Throughput, zero-compute workers, {} concurrent clients, {:.0} s per path:", args.clients, args.throughput_secs);
+    println!("  {:<34} {:>9} {:>8} {:>8}  {:>8}", "path", "req/s", "p50 ms", "p99 ms", "router CPU µs/req");
+    for (name, url, router) in &paths_zero {
+        let before = router.and_then(cpu_seconds);
+        let f = measure(&http, url, &body, args.clients, None, args.throughput_secs).await;
+        let after = router.and_then(cpu_seconds);
+        // Includes the 50 warm-up requests `measure` sends first.
+        let served = (f.count + 50) as f64;
+        let cpu_us = before.zip(after).map(|(b, a)| (a - b) * 1e6 / served);
+        trow(name, &f, cpu_us);
+    }
+
+    println!(
+        "\n3. Workers with the default cost model (this request: ~{:.0} ms of compute on one worker), one at a time, ms:",
+        sieve_shared::CostModel::default().call_ms(
+            f64::from(sieve_loadtest::sim::tokens::prefix_tokens(QUERY, None)),
+            items.iter().map(|t| f64::from(sieve_loadtest::sim::tokens::item_tokens(t)))
+        )
+    );
+    println!("  {:<34} {:>8} {:>8}", "path", "p50", "p99");
+    let n = (args.latency_requests / 4).max(100);
+    let mut paths_cost: Vec<(&str, String)> = Vec::new();
+    if let Some(ng) = &nginx_cost {
+        paths_cost.push(("nginx least_conn (whole request)", format!("http://127.0.0.1:{}/v1/score", ng.port)));
+    }
+    paths_cost.push(("sieve-proxy (cost-balanced split)", format!("{}/v1/score", proxy_cost.api_url())));
+    for (name, url) in &paths_cost {
+        let f = measure(&http, url, &body, 1, Some(n), 0.0).await;
+        let err = if f.errors > 0 { format!("  ({} errors)", f.errors) } else { String::new() };
+        println!("  {name:<34} {:>8.3} {:>8.3}{err}", f.p50_ms, f.p99_ms);
+    }
+
+    drop(nginx_zero);
+    drop(nginx_cost);
+    for p in [p1, p2, p3, zero_cost] {
+        let _ = std::fs::remove_file(p);
+    }
+}

@@ -1,0 +1,227 @@
+//! The `sieve-proxy` and `sieve-loadtest sim-worker` binaries as processes on loopback: the
+//! command-line contract, a worker process killed mid-shard, and drain on SIGTERM.
+
+use std::time::{Duration, Instant};
+
+use sieve_e2e::{Http, Proc, catalogue, score_body, wait_ready};
+use sieve_shared::ScoreResponse;
+
+const QUERY: &str = "waterproof trail running shoes";
+const START: Duration = Duration::from_secs(20);
+
+fn sim(extra: &[&str]) -> Proc {
+    let mut args = vec!["sim-worker", "--port", "0", "--admin-port", "0"];
+    args.extend_from_slice(extra);
+    Proc::spawn("sieve-loadtest", &args, START)
+}
+
+fn proxy(workers: &[&Proc], config: Option<&std::path::Path>) -> Proc {
+    let mut args: Vec<String> = vec!["--port".into(), "0".into(), "--admin-port".into(), "0".into()];
+    for w in workers {
+        args.push("--worker".into());
+        args.push(w.worker_arg());
+    }
+    if let Some(c) = config {
+        args.push("--config".into());
+        args.push(c.display().to_string());
+    }
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    Proc::spawn("sieve-proxy", &refs, START)
+}
+
+fn temp_config(name: &str, text: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("sieve-e2e-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("proxy.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_and_sim_worker_binaries_keep_the_command_line_contract() {
+    let http = Http::new();
+    let (a, b) = (sim(&[]), sim(&["--speed", "0.5", "--jitter", "0.1"]));
+    for w in [&a, &b] {
+        assert!(w.line.starts_with("sieve-worker listening api=127.0.0.1:"), "{}", w.line);
+    }
+    let p = proxy(&[&a, &b], None);
+    assert!(p.line.starts_with("sieve-proxy listening api=127.0.0.1:") && p.line.contains(" admin=127.0.0.1:"), "{}", p.line);
+    assert!(wait_ready(&http, &p.admin_url(), START).await, "proxy never ready");
+    let body = score_body(QUERY, &catalogue(120, 1), None);
+    let want: ScoreResponse = http.post_json(&format!("{}/v1/score", a.api_url()), &body).await.json();
+    let r = http.post_json(&format!("{}/v1/score", p.api_url()), &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json::<ScoreResponse>().scores, want.scores);
+    let workers: serde_json::Value = http.get(&format!("{}/workers", p.admin_url())).await.json();
+    assert_eq!(workers["workers"].as_array().map(Vec::len), Some(2));
+    let metrics = http.get(&format!("{}/metrics", p.admin_url())).await.text();
+    for name in ["sieve_proxy_requests_total", "sieve_proxy_shard_items", "sieve_proxy_worker_in_flight_shards", "sieve_proxy_worker_breaker_state"] {
+        assert!(metrics.contains(name), "/metrics lacks {name}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_process_killed_mid_shard_costs_no_request() {
+    let http = Http::new();
+    let a = sim(&[]);
+    let mut b = sim(&["--slowdown", "200"]); // its shards take seconds
+    let cfg = temp_config("kill", "[hedge]\nenabled = false\n[health]\ninterval_ms = 50\n");
+    let p = proxy(&[&a, &b], Some(&cfg));
+    assert!(wait_ready(&http, &p.admin_url(), START).await);
+    // Both workers must be eligible, so the request is split across them.
+    let end = Instant::now() + START;
+    loop {
+        let w: serde_json::Value = http.get(&format!("{}/workers", p.admin_url())).await.json();
+        if w["eligible"] == 2 {
+            break;
+        }
+        assert!(Instant::now() < end);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let body = score_body(QUERY, &catalogue(100, 2), None);
+    let want: ScoreResponse = http.post_json(&format!("{}/v1/score", a.api_url()), &body).await.json();
+    let (h, url, bd) = (http.clone(), format!("{}/v1/score", p.api_url()), body.clone());
+    let call = tokio::spawn(async move { h.post_json(&url, &bd).await });
+    let end = Instant::now() + START;
+    loop {
+        let s: serde_json::Value = http.get(&format!("{}/stats", b.admin_url())).await.json();
+        if s["in_flight_requests"].as_u64() >= Some(1) {
+            break;
+        }
+        assert!(Instant::now() < end, "the slow worker never got a shard");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    b.kill(); // SIGKILL mid-shard
+    let r = call.await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let got: ScoreResponse = r.json();
+    assert!(got.missing.is_empty());
+    assert_eq!(got.scores, want.scores);
+    std::fs::remove_dir_all(cfg.parent().unwrap()).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_the_proxy_without_failing_requests_in_flight() {
+    let http = Http::new();
+    let (a, b) = (sim(&["--speed", "0.05"]), sim(&["--speed", "0.05"]));
+    let cfg = temp_config("drain", "[health]\ninterval_ms = 50\n[hedge]\nenabled = false\n[deadline]\ndefault_ms = 20000\n");
+    let mut p = proxy(&[&a, &b], Some(&cfg));
+    assert!(wait_ready(&http, &p.admin_url(), START).await);
+    let n = 6;
+    let calls: Vec<_> = (0..n)
+        .map(|i| {
+            let (h, url) = (http.clone(), format!("{}/v1/score", p.api_url()));
+            let body = score_body(QUERY, &catalogue(60, 10 + i), None);
+            tokio::spawn(async move { h.try_post_json(&url, &body).await })
+        })
+        .collect();
+    let end = Instant::now() + START;
+    loop {
+        let w: serde_json::Value = http.get(&format!("{}/workers", p.admin_url())).await.json();
+        if w["requests_in_flight"].as_u64() == Some(n) {
+            break;
+        }
+        assert!(Instant::now() < end, "requests never all in flight: {w}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    p.terminate();
+    // While draining: not ready, and new requests are refused.
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = http.get(&format!("{}/ready", p.admin_url())).await;
+        if r.status == 503 {
+            break;
+        }
+        assert!(Instant::now() < end, "still ready after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let late = http.post_json(&format!("{}/v1/score", p.api_url()), &score_body(QUERY, &catalogue(5, 1), None)).await;
+    assert_eq!(late.status, 503, "a request after SIGTERM is refused: {}", late.text());
+    for c in calls {
+        let r = c.await.unwrap().expect("an in-flight request survived the drain");
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(r.json::<ScoreResponse>().missing.is_empty());
+    }
+    let status = p.wait_exit(Duration::from_secs(15)).expect("the proxy exits after draining");
+    assert!(status.success(), "{status:?}");
+    std::fs::remove_dir_all(cfg.parent().unwrap()).ok();
+}
+
+/// The addresses `sieve up` printed (proxy and workers).
+fn printed_addresses(out: &str) -> Vec<std::net::SocketAddr> {
+    out.split(|c: char| c.is_whitespace() || c == '(' || c == ')')
+        .filter_map(|w| w.strip_prefix("http://"))
+        .filter_map(|a| a.parse().ok())
+        .collect()
+}
+
+fn closed(addrs: &[std::net::SocketAddr]) -> bool {
+    addrs.iter().all(|a| std::net::TcpStream::connect_timeout(a, Duration::from_millis(200)).is_err())
+}
+
+#[test]
+fn sieve_up_scores_the_demo_request_and_leaves_nothing_running() {
+    let out = std::process::Command::new(sieve_e2e::bin("sieve"))
+        .args(["up", "--sim", "--workers", "3"])
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    for i in 1001..=1020 {
+        assert!(stdout.contains(&format!("sku-{i}")), "sku-{i} not ranked:\n{stdout}");
+    }
+    assert!(stdout.contains("timing:") && stdout.contains("over "), "{stdout}");
+    let addrs = printed_addresses(&stdout);
+    assert_eq!(addrs.len(), 8, "proxy api+admin and 3 workers' api+admin: {addrs:?}");
+    assert!(closed(&addrs), "a process of the cluster is still listening");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sieve_up_keep_running_serves_until_interrupted_and_sieve_score_ranks() {
+    use std::io::{BufRead, BufReader};
+    let http = Http::new();
+    let mut child = std::process::Command::new(sieve_e2e::bin("sieve"))
+        .args(["up", "--sim", "--workers", "2", "--keep-running", "--port", "0", "--admin-port", "0"])
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut reader = BufReader::new(child.stdout.take().unwrap());
+    let mut printed = String::new();
+    let url = loop {
+        let mut line = String::new();
+        assert!(reader.read_line(&mut line).unwrap() > 0, "sieve up exited early:\n{printed}");
+        printed.push_str(&line);
+        if let Some(rest) = line.strip_prefix("serving on ") {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+    };
+    let r = http.post_json(&format!("{url}/v1/score"), &score_body(QUERY, &catalogue(30, 3), None)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/demo-request.json");
+    let out = std::process::Command::new(sieve_e2e::bin("sieve"))
+        .args(["score", "--items-file", demo, "--target", &url, "--top", "5"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let rows = text.lines().filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()) && l.contains("sku-")).count();
+    assert_eq!(rows, 5, "{text}");
+    // SAFETY: signalling our own child.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGINT);
+    }
+    let end = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < end, "sieve up did not stop on Ctrl-C");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    assert!(closed(&printed_addresses(&printed)), "a process of the cluster is still listening");
+}
