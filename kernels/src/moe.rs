@@ -446,9 +446,7 @@ fn sample_experts(num_experts: usize, computed_rows: u64) -> usize {
 ///   once per layer, out of hundreds of MB of expert weights, so it never finds them in cache.
 ///   Repeating a run on the same experts and keeping the minimum would instead time weights left
 ///   in L2/L3 by the previous repetition — and favour the variant with the smaller weights (the
-///   bf16 panels: half the bytes fit where the f32 ones do not), which is how an earlier fit
-///   picked `grouped_bf16` at every size while f32 `grouped` was faster at hundreds of rows per
-///   expert.
+///   bf16 panels: half the bytes fit where the f32 ones do not).
 /// - interleaved: each repetition runs every variant once, so a burst of background load on the
 ///   shared cores hits the variants alike instead of one variant's repetitions.
 pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: usize, budget: Duration) -> Result<(MoeCostModel, AutotuneReport)> {
