@@ -117,7 +117,7 @@ fn bench_moe(g: &CudaBackend, rng: &mut impl Rng, reps: usize) {
     let dims = MoeDims { hidden: 2048, inter: 768, n_experts: 128 };
     let routing = MoeRouting { top_k: 8, renormalize: true };
     println!("\nMoE layer, {} experts top-{}, hidden {}, expert size {} (event median ms; padding ratio = padded rows at 128 / real rows)", dims.n_experts, routing.top_k, dims.hidden, dims.inter);
-    let w = g.moe_weights(dims, &random(rng, dims.n_experts * 2 * dims.inter * dims.hidden, 0.02), &random(rng, dims.n_experts * dims.hidden * dims.inter, 0.02)).expect("moe weights");
+    let w = g.moe_expert_weights(dims, &random(rng, dims.n_experts * 2 * dims.inter * dims.hidden, 0.02), &random(rng, dims.n_experts * dims.hidden * dims.inter, 0.02)).expect("moe weights");
     println!("{:>6} {:>8} {:>10} {:>10} {:>10} {:>10} {:>7} {:>10}", "seqs", "tokens", "pad@128", "BM64", "BM128", "auto", "chose", "auto/best");
     let (mut sum64, mut sum128, mut sum_auto) = (0.0, 0.0, 0.0);
     for seqs in [1usize, 2, 4, 8, 16, 32, 64] {

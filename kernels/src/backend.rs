@@ -14,6 +14,9 @@
 //! what else is in its batch, the split, and prefix reuse.
 
 use std::fmt;
+use std::time::Duration;
+
+use crate::moe::{MoeCostModel, MoeLayerHost, MoeLayerStats, MoeRouting, MoeSelect, MoeVariant};
 
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
@@ -148,6 +151,11 @@ pub trait Backend: Send + Sync + 'static {
     type KvCache: Send;
     /// A [`BatchLayout`] resident on the device for one forward pass.
     type Batch: Send;
+    /// One MoE layer's weights (router, stacked experts, optional shared expert) on the device.
+    type MoeWeights: Send + Sync;
+    /// A log of [`MoeLayerStats`], one record per [`Backend::moe_ffn`] call, kept on the device
+    /// until [`Backend::read_moe_log`] drains it (once per forward pass).
+    type MoeLog: Send;
 
     fn name(&self) -> String;
 
@@ -215,6 +223,59 @@ pub trait Backend: Send + Sync + 'static {
     fn dot_rows(&self, x: &Self::Tensor, v: &Self::Vector) -> Result<Vec<f32>>;
     /// Full-vocabulary logits against an embedding table used as the LM head (tests, generation).
     fn lm_logits(&self, x: &Self::Tensor, table: &Self::Embedding, out: &mut Self::Tensor) -> Result<()>;
+
+    // ---- mixture of experts (see `crate::moe`) ----
+    /// Uploads one MoE layer (validated with [`MoeLayerHost::validate`]).
+    fn moe_weights(&self, w: &MoeLayerHost) -> Result<Self::MoeWeights>;
+    /// The grouped-GEMM variants of [`Backend::moe_ffn`], in a fixed order: a variant's index
+    /// is what [`MoeSelect::Fixed`] and [`MoeLayerStats::variant`] refer to.
+    fn moe_variants(&self) -> Vec<MoeVariant>;
+    /// The cost model used before (or instead of) calibration, for experts of `hidden` ×
+    /// `expert_inter` (a GPU backend: the padding-ratio rule).
+    fn moe_default_cost(&self, hidden: usize, expert_inter: usize) -> MoeCostModel;
+    fn moe_log(&self) -> Result<Self::MoeLog>;
+    /// `acc += moe(x)`, for a `[rows, hidden]` `x` and `acc`:
+    ///
+    /// 1. router logits `x · routerᵀ` (`[rows, experts]`, a matmul) and, per row, the top-k
+    ///    experts and their weights by [`crate::moe::route_row`];
+    /// 2. the histogram of rows per expert, and the variant `select.choose(histogram, variants)`;
+    /// 3. for every (row t, rank j) with expert e: `y[t,j] = down_e(silu(gate_e(x_t)) · up_e(x_t))`,
+    ///    run by the chosen variant on the rows permuted into expert order — each element one
+    ///    fixed-order f32 chain over K exactly as [`Backend::matmul`] computes it, so that the
+    ///    variant, the batch and the permutation never change a bit;
+    /// 4. `acc[t] += s`, with `s = Σ_j w[t,j] · y[t,j]` summed in rank order j = 0..k, then
+    ///    `s += sigmoid(x_t · shared.gate) · shared(x_t)` when the layer has a shared expert.
+    ///
+    /// Appends one [`MoeLayerStats`] to `log`. A device backend keeps the histogram, the choice
+    /// and the log on the device (the cost model is a few constants): no host synchronisation
+    /// per layer.
+    fn moe_ffn(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::MoeWeights,
+        routing: MoeRouting,
+        select: MoeSelect,
+        acc: &mut Self::Tensor,
+        log: &mut Self::MoeLog,
+    ) -> Result<()>;
+    /// Drains the log (the per-forward read-back).
+    fn read_moe_log(&self, log: &mut Self::MoeLog) -> Result<Vec<MoeLayerStats>>;
+    /// Calibration (start-up autotune): the wall time of step 3 of [`Backend::moe_ffn`] alone, run
+    /// by `variant` on synthetic rows spread over the experts as `histogram` says (one count per
+    /// expert), less what a backend can tell was time spent waiting for a core taken by other
+    /// processes (the CPU backend: the threads' run-queue delay). May synchronise the device.
+    fn moe_time_variant(&self, w: &Self::MoeWeights, variant: usize, histogram: &[u32]) -> Result<Duration>;
+    /// Start-up calibration of the cost model on one MoE layer of the loaded model, kept within
+    /// about `budget`. By default [`crate::moe::autotune`] (per-variant tables from
+    /// [`Backend::moe_time_variant`]); a backend whose selector runs on the device fits the
+    /// parameters of the rule it evaluates there instead (CUDA: the padding-ratio threshold).
+    fn moe_autotune(&self, w: &Self::MoeWeights, routing: MoeRouting, num_experts: usize, budget: Duration) -> Result<(MoeCostModel, crate::moe::AutotuneReport)>
+    where
+        Self: Sized,
+    {
+        let _ = routing;
+        crate::moe::autotune(self, w, num_experts, budget)
+    }
 }
 
 impl fmt::Display for RopeLayout {

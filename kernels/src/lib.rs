@@ -7,7 +7,9 @@ pub mod backend;
 pub mod cpu;
 pub mod cuda;
 pub mod host;
+pub mod moe;
 pub mod reference;
 
 pub use backend::{AttnSeq, Backend, BatchLayout, KernelError, QkvLayout, Result, RopeConfig, RopeLayout};
 pub use cpu::CpuBackend;
+pub use moe::{MoeCostModel, MoeLayerHost, MoeLayerStats, MoeRouting, MoeSelect, MoeVariant, SharedExpertHost, VariantCost};

@@ -1,8 +1,14 @@
 //! `ReferenceBackend`: the plainest possible implementation of every op, with f64 accumulation.
 //! It is the oracle the fast backends (CPU SIMD, CUDA) are tested against, never a serving path.
 
+mod moe;
+
+use std::time::{Duration, Instant};
+
 use crate::backend::*;
 use crate::host::{HostKvCache, HostTensor};
+use crate::moe::{MoeCostModel, MoeLayerHost, MoeLayerStats, MoeRouting, MoeSelect, MoeVariant, VariantCost};
+pub use moe::{route as moe_route, PlainMoe, PlainShared};
 
 #[derive(Debug, Default, Clone)]
 pub struct ReferenceBackend;
@@ -59,6 +65,8 @@ impl Backend for ReferenceBackend {
     type Embedding = PlainWeight;
     type KvCache = HostKvCache;
     type Batch = BatchLayout;
+    type MoeWeights = PlainMoe;
+    type MoeLog = Vec<MoeLayerStats>;
 
     fn name(&self) -> String {
         "reference".into()
@@ -259,5 +267,45 @@ impl Backend for ReferenceBackend {
 
     fn lm_logits(&self, x: &HostTensor, table: &PlainWeight, out: &mut HostTensor) -> Result<()> {
         self.matmul(x, table, None, out)
+    }
+
+    fn moe_weights(&self, w: &MoeLayerHost) -> Result<PlainMoe> {
+        PlainMoe::new(w)
+    }
+
+    fn moe_variants(&self) -> Vec<MoeVariant> {
+        moe::variants()
+    }
+
+    fn moe_default_cost(&self, _hidden: usize, _expert_inter: usize) -> MoeCostModel {
+        MoeCostModel { variants: vec![VariantCost { variant: "per_token".into(), per_call: 0.0, per_expert: vec![], per_row: 1.0, per_padded_row: 0.0 }], origin: "default".into(), tie_margin: 0.0 }
+    }
+
+    fn moe_log(&self) -> Result<Vec<MoeLayerStats>> {
+        Ok(Vec::new())
+    }
+
+    fn moe_ffn(&self, x: &HostTensor, w: &PlainMoe, routing: MoeRouting, select: MoeSelect, acc: &mut HostTensor, log: &mut Vec<MoeLayerStats>) -> Result<()> {
+        select.choose(&[], &moe::variants())?;
+        log.push(moe::moe_ffn(x, w, routing, acc)?);
+        Ok(())
+    }
+
+    fn read_moe_log(&self, log: &mut Vec<MoeLayerStats>) -> Result<Vec<MoeLayerStats>> {
+        Ok(std::mem::take(log))
+    }
+
+    fn moe_time_variant(&self, w: &PlainMoe, variant: usize, histogram: &[u32]) -> Result<Duration> {
+        check(variant == 0 && histogram.len() == w.num_experts, || format!("moe_time_variant: variant {variant}, {} counts for {} experts", histogram.len(), w.num_experts))?;
+        // The expert loop alone, on zero rows: one token per assignment.
+        let x = vec![0f32; w.hidden];
+        let (h, i) = (w.hidden, w.inter);
+        let t = Instant::now();
+        for (e, &n) in histogram.iter().enumerate() {
+            for _ in 0..n {
+                std::hint::black_box(moe::swiglu_expert(&x, w, e, h, i));
+            }
+        }
+        Ok(t.elapsed())
     }
 }

@@ -241,7 +241,7 @@ fn moe_layer_matches_twin_for_every_variant() {
     let gate_up: Vec<f32> = random(&mut r, 64 * 2 * 192 * 256).iter().map(|v| v * 0.1).collect();
     let down: Vec<f32> = random(&mut r, 64 * 256 * 192).iter().map(|v| v * 0.1).collect();
     let tw = TwinMoeWeights::new(dims, &gate_up, &down).unwrap();
-    let gw = g.moe_weights(dims, &gate_up, &down).unwrap();
+    let gw = g.moe_expert_weights(dims, &gate_up, &down).unwrap();
     for &(tokens, top_k) in &[(1usize, 8usize), (13, 8), (200, 4), (1024, 8)] {
         let routing = MoeRouting { top_k, renormalize: true };
         let x = random(&mut r, tokens * 256);
@@ -347,7 +347,7 @@ fn moe_threshold_autotune_runs_and_fits() {
     let Some(g) = gpu("moe_threshold_autotune_runs_and_fits") else { return };
     let mut r = rng(68);
     let dims = MoeDims { hidden: 256, inter: 128, n_experts: 32 };
-    let w = g.moe_weights(dims, &random(&mut r, 32 * 256 * 256), &random(&mut r, 32 * 256 * 128)).unwrap();
+    let w = g.moe_expert_weights(dims, &random(&mut r, 32 * 256 * 256), &random(&mut r, 32 * 256 * 128)).unwrap();
     let (th, samples) = g.calibrate_moe_threshold(&w, MoeRouting { top_k: 4, renormalize: true }, &[4, 64, 1024], 3).unwrap();
     assert_eq!(samples.len(), 3);
     assert!(samples[0].ratio > samples[2].ratio, "fewer tokens pad more: {samples:?}");

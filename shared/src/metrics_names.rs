@@ -15,3 +15,17 @@ pub mod worker {
     pub const KV_BLOCKS_FREE: &str = "sieve_worker_kv_blocks_free";
     pub const BATCH_TOKENS: &str = "sieve_worker_batch_tokens";
 }
+
+/// MoE layers of a worker (per-variant selections, rows, time share).
+pub mod worker_moe {
+    /// Counter, label `variant`: MoE layer calls that ran the variant.
+    pub const SELECTIONS: &str = "sieve_worker_moe_selections_total";
+    /// Counter, label `kind` = `real` (token-expert assignments) | `padded` (rows computed).
+    pub const ROWS: &str = "sieve_worker_moe_rows_total";
+    /// Counter: seconds inside MoE layers.
+    pub const SECONDS: &str = "sieve_worker_moe_seconds_total";
+    /// Counter: seconds of the forward passes that ran MoE layers.
+    pub const FORWARD_SECONDS: &str = "sieve_worker_moe_forward_seconds_total";
+    /// Gauge: MoE seconds / forward seconds since start.
+    pub const TIME_SHARE: &str = "sieve_worker_moe_time_share";
+}

@@ -10,7 +10,7 @@ use crate::assets;
 use crate::config::WorkerConfig;
 use crate::engine::{EngineConfig, EngineHandle, EngineParts, EngineState, PrefixCacheConfig};
 use crate::model::loader::{self, HeadChoice, LoadOptions};
-use crate::{Result, WorkerError};
+use crate::{moe_setup, Result, WorkerError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Device {
@@ -65,7 +65,11 @@ pub fn engine_config(cfg: &WorkerConfig, model_max_position: usize) -> EngineCon
 fn start_on<B: Backend>(backend: B, cfg: &WorkerConfig, state: Arc<EngineState>) -> Result<(Arc<EngineHandle>, String)> {
     let path = assets::resolve_model(&cfg.model.path)?;
     let opts = LoadOptions { head: HeadChoice::parse(&cfg.model.head)?, template: cfg.template.clone(), keep_lm_head: false };
-    let loaded = loader::load(&backend, &path, &opts)?;
+    let mut loaded = loader::load(&backend, &path, &opts)?;
+    let calibrations = assets::cache_dir().join("moe-autotune");
+    if let Some(setup) = moe_setup::configure(&backend, &mut loaded.model, &loaded.name, &cfg.moe, &calibrations)? {
+        state.moe.init(setup);
+    }
     let ecfg = engine_config(cfg, loaded.model.config.max_position);
     let parts = EngineParts { backend, model: loaded.model, encoder: loaded.tokenizer, builder: loaded.builder };
     let engine = EngineHandle::start(parts, ecfg, state)?;

@@ -7,6 +7,7 @@ pub mod device;
 pub mod engine;
 pub mod error;
 pub mod model;
+pub mod moe_setup;
 pub mod prompt;
 pub mod server;
 pub mod tokenizer;

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! sieve-worker --model default|PATH [--device cpu|cuda:N] [--port 8081] [--admin-port 9081]
-//!              [--no-prefix-reuse] [--config FILE]
+//!              [--no-prefix-reuse] [--no-autotune] [--config FILE]
 //! ```
 
 use std::path::PathBuf;
@@ -39,6 +39,10 @@ struct Cli {
     /// Compute every pair's whole prompt (no shared prefix, no prefix cache).
     #[arg(long)]
     no_prefix_reuse: bool,
+    /// MoE models: skip the start-up measurement of the kernel variants (a cached calibration
+    /// for this model and machine is still used; otherwise the backend's default costs).
+    #[arg(long)]
+    no_autotune: bool,
     /// Compute threads (0 = all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -72,6 +76,9 @@ fn config_from(cli: &Cli) -> Result<WorkerConfig, WorkerError> {
     }
     if cli.no_prefix_reuse {
         c.engine.prefix_reuse = false;
+    }
+    if cli.no_autotune {
+        c.moe.autotune = false;
     }
     c.validate()?;
     Ok(c)

@@ -4,8 +4,14 @@
 //! a float64 numpy forward).
 //!
 //! Tolerance: |ours − reference| ≤ 2e-4 on SmolLM2 (30 layers, logits up to ~25; measured max
-//! 4.2e-5), ≤ 5e-5 on the 2-layer tiny models (measured max 1e-5). The score head's folded
+//! 4.2e-5), ≤ 5e-5 on the 2-layer tiny models (measured max 1e-5), and on the 4-layer tiny
+//! MoE models (qwen3_moe bf16 top-8 of 32, qwen2_moe f32 top-4 of 32 + shared expert; measured
+//! max 1.3e-5). The score head's folded
 //! yes − no logit is held to the same bound (×2, it is a difference of two logits).
+//!
+//! The MoE models are run with every grouped-GEMM variant of the CPU backend: the logits must be
+//! bitwise identical whichever variant runs (and match transformers, whose routing the fixture's
+//! near-tie gaps show a float32 router cannot flip).
 
 use std::path::{Path, PathBuf};
 
@@ -15,7 +21,7 @@ use sieve_worker::assets;
 use sieve_worker::engine::layout::LayoutBuilder;
 use sieve_worker::model::loader::{self, LoadOptions, LoadedModel};
 use sieve_worker::model::testgen::{self, Preset, StoreDType, TestArch, TestModelSpec};
-use sieve_worker::model::Scratch;
+use sieve_worker::model::{MoePolicy, Scratch};
 
 fn fixture(name: &str) -> Value {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
@@ -84,6 +90,13 @@ fn smollm2_logits_match_transformers() {
 }
 
 fn tiny_dense(arch: &str) {
+    tiny_model(arch, 5e-5);
+}
+
+/// Generates the fixture's checkpoint for `arch`, checks every prompt's logits against
+/// transformers within `tol`; for MoE models, under every fixed variant and the auto policy,
+/// requiring bitwise equal logits. Returns the largest error seen.
+fn tiny_model(arch: &str, tol: f32) -> f32 {
     let f = fixture("testmodel_logits.json");
     let entry = f["models"].as_array().unwrap().iter().find(|m| m["arch"] == arch).unwrap();
     let g = &entry["generate"];
@@ -97,16 +110,38 @@ fn tiny_dense(arch: &str) {
     let _ = std::fs::remove_dir_all(&dir);
     testgen::generate(&spec, &dir, &asset(assets::QWEN3_TOKENIZER)).unwrap();
     let b = CpuBackend::new(0).unwrap();
-    let m = loader::load(&b, &dir, &LoadOptions { keep_lm_head: true, ..Default::default() }).unwrap();
+    let mut m = loader::load(&b, &dir, &LoadOptions { keep_lm_head: true, ..Default::default() }).unwrap();
+    let is_moe = m.model.config.moe.is_some();
+    assert_eq!(is_moe, arch.ends_with("_moe"));
+    let mut policies = vec![("default", m.model.moe_policy().clone())];
+    if is_moe {
+        for (i, v) in b.moe_variants().iter().enumerate() {
+            policies.push((v.name, MoePolicy::Fixed(i)));
+        }
+    }
+    let mut worst = 0f32;
     for p in entry["prompts"].as_array().unwrap() {
         let name = format!("{arch}/{}", p["name"].as_str().unwrap());
-        let (logits, head) = last_logits(&m, &b, &ids(&p["ids"]));
-        let worst = compare(&name, &logits, p, 5e-5, 0.0);
-        let want = (p["chosen"]["9693"].as_f64().unwrap() - p["chosen"]["2152"].as_f64().unwrap()) as f32;
-        assert!((head - want).abs() <= 1e-4, "{name}: score head {head} vs {want}");
-        eprintln!("{name}: max |err| {worst:.2e}");
+        let mut first: Option<(Vec<f32>, f32)> = None;
+        for (policy_name, policy) in &policies {
+            m.model.set_moe_policy(&b, policy.clone()).unwrap();
+            let (logits, head) = last_logits(&m, &b, &ids(&p["ids"]));
+            let err = compare(&format!("{name} [{policy_name}]"), &logits, p, tol, 0.0);
+            worst = worst.max(err);
+            let want = (p["chosen"]["9693"].as_f64().unwrap() - p["chosen"]["2152"].as_f64().unwrap()) as f32;
+            assert!((head - want).abs() <= 2.0 * tol, "{name} [{policy_name}]: score head {head} vs {want}");
+            match &first {
+                None => first = Some((logits, head)),
+                Some((l0, h0)) => {
+                    assert!(l0.iter().zip(&logits).all(|(a, b)| a.to_bits() == b.to_bits()), "{name}: logits under {policy_name} differ from {}", policies[0].0);
+                    assert_eq!(h0.to_bits(), head.to_bits(), "{name}: score head under {policy_name}");
+                }
+            }
+        }
+        eprintln!("{name}: max |err| {worst:.2e} ({} policies)", policies.len());
     }
     let _ = std::fs::remove_dir_all(&dir);
+    worst
 }
 
 #[test]
@@ -122,4 +157,14 @@ fn tiny_qwen2_logits_match_transformers() {
 #[test]
 fn tiny_llama_logits_match_transformers() {
     tiny_dense("llama");
+}
+
+#[test]
+fn tiny_qwen3_moe_logits_match_transformers_under_every_variant() {
+    tiny_model("qwen3_moe", 5e-5);
+}
+
+#[test]
+fn tiny_qwen2_moe_logits_match_transformers_under_every_variant() {
+    tiny_model("qwen2_moe", 5e-5);
 }

@@ -15,6 +15,8 @@ mod gemm;
 mod gemm_tile;
 mod isa;
 mod math;
+mod moe;
+mod moe_tile;
 mod norm_rope;
 mod pack;
 mod scratch;
@@ -23,10 +25,14 @@ use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
 
+use std::time::Duration;
+
 use crate::backend::*;
 use crate::host::{HostKvCache, HostTensor};
+use crate::moe::{MoeCostModel, MoeLayerHost, MoeLayerStats, MoeRouting, MoeSelect, MoeVariant};
 
 pub use isa::Isa;
+pub use moe::CpuMoeWeights;
 pub use pack::PackedWeight;
 
 use gemm::Epilogue;
@@ -40,6 +46,10 @@ pub struct CpuBackend {
     pool: rayon::ThreadPool,
     gemm_scratch: scratch::ScratchPool<Vec<f32>>,
     attention_scratch: scratch::ScratchPool<attention::Scratch>,
+    /// Per-thread intermediates of the MoE variants' work items.
+    moe_scratch: scratch::ScratchPool<Vec<f32>>,
+    /// Per-call MoE buffers (routing, permutation, expert outputs), reused between calls.
+    moe_buffers: Mutex<moe::MoeBuffers>,
     threads: usize,
     isa: Isa,
 }
@@ -111,6 +121,8 @@ impl CpuBackend {
             pool,
             gemm_scratch: scratch::ScratchPool::new(threads),
             attention_scratch: scratch::ScratchPool::new(threads),
+            moe_scratch: scratch::ScratchPool::new(threads),
+            moe_buffers: Mutex::new(moe::MoeBuffers::default()),
             threads,
             isa,
         })
@@ -180,6 +192,8 @@ impl Backend for CpuBackend {
     type Embedding = CpuEmbedding;
     type KvCache = HostKvCache;
     type Batch = CpuBatch;
+    type MoeWeights = CpuMoeWeights;
+    type MoeLog = Vec<MoeLayerStats>;
 
     fn name(&self) -> String {
         format!("cpu ({:?}, {} threads)", self.isa, self.threads)
@@ -417,5 +431,34 @@ impl Backend for CpuBackend {
         self.check_gemm(x, &table.packed, out, "lm_logits")?;
         gemm::gemm(&self.pool, &self.gemm_scratch, self.threads, self.isa, &x.data, x.rows, &table.packed, Epilogue::Store { bias: None }, &mut out.data);
         Ok(())
+    }
+
+    fn moe_weights(&self, w: &MoeLayerHost) -> Result<CpuMoeWeights> {
+        self.pack_moe(w)
+    }
+
+    fn moe_variants(&self) -> Vec<MoeVariant> {
+        moe::variants()
+    }
+
+    fn moe_default_cost(&self, hidden: usize, expert_inter: usize) -> MoeCostModel {
+        moe::default_cost(hidden, expert_inter, self.threads)
+    }
+
+    fn moe_log(&self) -> Result<Vec<MoeLayerStats>> {
+        Ok(Vec::new())
+    }
+
+    fn moe_ffn(&self, x: &HostTensor, w: &CpuMoeWeights, routing: MoeRouting, select: MoeSelect, acc: &mut HostTensor, log: &mut Vec<MoeLayerStats>) -> Result<()> {
+        log.push(self.moe_ffn_impl(x, w, routing, select, acc)?);
+        Ok(())
+    }
+
+    fn read_moe_log(&self, log: &mut Vec<MoeLayerStats>) -> Result<Vec<MoeLayerStats>> {
+        Ok(std::mem::take(log))
+    }
+
+    fn moe_time_variant(&self, w: &CpuMoeWeights, variant: usize, histogram: &[u32]) -> Result<Duration> {
+        self.moe_time_variant_impl(w, variant, histogram)
     }
 }

@@ -47,7 +47,7 @@ pub fn tiled_block_m(m: usize) -> usize {
 }
 
 pub use device::{
-    device_count, CudaBackend, CudaBatch, CudaKvCache, CudaMatrix, CudaMoeStats, CudaMoeWeights, CudaOptions, CudaTensor, CudaVector,
+    device_count, CudaBackend, CudaBatch, CudaKvCache, CudaMatrix, CudaMoeLayer, CudaMoeLog, CudaMoeStats, CudaMoeWeights, CudaOptions, CudaTensor, CudaVector,
     DeviceInfo, KernelLoadReport,
 };
 pub use libs::{cublas_present, driver_present, nvrtc_present};

@@ -125,6 +125,69 @@ pub fn fit_padding_threshold(samples: &[ThresholdSample]) -> f32 {
     best as f32
 }
 
+// ---- the `Backend` MoE ops on the GPU pipeline (CudaBackend and its twin) ----
+
+/// The GPU's grouped-GEMM variants, in [`crate::Backend::moe_variants`] order: index 0 is
+/// BLOCK_M 128, index 1 BLOCK_M 64 (the kernel's `force` argument is the tile's rows).
+pub fn gpu_variants() -> Vec<crate::moe::MoeVariant> {
+    vec![
+        crate::moe::MoeVariant { name: "bm128", tile_rows: 128, padded: true, description: "grouped tensor-core GEMM, BLOCK_M 128 (moe_gemm.cu)" },
+        crate::moe::MoeVariant { name: "bm64", tile_rows: 64, padded: true, description: "grouped tensor-core GEMM, BLOCK_M 64 (moe_gemm.cu)" },
+    ]
+}
+
+/// The GPU cost model before calibration: the reference system's padding-ratio rule.
+pub fn gpu_default_cost() -> crate::moe::MoeCostModel {
+    let mut m = crate::moe::MoeCostModel::padding_ratio_rule("bm128", "bm64", DEFAULT_PADDING_THRESHOLD as f64);
+    m.origin = "default".into();
+    m
+}
+
+/// What the device-side selector (moe_select.cu) runs for a [`crate::MoeSelect`]: a fixed tile,
+/// or the padding-ratio rule with the model's threshold. The selector never leaves the device,
+/// so it evaluates that one rule only; any other cost model is refused with the reason.
+pub fn tile_policy(select: crate::MoeSelect) -> Result<TilePolicy> {
+    match select {
+        crate::MoeSelect::Fixed(0) => Ok(TilePolicy::Fixed(BlockM::M128)),
+        crate::MoeSelect::Fixed(1) => Ok(TilePolicy::Fixed(BlockM::M64)),
+        crate::MoeSelect::Fixed(v) => Err(KernelError::Shape(format!("moe variant {v} of 2 (bm128, bm64)"))),
+        crate::MoeSelect::Auto(m) => match m.padding_threshold("bm128", "bm64") {
+            Some(t) if t.is_finite() && t > 0.0 => Ok(TilePolicy::Auto { threshold: t as f32 }),
+            _ => Err(KernelError::Unsupported(format!(
+                "the GPU selects the MoE tile on the device by the padding-ratio rule only (bm128 costed by padded rows, bm64 by real rows × threshold); this cost model ({}) is not one",
+                m.origin
+            ))),
+        },
+    }
+}
+
+/// Routing settings of the `Backend` API in the pipeline's form.
+pub fn pipeline_routing(r: crate::moe::MoeRouting) -> MoeRouting {
+    MoeRouting { top_k: r.top_k, renormalize: r.norm_topk_prob }
+}
+
+/// The record of one MoE call from the selector's statistics and the histogram.
+pub fn layer_stats(tokens: usize, choice: TileChoice, counts: &[u32]) -> crate::moe::MoeLayerStats {
+    let variant = if choice.block_m == 64 { 1 } else { 0 };
+    crate::moe::MoeLayerStats {
+        variant,
+        tokens: tokens as u32,
+        rows: choice.real_rows,
+        padded_rows: if choice.block_m == 64 { choice.padded64 } else { choice.padded128 },
+        active_experts: counts.iter().filter(|&&n| n > 0).count() as u32,
+        max_expert_rows: counts.iter().copied().max().unwrap_or(0),
+    }
+}
+
+/// The refusal for what the GPU pipeline does not run yet: qwen2_moe's shared expert needs a
+/// sigmoid-gated residual add that no kernel in kernels/cuda/ implements.
+pub fn no_shared_expert() -> KernelError {
+    KernelError::Unsupported("MoE with a shared expert (qwen2_moe) is not implemented on the CUDA backend yet; run it with --device cpu".into())
+}
+
+/// Token counts the GPU calibration times (small counts give high padding ratios).
+pub const CALIBRATION_TOKENS: [usize; 12] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,5 +211,27 @@ mod tests {
         assert_eq!(fit_padding_threshold(&[]), DEFAULT_PADDING_THRESHOLD);
         // Indifferent timings keep the default.
         assert_eq!(fit_padding_threshold(&[s(1.2, 1.0, 1.0), s(3.0, 1.0, 1.0)]), DEFAULT_PADDING_THRESHOLD);
+    }
+
+    #[test]
+    fn backend_selections_map_to_device_tile_policies() {
+        let vs = gpu_variants();
+        let rule = gpu_default_cost();
+        rule.validate(&vs).unwrap();
+        assert_eq!(tile_policy(crate::MoeSelect::Auto(&rule)).unwrap(), TilePolicy::Auto { threshold: 1.5 });
+        assert_eq!(tile_policy(crate::MoeSelect::Fixed(0)).unwrap(), TilePolicy::Fixed(BlockM::M128));
+        assert_eq!(tile_policy(crate::MoeSelect::Fixed(1)).unwrap(), TilePolicy::Fixed(BlockM::M64));
+        assert!(tile_policy(crate::MoeSelect::Fixed(2)).is_err());
+        // A fitted threshold flows through; a per-expert table model is refused with the reason.
+        let fitted = crate::moe::MoeCostModel::padding_ratio_rule("bm128", "bm64", 2.25);
+        assert_eq!(tile_policy(crate::MoeSelect::Auto(&fitted)).unwrap(), TilePolicy::Auto { threshold: 2.25 });
+        let mut table = rule.clone();
+        table.variants[1].per_expert = vec![1.0, 2.0];
+        assert!(tile_policy(crate::MoeSelect::Auto(&table)).unwrap_err().to_string().contains("padding-ratio rule"));
+        // The host-side selector of the same rule agrees with the device rule's definition.
+        assert_eq!(vs[rule.select(&[30; 10], &vs)].name, "bm64");
+        assert_eq!(vs[rule.select(&[100; 10], &vs)].name, "bm128");
+        let st = layer_stats(5, TileChoice { real_rows: 10, padded64: 128, padded128: 256, block_m: 64 }, &[0, 4, 6, 0]);
+        assert_eq!((st.variant, st.padded_rows, st.active_experts, st.max_expert_rows), (1, 128, 2, 6));
     }
 }

@@ -161,6 +161,9 @@ impl<B: Backend> Runner<B> {
                 }
             };
             let secs = t.elapsed().as_secs_f64();
+            if self.model.config.moe.is_some() {
+                self.state.moe.record_pass(&self.scratch_tensors.moe.pass, secs);
+            }
             self.state.add(&self.state.forward_passes, 1);
             self.state.add(&self.state.tokens_computed, rows as u64);
             self.state.observe_pass(rows as u64, secs);

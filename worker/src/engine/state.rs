@@ -34,6 +34,8 @@ pub struct EngineState {
     pub runner_idle_ns: AtomicU64,
     tokens_per_second_bits: AtomicU64,
     pub load_error: Mutex<Option<String>>,
+    /// MoE layer figures (set up only for MoE models).
+    pub moe: super::moe_stats::MoeMonitor,
 }
 
 impl EngineState {

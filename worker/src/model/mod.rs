@@ -10,6 +10,7 @@ pub mod gguf;
 pub mod head;
 pub mod layers;
 pub mod loader;
+pub mod moe;
 pub mod safetensors;
 pub mod source;
 pub mod testgen;
@@ -18,7 +19,9 @@ pub(crate) mod test_assets;
 #[cfg(test)]
 pub(crate) mod tests;
 
-use sieve_kernels::{AttnSeq, Backend, BatchLayout};
+use std::time::Instant;
+
+use sieve_kernels::{AttnSeq, Backend, BatchLayout, MoeSelect};
 
 pub use config::{Arch, ModelConfig, MoeConfig};
 pub use gguf::GgufFile;
@@ -26,19 +29,30 @@ pub use head::{HeadKind, ScoreHead};
 pub use safetensors::HfCheckpoint;
 pub use source::{HostWeight, WeightSource};
 use layers::{load_norm, Attention, Mlp};
+pub use moe::{MoeFfn, MoePassStats, MoePolicy, MoeRun};
 
 use crate::{Result, WorkerError};
 
 /// The feed-forward half of a decoder layer.
 pub enum Ffn<B: Backend> {
     Dense(Mlp<B>),
+    Moe(MoeFfn<B>),
 }
 
 impl<B: Backend> Ffn<B> {
     /// `acc += ffn(x)`.
-    fn forward_add(&self, backend: &B, x: &B::Tensor, acc: &mut B::Tensor, scratch: &mut layers::MlpScratch<B>) -> Result<()> {
+    fn forward_add(&self, backend: &B, x: &B::Tensor, acc: &mut B::Tensor, scratch: &mut layers::MlpScratch<B>, moe: &mut MoeRun<B>, select: MoeSelect) -> Result<()> {
         match self {
             Ffn::Dense(mlp) => mlp.forward_add(backend, x, acc, scratch),
+            Ffn::Moe(m) => {
+                if moe.capture_inputs {
+                    moe.captured.push(backend.to_host(x)?);
+                }
+                let t = Instant::now();
+                backend.moe_ffn(x, &m.weights, m.routing, select, acc, &mut moe.log)?;
+                moe.pass.moe_time += t.elapsed();
+                Ok(())
+            }
         }
     }
 }
@@ -61,6 +75,8 @@ pub struct Scratch<B: Backend> {
     last_attn: B::Tensor,
     last_x: B::Tensor,
     out: B::Tensor,
+    /// The MoE log and what the last pass's MoE layers did.
+    pub moe: MoeRun<B>,
 }
 
 impl<B: Backend> Scratch<B> {
@@ -75,6 +91,7 @@ impl<B: Backend> Scratch<B> {
             last_attn: t()?,
             last_x: t()?,
             out: t()?,
+            moe: MoeRun::new(backend)?,
         })
     }
 }
@@ -98,6 +115,8 @@ pub struct Model<B: Backend> {
     pub head: ScoreHead<B>,
     /// Untied LM head, kept only when full logits are wanted (tests, generation).
     lm_head: Option<B::Weight>,
+    /// How MoE layers choose their grouped-GEMM variant (unused by dense models).
+    moe_policy: MoePolicy,
 }
 
 impl<B: Backend> Model<B> {
@@ -113,9 +132,7 @@ impl<B: Backend> Model<B> {
         for i in 0..config.n_layers {
             let p = format!("model.layers.{i}");
             let ffn = match &config.moe {
-                Some(m) if m.is_sparse_layer(i) => {
-                    return Err(WorkerError::Unsupported(format!("{} MoE layers are not supported yet", config.arch.name())))
-                }
+                Some(m) if m.is_sparse_layer(i) => Ffn::Moe(MoeFfn::load(backend, src, h, m, &format!("{p}.mlp"))?),
                 _ => Ffn::Dense(Mlp::load(backend, src, h, config.intermediate, &format!("{p}.mlp"))?),
             };
             decoder.push(DecoderLayer {
@@ -138,7 +155,37 @@ impl<B: Backend> Model<B> {
         } else {
             None
         };
-        Ok(Model { config, embed, layers: decoder, final_norm, head, lm_head })
+        let moe_policy = match &config.moe {
+            Some(m) => MoePolicy::Auto(backend.moe_default_cost(h, m.expert_intermediate)),
+            None => MoePolicy::Fixed(0),
+        };
+        Ok(Model { config, embed, layers: decoder, final_norm, head, lm_head, moe_policy })
+    }
+
+    /// The MoE layers, in order.
+    pub fn moe_layers(&self) -> impl Iterator<Item = &MoeFfn<B>> {
+        self.layers.iter().filter_map(|l| match &l.ffn {
+            Ffn::Moe(m) => Some(m),
+            Ffn::Dense(_) => None,
+        })
+    }
+
+    pub fn moe_policy(&self) -> &MoePolicy {
+        &self.moe_policy
+    }
+
+    /// Sets how the MoE layers choose their variant, checked against the backend's variants.
+    pub fn set_moe_policy(&mut self, backend: &B, policy: MoePolicy) -> Result<()> {
+        let variants = backend.moe_variants();
+        match &policy {
+            MoePolicy::Fixed(v) if *v >= variants.len() => {
+                return Err(WorkerError::Config(format!("moe variant {v} of {}", variants.len())))
+            }
+            MoePolicy::Fixed(_) => {}
+            MoePolicy::Auto(m) => m.validate(&variants)?,
+        }
+        self.moe_policy = policy;
+        Ok(())
     }
 
     /// Runs the decoder over a varlen batch and returns the final-normed hidden states of
@@ -147,6 +194,8 @@ impl<B: Backend> Model<B> {
     ///
     /// When every out row is the last query row of its sequence (scoring), the last layer's
     /// attention, output projection and MLP run for those rows only.
+    ///
+    /// What the MoE layers did (variant, rows, time) is in `scratch.moe.pass` afterwards.
     pub fn forward<'s>(
         &self,
         backend: &B,
@@ -156,6 +205,26 @@ impl<B: Backend> Model<B> {
         hook: Option<LayerHook>,
         scratch: &'s mut Scratch<B>,
     ) -> Result<&'s B::Tensor> {
+        scratch.moe.pass.moe_time = std::time::Duration::ZERO;
+        scratch.moe.captured.clear();
+        let result = self.forward_layers(backend, layout, cache, out_rows, hook, scratch);
+        if self.config.moe.is_some() {
+            // The one read-back of the MoE log per pass (drained after a failed pass too).
+            scratch.moe.pass.layers = backend.read_moe_log(&mut scratch.moe.log)?;
+        }
+        result?;
+        Ok(&scratch.out)
+    }
+
+    fn forward_layers(
+        &self,
+        backend: &B,
+        layout: &BatchLayout,
+        cache: &mut B::KvCache,
+        out_rows: &[u32],
+        hook: Option<LayerHook>,
+        scratch: &mut Scratch<B>,
+    ) -> Result<()> {
         let rows = layout.num_rows();
         let h = self.config.hidden;
         let batch = backend.prepare_batch(layout, cache)?;
@@ -166,7 +235,8 @@ impl<B: Backend> Model<B> {
         };
         let ql = self.config.qkv_layout();
         let eps = self.config.rms_eps;
-        let Scratch { x, xn, qkv, attn, mlp, last_attn, last_x, out } = scratch;
+        let Scratch { x, xn, qkv, attn, mlp, last_attn, last_x, out, moe } = scratch;
+        let select = self.moe_policy.select();
         backend.reshape_scratch(x, rows, h)?;
         backend.embed(&self.embed, &batch, x)?;
         backend.reshape_scratch(xn, rows, h)?;
@@ -194,21 +264,21 @@ impl<B: Backend> Model<B> {
                 backend.matmul_add(last_attn, &a.o, last_x)?;
                 backend.reshape_scratch(out, n, h)?;
                 backend.rms_norm(last_x, &layer.post_attn_norm, eps, out)?;
-                layer.ffn.forward_add(backend, out, last_x, mlp)?;
+                layer.ffn.forward_add(backend, out, last_x, mlp, moe, select)?;
                 backend.rms_norm(last_x, &self.final_norm, eps, out)?;
-                return Ok(out);
+                return Ok(());
             }
             backend.attention(qkv, ql, cache, i, &batch, attn)?;
             backend.matmul_add(attn, &a.o, x)?;
             backend.rms_norm(x, &layer.post_attn_norm, eps, xn)?;
-            layer.ffn.forward_add(backend, xn, x, mlp)?;
+            layer.ffn.forward_add(backend, xn, x, mlp, moe, select)?;
         }
         let n = out_rows.len();
         backend.reshape_scratch(last_x, n, h)?;
         backend.gather_rows(x, out_rows, last_x)?;
         backend.reshape_scratch(out, n, h)?;
         backend.rms_norm(last_x, &self.final_norm, eps, out)?;
-        Ok(out)
+        Ok(())
     }
 
     /// Full-vocabulary logits of final-normed hidden rows (tests and generation only).

@@ -68,12 +68,51 @@ pub(crate) fn random_source(c: &ModelConfig, seed: u64) -> MemorySource {
         for n in ["input_layernorm", "post_attention_layernorm"] {
             s.insert(format!("{p}.{n}.weight"), r.vec(h, 0.2).iter().map(|x| 1.0 + x).collect(), vec![h]);
         }
-        let im = c.intermediate;
-        s.insert(format!("{p}.mlp.gate_proj.weight"), r.vec(im * h, sc), vec![im, h]);
-        s.insert(format!("{p}.mlp.up_proj.weight"), r.vec(im * h, sc), vec![im, h]);
-        s.insert(format!("{p}.mlp.down_proj.weight"), r.vec(h * im, 1.0 / (im as f32).sqrt()), vec![h, im]);
+        match &c.moe {
+            Some(m) if m.is_sparse_layer(i) => {
+                let (e, im) = (m.num_experts, m.expert_intermediate);
+                s.insert(format!("{p}.mlp.gate.weight"), r.vec(e * h, 2.0 * sc), vec![e, h]);
+                for x in 0..e {
+                    s.insert(format!("{p}.mlp.experts.{x}.gate_proj.weight"), r.vec(im * h, sc), vec![im, h]);
+                    s.insert(format!("{p}.mlp.experts.{x}.up_proj.weight"), r.vec(im * h, sc), vec![im, h]);
+                    s.insert(format!("{p}.mlp.experts.{x}.down_proj.weight"), r.vec(h * im, 1.0 / (im as f32).sqrt()), vec![h, im]);
+                }
+                if m.shared_expert_intermediate > 0 {
+                    let si = m.shared_expert_intermediate;
+                    s.insert(format!("{p}.mlp.shared_expert.gate_proj.weight"), r.vec(si * h, sc), vec![si, h]);
+                    s.insert(format!("{p}.mlp.shared_expert.up_proj.weight"), r.vec(si * h, sc), vec![si, h]);
+                    s.insert(format!("{p}.mlp.shared_expert.down_proj.weight"), r.vec(h * si, 1.0 / (si as f32).sqrt()), vec![h, si]);
+                    s.insert(format!("{p}.mlp.shared_expert_gate.weight"), r.vec(h, sc), vec![1, h]);
+                }
+            }
+            _ => {
+                let im = c.intermediate;
+                s.insert(format!("{p}.mlp.gate_proj.weight"), r.vec(im * h, sc), vec![im, h]);
+                s.insert(format!("{p}.mlp.up_proj.weight"), r.vec(im * h, sc), vec![im, h]);
+                s.insert(format!("{p}.mlp.down_proj.weight"), r.vec(h * im, 1.0 / (im as f32).sqrt()), vec![h, im]);
+            }
+        }
     }
     s
+}
+
+/// A tiny MoE config: 3 layers, the middle one dense (`mlp_only_layers`), 12 experts.
+pub(crate) fn tiny_moe_config(arch: Arch) -> ModelConfig {
+    let base = if arch == Arch::Qwen3Moe { Arch::Qwen3 } else { Arch::Qwen2 };
+    ModelConfig {
+        arch,
+        n_layers: 3,
+        moe: Some(MoeConfig {
+            num_experts: 12,
+            top_k: if arch == Arch::Qwen3Moe { 4 } else { 2 },
+            expert_intermediate: 40,
+            norm_topk_prob: arch == Arch::Qwen3Moe,
+            shared_expert_intermediate: if arch == Arch::Qwen2Moe { 56 } else { 0 },
+            dense_layers: vec![1],
+            sparse_step: 1,
+        }),
+        ..tiny_config(base)
+    }
 }
 
 fn tokens(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
@@ -152,6 +191,70 @@ fn prefix_sharing_and_batching_do_not_change_scores() {
 }
 
 #[test]
+fn moe_scores_do_not_depend_on_batch_prefix_sharing_or_variant() {
+    use sieve_kernels::CpuBackend;
+    let cpu = CpuBackend::new(2).unwrap();
+    let r = ReferenceBackend;
+    for arch in [Arch::Qwen3Moe, Arch::Qwen2Moe] {
+        let c = tiny_moe_config(arch);
+        let src = random_source(&c, 11);
+        let mut m = Model::load(&cpu, &src, c.clone(), HeadSpec::YesNo { yes: 5, no: 9 }, false).unwrap();
+        assert_eq!(m.moe_layers().count(), 2, "layer 1 is dense (mlp_only_layers)");
+        let oracle = Model::load(&r, &src, c.clone(), HeadSpec::YesNo { yes: 5, no: 9 }, false).unwrap();
+        let prefix = 5;
+        let base = tokens(3, prefix, c.vocab);
+        let prompts: Vec<Vec<u32>> = (0..6).map(|i| base.iter().copied().chain(tokens(50 + i as u64, 2 + 5 * i, c.vocab)).collect()).collect();
+        let want = scores_alone(&r, &oracle, &prompts);
+        let mut policies = vec![m.moe_policy().clone()];
+        policies.extend((0..cpu.moe_variants().len()).map(MoePolicy::Fixed));
+        let mut first: Option<Vec<f32>> = None;
+        for policy in policies {
+            m.set_moe_policy(&cpu, policy.clone()).unwrap();
+            let alone = scores_alone(&cpu, &m, &prompts);
+            let shared = scores_shared(&cpu, &m, &prompts, prefix, 4);
+            let mut rev = prompts.clone();
+            rev.reverse();
+            let mut shared_rev = scores_shared(&cpu, &m, &rev, prefix, 4);
+            shared_rev.reverse();
+            assert_eq!(alone, shared, "{arch:?} {policy:?}: prefix sharing");
+            assert_eq!(alone, shared_rev, "{arch:?} {policy:?}: batch order");
+            match &first {
+                None => first = Some(alone.clone()),
+                Some(f) => assert_eq!(f, &alone, "{arch:?}: {policy:?} changes a score"),
+            }
+            for (a, w) in alone.iter().zip(&want) {
+                assert!((a - w).abs() <= 1e-4 * w.abs().max(1.0), "{arch:?} {policy:?}: cpu {a} vs reference {w}");
+            }
+        }
+        // The MoE record of the last pass: one entry per MoE layer.
+        let mut scratch = Scratch::new(&cpu).unwrap();
+        let mut cache = cpu.kv_cache(c.n_layers, 64, c.n_kv_heads, c.head_dim).unwrap();
+        let mut lb = LayoutBuilder::new();
+        let row = lb.push(&prompts[2], &(0..prompts[2].len() as u32).collect::<Vec<_>>()).unwrap();
+        m.forward(&cpu, &lb.finish(), &mut cache, &[row], None, &mut scratch).unwrap();
+        let layers = &scratch.moe.pass.layers;
+        assert_eq!(layers.len(), 2);
+        let k = c.moe.as_ref().unwrap().top_k as u64;
+        assert_eq!(layers[0].rows, prompts[2].len() as u64 * k);
+        assert_eq!(layers[1].rows, k, "the last layer runs the scored row only");
+        assert!(scratch.moe.pass.moe_time > std::time::Duration::ZERO);
+    }
+}
+
+#[test]
+fn moe_policies_are_checked_against_the_backend() {
+    use sieve_kernels::CpuBackend;
+    let cpu = CpuBackend::new(1).unwrap();
+    let c = tiny_moe_config(Arch::Qwen3Moe);
+    let mut m = Model::load(&cpu, &random_source(&c, 3), c, HeadSpec::YesNo { yes: 5, no: 9 }, false).unwrap();
+    assert!(m.set_moe_policy(&cpu, MoePolicy::Fixed(99)).is_err());
+    let rule = sieve_kernels::MoeCostModel::padding_ratio_rule("bm128", "bm64", 1.5);
+    assert!(m.set_moe_policy(&cpu, MoePolicy::Auto(rule)).unwrap_err().to_string().contains("bm128"));
+    assert!(MoePolicy::fixed_by_name(&cpu, "padded64").is_ok());
+    assert!(MoePolicy::fixed_by_name(&cpu, "tile99").unwrap_err().to_string().contains("grouped"));
+}
+
+#[test]
 fn a_two_label_classifier_head_folds_like_yes_no() {
     // score.weight = [W[no], W[yes]] must give exactly the yes/no head's logit.
     let b = ReferenceBackend;
@@ -174,4 +277,59 @@ fn a_two_label_classifier_head_folds_like_yes_no() {
     src.insert("score.weight", vec![0.5; 3 * h], vec![3, h]);
     let err = Model::load(&b, &src, c, HeadSpec::Classifier, false).err().unwrap();
     assert!(err.to_string().contains("3 labels"), "{err}");
+}
+
+#[test]
+fn moe_model_on_the_cuda_pipeline_twin_matches_the_cpu_backend() {
+    // The GPU MoE path (router projection, device-side tile selection by the padding-ratio rule,
+    // permutation, grouped bf16 GEMMs, un-permute into the residual) as `TwinBackend` runs it:
+    // the same launches `CudaBackend::moe_ffn` makes, on the kernels' CPU twins.
+    use sieve_kernels::cuda::twin::TwinBackend;
+    use sieve_kernels::CpuBackend;
+    // `scores_alone` gives the logit l_yes − l_no; bf16 weights (and bf16 expert activations)
+    // move it by at most 0.05 + 2% of its size here.
+    let tol = |w: f32| 0.05 + 0.02 * w.abs();
+    let (cpu, twin) = (CpuBackend::new(2).unwrap(), TwinBackend::tiled());
+    let c = tiny_moe_config(Arch::Qwen3Moe);
+    let src = random_source(&c, 11);
+    let head = HeadSpec::YesNo { yes: 5, no: 9 };
+    let on_cpu = Model::load(&cpu, &src, c.clone(), head.clone(), false).unwrap();
+    let mut on_twin = Model::load(&twin, &src, c.clone(), head.clone(), false).unwrap();
+    assert!(matches!(on_twin.moe_policy(), MoePolicy::Auto(m) if m.padding_threshold("bm128", "bm64") == Some(1.5)));
+    let prompts: Vec<Vec<u32>> = (0..5).map(|i| tokens(70 + i as u64, 3 + 7 * i, c.vocab)).collect();
+    let want = scores_alone(&cpu, &on_cpu, &prompts);
+    assert!(want.iter().any(|&s| (s - want[0]).abs() > 0.5), "logits do not vary: {want:?}");
+    for policy in [on_twin.moe_policy().clone(), MoePolicy::Fixed(0), MoePolicy::Fixed(1)] {
+        on_twin.set_moe_policy(&twin, policy.clone()).unwrap();
+        let got = scores_alone(&twin, &on_twin, &prompts);
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() <= tol(*w), "{policy:?}: twin {g} vs cpu {w}");
+        }
+    }
+    // The record: at a handful of rows per expert the rule picks BLOCK_M 64 (index 1).
+    let mut scratch = Scratch::new(&twin).unwrap();
+    let mut cache = twin.kv_cache(c.n_layers, 64, c.n_kv_heads, c.head_dim).unwrap();
+    on_twin.set_moe_policy(&twin, MoePolicy::Auto(twin.moe_default_cost(c.hidden, 40))).unwrap();
+    let mut lb = LayoutBuilder::new();
+    let row = lb.push(&prompts[4], &(0..prompts[4].len() as u32).collect::<Vec<_>>()).unwrap();
+    on_twin.forward(&twin, &lb.finish(), &mut cache, &[row], None, &mut scratch).unwrap();
+    let first = scratch.moe.pass.layers[0];
+    assert_eq!(first.rows, prompts[4].len() as u64 * 4);
+    assert_eq!(first.variant, 1, "{first:?}");
+    assert!(first.padded_rows >= first.rows && first.active_experts > 0 && first.max_expert_rows > 0);
+    // A calibrated per-expert table cannot run on the device selector: refused with the reason.
+    let table = sieve_kernels::MoeCostModel {
+        variants: vec![sieve_kernels::VariantCost { variant: "bm64".into(), per_call: 0.0, per_expert: vec![1.0], per_row: 0.0, per_padded_row: 0.0 }],
+        origin: "test".into(),
+        tie_margin: 0.0,
+    };
+    on_twin.set_moe_policy(&twin, MoePolicy::Auto(table)).unwrap();
+    let mut lb = LayoutBuilder::new();
+    let row = lb.push(&prompts[0], &(0..prompts[0].len() as u32).collect::<Vec<_>>()).unwrap();
+    let err = on_twin.forward(&twin, &lb.finish(), &mut cache, &[row], None, &mut scratch).err().unwrap();
+    assert!(err.to_string().contains("padding-ratio rule"), "{err}");
+    // qwen2_moe's shared expert has no GPU kernel yet: a clear load error, not a panic.
+    let c2 = tiny_moe_config(Arch::Qwen2Moe);
+    let err = Model::load(&twin, &random_source(&c2, 3), c2, head, false).err().unwrap();
+    assert!(err.to_string().contains("shared expert"), "{err}");
 }

@@ -88,6 +88,9 @@ pub fn stats(app: &AppState) -> WorkerStats {
         );
     }
     s.extra.insert("pipeline".into(), serde_json::to_value(st.pipeline()).unwrap_or_default());
+    if let Some(moe) = st.moe.snapshot() {
+        s.extra.insert("moe".into(), moe);
+    }
     s
 }
 

@@ -230,3 +230,61 @@ fn admin_reports_loading_then_ready_and_stats() {
     assert_eq!(http(s.admin, "GET", "/ready", b"", "").1["reason"], json!("draining"));
     assert_eq!(post(s.api, "/v1/score", &good()).0, 503);
 }
+
+#[test]
+fn stats_show_the_moe_section_of_a_moe_model() {
+    use crate::config::MoeSection;
+    use crate::model::tests::tiny_moe_config;
+    use sieve_kernels::CpuBackend;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let app = Arc::new(AppState::new(limits(), "cpu".into(), None));
+    let c = tiny_moe_config(Arch::Qwen2Moe);
+    let backend = CpuBackend::new(2).unwrap();
+    let mut model = Model::load(&backend, &random_source(&c, 5), c.clone(), HeadSpec::YesNo { yes: 3, no: 4 }, false).unwrap();
+    let dir = crate::model::test_assets::TempDir::new("moe-stats");
+    let moe_cfg = MoeSection { policy: "padding_ratio".into(), ..Default::default() };
+    let setup = crate::moe_setup::configure(&backend, &mut model, "tiny-moe", &moe_cfg, dir.path()).unwrap().unwrap();
+    app.state.moe.init(setup);
+    let encoder: Arc<dyn TextEncoder> = Arc::new(ModEncoder(c.vocab as u32));
+    let t = PromptTemplate { prefix: "<s>sys\n".into(), suffix: "<s>".into(), ..PromptTemplate::default() };
+    let builder = PromptBuilder::new(t, encoder.as_ref()).unwrap();
+    let e = EngineHandle::start(EngineParts { backend, model, encoder, builder }, engine_cfg(), app.state.clone()).unwrap();
+    let _ = app.engine.set(e);
+    let admin = rt.block_on(async {
+        let (l, a) = bind("127.0.0.1", 0).await.unwrap();
+        let st = app.clone();
+        tokio::spawn(serve(l, move |r| admin::handle(st.clone(), r)));
+        a
+    });
+    let s = Server { api: admin, admin, app, _rt: rt };
+    let (_, before) = http(s.admin, "GET", "/stats", b"", "");
+    assert_eq!(before["moe"]["policy"], "padding_ratio");
+    assert_eq!(before["moe"]["passes"], 0);
+    assert_eq!(before["moe"]["thresholds"][0]["variant"], "padded64");
+    // Score through the engine directly (the API port is not needed here).
+    let engine = s.app.engine.get().unwrap().clone();
+    let rx = engine
+        .submit(crate::engine::Submission {
+            query: "red shoes".into(),
+            items: vec!["red leather shoes".into(), "blue hat".into()],
+            instruction: None,
+            arrived: std::time::Instant::now(),
+            deadline: None,
+            cancel: Default::default(),
+        })
+        .unwrap();
+    rx.blocking_recv().unwrap().unwrap();
+    let (code, st) = http(s.admin, "GET", "/stats", b"", "");
+    assert_eq!(code, 200);
+    let moe = &st["moe"];
+    let passes = moe["passes"].as_u64().unwrap();
+    assert!(passes >= 1, "{moe}");
+    // 2 MoE layers per pass; every call ran one of the two padded variants.
+    assert_eq!(moe["layer_calls"].as_u64().unwrap(), 2 * passes);
+    let sel = moe["selections"].as_object().unwrap();
+    assert_eq!(sel["padded64"].as_u64().unwrap() + sel["padded128"].as_u64().unwrap(), 2 * passes, "{moe}");
+    assert!(moe["rows_padded"].as_u64().unwrap() > moe["rows_real"].as_u64().unwrap());
+    assert!(moe["time_share"].as_f64().unwrap() > 0.0 && moe["time_share"].as_f64().unwrap() < 1.0);
+    assert_eq!(moe["last_pass"].as_array().unwrap().len(), 2);
+    engine.shutdown();
+}

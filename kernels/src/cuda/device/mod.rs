@@ -30,7 +30,7 @@ use crate::backend::{KernelError, Result};
 
 pub use kernels::KernelLoadReport;
 pub use memory::{CudaBatch, CudaKvCache, CudaMatrix, CudaTensor, CudaVector};
-pub use moe::{CudaMoeStats, CudaMoeWeights};
+pub use moe::{CudaMoeLayer, CudaMoeLog, CudaMoeStats, CudaMoeWeights};
 
 /// Where the CUDA backend finds its libraries and keeps its compiled kernels.
 #[derive(Debug, Clone, PartialEq, Eq)]

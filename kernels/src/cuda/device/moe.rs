@@ -10,7 +10,11 @@ use super::memory::{alloc, CudaTensor};
 use super::ops::{grid_stride, to_bf16_par};
 use super::{driver_err, CudaBackend};
 use crate::backend::{Backend, KernelError, Result};
-use crate::cuda::moe::{check_moe, fit_padding_threshold, BlockM, MoeDims, MoeRouting, ThresholdSample, TileChoice, TilePolicy};
+use crate::cuda::moe::{
+    check_moe, fit_padding_threshold, layer_stats, no_shared_expert, pipeline_routing, tile_policy, BlockM, MoeDims, MoeRouting, ThresholdSample, TileChoice, TilePolicy,
+    CALIBRATION_TOKENS,
+};
+use crate::moe::{AutotuneReport, MoeCostModel, MoeLayerHost, MoeLayerStats, MoeSelect};
 use crate::cuda::sources::consts::*;
 use crate::cuda::twin::{max_tiles, n_chunks};
 
@@ -26,12 +30,20 @@ pub struct CudaMoeWeights {
 /// stream (do it after the forward pass, for metrics).
 pub struct CudaMoeStats {
     stats: CudaSlice<u32>,
+    /// The token-per-expert histogram.
+    counts: CudaSlice<u32>,
+    n_experts: usize,
 }
 
 impl CudaMoeStats {
     pub fn read(&self, backend: &CudaBackend) -> Result<TileChoice> {
         let s: Vec<u32> = backend.lock_staging().download(&backend.stream, &self.stats, 4)?;
         Ok(TileChoice { real_rows: s[0] as u64, padded64: s[1] as u64, padded128: s[2] as u64, block_m: s[3] })
+    }
+
+    /// The histogram (rows per expert) the selector saw.
+    pub fn read_counts(&self, backend: &CudaBackend) -> Result<Vec<u32>> {
+        backend.lock_staging().download(&backend.stream, &self.counts, self.n_experts)
     }
 }
 
@@ -40,7 +52,7 @@ fn launch_cfg(grid: (u32, u32), block: u32, smem: usize) -> LaunchConfig {
 }
 
 impl CudaBackend {
-    pub fn moe_weights(&self, dims: MoeDims, gate_up: &[f32], down: &[f32]) -> Result<CudaMoeWeights> {
+    pub fn moe_expert_weights(&self, dims: MoeDims, gate_up: &[f32], down: &[f32]) -> Result<CudaMoeWeights> {
         let MoeDims { hidden, inter, n_experts } = dims;
         if gate_up.len() != n_experts * 2 * inter * hidden || down.len() != n_experts * hidden * inter {
             return Err(KernelError::Shape(format!("MoE weights: gate_up {} and down {} values for {dims:?}", gate_up.len(), down.len())));
@@ -71,10 +83,11 @@ impl CudaBackend {
         }
         let s = &self.stream;
         let stats = alloc::<u32>(s, 4)?;
+        let mut counts = alloc::<u32>(s, n_experts)?;
         let k = routing.top_k;
         let n_assign = tokens * k;
         if n_assign == 0 {
-            return Ok(CudaMoeStats { stats });
+            return Ok(CudaMoeStats { stats, counts, n_experts });
         }
         let chunks = n_chunks(n_assign);
         let (max64, max128) = (max_tiles(n_assign, n_experts, 64), max_tiles(n_assign, n_experts, 128));
@@ -82,7 +95,6 @@ impl CudaBackend {
         let mut weights = alloc::<f32>(s, n_assign)?;
         let mut chunk_counts = alloc::<u32>(s, chunks * n_experts)?;
         let mut chunk_base = alloc::<u32>(s, chunks * n_experts)?;
-        let mut counts = alloc::<u32>(s, n_experts)?;
         let mut offsets = alloc::<u32>(s, n_experts + 1)?;
         let mut tiles64 = alloc::<u32>(s, 2 * max64)?;
         let mut tiles128 = alloc::<u32>(s, 2 * max128)?;
@@ -193,7 +205,7 @@ impl CudaBackend {
                 .launch(launch_cfg((tokens as u32, 1), PERM_UNPERM_THREADS, 0))
         }
         .map_err(driver_err("moe_unpermute"))?;
-        Ok(CudaMoeStats { stats })
+        Ok(CudaMoeStats { stats, counts, n_experts })
     }
 }
 
@@ -236,5 +248,84 @@ impl CudaBackend {
             samples.push(ThresholdSample { ratio: choice.padded128 as f64 / choice.real_rows.max(1) as f64, ms64, ms128 });
         }
         Ok((fit_padding_threshold(&samples), samples))
+    }
+}
+
+// ---- the `Backend` MoE ops (see `ops.rs`) ----
+
+/// One MoE layer for [`crate::Backend::moe_ffn`]: the router as a bf16 projection and the
+/// experts. (No shared expert: see [`no_shared_expert`].)
+pub struct CudaMoeLayer {
+    pub(crate) router: super::memory::CudaMatrix,
+    pub(crate) experts: CudaMoeWeights,
+}
+
+/// The per-call records of a forward pass, still on the device: read once, after the pass.
+#[derive(Default)]
+pub struct CudaMoeLog {
+    calls: Vec<(usize, CudaMoeStats)>,
+}
+
+impl CudaBackend {
+    pub(crate) fn moe_layer(&self, w: &MoeLayerHost) -> Result<CudaMoeLayer> {
+        w.validate()?;
+        if w.shared.is_some() {
+            return Err(no_shared_expert());
+        }
+        let dims = MoeDims { hidden: w.hidden, inter: w.expert_inter, n_experts: w.num_experts };
+        check_moe(dims, MoeRouting { top_k: 1, renormalize: false })?;
+        Ok(CudaMoeLayer { router: self.linear_weight(w.router, w.num_experts, w.hidden)?, experts: self.moe_expert_weights(dims, w.gate_up, w.down)? })
+    }
+
+    /// `acc += moe(x)`: the router projection, then the device pipeline of [`Self::moe_forward`]
+    /// (routing, histogram, the tile choice of `select` on the device, permutation, grouped
+    /// GEMMs, weighted un-permute accumulated into `acc`). No host synchronisation.
+    ///
+    /// Not verified on hardware here (no GPU on the machine this was written on): it compiles,
+    /// each launch is the one `moe_forward` makes (whose kernels are tested against their CPU
+    /// twins), and the same sequence runs on `TwinBackend` in the test suite.
+    pub(crate) fn moe_layer_ffn(&self, x: &CudaTensor, w: &CudaMoeLayer, routing: crate::moe::MoeRouting, select: MoeSelect, acc: &mut CudaTensor, log: &mut CudaMoeLog) -> Result<()> {
+        let policy = tile_policy(select)?;
+        let routing = pipeline_routing(routing);
+        check_moe(w.experts.dims, routing)?;
+        let mut logits = self.zeros(x.rows, w.experts.dims.n_experts)?;
+        self.matmul(x, &w.router, None, &mut logits)?;
+        let stats = self.moe_forward(x, &logits, &w.experts, routing, policy, acc, true)?;
+        log.calls.push((x.rows, stats));
+        Ok(())
+    }
+
+    pub(crate) fn read_moe_layer_log(&self, log: &mut CudaMoeLog) -> Result<Vec<MoeLayerStats>> {
+        log.calls.drain(..).map(|(tokens, s)| Ok(layer_stats(tokens, s.read(self)?, &s.read_counts(self)?))).collect()
+    }
+
+    /// The start-up calibration on the GPU: [`Self::calibrate_moe_threshold`] over the token
+    /// counts that fit the budget (each count's time predicted from the previous one), the fitted
+    /// threshold as the padding-ratio rule. Runs only where a GPU is present; not exercised on
+    /// hardware in this repository's test runs (see the README).
+    pub(crate) fn moe_layer_autotune(&self, w: &CudaMoeLayer, routing: crate::moe::MoeRouting, budget: std::time::Duration) -> Result<(MoeCostModel, AutotuneReport)> {
+        let t0 = std::time::Instant::now();
+        let routing = pipeline_routing(routing);
+        let mut samples = Vec::new();
+        let mut last = 0.0f64;
+        let mut measured = 0usize;
+        for (i, &tokens) in CALIBRATION_TOKENS.iter().enumerate() {
+            let spent = t0.elapsed().as_secs_f64();
+            // Time grows about linearly with tokens past the first few counts.
+            let predicted = if i == 0 { 0.0 } else { last * tokens as f64 / CALIBRATION_TOKENS[i - 1] as f64 };
+            if i >= 2 && spent + predicted > budget.as_secs_f64() {
+                break;
+            }
+            let tk = std::time::Instant::now();
+            let (_, s) = self.calibrate_moe_threshold(&w.experts, routing, &[tokens], 5)?;
+            samples.extend(s);
+            last = tk.elapsed().as_secs_f64();
+            measured = i + 1;
+        }
+        let threshold = fit_padding_threshold(&samples);
+        let mut model = MoeCostModel::padding_ratio_rule("bm128", "bm64", threshold as f64);
+        model.origin = "autotune".into();
+        let report = AutotuneReport { seconds: t0.elapsed().as_secs_f64(), samples: samples.len() * 2, knots_measured: measured, complete: measured == CALIBRATION_TOKENS.len() };
+        Ok((model, report))
     }
 }

@@ -75,6 +75,8 @@ impl Backend for CudaBackend {
     type Embedding = CudaMatrix;
     type KvCache = CudaKvCache;
     type Batch = CudaBatch;
+    type MoeWeights = super::moe::CudaMoeLayer;
+    type MoeLog = super::moe::CudaMoeLog;
 
     fn name(&self) -> String {
         format!("cuda:{} ({}, sm_{})", self.info.ordinal, self.info.name, self.info.arch.number())
@@ -296,5 +298,54 @@ impl Backend for CudaBackend {
     fn lm_logits(&self, x: &CudaTensor, table: &CudaMatrix, out: &mut CudaTensor) -> Result<()> {
         checks::matmul(shape(x), (table.rows, table.cols), shape(out), None)?;
         self.project(x, table, None, out, false)
+    }
+
+    // ---- MoE: the device pipeline of device/moe.rs; the tile is chosen on the device ----
+    fn moe_weights(&self, w: &crate::moe::MoeLayerHost) -> Result<super::moe::CudaMoeLayer> {
+        self.moe_layer(w)
+    }
+
+    fn moe_variants(&self) -> Vec<crate::moe::MoeVariant> {
+        crate::cuda::moe::gpu_variants()
+    }
+
+    fn moe_default_cost(&self, _hidden: usize, _expert_inter: usize) -> crate::moe::MoeCostModel {
+        crate::cuda::moe::gpu_default_cost()
+    }
+
+    fn moe_log(&self) -> Result<super::moe::CudaMoeLog> {
+        Ok(super::moe::CudaMoeLog::default())
+    }
+
+    fn moe_ffn(
+        &self,
+        x: &CudaTensor,
+        w: &super::moe::CudaMoeLayer,
+        routing: crate::moe::MoeRouting,
+        select: crate::moe::MoeSelect,
+        acc: &mut CudaTensor,
+        log: &mut super::moe::CudaMoeLog,
+    ) -> Result<()> {
+        self.moe_layer_ffn(x, w, routing, select, acc, log)
+    }
+
+    fn read_moe_log(&self, log: &mut super::moe::CudaMoeLog) -> Result<Vec<crate::moe::MoeLayerStats>> {
+        self.read_moe_layer_log(log)
+    }
+
+    fn moe_time_variant(&self, _w: &super::moe::CudaMoeLayer, _variant: usize, _histogram: &[u32]) -> Result<std::time::Duration> {
+        // Routing runs on the device from router logits, so a histogram cannot be imposed; the
+        // GPU calibrates the padding-ratio threshold instead (`moe_autotune`).
+        Err(KernelError::Unsupported("moe_time_variant on CUDA: the GPU calibration is moe_autotune (padding-ratio threshold)".into()))
+    }
+
+    fn moe_autotune(
+        &self,
+        w: &super::moe::CudaMoeLayer,
+        routing: crate::moe::MoeRouting,
+        _num_experts: usize,
+        budget: std::time::Duration,
+    ) -> Result<(crate::moe::MoeCostModel, crate::moe::AutotuneReport)> {
+        self.moe_layer_autotune(w, routing, budget)
     }
 }

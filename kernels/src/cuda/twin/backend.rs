@@ -90,6 +90,8 @@ impl Backend for TwinBackend {
     type Embedding = TwinMatrix;
     type KvCache = TwinKvCache;
     type Batch = TwinBatch;
+    type MoeWeights = super::moe::TwinMoeLayer;
+    type MoeLog = Vec<crate::moe::MoeLayerStats>;
 
     fn name(&self) -> String {
         format!("cuda-twin ({:?} GEMM)", self.gemm)
@@ -242,6 +244,77 @@ impl Backend for TwinBackend {
         checks::matmul(shape(x), (table.rows, table.cols), shape(out), None)?;
         self.project(x, table, None, out, false);
         Ok(())
+    }
+
+    // ---- MoE: the GPU pipeline's launches (cuda/device/moe.rs), run by the twin kernels ----
+    fn moe_weights(&self, w: &crate::moe::MoeLayerHost) -> Result<super::moe::TwinMoeLayer> {
+        use crate::cuda::moe::{check_moe, no_shared_expert, MoeDims, MoeRouting};
+        w.validate()?;
+        if w.shared.is_some() {
+            return Err(no_shared_expert());
+        }
+        let dims = MoeDims { hidden: w.hidden, inter: w.expert_inter, n_experts: w.num_experts };
+        check_moe(dims, MoeRouting { top_k: 1, renormalize: false })?;
+        Ok(super::moe::TwinMoeLayer { router: self.linear_weight(w.router, w.num_experts, w.hidden)?, experts: super::moe::TwinMoeWeights::new(dims, w.gate_up, w.down)? })
+    }
+
+    fn moe_variants(&self) -> Vec<crate::moe::MoeVariant> {
+        crate::cuda::moe::gpu_variants()
+    }
+
+    fn moe_default_cost(&self, _hidden: usize, _expert_inter: usize) -> crate::moe::MoeCostModel {
+        crate::cuda::moe::gpu_default_cost()
+    }
+
+    fn moe_log(&self) -> Result<Vec<crate::moe::MoeLayerStats>> {
+        Ok(Vec::new())
+    }
+
+    fn moe_ffn(
+        &self,
+        x: &HostTensor,
+        w: &super::moe::TwinMoeLayer,
+        routing: crate::moe::MoeRouting,
+        select: crate::moe::MoeSelect,
+        acc: &mut HostTensor,
+        log: &mut Vec<crate::moe::MoeLayerStats>,
+    ) -> Result<()> {
+        use crate::cuda::moe::{check_moe, layer_stats, pipeline_routing, tile_policy};
+        let policy = tile_policy(select)?;
+        let routing = pipeline_routing(routing);
+        check_moe(w.experts.dims, routing)?;
+        let n_experts = w.experts.dims.n_experts;
+        if x.cols != w.experts.dims.hidden || shape(acc) != shape(x) {
+            return Err(KernelError::Shape(format!("moe_ffn: x {:?}, acc {:?}, hidden {}", shape(x), shape(acc), w.experts.dims.hidden)));
+        }
+        let mut logits = HostTensor::zeros(x.rows, n_experts);
+        self.project(x, &w.router, None, &mut logits, false);
+        let (out, choice, counts) = super::moe::moe_forward_with_counts(&x.data, &logits.data, &w.experts, routing, policy)?;
+        // The GPU's un-permute adds into acc (accumulate = 1): acc + Σ_j w·y, as here.
+        for (a, o) in acc.data.iter_mut().zip(&out) {
+            *a += o;
+        }
+        log.push(layer_stats(x.rows, choice, &counts));
+        Ok(())
+    }
+
+    fn read_moe_log(&self, log: &mut Vec<crate::moe::MoeLayerStats>) -> Result<Vec<crate::moe::MoeLayerStats>> {
+        Ok(std::mem::take(log))
+    }
+
+    fn moe_time_variant(&self, _w: &super::moe::TwinMoeLayer, _variant: usize, _histogram: &[u32]) -> Result<std::time::Duration> {
+        Err(KernelError::Unsupported("moe_time_variant on the CUDA twin: the GPU calibration is moe_autotune (padding-ratio threshold)".into()))
+    }
+
+    fn moe_autotune(
+        &self,
+        _w: &super::moe::TwinMoeLayer,
+        _routing: crate::moe::MoeRouting,
+        _num_experts: usize,
+        _budget: std::time::Duration,
+    ) -> Result<(crate::moe::MoeCostModel, crate::moe::AutotuneReport)> {
+        // Timing the twin on the CPU says nothing about a GPU: keep the reference rule.
+        Ok((crate::cuda::moe::gpu_default_cost(), crate::moe::AutotuneReport { seconds: 0.0, samples: 0, knots_measured: 0, complete: false }))
     }
 }
 

@@ -31,7 +31,7 @@ pub use attention::{attention_prefill, AttentionArgs};
 pub use backend::{attention_scale, TwinBackend, TwinBatch, TwinKvCache, TwinMatrix};
 pub use elementwise::{broadcast_rows, cast_bf16, dot_rows, embed_rows, gather_rows, silu_mul_bf16, silu_mul_f32, write_kv};
 pub use gemm::{dense_gemm, gemm_bf16};
-pub use moe::{moe_forward, TwinMoeWeights};
+pub use moe::{moe_forward, moe_forward_with_counts, TwinMoeLayer, TwinMoeWeights};
 pub use moe_gemm::{max_tiles, moe_gemm, GroupedGemmArgs};
 pub use moe_permute::{moe_chunk_counts, moe_offsets, moe_scatter, moe_select_tile, moe_unpermute, n_chunks, Offsets};
 pub use moe_routing::moe_topk_softmax;

@@ -37,6 +37,11 @@ impl TwinMoeWeights {
 /// out[t] = Σ_j w[t, j] · down_e(silu(gate_e(x[t])) · up_e(x[t])) over the token's top-k experts.
 /// `x` is [tokens, hidden], `router_logits` [tokens, n_experts].
 pub fn moe_forward(x: &[f32], router_logits: &[f32], w: &TwinMoeWeights, routing: MoeRouting, policy: TilePolicy) -> Result<(Vec<f32>, TileChoice)> {
+    moe_forward_with_counts(x, router_logits, w, routing, policy).map(|(out, choice, _)| (out, choice))
+}
+
+/// [`moe_forward`], also returning the token-per-expert histogram the selector saw.
+pub fn moe_forward_with_counts(x: &[f32], router_logits: &[f32], w: &TwinMoeWeights, routing: MoeRouting, policy: TilePolicy) -> Result<(Vec<f32>, TileChoice, Vec<u32>)> {
     let MoeDims { hidden, inter, n_experts } = w.dims;
     check_moe(w.dims, routing)?;
     let tokens = x.len() / hidden;
@@ -46,7 +51,7 @@ pub fn moe_forward(x: &[f32], router_logits: &[f32], w: &TwinMoeWeights, routing
     let k = routing.top_k;
     let n_assign = tokens * k;
     if n_assign == 0 {
-        return Ok((Vec::new(), TileChoice::default()));
+        return Ok((Vec::new(), TileChoice::default(), vec![0; n_experts]));
     }
     let mut ids = vec![0u32; n_assign];
     let mut weights = vec![0f32; n_assign];
@@ -73,5 +78,12 @@ pub fn moe_forward(x: &[f32], router_logits: &[f32], w: &TwinMoeWeights, routing
     let y = gemm(&act, &w.down, hidden, inter);
     let mut out = vec![0f32; tokens * hidden];
     moe_unpermute(&y, &dest, &weights, &mut out, k, hidden, false);
-    Ok((out, choice))
+    Ok((out, choice, off.counts))
+}
+
+/// One MoE layer for the twin's `Backend::moe_ffn`: the router as a bf16 projection, the experts.
+#[derive(Debug, Clone)]
+pub struct TwinMoeLayer {
+    pub router: super::backend::TwinMatrix,
+    pub experts: TwinMoeWeights,
 }

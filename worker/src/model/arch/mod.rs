@@ -2,11 +2,13 @@
 
 pub mod llama;
 pub mod qwen2;
+pub mod qwen2_moe;
 pub mod qwen3;
+pub mod qwen3_moe;
 
 use serde_json::Value;
 
-use crate::model::config::{Arch, ModelConfig};
+use crate::model::config::{Arch, HfConfig, ModelConfig, MoeConfig};
 use crate::{Result, WorkerError};
 
 /// Reads an HF `config.json` with the parser of its `model_type`.
@@ -19,7 +21,8 @@ pub fn config_from_hf(v: &Value) -> Result<ModelConfig> {
         Arch::Llama => llama::config_from_hf(v),
         Arch::Qwen2 => qwen2::config_from_hf(v),
         Arch::Qwen3 => qwen3::config_from_hf(v),
-        a @ (Arch::Qwen3Moe | Arch::Qwen2Moe) => Err(WorkerError::Unsupported(format!("{} is not supported yet", a.name()))),
+        Arch::Qwen3Moe => qwen3_moe::config_from_hf(v),
+        Arch::Qwen2Moe => qwen2_moe::config_from_hf(v),
     }
 }
 
@@ -30,5 +33,95 @@ pub fn config_from_gguf(g: &crate::model::GgufFile) -> Result<ModelConfig> {
         Arch::Qwen2 => qwen2::config_from_gguf(g),
         Arch::Qwen3 => qwen3::config_from_gguf(g),
         a => Err(WorkerError::Unsupported(format!("{} from GGUF", a.name()))),
+    }
+}
+
+/// The MoE keys qwen3_moe and qwen2_moe share (HF names): `num_experts`, `num_experts_per_tok`,
+/// `moe_intermediate_size`, `norm_topk_prob` (default false, as in transformers),
+/// `decoder_sparse_step` (default 1), `mlp_only_layers` (default none), and with
+/// `shared_expert` the `shared_expert_intermediate_size`. Sliding-window attention is refused.
+pub(crate) fn moe_config_from_hf(v: &Value, shared_expert: bool) -> Result<MoeConfig> {
+    let c = HfConfig(v);
+    if c.opt_bool("use_sliding_window")?.unwrap_or(false) {
+        return Err(WorkerError::Unsupported("use_sliding_window = true (sliding-window attention)".into()));
+    }
+    let dense_layers = match v.get("mlp_only_layers") {
+        None | Some(Value::Null) => vec![],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| x.as_u64().map(|l| l as usize).ok_or_else(|| WorkerError::ModelFile("config.json: 'mlp_only_layers' holds a non-integer".into())))
+            .collect::<Result<_>>()?,
+        Some(_) => return Err(WorkerError::ModelFile("config.json: 'mlp_only_layers' is not a list".into())),
+    };
+    let sparse_step = c.opt_usize("decoder_sparse_step")?.unwrap_or(1);
+    if sparse_step == 0 {
+        return Err(WorkerError::ModelFile("config.json: 'decoder_sparse_step' is 0".into()));
+    }
+    Ok(MoeConfig {
+        num_experts: c.usize("num_experts")?,
+        top_k: c.usize("num_experts_per_tok")?,
+        expert_intermediate: c.usize("moe_intermediate_size")?,
+        norm_topk_prob: c.opt_bool("norm_topk_prob")?.unwrap_or(false),
+        shared_expert_intermediate: if shared_expert { c.usize("shared_expert_intermediate_size")? } else { 0 },
+        dense_layers,
+        sparse_step,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn qwen3_moe() -> Value {
+        json!({
+            "model_type": "qwen3_moe", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 16, "num_hidden_layers": 4, "vocab_size": 100, "intermediate_size": 96,
+            "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": true,
+            "decoder_sparse_step": 2, "mlp_only_layers": [3]
+        })
+    }
+
+    #[test]
+    fn moe_configs_read_the_hf_keys() {
+        let c = config_from_hf(&qwen3_moe()).unwrap();
+        let m = c.moe.as_ref().unwrap();
+        assert_eq!((m.num_experts, m.top_k, m.expert_intermediate, m.norm_topk_prob, m.shared_expert_intermediate), (8, 2, 32, true, 0));
+        assert!(c.qk_norm && !c.qkv_bias);
+        // decoder_sparse_step 2: layers 1 and 3 are sparse, but 3 is in mlp_only_layers.
+        assert_eq!((0..4).filter(|&l| m.is_sparse_layer(l)).collect::<Vec<_>>(), vec![1]);
+
+        let mut v = qwen3_moe();
+        v["model_type"] = json!("qwen2_moe");
+        v["shared_expert_intermediate_size"] = json!(48);
+        v.as_object_mut().unwrap().remove("norm_topk_prob");
+        let c = config_from_hf(&v).unwrap();
+        let m = c.moe.as_ref().unwrap();
+        assert_eq!((m.shared_expert_intermediate, m.norm_topk_prob), (48, false));
+        assert!(c.qkv_bias && !c.qk_norm);
+    }
+
+    #[test]
+    fn bad_moe_configs_are_clear_errors() {
+        let cases: [(&str, Value, &str); 5] = [
+            ("num_experts", json!(null), "num_experts"),
+            ("mlp_only_layers", json!("3"), "mlp_only_layers"),
+            ("decoder_sparse_step", json!(0), "decoder_sparse_step"),
+            ("use_sliding_window", json!(true), "sliding"),
+            ("num_experts_per_tok", json!(-1), "num_experts_per_tok"),
+        ];
+        for (key, value, msg) in cases {
+            let mut v = qwen3_moe();
+            v[key] = value;
+            let err = config_from_hf(&v).unwrap_err().to_string();
+            assert!(err.contains(msg), "{key}: {err}");
+        }
+        let mut v = qwen3_moe();
+        v["model_type"] = json!("qwen2_moe");
+        assert!(config_from_hf(&v).unwrap_err().to_string().contains("shared_expert_intermediate_size"));
+        let mut v = qwen3_moe();
+        v["num_experts_per_tok"] = json!(9);
+        assert!(config_from_hf(&v).unwrap().validate().is_err());
     }
 }

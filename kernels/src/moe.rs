@@ -1,0 +1,669 @@
+//! Mixture-of-experts: the parts every backend shares.
+//!
+//! A MoE layer (qwen3_moe, qwen2_moe) runs as one backend op, [`crate::Backend::moe_ffn`]:
+//! routing (router GEMM, softmax, top-k, optional renormalisation), the token-per-expert
+//! histogram, the choice of a grouped-GEMM variant from that histogram, the permutation of the
+//! rows into expert order, each expert's SwiGLU, and the weighted un-permute into the residual.
+//!
+//! This module holds what is not device code: the layer's host-side weights ([`MoeLayerHost`]),
+//! the routing rule ([`route_row`]), the per-call record ([`MoeLayerStats`]), the variants'
+//! descriptions ([`MoeVariant`]), the cost model and the selector ([`MoeCostModel`],
+//! [`MoeSelect`]), and the start-up calibration ([`autotune`]).
+//!
+//! # Selector
+//! Every variant computes the same bits for every row (see the determinism contract in
+//! [`crate::backend`]); they differ only in cost, and the cost depends on how the rows spread
+//! over the experts. The selector predicts each variant's cost from the live histogram with a
+//! calibrated [`MoeCostModel`] and runs the cheapest. The GPU rule "BLOCK_M 64 when padded rows /
+//! real rows at BLOCK_M 128 exceeds 1.5" is one such model ([`MoeCostModel::padding_ratio_rule`]).
+
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::{Backend, KernelError, Result};
+
+/// How a MoE layer routes its rows (HF `num_experts_per_tok`, `norm_topk_prob`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeRouting {
+    pub top_k: usize,
+    /// Renormalise the top-k probabilities to sum to 1 (qwen3_moe: true; qwen2_moe: false).
+    pub norm_topk_prob: bool,
+}
+
+/// qwen2_moe's always-on shared expert: `sigmoid(x · gate) * down(silu(x·Wg) * (x·Wu))`.
+#[derive(Debug, Clone, Copy)]
+pub struct SharedExpertHost<'a> {
+    pub inter: usize,
+    /// `[2·inter, hidden]`: the gate projection's rows, then the up projection's.
+    pub gate_up: &'a [f32],
+    /// `[hidden, inter]`.
+    pub down: &'a [f32],
+    /// `[hidden]`: the sigmoid gate (HF `shared_expert_gate.weight`, one output).
+    pub gate: &'a [f32],
+}
+
+/// One MoE layer's weights in host memory, HF layout with the experts stacked.
+#[derive(Debug, Clone, Copy)]
+pub struct MoeLayerHost<'a> {
+    pub hidden: usize,
+    pub num_experts: usize,
+    /// Width of each expert's SwiGLU (HF `moe_intermediate_size`).
+    pub expert_inter: usize,
+    /// `[num_experts, hidden]` (HF `mlp.gate.weight`).
+    pub router: &'a [f32],
+    /// `[num_experts, 2·expert_inter, hidden]`: per expert its gate rows, then its up rows.
+    pub gate_up: &'a [f32],
+    /// `[num_experts, hidden, expert_inter]`.
+    pub down: &'a [f32],
+    pub shared: Option<SharedExpertHost<'a>>,
+}
+
+impl MoeLayerHost<'_> {
+    /// Checks every slice against the shapes; a backend calls this in `moe_weights`.
+    pub fn validate(&self) -> Result<()> {
+        let (h, e, i) = (self.hidden, self.num_experts, self.expert_inter);
+        let bad = |m: String| Err(KernelError::Shape(format!("moe weights: {m}")));
+        if h == 0 || e == 0 || i == 0 {
+            return bad(format!("hidden {h}, {e} experts of width {i}"));
+        }
+        let want = |name: &str, got: usize, dims: &[usize]| -> Result<()> {
+            let n = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+            if n != Some(got) {
+                return Err(KernelError::Shape(format!("moe weights: {name} has {got} values, shape {dims:?}")));
+            }
+            Ok(())
+        };
+        want("router", self.router.len(), &[e, h])?;
+        want("experts gate_up", self.gate_up.len(), &[e, 2 * i, h])?;
+        want("experts down", self.down.len(), &[e, h, i])?;
+        if let Some(s) = &self.shared {
+            if s.inter == 0 {
+                return bad("shared expert of width 0".into());
+            }
+            want("shared gate_up", s.gate_up.len(), &[2 * s.inter, h])?;
+            want("shared down", s.down.len(), &[h, s.inter])?;
+            want("shared gate", s.gate.len(), &[h])?;
+        }
+        Ok(())
+    }
+}
+
+/// Checks a routing against a layer's expert count.
+pub fn check_routing(routing: MoeRouting, num_experts: usize) -> Result<()> {
+    if routing.top_k == 0 || routing.top_k > num_experts {
+        return Err(KernelError::Shape(format!("moe: top-{} of {num_experts} experts", routing.top_k)));
+    }
+    Ok(())
+}
+
+/// The routing rule, for one row of router logits (f32, as HF computes it): the `top_k` experts
+/// by probability, descending (equal probabilities: the lower expert id first), and their
+/// weights — `softmax(logits)[e]`, or, with `norm_topk_prob`, those renormalised over the top-k.
+/// Every sum runs in a fixed order (experts ascending; then the top-k in rank order), so the
+/// result depends on the row alone.
+///
+/// `ids` and `weights` have `top_k` entries. `exp` is the backend's exponential.
+pub fn route_row(logits: &[f32], routing: MoeRouting, exp: impl Fn(f32) -> f32, ids: &mut [u32], weights: &mut [f32]) {
+    let k = routing.top_k;
+    debug_assert!(ids.len() == k && weights.len() == k && k <= logits.len());
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    // Top-k of exp(l − max) by insertion into a sorted list: strict comparisons keep the lower id
+    // first among equals, since ids are visited ascending.
+    let mut filled = 0usize;
+    let mut total = 0f32;
+    for (e, &l) in logits.iter().enumerate() {
+        let p = exp(l - max);
+        total += p;
+        if filled == k && !(p > weights[k - 1]) {
+            continue;
+        }
+        // Write at the first free entry, or over the evicted last one, then bubble up.
+        let mut at = if filled < k { filled } else { k - 1 };
+        while at > 0 && p > weights[at - 1] {
+            weights[at] = weights[at - 1];
+            ids[at] = ids[at - 1];
+            at -= 1;
+        }
+        weights[at] = p;
+        ids[at] = e as u32;
+        if filled < k {
+            filled += 1;
+        }
+    }
+    let denom = if routing.norm_topk_prob { weights.iter().sum::<f32>() } else { total };
+    for w in weights.iter_mut() {
+        *w /= denom;
+    }
+}
+
+/// A grouped-GEMM variant of a backend, as the selector and the statistics see it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MoeVariant {
+    /// Stable name, used in configs, cost-model caches and metrics labels.
+    pub name: &'static str,
+    /// Rows per work tile (one expert's rows are cut into tiles of at most this many).
+    pub tile_rows: u32,
+    /// Partial tiles are padded to `tile_rows` rows, computed and discarded (GPU tensor-core
+    /// tiles; the CPU mirrors of BLOCK_M 64/128).
+    pub padded: bool,
+    pub description: &'static str,
+}
+
+impl MoeVariant {
+    /// Rows this variant computes for an expert holding `n` rows.
+    pub fn computed_rows(&self, n: u32) -> u64 {
+        if self.padded && n > 0 {
+            n.div_ceil(self.tile_rows) as u64 * self.tile_rows as u64
+        } else {
+            n as u64
+        }
+    }
+}
+
+/// What one `moe_ffn` call routed and ran. A backend appends one per call to its log; the
+/// worker reads the log once per forward pass.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct MoeLayerStats {
+    /// Index into the backend's [`Backend::moe_variants`].
+    pub variant: u32,
+    pub tokens: u32,
+    /// Token-expert assignments (tokens × top_k): the rows the experts really compute.
+    pub rows: u64,
+    /// Rows the chosen variant computed, padding included.
+    pub padded_rows: u64,
+    pub active_experts: u32,
+    pub max_expert_rows: u32,
+}
+
+/// Summary of a token-per-expert histogram.
+pub fn histogram_stats(hist: &[u32], variant: &MoeVariant) -> (u64, u64, u32, u32) {
+    let rows = hist.iter().map(|&n| n as u64).sum();
+    let padded = hist.iter().map(|&n| variant.computed_rows(n)).sum();
+    let active = hist.iter().filter(|&&n| n > 0).count() as u32;
+    let max = hist.iter().copied().max().unwrap_or(0);
+    (rows, padded, active, max)
+}
+
+/// Rows per expert at which [`VariantCost::per_expert`] is given.
+pub const COST_KNOTS: [u32; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
+
+/// Predicted cost of one variant, in seconds:
+/// `per_call + Σ_{experts with n > 0} per_expert(c(n)) + per_row · rows + per_padded_row · padded_rows`,
+/// where `c(n)` is the rows the variant computes for an expert holding n (n, or n rounded up to
+/// the tile for padded variants: their cost steps with every tile) and `per_expert` is linear
+/// between [`COST_KNOTS`] and extrapolated past the last knot.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VariantCost {
+    pub variant: String,
+    #[serde(default)]
+    pub per_call: f64,
+    /// Seconds per expert computing `COST_KNOTS[i]` rows (empty: no per-expert term).
+    #[serde(default)]
+    pub per_expert: Vec<f64>,
+    #[serde(default)]
+    pub per_row: f64,
+    #[serde(default)]
+    pub per_padded_row: f64,
+}
+
+impl VariantCost {
+    /// `per_expert` at `n` rows (`n ≥ 1`).
+    pub fn expert_cost(&self, n: u32) -> f64 {
+        let t = &self.per_expert;
+        if t.is_empty() || n == 0 {
+            return 0.0;
+        }
+        let knots = &COST_KNOTS[..t.len()];
+        let last = t.len() - 1;
+        if n <= knots[0] || last == 0 {
+            return t[0];
+        }
+        let i = match knots.iter().position(|&k| k >= n) {
+            Some(i) => i,
+            None => last, // past the last knot: extrapolate the last segment
+        };
+        let (k0, k1) = (knots[i - 1] as f64, knots[i] as f64);
+        t[i - 1] + (t[i] - t[i - 1]) * (n as f64 - k0) / (k1 - k0)
+    }
+
+    pub fn predict(&self, hist: &[u32], variant: &MoeVariant) -> f64 {
+        let mut cost = self.per_call;
+        let (mut rows, mut padded) = (0u64, 0u64);
+        for &n in hist.iter().filter(|&&n| n > 0) {
+            let computed = variant.computed_rows(n);
+            cost += self.expert_cost(computed.min(u32::MAX as u64) as u32);
+            rows += n as u64;
+            padded += computed;
+        }
+        cost + self.per_row * rows as f64 + self.per_padded_row * padded as f64
+    }
+}
+
+/// Per-variant costs, for the backend's variants or a subset: a variant the model does not list
+/// is never chosen. The list is in order of preference: the selector runs the first variant whose
+/// prediction is within `tie_margin` (relative) of the cheapest — predictions that close are
+/// within the calibration's noise, and the generally cheaper variant is the safer bet.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MoeCostModel {
+    pub variants: Vec<VariantCost>,
+    /// Where the figures came from: `autotune`, `cache`, `default`, `config`, `padding_ratio_rule`.
+    #[serde(default)]
+    pub origin: String,
+    #[serde(default)]
+    pub tie_margin: f64,
+}
+
+impl MoeCostModel {
+    /// The GPU rule: the `large` tile (BLOCK_M 128) unless its padded rows exceed `threshold` ×
+    /// the real rows, then the `small` one (BLOCK_M 64). As costs: `large` = padded rows at its
+    /// tile, `small` = threshold × real rows.
+    pub fn padding_ratio_rule(large: &str, small: &str, threshold: f64) -> Self {
+        MoeCostModel {
+            variants: vec![
+                VariantCost { variant: large.into(), per_call: 0.0, per_expert: vec![], per_row: 0.0, per_padded_row: 1.0 },
+                VariantCost { variant: small.into(), per_call: 0.0, per_expert: vec![], per_row: threshold, per_padded_row: 0.0 },
+            ],
+            origin: "padding_ratio_rule".into(),
+            tie_margin: 0.0,
+        }
+    }
+
+    /// The threshold of a model that is the padding-ratio rule for `large` / `small` (as
+    /// [`MoeCostModel::padding_ratio_rule`] builds it, or scaled): `large` costed by padded rows
+    /// only, `small` by real rows only. `None` for any other model. A device backend whose
+    /// selector runs on the device (no host round trip per layer) evaluates only this rule.
+    pub fn padding_threshold(&self, large: &str, small: &str) -> Option<f64> {
+        let [a, b] = &self.variants[..] else { return None };
+        let (l, s) = match (a.variant.as_str(), b.variant.as_str()) {
+            (x, y) if x == large && y == small => (a, b),
+            (x, y) if x == small && y == large => (b, a),
+            _ => return None,
+        };
+        let only = |c: &VariantCost, per_row: bool| c.per_call == 0.0 && c.per_expert.is_empty() && if per_row { c.per_padded_row == 0.0 && c.per_row > 0.0 } else { c.per_row == 0.0 && c.per_padded_row > 0.0 };
+        (only(l, false) && only(s, true)).then(|| s.per_row / l.per_padded_row)
+    }
+
+    /// Checks that every entry names one of `variants` (once) and has a usable table.
+    pub fn validate(&self, variants: &[MoeVariant]) -> Result<()> {
+        if self.variants.is_empty() {
+            return Err(KernelError::Unsupported("moe cost model lists no variant".into()));
+        }
+        if !(self.tie_margin.is_finite() && (0.0..1.0).contains(&self.tie_margin)) {
+            return Err(KernelError::Unsupported(format!("moe cost model: tie_margin {} (0 ≤ margin < 1)", self.tie_margin)));
+        }
+        for (i, c) in self.variants.iter().enumerate() {
+            if !variants.iter().any(|v| v.name == c.variant) {
+                let names: Vec<&str> = variants.iter().map(|v| v.name).collect();
+                return Err(KernelError::Unsupported(format!("moe cost model: unknown variant '{}' (this backend has {names:?})", c.variant)));
+            }
+            if self.variants[..i].iter().any(|d| d.variant == c.variant) {
+                return Err(KernelError::Unsupported(format!("moe cost model: variant '{}' listed twice", c.variant)));
+            }
+            if c.per_expert.len() > COST_KNOTS.len() {
+                return Err(KernelError::Unsupported(format!("moe cost model: '{}' has {} per_expert values (at most {})", c.variant, c.per_expert.len(), COST_KNOTS.len())));
+            }
+            let all = [c.per_call, c.per_row, c.per_padded_row].into_iter().chain(c.per_expert.iter().copied());
+            if all.into_iter().any(|x| !x.is_finite()) {
+                return Err(KernelError::Unsupported(format!("moe cost model: '{}' has a non-finite cost", c.variant)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Predicted seconds of each listed variant: `(index into variants, cost)`, in list order.
+    pub fn predictions(&self, hist: &[u32], variants: &[MoeVariant]) -> Vec<(usize, f64)> {
+        self.variants
+            .iter()
+            .filter_map(|c| variants.iter().position(|v| v.name == c.variant).map(|i| (i, c.predict(hist, &variants[i]))))
+            .collect()
+    }
+
+    /// The variant to run (index into `variants`): the first listed whose predicted cost is
+    /// within `tie_margin` of the lowest; 0 if the model lists none of `variants`.
+    pub fn select(&self, hist: &[u32], variants: &[MoeVariant]) -> usize {
+        let predictions = self.predictions(hist, variants);
+        let lowest = predictions.iter().map(|&(_, c)| c).fold(f64::INFINITY, f64::min);
+        predictions.iter().find(|&&(_, c)| c <= lowest * (1.0 + self.tie_margin)).map_or(0, |&(i, _)| i)
+    }
+
+    /// Where the choice changes for evenly spread histograms (`experts` experts holding `n` rows
+    /// each, n = 1..=max_rows): the readable thresholds of the model.
+    pub fn thresholds(&self, variants: &[MoeVariant], experts: usize, max_rows: u32) -> Vec<ChoiceRange> {
+        let mut out: Vec<ChoiceRange> = Vec::new();
+        for n in 1..=max_rows {
+            let hist = vec![n; experts.max(1)];
+            let v = variants[self.select(&hist, variants)].name;
+            match out.last_mut() {
+                Some(r) if r.variant == v => r.to_rows = n,
+                _ => out.push(ChoiceRange { variant: v, from_rows: n, to_rows: n }),
+            }
+        }
+        out
+    }
+}
+
+/// "Rows per expert in `from_rows..=to_rows` choose `variant`" (evenly spread histograms).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ChoiceRange {
+    pub variant: &'static str,
+    pub from_rows: u32,
+    pub to_rows: u32,
+}
+
+/// Which variant a `moe_ffn` call runs.
+#[derive(Debug, Clone, Copy)]
+pub enum MoeSelect<'a> {
+    /// Always this variant (index into [`Backend::moe_variants`]).
+    Fixed(usize),
+    /// The cheapest by the cost model, for this call's histogram.
+    Auto(&'a MoeCostModel),
+}
+
+impl MoeSelect<'_> {
+    pub fn choose(&self, hist: &[u32], variants: &[MoeVariant]) -> Result<usize> {
+        match *self {
+            MoeSelect::Fixed(v) if v < variants.len() => Ok(v),
+            MoeSelect::Fixed(v) => Err(KernelError::Shape(format!("moe variant {v} of {}", variants.len()))),
+            MoeSelect::Auto(m) => Ok(m.select(hist, variants)),
+        }
+    }
+}
+
+/// How the start-up calibration went.
+#[derive(Debug, Clone, Serialize)]
+pub struct AutotuneReport {
+    pub seconds: f64,
+    /// Timed runs (each the minimum of its repetitions).
+    pub samples: usize,
+    /// Knots measured for every variant; the rest were extrapolated when the budget ran out.
+    pub knots_measured: usize,
+    pub complete: bool,
+}
+
+/// A full table over [`COST_KNOTS`] from the knots measured (`(index, seconds)`, ascending, at
+/// least one): spikes cleaned ([`monotone`]), knots before the first measured one take its
+/// value, knots between measured ones are interpolated, and knots past the last are extrapolated
+/// along the last measured segment (cost per extra row; flat if only one knot was measured).
+fn fill_knots(measured: &[(usize, f64)]) -> Vec<f64> {
+    let mut values: Vec<f64> = measured.iter().map(|&(_, t)| t).collect();
+    monotone(&mut values);
+    let at = |i: usize| COST_KNOTS[measured[i].0] as f64;
+    COST_KNOTS
+        .iter()
+        .map(|&k| {
+            let k = k as f64;
+            let j = measured.iter().position(|&(ki, _)| COST_KNOTS[ki] as f64 >= k);
+            match j {
+                Some(0) => values[0],
+                Some(j) => values[j - 1] + (values[j] - values[j - 1]) * (k - at(j - 1)) / (at(j) - at(j - 1)),
+                None if values.len() >= 2 => {
+                    let n = values.len();
+                    let slope = ((values[n - 1] - values[n - 2]) / (at(n - 1) - at(n - 2))).max(0.0);
+                    values[n - 1] + slope * (k - at(n - 1))
+                }
+                None => values[values.len() - 1],
+            }
+        })
+        .collect()
+}
+
+/// Cleans a measured per-expert table of timing spikes: an expert with fewer rows never costs
+/// more than one with more (true of every variant, padded ones included), so each knot is capped
+/// by the knots after it, then the table is made non-decreasing.
+fn monotone(t: &mut [f64]) {
+    for i in (0..t.len().saturating_sub(1)).rev() {
+        t[i] = t[i].min(t[i + 1]);
+    }
+    for i in 1..t.len() {
+        t[i] = t[i].max(t[i - 1]);
+    }
+}
+
+/// Relative difference under which two calibrated predictions count as a tie: about the
+/// repeatability of the timings the autotune takes.
+pub const AUTOTUNE_TIE_MARGIN: f64 = 0.03;
+
+/// Experts in a calibration sample of `computed` rows per expert: enough distinct experts that
+/// their weights stream from memory as in a real pass (consecutive samples rotate through the
+/// layer's experts), few enough that the sample stays short.
+fn sample_experts(num_experts: usize, computed_rows: u64) -> usize {
+    const TARGET_ROWS: u64 = 256;
+    ((TARGET_ROWS / computed_rows.max(1)) as usize).clamp(2, 32).min(num_experts)
+}
+
+/// Calibrates a cost model for `weights` (one MoE layer of the loaded model) by timing every
+/// variant of `backend` on evenly spread histograms at each of [`COST_KNOTS`] rows per expert,
+/// smallest first. A padded variant is timed only at knots that are whole tiles (its table is by
+/// computed rows; smaller knots take the first tile's cost). When the next knot would overrun
+/// `budget`, the remaining knots are extrapolated from the last two.
+///
+/// Every timed run is set up as a real pass sees its experts (this is what keeps the fit honest):
+/// - cold: each run takes experts not touched for many runs (the histograms rotate through the
+///   layer's experts), so their weights come from memory. A real pass visits each of its experts
+///   once per layer, out of hundreds of MB of expert weights, so it never finds them in cache.
+///   Repeating a run on the same experts and keeping the minimum would instead time weights left
+///   in L2/L3 by the previous repetition — and favour the variant with the smaller weights (the
+///   bf16 panels: half the bytes fit where the f32 ones do not).
+/// - interleaved: each repetition runs every variant once, so a burst of background load on the
+///   shared cores hits the variants alike instead of one variant's repetitions.
+pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: usize, budget: Duration) -> Result<(MoeCostModel, AutotuneReport)> {
+    let variants = backend.moe_variants();
+    let t0 = Instant::now();
+    const REPS: usize = 3;
+    // Per variant, (knot index, seconds per expert) of the knots measured.
+    let mut tables: Vec<Vec<(usize, f64)>> = vec![Vec::new(); variants.len()];
+    let timed_at = |v: &MoeVariant, n: u32| !v.padded || n % v.tile_rows.max(1) == 0;
+    let mut samples = 0usize;
+    // Rotate through the experts so that consecutive runs do not reuse cached weights.
+    let mut first_expert = 0usize;
+    let mut hist_for = |v: &MoeVariant, n: u32| -> (Vec<u32>, usize) {
+        let a = sample_experts(num_experts, v.computed_rows(n));
+        let mut hist = vec![0u32; num_experts];
+        for i in 0..a {
+            hist[(first_expert + i) % num_experts] = n;
+        }
+        first_expert = (first_expert + a) % num_experts;
+        (hist, a)
+    };
+    // Warm-up: scratch buffers grown and pages touched before anything is timed.
+    for (vi, v) in variants.iter().enumerate() {
+        let (hist, _) = hist_for(v, 8);
+        backend.moe_time_variant(weights, vi, &hist)?;
+    }
+    let mut knots_measured = 0usize;
+    let mut last_knot_seconds = 0.0f64;
+    // Rows one knot's samples compute, over the variants: its time scales with them.
+    let knot_rows = |n: u32| -> f64 {
+        variants.iter().filter(|v| timed_at(v, n)).map(|v| (sample_experts(num_experts, v.computed_rows(n)) as u64 * v.computed_rows(n)) as f64).sum::<f64>().max(1.0)
+    };
+    for (ki, &n) in COST_KNOTS.iter().enumerate() {
+        let spent = t0.elapsed().as_secs_f64();
+        let predicted = if ki == 0 { 0.0 } else { last_knot_seconds * knot_rows(n) / knot_rows(COST_KNOTS[ki - 1]) };
+        if ki >= 2 && spent + predicted > budget.as_secs_f64() {
+            break;
+        }
+        let tk = Instant::now();
+        let timed: Vec<usize> = (0..variants.len()).filter(|&vi| timed_at(&variants[vi], n)).collect();
+        let mut best = vec![f64::INFINITY; variants.len()];
+        for rep in 0..REPS {
+            // The order rotates too: no variant always runs right after the same one.
+            for j in 0..timed.len() {
+                let vi = timed[(j + rep) % timed.len()];
+                let (hist, a) = hist_for(&variants[vi], n);
+                let t = backend.moe_time_variant(weights, vi, &hist)?.as_secs_f64() / a as f64;
+                best[vi] = best[vi].min(t);
+                samples += 1;
+            }
+        }
+        for &vi in &timed {
+            tables[vi].push((ki, best[vi]));
+        }
+        last_knot_seconds = tk.elapsed().as_secs_f64();
+        knots_measured = ki + 1;
+    }
+    let tables: Vec<Vec<f64>> = tables.iter().map(|measured| fill_knots(measured)).collect();
+    let mut entries: Vec<VariantCost> = variants
+        .iter()
+        .zip(tables)
+        .map(|(v, per_expert)| VariantCost { variant: v.name.to_string(), per_call: 0.0, per_expert, per_row: 0.0, per_padded_row: 0.0 })
+        .collect();
+    // In order of preference: the lowest geometric mean over the knots first.
+    let log_mean = |c: &VariantCost| c.per_expert.iter().map(|t| t.max(1e-12).ln()).sum::<f64>();
+    entries.sort_by(|a, b| log_mean(a).total_cmp(&log_mean(b)));
+    let model = MoeCostModel { variants: entries, origin: "autotune".into(), tie_margin: AUTOTUNE_TIE_MARGIN };
+    let report = AutotuneReport { seconds: t0.elapsed().as_secs_f64(), samples, knots_measured, complete: knots_measured == COST_KNOTS.len() };
+    Ok((model, report))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn variants() -> Vec<MoeVariant> {
+        vec![
+            MoeVariant { name: "bm128", tile_rows: 128, padded: true, description: "" },
+            MoeVariant { name: "bm64", tile_rows: 64, padded: true, description: "" },
+            MoeVariant { name: "exact", tile_rows: 128, padded: false, description: "" },
+            MoeVariant { name: "small", tile_rows: 3, padded: false, description: "" },
+        ]
+    }
+
+    #[test]
+    fn routing_picks_the_top_k_in_order_and_normalises() {
+        let logits = [0.5f32, 2.0, -1.0, 2.0, 1.0, 3.0];
+        let (mut ids, mut w) = ([0u32; 3], [0f32; 3]);
+        route_row(&logits, MoeRouting { top_k: 3, norm_topk_prob: false }, f32::exp, &mut ids, &mut w);
+        // 3.0, then the tie 2.0 at ids 1 and 3: the lower id first.
+        assert_eq!(ids, [5, 1, 3]);
+        let z: f32 = logits.iter().map(|l| (l - 3.0).exp()).sum();
+        for (j, &e) in ids.iter().enumerate() {
+            assert!((w[j] - (logits[e as usize] - 3.0).exp() / z).abs() < 1e-6);
+        }
+        route_row(&logits, MoeRouting { top_k: 3, norm_topk_prob: true }, f32::exp, &mut ids, &mut w);
+        assert_eq!(ids, [5, 1, 3]);
+        assert!((w.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert!(w[0] > w[1] && w[1] == w[2]);
+        // k = all experts, k = 1
+        let (mut ids, mut w) = ([0u32; 6], [0f32; 6]);
+        route_row(&logits, MoeRouting { top_k: 6, norm_topk_prob: false }, f32::exp, &mut ids, &mut w);
+        assert_eq!(ids, [5, 1, 3, 4, 0, 2]);
+        let (mut ids, mut w) = ([0u32; 1], [0f32; 1]);
+        route_row(&logits, MoeRouting { top_k: 1, norm_topk_prob: true }, f32::exp, &mut ids, &mut w);
+        assert_eq!((ids, w), ([5], [1.0]));
+    }
+
+    #[test]
+    fn tables_are_filled_from_the_knots_measured() {
+        // Measured at knots 64, 128, 256 (indices 6, 7, 8): earlier knots take the first value,
+        // 512 is extrapolated along 128 → 256.
+        let t = fill_knots(&[(6, 2.0), (7, 3.0), (8, 5.0)]);
+        assert_eq!(&t[..7], &[2.0; 7]);
+        assert_eq!(t[7..], [3.0, 5.0, 9.0]);
+        // Knot 2 lies between knots 1 and 4 (values 1 and 3); knot 8 extends that segment.
+        let t = fill_knots(&[(0, 1.0), (2, 3.0)]);
+        assert!((t[1] - 5.0 / 3.0).abs() < 1e-12 && (t[3] - 17.0 / 3.0).abs() < 1e-12, "{t:?}");
+        // One knot only: flat.
+        assert_eq!(fill_knots(&[(3, 4.0)]), vec![4.0; COST_KNOTS.len()]);
+    }
+
+    #[test]
+    fn padded_variants_cost_whole_tiles() {
+        let vs = variants();
+        // Linear in computed rows: 1 per row.
+        let per_row: Vec<f64> = COST_KNOTS.iter().map(|&k| k as f64).collect();
+        let c = VariantCost { variant: "bm128".into(), per_call: 0.0, per_expert: per_row, per_row: 0.0, per_padded_row: 0.0 };
+        assert_eq!(c.predict(&[1], &vs[0]), 128.0);
+        assert_eq!(c.predict(&[129], &vs[0]), 256.0);
+        assert_eq!(c.predict(&[300], &vs[0]), 384.0);
+        assert_eq!(c.predict(&[300], &vs[2]), 300.0);
+    }
+
+    #[test]
+    fn near_ties_go_to_the_variant_listed_first() {
+        let vs = variants();
+        let flat = |name: &str, t: f64| VariantCost { variant: name.into(), per_call: 0.0, per_expert: vec![t], per_row: 0.0, per_padded_row: 0.0 };
+        let mut m = MoeCostModel { variants: vec![flat("exact", 1.02), flat("small", 1.0)], origin: "test".into(), tie_margin: 0.03 };
+        assert_eq!(vs[m.select(&[5, 5], &vs)].name, "exact");
+        m.tie_margin = 0.0;
+        assert_eq!(vs[m.select(&[5, 5], &vs)].name, "small");
+        m.tie_margin = 1.5;
+        assert!(m.validate(&vs).is_err());
+    }
+
+    #[test]
+    fn monotone_removes_spikes() {
+        let mut t = [1.0, 2.0, 40.0, 3.0, 5.0];
+        monotone(&mut t);
+        assert_eq!(t, [1.0, 2.0, 3.0, 3.0, 5.0]);
+        let mut t = [2.0, 1.0, 1.5];
+        monotone(&mut t);
+        assert_eq!(t, [1.0, 1.0, 1.5]);
+    }
+
+    #[test]
+    fn padding_ratio_rule_is_the_gpu_threshold() {
+        let vs = variants();
+        let m = MoeCostModel::padding_ratio_rule("bm128", "bm64", 1.5);
+        m.validate(&vs).unwrap();
+        assert_eq!(m.padding_threshold("bm128", "bm64"), Some(1.5));
+        assert_eq!(m.padding_threshold("bm64", "bm128"), None);
+        let mut calibrated = m.clone();
+        calibrated.variants[0].per_expert = vec![1.0];
+        assert_eq!(calibrated.padding_threshold("bm128", "bm64"), None, "a per-expert table is not the rule");
+        // 10 experts × 100 rows: padded 1280 / real 1000 = 1.28 ≤ 1.5 → bm128.
+        assert_eq!(vs[m.select(&[100; 10], &vs)].name, "bm128");
+        // 10 experts × 30 rows: 1280 / 300 = 4.3 → bm64.
+        assert_eq!(vs[m.select(&[30; 10], &vs)].name, "bm64");
+        // Exactly at the threshold (ratio 1.5: 3 × 128 padded over 256 real rows) the large tile stays.
+        assert_eq!(vs[m.select(&[128, 64, 64, 0], &vs)].name, "bm128");
+        assert_eq!(vs[m.select(&[128, 64, 63, 0], &vs)].name, "bm64");
+        // A variant the model does not list is never chosen.
+        assert!(m.predictions(&[5], &vs).iter().all(|&(i, _)| vs[i].name != "exact"));
+    }
+
+    #[test]
+    fn per_expert_costs_interpolate_and_extrapolate() {
+        let c = VariantCost { variant: "exact".into(), per_call: 1.0, per_expert: vec![10.0, 12.0, 16.0], per_row: 0.0, per_padded_row: 0.0 };
+        assert_eq!(c.expert_cost(0), 0.0);
+        assert_eq!(c.expert_cost(1), 10.0);
+        assert_eq!(c.expert_cost(3), 14.0);
+        assert_eq!(c.expert_cost(6), 20.0); // past knot 4: slope 2 per row
+        let vs = variants();
+        assert_eq!(c.predict(&[0, 1, 4, 0], &vs[2]), 1.0 + 10.0 + 16.0);
+    }
+
+    #[test]
+    fn selection_follows_the_cheapest_prediction_and_thresholds_show_it() {
+        let vs = variants();
+        // "small" cheap per expert but steep per row; "exact" the other way round.
+        let m = MoeCostModel {
+            variants: vec![
+                VariantCost { variant: "small".into(), per_call: 0.0, per_expert: vec![1.0, 2.0, 4.0, 8.0, 16.0], per_row: 0.0, per_padded_row: 0.0 },
+                VariantCost { variant: "exact".into(), per_call: 0.0, per_expert: vec![3.0, 4.0, 6.0, 10.0, 14.0], per_row: 0.0, per_padded_row: 0.0 },
+            ],
+            origin: "test".into(),
+            tie_margin: 0.0,
+        };
+        m.validate(&vs).unwrap();
+        assert_eq!(vs[m.select(&[2; 8], &vs)].name, "small");
+        assert_eq!(vs[m.select(&[16; 8], &vs)].name, "exact");
+        // 1 hot expert, many cold ones: summed per expert.
+        let mut hist = vec![1u32; 20];
+        hist[0] = 16;
+        assert_eq!(vs[m.select(&hist, &vs)].name, "small");
+        let t = m.thresholds(&vs, 8, 20);
+        assert_eq!(t[0].variant, "small");
+        assert_eq!(t.last().unwrap().variant, "exact");
+        assert_eq!(t[0].to_rows + 1, t[1].from_rows);
+        // Invalid models are refused with the reason.
+        let mut bad = m.clone();
+        bad.variants[0].variant = "bm32".into();
+        assert!(bad.validate(&vs).unwrap_err().to_string().contains("bm32"));
+        let mut bad = m.clone();
+        bad.variants[1].per_row = f64::NAN;
+        assert!(bad.validate(&vs).is_err());
+    }
+}

@@ -1,0 +1,19 @@
+//! Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen2 attention (q/k/v biases, `qkv_bias`) with
+//! sparse MoE feed-forward layers: softmax top-k routing (by default not renormalised) plus an
+//! always-on shared expert scaled by a sigmoid gate.
+
+use serde_json::Value;
+
+use crate::model::config::{base_from_hf, Arch, HfConfig, ModelConfig};
+use crate::{Result, WorkerError};
+
+pub fn config_from_hf(v: &Value) -> Result<ModelConfig> {
+    let mut c = base_from_hf(v, Arch::Qwen2Moe)?;
+    c.qkv_bias = HfConfig(v).opt_bool("qkv_bias")?.unwrap_or(true);
+    let moe = super::moe_config_from_hf(v, true)?;
+    if moe.shared_expert_intermediate == 0 {
+        return Err(WorkerError::ModelFile("config.json: qwen2_moe needs shared_expert_intermediate_size > 0".into()));
+    }
+    c.moe = Some(moe);
+    Ok(c)
+}
