@@ -253,7 +253,7 @@ fn stats_show_the_moe_section_of_a_moe_model() {
     let admin = rt.block_on(async {
         let (l, a) = bind("127.0.0.1", 0).await.unwrap();
         let st = app.clone();
-        tokio::spawn(serve(l, move |r| admin::handle(st.clone(), r)));
+        tokio::spawn(serve(l, move |r| admin::handle(st.clone(), r), std::future::pending()));
         a
     });
     let s = Server { api: admin, admin, app, _rt: rt };
