@@ -465,7 +465,8 @@ mod tests {
                 let expect = cost.call_ms(p, r.usage.item_tokens.iter().map(|&t| f64::from(t))) * slowdown / speed;
                 let took = t0.elapsed().as_secs_f64() * 1e3;
                 assert!((r.timing.compute_ms - expect).abs() < 1e-6 * expect, "reported {} vs model {expect}", r.timing.compute_ms);
-                assert!((took - expect).abs() < 0.01, "took {took} ms, model {expect} ms (speed {speed}, slowdown {slowdown})");
+                // The (paused) timer wheel rounds sleeps up to the next millisecond.
+                assert!(took >= expect - 1e-6 && took <= expect + 1.0, "took {took} ms, model {expect} ms (speed {speed}, slowdown {slowdown})");
             }
         }
     }
