@@ -221,6 +221,17 @@ impl ProxyProc {
         }
     }
 
+    /// The proxy's admin `/workers` report and `/metrics` text, saved beside a run's report
+    /// (what it learned: time factors, hedge ratio quantile, hedges denied).
+    pub async fn snapshot(&self, http: &Http, dir: &Path) {
+        for (path, file) in [("workers", "proxy_workers.json"), ("metrics", "proxy_metrics.txt")] {
+            let url = format!("{}/{path}", self.admin_url());
+            if let Ok(r) = http.send(hyper::Method::GET, &url, bytes::Bytes::new(), Duration::from_secs(2)).await {
+                let _ = std::fs::write(dir.join(file), &r.body);
+            }
+        }
+    }
+
     /// Shards, hedges, retries and failures summed over workers.
     pub async fn counters(&self, http: &Http) -> ProxyCounters {
         match self.report(http).await {

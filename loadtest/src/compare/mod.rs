@@ -110,10 +110,15 @@ pub struct Cell {
     pub scenario: String,
     pub load_pct: f64,
     pub qps: f64,
+    /// Every request sent, the warm-up included (`summary` counts only the measured window).
+    pub sent: u64,
     pub summary: Summary,
     pub proxy: CellProxy,
     /// Worker compute (slot-ms) per request sent, hedge losers and failed calls included.
     pub work_ms_per_request: f64,
+    /// Hedging only: worker compute per request over that of the same strategy without
+    /// hedging ("ours") in the same run conditions, minus one (the extra work hedges cost).
+    pub extra_work_vs_ours: Option<f64>,
     /// Mean worker utilisation over the run.
     pub utilisation: f64,
     pub dir: String,
@@ -257,6 +262,7 @@ impl Env<'_> {
         }
         .report();
         report::write(dir, &rep, &hist)?;
+        proxy.snapshot(&self.http, dir).await;
         let sent = out.records.len().max(1) as f64;
         let cell = Cell {
             strategy: st.name.to_string(),
@@ -264,7 +270,9 @@ impl Env<'_> {
             scenario: scenario.map_or("load", |s| s.key()).to_string(),
             load_pct,
             qps,
+            sent: out.records.len() as u64,
             work_ms_per_request: busy * 1e3 / sent,
+            extra_work_vs_ours: None,
             utilisation: rep.utilisation.as_ref().map_or(0.0, |u| u.mean()),
             summary: rep.summary,
             proxy: counters.into(),
@@ -349,6 +357,7 @@ pub async fn compare(spec: &CompareSpec) -> Result<CompareReport, String> {
             hs.push((st.name.to_string(), h));
             cells.push(cell);
         }
+        set_extra_work(cells.iter_mut().filter(|c| c.scenario == "load" && c.load_pct == load));
         cdfs.push((format!("load{load:.0}"), hs));
         table::print_table(&format!("{load:.0}% of capacity ({:.1} requests/s)", capacity_qps * load / 100.0), cells.iter().filter(|c| c.scenario == "load" && c.load_pct == load));
     }
@@ -362,6 +371,7 @@ pub async fn compare(spec: &CompareSpec) -> Result<CompareReport, String> {
             hs.push((st.name.to_string(), h));
             cells.push(cell);
         }
+        set_extra_work(cells.iter_mut().filter(|c| c.scenario == sc.key()));
         cdfs.push((sc.key().to_string(), hs));
         table::print_table(&format!("{} at {:.0}% load", sc.describe(), spec.fault_load), cells.iter().filter(|c| c.scenario == sc.key()));
     }
@@ -385,6 +395,19 @@ pub async fn compare(spec: &CompareSpec) -> Result<CompareReport, String> {
     };
     write_outputs(spec, &report, &cdfs)?;
     Ok(report)
+}
+
+/// Fills `extra_work_vs_ours` of the hedging cells of one load or scenario.
+fn set_extra_work<'a>(cells: impl Iterator<Item = &'a mut Cell>) {
+    let group: Vec<&mut Cell> = cells.collect();
+    let Some(base) = group.iter().find(|c| c.strategy_key == "ours").map(|c| c.work_ms_per_request) else {
+        return;
+    };
+    for c in group {
+        if c.strategy_key == "ours-hedge" && base > 0.0 {
+            c.extra_work_vs_ours = Some(c.work_ms_per_request / base - 1.0);
+        }
+    }
 }
 
 fn write_outputs(spec: &CompareSpec, report: &CompareReport, cdfs: &[(String, Vec<(String, Histogram<u64>)>)]) -> Result<(), String> {

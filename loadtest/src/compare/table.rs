@@ -2,9 +2,9 @@
 
 use super::{Cell, CompareReport};
 
-const HEADER: [&str; 10] = ["strategy", "p50 ms", "p99 ms", "p99.9 ms", "goodput/s", "errors", "missing", "hedged", "work ms/req", "busy"];
+const HEADER: [&str; 11] = ["strategy", "p50 ms", "p99 ms", "p99.9 ms", "goodput/s", "errors", "missing", "hedged", "work ms/req", "extra work", "busy"];
 
-fn row(c: &Cell) -> [String; 10] {
+fn row(c: &Cell) -> [String; 11] {
     let s = &c.summary;
     let l = &s.latency_ms;
     let hedged = if c.proxy.shards > 0 { 100.0 * c.proxy.hedges as f64 / c.proxy.shards as f64 } else { 0.0 };
@@ -18,6 +18,7 @@ fn row(c: &Cell) -> [String; 10] {
         format!("{}", s.missing_items),
         format!("{hedged:.1}%"),
         format!("{:.1}", c.work_ms_per_request),
+        c.extra_work_vs_ours.map_or_else(String::new, |x| format!("{:+.1}%", 100.0 * x)),
         format!("{:.0}%", 100.0 * c.utilisation),
     ]
 }
@@ -41,12 +42,12 @@ pub fn print_progress_row(c: &Cell) {
 pub fn print_table<'a>(title: &str, cells: impl Iterator<Item = &'a Cell>) {
     println!("\n{title}:");
     println!(
-        "  {:<34} {:>8} {:>8} {:>9} {:>10} {:>7} {:>8} {:>7} {:>11} {:>5}",
-        HEADER[0], HEADER[1], HEADER[2], HEADER[3], HEADER[4], HEADER[5], HEADER[6], HEADER[7], HEADER[8], HEADER[9]
+        "  {:<34} {:>8} {:>8} {:>9} {:>10} {:>7} {:>8} {:>7} {:>11} {:>10} {:>5}",
+        HEADER[0], HEADER[1], HEADER[2], HEADER[3], HEADER[4], HEADER[5], HEADER[6], HEADER[7], HEADER[8], HEADER[9], HEADER[10]
     );
     for c in cells {
         let r = row(c);
-        println!("  {:<34} {:>8} {:>8} {:>9} {:>10} {:>7} {:>8} {:>7} {:>11} {:>5}", r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9]);
+        println!("  {:<34} {:>8} {:>8} {:>9} {:>10} {:>7} {:>8} {:>7} {:>11} {:>10} {:>5}", r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10]);
     }
 }
 
@@ -66,7 +67,8 @@ pub fn markdown(r: &CompareReport) -> String {
          Fixed split: {} items per shard. Each load run {:.0} s, each fault run {:.0} s (first 10% up to 2 s not counted).\n\n\
          Columns: latency of answered requests; goodput = requests answered completely, correctly and within the deadline per second; \
          errors = requests without an answer; missing = items left unscored in partial answers; hedged = hedges per shard sent; \
-         work = worker compute (slot-ms) per request, hedge losers and failed calls included; busy = mean worker utilisation.\n",
+         work = worker compute (slot-ms) per request, hedge losers and failed calls included; extra work = hedging's work over \
+         that of the same strategy without hedging (4) in the same run conditions; busy = mean worker utilisation.\n",
         r.workers,
         r.slots,
         r.speed,
