@@ -245,11 +245,12 @@ fn solve_subset(rows: &[([f64; 3], f64)], idx: &[usize]) -> Option<Vec<f64>> {
             return None;
         }
         a.swap(col, piv);
-        for r in 0..k {
+        let pivot_row = a[col].clone();
+        for (r, row) in a.iter_mut().enumerate() {
             if r != col {
-                let f = a[r][col] / a[col][col];
-                for c in col..=k {
-                    a[r][c] -= f * a[col][c];
+                let f = row[col] / pivot_row[col];
+                for (x, p) in row[col..].iter_mut().zip(&pivot_row[col..]) {
+                    *x -= f * p;
                 }
             }
         }

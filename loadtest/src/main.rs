@@ -358,7 +358,7 @@ async fn run_load(a: RunArgs) -> anyhow::Result<()> {
         LoadMode::Closed { .. } => Vec::new(),
     };
     let (rep, hist) = RunData {
-        label: format!("{}", a.target),
+        label: a.target.clone(),
         target: spec.target.clone(),
         load: mode,
         duration_s: duration.as_secs_f64(),

@@ -120,9 +120,9 @@ impl Monitor {
 }
 
 /// Awaits all futures concurrently, keeping their order.
-async fn futures_join<F: std::future::Future>(futs: impl Iterator<Item = F>) -> Vec<F::Output>
+async fn futures_join<F>(futs: impl Iterator<Item = F>) -> Vec<F::Output>
 where
-    F: Send + 'static,
+    F: std::future::Future + Send + 'static,
     F::Output: Send + 'static,
 {
     let handles: Vec<JoinHandle<F::Output>> = futs.map(tokio::spawn).collect();

@@ -154,9 +154,7 @@ impl Chart for CdfChart<'_> {
 }
 
 fn format_ms(x: f64) -> String {
-    if x >= 100.0 {
-        format!("{x:.0}")
-    } else if x >= 10.0 {
+    if x >= 10.0 {
         format!("{x:.0}")
     } else if x >= 1.0 {
         format!("{x:.1}")

@@ -347,7 +347,7 @@ pub async fn compare(spec: &CompareSpec) -> Result<CompareReport, String> {
     }
 
     let mut cells = Vec::new();
-    let mut cdfs: Vec<(String, Vec<(String, Histogram<u64>)>)> = Vec::new();
+    let mut cdfs: Vec<CdfGroup> = Vec::new();
     for &load in &spec.loads {
         let mut hs = Vec::new();
         for (st, p) in spec.strategies.iter().zip(&proxies) {
@@ -397,6 +397,9 @@ pub async fn compare(spec: &CompareSpec) -> Result<CompareReport, String> {
     Ok(report)
 }
 
+/// One latency CDF chart: its file name and a histogram per strategy.
+type CdfGroup = (String, Vec<(String, Histogram<u64>)>);
+
 /// Fills `extra_work_vs_ours` of the hedging cells of one load or scenario.
 fn set_extra_work<'a>(cells: impl Iterator<Item = &'a mut Cell>) {
     let group: Vec<&mut Cell> = cells.collect();
@@ -410,7 +413,7 @@ fn set_extra_work<'a>(cells: impl Iterator<Item = &'a mut Cell>) {
     }
 }
 
-fn write_outputs(spec: &CompareSpec, report: &CompareReport, cdfs: &[(String, Vec<(String, Histogram<u64>)>)]) -> Result<(), String> {
+fn write_outputs(spec: &CompareSpec, report: &CompareReport, cdfs: &[CdfGroup]) -> Result<(), String> {
     let json = spec.out.join("compare.json");
     std::fs::write(&json, serde_json::to_string_pretty(report).map_err(|e| e.to_string())?).map_err(|e| format!("{}: {e}", json.display()))?;
     let md = spec.out.join("compare.md");
