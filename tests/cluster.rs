@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use sieve_e2e::{Http, Proc, proxy, test_config};
+use sieve_e2e::{Http, Proc, proxy, spawn, test_config};
 use sieve_shared::proxy_config::{PolicyKind, SplitMode};
 use sieve_shared::{ScoreResponse, WorkerEndpoint};
 
@@ -15,7 +15,7 @@ use sieve_shared::{ScoreResponse, WorkerEndpoint};
 const LOAD: Duration = Duration::from_secs(600);
 
 fn worker() -> Proc {
-    Proc::spawn("sieve-worker", &["--model", "default", "--port", "0", "--admin-port", "0", "--threads", "1"], LOAD)
+    spawn("sieve-worker", &["--model", "default", "--port", "0", "--admin-port", "0", "--threads", "1"], LOAD)
 }
 
 /// Five short products from the demo request, with its query.

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use sieve_e2e::{Http, Proc, catalogue, score_body, wait_ready};
+use sieve_e2e::{Http, Proc, catalogue, score_body, spawn, wait_ready};
 use sieve_shared::ScoreResponse;
 
 const QUERY: &str = "waterproof trail running shoes";
@@ -12,7 +12,7 @@ const START: Duration = Duration::from_secs(20);
 fn sim(extra: &[&str]) -> Proc {
     let mut args = vec!["sim-worker", "--port", "0", "--admin-port", "0"];
     args.extend_from_slice(extra);
-    Proc::spawn("sieve-loadtest", &args, START)
+    spawn("sieve-loadtest", &args, START)
 }
 
 fn proxy(workers: &[&Proc], config: Option<&std::path::Path>) -> Proc {
@@ -26,7 +26,7 @@ fn proxy(workers: &[&Proc], config: Option<&std::path::Path>) -> Proc {
         args.push(c.display().to_string());
     }
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    Proc::spawn("sieve-proxy", &refs, START)
+    spawn("sieve-proxy", &refs, START)
 }
 
 fn temp_config(name: &str, text: &str) -> std::path::PathBuf {

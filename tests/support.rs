@@ -1,11 +1,7 @@
 //! Helpers for the end-to-end tests: locating the built binaries, starting them on loopback
 //! (real processes, or proxies and simulated workers in-process), and talking HTTP to them.
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -129,138 +125,14 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
-/// A child process that printed `... listening api=ADDR admin=ADDR`. Killed when dropped.
-pub struct Proc {
-    child: Child,
-    pub api: SocketAddr,
-    pub admin: SocketAddr,
-    pub line: String,
-}
+/// A child process that printed `... listening api=ADDR admin=ADDR` (shared with the load
+/// tester, which starts proxies the same way). Killed when dropped.
+pub use sieve_loadtest::process::{Proc, parse_listening};
 
-/// Parses `<name> listening api=HOST:PORT admin=HOST:PORT`.
-pub fn parse_listening(line: &str) -> Option<(SocketAddr, SocketAddr)> {
-    let mut api = None;
-    let mut admin = None;
-    for part in line.split_whitespace() {
-        if let Some(v) = part.strip_prefix("api=") {
-            api = v.parse().ok();
-        } else if let Some(v) = part.strip_prefix("admin=") {
-            admin = v.parse().ok();
-        }
-    }
-    Some((api?, admin?))
-}
-
-impl Proc {
-    /// Starts `bin_name args...` and waits (at most `timeout`) for its listening line.
-    pub fn spawn(bin_name: &str, args: &[&str], timeout: Duration) -> Proc {
-        let mut cmd = Command::new(bin(bin_name));
-        cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
-        if std::env::var_os("RUST_LOG").is_none() {
-            // Their logs go straight to the terminal, past the test harness's capture.
-            cmd.env("RUST_LOG", "warn");
-        }
-        die_with_parent(&mut cmd);
-        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawning {bin_name}: {e}"));
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            // Keep reading so the child never blocks on a full pipe.
-            for line in BufReader::new(stdout).lines() {
-                match line {
-                    Ok(l) => {
-                        let _ = tx.send(l);
-                    }
-                    Err(_) => break,
-                }
-            }
-        });
-        let end = Instant::now() + timeout;
-        loop {
-            let left = end.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok(line) => {
-                    if let Some((api, admin)) = parse_listening(&line) {
-                        return Proc { child, api, admin, line };
-                    }
-                }
-                Err(_) => {
-                    let _ = child.kill();
-                    let status = child.wait().ok();
-                    panic!("{bin_name} printed no listening line within {timeout:?} (exit: {status:?})");
-                }
-            }
-        }
-    }
-
-    pub fn api_url(&self) -> String {
-        format!("http://{}", self.api)
-    }
-
-    pub fn admin_url(&self) -> String {
-        format!("http://{}", self.admin)
-    }
-
-    /// `--worker` value for a proxy.
-    pub fn worker_arg(&self) -> String {
-        format!("{},admin={}", self.api_url(), self.admin_url())
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    pub fn signal(&self, sig: i32) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, sig);
-        }
-    }
-
-    pub fn terminate(&self) {
-        self.signal(libc::SIGTERM);
-    }
-
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let end = Instant::now() + timeout;
-        while Instant::now() < end {
-            if let Ok(Some(s)) = self.child.try_wait() {
-                return Some(s);
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        None
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Linux: the child gets SIGKILL if the thread that started it dies (a test that panics
-/// past its guards), so no process outlives its test.
-fn die_with_parent(cmd: &mut Command) {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = cmd;
+/// Starts the built binary `bin_name` with `args` and waits (at most `timeout`) for its
+/// listening line; panics if it does not come.
+pub fn spawn(bin_name: &str, args: &[&str], timeout: Duration) -> Proc {
+    Proc::start(&bin(bin_name), args, timeout).unwrap_or_else(|e| panic!("{e}"))
 }
 
 // ---------------------------------------------------------------------------------------------

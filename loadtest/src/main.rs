@@ -1,12 +1,23 @@
-//! `sieve-loadtest`: load tests for Sieve. Subcommands: `sim-worker` (a simulated worker).
+//! `sieve-loadtest`: load tests for Sieve. Subcommands: `run` (load against any deployment),
+//! `sim-worker` (a simulated worker), `calibrate` (fit a sim cost model to a real worker),
+//! `compare` (the strategy comparison on a simulated cluster).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use sieve_loadtest::arrivals::{Burst, RateProfile};
+use sieve_loadtest::calibrate::{self, CalibrateSpec};
+use sieve_loadtest::client::Http;
+use sieve_loadtest::compare::{self, CompareSpec};
+use sieve_loadtest::dist::Dist;
+use sieve_loadtest::monitor::{self, Monitor};
+use sieve_loadtest::report::{self, RunData};
+use sieve_loadtest::run::{self, LoadMode, RunSpec};
 use sieve_loadtest::sim::{SimConfig, SimWorker, Slowdown};
+use sieve_loadtest::workload::WorkloadSpec;
 use sieve_shared::CostModel;
 
 #[derive(Parser)]
@@ -18,8 +29,214 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Drive load at a proxy or worker: open loop (Poisson) or closed loop; JSON report and plots.
+    Run(RunArgs),
     /// Serve the worker API and admin endpoints with compute times from a cost model.
     SimWorker(SimWorkerArgs),
+    /// Measure a real worker over a sweep of batch shapes and write the cost model sim-workers load.
+    Calibrate(CalibrateArgs),
+    /// Simulated cluster + one proxy per strategy: the same seeded load at several fractions of
+    /// capacity, then fault scenarios; tables, plots, JSON.
+    Compare(CompareArgs),
+}
+
+/// What the requests look like (a workload file, then flags over it).
+#[derive(Args, Clone)]
+struct WorkloadArgs {
+    /// Workload file (TOML or JSON): items, item_tokens, query_tokens, reuse, reuse_pool,
+    /// deadline_ms, instruction. Flags below override it.
+    #[arg(long)]
+    workload: Option<PathBuf>,
+    /// Items per query: N | uniform:MIN,MAX | lognormal:MEDIAN,SIGMA[,MIN,MAX] | pareto:SCALE,ALPHA[,MAX].
+    /// Default lognormal:200,0.3,20,1000.
+    #[arg(long)]
+    items: Option<Dist>,
+    /// Tokens per item text (same forms). Default pareto:40,1.2,300 (40-300, heavy tail).
+    #[arg(long)]
+    item_tokens: Option<Dist>,
+    /// Tokens per query (same forms). Default uniform:2,8.
+    #[arg(long)]
+    query_tokens: Option<Dist>,
+    /// Fraction of requests repeating an earlier one (same query and items). Default 0.2.
+    #[arg(long)]
+    reuse: Option<f64>,
+    /// deadline_ms sent with every request. Default 500.
+    #[arg(long)]
+    deadline_ms: Option<u64>,
+    /// Send no deadline (the server's default budget applies).
+    #[arg(long, conflicts_with = "deadline_ms")]
+    no_deadline: bool,
+    /// Instruction sent with every request.
+    #[arg(long)]
+    instruction: Option<String>,
+}
+
+impl WorkloadArgs {
+    fn spec(&self) -> anyhow::Result<WorkloadSpec> {
+        let mut w = match &self.workload {
+            Some(p) => WorkloadSpec::parse(&read(p)?).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?,
+            None => WorkloadSpec::default(),
+        };
+        if let Some(d) = self.items {
+            w.items = d;
+        }
+        if let Some(d) = self.item_tokens {
+            w.item_tokens = d;
+        }
+        if let Some(d) = self.query_tokens {
+            w.query_tokens = d;
+        }
+        if let Some(r) = self.reuse {
+            w.reuse = r;
+        }
+        if let Some(d) = self.deadline_ms {
+            w.deadline_ms = Some(d);
+        }
+        if self.no_deadline {
+            w.deadline_ms = None;
+        }
+        if let Some(i) = &self.instruction {
+            w.instruction = Some(i.clone());
+        }
+        w.validate().map_err(|e| anyhow::anyhow!("workload: {e}"))?;
+        Ok(w)
+    }
+}
+
+fn read(p: &Path) -> anyhow::Result<String> {
+    std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Base URL of a proxy or worker (requests go to URL/v1/score).
+    #[arg(long)]
+    target: String,
+    /// Open loop: Poisson arrivals at this many requests per second.
+    #[arg(long, conflicts_with = "concurrency")]
+    qps: Option<f64>,
+    /// Closed loop: this many clients, each sending its next request when answered.
+    #[arg(long)]
+    concurrency: Option<usize>,
+    /// Open loop: rate multiplied by FACTOR from START_S for DURATION_S (FACTOR@START_S+DURATION_S). Repeatable.
+    #[arg(long)]
+    burst: Vec<Burst>,
+    /// Seconds of sending.
+    #[arg(long, default_value_t = 30.0)]
+    duration: f64,
+    /// Stop after this many requests.
+    #[arg(long)]
+    requests: Option<u64>,
+    /// Seconds at the start not counted in the summary.
+    #[arg(long, default_value_t = 0.0)]
+    warmup: f64,
+    #[command(flatten)]
+    workload: WorkloadArgs,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Client timeout per request, ms (default: deadline + 10 s).
+    #[arg(long)]
+    timeout_ms: Option<u64>,
+    /// Check every score against the simulated workers' deterministic scores (sim clusters only).
+    #[arg(long)]
+    verify_sim_scores: bool,
+    /// A worker admin URL to poll for utilisation. Repeatable.
+    #[arg(long = "worker-admin")]
+    worker_admin: Vec<String>,
+    /// A proxy admin URL: its workers' admin URLs are polled for utilisation.
+    #[arg(long)]
+    proxy_admin: Option<String>,
+    /// Report folder (report.json, latency_cdf, latency_over_time, worker_utilisation .svg/.png).
+    #[arg(long, default_value = "loadtest-report")]
+    out: PathBuf,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Args)]
+struct CalibrateArgs {
+    /// Base URL of the worker's API.
+    #[arg(long)]
+    worker: String,
+    /// The worker's admin URL (batch limits, model and device for the file header).
+    #[arg(long)]
+    admin: Option<String>,
+    /// Cost-model file to write (TOML, for `sim-worker --cost-model` and the proxy's [cost]).
+    #[arg(long, default_value = "cost-model.toml")]
+    out: PathBuf,
+    /// Query lengths of the sweep, in words.
+    #[arg(long, value_delimiter = ',', default_value = "4,64,256")]
+    query_words: Vec<u32>,
+    /// Items per call of the sweep.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
+    items: Vec<u32>,
+    /// Item lengths of the sweep, in words.
+    #[arg(long, value_delimiter = ',', default_value = "16,64,256")]
+    item_words: Vec<u32>,
+    /// Calls per shape.
+    #[arg(long, default_value_t = 2)]
+    repeats: u32,
+}
+
+#[derive(Args)]
+struct CompareArgs {
+    /// Simulated workers.
+    #[arg(long, default_value_t = 16)]
+    workers: usize,
+    /// Batch slots per worker (calls computed at once).
+    #[arg(long, default_value_t = 1)]
+    slots: usize,
+    /// Cost model of the simulated workers (default: the built-in GPU-like one).
+    #[arg(long)]
+    cost_model: Option<PathBuf>,
+    /// Speed of every worker: below 1 stretches time, so a machine with few cores keeps up
+    /// (its own CPU time per request stays small beside the simulated compute). The default
+    /// deadline is stretched the same way.
+    #[arg(long, default_value_t = 0.25)]
+    speed: f64,
+    /// Log-normal noise on compute time (sigma of ln time).
+    #[arg(long, default_value_t = 0.1)]
+    jitter: f64,
+    /// Offered loads, percent of capacity.
+    #[arg(long, value_delimiter = ',', default_value = "30,50,70,90")]
+    loads: Vec<f64>,
+    /// Seconds per load run.
+    #[arg(long, default_value_t = 30.0)]
+    duration: f64,
+    /// Seconds of unmeasured load per proxy before the first run.
+    #[arg(long, default_value_t = 3.0)]
+    warmup: f64,
+    /// all, or a comma-separated list of 1-5 / whole-random, fixed-random, fixed-least, ours, ours-hedge.
+    #[arg(long, default_value = "all")]
+    strategies: String,
+    /// all, none, or a comma-separated list of slow, kill, burst.
+    #[arg(long, default_value = "all")]
+    scenarios: String,
+    /// Load of the fault scenarios, percent of capacity. 50 by default: the split strategies
+    /// pay a per-shard overhead, so at 70% of (whole-request) capacity they are already ~95%
+    /// busy and their p99 is queueing, whatever the fault.
+    #[arg(long, default_value_t = 50.0)]
+    fault_load: f64,
+    /// Seconds per fault run.
+    #[arg(long, default_value_t = 30.0)]
+    fault_duration: f64,
+    /// Items per shard of the fixed split (default: mean items per request / workers).
+    #[arg(long)]
+    fixed_items: Option<usize>,
+    #[command(flatten)]
+    workload: WorkloadArgs,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Results folder.
+    #[arg(long, default_value = "loadtest-compare")]
+    out: PathBuf,
+    /// The sieve-proxy binary (default: next to this one).
+    #[arg(long)]
+    proxy_bin: Option<PathBuf>,
+    /// No progress bars.
+    #[arg(long)]
+    quiet: bool,
 }
 
 #[derive(Args)]
@@ -78,7 +295,11 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
+        Command::Run(args) => rt.block_on(run_load(args)),
         Command::SimWorker(args) => rt.block_on(sim_worker(args)),
+        Command::Calibrate(args) => rt.block_on(calibrate_worker(args)),
+        // On this thread: the proxies it starts die with the thread that started them.
+        Command::Compare(args) => rt.block_on(compare_strategies(args)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -87,6 +308,139 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn secs(v: f64, name: &str) -> anyhow::Result<Duration> {
+    if !(v.is_finite() && v >= 0.0) {
+        anyhow::bail!("--{name} must be a non-negative number of seconds, got {v}");
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+async fn run_load(a: RunArgs) -> anyhow::Result<()> {
+    let workload = a.workload.spec()?;
+    let mode = match (a.qps, a.concurrency) {
+        (Some(q), _) if q.is_finite() && q > 0.0 => LoadMode::Open { profile: RateProfile { base_qps: q, bursts: a.burst.clone() } },
+        (Some(q), _) => anyhow::bail!("--qps must be positive, got {q}"),
+        (None, Some(c)) if c > 0 => {
+            if !a.burst.is_empty() {
+                anyhow::bail!("--burst needs open loop (--qps)");
+            }
+            LoadMode::Closed { concurrency: c }
+        }
+        (None, Some(_)) => anyhow::bail!("--concurrency must be at least 1"),
+        (None, None) => anyhow::bail!("give --qps (open loop) or --concurrency (closed loop)"),
+    };
+    let duration = secs(a.duration, "duration")?;
+    let warmup = secs(a.warmup, "warmup")?;
+    let http = Http::new();
+    let mut admins = a.worker_admin.clone();
+    if let Some(p) = &a.proxy_admin {
+        admins.extend(monitor::workers_of_proxy(&http, p).await.map_err(|e| anyhow::anyhow!("{e}"))?);
+    }
+    let spec = RunSpec {
+        target: a.target.trim_end_matches('/').to_string(),
+        mode: mode.clone(),
+        duration,
+        max_requests: a.requests,
+        timeout: Duration::from_millis(a.timeout_ms.unwrap_or(workload.deadline_ms.unwrap_or(30_000) + 10_000)),
+        workload: workload.clone(),
+        seed: a.seed,
+        verify_sim_scores: a.verify_sim_scores,
+        progress: !a.quiet,
+        label: "run".into(),
+    };
+    let mon = (!admins.is_empty()).then(|| Monitor::start(http.clone(), admins.clone(), Duration::from_millis(500)));
+    let out = run::run(&http, &spec).await;
+    let util = mon.map(Monitor::stop);
+    let marks = match &mode {
+        LoadMode::Open { profile } => profile.bursts.iter().map(|b| (b.start_s, b.start_s + b.duration_s, format!("x{} burst", b.factor))).collect(),
+        LoadMode::Closed { .. } => Vec::new(),
+    };
+    let (rep, hist) = RunData {
+        label: a.target.clone(),
+        target: spec.target.clone(),
+        load: mode,
+        duration_s: duration.as_secs_f64(),
+        max_requests: a.requests,
+        warmup_s: warmup.as_secs_f64(),
+        seed: a.seed,
+        workload,
+        records: &out.records,
+        send_window_s: out.send_window_s,
+        utilisation: util,
+        marks,
+    }
+    .report();
+    report::print_summary(&rep);
+    let files = report::write(&a.out, &rep, &hist).map_err(|e| anyhow::anyhow!("{e}"))?;
+    println!("  report: {}", files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", "));
+    Ok(())
+}
+
+async fn calibrate_worker(a: CalibrateArgs) -> anyhow::Result<()> {
+    let spec = CalibrateSpec { query_words: a.query_words, items_per_call: a.items, item_words: a.item_words, repeats: a.repeats.max(1), ..CalibrateSpec::default() };
+    let http = Http::new();
+    let c = calibrate::calibrate(&http, &a.worker, a.admin.as_deref(), &spec, |i, n| {
+        eprint!("\r  call {i}/{n}");
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    eprintln!();
+    println!("  {:>7} {:>6} {:>6} {:>12} {:>12} {:>7}", "prefix", "cached", "items", "item tokens", "compute ms", "model");
+    for s in &c.samples {
+        println!("  {:>7} {:>6} {:>6} {:>12} {:>12.2} {:>7.2}", s.prefix_tokens, s.cached_prefix_tokens, s.items, s.item_tokens, s.compute_ms, s.predicted_ms);
+    }
+    let text = c.to_toml();
+    std::fs::write(&a.out, &text).map_err(|e| anyhow::anyhow!("{}: {e}", a.out.display()))?;
+    print!("{text}");
+    println!("written to {}", a.out.display());
+    Ok(())
+}
+
+async fn compare_strategies(a: CompareArgs) -> anyhow::Result<()> {
+    let cost = match &a.cost_model {
+        Some(p) => CostModel::parse(&read(p)?).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?,
+        None => CostModel::default(),
+    };
+    let proxy_bin = match a.proxy_bin {
+        Some(p) => p,
+        None => sieve_loadtest::process::locate_binary("sieve-proxy")
+            .ok_or_else(|| anyhow::anyhow!("sieve-proxy not found next to sieve-loadtest: build it (cargo build -p sieve-proxy) or pass --proxy-bin"))?,
+    };
+    let sim = SimConfig { cost, slots: a.slots, speed: a.speed, jitter: a.jitter, seed: a.seed, ..SimConfig::default() };
+    sim.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+    for &l in &a.loads {
+        if !(l.is_finite() && l > 0.0) {
+            anyhow::bail!("--loads must be positive percentages, got {l}");
+        }
+    }
+    let spec = CompareSpec {
+        workers: a.workers,
+        sim,
+        loads: a.loads,
+        duration: secs(a.duration, "duration")?,
+        proxy_warmup: secs(a.warmup, "warmup")?,
+        strategies: compare::parse_strategies(&a.strategies).map_err(|e| anyhow::anyhow!("{e}"))?,
+        scenarios: compare::parse_scenarios(&a.scenarios).map_err(|e| anyhow::anyhow!("{e}"))?,
+        fault_load: a.fault_load,
+        fault_duration: secs(a.fault_duration, "fault-duration")?,
+        workload: {
+            let mut w = a.workload.spec()?;
+            if a.workload.deadline_ms.is_none() && !a.workload.no_deadline && a.workload.workload.is_none() {
+                // The default budget is for real-speed workers: simulated time is stretched.
+                w.deadline_ms = w.deadline_ms.map(|d| (d as f64 / a.speed).round() as u64);
+            }
+            w
+        },
+        fixed_items: a.fixed_items,
+        seed: a.seed,
+        out: a.out,
+        proxy_bin,
+        progress: !a.quiet,
+    };
+    compare::compare(&spec).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(())
 }
 
 async fn sim_worker(a: SimWorkerArgs) -> anyhow::Result<()> {

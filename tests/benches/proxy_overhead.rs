@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use sieve_e2e::{Http, Proc, catalogue, score_body, wait_ready};
+use sieve_e2e::{Http, Proc, catalogue, score_body, spawn, wait_ready};
 
 const WORKERS: usize = 4;
 const ITEMS: usize = 100;
@@ -218,7 +218,7 @@ fn start_proxy(workers: &[Proc], config: &str, name: &str) -> (Proc, PathBuf) {
         args.push(w.worker_arg());
     }
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    (Proc::spawn("sieve-proxy", &refs, Duration::from_secs(20)), path)
+    (spawn("sieve-proxy", &refs, Duration::from_secs(20)), path)
 }
 
 fn row(name: &str, f: &Figures, base: Option<&Figures>) {
@@ -248,11 +248,11 @@ async fn run(args: Args) {
     let zero = zero_cost.display().to_string();
     let sims_zero: Vec<Proc> = (0..WORKERS)
         .map(|_| {
-            Proc::spawn("sieve-loadtest", &["sim-worker", "--port", "0", "--admin-port", "0", "--slots", "64", "--cost-model", &zero], Duration::from_secs(20))
+            spawn("sieve-loadtest", &["sim-worker", "--port", "0", "--admin-port", "0", "--slots", "64", "--cost-model", &zero], Duration::from_secs(20))
         })
         .collect();
     let sims_cost: Vec<Proc> = (0..WORKERS)
-        .map(|_| Proc::spawn("sieve-loadtest", &["sim-worker", "--port", "0", "--admin-port", "0"], Duration::from_secs(20)))
+        .map(|_| spawn("sieve-loadtest", &["sim-worker", "--port", "0", "--admin-port", "0"], Duration::from_secs(20)))
         .collect();
 
     let base_cfg = "[hedge]\nenabled = false\n[health]\ninterval_ms = 200\n[deadline]\ndefault_ms = 10000\n";

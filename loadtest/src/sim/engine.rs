@@ -44,8 +44,29 @@ pub struct Counters {
     pub deadline_drops: AtomicU64,
     pub rejected: AtomicU64,
     pub cancelled: AtomicU64,
-    /// Sum of compute time, in microseconds (utilisation).
+    /// Slot time of finished computes (completed, failed, dropped or cancelled), in µs.
     pub busy_us: AtomicU64,
+    /// Computes running now, and the sum of their start times (µs after start-up): with
+    /// `busy_us` they give the busy time up to any instant (utilisation sampling).
+    pub computing: AtomicU64,
+    pub computing_since_us: AtomicU64,
+}
+
+/// Accounts a compute's slot time however it ends, cancellation (the client went away)
+/// included: a hedge's loser costs the worker what it ran.
+struct Computing<'a> {
+    c: &'a Counters,
+    started: Instant,
+    start_us: u64,
+}
+
+impl Drop for Computing<'_> {
+    fn drop(&mut self) {
+        let now_us = self.started.elapsed().as_micros() as u64;
+        self.c.computing.fetch_sub(1, Ordering::Relaxed);
+        self.c.computing_since_us.fetch_sub(self.start_us, Ordering::Relaxed);
+        self.c.busy_us.fetch_add(now_us.saturating_sub(self.start_us), Ordering::Relaxed);
+    }
 }
 
 /// Undoes the in-flight accounting of a call however it ends (response, error or cancellation
@@ -206,6 +227,10 @@ impl SimEngine {
         .map_err(|_| ApiError::internal("sim worker is shutting down"))?;
         drop(waiting);
         let start = Instant::now();
+        let start_us = (start - self.started).as_micros() as u64;
+        c.computing.fetch_add(1, Ordering::Relaxed);
+        c.computing_since_us.fetch_add(start_us, Ordering::Relaxed);
+        let computing = Computing { c, started: self.started, start_us };
         let queue_ms = (start - arrival).as_secs_f64() * 1e3;
 
         let settings = self.settings();
@@ -247,9 +272,8 @@ impl SimEngine {
             }
             _ => tokio::time::sleep_until(end).await,
         }
+        drop(computing);
         drop(permit);
-        let elapsed = start.elapsed();
-        c.busy_us.fetch_add(elapsed.as_micros() as u64, Ordering::Relaxed);
         c.completed.fetch_add(1, Ordering::Relaxed);
         c.pairs.fetch_add(pairs, Ordering::Relaxed);
         c.tokens.fetch_add(total_tokens, Ordering::Relaxed);
@@ -269,9 +293,19 @@ impl SimEngine {
                 cached_prefix_tokens: 0,
                 item_tokens,
             },
-            timing: Timing { queue_ms, compute_ms: elapsed.as_secs_f64() * 1e3, total_ms: arrival.elapsed().as_secs_f64() * 1e3 },
+            timing: Timing { queue_ms, compute_ms: compute.as_secs_f64() * 1e3, total_ms: arrival.elapsed().as_secs_f64() * 1e3 },
             model: self.config.model.clone(),
         })
+    }
+
+    /// Slot-seconds of compute so far, running computes included up to now.
+    pub fn busy_seconds(&self) -> f64 {
+        let c = &self.counters;
+        let now_us = self.started.elapsed().as_micros() as u64;
+        let running = c.computing.load(Ordering::Relaxed);
+        let since = c.computing_since_us.load(Ordering::Relaxed);
+        let busy = c.busy_us.load(Ordering::Relaxed) + (running * now_us).saturating_sub(since);
+        busy as f64 / 1e6
     }
 
     pub fn stats(&self) -> WorkerStats {
@@ -288,7 +322,7 @@ impl SimEngine {
             "deadline_drops": c.deadline_drops.load(Ordering::Relaxed),
             "rejected": c.rejected.load(Ordering::Relaxed),
             "cancelled": c.cancelled.load(Ordering::Relaxed),
-            "busy_seconds": c.busy_us.load(Ordering::Relaxed) as f64 / 1e6,
+            "busy_seconds": self.busy_seconds(),
         }));
         WorkerStats {
             model: self.config.model.clone(),
@@ -414,5 +448,66 @@ mod tests {
         slow.drain();
         assert_eq!(slow.score(req(&["x"], None), Instant::now()).await.unwrap_err().status(), 503);
         assert!(slow.stats().draining);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn latency_follows_the_cost_model_over_shapes_speeds_and_slowdowns() {
+        let cost = CostModel { request_ms: 3.0, token_ms: 0.02, token_context_ms: 1e-4 };
+        for (speed, slowdown) in [(1.0, 1.0), (0.5, 1.0), (4.0, 3.0)] {
+            let e = engine(SimConfig { cost, speed, ..SimConfig::default() });
+            e.update(&SimSettingsUpdate { slowdown: Some(slowdown), ..Default::default() }).unwrap();
+            for (words, n) in [(1usize, 1usize), (30, 5), (200, 40)] {
+                let item = "word ".repeat(words);
+                let items: Vec<&str> = std::iter::repeat_n(item.as_str(), n).collect();
+                let t0 = Instant::now();
+                let r = e.score(req(&items, None), t0).await.unwrap();
+                let p = f64::from(r.usage.prefix_tokens);
+                let expect = cost.call_ms(p, r.usage.item_tokens.iter().map(|&t| f64::from(t))) * slowdown / speed;
+                let took = t0.elapsed().as_secs_f64() * 1e3;
+                assert!((r.timing.compute_ms - expect).abs() < 1e-6 * expect, "reported {} vs model {expect}", r.timing.compute_ms);
+                // The (paused) timer wheel rounds sleeps up to the next millisecond.
+                assert!(took >= expect - 1e-6 && took <= expect + 1.0, "took {took} ms, model {expect} ms (speed {speed}, slowdown {slowdown})");
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn jitter_keeps_the_mean_and_has_the_configured_spread() {
+        let cost = CostModel { request_ms: 10.0, token_ms: 0.0, token_context_ms: 0.0 };
+        let e = engine(SimConfig { cost, jitter: 0.3, seed: 9, ..SimConfig::default() });
+        let mut logs = Vec::new();
+        for _ in 0..4000 {
+            let r = e.score(req(&["x"], None), Instant::now()).await.unwrap();
+            logs.push((r.timing.compute_ms / 10.0).ln());
+        }
+        let n = logs.len() as f64;
+        let mean_ratio = logs.iter().map(|l| l.exp()).sum::<f64>() / n;
+        let mean_log = logs.iter().sum::<f64>() / n;
+        let sd = (logs.iter().map(|l| (l - mean_log).powi(2)).sum::<f64>() / n).sqrt();
+        assert!((mean_ratio - 1.0).abs() < 0.02, "mean compute / model {mean_ratio}");
+        assert!((sd - 0.3).abs() < 0.015, "sigma of ln time {sd}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn slots_compute_concurrently_and_busy_time_counts_cancelled_work() {
+        let cost = CostModel { request_ms: 100.0, token_ms: 0.0, token_context_ms: 0.0 };
+        let e = Arc::new(engine(SimConfig { cost, slots: 2, ..SimConfig::default() }));
+        let t0 = Instant::now();
+        let calls: Vec<_> = (0..4).map(|_| { let e = e.clone(); tokio::spawn(async move { e.score(req(&["x"], None), t0).await }) }).collect();
+        for c in calls {
+            c.await.unwrap().unwrap();
+        }
+        assert_eq!(t0.elapsed(), Duration::from_millis(200), "two at a time");
+        assert!((e.busy_seconds() - 0.4).abs() < 1e-6);
+        // A call abandoned half-way (its client went away) still cost the worker 50 ms.
+        let e2 = e.clone();
+        let call = tokio::spawn(async move { e2.score(req(&["x"], None), Instant::now()).await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!((e.busy_seconds() - 0.45).abs() < 1e-3, "running work counts: {}", e.busy_seconds());
+        call.abort();
+        let _ = call.await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!((e.busy_seconds() - 0.45).abs() < 1e-3, "{}", e.busy_seconds());
+        assert_eq!(e.counters().cancelled.load(Ordering::Relaxed), 1);
     }
 }

@@ -1,0 +1,97 @@
+//! The strategies compared, each a proxy configuration (split mode, balancing policy,
+//! hedging); everything else (retries, breaker, health checks, the cost-model prior) is the
+//! same for all.
+
+use sieve_shared::proxy_config::{PolicyKind, SplitMode};
+use sieve_shared::{CostModel, ProxyConfig, WorkerEndpoint};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Strategy {
+    /// Short name for flags and file names.
+    pub key: &'static str,
+    /// Row label in tables and plots.
+    pub name: &'static str,
+    pub split: SplitMode,
+    pub policy: PolicyKind,
+    pub hedge: bool,
+}
+
+pub const STRATEGIES: [Strategy; 5] = [
+    Strategy { key: "whole-random", name: "1 whole request, random worker", split: SplitMode::None, policy: PolicyKind::Random, hedge: false },
+    Strategy { key: "fixed-random", name: "2 fixed split, random", split: SplitMode::Fixed, policy: PolicyKind::Random, hedge: false },
+    Strategy { key: "fixed-least", name: "3 fixed split, least-loaded", split: SplitMode::Fixed, policy: PolicyKind::LeastLoaded, hedge: false },
+    Strategy { key: "ours", name: "4 cost split, least-loaded (ours)", split: SplitMode::Cost, policy: PolicyKind::LeastLoaded, hedge: false },
+    Strategy { key: "ours-hedge", name: "5 ours + hedging", split: SplitMode::Cost, policy: PolicyKind::LeastLoaded, hedge: true },
+];
+
+/// Parses `all` or a comma-separated list of keys or numbers (1-5).
+pub fn parse_strategies(s: &str) -> Result<Vec<Strategy>, String> {
+    if s.trim() == "all" {
+        return Ok(STRATEGIES.to_vec());
+    }
+    s.split(',')
+        .map(|p| {
+            let p = p.trim();
+            STRATEGIES
+                .iter()
+                .enumerate()
+                .find(|(i, st)| st.key == p || (i + 1).to_string() == p)
+                .map(|(_, st)| *st)
+                .ok_or_else(|| format!("unknown strategy '{p}' (expected all, 1-5 or one of {})", keys()))
+        })
+        .collect()
+}
+
+fn keys() -> String {
+    STRATEGIES.iter().map(|s| s.key).collect::<Vec<_>>().join(", ")
+}
+
+/// What every strategy's proxy shares.
+#[derive(Debug, Clone)]
+pub struct ProxyBase {
+    pub workers: Vec<WorkerEndpoint>,
+    /// The proxy's prior cost model (what the simulated workers really cost).
+    pub cost: CostModel,
+    /// Items per shard of the fixed split.
+    pub fixed_items: usize,
+    /// Budget of requests without a deadline.
+    pub default_deadline_ms: u64,
+}
+
+impl Strategy {
+    pub fn proxy_config(&self, base: &ProxyBase) -> ProxyConfig {
+        let mut c = ProxyConfig::default();
+        c.server.port = 0;
+        c.server.admin_port = 0;
+        c.deadline.default_ms = base.default_deadline_ms;
+        c.split.mode = self.split;
+        c.split.fixed_items = base.fixed_items.max(1);
+        c.balance.policy = self.policy;
+        c.hedge.enabled = self.hedge;
+        c.health.interval_ms = 250;
+        c.cost = base.cost;
+        c.workers = base.workers.clone();
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strategies_parse_and_configure() {
+        assert_eq!(parse_strategies("all").unwrap().len(), 5);
+        let s = parse_strategies("1,ours-hedge").unwrap();
+        assert_eq!(s[0].key, "whole-random");
+        assert!(s[1].hedge);
+        assert!(parse_strategies("best").unwrap_err().contains("ours"));
+        let base = ProxyBase { workers: vec![WorkerEndpoint::new("http://127.0.0.1:1", None)], cost: CostModel::default(), fixed_items: 13, default_deadline_ms: 500 };
+        let c = STRATEGIES[1].proxy_config(&base);
+        assert_eq!((c.split.mode, c.split.fixed_items, c.balance.policy, c.hedge.enabled), (SplitMode::Fixed, 13, PolicyKind::Random, false));
+        // Every configuration is one the proxy accepts.
+        for st in STRATEGIES {
+            ProxyConfig::from_toml(&st.proxy_config(&base).to_toml()).unwrap();
+        }
+    }
+}
