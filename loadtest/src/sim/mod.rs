@@ -41,9 +41,9 @@ impl SimWorker {
         let engine = Arc::new(SimEngine::new(config));
         let (stop, stop_rx) = watch::channel(Stop::Running);
         let e = engine.clone();
-        let api_task = tokio::spawn(http::serve(api, move |r| http::api(e.clone(), r), stop_rx.clone()));
+        let api_task = tokio::spawn(sieve_shared::http::serve(api, move |r| http::api(e.clone(), r), http::stopped(stop_rx.clone())));
         let e = engine.clone();
-        let admin_task = tokio::spawn(http::serve(admin, move |r| http::admin(e.clone(), r), stop_rx));
+        let admin_task = tokio::spawn(sieve_shared::http::serve(admin, move |r| http::admin(e.clone(), r), http::stopped(stop_rx)));
         Ok(SimWorker { api_addr, admin_addr, engine, stop, tasks: vec![api_task, admin_task] })
     }
 
