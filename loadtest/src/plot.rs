@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use hdrhistogram::Histogram;
-use plotters::coord::Shift;
+use plotters::coord::{CoordTranslate, Shift};
 use plotters::prelude::*;
 
 use crate::monitor::Utilisation;
@@ -77,6 +77,11 @@ fn write_png(path: &Path, rgb: &[u8], (w, h): (u32, u32)) -> Result<(), String> 
 // ---------------------------------------------------------------------------------------------
 // Charts
 
+/// The series legend every chart draws: boxed, on a translucent white background.
+fn draw_legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(chart: &mut ChartContext<'a, DB, CT>, at: SeriesLabelPosition) -> Result<(), String> {
+    chart.configure_series_labels().position(at).background_style(WHITE.mix(0.85)).border_style(BLACK).draw().map_err(err)
+}
+
 /// Latency CDF of one or more runs: x = latency (log scale), y = cumulative fraction on a
 /// "nines" scale (0, 90%, 99%, 99.9%, 99.99%), so the tail is readable.
 pub struct CdfChart<'a> {
@@ -142,14 +147,7 @@ impl Chart for CdfChart<'_> {
                 .label(name)
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
-        Ok(())
+        draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)
     }
 }
 
@@ -216,14 +214,7 @@ impl Chart for TimelineChart<'_> {
             .map_err(err)?
             .label("errors or partial answers")
             .legend(move |(x, y)| TriangleMarker::new((x + 10, y), 6, red.filled()));
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
-        Ok(())
+        draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)
     }
 }
 
@@ -271,14 +262,7 @@ impl Chart for UtilisationChart<'_> {
             .map_err(err)?
             .label(format!("mean of {} workers", u.series.len()))
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(3)));
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
-        Ok(())
+        draw_legend(&mut chart, SeriesLabelPosition::LowerRight)
     }
 }
 
@@ -324,14 +308,7 @@ impl Chart for LoadChart {
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
             chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 4, c.filled()))).map_err(err)?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
-        Ok(())
+        draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)
     }
 }
 
