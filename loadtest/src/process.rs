@@ -11,26 +11,15 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+pub use sieve_shared::child::parse_listening;
+use sieve_shared::child::die_with_parent;
+
 /// A child process that printed its listening line. Killed when dropped.
 pub struct Proc {
     child: Child,
     pub api: SocketAddr,
     pub admin: SocketAddr,
     pub line: String,
-}
-
-/// Parses `<name> listening api=HOST:PORT admin=HOST:PORT`.
-pub fn parse_listening(line: &str) -> Option<(SocketAddr, SocketAddr)> {
-    let mut api = None;
-    let mut admin = None;
-    for part in line.split_whitespace() {
-        if let Some(v) = part.strip_prefix("api=") {
-            api = v.parse().ok();
-        } else if let Some(v) = part.strip_prefix("admin=") {
-            admin = v.parse().ok();
-        }
-    }
-    Some((api?, admin?))
 }
 
 /// Finds a Sieve binary built alongside the running program: in the same directory (a binary
@@ -60,7 +49,8 @@ impl Proc {
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "warn");
         }
-        die_with_parent(&mut cmd);
+        // SIGKILL: a load-test child is worthless without the run that started it.
+        die_with_parent(&mut cmd, libc::SIGKILL);
         let mut child = cmd.spawn().map_err(|e| format!("starting {}: {e}", program.display()))?;
         let Some(stdout) = child.stdout.take() else {
             let _ = child.kill();
@@ -141,36 +131,5 @@ impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-/// Linux: the child gets SIGKILL if the thread that started it dies, so no process outlives
-/// its parent even when the parent panics or is killed.
-pub fn die_with_parent(cmd: &mut Command) {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = cmd;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn listening_lines() {
-        let (api, admin) = parse_listening("sieve-proxy listening api=127.0.0.1:81 admin=127.0.0.1:91").unwrap();
-        assert_eq!(api.port(), 81);
-        assert_eq!(admin.port(), 91);
-        assert!(parse_listening("sieve-proxy listening api=127.0.0.1:81").is_none());
     }
 }

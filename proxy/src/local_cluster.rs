@@ -9,6 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use sieve_shared::child::{die_with_parent, parse_listening};
+
 use crate::client::HttpClient;
 
 #[derive(Debug, thiserror::Error)]
@@ -122,7 +124,8 @@ pub fn spawn_service(name: &str, program: &Path, args: &[String], timeout: Durat
         // The launcher's output is the ranking; children speak up only about problems.
         cmd.env("RUST_LOG", "warn");
     }
-    die_with_parent(&mut cmd);
+    // SIGTERM: a worker whose launcher died drains instead of vanishing mid-call.
+    die_with_parent(&mut cmd, libc::SIGTERM);
     let mut child = cmd.spawn().map_err(|e| ClusterError::Spawn(name.into(), e))?;
     let Some(stdout) = child.stdout.take() else {
         let _ = child.kill();
@@ -156,41 +159,6 @@ pub fn spawn_service(name: &str, program: &Path, args: &[String], timeout: Durat
             }
         }
     }
-}
-
-/// Parses `<name> listening api=HOST:PORT admin=HOST:PORT`.
-pub fn parse_listening(line: &str) -> Option<(SocketAddr, SocketAddr)> {
-    let mut words = line.split_whitespace();
-    words.next()?;
-    if words.next()? != "listening" {
-        return None;
-    }
-    let (mut api, mut admin) = (None, None);
-    for w in words {
-        if let Some(v) = w.strip_prefix("api=") {
-            api = v.parse().ok();
-        } else if let Some(v) = w.strip_prefix("admin=") {
-            admin = v.parse().ok();
-        }
-    }
-    Some((api?, admin?))
-}
-
-/// Linux: a child gets SIGTERM when the launcher dies, however it dies.
-fn die_with_parent(cmd: &mut Command) {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-                Ok(())
-            });
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = cmd;
 }
 
 /// Polls `GET {admin}/ready` until 200.
@@ -298,18 +266,5 @@ async fn wait_all_workers(client: &HttpClient, admin_url: &str, n: usize, timeou
             return Err(ClusterError::NotReady("proxy".into(), timeout));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn listening_lines() {
-        let (a, b) = parse_listening("sieve-worker listening api=127.0.0.1:8081 admin=127.0.0.1:9081").unwrap();
-        assert_eq!((a.port(), b.port()), (8081, 9081));
-        assert!(parse_listening("loading model...").is_none());
-        assert!(parse_listening("sieve-worker listening api=127.0.0.1:8081").is_none());
     }
 }

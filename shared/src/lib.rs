@@ -3,6 +3,7 @@
 //! port runs on, so they all answer bad input the same way.
 
 pub mod api;
+pub mod child;
 pub mod cost;
 pub mod error;
 pub mod http;

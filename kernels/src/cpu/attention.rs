@@ -19,6 +19,7 @@ use crate::backend::{AttnSeq, QkvLayout};
 use super::isa::Isa;
 use super::math::{self, LANES};
 use super::scratch::ScratchPool;
+use super::shared_out::SharedOut;
 
 /// Query rows per work item: small enough to spread one long sequence over the threads, large
 /// enough that the gather is amortised over many rows.
@@ -76,19 +77,6 @@ pub(crate) struct Scratch {
     acc: Vec<f32>,
 }
 
-#[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
-// SAFETY: work items write disjoint (row, head) ranges of the output.
-unsafe impl Send for SharedOut {}
-unsafe impl Sync for SharedOut {}
-
-impl SharedOut {
-    /// (A method, so that closures capture the `Send` wrapper rather than the raw pointer.)
-    fn ptr(&self) -> *mut f32 {
-        self.0
-    }
-}
-
 /// Shapes were checked by the caller; `out` is `[rows, n_heads * head_dim]`.
 pub(crate) fn attention(pool: &rayon::ThreadPool, scratch: &ScratchPool<Scratch>, threads: usize, isa: Isa, inp: &AttnInputs, out: &mut [f32]) {
     let l = inp.layout;
@@ -102,6 +90,7 @@ pub(crate) fn attention(pool: &rayon::ThreadPool, scratch: &ScratchPool<Scratch>
     }
     // Longest contexts first, so the big items do not end up last on one thread.
     items.sort_by_key(|it| std::cmp::Reverse(context_len(&inp.seqs[it.seq], it.q1)));
+    // Shared by the threads: work items write disjoint (row, head) ranges of the output.
     let out = SharedOut(out.as_mut_ptr());
     let run = |it: &WorkItem| scratch.with(|s| run_item(isa, inp, it, s, out.ptr()));
     if threads > 1 && items.len() > 1 {

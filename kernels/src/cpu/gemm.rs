@@ -15,6 +15,7 @@ use super::gemm_tile::{tile_fn, Tile, AVX2_TILE_ROWS};
 use super::isa::Isa;
 use super::pack::{PackedWeight, NR};
 use super::scratch::{grown, ScratchPool};
+use super::shared_out::SharedOut;
 
 /// What happens to each finished output element.
 #[derive(Clone, Copy)]
@@ -38,19 +39,6 @@ const BLOCK_X_BYTES: usize = 512 << 10;
 const KC: usize = 2048;
 /// Below this many multiply-adds a GEMM runs on the calling thread.
 const PARALLEL_MIN_FMAS: usize = 1 << 18;
-
-#[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
-// SAFETY: tasks write disjoint (row, column) ranges of the output.
-unsafe impl Send for SharedOut {}
-unsafe impl Sync for SharedOut {}
-
-impl SharedOut {
-    /// (A method, so that closures capture the `Send` wrapper rather than the raw pointer.)
-    fn ptr(&self) -> *mut f32 {
-        self.0
-    }
-}
 
 /// Panels per tile and most rows per tile for a GEMM of `m` rows: small M gets wide tiles so
 /// that enough independent accumulator chains hide the FMA latency.
@@ -115,6 +103,7 @@ pub(crate) fn gemm(pool: &rayon::ThreadPool, scratch: &ScratchPool<Vec<f32>>, th
         Epilogue::Store { bias } => (bias, false),
         Epilogue::Accumulate => (None, true),
     };
+    // Shared by the threads: tasks write disjoint (row, column) ranges of the output.
     let out_ptr = SharedOut(out.as_mut_ptr());
     let wdata = w.data.as_slice();
     let kc = KC;

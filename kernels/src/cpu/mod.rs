@@ -20,6 +20,7 @@ mod moe_tile;
 mod norm_rope;
 mod pack;
 mod scratch;
+mod shared_out;
 
 use std::sync::{Arc, Mutex};
 

@@ -32,6 +32,7 @@ use super::isa::Isa;
 use super::moe_tile::{bf16_tile_fn, Bf16Panels, Bf16Tile};
 use super::pack::{PackedWeight, NR};
 use super::scratch::grown;
+use super::shared_out::SharedOut;
 use super::{check, check_tensor, CpuBackend};
 use crate::backend::Result;
 use crate::host::HostTensor;
@@ -176,18 +177,6 @@ struct Item {
 enum Tiles {
     Tall,
     Wide,
-}
-
-#[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
-// SAFETY: items write disjoint row ranges of the output.
-unsafe impl Send for SharedOut {}
-unsafe impl Sync for SharedOut {}
-
-impl SharedOut {
-    fn ptr(&self) -> *mut f32 {
-        self.0
-    }
 }
 
 /// Splits `n` into `parts` near-equal consecutive ranges; range `i` is returned.
@@ -400,6 +389,7 @@ impl CpuBackend {
             _ => return self.run_expert_gemm(w, plan, hist, ws, y),
         };
         let work = items(hist, plan.offsets, block, pad);
+        // Shared by the threads: items write disjoint row ranges of the output.
         let out = SharedOut(y.as_mut_ptr());
         let run = |it: &Item| {
             self.moe_scratch.with(|scratch| {
