@@ -14,7 +14,7 @@ use sieve_loadtest::client::Http;
 use sieve_loadtest::compare::{self, CompareSpec};
 use sieve_loadtest::dist::Dist;
 use sieve_loadtest::monitor::{self, Monitor};
-use sieve_loadtest::report::{self, RunData};
+use sieve_loadtest::report::{self, RunData, RunInfo};
 use sieve_loadtest::run::{self, LoadMode, RunSpec};
 use sieve_loadtest::sim::{SimConfig, SimWorker, Slowdown};
 use sieve_loadtest::workload::WorkloadSpec;
@@ -358,18 +358,20 @@ async fn run_load(a: RunArgs) -> anyhow::Result<()> {
         LoadMode::Closed { .. } => Vec::new(),
     };
     let (rep, hist) = RunData {
-        label: a.target.clone(),
-        target: spec.target.clone(),
-        load: mode,
-        duration_s: duration.as_secs_f64(),
-        max_requests: a.requests,
-        warmup_s: warmup.as_secs_f64(),
-        seed: a.seed,
-        workload,
+        info: RunInfo {
+            label: a.target.clone(),
+            target: spec.target.clone(),
+            load: mode,
+            duration_s: duration.as_secs_f64(),
+            max_requests: a.requests,
+            warmup_s: warmup.as_secs_f64(),
+            seed: a.seed,
+            workload,
+            utilisation: util,
+            marks,
+        },
         records: &out.records,
         send_window_s: out.send_window_s,
-        utilisation: util,
-        marks,
     }
     .report();
     report::print_summary(&rep);

@@ -24,7 +24,7 @@ use crate::arrivals::{Burst, RateProfile};
 use crate::client::Http;
 use crate::monitor::Monitor;
 use crate::plot::{self, CdfChart, LoadChart};
-use crate::report::{self, RunData, RunReport};
+use crate::report::{self, RunData, RunInfo, RunReport};
 use crate::run::{self, LoadMode, RunSpec};
 use crate::sim::{SimConfig, SimSettingsUpdate};
 use crate::summary::Summary;
@@ -247,18 +247,20 @@ impl Env<'_> {
         }
         let warmup_s = (d * 0.1).min(2.0);
         let (rep, hist): (RunReport, _) = RunData {
-            label: format!("{} at {}", st.key, scenario.map_or_else(|| format!("{load_pct:.0}% load"), |s| format!("{load_pct:.0}% load, {}", s.key()))),
-            target: proxy.api_url(),
-            load: run_spec.mode.clone(),
-            duration_s: d,
-            max_requests: None,
-            warmup_s,
-            seed: spec.seed,
-            workload: spec.workload.clone(),
+            info: RunInfo {
+                label: format!("{} at {}", st.key, scenario.map_or_else(|| format!("{load_pct:.0}% load"), |s| format!("{load_pct:.0}% load, {}", s.key()))),
+                target: proxy.api_url(),
+                load: run_spec.mode.clone(),
+                duration_s: d,
+                max_requests: None,
+                warmup_s,
+                seed: spec.seed,
+                workload: spec.workload.clone(),
+                utilisation: Some(util),
+                marks: scenario_marks(scenario, d, burst),
+            },
             records: &out.records,
             send_window_s: out.send_window_s,
-            utilisation: Some(util),
-            marks: scenario_marks(scenario, d, burst),
         }
         .report();
         report::write(dir, &rep, &hist)?;
@@ -273,7 +275,7 @@ impl Env<'_> {
             sent: out.records.len() as u64,
             work_ms_per_request: busy * 1e3 / sent,
             extra_work_vs_ours: None,
-            utilisation: rep.utilisation.as_ref().map_or(0.0, |u| u.mean()),
+            utilisation: rep.info.utilisation.as_ref().map_or(0.0, |u| u.mean()),
             summary: rep.summary,
             proxy: counters.into(),
             dir: dir.display().to_string(),
