@@ -383,6 +383,39 @@ pub struct AutotuneReport {
     pub complete: bool,
 }
 
+/// Rows per expert from which a variant's per-expert cost is affine in the rows it computes:
+/// past the first few rows the weights' streaming is amortised and each further row costs the
+/// same FMAs, so the measured knots there are fitted by one line instead of being taken one by
+/// one. That averages the timing noise of the large knots (a few % per knot on shared cores),
+/// which is exactly where the f32 and bf16 kernels differ by only 5–10%.
+pub const AFFINE_FROM_ROWS: u32 = 64;
+
+/// The measured knots (`(index, seconds)`, ascending) with those at ≥ [`AFFINE_FROM_ROWS`] rows
+/// replaced by their least-squares line in relative error (when there are at least three).
+fn fit_affine_tail(measured: &[(usize, f64)]) -> Vec<(usize, f64)> {
+    let tail: Vec<(f64, f64)> = measured.iter().filter(|&&(ki, _)| COST_KNOTS[ki] >= AFFINE_FROM_ROWS).map(|&(ki, t)| (COST_KNOTS[ki] as f64, t)).collect();
+    if tail.len() < 3 || tail.iter().any(|&(_, t)| !(t > 0.0)) {
+        return measured.to_vec();
+    }
+    // Minimise Σ ((a + b·n − t) / t)²: weights 1/t², normal equations of the 2×2 system.
+    let (mut sw, mut sn, mut snn, mut st, mut snt) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    for &(n, t) in &tail {
+        let w = 1.0 / (t * t);
+        sw += w;
+        sn += w * n;
+        snn += w * n * n;
+        st += w * t;
+        snt += w * n * t;
+    }
+    let det = sw * snn - sn * sn;
+    if !(det.abs() > 0.0) {
+        return measured.to_vec();
+    }
+    let b = ((sw * snt - sn * st) / det).max(0.0);
+    let a = (st - b * sn) / sw;
+    measured.iter().map(|&(ki, t)| if COST_KNOTS[ki] >= AFFINE_FROM_ROWS { (ki, (a + b * COST_KNOTS[ki] as f64).max(0.0)) } else { (ki, t) }).collect()
+}
+
 /// A full table over [`COST_KNOTS`] from the knots measured (`(index, seconds)`, ascending, at
 /// least one): spikes cleaned ([`monotone`]), knots before the first measured one take its
 /// value, knots between measured ones are interpolated, and knots past the last are extrapolated
@@ -422,26 +455,69 @@ fn monotone(t: &mut [f64]) {
     }
 }
 
-/// Relative difference under which two calibrated predictions count as a tie: about the
-/// repeatability of the timings the autotune takes.
-pub const AUTOTUNE_TIE_MARGIN: f64 = 0.03;
+/// Relative difference under which two calibrated predictions count as a tie (the first listed
+/// runs; within the margin either choice costs at most the margin). Small, because where the two
+/// fastest CPU kernels differ at all (the f32 kernel 2–5% ahead of the bf16 one past ~300 rows
+/// per expert in most runs) a larger margin would hand every such choice to the preferred
+/// variant. The calibration itself is noisier than that on shared cores: the ratios between
+/// variants at a knot repeat within 2% in most runs and are off by up to 20% in some
+/// (`cargo run --release -p sieve-worker --example moe_calibration_repeat`).
+pub const AUTOTUNE_TIE_MARGIN: f64 = 0.01;
+
+/// A variant measured more than this much slower than the best at two consecutive knots, and
+/// not closing in, is no longer timed at the larger knots (its table is extrapolated and kept at least this much above
+/// the best there): it is out of the running, and timing it would spend the budget on knots that
+/// decide nothing.
+const AUTOTUNE_PRUNE_RATIO: f64 = 1.25;
 
 /// Experts in a calibration sample of `computed` rows per expert: enough distinct experts that
 /// their weights stream from memory and the threads share the work as in a real pass
-/// (consecutive samples rotate through the layer's experts), few enough that the sample stays
-/// short. At least 8 even at the largest knots: with only 2 experts (one per thread) the bf16
+/// (consecutive samples rotate through the layer's experts), and enough rows that one sample
+/// takes tens of milliseconds (shorter samples are at the mercy of scheduler noise on shared
+/// cores). At least 16 even at the largest knots: with only 2 experts (one per thread) the bf16
 /// panels' smaller footprint made `grouped_bf16` look as fast as the f32 kernels at 300–600 rows
 /// per expert, where a real pass over all experts measures it 5–12% slower.
 fn sample_experts(num_experts: usize, computed_rows: u64) -> usize {
-    const TARGET_ROWS: u64 = 4096;
-    ((TARGET_ROWS / computed_rows.max(1)) as usize).clamp(8, 64).min(num_experts)
+    const TARGET_ROWS: u64 = 8192;
+    ((TARGET_ROWS / computed_rows.max(1)) as usize).clamp(16, 64).min(num_experts)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        return f64::INFINITY;
+    }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Keeps the tables of the variants no longer timed (`running[v]` false) at least
+/// [`AUTOTUNE_PRUNE_RATIO`] × the cheapest running variant at the knots past their last timed
+/// one (`last_timed[v]`, a knot index): their extrapolation is not evidence that they caught up.
+fn floor_out_of_running(tables: &mut [Vec<f64>], running: &[bool], last_timed: &[usize]) {
+    let floor: Vec<f64> = (0..COST_KNOTS.len())
+        .map(|ki| tables.iter().zip(running).filter(|(_, &r)| r).map(|(t, _)| t[ki]).fold(f64::INFINITY, f64::min) * AUTOTUNE_PRUNE_RATIO)
+        .collect();
+    for (vi, t) in tables.iter_mut().enumerate().filter(|(vi, _)| !running[*vi]) {
+        for (ki, v) in t.iter_mut().enumerate().skip(last_timed[vi] + 1) {
+            if floor[ki].is_finite() {
+                *v = v.max(floor[ki]);
+            }
+        }
+    }
 }
 
 /// Calibrates a cost model for `weights` (one MoE layer of the loaded model) by timing every
 /// variant of `backend` on evenly spread histograms at each of [`COST_KNOTS`] rows per expert,
 /// smallest first. A padded variant is timed only at knots that are whole tiles (its table is by
-/// computed rows; smaller knots take the first tile's cost). When the next knot would overrun
-/// `budget`, the remaining knots are extrapolated from the last two.
+/// computed rows; smaller knots take the first tile's cost). From [`AFFINE_FROM_ROWS`] on, a
+/// variant's knots are fitted by a line ([`fit_affine_tail`]). A variant far behind the best and
+/// not closing in stops being timed ([`AUTOTUNE_PRUNE_RATIO`]). When the next knot would overrun
+/// `budget`, the remaining knots are extrapolated.
 ///
 /// Every timed run is set up as a real pass sees its experts (this is what keeps the fit honest):
 /// - cold: each run takes experts not touched for many runs (the histograms rotate through the
@@ -452,13 +528,20 @@ fn sample_experts(num_experts: usize, computed_rows: u64) -> usize {
 ///   bf16 panels: half the bytes fit where the f32 ones do not).
 /// - interleaved: each repetition runs every variant once, so a burst of background load on the
 ///   shared cores hits the variants alike instead of one variant's repetitions.
+/// - a knot's figure is the median of its repetitions, not the minimum: on shared cores single
+///   runs come out both slower and (after the backend's run-queue correction) faster than the
+///   cost; one such run made a padded variant look 35% cheaper than it is at 512 rows.
 pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: usize, budget: Duration) -> Result<(MoeCostModel, AutotuneReport)> {
     let variants = backend.moe_variants();
     let t0 = Instant::now();
-    const REPS: usize = 3;
+    const REPS: usize = 5;
     // Per variant, (knot index, seconds per expert) of the knots measured.
     let mut tables: Vec<Vec<(usize, f64)>> = vec![Vec::new(); variants.len()];
     let timed_at = |v: &MoeVariant, n: u32| !v.padded || n % v.tile_rows.max(1) == 0;
+    // Variants still timed, and per variant the consecutive timed knots it was out of the running.
+    let mut running = vec![true; variants.len()];
+    let mut behind = vec![0usize; variants.len()];
+    let mut last_ratio = vec![f64::INFINITY; variants.len()];
     let mut samples = 0usize;
     // Rotate through the experts so that consecutive runs do not reuse cached weights.
     let mut first_expert = 0usize;
@@ -478,36 +561,46 @@ pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: u
     }
     let mut knots_measured = 0usize;
     let mut last_knot_seconds = 0.0f64;
-    // Rows one knot's samples compute, over the variants: its time scales with them.
-    let knot_rows = |n: u32| -> f64 {
-        variants.iter().filter(|v| timed_at(v, n)).map(|v| (sample_experts(num_experts, v.computed_rows(n)) as u64 * v.computed_rows(n)) as f64).sum::<f64>().max(1.0)
+    // Rows one knot's samples compute, over the variants still timed: its time scales with them.
+    let knot_rows = |n: u32, running: &[bool]| -> f64 {
+        let timed = variants.iter().zip(running).filter(|(v, &r)| r && timed_at(v, n));
+        timed.map(|(v, _)| (sample_experts(num_experts, v.computed_rows(n)) as u64 * v.computed_rows(n)) as f64).sum::<f64>().max(1.0)
     };
     for (ki, &n) in COST_KNOTS.iter().enumerate() {
         let spent = t0.elapsed().as_secs_f64();
-        let predicted = if ki == 0 { 0.0 } else { last_knot_seconds * knot_rows(n) / knot_rows(COST_KNOTS[ki - 1]) };
+        let predicted = if ki == 0 { 0.0 } else { last_knot_seconds * knot_rows(n, &running) / knot_rows(COST_KNOTS[ki - 1], &running) };
         if ki >= 2 && spent + predicted > budget.as_secs_f64() {
             break;
         }
         let tk = Instant::now();
-        let timed: Vec<usize> = (0..variants.len()).filter(|&vi| timed_at(&variants[vi], n)).collect();
-        let mut best = vec![f64::INFINITY; variants.len()];
+        let timed: Vec<usize> = (0..variants.len()).filter(|&vi| running[vi] && timed_at(&variants[vi], n)).collect();
+        let mut runs = vec![Vec::with_capacity(REPS); variants.len()];
         for rep in 0..REPS {
             // The order rotates too: no variant always runs right after the same one.
             for j in 0..timed.len() {
                 let vi = timed[(j + rep) % timed.len()];
                 let (hist, a) = hist_for(&variants[vi], n);
-                let t = backend.moe_time_variant(weights, vi, &hist)?.as_secs_f64() / a as f64;
-                best[vi] = best[vi].min(t);
+                runs[vi].push(backend.moe_time_variant(weights, vi, &hist)?.as_secs_f64() / a as f64);
                 samples += 1;
             }
         }
+        let cost: Vec<f64> = runs.into_iter().map(median).collect();
+        let best = timed.iter().map(|&vi| cost[vi]).fold(f64::INFINITY, f64::min);
         for &vi in &timed {
-            tables[vi].push((ki, best[vi]));
+            tables[vi].push((ki, cost[vi]));
+            // Behind, and not catching up (a variant whose per-expert overhead is amortised as
+            // the rows grow closes in on the best from far behind: that one stays).
+            let ratio = cost[vi] / best;
+            behind[vi] = if ratio > AUTOTUNE_PRUNE_RATIO && ratio >= last_ratio[vi] { behind[vi] + 1 } else { 0 };
+            last_ratio[vi] = ratio;
+            running[vi] = behind[vi] < 2;
         }
         last_knot_seconds = tk.elapsed().as_secs_f64();
         knots_measured = ki + 1;
     }
-    let tables: Vec<Vec<f64>> = tables.iter().map(|measured| fill_knots(measured)).collect();
+    let measured_last: Vec<usize> = tables.iter().map(|m| m.last().map_or(0, |&(ki, _)| ki)).collect();
+    let mut tables: Vec<Vec<f64>> = tables.iter().map(|measured| fill_knots(&fit_affine_tail(measured))).collect();
+    floor_out_of_running(&mut tables, &running, &measured_last);
     let mut entries: Vec<VariantCost> = variants
         .iter()
         .zip(tables)
@@ -570,6 +663,41 @@ mod tests {
         assert!((t[1] - 5.0 / 3.0).abs() < 1e-12 && (t[3] - 17.0 / 3.0).abs() < 1e-12, "{t:?}");
         // One knot only: flat.
         assert_eq!(fill_knots(&[(3, 4.0)]), vec![4.0; COST_KNOTS.len()]);
+    }
+
+    #[test]
+    fn large_knots_are_fitted_by_one_line() {
+        // On a line already: unchanged. Knots 64.. are indices 6..=9.
+        let on_line: Vec<(usize, f64)> = (3..10).map(|ki| (ki, 2.0 + 0.5 * COST_KNOTS[ki] as f64)).collect();
+        for (a, b) in fit_affine_tail(&on_line).iter().zip(&on_line) {
+            assert_eq!(a.0, b.0);
+            assert!((a.1 - b.1).abs() < 1e-9 * b.1, "{a:?} vs {b:?}");
+        }
+        // ±5% noise on the large knots: the fit is a line through them, closer to the truth than
+        // the worst knot, and the small knots are kept as measured.
+        let truth = |ki: usize| 2.0 + 0.5 * COST_KNOTS[ki] as f64;
+        let noisy: Vec<(usize, f64)> = (0..10).map(|ki| (ki, truth(ki) * if ki % 2 == 0 { 1.05 } else { 0.95 })).collect();
+        let fit = fit_affine_tail(&noisy);
+        assert_eq!(&fit[..6], &noisy[..6]);
+        let slope = |i: usize, j: usize| (fit[j].1 - fit[i].1) / (COST_KNOTS[j] - COST_KNOTS[i]) as f64;
+        assert!((slope(6, 7) - slope(8, 9)).abs() < 1e-9, "{fit:?}");
+        for ki in 6..10 {
+            assert!((fit[ki].1 / truth(ki) - 1.0).abs() < 0.05, "knot {ki}: {} vs {}", fit[ki].1, truth(ki));
+        }
+        // Fewer than three knots from 64 rows on: nothing to average, kept.
+        let two = [(0, 1.0), (6, 9.0), (7, 20.0)];
+        assert_eq!(fit_affine_tail(&two), two.to_vec());
+    }
+
+    #[test]
+    fn variants_out_of_the_running_stay_behind() {
+        let n = COST_KNOTS.len();
+        // Variant 1 was last timed at knot 5 and its extrapolation falls below variant 0 later.
+        let mut tables = vec![vec![10.0; n], (0..n).map(|ki| if ki <= 5 { 20.0 } else { 5.0 }).collect()];
+        floor_out_of_running(&mut tables, &[true, false], &[n - 1, 5]);
+        assert_eq!(&tables[1][..6], &[20.0; 6]);
+        assert!(tables[1][6..].iter().all(|&t| t == 10.0 * AUTOTUNE_PRUNE_RATIO), "{:?}", tables[1]);
+        assert_eq!(tables[0], vec![10.0; n]);
     }
 
     #[test]

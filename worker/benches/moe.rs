@@ -21,7 +21,9 @@
 //! way: the median over rounds of (auto's pass time / that variant's pass time in the same
 //! round) — both measured back to back on each layer, so slow drifts of the machine cancel. The
 //! sweep summary compares auto with each fixed variant the same way (per-size paired medians,
-//! weighted by that variant's time). Auto's cost model comes from the worker's start-up path (the
+//! weighted by that variant's time). The noise-floor line repeats the paired measure for auto
+//! against the variant it ran on every layer (same kernels): what the machine's timing noise
+//! alone gives. Auto's cost model comes from the worker's start-up path (the
 //! calibration cache, or an autotune that fills it).
 //!
 //! The benchmark checkpoint is generated once into `<asset cache>/bench/` (about 2 GB).
@@ -307,6 +309,17 @@ fn main() {
             print!(" {:>12.3}", s);
         }
         println!();
+        // The timing noise floor: at sizes where auto ran one fixed variant's kernel on every
+        // layer, auto against that variant compares the same code with itself.
+        let same: Vec<String> = results
+            .iter()
+            .filter_map(|r| {
+                let first = r.chosen.first()?;
+                let col = variants.iter().position(|(_, v)| v.name == *first)?;
+                r.chosen.iter().all(|c| c == first).then(|| format!("{}: {:.3}", r.seqs, paired(r, col)))
+            })
+            .collect();
+        println!("noise floor (paired auto / the variant it ran on every layer, same kernels): {}", same.join(", "));
         let not_beaten: Vec<&str> = variants.iter().zip(&sweep).filter(|(_, &s)| s >= 1.0).map(|((_, v), _)| v.name).collect();
         println!(
             "auto (paired): worst ratio to the best fixed variant {:.3} ({}); over the sweep {}",
