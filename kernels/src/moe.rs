@@ -470,6 +470,11 @@ pub const AUTOTUNE_TIE_MARGIN: f64 = 0.01;
 /// decide nothing.
 const AUTOTUNE_PRUNE_RATIO: f64 = 1.25;
 
+/// Variants within this ratio of the best at the largest knot get the refinement rounds.
+const AUTOTUNE_REFINE_WITHIN: f64 = 1.10;
+/// Most refinement rounds (each: every contender once at every knot of the fitted line).
+const AUTOTUNE_REFINE_ROUNDS: usize = 10;
+
 /// Experts in a calibration sample of `computed` rows per expert: enough distinct experts that
 /// their weights stream from memory and the threads share the work as in a real pass
 /// (consecutive samples rotate through the layer's experts), and enough rows that one sample
@@ -517,7 +522,9 @@ fn floor_out_of_running(tables: &mut [Vec<f64>], running: &[bool], last_timed: &
 /// computed rows; smaller knots take the first tile's cost). From [`AFFINE_FROM_ROWS`] on, a
 /// variant's knots are fitted by a line ([`fit_affine_tail`]). A variant far behind the best and
 /// not closing in stops being timed ([`AUTOTUNE_PRUNE_RATIO`]). When the next knot would overrun
-/// `budget`, the remaining knots are extrapolated.
+/// `budget`, the remaining knots are extrapolated; budget left after the last knot buys more
+/// repetitions of the close calls (the variants near the best at the largest knot, at the knots
+/// of the fitted line).
 ///
 /// Every timed run is set up as a real pass sees its experts (this is what keeps the fit honest):
 /// - cold: each run takes experts not touched for many runs (the histograms rotate through the
@@ -535,13 +542,13 @@ pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: u
     let variants = backend.moe_variants();
     let t0 = Instant::now();
     const REPS: usize = 5;
-    // Per variant, (knot index, seconds per expert) of the knots measured.
-    let mut tables: Vec<Vec<(usize, f64)>> = vec![Vec::new(); variants.len()];
     let timed_at = |v: &MoeVariant, n: u32| !v.padded || n % v.tile_rows.max(1) == 0;
     // Variants still timed, and per variant the consecutive timed knots it was out of the running.
     let mut running = vec![true; variants.len()];
     let mut behind = vec![0usize; variants.len()];
     let mut last_ratio = vec![f64::INFINITY; variants.len()];
+    // Per variant and knot, every timed run (seconds per expert).
+    let mut raw: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); COST_KNOTS.len()]; variants.len()];
     let mut samples = 0usize;
     // Rotate through the experts so that consecutive runs do not reuse cached weights.
     let mut first_expert = 0usize;
@@ -574,20 +581,18 @@ pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: u
         }
         let tk = Instant::now();
         let timed: Vec<usize> = (0..variants.len()).filter(|&vi| running[vi] && timed_at(&variants[vi], n)).collect();
-        let mut runs = vec![Vec::with_capacity(REPS); variants.len()];
         for rep in 0..REPS {
             // The order rotates too: no variant always runs right after the same one.
             for j in 0..timed.len() {
                 let vi = timed[(j + rep) % timed.len()];
                 let (hist, a) = hist_for(&variants[vi], n);
-                runs[vi].push(backend.moe_time_variant(weights, vi, &hist)?.as_secs_f64() / a as f64);
+                raw[vi][ki].push(backend.moe_time_variant(weights, vi, &hist)?.as_secs_f64() / a as f64);
                 samples += 1;
             }
         }
-        let cost: Vec<f64> = runs.into_iter().map(median).collect();
+        let cost: Vec<f64> = raw.iter().map(|r| median(r[ki].clone())).collect();
         let best = timed.iter().map(|&vi| cost[vi]).fold(f64::INFINITY, f64::min);
         for &vi in &timed {
-            tables[vi].push((ki, cost[vi]));
             // Behind, and not catching up (a variant whose per-expert overhead is amortised as
             // the rows grow closes in on the best from far behind: that one stays).
             let ratio = cost[vi] / best;
@@ -598,6 +603,35 @@ pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: u
         last_knot_seconds = tk.elapsed().as_secs_f64();
         knots_measured = ki + 1;
     }
+    // Refinement: the variants within AUTOTUNE_REFINE_WITHIN of the best at the largest knot
+    // measured are timed again, interleaved, at the knots of the fitted line, while the budget
+    // lasts. Those close calls are the choices the noise decides; the small knots, where the
+    // variants differ by 2–10×, need no more.
+    if knots_measured > 0 {
+        let last = knots_measured - 1;
+        let at_last: Vec<(usize, f64)> = (0..variants.len()).filter(|&vi| !raw[vi][last].is_empty()).map(|vi| (vi, median(raw[vi][last].clone()))).collect();
+        let best = at_last.iter().map(|&(_, c)| c).fold(f64::INFINITY, f64::min);
+        let contenders: Vec<usize> = at_last.iter().filter(|&&(_, c)| c <= best * AUTOTUNE_REFINE_WITHIN).map(|&(vi, _)| vi).collect();
+        let knots: Vec<usize> = (0..knots_measured).filter(|&ki| COST_KNOTS[ki] >= AFFINE_FROM_ROWS).collect();
+        let mut round_seconds = 0.0f64;
+        for round in 0..AUTOTUNE_REFINE_ROUNDS {
+            if contenders.len() < 2 || t0.elapsed().as_secs_f64() + round_seconds > budget.as_secs_f64() {
+                break;
+            }
+            let tr = Instant::now();
+            for &ki in &knots {
+                let timed: Vec<usize> = contenders.iter().copied().filter(|&vi| !raw[vi][ki].is_empty()).collect();
+                for j in 0..timed.len() {
+                    let vi = timed[(j + round) % timed.len()];
+                    let (hist, a) = hist_for(&variants[vi], COST_KNOTS[ki]);
+                    raw[vi][ki].push(backend.moe_time_variant(weights, vi, &hist)?.as_secs_f64() / a as f64);
+                    samples += 1;
+                }
+            }
+            round_seconds = tr.elapsed().as_secs_f64();
+        }
+    }
+    let tables: Vec<Vec<(usize, f64)>> = raw.iter().map(|r| r.iter().enumerate().filter(|(_, t)| !t.is_empty()).map(|(ki, t)| (ki, median(t.clone()))).collect()).collect();
     let measured_last: Vec<usize> = tables.iter().map(|m| m.last().map_or(0, |&(ki, _)| ki)).collect();
     let mut tables: Vec<Vec<f64>> = tables.iter().map(|measured| fill_knots(&fit_affine_tail(measured))).collect();
     floor_out_of_running(&mut tables, &running, &measured_last);

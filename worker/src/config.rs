@@ -130,7 +130,7 @@ impl Default for MoeSection {
             policy: "cost_model".into(),
             padding_ratio_threshold: 1.5,
             autotune: true,
-            autotune_budget_ms: 20_000,
+            autotune_budget_ms: 30_000,
             cache_dir: String::new(),
             cost: Vec::new(),
         }
