@@ -465,9 +465,9 @@ fn monotone(t: &mut [f64]) {
 pub const AUTOTUNE_TIE_MARGIN: f64 = 0.01;
 
 /// A variant measured more than this much slower than the best at two consecutive knots, and
-/// not closing in, is no longer timed at the larger knots (its table is extrapolated and kept at least this much above
-/// the best there): it is out of the running, and timing it would spend the budget on knots that
-/// decide nothing.
+/// not closing in, is no longer timed at the larger knots (its table is extrapolated and kept at
+/// least this much above the best there): it is out of the running, and timing it would spend
+/// the budget on knots that decide nothing.
 const AUTOTUNE_PRUNE_RATIO: f64 = 1.25;
 
 /// Variants within this ratio of the best at the largest knot get the refinement rounds.
@@ -487,7 +487,9 @@ fn sample_experts(num_experts: usize, computed_rows: u64) -> usize {
     ((TARGET_ROWS / computed_rows.max(1)) as usize).clamp(16, 64).min(num_experts)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// The median of `values` (mean of the middle two for an even count; infinite when empty).
+pub fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
     v.sort_by(f64::total_cmp);
     let n = v.len();
     if n == 0 {
@@ -590,7 +592,7 @@ pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: u
                 samples += 1;
             }
         }
-        let cost: Vec<f64> = raw.iter().map(|r| median(r[ki].clone())).collect();
+        let cost: Vec<f64> = raw.iter().map(|r| median(&r[ki])).collect();
         let best = timed.iter().map(|&vi| cost[vi]).fold(f64::INFINITY, f64::min);
         for &vi in &timed {
             // Behind, and not catching up (a variant whose per-expert overhead is amortised as
@@ -609,7 +611,7 @@ pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: u
     // variants differ by 2–10×, need no more.
     if knots_measured > 0 {
         let last = knots_measured - 1;
-        let at_last: Vec<(usize, f64)> = (0..variants.len()).filter(|&vi| !raw[vi][last].is_empty()).map(|vi| (vi, median(raw[vi][last].clone()))).collect();
+        let at_last: Vec<(usize, f64)> = (0..variants.len()).filter(|&vi| !raw[vi][last].is_empty()).map(|vi| (vi, median(&raw[vi][last]))).collect();
         let best = at_last.iter().map(|&(_, c)| c).fold(f64::INFINITY, f64::min);
         let contenders: Vec<usize> = at_last.iter().filter(|&&(_, c)| c <= best * AUTOTUNE_REFINE_WITHIN).map(|&(vi, _)| vi).collect();
         let knots: Vec<usize> = (0..knots_measured).filter(|&ki| COST_KNOTS[ki] >= AFFINE_FROM_ROWS).collect();
@@ -631,7 +633,7 @@ pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: u
             round_seconds = tr.elapsed().as_secs_f64();
         }
     }
-    let tables: Vec<Vec<(usize, f64)>> = raw.iter().map(|r| r.iter().enumerate().filter(|(_, t)| !t.is_empty()).map(|(ki, t)| (ki, median(t.clone()))).collect()).collect();
+    let tables: Vec<Vec<(usize, f64)>> = raw.iter().map(|r| r.iter().enumerate().filter(|(_, t)| !t.is_empty()).map(|(ki, t)| (ki, median(t))).collect()).collect();
     let measured_last: Vec<usize> = tables.iter().map(|m| m.last().map_or(0, |&(ki, _)| ki)).collect();
     let mut tables: Vec<Vec<f64>> = tables.iter().map(|measured| fill_knots(&fit_affine_tail(measured))).collect();
     floor_out_of_running(&mut tables, &running, &measured_last);
@@ -721,6 +723,13 @@ mod tests {
         // Fewer than three knots from 64 rows on: nothing to average, kept.
         let two = [(0, 1.0), (6, 9.0), (7, 20.0)];
         assert_eq!(fit_affine_tail(&two), two.to_vec());
+    }
+
+    #[test]
+    fn median_of_odd_even_and_empty() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&[]), f64::INFINITY);
     }
 
     #[test]

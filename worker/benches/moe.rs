@@ -31,6 +31,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use sieve_kernels::moe::median;
 use sieve_kernels::{Backend, CpuBackend, MoeSelect};
 use sieve_worker::assets;
 use sieve_worker::config::MoeSection;
@@ -110,16 +111,6 @@ struct SizeResult<'a> {
     /// Per column, per round: the pass time (summed over layers).
     rounds: Vec<Vec<Timing>>,
     chosen: Vec<&'a str>,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 fn main() {
@@ -258,7 +249,7 @@ fn main() {
         let mut worst_ratio = 0f64;
         let auto_col = variants.len();
         // Auto / fixed variant v at one size: the median over rounds of the paired ratios.
-        let paired = |r: &SizeResult, v: usize| median((0..reps).map(|i| get(&r.rounds[auto_col][i]) / get(&r.rounds[v][i])).collect());
+        let paired = |r: &SizeResult, v: usize| median(&(0..reps).map(|i| get(&r.rounds[auto_col][i]) / get(&r.rounds[v][i])).collect::<Vec<_>>());
         for r in &results {
             let (b, tokens, mean_rows, t, priced, chosen) = (r.seqs, r.tokens, r.mean_rows, &r.best, &r.priced, &r.chosen);
             let fixed = &t[..variants.len()];
