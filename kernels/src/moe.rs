@@ -518,6 +518,42 @@ fn floor_out_of_running(tables: &mut [Vec<f64>], running: &[bool], last_timed: &
     }
 }
 
+/// Per variant, its measured knots `(index, seconds per expert)`, from every timed run (`raw`,
+/// per variant and knot) and the interleaved passes they were timed in (`passes`, per knot).
+///
+/// At each knot the variant with the lowest median is the reference and keeps its median; every
+/// other variant timed in at least [`PAIRED_MIN_PASSES`] of the reference's passes gets the
+/// reference's median × the median of its ratios to the reference *within a pass*. The load of
+/// shared cores comes and goes over seconds, so it scales the runs of one pass alike: the ratio
+/// within a pass cancels it, where the medians of separate runs keep whatever phase each variant
+/// happened to hit. Those ratios of a few % are the close calls the selector makes past ~100
+/// rows per expert.
+fn paired_tables(raw: &[Vec<Vec<f64>>], passes: &[Vec<Vec<(usize, f64)>>]) -> Vec<Vec<(usize, f64)>> {
+    let mut tables: Vec<Vec<(usize, f64)>> = vec![Vec::new(); raw.len()];
+    for (ki, passes) in passes.iter().enumerate().take(COST_KNOTS.len()) {
+        let medians: Vec<Option<f64>> = raw.iter().map(|r| r.get(ki).filter(|t| !t.is_empty()).map(|t| median(t))).collect();
+        let Some((reference, ref_median)) = medians.iter().enumerate().filter_map(|(v, m)| m.map(|m| (v, m))).min_by(|a, b| a.1.total_cmp(&b.1)) else {
+            continue;
+        };
+        for (v, m) in medians.iter().enumerate() {
+            let Some(m) = *m else { continue };
+            let ratios: Vec<f64> = passes
+                .iter()
+                .filter_map(|pass| {
+                    let of = |w: usize| pass.iter().find(|&&(x, _)| x == w).map(|&(_, t)| t);
+                    Some(of(v)? / of(reference)?).filter(|r| r.is_finite())
+                })
+                .collect();
+            let t = if v != reference && ratios.len() >= PAIRED_MIN_PASSES { ref_median * median(&ratios) } else { m };
+            tables[v].push((ki, t));
+        }
+    }
+    tables
+}
+
+/// Passes with both a variant and the reference for the paired estimate to replace the median.
+const PAIRED_MIN_PASSES: usize = 3;
+
 /// Calibrates a cost model for `weights` (one MoE layer of the loaded model) by timing every
 /// variant of `backend` on evenly spread histograms at each of [`COST_KNOTS`] rows per expert,
 /// smallest first. A padded variant is timed only at knots that are whole tiles (its table is by
@@ -540,6 +576,8 @@ fn floor_out_of_running(tables: &mut [Vec<f64>], running: &[bool], last_timed: &
 /// - a knot's figure is the median of its repetitions, not the minimum: on shared cores single
 ///   runs come out both slower and (after the backend's run-queue correction) faster than the
 ///   cost; one such run made a padded variant look 35% cheaper than it is at 512 rows.
+/// - paired: the other variants' figures at a knot are the cheapest one's × the median of their
+///   ratios to it within a pass ([`paired_tables`]).
 pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: usize, budget: Duration) -> Result<(MoeCostModel, AutotuneReport)> {
     let variants = backend.moe_variants();
     let t0 = Instant::now();
@@ -551,6 +589,9 @@ pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: u
     let mut last_ratio = vec![f64::INFINITY; variants.len()];
     // Per variant and knot, every timed run (seconds per expert).
     let mut raw: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); COST_KNOTS.len()]; variants.len()];
+    // Per knot, the same runs as interleaved passes (one per repetition or refinement round):
+    // `(variant, seconds per expert)` of the variants timed back to back.
+    let mut passes: Vec<Vec<Vec<(usize, f64)>>> = vec![Vec::new(); COST_KNOTS.len()];
     let mut samples = 0usize;
     // Rotate through the experts so that consecutive runs do not reuse cached weights.
     let mut first_expert = 0usize;
@@ -585,12 +626,16 @@ pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: u
         let timed: Vec<usize> = (0..variants.len()).filter(|&vi| running[vi] && timed_at(&variants[vi], n)).collect();
         for rep in 0..REPS {
             // The order rotates too: no variant always runs right after the same one.
+            let mut pass = Vec::with_capacity(timed.len());
             for j in 0..timed.len() {
                 let vi = timed[(j + rep) % timed.len()];
                 let (hist, a) = hist_for(&variants[vi], n);
-                raw[vi][ki].push(backend.moe_time_variant(weights, vi, &hist)?.as_secs_f64() / a as f64);
+                let t = backend.moe_time_variant(weights, vi, &hist)?.as_secs_f64() / a as f64;
+                raw[vi][ki].push(t);
+                pass.push((vi, t));
                 samples += 1;
             }
+            passes[ki].push(pass);
         }
         let cost: Vec<f64> = raw.iter().map(|r| median(&r[ki])).collect();
         let best = timed.iter().map(|&vi| cost[vi]).fold(f64::INFINITY, f64::min);
@@ -623,17 +668,21 @@ pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: u
             let tr = Instant::now();
             for &ki in &knots {
                 let timed: Vec<usize> = contenders.iter().copied().filter(|&vi| !raw[vi][ki].is_empty()).collect();
+                let mut pass = Vec::with_capacity(timed.len());
                 for j in 0..timed.len() {
                     let vi = timed[(j + round) % timed.len()];
                     let (hist, a) = hist_for(&variants[vi], COST_KNOTS[ki]);
-                    raw[vi][ki].push(backend.moe_time_variant(weights, vi, &hist)?.as_secs_f64() / a as f64);
+                    let t = backend.moe_time_variant(weights, vi, &hist)?.as_secs_f64() / a as f64;
+                    raw[vi][ki].push(t);
+                    pass.push((vi, t));
                     samples += 1;
                 }
+                passes[ki].push(pass);
             }
             round_seconds = tr.elapsed().as_secs_f64();
         }
     }
-    let tables: Vec<Vec<(usize, f64)>> = raw.iter().map(|r| r.iter().enumerate().filter(|(_, t)| !t.is_empty()).map(|(ki, t)| (ki, median(t))).collect()).collect();
+    let tables = paired_tables(&raw, &passes);
     let measured_last: Vec<usize> = tables.iter().map(|m| m.last().map_or(0, |&(ki, _)| ki)).collect();
     let mut tables: Vec<Vec<f64>> = tables.iter().map(|measured| fill_knots(&fit_affine_tail(measured))).collect();
     floor_out_of_running(&mut tables, &running, &measured_last);
@@ -723,6 +772,33 @@ mod tests {
         // Fewer than three knots from 64 rows on: nothing to average, kept.
         let two = [(0, 1.0), (6, 9.0), (7, 20.0)];
         assert_eq!(fit_affine_tail(&two), two.to_vec());
+    }
+
+    #[test]
+    fn paired_ratios_cancel_the_load_of_each_pass() {
+        // Variant 1 costs 3% more than variant 0 in every pass, but background load hit variant
+        // 0's runs of the last two passes and not variant 1's of the third: the medians of the
+        // separate runs (1.2 vs 1.03) would rank variant 1 first.
+        let factor = [1.0, 1.0, 1.4, 1.4];
+        let passes: Vec<Vec<(usize, f64)>> = factor.iter().enumerate().map(|(p, &f)| vec![(0, f), (1, if p == 2 { 1.03 } else { 1.03 * f })]).collect();
+        let raw: Vec<Vec<Vec<f64>>> = (0..3)
+            .map(|v| {
+                let mut knots = vec![Vec::new(); COST_KNOTS.len()];
+                knots[8] = passes.iter().flat_map(|p| p.iter().filter(|&&(x, _)| x == v).map(|&(_, t)| t)).collect();
+                knots
+            })
+            .collect();
+        let mut by_knot = vec![Vec::new(); COST_KNOTS.len()];
+        by_knot[8] = passes;
+        let tables = paired_tables(&raw, &by_knot);
+        let (v0, v1) = (tables[0][0].1, tables[1][0].1);
+        assert_eq!(tables[0].len(), 1);
+        assert_eq!(tables[1][0].0, 8);
+        assert!((v1 / v0 - 1.03).abs() < 1e-12, "paired: variant 1 at {} of variant 0", v1 / v0);
+        // The reference is the cheaper by the medians (variant 1 here) and keeps its median.
+        assert!((v1 - median(&raw[1][8])).abs() < 1e-12);
+        // A variant never timed has no knots.
+        assert!(tables[2].is_empty());
     }
 
     #[test]

@@ -47,7 +47,7 @@ fn cache_key<B: Backend>(backend: &B, model_name: &str, model: &Model<B>) -> Str
     let m = c.moe.as_ref();
     let variants: Vec<&str> = backend.moe_variants().iter().map(|v| v.name).collect();
     format!(
-        "v3 model={model_name} arch={} hidden={} experts={} inter={} top_k={} | backend={} cpu={} | variants={}",
+        "v4 model={model_name} arch={} hidden={} experts={} inter={} top_k={} | backend={} cpu={} | variants={}",
         c.arch.name(),
         c.hidden,
         m.map_or(0, |m| m.num_experts),
