@@ -376,7 +376,7 @@ impl MoeSelect<'_> {
 #[derive(Debug, Clone, Serialize)]
 pub struct AutotuneReport {
     pub seconds: f64,
-    /// Timed runs (each the minimum of its repetitions).
+    /// Timed runs.
     pub samples: usize,
     /// Knots measured for every variant; the rest were extrapolated when the budget ran out.
     pub knots_measured: usize,
