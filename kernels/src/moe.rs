@@ -387,7 +387,7 @@ pub struct AutotuneReport {
 /// past the first few rows the weights' streaming is amortised and each further row costs the
 /// same FMAs, so the measured knots there are fitted by one line instead of being taken one by
 /// one. That averages the timing noise of the large knots (a few % per knot on shared cores),
-/// which is exactly where the f32 and bf16 kernels differ by only 5–10%.
+/// which is exactly where the f32 and bf16 kernels differ by only 0–5%.
 pub const AFFINE_FROM_ROWS: u32 = 64;
 
 /// The measured knots (`(index, seconds)`, ascending) with those at ≥ [`AFFINE_FROM_ROWS`] rows
@@ -456,11 +456,11 @@ fn monotone(t: &mut [f64]) {
 }
 
 /// Relative difference under which two calibrated predictions count as a tie (the first listed
-/// runs; within the margin either choice costs at most the margin). Small, because where the two
-/// fastest CPU kernels differ at all (the f32 kernel 2–5% ahead of the bf16 one past ~300 rows
-/// per expert in most runs) a larger margin would hand every such choice to the preferred
-/// variant. The calibration itself is noisier than that on shared cores: the ratios between
-/// variants at a knot repeat within 2% in most runs and are off by up to 20% in some
+/// runs; within the margin either choice costs at most the margin). Small, because where the
+/// fastest CPU kernels differ at all past ~150 rows per expert (f32 and bf16 panels, 0–4% apart,
+/// either ahead) a larger margin would hand every such choice to the preferred variant. The
+/// calibration itself is noisier than that on shared cores: the ratios between variants at a
+/// knot repeat within 2% in most runs and are off by up to 20% in some
 /// (`cargo run --release -p sieve-worker --example moe_calibration_repeat`).
 pub const AUTOTUNE_TIE_MARGIN: f64 = 0.01;
 
@@ -518,8 +518,17 @@ fn floor_out_of_running(tables: &mut [Vec<f64>], running: &[bool], last_timed: &
     }
 }
 
-/// Per variant, its measured knots `(index, seconds per expert)`, from every timed run (`raw`,
-/// per variant and knot) and the interleaved passes they were timed in (`passes`, per knot).
+/// One knot's interleaved passes: per pass, `(variant, seconds per expert)` of the variants
+/// timed back to back.
+type Passes = Vec<Vec<(usize, f64)>>;
+
+/// Every timed run of variant `v` in one knot's passes.
+fn runs_of(passes: &[Vec<(usize, f64)>], v: usize) -> Vec<f64> {
+    passes.iter().flat_map(|p| p.iter().filter(|&&(x, _)| x == v).map(|&(_, t)| t)).collect()
+}
+
+/// Per variant (of `variants`), its measured knots `(index, seconds per expert)` from the
+/// interleaved passes timed at each knot (`passes`, per knot).
 ///
 /// At each knot the variant with the lowest median is the reference and keeps its median; every
 /// other variant timed in at least [`PAIRED_MIN_PASSES`] of the reference's passes gets the
@@ -528,10 +537,10 @@ fn floor_out_of_running(tables: &mut [Vec<f64>], running: &[bool], last_timed: &
 /// within a pass cancels it, where the medians of separate runs keep whatever phase each variant
 /// happened to hit. Those ratios of a few % are the close calls the selector makes past ~100
 /// rows per expert.
-fn paired_tables(raw: &[Vec<Vec<f64>>], passes: &[Vec<Vec<(usize, f64)>>]) -> Vec<Vec<(usize, f64)>> {
-    let mut tables: Vec<Vec<(usize, f64)>> = vec![Vec::new(); raw.len()];
+fn paired_tables(variants: usize, passes: &[Passes]) -> Vec<Vec<(usize, f64)>> {
+    let mut tables: Vec<Vec<(usize, f64)>> = vec![Vec::new(); variants];
     for (ki, passes) in passes.iter().enumerate().take(COST_KNOTS.len()) {
-        let medians: Vec<Option<f64>> = raw.iter().map(|r| r.get(ki).filter(|t| !t.is_empty()).map(|t| median(t))).collect();
+        let medians: Vec<Option<f64>> = (0..variants).map(|v| Some(runs_of(passes, v)).filter(|t| !t.is_empty()).map(|t| median(&t))).collect();
         let Some((reference, ref_median)) = medians.iter().enumerate().filter_map(|(v, m)| m.map(|m| (v, m))).min_by(|a, b| a.1.total_cmp(&b.1)) else {
             continue;
         };
@@ -587,12 +596,8 @@ pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: u
     let mut running = vec![true; variants.len()];
     let mut behind = vec![0usize; variants.len()];
     let mut last_ratio = vec![f64::INFINITY; variants.len()];
-    // Per variant and knot, every timed run (seconds per expert).
-    let mut raw: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); COST_KNOTS.len()]; variants.len()];
-    // Per knot, the same runs as interleaved passes (one per repetition or refinement round):
-    // `(variant, seconds per expert)` of the variants timed back to back.
-    let mut passes: Vec<Vec<Vec<(usize, f64)>>> = vec![Vec::new(); COST_KNOTS.len()];
-    let mut samples = 0usize;
+    // Per knot, every timed run, as interleaved passes (one per repetition or refinement round).
+    let mut passes: Vec<Passes> = vec![Vec::new(); COST_KNOTS.len()];
     // Rotate through the experts so that consecutive runs do not reuse cached weights.
     let mut first_expert = 0usize;
     let mut hist_for = |v: &MoeVariant, n: u32| -> (Vec<u32>, usize) {
@@ -609,6 +614,17 @@ pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: u
         let (hist, _) = hist_for(v, 8);
         backend.moe_time_variant(weights, vi, &hist)?;
     }
+    // One interleaved pass at knot `ki`: each of `timed` once, the order rotated by `rotate` (no
+    // variant always runs right after the same one).
+    let mut time_pass = |ki: usize, timed: &[usize], rotate: usize| -> Result<Vec<(usize, f64)>> {
+        let mut pass = Vec::with_capacity(timed.len());
+        for j in 0..timed.len() {
+            let vi = timed[(j + rotate) % timed.len()];
+            let (hist, a) = hist_for(&variants[vi], COST_KNOTS[ki]);
+            pass.push((vi, backend.moe_time_variant(weights, vi, &hist)?.as_secs_f64() / a as f64));
+        }
+        Ok(pass)
+    };
     let mut knots_measured = 0usize;
     let mut last_knot_seconds = 0.0f64;
     // Rows one knot's samples compute, over the variants still timed: its time scales with them.
@@ -625,19 +641,10 @@ pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: u
         let tk = Instant::now();
         let timed: Vec<usize> = (0..variants.len()).filter(|&vi| running[vi] && timed_at(&variants[vi], n)).collect();
         for rep in 0..REPS {
-            // The order rotates too: no variant always runs right after the same one.
-            let mut pass = Vec::with_capacity(timed.len());
-            for j in 0..timed.len() {
-                let vi = timed[(j + rep) % timed.len()];
-                let (hist, a) = hist_for(&variants[vi], n);
-                let t = backend.moe_time_variant(weights, vi, &hist)?.as_secs_f64() / a as f64;
-                raw[vi][ki].push(t);
-                pass.push((vi, t));
-                samples += 1;
-            }
+            let pass = time_pass(ki, &timed, rep)?;
             passes[ki].push(pass);
         }
-        let cost: Vec<f64> = raw.iter().map(|r| median(&r[ki])).collect();
+        let cost: Vec<f64> = (0..variants.len()).map(|vi| median(&runs_of(&passes[ki], vi))).collect();
         let best = timed.iter().map(|&vi| cost[vi]).fold(f64::INFINITY, f64::min);
         for &vi in &timed {
             // Behind, and not catching up (a variant whose per-expert overhead is amortised as
@@ -656,7 +663,7 @@ pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: u
     // variants differ by 2–10×, need no more.
     if knots_measured > 0 {
         let last = knots_measured - 1;
-        let at_last: Vec<(usize, f64)> = (0..variants.len()).filter(|&vi| !raw[vi][last].is_empty()).map(|vi| (vi, median(&raw[vi][last]))).collect();
+        let at_last: Vec<(usize, f64)> = (0..variants.len()).map(|vi| (vi, median(&runs_of(&passes[last], vi)))).filter(|&(_, c)| c.is_finite()).collect();
         let best = at_last.iter().map(|&(_, c)| c).fold(f64::INFINITY, f64::min);
         let contenders: Vec<usize> = at_last.iter().filter(|&&(_, c)| c <= best * AUTOTUNE_REFINE_WITHIN).map(|&(vi, _)| vi).collect();
         let knots: Vec<usize> = (0..knots_measured).filter(|&ki| COST_KNOTS[ki] >= AFFINE_FROM_ROWS).collect();
@@ -667,22 +674,15 @@ pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: u
             }
             let tr = Instant::now();
             for &ki in &knots {
-                let timed: Vec<usize> = contenders.iter().copied().filter(|&vi| !raw[vi][ki].is_empty()).collect();
-                let mut pass = Vec::with_capacity(timed.len());
-                for j in 0..timed.len() {
-                    let vi = timed[(j + round) % timed.len()];
-                    let (hist, a) = hist_for(&variants[vi], COST_KNOTS[ki]);
-                    let t = backend.moe_time_variant(weights, vi, &hist)?.as_secs_f64() / a as f64;
-                    raw[vi][ki].push(t);
-                    pass.push((vi, t));
-                    samples += 1;
-                }
+                let timed: Vec<usize> = contenders.iter().copied().filter(|&vi| !runs_of(&passes[ki], vi).is_empty()).collect();
+                let pass = time_pass(ki, &timed, round)?;
                 passes[ki].push(pass);
             }
             round_seconds = tr.elapsed().as_secs_f64();
         }
     }
-    let tables = paired_tables(&raw, &passes);
+    let samples = passes.iter().flatten().map(Vec::len).sum();
+    let tables = paired_tables(variants.len(), &passes);
     let measured_last: Vec<usize> = tables.iter().map(|m| m.last().map_or(0, |&(ki, _)| ki)).collect();
     let mut tables: Vec<Vec<f64>> = tables.iter().map(|measured| fill_knots(&fit_affine_tail(measured))).collect();
     floor_out_of_running(&mut tables, &running, &measured_last);
@@ -780,23 +780,16 @@ mod tests {
         // 0's runs of the last two passes and not variant 1's of the third: the medians of the
         // separate runs (1.2 vs 1.03) would rank variant 1 first.
         let factor = [1.0, 1.0, 1.4, 1.4];
-        let passes: Vec<Vec<(usize, f64)>> = factor.iter().enumerate().map(|(p, &f)| vec![(0, f), (1, if p == 2 { 1.03 } else { 1.03 * f })]).collect();
-        let raw: Vec<Vec<Vec<f64>>> = (0..3)
-            .map(|v| {
-                let mut knots = vec![Vec::new(); COST_KNOTS.len()];
-                knots[8] = passes.iter().flat_map(|p| p.iter().filter(|&&(x, _)| x == v).map(|&(_, t)| t)).collect();
-                knots
-            })
-            .collect();
+        let passes: Passes = factor.iter().enumerate().map(|(p, &f)| vec![(0, f), (1, if p == 2 { 1.03 } else { 1.03 * f })]).collect();
         let mut by_knot = vec![Vec::new(); COST_KNOTS.len()];
-        by_knot[8] = passes;
-        let tables = paired_tables(&raw, &by_knot);
+        by_knot[8] = passes.clone();
+        let tables = paired_tables(3, &by_knot);
         let (v0, v1) = (tables[0][0].1, tables[1][0].1);
         assert_eq!(tables[0].len(), 1);
         assert_eq!(tables[1][0].0, 8);
         assert!((v1 / v0 - 1.03).abs() < 1e-12, "paired: variant 1 at {} of variant 0", v1 / v0);
         // The reference is the cheaper by the medians (variant 1 here) and keeps its median.
-        assert!((v1 - median(&raw[1][8])).abs() < 1e-12);
+        assert!((v1 - median(&runs_of(&passes, 1))).abs() < 1e-12);
         // A variant never timed has no knots.
         assert!(tables[2].is_empty());
     }
