@@ -56,6 +56,23 @@ async fn exchange(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, 
     parse_answer(&out)
 }
 
+/// An oversized body on a keep-alive connection: the answer must close the connection (the
+/// rest of the body was never read), or the read below waits for a close that never comes.
+async fn oversized_on_keep_alive(addr: SocketAddr) -> Answer {
+    let run = async {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let body = vec![b' '; 5000];
+        let head = format!("POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n", body.len());
+        s.write_all(head.as_bytes()).await.unwrap();
+        let _ = s.write_all(&body).await;
+        let mut out = vec![];
+        let _ = s.read_to_end(&mut out).await;
+        out
+    };
+    let out = tokio::time::timeout(Duration::from_secs(5), run).await.unwrap_or_else(|_| panic!("{addr}: the connection stayed open after 413"));
+    parse_answer(&out)
+}
+
 fn parse_answer(out: &[u8]) -> Answer {
     let text = String::from_utf8_lossy(out);
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("not an HTTP answer: {text:?}"));
@@ -273,6 +290,11 @@ async fn proxy_worker_and_sim_worker_answer_every_case_alike() {
                 Some((n0, b0)) => assert_eq!(&a.body, b0, "{}: {name} and {n0} answer differently", c.what),
             }
         }
+    }
+    for &(name, addr) in &s.targets {
+        let a = oversized_on_keep_alive(addr).await;
+        assert_eq!(a.status, 413, "{name}: {}", a.raw_body);
+        assert_eq!(a.header("connection"), Some("close"), "{name}");
     }
     for &(name, addr) in &s.targets {
         check_successes(name, addr).await;
