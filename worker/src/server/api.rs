@@ -1,4 +1,4 @@
-//! The scoring API port: the shared API ([`sieve_shared::service`]) over [`run`], with the
+//! The scoring API port: the shared API ([`sieve_shared::service`]) over `run`, with the
 //! worker's drain refusal and its metrics.
 
 use std::sync::atomic::Ordering;
