@@ -1,101 +1,52 @@
-//! The scoring API: `POST /v1/score` and `POST /v1/rerank`, the worker's shapes exactly, with
-//! the timing breakdown also in `x-sieve-*-ms` headers.
+//! The scoring API port: the shared API ([`sieve_shared::service`]) over the proxy's fan-out,
+//! with the proxy's admission (drain, `max_in_flight_requests`), its metrics and its
+//! `x-sieve-shards` / `x-sieve-missing` headers.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::Duration;
 
 use hyper::body::Incoming;
-use hyper::header::{CONNECTION, HeaderValue};
-use hyper::{Method, Request, StatusCode};
-use sieve_shared::api::headers;
-use sieve_shared::{ApiError, ErrorKind, RerankRequest, RerankResponse, ScoreRequest, Timing};
+use hyper::header::HeaderValue;
+use hyper::Request;
+use sieve_shared::http::HttpResponse;
+use sieve_shared::service::{self, Call, Route, ScoreService, Scored};
+use sieve_shared::{ApiError, Limits, ScoreRequest};
 
+use crate::drain::Admitted;
 use crate::fanout;
-use sieve_shared::http::{HttpResponse, error, json, read_body};
-use crate::merger::MergeStats;
 use crate::metrics as m;
 use crate::state::AppState;
 
-#[derive(Clone, Copy)]
-enum Route {
-    Score,
-    Rerank,
-}
-
-impl Route {
-    fn name(self) -> &'static str {
-        match self {
-            Route::Score => "score",
-            Route::Rerank => "rerank",
-        }
-    }
-}
-
 pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> HttpResponse {
-    let arrival = Instant::now();
-    let route = match (req.method(), req.uri().path()) {
-        (&Method::POST, "/v1/score") => Route::Score,
-        (&Method::POST, "/v1/rerank") => Route::Rerank,
-        (_, "/v1/score" | "/v1/rerank") => {
-            return error(&ApiError::new(ErrorKind::MethodNotAllowed, format!("{} needs POST", req.uri().path())));
-        }
-        (_, path) => {
-            return error(&ApiError::new(ErrorKind::NotFound, format!("no route {path}; try POST /v1/score")));
-        }
-    };
-    let resp = match serve(&state, route, req, arrival).await {
-        Ok(r) => r,
-        Err(e) => {
-            if e.kind == ErrorKind::Internal {
-                tracing::warn!("{} request failed: {}", route.name(), e.message);
-            }
-            let mut r = error(&e);
-            if e.kind == ErrorKind::TooLarge {
-                // The rest of an oversized body was not read: this connection cannot carry
-                // another request.
-                r.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
-            }
-            r
-        }
-    };
-    metrics::counter!(m::REQUESTS, "route" => route.name(), "code" => resp.status().as_str().to_string()).increment(1);
-    metrics::histogram!(m::REQUEST_SECONDS, "route" => route.name()).record(arrival.elapsed().as_secs_f64());
-    resp
+    service::handle(&Api(state), req).await
 }
 
-async fn serve(state: &Arc<AppState>, route: Route, req: Request<Incoming>, arrival: Instant) -> Result<HttpResponse, ApiError> {
-    let cfg = state.config();
-    // Admission first: a draining or saturated proxy does no work for the request. Its body is
-    // still read (bounded), so the connection stays usable for the client's next request.
-    let admitted = state.drain.admit(cfg.server.max_in_flight_requests);
-    let body = read_body(req, cfg.limits.max_body_bytes).await;
-    let _admitted = admitted?;
-    let body = body?;
-    match route {
-        Route::Score => {
-            let r: ScoreRequest = ApiError::parse_json(&body)?;
-            let (resp, stats) = fanout::score(state, r, arrival).await?;
-            Ok(with_headers(json(StatusCode::OK, &resp), &resp.timing, &stats))
-        }
-        Route::Rerank => {
-            let r: RerankRequest = ApiError::parse_json(&body)?;
-            let (resp, stats) = fanout::score(state, r.to_score_request(), arrival).await?;
-            let timing = resp.timing;
-            Ok(with_headers(json(StatusCode::OK, &RerankResponse::from_scores(&r, resp)), &timing, &stats))
-        }
-    }
-}
+/// The proxy as a [`ScoreService`].
+struct Api(Arc<AppState>);
 
-fn with_headers(mut r: HttpResponse, t: &Timing, stats: &MergeStats) -> HttpResponse {
-    let h = r.headers_mut();
-    for (name, v) in [(headers::QUEUE_MS, t.queue_ms), (headers::COMPUTE_MS, t.compute_ms), (headers::TOTAL_MS, t.total_ms)] {
-        if let Ok(hv) = HeaderValue::from_str(&format!("{v:.3}")) {
-            h.insert(name, hv);
+impl ScoreService for Api {
+    type Admission<'a> = Admitted<'a>;
+
+    fn limits(&self) -> Limits {
+        self.0.config().limits.clone()
+    }
+
+    fn admit(&self) -> Result<Admitted<'_>, ApiError> {
+        self.0.drain.admit(self.0.config().server.max_in_flight_requests)
+    }
+
+    async fn score(&self, req: ScoreRequest, call: Call) -> Result<Scored, ApiError> {
+        let (response, stats) = fanout::score(&self.0, req, call.arrival.into_std()).await?;
+        let mut scored = Scored::from(response);
+        scored.headers.insert("x-sieve-shards", HeaderValue::from(stats.shards));
+        if stats.missing > 0 {
+            scored.headers.insert("x-sieve-missing", HeaderValue::from(stats.missing));
         }
+        Ok(scored)
     }
-    h.insert("x-sieve-shards", HeaderValue::from(stats.shards));
-    if stats.missing > 0 {
-        h.insert("x-sieve-missing", HeaderValue::from(stats.missing));
+
+    fn observe(&self, route: Route, status: u16, elapsed: Duration) {
+        metrics::counter!(m::REQUESTS, "route" => route.name(), "code" => status.to_string()).increment(1);
+        metrics::histogram!(m::REQUEST_SECONDS, "route" => route.name()).record(elapsed.as_secs_f64());
     }
-    r
 }

@@ -1,10 +1,15 @@
 //! The scoring API on the wire. Worker and proxy serve exactly these shapes, so a worker can be
 //! called directly and the proxy is transparent.
 
+use std::fmt;
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
-/// One candidate item: either a bare string or an object with an optional id.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One candidate item: either a bare string or an object with an optional id. Deserialized by
+/// hand (not `untagged`) so an object with a misspelt or extra field is refused with an error
+/// that names the field, instead of serde's "did not match any variant".
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum Item {
     Text(String),
@@ -13,6 +18,44 @@ pub enum Item {
         id: Option<String>,
         text: String,
     },
+}
+
+/// The object form of an item, strict about its fields.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ItemObject {
+    #[serde(default)]
+    id: Option<String>,
+    text: String,
+}
+
+impl<'de> Deserialize<'de> for Item {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct ItemVisitor;
+
+        impl<'de> Visitor<'de> for ItemVisitor {
+            type Value = Item;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an item: a string, or an object with `text` and an optional `id`")
+            }
+
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Item, E> {
+                Ok(Item::Text(s.to_string()))
+            }
+
+            fn visit_string<E: de::Error>(self, s: String) -> Result<Item, E> {
+                Ok(Item::Text(s))
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Item, A::Error> {
+                let o = ItemObject::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(Item::Object { id: o.id, text: o.text })
+            }
+        }
+
+        d.deserialize_any(ItemVisitor)
+    }
 }
 
 impl Item {
@@ -214,6 +257,22 @@ mod tests {
     #[test]
     fn unknown_fields_are_rejected() {
         assert!(serde_json::from_str::<ScoreRequest>(r#"{"query":"q","items":["a"],"itmes":[]}"#).is_err());
+    }
+
+    #[test]
+    fn an_item_object_with_an_unknown_field_is_refused_by_name() {
+        let e = serde_json::from_str::<ScoreRequest>(r#"{"query":"q","items":["a",{"text":"b","idd":"1"}]}"#).unwrap_err();
+        assert!(e.to_string().contains("unknown field `idd`"), "{e}");
+        let e = serde_json::from_str::<ScoreRequest>(r#"{"query":"q","items":[{"id":"x"}]}"#).unwrap_err();
+        assert!(e.to_string().contains("missing field `text`"), "{e}");
+        let e = serde_json::from_str::<ScoreRequest>(r#"{"query":"q","items":[3]}"#).unwrap_err();
+        assert!(e.to_string().contains("expected an item: a string, or an object"), "{e}");
+    }
+
+    #[test]
+    fn items_serialize_back_to_the_shape_they_came_in() {
+        let items: Vec<Item> = serde_json::from_str(r#"["a",{"id":"x","text":"b"},{"text":"c"}]"#).unwrap();
+        assert_eq!(serde_json::to_string(&items).unwrap(), r#"["a",{"id":"x","text":"b"},{"text":"c"}]"#);
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod http;
 pub mod limits;
 pub mod metrics_names;
 pub mod proxy_config;
+pub mod service;
 pub mod stats;
 
 pub use api::*;

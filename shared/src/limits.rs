@@ -40,15 +40,21 @@ impl Limits {
     /// Checks everything that can be checked without a tokenizer. The first violation wins;
     /// the message names the field and the limit.
     pub fn check(&self, req: &ScoreRequest) -> Result<(), ApiError> {
+        self.check_as(req, "items")
+    }
+
+    /// [`check`](Self::check), naming the items `field` in messages (`documents` for a rerank
+    /// call).
+    pub fn check_as(&self, req: &ScoreRequest, field: &str) -> Result<(), ApiError> {
         if req.query.trim().is_empty() {
             return Err(ApiError::invalid("query is empty"));
         }
         if req.items.is_empty() {
-            return Err(ApiError::invalid("items is empty: at least one item is required"));
+            return Err(ApiError::invalid(format!("{field} is empty: at least one item is required")));
         }
         if req.items.len() > self.max_items {
             return Err(ApiError::too_large(format!(
-                "too many items: {} > max_items {}",
+                "too many {field}: {} > max_items {}",
                 req.items.len(),
                 self.max_items
             )));
@@ -72,12 +78,12 @@ impl Limits {
         for (i, item) in req.items.iter().enumerate() {
             let text = item.text();
             if text.trim().is_empty() {
-                return Err(ApiError::invalid(format!("items[{i}] is empty")));
+                return Err(ApiError::invalid(format!("{field}[{i}] is empty")));
             }
             let c = text.chars().count();
             if c > self.max_item_chars {
                 return Err(ApiError::too_large(format!(
-                    "items[{i}] too long: {c} characters > max_item_chars {}",
+                    "{field}[{i}] too long: {c} characters > max_item_chars {}",
                     self.max_item_chars
                 )));
             }

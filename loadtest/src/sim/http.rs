@@ -1,17 +1,17 @@
 //! The simulated worker's two HTTP servers: the scoring API and the admin port, with the same
 //! routes, bodies and status codes as the real worker.
 
+use std::sync::atomic::Ordering;
+
 use hyper::body::Incoming;
-use hyper::header::HeaderValue;
 use hyper::{Method, Request, StatusCode};
-use sieve_shared::api::headers;
 use sieve_shared::http::{self, read_body, HttpResponse, StopMode};
-use sieve_shared::{ApiError, ErrorKind, RerankRequest, RerankResponse, ScoreRequest};
+use sieve_shared::service::{self, Call, ScoreService, Scored};
+use sieve_shared::{ApiError, ErrorKind, Limits, ScoreRequest};
 use tokio::sync::watch;
-use tokio::time::Instant;
 
 use super::config::SimSettingsUpdate;
-use super::engine::SharedEngine;
+use super::engine::{SharedEngine, SimEngine};
 
 /// How the servers should stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,65 +32,32 @@ pub async fn stopped(mut stop: watch::Receiver<Stop>) -> StopMode {
     }
 }
 
-fn with_timing_headers(mut r: HttpResponse, t: &sieve_shared::Timing) -> HttpResponse {
-    for (name, v) in [(headers::QUEUE_MS, t.queue_ms), (headers::COMPUTE_MS, t.compute_ms), (headers::TOTAL_MS, t.total_ms)] {
-        if let Ok(hv) = HeaderValue::from_str(&format!("{v:.3}")) {
-            r.headers_mut().insert(name, hv);
-        }
-    }
-    r
-}
-
-/// `POST /v1/score`, `POST /v1/rerank`.
+/// `POST /v1/score`, `POST /v1/rerank`: the shared API over the simulated engine.
 pub async fn api(engine: SharedEngine, req: Request<Incoming>) -> HttpResponse {
-    let arrival = Instant::now();
-    let route = match (req.method(), req.uri().path()) {
-        (&Method::POST, "/v1/score") => Route::Score,
-        (&Method::POST, "/v1/rerank") => Route::Rerank,
-        (_, "/v1/score" | "/v1/rerank") => {
-            return http::error(&ApiError::new(ErrorKind::MethodNotAllowed, "use POST"));
-        }
-        (_, path) => return http::error(&ApiError::new(ErrorKind::NotFound, format!("no route {path}"))),
-    };
-    let header_deadline =
-        req.headers().get(headers::DEADLINE_MS).and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
-    let body = match read_body(req, engine.config().limits.max_body_bytes).await {
-        Ok(b) => b,
-        Err(e) => return http::error(&e),
-    };
-    match route {
-        Route::Score => {
-            let mut r: ScoreRequest = match ApiError::parse_json(&body) {
-                Ok(r) => r,
-                Err(e) => return http::error(&e),
-            };
-            r.deadline_ms = r.deadline_ms.or(header_deadline);
-            match engine.score(r, arrival).await {
-                Ok(resp) => with_timing_headers(http::json(StatusCode::OK, &resp), &resp.timing),
-                Err(e) => http::error(&e),
-            }
-        }
-        Route::Rerank => {
-            let r: RerankRequest = match ApiError::parse_json(&body) {
-                Ok(r) => r,
-                Err(e) => return http::error(&e),
-            };
-            let mut s = r.to_score_request();
-            s.deadline_ms = s.deadline_ms.or(header_deadline);
-            match engine.score(s, arrival).await {
-                Ok(resp) => {
-                    let timing = resp.timing;
-                    with_timing_headers(http::json(StatusCode::OK, &RerankResponse::from_scores(&r, resp)), &timing)
-                }
-                Err(e) => http::error(&e),
-            }
-        }
-    }
+    service::handle(engine.as_ref(), req).await
 }
 
-enum Route {
-    Score,
-    Rerank,
+impl ScoreService for SimEngine {
+    // The engine's queue bound does the overload refusal (429), inside `score`.
+    type Admission<'a> = ();
+
+    fn limits(&self) -> Limits {
+        self.config().limits.clone()
+    }
+
+    fn admit(&self) -> Result<(), ApiError> {
+        if self.is_ready() {
+            return Ok(());
+        }
+        let c = self.counters();
+        c.requests.fetch_add(1, Ordering::Relaxed);
+        c.rejected.fetch_add(1, Ordering::Relaxed);
+        Err(ApiError::not_ready(if self.is_draining() { "sim worker is draining" } else { "sim worker is not ready" }))
+    }
+
+    async fn score(&self, req: ScoreRequest, call: Call) -> Result<Scored, ApiError> {
+        SimEngine::score(self, req, call.arrival).await.map(Scored::from)
+    }
 }
 
 /// `GET /health`, `/ready`, `/metrics`, `/stats`, `/sim`; `PUT /sim` changes the settings.

@@ -1,80 +1,52 @@
-//! The scoring API: `POST /v1/score` and `POST /v1/rerank`.
+//! The scoring API port: the shared API ([`sieve_shared::service`]) over `run`, with the
+//! worker's drain refusal and its metrics.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hyper::body::Incoming;
-use hyper::header::HeaderValue;
-use hyper::{Method, Request, StatusCode};
-use sieve_shared::api::headers;
+use hyper::Request;
 use sieve_shared::metrics_names::worker as m;
-use sieve_shared::{ApiError, ErrorKind, RerankRequest, RerankResponse, ScoreRequest, ScoreResponse, Timing};
+use sieve_shared::service::{self, Call, Route, ScoreService, Scored};
+use sieve_shared::{ApiError, Limits, ScoreRequest, ScoreResponse, Timing};
 
-use sieve_shared::http::{self, read_body, HttpResponse};
+use sieve_shared::http::HttpResponse;
 
 use super::AppState;
 use crate::engine::{CancelFlag, CancelOnDrop, Submission};
 
 pub async fn handle(app: Arc<AppState>, req: Request<Incoming>) -> HttpResponse {
-    let arrived = Instant::now();
-    let route = match req.uri().path() {
-        "/v1/score" => "score",
-        "/v1/rerank" => "rerank",
-        _ => {
-            return http::error(&ApiError::new(ErrorKind::NotFound, format!("no route {} (try POST /v1/score or /v1/rerank)", req.uri().path())))
-        }
-    };
-    if req.method() != Method::POST {
-        return http::error(&ApiError::new(ErrorKind::MethodNotAllowed, format!("{} needs POST", req.uri().path())));
-    }
-    let result = match route {
-        "score" => score(&app, req, arrived).await,
-        _ => rerank(&app, req, arrived).await,
-    };
-    let secs = arrived.elapsed().as_secs_f64();
-    let response = match result {
-        Ok(r) => r,
-        Err(e) => {
-            metrics::counter!(m::REQUEST_ERRORS, "route" => route, "status" => e.status().to_string()).increment(1);
-            if e.kind == ErrorKind::Internal {
-                tracing::error!(route, "{}", e.message);
-            }
-            http::error(&e)
-        }
-    };
-    metrics::counter!(m::REQUESTS, "route" => route, "status" => response.status().as_u16().to_string()).increment(1);
-    metrics::histogram!(m::REQUEST_SECONDS, "route" => route).record(secs);
-    response
+    service::handle(app.as_ref(), req).await
 }
 
-async fn score(app: &AppState, req: Request<Incoming>, arrived: Instant) -> Result<HttpResponse, ApiError> {
-    let body = read_body(req, app.limits.max_body_bytes).await?;
-    let r: ScoreRequest = ApiError::parse_json(&body)?;
-    let resp = run(app, &r, arrived).await?;
-    let timing = resp.timing;
-    Ok(with_timing(http::json(StatusCode::OK, &resp), timing))
-}
+impl ScoreService for AppState {
+    // The engine's own queue bounds do the overload refusal (429), inside `run`.
+    type Admission<'a> = ();
 
-async fn rerank(app: &AppState, req: Request<Incoming>, arrived: Instant) -> Result<HttpResponse, ApiError> {
-    let body = read_body(req, app.limits.max_body_bytes).await?;
-    let r: RerankRequest = ApiError::parse_json(&body)?;
-    if r.top_n == Some(0) {
-        return Err(ApiError::invalid("top_n must be at least 1"));
+    fn limits(&self) -> Limits {
+        self.limits.clone()
     }
-    let resp = run(app, &r.to_score_request(), arrived).await?;
-    let timing = resp.timing;
-    let out = RerankResponse::from_scores(&r, resp);
-    Ok(with_timing(http::json(StatusCode::OK, &out), timing))
-}
 
-fn with_timing(mut r: HttpResponse, t: Timing) -> HttpResponse {
-    for (name, v) in [(headers::QUEUE_MS, t.queue_ms), (headers::COMPUTE_MS, t.compute_ms), (headers::TOTAL_MS, t.total_ms)] {
-        if let Ok(h) = HeaderValue::from_str(&format!("{v:.3}")) {
-            r.headers_mut().insert(name, h);
+    fn admit(&self) -> Result<(), ApiError> {
+        if self.state.draining.load(Ordering::Acquire) {
+            return Err(ApiError::not_ready("draining: not accepting new work"));
         }
+        Ok(())
     }
-    r
+
+    async fn score(&self, req: ScoreRequest, call: Call) -> Result<Scored, ApiError> {
+        run(self, &req, call.arrival.into_std()).await.map(Scored::from)
+    }
+
+    fn observe(&self, route: Route, status: u16, elapsed: Duration) {
+        let route = route.name();
+        if status >= 400 {
+            metrics::counter!(m::REQUEST_ERRORS, "route" => route, "status" => status.to_string()).increment(1);
+        }
+        metrics::counter!(m::REQUESTS, "route" => route, "status" => status.to_string()).increment(1);
+        metrics::histogram!(m::REQUEST_SECONDS, "route" => route).record(elapsed.as_secs_f64());
+    }
 }
 
 /// Validates, queues and awaits one scoring call.

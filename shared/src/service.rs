@@ -1,0 +1,195 @@
+//! The public scoring API, implemented once: routing, the bounded body read, admission, JSON
+//! parsing, validation, the deadline, rerank conversion, errors and timing headers. The proxy,
+//! the worker and the simulated worker each implement [`ScoreService`] (admission, scoring,
+//! metrics) and route their API port to [`handle`], so they give the same answer and code to
+//! every request.
+
+use std::future::Future;
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper::header::{ALLOW, CONNECTION, HeaderMap, HeaderValue};
+use hyper::{Method, Request, StatusCode};
+// Tokio's clock, so the simulated worker's tests can run with time paused.
+use tokio::time::Instant;
+
+use crate::api::headers;
+use crate::http::{self, HttpResponse, read_body};
+use crate::{ApiError, ErrorKind, Limits, RerankRequest, RerankResponse, ScoreRequest, ScoreResponse, Timing};
+
+/// The two scoring routes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// `POST /v1/score`
+    Score,
+    /// `POST /v1/rerank`
+    Rerank,
+}
+
+impl Route {
+    /// The `route` label of the per-crate metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Route::Score => "score",
+            Route::Rerank => "rerank",
+        }
+    }
+}
+
+/// What a scoring call knows besides its request.
+#[derive(Debug, Clone, Copy)]
+pub struct Call {
+    /// When the request arrived (before its body was read): queue time and the deadline count
+    /// from here.
+    pub arrival: Instant,
+}
+
+/// A score answer, with any response headers of the service's own (the proxy's shard count).
+#[derive(Debug, Clone)]
+pub struct Scored {
+    pub response: ScoreResponse,
+    pub headers: HeaderMap,
+}
+
+impl From<ScoreResponse> for Scored {
+    fn from(response: ScoreResponse) -> Self {
+        Scored { response, headers: HeaderMap::new() }
+    }
+}
+
+/// What a server supplies to [`handle`]: its limits, its admission, its scoring call and its
+/// metrics. Everything else about the API is shared.
+pub trait ScoreService: Send + Sync {
+    /// Held from admission until the response is built (the proxy's in-flight count).
+    type Admission<'a>: Send
+    where
+        Self: 'a;
+
+    /// The limits in force now (the proxy's config reloads while running).
+    fn limits(&self) -> Limits;
+
+    /// Called once the body is read, before it is parsed: draining (503) or overloaded (429)
+    /// refuse here, so a client that stalls its body holds no admission slot.
+    fn admit(&self) -> Result<Self::Admission<'_>, ApiError>;
+
+    /// Scores a parsed and validated request (`deadline_ms` already taken from the header when
+    /// the body had none).
+    fn score(&self, req: ScoreRequest, call: Call) -> impl Future<Output = Result<Scored, ApiError>> + Send;
+
+    /// Records one answered request (not 404/405) in the service's metrics.
+    fn observe(&self, _route: Route, _status: u16, _elapsed: Duration) {}
+}
+
+/// Serves one request of the API port: `POST /v1/score`, `POST /v1/rerank`.
+pub async fn handle<S: ScoreService>(svc: &S, req: Request<Incoming>) -> HttpResponse {
+    let arrival = Instant::now();
+    let path = req.uri().path();
+    let route = match (req.method(), path) {
+        (&Method::POST, "/v1/score") => Route::Score,
+        (&Method::POST, "/v1/rerank") => Route::Rerank,
+        (_, "/v1/score" | "/v1/rerank") => {
+            let mut r = http::error(&ApiError::new(ErrorKind::MethodNotAllowed, format!("{path} needs POST")));
+            r.headers_mut().insert(ALLOW, HeaderValue::from_static("POST"));
+            return r;
+        }
+        _ => {
+            let msg = format!("no route {path}; try POST /v1/score or POST /v1/rerank");
+            return http::error(&ApiError::new(ErrorKind::NotFound, msg));
+        }
+    };
+    let resp = match serve(svc, route, req, arrival).await {
+        Ok(r) => r,
+        Err(e) => {
+            if e.kind == ErrorKind::Internal {
+                tracing::warn!(route = route.name(), "request failed: {}", e.message);
+            }
+            http::error(&e)
+        }
+    };
+    svc.observe(route, resp.status().as_u16(), arrival.elapsed());
+    resp
+}
+
+async fn serve<S: ScoreService>(svc: &S, route: Route, req: Request<Incoming>, arrival: Instant) -> Result<HttpResponse, ApiError> {
+    let limits = svc.limits();
+    let header_deadline = deadline_header(req.headers());
+    let body = match read_body(req, limits.max_body_bytes).await {
+        Ok(b) => b,
+        Err(e) => {
+            // The rest of the body was not read: this connection cannot carry another request.
+            let mut r = http::error(&e);
+            r.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
+            return Ok(r);
+        }
+    };
+    // Admission only now: a body that never arrives holds no in-flight slot.
+    let _admitted = svc.admit()?;
+    let (mut score_req, rerank) = match route {
+        Route::Score => (ApiError::parse_json::<ScoreRequest>(&body)?, None),
+        Route::Rerank => {
+            let r: RerankRequest = ApiError::parse_json(&body)?;
+            (r.to_score_request(), Some(r))
+        }
+    };
+    drop(body);
+    if score_req.deadline_ms.is_none() {
+        score_req.deadline_ms = header_deadline.transpose()?;
+    }
+    limits.check_as(&score_req, if rerank.is_some() { "documents" } else { "items" })?;
+    if rerank.as_ref().is_some_and(|r| r.top_n == Some(0)) {
+        return Err(ApiError::invalid("top_n must be at least 1"));
+    }
+    let Scored { response, headers: extra } = svc.score(score_req, Call { arrival }).await?;
+    let timing = response.timing;
+    let mut r = match rerank {
+        None => http::json(StatusCode::OK, &response),
+        Some(req) => http::json(StatusCode::OK, &RerankResponse::from_scores(&req, response)),
+    };
+    with_timing(r.headers_mut(), &timing);
+    r.headers_mut().extend(extra);
+    Ok(r)
+}
+
+/// The `x-sieve-deadline-ms` request header (the proxy sends it to workers; any client may):
+/// the deadline of a body that gives none.
+fn deadline_header(h: &HeaderMap) -> Option<Result<u64, ApiError>> {
+    let v = h.get(headers::DEADLINE_MS)?;
+    let parsed = v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok());
+    Some(parsed.ok_or_else(|| {
+        ApiError::invalid(format!(
+            "{} header {:?} is not a whole number of milliseconds",
+            headers::DEADLINE_MS,
+            String::from_utf8_lossy(v.as_bytes())
+        ))
+    }))
+}
+
+fn with_timing(h: &mut HeaderMap, t: &Timing) {
+    for (name, v) in [(headers::QUEUE_MS, t.queue_ms), (headers::COMPUTE_MS, t.compute_ms), (headers::TOTAL_MS, t.total_ms)] {
+        if let Ok(hv) = HeaderValue::from_str(&format!("{v:.3}")) {
+            h.insert(name, hv);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(v: &'static str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(headers::DEADLINE_MS, HeaderValue::from_static(v));
+        h
+    }
+
+    #[test]
+    fn the_deadline_header_is_whole_milliseconds_or_a_clear_error() {
+        assert!(deadline_header(&HeaderMap::new()).is_none());
+        assert_eq!(deadline_header(&with(" 250 ")).unwrap(), Ok(250));
+        for bad in ["soon", "-5", "1.5", ""] {
+            let e = deadline_header(&with(bad)).unwrap().unwrap_err();
+            assert_eq!(e.status(), 422, "{bad:?}");
+            assert!(e.message.contains(headers::DEADLINE_MS), "{}", e.message);
+        }
+    }
+}
