@@ -135,7 +135,8 @@ pub struct Submission {
 impl EngineHandle {
     /// Starts the scheduler and runner threads. The KV cache is allocated here.
     pub fn start<B: Backend>(parts: EngineParts<B>, cfg: EngineConfig, state: Arc<EngineState>) -> crate::Result<Arc<Self>> {
-        if !(cfg.deadline_pass_fraction > 0.0 && cfg.deadline_pass_fraction <= 1.0) || !(cfg.prior_tokens_per_second > 0.0) {
+        let fraction_ok = cfg.deadline_pass_fraction > 0.0 && cfg.deadline_pass_fraction <= 1.0;
+        if !fraction_ok || cfg.prior_tokens_per_second.is_nan() || cfg.prior_tokens_per_second <= 0.0 {
             return Err(crate::WorkerError::Config(format!(
                 "deadline_pass_fraction {} must be in (0, 1] and prior_tokens_per_second {} > 0",
                 cfg.deadline_pass_fraction, cfg.prior_tokens_per_second
