@@ -234,3 +234,13 @@ impl EngineHandle {
         }
     }
 }
+
+impl Drop for EngineHandle {
+    /// A handle dropped without [`EngineHandle::shutdown`] still ends its threads (after the
+    /// queued work): the runner's sender alone would keep the scheduler waiting forever.
+    fn drop(&mut self) {
+        if let Some(tx) = self.tx.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = tx.send(Msg::Stop);
+        }
+    }
+}
