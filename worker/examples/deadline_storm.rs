@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sieve_shared::http::{bind, serve};
+use sieve_shared::http::{bind, serve, HttpConfig};
 use sieve_shared::Limits;
 use sieve_worker::config::WorkerConfig;
 use sieve_worker::device::{start_engine, Device};
@@ -101,7 +101,7 @@ async fn main() {
     let _ = app.model_name.set(name.clone());
     let (listener, addr) = bind("127.0.0.1", 0).await.expect("bind");
     let a = app.clone();
-    tokio::spawn(serve(listener, move |r| api::handle(a.clone(), r), std::future::pending()));
+    tokio::spawn(serve(listener, HttpConfig::default(), move |r| api::handle(a.clone(), r), std::future::pending()));
     let st = app.state.clone();
 
     // Warm-up: one small call measures the throughput the passes are sized from.
