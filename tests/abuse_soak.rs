@@ -14,7 +14,7 @@ async fn a_proxy_and_two_workers_hold_their_targets_under_abuse() {
     let text = report.render();
     println!("{text}");
     // Each figure the targets name must have been measured, or the check below proves nothing.
-    assert!(report.steady.sent >= 40, "{text}");
+    assert!(report.steady.sent >= 15, "{text}");
     assert!(report.burst.requests > 0, "{text}");
     assert_eq!(report.memory.len(), 4, "proxy, two workers and the replacement: {text}");
     for attack in sieve_e2e::abuse::Attack::ALL {
