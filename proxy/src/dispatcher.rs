@@ -185,12 +185,7 @@ async fn attempt(ctx: Arc<RequestCtx>, items: Arc<Vec<usize>>, worker: Arc<Worke
             match ctx.state.client.post_json(&worker.score_uri, Bytes::from(bytes), &hdrs).await {
                 Err(e) => Err(AttemptError::Client(e)),
                 Ok(reply) if reply.status.is_success() => match serde_json::from_slice::<ScoreResponse>(&reply.body) {
-                    Ok(r) if r.scores.len() == items.len() => Ok(r),
-                    Ok(r) => Err(AttemptError::BadResponse(format!(
-                        "{} scores for a shard of {} items",
-                        r.scores.len(),
-                        items.len()
-                    ))),
+                    Ok(r) => check_shard_response(r, items.len()).map_err(AttemptError::BadResponse),
                     Err(e) => Err(AttemptError::BadResponse(format!("unreadable score response: {e}"))),
                 },
                 Ok(reply) => Err(AttemptError::Api(ApiError::from_response(reply.status.as_u16(), &reply.body))),
@@ -200,6 +195,28 @@ async fn attempt(ctx: Arc<RequestCtx>, items: Arc<Vec<usize>>, worker: Arc<Worke
     // The worker's load is released only now that the body is read.
     drop(guard);
     AttemptResult { worker, kind, sent, result }
+}
+
+/// A worker's 200 is usable when it has one entry per item and a score wherever `missing` does
+/// not list the index. A partial answer (the worker's deadline came first) is a success, never
+/// retried: its `missing` items are reported as such. A null outside `missing` (how a NaN score
+/// is written in JSON) means the worker's model is broken: the attempt failed, and the shard is
+/// retried elsewhere like after a 500.
+fn check_shard_response(r: ScoreResponse, n_items: usize) -> Result<ScoreResponse, String> {
+    if r.scores.len() != n_items {
+        return Err(format!("{} scores for a shard of {} items", r.scores.len(), n_items));
+    }
+    let mut listed = vec![false; n_items];
+    for &k in &r.missing {
+        match listed.get_mut(k) {
+            Some(l) => *l = true,
+            None => return Err(format!("missing index {k} in a shard of {n_items} items")),
+        }
+    }
+    if let Some(k) = r.scores.iter().zip(&listed).position(|(s, &l)| s.is_none() && !l) {
+        return Err(format!("no score for items[{k}] and it is not listed missing"));
+    }
+    Ok(r)
 }
 
 fn launch(
@@ -403,7 +420,9 @@ fn learn(
         ctx.state.ratios.record(ratio);
         metrics::histogram!(m::SHARD_TIME_RATIO).record(ratio);
     }
-    if !ctx.cfg.estimator.recalibrate {
+    // A partial answer's compute covers only some of its items: it would teach the cost model
+    // that items are cheaper than they are.
+    if !ctx.cfg.estimator.recalibrate || !response.missing.is_empty() {
         return;
     }
     let usage = &response.usage;
@@ -434,5 +453,32 @@ fn learn(
             before
         };
         worker.observe_compute(compute_ms, predicted, ctx.cfg.estimator.speed_smoothing);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sieve_shared::{Timing, Usage};
+
+    fn response(scores: Vec<Option<f32>>, missing: Vec<usize>) -> ScoreResponse {
+        ScoreResponse { scores, ids: None, missing, usage: Usage::default(), timing: Timing::default(), model: "m".into() }
+    }
+
+    #[test]
+    fn a_partial_shard_is_a_success_and_a_stray_null_a_failure() {
+        // The worker's deadline left items 1 and 2 unscored: usable as is (no retry).
+        let partial = check_shard_response(response(vec![Some(0.5), None, None], vec![1, 2]), 3).unwrap();
+        assert_eq!(partial.missing, vec![1, 2]);
+        // A null nobody listed (a NaN written as JSON): a failed attempt, retryable elsewhere.
+        let e = check_shard_response(response(vec![Some(0.5), None], vec![]), 2).unwrap_err();
+        assert!(e.contains("items[1]"), "{e}");
+        let err = AttemptError::BadResponse(e);
+        assert!(err.retryable() && err.is_worker_fault());
+        assert!(check_shard_response(response(vec![Some(0.5)], vec![3]), 1).is_err());
+        assert!(check_shard_response(response(vec![Some(0.5)], vec![]), 2).is_err());
+        // A worker's 500 (its non-finite-score error) is retried elsewhere and counts against it.
+        let e500 = AttemptError::Api(ApiError::from_response(500, br#"{"error":{"type":"internal","code":500,"message":"non-finite score for items[0]"}}"#));
+        assert!(e500.retryable() && e500.is_worker_fault());
     }
 }

@@ -14,6 +14,19 @@ pub mod worker {
     pub const KV_BLOCKS_USED: &str = "sieve_worker_kv_blocks_used";
     pub const KV_BLOCKS_FREE: &str = "sieve_worker_kv_blocks_free";
     pub const BATCH_TOKENS: &str = "sieve_worker_batch_tokens";
+    /// Counter: forward passes stopped between layers because no live call needed them.
+    pub const PASSES_ABANDONED: &str = "sieve_worker_passes_abandoned_total";
+    /// Counter: rows (tokens) of the abandoned passes.
+    pub const ROWS_ABANDONED: &str = "sieve_worker_abandoned_rows_total";
+    /// Counter, label `stage` = `queued` | `running`: calls whose deadline passed before every
+    /// item was scored (running: answered partially or 504 within about a layer's time).
+    pub const CALLS_EXPIRED: &str = "sieve_worker_calls_expired_total";
+    /// Counter, label `stage`: calls whose caller went away before the answer.
+    pub const CALLS_CANCELLED: &str = "sieve_worker_calls_cancelled_total";
+    /// Counter: calls answered at their deadline with some items scored and the rest `missing`.
+    pub const PARTIAL_ANSWERS: &str = "sieve_worker_partial_answers_total";
+    /// Counter: scores that came out NaN or infinite (their calls were answered 500).
+    pub const NONFINITE_SCORES: &str = "sieve_worker_nonfinite_scores_total";
 }
 
 /// MoE layers of a worker (per-variant selections, rows, time share).

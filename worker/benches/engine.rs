@@ -15,7 +15,7 @@ use std::time::Instant;
 use sieve_kernels::{Backend, CpuBackend};
 use sieve_worker::assets;
 use sieve_worker::device::engine_config;
-use sieve_worker::engine::{CancelFlag, EngineHandle, EngineParts, EngineState, Submission};
+use sieve_worker::engine::{CancellationToken, EngineHandle, EngineParts, EngineState, Submission};
 use sieve_worker::engine::layout::LayoutBuilder;
 use sieve_worker::config::WorkerConfig;
 use sieve_worker::model::loader::{self, LoadOptions, LoadedModel};
@@ -119,7 +119,7 @@ fn cpu_seconds() -> f64 {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
-fn call(e: &EngineHandle, query: &str, items: &[String]) -> (f64, sieve_shared::Usage, Vec<f32>) {
+fn call(e: &EngineHandle, query: &str, items: &[String]) -> (f64, sieve_shared::Usage, Vec<Option<f32>>) {
     let t = Instant::now();
     let rx = e
         .submit(Submission {
@@ -128,7 +128,7 @@ fn call(e: &EngineHandle, query: &str, items: &[String]) -> (f64, sieve_shared::
             instruction: Some(INSTRUCTION.into()),
             arrived: t,
             deadline: None,
-            cancel: CancelFlag::default(),
+            cancel: CancellationToken::new(),
         })
         .expect("submit");
     let out = rx.blocking_recv().expect("reply").expect("scores");
@@ -236,7 +236,7 @@ fn pipeline_section() {
                 instruction: Some(INSTRUCTION.into()),
                 arrived: Instant::now(),
                 deadline: None,
-                cancel: CancelFlag::default(),
+                cancel: CancellationToken::new(),
             })
             .expect("submit")
         })

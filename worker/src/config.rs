@@ -85,6 +85,13 @@ pub struct EngineSection {
     pub prefix_reuse: bool,
     pub prefix_cache_high_watermark: f64,
     pub prefix_cache_low_watermark: f64,
+    /// Throughput assumed for sizing passes to deadlines until the first pass is measured
+    /// (tokens/s; then the measured rate is used). Low is safe: it only makes the first passes
+    /// under a tight deadline smaller than needed.
+    pub prior_tokens_per_second: f64,
+    /// Share of a call's remaining time that the pass holding it is planned to take, in (0, 1];
+    /// the rest is margin for the throughput estimate's error.
+    pub deadline_pass_fraction: f64,
 }
 
 impl Default for EngineSection {
@@ -99,6 +106,8 @@ impl Default for EngineSection {
             prefix_reuse: true,
             prefix_cache_high_watermark: 0.9,
             prefix_cache_low_watermark: 0.7,
+            prior_tokens_per_second: 1000.0,
+            deadline_pass_fraction: 0.8,
         }
     }
 }
@@ -167,6 +176,12 @@ impl WorkerConfig {
             || e.prefix_cache_low_watermark > e.prefix_cache_high_watermark
         {
             return bad("engine: need 0 <= prefix_cache_low_watermark <= prefix_cache_high_watermark <= 1".into());
+        }
+        if !(e.deadline_pass_fraction > 0.0 && e.deadline_pass_fraction <= 1.0) {
+            return bad(format!("engine.deadline_pass_fraction {} must be in (0, 1]", e.deadline_pass_fraction));
+        }
+        if !(e.prior_tokens_per_second > 0.0 && e.prior_tokens_per_second.is_finite()) {
+            return bad(format!("engine.prior_tokens_per_second {} must be a positive number", e.prior_tokens_per_second));
         }
         if self.model.max_seq_tokens > e.max_batch_tokens {
             return bad(format!("model.max_seq_tokens {} > engine.max_batch_tokens {}", self.model.max_seq_tokens, e.max_batch_tokens));

@@ -58,6 +58,8 @@ pub fn engine_config(cfg: &WorkerConfig, model_max_position: usize) -> EngineCon
             high_watermark: e.prefix_cache_high_watermark,
             low_watermark: e.prefix_cache_low_watermark,
         },
+        prior_tokens_per_second: e.prior_tokens_per_second,
+        deadline_pass_fraction: e.deadline_pass_fraction,
         fault: None,
     }
 }

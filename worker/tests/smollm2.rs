@@ -7,7 +7,7 @@ use std::time::Instant;
 use sieve_kernels::{Backend, CpuBackend};
 use sieve_worker::assets;
 use sieve_worker::engine::layout::LayoutBuilder;
-use sieve_worker::engine::{CancelFlag, EngineConfig, EngineHandle, EngineParts, EngineState, PrefixCacheConfig, Submission};
+use sieve_worker::engine::{CancellationToken, EngineConfig, EngineHandle, EngineParts, EngineState, PrefixCacheConfig, Submission};
 use sieve_worker::model::loader::{self, LoadOptions, LoadedModel};
 use sieve_worker::model::Scratch;
 use sieve_worker::prompt::PromptTemplate;
@@ -79,11 +79,11 @@ fn score(e: &EngineHandle, query: &str, items: &[&str]) -> (Vec<f32>, sieve_shar
             instruction: None,
             arrived: Instant::now(),
             deadline: None,
-            cancel: CancelFlag::default(),
+            cancel: CancellationToken::new(),
         })
         .unwrap();
     let out = rx.blocking_recv().unwrap().unwrap();
-    (out.scores, out.usage)
+    (out.scores.into_iter().map(|s| s.expect("every item scored")).collect(), out.usage)
 }
 
 const QUERY: &str = "trail running shoes";

@@ -7,6 +7,12 @@
 //! ```
 //! While the runner executes batch N the scheduler prepares batch N+1, and the replies of batch
 //! N−1 are serialised by the HTTP side; the runner's idle time between batches is measured.
+//!
+//! Deadlines hold inside this schedule: the runner sizes each pass to the tightest deadline of
+//! the calls in it (from the measured throughput), checks between layers whether anyone still
+//! wants the running pass (deadline passed, or the caller went away: a [`CancellationToken`]),
+//! and answers a call at its deadline with the items scored so far (`missing` lists the rest).
+//! A call still waiting is answered 504 by its [`Ticket`] the moment its deadline passes.
 
 pub mod blocks;
 pub mod job;
@@ -25,15 +31,15 @@ use std::time::{Duration, Instant};
 
 use sieve_kernels::Backend;
 use sieve_shared::ApiError;
-use tokio::sync::oneshot;
+pub use tokio_util::sync::CancellationToken;
 
 use crate::model::Model;
 use crate::prompt::{PromptBuilder, TextEncoder};
-pub use job::{CancelFlag, CancelOnDrop, JobOutput, JobResult, ScoreJob};
+pub use job::{CallSlot, JobOutput, JobResult, ScoreJob, Ticket};
 pub use prefix_cache::{PrefixCache, PrefixCacheConfig, PrefixCacheSnapshot};
 pub use runner::FaultHook;
 use runner::{Runner, ScratchRegion};
-use scheduler::{Scheduler, SchedulerConfig};
+use scheduler::{Msg, PassBudget, Scheduler, SchedulerConfig};
 pub use state::EngineState;
 
 #[derive(Clone)]
@@ -49,6 +55,11 @@ pub struct EngineConfig {
     /// Blocks of the prefix region (shared prefixes, in-batch and cached).
     pub prefix_cache_blocks: usize,
     pub prefix_cache: PrefixCacheConfig,
+    /// Throughput assumed for sizing passes until the first pass is measured, tokens/s.
+    pub prior_tokens_per_second: f64,
+    /// Share of a call's remaining time that the pass holding it is planned to take (the rest is
+    /// margin for the estimate's error), in (0, 1].
+    pub deadline_pass_fraction: f64,
     pub fault: Option<FaultHook>,
 }
 
@@ -63,6 +74,8 @@ impl Default for EngineConfig {
             block_size: 16,
             prefix_cache_blocks: 1024,
             prefix_cache: PrefixCacheConfig::default(),
+            prior_tokens_per_second: 1000.0,
+            deadline_pass_fraction: 0.8,
             fault: None,
         }
     }
@@ -77,6 +90,15 @@ impl EngineConfig {
     pub fn total_slots(&self) -> usize {
         (self.prefix_cache_blocks + self.scratch_blocks()) * self.block_size
     }
+
+    fn pass_budget(&self) -> PassBudget {
+        PassBudget {
+            max_tokens: self.max_batch_tokens,
+            max_seqs: self.max_seqs_per_pass,
+            prior_tokens_per_second: self.prior_tokens_per_second,
+            deadline_fraction: self.deadline_pass_fraction,
+        }
+    }
 }
 
 /// What the engine is built from: a loaded model on its backend, and the prompt side.
@@ -89,10 +111,12 @@ pub struct EngineParts<B: Backend> {
 
 /// The HTTP side's handle on a running engine.
 pub struct EngineHandle {
-    tx: Mutex<Option<mpsc::Sender<ScoreJob>>>,
+    tx: Mutex<Option<mpsc::Sender<Msg>>>,
     pub state: Arc<EngineState>,
     pub cache: Arc<Mutex<PrefixCache>>,
     pub cfg: EngineConfig,
+    /// Decoder layers of the model (cancellation is checked at each).
+    pub n_layers: usize,
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
@@ -103,12 +127,20 @@ pub struct Submission {
     pub instruction: Option<String>,
     pub arrived: Instant,
     pub deadline: Option<Duration>,
-    pub cancel: CancelFlag,
+    /// Cancelled when the caller goes away; the engine then drops the call's work, at the next
+    /// layer if it is running.
+    pub cancel: CancellationToken,
 }
 
 impl EngineHandle {
     /// Starts the scheduler and runner threads. The KV cache is allocated here.
     pub fn start<B: Backend>(parts: EngineParts<B>, cfg: EngineConfig, state: Arc<EngineState>) -> crate::Result<Arc<Self>> {
+        if !(cfg.deadline_pass_fraction > 0.0 && cfg.deadline_pass_fraction <= 1.0) || !(cfg.prior_tokens_per_second > 0.0) {
+            return Err(crate::WorkerError::Config(format!(
+                "deadline_pass_fraction {} must be in (0, 1] and prior_tokens_per_second {} > 0",
+                cfg.deadline_pass_fraction, cfg.prior_tokens_per_second
+            )));
+        }
         if cfg.max_seq_tokens > cfg.max_batch_tokens {
             return Err(crate::WorkerError::Config(format!(
                 "max_seq_tokens {} > max_batch_tokens {}: a prompt must fit one forward pass",
@@ -116,9 +148,10 @@ impl EngineHandle {
             )));
         }
         let c = &parts.model.config;
+        let n_layers = c.n_layers;
         let kv = parts.backend.kv_cache(c.n_layers, cfg.total_slots(), c.n_kv_heads, c.head_dim)?;
         let cache = Arc::new(Mutex::new(PrefixCache::new(0, cfg.prefix_cache_blocks, cfg.block_size, cfg.prefix_cache.clone())));
-        let (job_tx, job_rx) = mpsc::channel::<ScoreJob>();
+        let (job_tx, job_rx) = mpsc::channel::<Msg>();
         let (batch_tx, batch_rx) = mpsc::sync_channel(1);
         let scheduler = Scheduler::new(
             SchedulerConfig {
@@ -143,15 +176,17 @@ impl EngineHandle {
             cache: cache.clone(),
             state: state.clone(),
             fault: cfg.fault.clone(),
+            budget: cfg.pass_budget(),
+            scheduler: job_tx.clone(),
         };
         let t1 = std::thread::Builder::new().name("sieve-scheduler".into()).spawn(move || scheduler.run(job_rx, batch_tx))?;
         let t2 = std::thread::Builder::new().name("sieve-runner".into()).spawn(move || runner.run(batch_rx))?;
         state.ready.store(true, std::sync::atomic::Ordering::Release);
-        Ok(Arc::new(EngineHandle { tx: Mutex::new(Some(job_tx)), state, cache, cfg, threads: Mutex::new(vec![t1, t2]) }))
+        Ok(Arc::new(EngineHandle { tx: Mutex::new(Some(job_tx)), state, cache, cfg, n_layers, threads: Mutex::new(vec![t1, t2]) }))
     }
 
     /// Queues a call, or refuses it at once when the engine is over its limits.
-    pub fn submit(&self, s: Submission) -> Result<oneshot::Receiver<JobResult>, ApiError> {
+    pub fn submit(&self, s: Submission) -> Result<Ticket, ApiError> {
         let st = &self.state;
         if st.draining.load(std::sync::atomic::Ordering::Acquire) {
             return Err(ApiError::not_ready("draining: not accepting new work"));
@@ -167,28 +202,20 @@ impl EngineHandle {
         if EngineState::get(&st.in_flight_requests) >= self.cfg.max_in_flight_requests as u64 {
             return Err(ApiError::overloaded(format!("overloaded: max_in_flight_requests {} reached", self.cfg.max_in_flight_requests)));
         }
-        let (reply, rx) = oneshot::channel();
-        let job = ScoreJob {
-            instruction: s.instruction,
-            query: s.query,
-            items: s.items,
-            arrived: s.arrived,
-            deadline: s.deadline.map(|d| s.arrived + d),
-            cancel: s.cancel,
-            reply: Some(reply),
-        };
+        let deadline = s.deadline.map(|d| s.arrived + d);
+        let (ticket, slot) = Ticket::new(st.clone(), pairs, s.arrived, deadline);
+        let job = ScoreJob { instruction: s.instruction, query: s.query, items: s.items, arrived: s.arrived, deadline, cancel: s.cancel, slot };
         st.add(&st.queued_pairs, pairs);
         st.add(&st.in_flight_requests, 1);
-        let sent = match self.tx.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
-            Some(tx) => tx.send(job).is_ok(),
-            None => false,
+        let refused = match self.tx.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            Some(tx) => tx.send(Msg::Job(job)).err().map(|e| e.0),
+            None => Some(Msg::Job(job)),
         };
-        if !sent {
-            st.sub(&st.queued_pairs, pairs);
-            st.sub(&st.in_flight_requests, 1);
+        if let Some(Msg::Job(job)) = refused {
+            job.answer(st, Err(ApiError::not_ready("the engine has stopped")));
             return Err(ApiError::not_ready("the engine has stopped"));
         }
-        Ok(rx)
+        Ok(ticket)
     }
 
     pub fn prefix_snapshot(&self) -> PrefixCacheSnapshot {
@@ -197,7 +224,10 @@ impl EngineHandle {
 
     /// Stops accepting work, lets queued work finish, and joins the threads.
     pub fn shutdown(&self) {
-        self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+        // The runner holds a sender too (to say when it takes a batch): stop explicitly.
+        if let Some(tx) = self.tx.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = tx.send(Msg::Stop);
+        }
         for t in self.threads.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
             let _ = t.join();
         }

@@ -1,24 +1,31 @@
 //! The runner stage: owns the backend, the model and the KV cache on one thread, executes
 //! prepared batches pass by pass, and commits or rolls back each batch's prefix blocks.
+//!
+//! Deadlines and cancellation are checked at every layer: a call found dead is answered there
+//! (with the items scored in earlier passes, if any), and a pass that no live call needs any
+//! more is abandoned mid-forward. A batch that stops early rolls its pending prefix blocks back,
+//! exactly like a failed one, so no half-written block is ever matched.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::mpsc::Receiver;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use sieve_kernels::Backend;
+use sieve_shared::metrics_names::worker as m;
 use sieve_shared::{ApiError, Usage};
 
-use super::job::JobOutput;
+use super::job::{count_expired, Dead, JobOutput, JobResult};
 use super::layout::{segment_slots, LayoutBuilder};
 use super::prefix_cache::{Epoch, PrefixCache};
-use super::scheduler::{finish_job, PreparedBatch};
+use super::scheduler::{plan_passes, BatchJob, Msg, PassBudget, PlanJob, PreparedBatch};
 use super::state::EngineState;
 use crate::model::{Model, Scratch};
-use crate::Result;
+use crate::{Result, WorkerError};
 
 /// Called at every layer of every pass with (epoch, pass, layer); an error fails the batch.
-/// Tests use it to inject faults mid-forward.
+/// Tests use it to inject faults mid-forward (or to make layers slow).
 pub type FaultHook = Arc<dyn Fn(Epoch, usize, usize) -> Result<()> + Send + Sync>;
 
 /// Where items' own KV goes: a region of blocks reused by every pass (own KV lives only for
@@ -39,16 +46,91 @@ pub struct Runner<B: Backend> {
     pub cache: Arc<Mutex<PrefixCache>>,
     pub state: Arc<EngineState>,
     pub fault: Option<FaultHook>,
+    pub budget: PassBudget,
+    /// Told each time a batch is taken, so that the scheduler prepares the next.
+    pub scheduler: Sender<Msg>,
 }
 
 /// Per-call progress inside a batch.
-#[derive(Default)]
 struct Progress {
-    scores: Vec<f32>,
+    scores: Vec<Option<f32>>,
     computed_tokens: u64,
     compute_s: f64,
     started: Option<Instant>,
+    /// Still wanted and not answered.
     alive: bool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Answers every live call found dead at `now`: with its scored items if it has any (a partial
+/// answer), else 504. Returns whether any call in `owners` is still alive.
+fn reap(state: &EngineState, jobs: &[BatchJob], progress: &mut [Progress], now: Instant, owners: &[usize]) -> bool {
+    for (j, job) in jobs.iter().enumerate() {
+        let p = &mut progress[j];
+        if !p.alive {
+            continue;
+        }
+        let Some(dead) = job.tj.job.dead_reason(now) else { continue };
+        p.alive = false;
+        match dead {
+            // Past its deadline with items scored: those are answered (`missing` lists the rest).
+            Dead::Expired(_) if p.scores.iter().any(Option::is_some) => {
+                let result = output(state, job, p);
+                let partial = matches!(&result, Ok(o) if !o.missing.is_empty());
+                if job.tj.job.answer(state, result) && partial {
+                    count_expired(state, "running");
+                    state.add(&state.partial_answers, 1);
+                    metrics::counter!(m::PARTIAL_ANSWERS).increment(1);
+                }
+            }
+            dead => job.tj.job.answer_dead(state, dead, "running"),
+        }
+    }
+    owners.iter().any(|&j| progress[j].alive)
+}
+
+/// A call's answer from its progress: the scores it has (`missing` lists the others), or a 500
+/// naming the items whose score is not a finite number.
+fn output(state: &EngineState, job: &BatchJob, p: &Progress) -> JobResult {
+    let bad: Vec<usize> = p.scores.iter().enumerate().filter(|(_, s)| matches!(s, Some(v) if !v.is_finite())).map(|(i, _)| i).collect();
+    if !bad.is_empty() {
+        state.add(&state.nonfinite_scores, bad.len() as u64);
+        metrics::counter!(m::NONFINITE_SCORES).increment(bad.len() as u64);
+        let named: Vec<String> = bad.iter().take(8).map(|i| format!("items[{i}]")).collect();
+        let more = if bad.len() > 8 { format!(" and {} more", bad.len() - 8) } else { String::new() };
+        let msg = format!("the model produced a non-finite score for {}{more}: the model or its configuration is broken", named.join(", "));
+        tracing::error!("{msg}");
+        return Err(ApiError::internal(msg));
+    }
+    let call = &job.tj.call;
+    let missing: Vec<usize> = p.scores.iter().enumerate().filter(|(_, s)| s.is_none()).map(|(i, _)| i).collect();
+    let scored = (call.prompts.len() - missing.len()) as u64;
+    let prefix = call.prefix_len as u64;
+    let (reused, reused_committed) = job.lease.as_ref().map(|l| (l.reused as u64, l.reused_committed as u64)).unwrap_or((0, 0));
+    // Prefix demand is P per pair: computed once (less what was matched), the rest reused.
+    let computed_prefix = if job.lease.is_some() { prefix - reused } else { prefix * scored };
+    let cross = reused_committed * scored;
+    let prompt_tokens: u64 = call.prompts.iter().zip(&p.scores).filter(|(_, s)| s.is_some()).map(|(q, _)| q.len() as u64).sum();
+    state.add(&state.prefix_tokens_computed, computed_prefix);
+    state.add(&state.prefix_tokens_reused_cross_batch, cross);
+    state.add(&state.prefix_tokens_reused_in_batch, (prefix * scored).saturating_sub(computed_prefix + cross));
+    state.add(&state.pairs_processed, scored);
+    state.add(&state.requests_processed, 1);
+    state.add(&state.prompt_tokens, prompt_tokens);
+    let usage = Usage {
+        pairs: scored as u32,
+        prompt_tokens,
+        computed_tokens: p.computed_tokens,
+        prefix_tokens: call.prefix_len as u32,
+        cached_prefix_tokens: reused_committed as u32,
+        item_tokens: call.prompts.iter().map(|q| (q.len() - call.prefix_len) as u32).collect(),
+    };
+    let arrived = job.tj.job.arrived;
+    let queue_ms = p.started.map(|s| s.duration_since(arrived).as_secs_f64() * 1e3).unwrap_or(0.0);
+    Ok(JobOutput { scores: p.scores.clone(), missing, usage, queue_ms, compute_ms: p.compute_s * 1e3 })
 }
 
 impl<B: Backend> Runner<B> {
@@ -57,6 +139,7 @@ impl<B: Backend> Runner<B> {
         loop {
             let work_waiting = EngineState::get(&self.state.queued_pairs) > 0;
             let Ok(batch) = batches.recv() else { return };
+            let _ = self.scheduler.send(Msg::RunnerFree);
             let idle = idle_since.elapsed().as_nanos() as u64;
             self.state.add(&self.state.runner_idle_ns, idle);
             if work_waiting {
@@ -70,36 +153,40 @@ impl<B: Backend> Runner<B> {
         }
     }
 
-    fn execute(&mut self, mut batch: PreparedBatch) {
+    fn execute(&mut self, batch: PreparedBatch) {
         let epoch = batch.epoch;
-        self.state.add(&self.state.batches, 1);
-        let mut progress: Vec<Progress> = batch
-            .jobs
-            .iter()
-            .map(|j| Progress { scores: vec![f32::NAN; j.tj.call.prompts.len()], alive: true, ..Default::default() })
-            .collect();
-        let prefix_slots: Vec<Vec<u32>> = batch
-            .jobs
+        let jobs = &batch.jobs;
+        let state = self.state.clone();
+        state.add(&state.batches, 1);
+        let progress: Mutex<Vec<Progress>> = Mutex::new(
+            jobs.iter()
+                .map(|j| Progress {
+                    scores: vec![None; j.tj.call.prompts.len()],
+                    computed_tokens: 0,
+                    compute_s: 0.0,
+                    started: None,
+                    // Answered while it waited for the runner (its ticket at the deadline): skip.
+                    alive: j.tj.job.slot.start_running(),
+                })
+                .collect(),
+        );
+        let prefix_slots: Vec<Vec<u32>> = jobs
             .iter()
             .map(|j| match &j.lease {
                 Some(l) => segment_slots(&l.blocks, self.block_size, j.prefix_len).collect(),
                 None => vec![],
             })
             .collect();
+        let plan: Vec<PlanJob> = jobs.iter().map(PlanJob::of).collect();
+        let passes = plan_passes(&plan, &self.budget, state.tokens_per_second(), Instant::now());
+        let everyone: Vec<usize> = (0..jobs.len()).collect();
 
         let mut failure: Option<ApiError> = None;
-        for (pi, pass) in batch.passes.iter().enumerate() {
-            let now = Instant::now();
-            for (j, job) in batch.jobs.iter_mut().enumerate() {
-                if progress[j].alive {
-                    if let Some(err) = job.tj.job.dead_reason(now) {
-                        progress[j].alive = false;
-                        finish_job(&self.state, &mut job.tj, Err(err));
-                    }
-                }
-            }
-            if !progress.iter().any(|p| p.alive) {
-                failure = Some(ApiError::deadline("every call of the batch was cancelled or expired"));
+        // Stopped before the end because no call wanted the rest.
+        let mut stopped = false;
+        for (pi, pass) in passes.iter().enumerate() {
+            if !reap(&state, jobs, &mut lock(&progress), Instant::now(), &everyone) {
+                stopped = true;
                 break;
             }
             let mut lb = LayoutBuilder::new();
@@ -107,7 +194,7 @@ impl<B: Backend> Runner<B> {
                 // Prefix segments run even for a call that just died: another call of the batch
                 // may be matched to its pending blocks.
                 for &j in &pass.prefix_jobs {
-                    let job = &batch.jobs[j];
+                    let job = &jobs[j];
                     let r = job.prefix_to_compute();
                     lb.push(&job.tj.call.prompts[0][r], &prefix_slots[j]);
                 }
@@ -115,39 +202,75 @@ impl<B: Backend> Runner<B> {
             let mut next_block = self.scratch.first_block;
             let mut out_rows = vec![];
             let mut targets = vec![];
-            for &(j, i) in &pass.items {
-                if !progress[j].alive {
-                    continue;
-                }
-                let own = batch.jobs[j].own_tokens(i);
-                let n_blocks = own.len().div_ceil(self.block_size);
-                let blocks: Vec<u32> = (next_block..next_block + n_blocks as u32).collect();
-                next_block += n_blocks as u32;
-                debug_assert!((next_block - self.scratch.first_block) as usize <= self.scratch.num_blocks);
-                let ctx: Vec<u32> = prefix_slots[j].iter().copied().chain(segment_slots(&blocks, self.block_size, own.len())).collect();
-                if let Some(row) = lb.push(own, &ctx) {
-                    out_rows.push(row);
-                    targets.push((j, i));
+            {
+                let prog = lock(&progress);
+                for &(j, i) in &pass.items {
+                    if !prog[j].alive {
+                        continue;
+                    }
+                    let own = jobs[j].own_tokens(i);
+                    let n_blocks = own.len().div_ceil(self.block_size);
+                    let blocks: Vec<u32> = (next_block..next_block + n_blocks as u32).collect();
+                    next_block += n_blocks as u32;
+                    debug_assert!((next_block - self.scratch.first_block) as usize <= self.scratch.num_blocks);
+                    let ctx: Vec<u32> = prefix_slots[j].iter().copied().chain(segment_slots(&blocks, self.block_size, own.len())).collect();
+                    if let Some(row) = lb.push(own, &ctx) {
+                        out_rows.push(row);
+                        targets.push((j, i));
+                    }
                 }
             }
             let rows = lb.num_rows();
             if rows == 0 {
                 continue;
             }
+            // Whom the pass works for: the first pass computes prefix blocks any call of the
+            // batch may read, so it is needed while any call lives.
+            let owners: Vec<usize> = if pi == 0 {
+                everyone.clone()
+            } else {
+                let mut o: Vec<usize> = targets.iter().map(|&(j, _)| j).collect();
+                o.dedup();
+                o
+            };
             let layout = lb.finish();
             let t = Instant::now();
-            for &(j, _) in &targets {
-                progress[j].started.get_or_insert(t);
+            {
+                let mut prog = lock(&progress);
+                for &(j, _) in &targets {
+                    prog[j].started.get_or_insert(t);
+                }
             }
             let fault = self.fault.clone();
-            let hook = move |layer: usize| match &fault {
-                Some(f) => f(epoch, pi, layer),
-                None => Ok(()),
+            let abandoned = AtomicBool::new(false);
+            let hook = |layer: usize| -> Result<()> {
+                if let Some(f) = &fault {
+                    f(epoch, pi, layer)?;
+                }
+                if !reap(&state, jobs, &mut lock(&progress), Instant::now(), &owners) {
+                    abandoned.store(true, Ordering::Relaxed);
+                    return Err(WorkerError::Api(ApiError::deadline(format!("pass abandoned at layer {layer}"))));
+                }
+                Ok(())
             };
+            state.pass_running.store(true, Ordering::Relaxed);
             let result = catch_unwind(AssertUnwindSafe(|| -> Result<Vec<f32>> {
                 let hidden = self.model.forward(&self.backend, &layout, &mut self.kv, &out_rows, Some(&hook), &mut self.scratch_tensors)?;
                 self.model.head.scores(&self.backend, hidden)
             }));
+            state.pass_running.store(false, Ordering::Relaxed);
+            let secs = t.elapsed().as_secs_f64();
+            if abandoned.load(Ordering::Relaxed) {
+                state.add(&state.passes_abandoned, 1);
+                state.add(&state.rows_abandoned, rows as u64);
+                metrics::counter!(m::PASSES_ABANDONED).increment(1);
+                metrics::counter!(m::ROWS_ABANDONED).increment(rows as u64);
+                if pi == 0 || !lock(&progress).iter().any(|p| p.alive) {
+                    stopped = true;
+                    break;
+                }
+                continue;
+            }
             let scores = match result {
                 Ok(Ok(s)) => s,
                 Ok(Err(e)) => {
@@ -160,91 +283,69 @@ impl<B: Backend> Runner<B> {
                     break;
                 }
             };
-            let secs = t.elapsed().as_secs_f64();
             if self.model.config.moe.is_some() {
-                self.state.moe.record_pass(&self.scratch_tensors.moe.pass, secs);
+                state.moe.record_pass(&self.scratch_tensors.moe.pass, secs);
             }
-            self.state.add(&self.state.forward_passes, 1);
-            self.state.add(&self.state.tokens_computed, rows as u64);
-            self.state.observe_pass(rows as u64, secs);
-            metrics::histogram!(sieve_shared::metrics_names::worker::FORWARD_SECONDS).record(secs);
-            metrics::histogram!(sieve_shared::metrics_names::worker::BATCH_TOKENS).record(rows as f64);
+            state.add(&state.forward_passes, 1);
+            state.add(&state.tokens_computed, rows as u64);
+            state.observe_pass(rows as u64, secs);
+            metrics::histogram!(m::FORWARD_SECONDS).record(secs);
+            metrics::histogram!(m::BATCH_TOKENS).record(rows as f64);
+            let mut prog = lock(&progress);
             if pi == 0 {
-                let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-                for job in &batch.jobs {
+                let mut cache = lock(&self.cache);
+                for job in jobs {
                     if let Some(l) = &job.lease {
                         cache.mark_written(l);
                     }
                 }
                 for &j in &pass.prefix_jobs {
-                    progress[j].computed_tokens += batch.jobs[j].prefix_to_compute().len() as u64;
+                    prog[j].computed_tokens += jobs[j].prefix_to_compute().len() as u64;
                 }
             }
-            let mut in_pass = vec![false; progress.len()];
+            let mut in_pass = vec![false; prog.len()];
             for (&(j, i), s) in targets.iter().zip(scores) {
-                progress[j].scores[i] = s;
-                progress[j].computed_tokens += batch.jobs[j].own_tokens(i).len() as u64;
+                prog[j].scores[i] = Some(s);
+                prog[j].computed_tokens += jobs[j].own_tokens(i).len() as u64;
                 in_pass[j] = true;
             }
-            for (j, p) in progress.iter_mut().enumerate() {
+            for (j, p) in prog.iter_mut().enumerate() {
                 if in_pass[j] {
                     p.compute_s += secs;
                 }
             }
         }
 
+        let mut prog = progress.into_inner().unwrap_or_else(|e| e.into_inner());
+        // A non-finite score may come from the prefix's KV: never keep it for later calls.
+        let nonfinite = prog.iter().any(|p| p.scores.iter().any(|s| matches!(s, Some(v) if !v.is_finite())));
         {
-            let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-            if failure.is_some() {
+            let mut cache = lock(&self.cache);
+            if failure.is_some() || stopped || nonfinite {
                 cache.rollback(epoch);
             } else {
                 cache.commit(epoch);
             }
-            for job in &batch.jobs {
+            for job in jobs {
                 if let Some(l) = &job.lease {
                     cache.release(l);
                 }
             }
         }
         if let Some(err) = failure {
-            if err.kind != sieve_shared::ErrorKind::DeadlineExceeded {
-                self.state.add(&self.state.batch_failures, 1);
-                tracing::error!(epoch, "batch failed: {}", err.message);
-            }
-            for job in batch.jobs.iter_mut() {
-                finish_job(&self.state, &mut job.tj, Err(err.clone()));
+            state.add(&state.batch_failures, 1);
+            tracing::error!(epoch, "batch failed: {}", err.message);
+            for job in jobs {
+                job.tj.job.answer(&state, Err(err.clone()));
             }
             return;
         }
-        for (job, p) in batch.jobs.iter_mut().zip(progress) {
-            if !p.alive {
-                continue;
+        // Calls that died after the last check are answered as dead (partial where scored).
+        reap(&state, jobs, &mut prog, Instant::now(), &[]);
+        for (job, p) in jobs.iter().zip(&prog) {
+            if p.alive {
+                job.tj.job.answer(&state, output(&state, job, p));
             }
-            let call = &job.tj.call;
-            let m = call.prompts.len() as u64;
-            let prefix = call.prefix_len as u64;
-            let (reused, reused_committed) = job.lease.as_ref().map(|l| (l.reused as u64, l.reused_committed as u64)).unwrap_or((0, 0));
-            // Prefix demand is P per pair: computed once (less what was matched), the rest reused.
-            let computed_prefix = if job.lease.is_some() { prefix - reused } else { prefix * m };
-            let cross = reused_committed * m;
-            self.state.add(&self.state.prefix_tokens_computed, computed_prefix);
-            self.state.add(&self.state.prefix_tokens_reused_cross_batch, cross);
-            self.state.add(&self.state.prefix_tokens_reused_in_batch, (prefix * m).saturating_sub(computed_prefix + cross));
-            self.state.add(&self.state.pairs_processed, m);
-            self.state.add(&self.state.requests_processed, 1);
-            self.state.add(&self.state.prompt_tokens, call.prompt_tokens());
-            let usage = Usage {
-                pairs: m as u32,
-                prompt_tokens: call.prompt_tokens(),
-                computed_tokens: p.computed_tokens,
-                prefix_tokens: call.prefix_len as u32,
-                cached_prefix_tokens: reused_committed as u32,
-                item_tokens: call.prompts.iter().map(|q| (q.len() - call.prefix_len) as u32).collect(),
-            };
-            let arrived = job.tj.job.arrived;
-            let queue_ms = p.started.map(|s| s.duration_since(arrived).as_secs_f64() * 1e3).unwrap_or(0.0);
-            let out = JobOutput { scores: p.scores, usage, queue_ms, compute_ms: p.compute_s * 1e3 };
-            finish_job(&self.state, &mut job.tj, Ok(out));
         }
     }
 }

@@ -8,9 +8,9 @@
 //! in the batch — reads it.
 
 use std::collections::VecDeque;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use sieve_shared::ApiError;
 
@@ -29,6 +29,15 @@ pub struct SchedulerConfig {
     pub max_seq_tokens: usize,
     /// Compute each call's shared prefix once (off: every item computes its whole prompt).
     pub prefix_reuse: bool,
+}
+
+/// What the scheduler thread receives.
+pub enum Msg {
+    Job(ScoreJob),
+    /// The runner took the prepared batch: the next one may be prepared.
+    RunnerFree,
+    /// Finish what is queued, then stop.
+    Stop,
 }
 
 /// A call inside a batch, with its prefix blocks.
@@ -61,10 +70,11 @@ pub struct PassPlan {
     pub items: Vec<(usize, usize)>,
 }
 
+/// A batch ready for the runner, which plans its passes when it starts it (the time left to
+/// each call's deadline is known only then).
 pub struct PreparedBatch {
     pub epoch: Epoch,
     pub jobs: Vec<BatchJob>,
-    pub passes: Vec<PassPlan>,
     pub prepared_at: Instant,
 }
 
@@ -78,55 +88,97 @@ pub struct Scheduler {
     waiting: VecDeque<TokenizedJob>,
 }
 
-/// Answers a job (once; later calls do nothing) and releases its queue accounting.
-pub fn finish_job(state: &EngineState, tj: &mut TokenizedJob, result: super::job::JobResult) {
-    if let Some(reply) = tj.job.reply.take() {
-        state.sub(&state.queued_pairs, tj.queued_pairs);
-        state.sub(&state.queued_tokens, tj.queued_tokens);
-        state.sub(&state.in_flight_requests, 1);
-        let _ = reply.send(result);
-    }
-}
-
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig, encoder: Arc<dyn TextEncoder>, builder: PromptBuilder, cache: Arc<Mutex<PrefixCache>>, state: Arc<EngineState>) -> Self {
         Scheduler { cfg, encoder, builder, cache, state, next_epoch: 1, waiting: VecDeque::new() }
     }
 
-    /// Runs until the submission channel closes, then lets the runner drain.
-    pub fn run(mut self, jobs: Receiver<ScoreJob>, runner: SyncSender<PreparedBatch>) {
+    /// Runs until told to stop (or every sender is gone) and the queue is empty.
+    ///
+    /// One batch is prepared ahead, and only when the runner has taken the previous one: the
+    /// scheduler never blocks on the runner, so it keeps admitting calls and drops those that
+    /// die while queued (waking at the earliest queued deadline to do so) however long the
+    /// running batch takes.
+    pub fn run(mut self, inbox: Receiver<Msg>, runner: SyncSender<PreparedBatch>) {
+        let mut runner_free = true;
+        let mut stopping = false;
         loop {
-            // Block for work only when nothing is waiting.
-            if self.waiting.is_empty() {
-                match jobs.recv() {
-                    Ok(job) => self.admit(job),
-                    Err(_) => return,
+            let can_prepare = runner_free && !self.waiting.is_empty();
+            let first = if can_prepare {
+                inbox.try_recv().map_err(|e| matches!(e, TryRecvError::Disconnected))
+            } else {
+                match self.earliest_deadline() {
+                    Some(d) => inbox.recv_timeout(d.saturating_duration_since(Instant::now())).map_err(|e| matches!(e, RecvTimeoutError::Disconnected)),
+                    None => inbox.recv().map_err(|_| true),
                 }
-            }
-            // Take everything else that has arrived.
-            loop {
-                match jobs.recv_timeout(Duration::ZERO) {
-                    Ok(job) => self.admit(job),
-                    Err(RecvTimeoutError::Timeout) => break,
-                    Err(RecvTimeoutError::Disconnected) => break,
-                }
-            }
-            if let Some(batch) = self.next_batch() {
-                // Blocks while the runner is busy and already has a batch queued: that bound
-                // keeps exactly one batch prepared ahead.
-                if let Err(e) = runner.send(batch) {
-                    for mut job in e.0.jobs {
-                        finish_job(&self.state, &mut job.tj, Err(ApiError::internal("the runner has stopped")));
+            };
+            let mut next = Some(first);
+            while let Some(m) = next.take() {
+                match m {
+                    Ok(Msg::Job(job)) => self.admit(job),
+                    Ok(Msg::RunnerFree) => runner_free = true,
+                    Ok(Msg::Stop) => stopping = true,
+                    Err(disconnected) => {
+                        if disconnected {
+                            // Nobody can send any more (not even the runner): it is gone.
+                            self.fail_waiting("the runner has stopped");
+                            return;
+                        }
                     }
-                    return;
+                }
+                if let Ok(m) = inbox.try_recv() {
+                    next = Some(Ok(m));
                 }
             }
+            self.drop_dead(Instant::now());
+            if runner_free && !self.waiting.is_empty() {
+                if let Some(batch) = self.next_batch() {
+                    // Never blocks: the channel holds one batch and the runner has taken the last.
+                    if let Err(e) = runner.send(batch) {
+                        for job in e.0.jobs {
+                            job.tj.job.answer(&self.state, Err(ApiError::internal("the runner has stopped")));
+                        }
+                        self.fail_waiting("the runner has stopped");
+                        return;
+                    }
+                    runner_free = false;
+                }
+            }
+            if stopping && self.waiting.is_empty() {
+                return;
+            }
+        }
+    }
+
+    fn earliest_deadline(&self) -> Option<Instant> {
+        self.waiting.iter().filter_map(|tj| tj.job.deadline).min()
+    }
+
+    /// Answers and removes queued calls that died (expired, cancelled, answered by their ticket).
+    fn drop_dead(&mut self, now: Instant) {
+        let state = self.state.clone();
+        self.waiting.retain(|tj| match tj.job.dead_reason(now) {
+            Some(dead) => {
+                tj.job.answer_dead(&state, dead, "queued");
+                false
+            }
+            None => true,
+        });
+    }
+
+    fn fail_waiting(&mut self, why: &str) {
+        for tj in self.waiting.drain(..) {
+            tj.job.answer(&self.state, Err(ApiError::internal(why)));
         }
     }
 
     /// Tokenizes a call and queues it, or answers it at once if it cannot run.
     fn admit(&mut self, job: ScoreJob) {
-        let pairs = job.items.len() as u64;
+        if job.dead_reason(Instant::now()).is_some() {
+            // Answered or abandoned before it was even tokenized: drop_dead answers it.
+            self.waiting.push_back(TokenizedJob { job, call: Default::default(), tokens: 0 });
+            return;
+        }
         let result = {
             let items: Vec<&str> = job.items.iter().map(String::as_str).collect();
             self.builder.tokenize_call(self.encoder.as_ref(), job.instruction.as_deref(), &job.query, &items)
@@ -134,37 +186,34 @@ impl Scheduler {
         let call = match result {
             Ok(c) => c,
             Err(e) => {
-                let mut tj = TokenizedJob { job, call: Default::default(), queued_pairs: pairs, queued_tokens: 0 };
-                return finish_job(&self.state, &mut tj, Err(ApiError::internal(format!("tokenization failed: {e}"))));
+                job.answer(&self.state, Err(ApiError::internal(format!("tokenization failed: {e}"))));
+                return;
             }
         };
         let queued_tokens = call.prefix_len as u64 + call.prompts.iter().map(|p| (p.len() - call.prefix_len) as u64).sum::<u64>();
-        self.state.add(&self.state.queued_tokens, queued_tokens);
-        let mut tj = TokenizedJob { job, call, queued_pairs: pairs, queued_tokens };
-        if let Some((i, p)) = tj.call.prompts.iter().enumerate().find(|(_, p)| p.len() > self.cfg.max_seq_tokens) {
+        if !job.slot.add_tokens(&self.state, queued_tokens) {
+            return; // answered meanwhile (its ticket gave up)
+        }
+        if let Some((i, p)) = call.prompts.iter().enumerate().find(|(_, p)| p.len() > self.cfg.max_seq_tokens) {
             let msg = format!(
                 "items[{i}] makes a prompt of {} tokens (query + item + template); the limit is max_seq_tokens {}",
                 p.len(),
                 self.cfg.max_seq_tokens
             );
-            return finish_job(&self.state, &mut tj, Err(ApiError::too_large(msg)));
+            job.answer(&self.state, Err(ApiError::too_large(msg)));
+            return;
         }
-        self.waiting.push_back(tj);
+        self.waiting.push_back(TokenizedJob { job, call, tokens: queued_tokens });
     }
 
-    /// Groups waiting calls into the next batch and plans it.
+    /// Groups waiting calls into the next batch (`drop_dead` has just run).
     fn next_batch(&mut self) -> Option<PreparedBatch> {
         let now = Instant::now();
         let mut jobs: Vec<BatchJob> = vec![];
         let mut tokens = 0usize;
         let epoch = self.next_epoch;
         while let Some(tj) = self.waiting.front() {
-            if let Some(err) = tj.job.dead_reason(now) {
-                let mut tj = self.waiting.pop_front()?;
-                finish_job(&self.state, &mut tj, Err(err));
-                continue;
-            }
-            let t = tj.queued_tokens as usize;
+            let t = tj.tokens as usize;
             if !jobs.is_empty() && tokens + t > self.cfg.max_batch_tokens {
                 break;
             }
@@ -176,8 +225,7 @@ impl Scheduler {
             return None;
         }
         self.next_epoch += 1;
-        let passes = plan_passes(&jobs, self.cfg.max_batch_tokens, self.cfg.max_seqs_per_pass);
-        Some(PreparedBatch { epoch, jobs, passes, prepared_at: now })
+        Some(PreparedBatch { epoch, jobs, prepared_at: now })
     }
 
     /// Takes prefix blocks for a call. Without room in the prefix region (everything in use by
@@ -198,28 +246,92 @@ impl Scheduler {
     }
 }
 
+/// How big a pass may be.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PassBudget {
+    pub max_tokens: usize,
+    pub max_seqs: usize,
+    /// Throughput assumed until one is measured, tokens/s.
+    pub prior_tokens_per_second: f64,
+    /// Share of the time left to a deadline that a pass is planned to take.
+    pub deadline_fraction: f64,
+}
+
+/// What the planner needs of one call: rows of its prefix segment (computed in the first pass),
+/// rows of each item's own segment, its deadline.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanJob {
+    pub prefix_rows: usize,
+    pub item_rows: Vec<usize>,
+    pub deadline: Option<Instant>,
+}
+
+impl PlanJob {
+    pub fn of(job: &BatchJob) -> Self {
+        PlanJob {
+            prefix_rows: job.prefix_to_compute().len(),
+            item_rows: (0..job.tj.call.prompts.len()).map(|i| job.own_tokens(i).len()).collect(),
+            deadline: job.tj.job.deadline,
+        }
+    }
+}
+
 /// Splits a batch into forward passes of at most `max_tokens` rows and `max_seqs` sequences.
 /// All prefix segments go first into the first pass; items follow in call order and are never
 /// split across passes.
-pub fn plan_passes(jobs: &[BatchJob], max_tokens: usize, max_seqs: usize) -> Vec<PassPlan> {
+///
+/// Deadline-sized: a pass is also kept short enough that, at `tokens_per_second` and starting
+/// when the passes before it are predicted to end, it ends within `deadline_fraction` of the
+/// time left to the tightest deadline of the calls with rows in it, so the items it holds are
+/// scored (and can be answered) before that deadline. Where even one item cannot finish in time
+/// the pass keeps its full size: a smaller one would not help. A pass always holds at least one
+/// item. Scores do not depend on how items are grouped into passes.
+pub fn plan_passes(jobs: &[PlanJob], budget: &PassBudget, tokens_per_second: f64, now: Instant) -> Vec<PassPlan> {
+    let tps = if tokens_per_second > 0.0 { tokens_per_second } else { budget.prior_tokens_per_second };
+    // Rows a pass starting `start_s` seconds from now may hold to meet `deadline`.
+    let cap = |deadline: Option<Instant>, start_s: f64| -> usize {
+        let Some(d) = deadline else { return budget.max_tokens };
+        let left = d.saturating_duration_since(now).as_secs_f64() - start_s;
+        let rows = (tps * left * budget.deadline_fraction).floor();
+        if rows < 1.0 {
+            budget.max_tokens
+        } else {
+            (rows as usize).min(budget.max_tokens)
+        }
+    };
     let mut passes = vec![];
     let mut cur = PassPlan::default();
     let (mut rows, mut seqs) = (0usize, 0usize);
+    let mut start_s = 0.0f64;
+    let mut tightest: Option<Instant> = None;
+    let tighter = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     for (j, job) in jobs.iter().enumerate() {
-        let r = job.prefix_to_compute();
-        if !r.is_empty() {
+        if job.prefix_rows > 0 {
             cur.prefix_jobs.push(j);
-            rows += r.len();
+            rows += job.prefix_rows;
             seqs += 1;
+            tightest = tighter(tightest, job.deadline);
         }
     }
     for (j, job) in jobs.iter().enumerate() {
-        for i in 0..job.tj.call.prompts.len() {
-            let n = job.own_tokens(i).len();
-            if !cur.items.is_empty() && (rows + n > max_tokens || seqs + 1 > max_seqs) {
+        for (i, &n) in job.item_rows.iter().enumerate() {
+            let with = tighter(tightest, job.deadline);
+            let limit = cap(with, start_s);
+            // A pass already too big to make it (one item, or the prefixes) gains nothing from
+            // closing early: it fills up to the plain limit instead.
+            let too_big_anyway = rows > limit;
+            let limit = if too_big_anyway { budget.max_tokens } else { limit };
+            if !cur.items.is_empty() && (rows + n > limit || seqs + 1 > budget.max_seqs) {
                 passes.push(std::mem::take(&mut cur));
+                start_s += rows as f64 / tps;
                 rows = 0;
                 seqs = 0;
+                tightest = job.deadline;
+            } else {
+                tightest = with;
             }
             cur.items.push((j, i));
             rows += n;
@@ -230,4 +342,91 @@ pub fn plan_passes(jobs: &[BatchJob], max_tokens: usize, max_seqs: usize) -> Vec
         passes.push(cur);
     }
     passes
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn budget() -> PassBudget {
+        PassBudget { max_tokens: 8192, max_seqs: 512, prior_tokens_per_second: 1000.0, deadline_fraction: 0.8 }
+    }
+
+    fn job(prefix: usize, items: usize, rows: usize, deadline: Option<Instant>) -> PlanJob {
+        PlanJob { prefix_rows: prefix, item_rows: vec![rows; items], deadline }
+    }
+
+    fn sizes(jobs: &[PlanJob], passes: &[PassPlan]) -> Vec<usize> {
+        passes
+            .iter()
+            .map(|p| p.prefix_jobs.iter().map(|&j| jobs[j].prefix_rows).sum::<usize>() + p.items.iter().map(|&(j, i)| jobs[j].item_rows[i]).sum::<usize>())
+            .collect()
+    }
+
+    fn every_item_once(jobs: &[PlanJob], passes: &[PassPlan]) {
+        let mut seen: Vec<(usize, usize)> = passes.iter().flat_map(|p| p.items.iter().copied()).collect();
+        seen.sort_unstable();
+        let want: Vec<(usize, usize)> = jobs.iter().enumerate().flat_map(|(j, jb)| (0..jb.item_rows.len()).map(move |i| (j, i))).collect();
+        assert_eq!(seen, want);
+    }
+
+    #[test]
+    fn no_deadline_fills_passes_to_the_limit() {
+        let now = Instant::now();
+        let jobs = [job(100, 64, 40, None)];
+        let passes = plan_passes(&jobs, &budget(), 300.0, now);
+        every_item_once(&jobs, &passes);
+        assert_eq!(sizes(&jobs, &passes), vec![100 + 40 * 64]);
+    }
+
+    #[test]
+    fn a_tight_deadline_makes_passes_that_fit_it() {
+        let now = Instant::now();
+        // 300 tokens/s, 5 s left, 80%: the first pass holds at most 1200 rows.
+        let jobs = [job(100, 64, 40, Some(now + Duration::from_secs(5)))];
+        let passes = plan_passes(&jobs, &budget(), 300.0, now);
+        every_item_once(&jobs, &passes);
+        let s = sizes(&jobs, &passes);
+        // 1180 rows; the next pass starts at 1180/300 = 3.93 s: 1.07 s left, 80% of it is 256
+        // rows: 6 items; then 0.27 s left: 64 rows, one item; then 32 rows, less than an item:
+        // no smaller pass can make it, so the rest goes at full size.
+        assert_eq!(s, vec![100 + 40 * 27, 40 * 6, 40, 40 * 30], "{s:?}");
+        // The measured throughput decides: 10x faster, one pass.
+        assert_eq!(plan_passes(&jobs, &budget(), 3000.0, now).len(), 1);
+        // Before any measurement, the prior (1000/s): 4000 rows fit.
+        assert_eq!(sizes(&jobs, &plan_passes(&jobs, &budget(), 0.0, now)), vec![100 + 40 * 64]);
+    }
+
+    #[test]
+    fn never_below_one_item_and_the_tightest_call_in_the_pass_decides() {
+        let now = Instant::now();
+        // 50 ms at 300/s is 12 rows: less than one item, and a pass holds one item anyway.
+        let tight = [job(0, 3, 40, Some(now + Duration::from_millis(50)))];
+        let passes = plan_passes(&tight, &budget(), 300.0, now);
+        assert_eq!(passes.len(), 1, "no pass can make it: full size");
+        let medium = [job(0, 10, 40, Some(now + Duration::from_millis(520)))];
+        // 0.52 s x 300 x 0.8 = 124 rows: 3 items.
+        assert_eq!(sizes(&medium, &plan_passes(&medium, &budget(), 300.0, now))[0], 120);
+        // A relaxed call batched with a tight one shares the tight one's passes while they overlap.
+        let mixed = [job(0, 2, 40, Some(now + Duration::from_millis(310))), job(0, 40, 40, None)];
+        let passes = plan_passes(&mixed, &budget(), 300.0, now);
+        every_item_once(&mixed, &passes);
+        let s = sizes(&mixed, &passes);
+        // 0.31 s x 240 = 74 rows: one item; then 40/300 = 0.133 s gone, 0.177 x 240 = 42: one
+        // more; then the relaxed call alone fills a full pass.
+        assert_eq!(s, vec![40, 40, 40 * 40], "{s:?}");
+    }
+
+    #[test]
+    fn sequence_limit_still_applies() {
+        let now = Instant::now();
+        let jobs = [job(10, 10, 5, None)];
+        let b = PassBudget { max_seqs: 4, ..budget() };
+        let passes = plan_passes(&jobs, &b, 300.0, now);
+        every_item_once(&jobs, &passes);
+        assert_eq!(passes[0].items.len(), 3, "the prefix segment is a sequence too");
+        assert!(passes[1..].iter().all(|p| p.items.len() <= 4));
+    }
 }

@@ -32,6 +32,20 @@ pub struct EngineState {
     /// Time the runner waited for a batch while work was queued (the pipeline's bubble).
     pub runner_idle_with_work_ns: AtomicU64,
     pub runner_idle_ns: AtomicU64,
+    /// A forward pass is running (the deadline bench watches how long work goes on).
+    pub pass_running: AtomicBool,
+    /// Passes stopped mid-forward because no live call needed them, and their rows.
+    pub passes_abandoned: AtomicU64,
+    pub rows_abandoned: AtomicU64,
+    /// Calls answered 504 at their deadline before the runner started them, and after.
+    pub calls_expired_queued: AtomicU64,
+    pub calls_expired_running: AtomicU64,
+    /// Calls whose caller went away before the answer.
+    pub calls_cancelled: AtomicU64,
+    /// Calls answered at their deadline with some items scored (`missing` lists the rest).
+    pub partial_answers: AtomicU64,
+    /// Scores that came out NaN or infinite (their calls got 500).
+    pub nonfinite_scores: AtomicU64,
     tokens_per_second_bits: AtomicU64,
     pub load_error: Mutex<Option<String>>,
     /// MoE layer figures (set up only for MoE models).
@@ -84,6 +98,13 @@ impl EngineState {
             prefix_tokens_computed: Self::get(&self.prefix_tokens_computed),
             prefix_tokens_reused_in_batch: Self::get(&self.prefix_tokens_reused_in_batch),
             prefix_tokens_reused_cross_batch: Self::get(&self.prefix_tokens_reused_cross_batch),
+            passes_abandoned: Self::get(&self.passes_abandoned),
+            rows_abandoned: Self::get(&self.rows_abandoned),
+            calls_expired_queued: Self::get(&self.calls_expired_queued),
+            calls_expired_running: Self::get(&self.calls_expired_running),
+            calls_cancelled: Self::get(&self.calls_cancelled),
+            partial_answers: Self::get(&self.partial_answers),
+            nonfinite_scores: Self::get(&self.nonfinite_scores),
         }
     }
 }
@@ -101,4 +122,11 @@ pub struct PipelineSnapshot {
     pub prefix_tokens_computed: u64,
     pub prefix_tokens_reused_in_batch: u64,
     pub prefix_tokens_reused_cross_batch: u64,
+    pub passes_abandoned: u64,
+    pub rows_abandoned: u64,
+    pub calls_expired_queued: u64,
+    pub calls_expired_running: u64,
+    pub calls_cancelled: u64,
+    pub partial_answers: u64,
+    pub nonfinite_scores: u64,
 }

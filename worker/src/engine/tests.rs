@@ -1,7 +1,8 @@
 //! Engine behaviour on a small random model (reference backend): scores independent of batching
-//! and prefix reuse, cross-batch hits, rollback on failure, epoch isolation.
+//! and prefix reuse, cross-batch hits, rollback on failure, epoch isolation; deadlines and
+//! cancellation inside the schedule; non-finite scores.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -9,7 +10,8 @@ use sieve_kernels::reference::ReferenceBackend;
 
 use super::*;
 use crate::model::tests::{random_source, tiny_config};
-use crate::model::{Arch, HeadSpec, Model};
+use crate::model::source::MemorySource;
+use crate::model::{Arch, HeadSpec, Model, ModelConfig};
 use crate::prompt::tests::ModEncoder;
 use crate::prompt::{PromptTemplate, TextEncoder};
 use crate::WorkerError;
@@ -29,6 +31,10 @@ fn template() -> PromptTemplate {
 fn engine(cfg: EngineConfig) -> Arc<EngineHandle> {
     let c = tiny_config(Arch::Qwen3);
     let src = random_source(&c, 11);
+    engine_of(c, src, cfg)
+}
+
+fn engine_of(c: ModelConfig, src: MemorySource, cfg: EngineConfig) -> Arc<EngineHandle> {
     let backend = ReferenceBackend;
     let model = Model::load(&backend, &src, c.clone(), HeadSpec::YesNo { yes: 3, no: 4 }, false).unwrap();
     let encoder: Arc<dyn TextEncoder> = Arc::new(ModEncoder(c.vocab as u32));
@@ -51,9 +57,13 @@ fn items(n: usize, salt: usize) -> Vec<String> {
     (0..n).map(|i| format!("item {} {}", i * 7 + salt, "x".repeat((i * 5 + salt) % 23))).collect()
 }
 
-fn submit(e: &EngineHandle, query: &str, items: Vec<String>) -> oneshot::Receiver<JobResult> {
-    e.submit(Submission { query: query.into(), items, instruction: None, arrived: Instant::now(), deadline: None, cancel: CancelFlag::default() })
+fn submit(e: &EngineHandle, query: &str, items: Vec<String>) -> Ticket {
+    e.submit(Submission { query: query.into(), items, instruction: None, arrived: Instant::now(), deadline: None, cancel: CancellationToken::new() })
         .unwrap()
+}
+
+fn submit_with(e: &EngineHandle, query: &str, items: Vec<String>, deadline: Option<Duration>, cancel: CancellationToken) -> Ticket {
+    e.submit(Submission { query: query.into(), items, instruction: None, arrived: Instant::now(), deadline, cancel }).unwrap()
 }
 
 fn score(e: &EngineHandle, query: &str, items: Vec<String>) -> JobResult {
@@ -201,12 +211,186 @@ fn expired_calls_get_504_and_others_are_unaffected() {
             instruction: None,
             arrived: Instant::now() - Duration::from_secs(5),
             deadline: Some(Duration::from_millis(1)),
-            cancel: CancelFlag::default(),
+            cancel: CancellationToken::new(),
         })
         .unwrap();
     let ok = submit(&e, "q", items(3, 0));
     assert_eq!(expired.blocking_recv().unwrap().unwrap_err().status(), 504);
     assert_eq!(ok.blocking_recv().unwrap().unwrap().scores.len(), 3);
     assert_eq!(blocks_in_use(&e), 0);
+    e.shutdown();
+}
+
+/// Waits (bounded) for a condition another thread makes true.
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap()
+}
+
+/// A gate the fault hook can hold a layer on until the test opens it (bounded at 20 s).
+#[derive(Clone, Default)]
+struct Gate(Arc<(Mutex<bool>, std::sync::Condvar)>);
+
+impl Gate {
+    fn wait(&self) {
+        let (m, c) = &*self.0;
+        let g = m.lock().unwrap();
+        let _ = c.wait_timeout_while(g, Duration::from_secs(20), |open| !*open).unwrap();
+    }
+    fn open(&self) {
+        let (m, c) = &*self.0;
+        *m.lock().unwrap() = true;
+        c.notify_all();
+    }
+}
+
+#[test]
+fn a_call_expiring_behind_a_long_batch_is_answered_at_its_deadline() {
+    // Batch 1 holds the runner at its first layer until the test opens the gate, which it does
+    // only once the second call has been answered: a 504 that waited for the batch would hang.
+    let gate = Gate::default();
+    let g = gate.clone();
+    let reached = Arc::new(AtomicUsize::new(0));
+    let r = reached.clone();
+    let hook: FaultHook = Arc::new(move |epoch, _, layer| {
+        if epoch == 1 && layer == 0 {
+            r.store(1, Ordering::SeqCst);
+            g.wait();
+        }
+        Ok(())
+    });
+    let e = engine(EngineConfig { fault: Some(hook), ..cfg(true) });
+    let long = submit(&e, "long", items(4, 1));
+    wait_for("batch 1 to start", || reached.load(Ordering::SeqCst) == 1);
+    let late = submit_with(&e, "late", items(3, 2), Some(Duration::from_millis(100)), CancellationToken::new());
+    let answer = rt().block_on(async { tokio::time::timeout(Duration::from_secs(10), late.wait()).await });
+    let err = answer.expect("answered while the batch still runs").unwrap_err();
+    assert_eq!(err.status(), 504, "{}", err.message);
+    // Its place in the queue is free at once; only the long call is still counted.
+    assert_eq!(e.state.queued_pairs.load(Ordering::Relaxed), 4);
+    assert_eq!(e.state.in_flight_requests.load(Ordering::Relaxed), 1);
+    assert_eq!(e.state.calls_expired_queued.load(Ordering::Relaxed), 1);
+    gate.open();
+    assert_eq!(long.blocking_recv().unwrap().unwrap().scores.len(), 4);
+    wait_for("the engine to empty", || e.state.in_flight_requests.load(Ordering::Relaxed) == 0);
+    assert_eq!(e.state.queued_tokens.load(Ordering::Relaxed), 0);
+    assert_eq!(e.state.pairs_processed.load(Ordering::Relaxed), 4, "the expired call was never computed");
+    e.shutdown();
+}
+
+#[test]
+fn a_pass_whose_calls_are_all_cancelled_stops_mid_pass_and_rolls_back() {
+    // 6 layers; layer 1 of the first batch waits until the test has cancelled the call.
+    let c = ModelConfig { n_layers: 6, ..tiny_config(Arch::Qwen3) };
+    let src = random_source(&c, 11);
+    let gate = Gate::default();
+    let g = gate.clone();
+    let deepest = Arc::new(AtomicUsize::new(0));
+    let d = deepest.clone();
+    let hook: FaultHook = Arc::new(move |epoch, _, layer| {
+        if epoch == 1 {
+            d.fetch_max(layer, Ordering::SeqCst);
+            if layer == 1 {
+                g.wait();
+            }
+        }
+        Ok(())
+    });
+    let e = engine_of(c.clone(), src.clone(), EngineConfig { fault: Some(hook), ..cfg(true) });
+    let baseline = e.prefix_snapshot();
+    let cancel = CancellationToken::new();
+    let call = submit_with(&e, "purple boots", items(5, 3), None, cancel.clone());
+    wait_for("layer 1", || deepest.load(Ordering::SeqCst) == 1);
+    assert!(e.prefix_snapshot().blocks_pending > 0, "the batch holds pending prefix blocks");
+    cancel.cancel();
+    gate.open();
+    let err = call.blocking_recv().unwrap().unwrap_err();
+    assert!(err.message.contains("cancelled"), "{}", err.message);
+    // The answer comes from inside the pass; the batch's rollback follows.
+    wait_for("the batch to end", || e.prefix_snapshot().counters.rollbacks == 1);
+    // The check that follows the hook at layer 1 stopped the pass: layers 1..=5 never ran.
+    assert_eq!(deepest.load(Ordering::SeqCst), 1, "the pass stopped at the layer it was in, not at the last (5)");
+    let p = e.state.pipeline();
+    assert_eq!((p.passes_abandoned, p.calls_cancelled, p.forward_passes), (1, 1, 0));
+    assert!(p.rows_abandoned > 0);
+    let after = e.prefix_snapshot();
+    assert_eq!((after.blocks_free, after.blocks_pending, after.blocks_committed), (baseline.blocks_free, 0, 0), "rolled back");
+    assert_eq!(after.counters.rollbacks, 1);
+    e.cache.lock().unwrap().check_invariants().unwrap();
+    // The same call again computes its prefix afresh and scores like a fresh engine.
+    let again = score(&e, "purple boots", items(5, 3)).unwrap();
+    assert_eq!(again.usage.cached_prefix_tokens, 0);
+    let fresh = engine_of(c, src, cfg(true));
+    assert_eq!(again.scores, score(&fresh, "purple boots", items(5, 3)).unwrap().scores);
+    e.shutdown();
+    fresh.shutdown();
+}
+
+#[test]
+fn a_deadline_mid_call_gives_a_partial_answer_listing_exactly_the_unscored_items() {
+    // Small passes (128 tokens: a few items each); the second pass of the first batch waits
+    // at its first layer until the call's deadline has passed.
+    let gate = Gate::default();
+    let g = gate.clone();
+    let hook: FaultHook = Arc::new(move |epoch, pass, layer| {
+        if epoch == 1 && pass == 1 && layer == 0 {
+            g.wait();
+        }
+        Ok(())
+    });
+    let e = engine(EngineConfig { fault: Some(hook), max_batch_tokens: 128, ..cfg(true) });
+    let it = items(12, 7);
+    let call = submit_with(&e, "orange socks", it.clone(), Some(Duration::from_millis(300)), CancellationToken::new());
+    std::thread::sleep(Duration::from_millis(350));
+    gate.open();
+    let out = call.blocking_recv().unwrap().unwrap();
+    let k = out.scores.iter().position(Option::is_none).expect("some items unscored");
+    assert!(k > 0, "the first pass's items are scored");
+    assert_eq!(out.missing, (k..12).collect::<Vec<_>>(), "missing lists exactly the unscored items");
+    assert!(out.scores[k..].iter().all(Option::is_none) && out.scores[..k].iter().all(Option::is_some));
+    assert_eq!(out.usage.pairs as usize, k);
+    // The scored ones are the scores the whole call gets without a deadline.
+    let fresh = engine(EngineConfig { max_batch_tokens: 128, ..cfg(true) });
+    let full = score(&fresh, "orange socks", it).unwrap();
+    assert_eq!(out.scores[..k], full.scores[..k]);
+    let p = e.state.pipeline();
+    assert_eq!((p.partial_answers, p.calls_expired_running, p.passes_abandoned), (1, 1, 1));
+    // Answered from inside the abandoned pass; the batch's rollback follows.
+    wait_for("the batch to end", || e.prefix_snapshot().counters.rollbacks == 1);
+    assert_eq!(e.prefix_snapshot().blocks_pending, 0);
+    e.cache.lock().unwrap().check_invariants().unwrap();
+    e.shutdown();
+    fresh.shutdown();
+}
+
+#[test]
+fn a_non_finite_score_is_a_500_naming_the_items_and_nothing_is_cached() {
+    // One token's embedding is NaN: every item containing it scores NaN, the others do not.
+    let c = tiny_config(Arch::Qwen3);
+    let mut src = random_source(&c, 11);
+    let bad = ModEncoder(c.vocab as u32).encode_plain("~").unwrap()[0] as usize;
+    let clean = ["teal cap", "red shoes", "blue hat", "q", "judge", "Q: D: y n <s>a"];
+    for t in clean {
+        assert!(!ModEncoder(c.vocab as u32).encode_plain(t).unwrap().contains(&(bad as u32)), "{t}");
+    }
+    let w = src.tensors.get_mut("model.embed_tokens.weight").unwrap();
+    w.data[bad * c.hidden..(bad + 1) * c.hidden].fill(f32::NAN);
+    let e = engine_of(c, src, cfg(true));
+    let err = score(&e, "teal cap", vec!["red shoes".into(), "bad ~ item".into(), "blue hat".into(), "~~".into()]).unwrap_err();
+    assert_eq!(err.status(), 500);
+    assert!(err.message.contains("items[1], items[3]") && !err.message.contains("items[0]"), "{}", err.message);
+    assert_eq!(e.state.nonfinite_scores.load(Ordering::Relaxed), 2);
+    let snap = e.prefix_snapshot();
+    assert_eq!((snap.blocks_pending, snap.blocks_committed, snap.counters.rollbacks), (0, 0, 1));
+    // Finite scores still come back as numbers.
+    let ok = score(&e, "teal cap", vec!["red shoes".into(), "blue hat".into()]).unwrap();
+    assert!(ok.scores.iter().all(|s| s.is_some_and(f32::is_finite)) && ok.missing.is_empty());
     e.shutdown();
 }

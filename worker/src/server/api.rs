@@ -14,7 +14,7 @@ use sieve_shared::{ApiError, ErrorKind, RerankRequest, RerankResponse, ScoreRequ
 use sieve_shared::http::{self, read_body, HttpResponse};
 
 use super::AppState;
-use crate::engine::{CancelFlag, CancelOnDrop, Submission};
+use crate::engine::{CancellationToken, Submission};
 
 pub async fn handle(app: Arc<AppState>, req: Request<Incoming>) -> HttpResponse {
     let arrived = Instant::now();
@@ -90,10 +90,12 @@ async fn run(app: &AppState, r: &ScoreRequest, arrived: Instant) -> Result<Score
             None => "not ready: the model is loading".to_string(),
         })
     })?;
-    let cancel = CancelFlag::default();
-    // Dropped with this future if the client disconnects: the engine then drops the work.
-    let mut guard = CancelOnDrop(Some(cancel.clone()));
-    let rx = engine.submit(Submission {
+    let cancel = CancellationToken::new();
+    // Dropped with this future when the caller goes away (hyper drops the handler's future when
+    // the connection closes, even while it waits here): the engine then drops the call's work,
+    // mid-pass at the next layer.
+    let _cancel_on_drop = cancel.clone().drop_guard();
+    let ticket = engine.submit(Submission {
         query: r.query.clone(),
         items: r.items.iter().map(|i| i.text().to_string()).collect(),
         instruction: r.instruction.clone(),
@@ -101,17 +103,18 @@ async fn run(app: &AppState, r: &ScoreRequest, arrived: Instant) -> Result<Score
         deadline: r.deadline_ms.map(Duration::from_millis),
         cancel,
     })?;
-    let out = rx.await.map_err(|_| ApiError::internal("the engine dropped the call"))??;
-    guard.disarm();
+    // 504 at the deadline if the call has not started; partial scores (with `missing`) if it
+    // was running.
+    let out = ticket.wait().await?;
     let ids = r.items.iter().any(|i| i.id().is_some()).then(|| r.items.iter().map(|i| i.id().map(str::to_string)).collect());
-    metrics::counter!(m::PAIRS).increment(out.scores.len() as u64);
+    metrics::counter!(m::PAIRS).increment(out.usage.pairs as u64);
     metrics::counter!(m::TOKENS_COMPUTED).increment(out.usage.computed_tokens);
     metrics::counter!(m::PROMPT_TOKENS).increment(out.usage.prompt_tokens);
     metrics::histogram!(m::QUEUE_SECONDS).record(out.queue_ms / 1e3);
     Ok(ScoreResponse {
-        scores: out.scores.into_iter().map(Some).collect(),
+        scores: out.scores,
         ids,
-        missing: vec![],
+        missing: out.missing,
         usage: out.usage,
         timing: Timing { queue_ms: out.queue_ms, compute_ms: out.compute_ms, total_ms: arrived.elapsed().as_secs_f64() * 1e3 },
         model: app.model_name.get().cloned().unwrap_or_default(),

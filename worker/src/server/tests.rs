@@ -33,10 +33,13 @@ fn limits() -> Limits {
 
 /// Starts both ports in-process; `engine` false leaves the model "loading".
 fn server(engine: bool, cfg: EngineConfig) -> Server {
+    server_of(engine, tiny_config(Arch::Qwen2), cfg)
+}
+
+fn server_of(engine: bool, c: crate::model::ModelConfig, cfg: EngineConfig) -> Server {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let app = Arc::new(AppState::new(limits(), "cpu".into(), None));
     if engine {
-        let c = tiny_config(Arch::Qwen2);
         let backend = ReferenceBackend;
         let model = Model::load(&backend, &random_source(&c, 5), c.clone(), HeadSpec::YesNo { yes: 3, no: 4 }, false).unwrap();
         let encoder: Arc<dyn TextEncoder> = Arc::new(ModEncoder(c.vocab as u32));
@@ -287,4 +290,44 @@ fn stats_show_the_moe_section_of_a_moe_model() {
     assert!(moe["time_share"].as_f64().unwrap() > 0.0 && moe["time_share"].as_f64().unwrap() < 1.0);
     assert_eq!(moe["last_pass"].as_array().unwrap().len(), 2);
     engine.shutdown();
+}
+
+#[test]
+fn a_client_that_hangs_up_mid_pass_stops_the_pass_at_the_next_layer() {
+    // hyper notices the closed connection while the handler waits (it reads for EOF), drops the
+    // handler's future, and with it the drop guard that cancels the call's token.
+    let c = crate::model::ModelConfig { n_layers: 8, ..tiny_config(Arch::Qwen2) };
+    let deepest = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let d = deepest.clone();
+    let slow: FaultHook = Arc::new(move |epoch, _, layer| {
+        if epoch == 1 {
+            d.fetch_max(layer + 1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(150));
+        }
+        Ok(())
+    });
+    let s = server_of(true, c, EngineConfig { fault: Some(slow), ..engine_cfg() });
+    {
+        let mut conn = TcpStream::connect(s.api).unwrap();
+        let body = json!({"query": "q", "items": ["a", "b", "c"]}).to_string();
+        write!(conn, "POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        let t0 = std::time::Instant::now();
+        while deepest.load(Ordering::SeqCst) < 2 {
+            assert!(t0.elapsed() < Duration::from_secs(10), "the pass never started");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    } // hang up during layer 1 (of 8)
+    let st = &s.app.state;
+    let t0 = std::time::Instant::now();
+    while st.in_flight_requests.load(Ordering::SeqCst) > 0 || st.pass_running.load(Ordering::SeqCst) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the work went on");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let p = st.pipeline();
+    assert_eq!((p.passes_abandoned, p.calls_cancelled, p.forward_passes), (1, 1, 0));
+    let reached = deepest.load(Ordering::SeqCst);
+    assert!(reached <= 4, "stopped within about a layer of the hang-up, not at layer 8: reached layer {reached}");
+    // The next call is served normally.
+    let (code, v) = post(s.api, "/v1/score", &json!({"query": "q", "items": ["a"]}));
+    assert_eq!(code, 200, "{v}");
 }
