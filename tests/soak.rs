@@ -78,7 +78,8 @@ impl SoakConfig {
             burst_start: Duration::from_secs(3),
             burst_len: Duration::from_secs(3),
             burst_concurrency: 8,
-            burst_deadline: Duration::from_secs(2),
+            // Short: what cannot finish in time is refused (429) or dropped (504) quickly.
+            burst_deadline: Duration::from_secs(1),
             kill_at: Duration::from_secs(8),
             timeouts: Timeouts { header: Duration::from_secs(1), body: Duration::from_secs(2), idle: Duration::from_secs(3) },
             max_connections: 512,
@@ -253,6 +254,8 @@ impl ProcMemory {
 
 #[derive(Debug, Clone)]
 struct SteadyCall {
+    /// When it was sent, from the soak's start.
+    at: Duration,
     status: Option<u16>,
     latency: Duration,
     partial: bool,
@@ -271,6 +274,8 @@ pub struct SteadySummary {
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
+    /// The requests not answered: (sent at s, outcome, latency ms).
+    pub misses: Vec<(f64, String, f64)>,
 }
 
 impl SteadySummary {
@@ -283,10 +288,13 @@ impl SteadySummary {
         let mut ms: Vec<f64> = Vec::with_capacity(calls.len());
         for c in calls {
             let key = c.status.map_or_else(|| if c.latency > deadline { "timeout".into() } else { "error".into() }, |v| v.to_string());
-            *s.outcomes.entry(key).or_default() += 1;
+            *s.outcomes.entry(key.clone()).or_default() += 1;
             s.partial += usize::from(c.partial);
             if c.status == Some(200) && !c.partial && c.latency <= deadline {
                 s.answered += 1;
+            } else {
+                let what = if c.partial { "partial".to_string() } else { key.clone() };
+                s.misses.push((c.at.as_secs_f64(), what, c.latency.as_secs_f64() * 1e3));
             }
             ms.push(c.latency.as_secs_f64() * 1e3);
         }
@@ -297,7 +305,8 @@ impl SteadySummary {
     }
 }
 
-async fn steady(http: Http, url: String, cfg: SoakConfig, stop: Instant) -> Vec<SteadyCall> {
+async fn steady(http: Http, url: String, cfg: SoakConfig, t0: Instant) -> Vec<SteadyCall> {
+    let stop = t0 + cfg.duration;
     let every = Duration::from_secs_f64(1.0 / cfg.steady_rate_hz);
     let mut tick = tokio::time::interval(every);
     // Open loop: a slow answer does not delay the next request.
@@ -315,15 +324,16 @@ async fn steady(http: Http, url: String, cfg: SoakConfig, stop: Instant) -> Vec<
         let (http, url, calls) = (http.clone(), url.clone(), calls.clone());
         let limit = cfg.steady_deadline + Duration::from_secs(2);
         tasks.push(tokio::spawn(async move {
-            let t0 = Instant::now();
+            let sent = Instant::now();
+            let at = sent - t0;
             let r = tokio::time::timeout(limit, http.try_post_json(&url, &body)).await;
-            let latency = t0.elapsed();
+            let latency = sent.elapsed();
             let call = match r {
                 Ok(Ok(r)) => {
                     let partial = r.status == 200 && serde_json::from_slice::<ScoreResponse>(&r.body).map_or(true, |b| !b.missing.is_empty());
-                    SteadyCall { status: Some(r.status), latency, partial }
+                    SteadyCall { at, status: Some(r.status), latency, partial }
                 }
-                _ => SteadyCall { status: None, latency, partial: false },
+                _ => SteadyCall { at, status: None, latency, partial: false },
             };
             calls.lock().unwrap().push(call);
         }));
@@ -488,7 +498,7 @@ pub async fn run(mut cfg: SoakConfig) -> SoakReport {
     let probes = Arc::new(Mutex::new(Probes::default()));
     let mem_task = tokio::spawn(memory_loop(memory.clone(), stop.clone(), died.clone()));
     let probe_task = tokio::spawn(probe_loop(http.clone(), proxy.admin_url(), w0.admin_url(), stop.clone(), probes.clone()));
-    let steady_task = tokio::spawn(steady(http.clone(), score.clone(), cfg.clone(), t0 + cfg.duration));
+    let steady_task = tokio::spawn(steady(http.clone(), score.clone(), cfg.clone(), t0));
 
     // Attacks go to the proxy and to the worker that stays up (the killed one's connections
     // would end with the process, not by a timeout).
@@ -707,6 +717,10 @@ impl SoakReport {
             s.p99_ms,
             s.max_ms
         );
+        if !s.misses.is_empty() {
+            let m: Vec<String> = s.misses.iter().map(|(at, what, ms)| format!("{what} at {at:.1} s ({ms:.0} ms)")).collect();
+            let _ = writeln!(o, "  not answered: {}", m.join(", "));
+        }
         let b = &self.burst;
         let _ = writeln!(
             o,
@@ -760,7 +774,8 @@ impl SoakReport {
         let f = |v: Option<f64>| v.map_or_else(|| "never".to_string(), |s| format!("{s:.2} s"));
         let _ = writeln!(
             o,
-            "kill: the proxy dropped the killed worker after {}; the replacement loaded in {}, eligible after {}, served {} shards",
+            "kill at {:.1} s: the proxy dropped the killed worker after {}; the replacement loaded in {}, eligible after {}, served {} shards",
+            c.kill_at.as_secs_f64(),
             f(r.dead_noticed_after_s),
             f(r.replacement_loaded_after_s),
             f(r.replacement_eligible_after_s),
