@@ -16,7 +16,7 @@ use sieve_loadtest::dist::Dist;
 use sieve_loadtest::monitor::{self, Monitor};
 use sieve_loadtest::report::{self, RunData, RunInfo};
 use sieve_loadtest::run::{self, LoadMode, RunSpec};
-use sieve_loadtest::sim::{SimConfig, SimWorker, Slowdown};
+use sieve_loadtest::sim::{SimConfig, SimFileConfig, SimWorker, Slowdown};
 use sieve_loadtest::workload::WorkloadSpec;
 use sieve_shared::CostModel;
 
@@ -279,6 +279,15 @@ struct SimWorkerArgs {
     /// Model name reported in responses.
     #[arg(long, default_value = "sim")]
     model: String,
+    /// Address of the admin port (default 127.0.0.1, whatever --host says).
+    #[arg(long, default_value = "127.0.0.1")]
+    admin_host: String,
+    /// SIGTERM: finish running calls and close every connection within this many ms.
+    #[arg(long, default_value_t = 30_000)]
+    drain_timeout_ms: u64,
+    /// A TOML file with `[http]` and `[admin]` sections (the worker's keys and defaults).
+    #[arg(long)]
+    config: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -453,7 +462,18 @@ async fn sim_worker(a: SimWorkerArgs) -> anyhow::Result<()> {
         }
         None => CostModel::default(),
     };
+    let file = match &a.config {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+            SimFileConfig::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?
+        }
+        None => SimFileConfig::default(),
+    };
     let config = SimConfig {
+        http: file.http,
+        admin: file.admin,
+        admin_host: a.admin_host,
+        drain_timeout_ms: a.drain_timeout_ms,
         model: a.model,
         cost,
         speed: a.speed,
@@ -470,13 +490,14 @@ async fn sim_worker(a: SimWorkerArgs) -> anyhow::Result<()> {
     let worker = SimWorker::start(config, &a.host, a.port, a.admin_port).await?;
     println!("{}", worker.listening_line());
     wait_for_signal().await;
-    // Drain like the real worker: refuse new calls, finish running ones, then exit.
+    // Drain like the real worker: refuse new calls, finish running ones, close the connections;
+    // all within the drain timeout.
     worker.drain();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(a.drain_timeout_ms);
     while worker.engine().counters().in_flight.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    worker.shutdown().await;
+    worker.shutdown_within(deadline.saturating_duration_since(tokio::time::Instant::now())).await;
     Ok(())
 }
 

@@ -1,7 +1,9 @@
 //! The admin port: `/health` (the process is up), `/ready` (not draining and at least one
 //! worker can take shards), `/metrics` (Prometheus), `/workers` (a JSON table of every
-//! worker's state, also as `/stats`), `/config` (the effective config) and `POST /reload`
-//! (re-read the file).
+//! worker's state, also as `/stats`), `/config` (the effective config), `POST /reload`
+//! (re-read the file) and `POST /drain` (refuse new requests, finish those in flight, exit: what
+//! SIGTERM does). The two POSTs need the admin token; the reads need it too with
+//! `[admin] protect_reads`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,6 +11,7 @@ use std::time::Instant;
 use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
 use serde::Serialize;
+use sieve_shared::http::AdminAuth;
 use sieve_shared::{ApiError, CostModel, ErrorKind};
 
 use crate::discovery::Discovery;
@@ -32,8 +35,15 @@ struct WorkersReport {
     draining: bool,
 }
 
-pub async fn handle(state: Arc<AppState>, discovery: Arc<Discovery>, req: Request<Incoming>) -> HttpResponse {
+pub async fn handle(state: Arc<AppState>, discovery: Arc<Discovery>, auth: Arc<AdminAuth>, req: Request<Incoming>) -> HttpResponse {
     let path = req.uri().path().to_string();
+    const ROUTES: [&str; 8] = ["/health", "/ready", "/metrics", "/workers", "/stats", "/config", "/reload", "/drain"];
+    if ROUTES.contains(&path.as_str()) {
+        let changes_state = *req.method() != Method::GET;
+        if let Err(e) = auth.check(&req, changes_state) {
+            return error(&e);
+        }
+    }
     match (req.method(), path.as_str()) {
         (&Method::GET, "/health") => json(StatusCode::OK, &serde_json::json!({"status": "ok"})),
         (&Method::GET, "/ready") => ready(&state),
@@ -48,7 +58,11 @@ pub async fn handle(state: Arc<AppState>, discovery: Arc<Discovery>, req: Reques
             Ok(n) => json(StatusCode::OK, &serde_json::json!({"reloaded": true, "workers": n})),
             Err(e) => error(&ApiError::invalid(e)),
         },
-        (_, "/health" | "/ready" | "/metrics" | "/workers" | "/stats" | "/config" | "/reload") => {
+        (&Method::POST, "/drain") => {
+            state.drain.request();
+            json(StatusCode::ACCEPTED, &serde_json::json!({"draining": true}))
+        }
+        (_, "/health" | "/ready" | "/metrics" | "/workers" | "/stats" | "/config" | "/reload" | "/drain") => {
             error(&ApiError::new(ErrorKind::MethodNotAllowed, format!("method not allowed on {path}")))
         }
         _ => error(&ApiError::new(ErrorKind::NotFound, format!("no route {path}"))),
@@ -110,4 +124,73 @@ fn refresh_worker_gauges(state: &AppState) {
         metrics::gauge!(m::WORKER_TIME_FACTOR, "worker" => url).set(view.time_factor);
     }
     metrics::gauge!(m::WORKERS_ELIGIBLE).set(eligible as f64);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+    use std::time::Duration;
+
+    use sieve_shared::ProxyConfig;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    use super::*;
+    use crate::Launch;
+
+    async fn call(addr: SocketAddr, method: &str, path: &str, token: Option<&str>) -> (u16, serde_json::Value) {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+        let head = format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n{auth}\r\n");
+        s.write_all(head.as_bytes()).await.unwrap();
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await.unwrap().unwrap();
+        let out = String::from_utf8(out).unwrap();
+        let status = out.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        (status, serde_json::from_str(body).unwrap_or(serde_json::Value::Null))
+    }
+
+    #[tokio::test]
+    async fn the_admin_port_stays_on_loopback_and_its_posts_need_the_token() {
+        let text = "[server]\nhost = \"0.0.0.0\"\nport = 0\nadmin_port = 0\n";
+        let path = std::env::temp_dir().join(format!("sieve-admin-test-{}.toml", std::process::id()));
+        std::fs::write(&path, text).unwrap();
+        let config = ProxyConfig::from_toml(text).unwrap();
+        let launch = Launch { config, config_path: Some(path.clone()), admin: Some(AdminAuth::with_token(Some("tok"), false)), ..Launch::default() };
+        let proxy = crate::start(launch).await.unwrap();
+        assert!(proxy.api_addr.ip().is_unspecified(), "the API binds what host says");
+        assert_eq!(proxy.admin_addr.ip().to_string(), "127.0.0.1", "the admin port does not follow host");
+        let admin = proxy.admin_addr;
+
+        assert_eq!(call(admin, "GET", "/health", None).await.0, 200);
+        assert_eq!(call(admin, "GET", "/workers", None).await.0, 200, "reads are open by default");
+        let (code, body) = call(admin, "POST", "/reload", None).await;
+        assert_eq!((code, body["error"]["type"].as_str()), (401, Some("unauthorized")), "{body}");
+        assert_eq!(call(admin, "POST", "/reload", Some("nope")).await.0, 401);
+        let (code, body) = call(admin, "POST", "/reload", Some("tok")).await;
+        assert_eq!((code, body["reloaded"].as_bool()), (200, Some(true)), "{body}");
+
+        assert_eq!(call(admin, "POST", "/drain", None).await.0, 401);
+        assert!(!proxy.state.drain.is_draining());
+        let (code, body) = call(admin, "POST", "/drain", Some("tok")).await;
+        assert_eq!((code, body["draining"].as_bool()), (202, Some(true)), "{body}");
+        assert!(proxy.state.drain.is_draining());
+        tokio::time::timeout(Duration::from_secs(5), proxy.state.drain.requested()).await.expect("main is woken");
+        assert_eq!(call(admin, "GET", "/ready", None).await.0, 503);
+        assert!(tokio::time::timeout(Duration::from_secs(10), proxy.drain_and_stop()).await.expect("bounded"));
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[tokio::test]
+    async fn with_no_token_configured_the_posts_are_403() {
+        let mut config = ProxyConfig::default();
+        config.server.port = 0;
+        config.server.admin_port = 0;
+        let proxy = crate::start(Launch { config, admin: Some(AdminAuth::default()), ..Launch::default() }).await.unwrap();
+        let (code, body) = call(proxy.admin_addr, "POST", "/reload", Some("tok")).await;
+        assert_eq!((code, body["error"]["type"].as_str()), (403, Some("forbidden")), "{body}");
+        assert!(body["error"]["message"].as_str().unwrap().contains("admin token not configured"));
+        proxy.stop().await;
+    }
 }

@@ -10,6 +10,7 @@ use sieve_shared::ProxyConfig;
 pub struct Overrides {
     pub host: Option<String>,
     pub port: Option<u16>,
+    pub admin_host: Option<String>,
     pub admin_port: Option<u16>,
 }
 
@@ -20,6 +21,9 @@ impl Overrides {
         }
         if let Some(p) = self.port {
             cfg.server.port = p;
+        }
+        if let Some(h) = &self.admin_host {
+            cfg.server.admin_host = h.clone();
         }
         if let Some(p) = self.admin_port {
             cfg.server.admin_port = p;

@@ -1,6 +1,6 @@
 //! Admission and graceful drain. Every API request is counted in flight from admission to
-//! response; once draining (SIGTERM), new requests are refused with 503 and shutdown waits
-//! for the count to reach zero.
+//! response; once draining (SIGTERM, or `POST /drain` on the admin port), new requests are
+//! refused with 503 and shutdown waits for the count to reach zero.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -13,6 +13,8 @@ pub struct Drain {
     draining: AtomicBool,
     in_flight: AtomicUsize,
     idle: Notify,
+    /// `POST /drain`: wakes whoever runs the process's shutdown (`sieve-proxy`'s main).
+    requested: Notify,
 }
 
 /// One admitted request; dropping it ends the request.
@@ -55,6 +57,17 @@ impl Drain {
         self.draining.store(true, Ordering::SeqCst);
     }
 
+    /// Starts draining now and asks the process to shut down as on SIGTERM.
+    pub fn request(&self) {
+        self.start();
+        self.requested.notify_one();
+    }
+
+    /// Resolves once [`Drain::request`] was called (before or after this call).
+    pub async fn requested(&self) {
+        self.requested.notified().await;
+    }
+
     /// Starts draining and waits until no request is in flight, or `timeout`. True if idle.
     pub async fn drain(&self, timeout: Duration) -> bool {
         self.start();
@@ -88,5 +101,13 @@ mod tests {
             drop(a);
         });
         assert!(done);
+    }
+
+    #[tokio::test]
+    async fn a_drain_request_refuses_new_requests_and_wakes_the_waiter() {
+        let d = Drain::default();
+        d.request();
+        assert_eq!(d.admit(10).err().map(|e| e.status()), Some(503));
+        tokio::time::timeout(Duration::from_secs(5), d.requested()).await.expect("the request is remembered");
     }
 }

@@ -35,6 +35,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use sieve_shared::http::{AdminAuth, StopMode, Stopper};
 use sieve_shared::{http, ProxyConfig, WorkerEndpoint};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -56,6 +57,9 @@ pub struct Launch {
     pub overrides: Overrides,
     /// `--worker` flags: workers besides the config's.
     pub workers: Vec<WorkerEndpoint>,
+    /// The admin policy; `None`: loaded from the config's `[admin]` (token file or
+    /// `SIEVE_ADMIN_TOKEN`).
+    pub admin: Option<AdminAuth>,
 }
 
 /// A proxy serving on its two ports. Dropping it stops the servers (without draining).
@@ -65,6 +69,8 @@ pub struct RunningProxy {
     pub state: Arc<AppState>,
     pub discovery: Arc<Discovery>,
     stop: watch::Sender<bool>,
+    /// Ends the two servers (after the drain, within what is left of its timeout).
+    servers: Stopper,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -72,19 +78,29 @@ pub struct RunningProxy {
 pub async fn start(launch: Launch) -> Result<RunningProxy> {
     launch.config.validate().map_err(ProxyError::Config)?;
     let cfg = launch.config;
+    let auth = match launch.admin {
+        Some(a) => a,
+        None => AdminAuth::load(&cfg.admin).map_err(ProxyError::Config)?,
+    };
     let api = TcpListener::bind((cfg.server.host.as_str(), cfg.server.port)).await?;
-    let admin = TcpListener::bind((cfg.server.host.as_str(), cfg.server.admin_port)).await?;
+    let admin = TcpListener::bind((cfg.server.admin_host.as_str(), cfg.server.admin_port)).await?;
     let (api_addr, admin_addr) = (api.local_addr()?, admin.local_addr()?);
-    let grace = Duration::from_millis(cfg.drain.timeout_ms);
+    let http_cfg = cfg.http.clone();
     let state = Arc::new(AppState::new(cfg, metrics::handle()));
     let (stop, stop_rx) = watch::channel(false);
     let discovery = Discovery::new(state.clone(), launch.config_path, launch.overrides, launch.workers, stop_rx.clone());
 
+    let servers = Stopper::new();
     let mut tasks = Vec::new();
     let s = state.clone();
-    tasks.push(tokio::spawn(http::serve(api, move |r| http_api::handle(s.clone(), r), drained(stop_rx.clone(), grace))));
-    let (s, d) = (state.clone(), discovery.clone());
-    tasks.push(tokio::spawn(http::serve(admin, move |r| admin::handle(s.clone(), d.clone(), r), drained(stop_rx.clone(), grace))));
+    tasks.push(tokio::spawn(http::serve(api, http_cfg.clone(), move |r| http_api::handle(s.clone(), r), servers.signal())));
+    let (s, d, auth) = (state.clone(), discovery.clone(), Arc::new(auth));
+    tasks.push(tokio::spawn(http::serve(
+        admin,
+        http_cfg,
+        move |r| admin::handle(s.clone(), d.clone(), auth.clone(), r),
+        servers.signal(),
+    )));
     tasks.push(tokio::spawn(health::run(state.clone(), stop_rx.clone())));
     tasks.extend(discovery.spawn_file_watch());
     let (s, mut stop_upkeep) = (state.clone(), stop_rx);
@@ -97,7 +113,7 @@ pub async fn start(launch: Launch) -> Result<RunningProxy> {
             }
         }
     }));
-    Ok(RunningProxy { api_addr, admin_addr, state, discovery, stop, tasks })
+    Ok(RunningProxy { api_addr, admin_addr, state, discovery, stop, servers, tasks })
 }
 
 impl RunningProxy {
@@ -114,11 +130,14 @@ impl RunningProxy {
         format!("sieve-proxy listening api={} admin={}", self.api_addr, self.admin_addr)
     }
 
-    /// Graceful drain: refuse new requests (503), wait for those in flight (at most
-    /// `drain.timeout_ms`), then stop. True when nothing was cut off.
+    /// Graceful drain: refuse new requests (503), wait for those in flight, then close the
+    /// connections; all of it within `drain.timeout_ms`, whatever the clients do. True when no
+    /// request was cut off.
     pub async fn drain_and_stop(mut self) -> bool {
         let timeout = Duration::from_millis(self.state.config().drain.timeout_ms);
+        let deadline = tokio::time::Instant::now() + timeout;
         let idle = self.state.drain.drain(timeout).await;
+        self.servers.stop(StopMode::Graceful(Some(deadline.saturating_duration_since(tokio::time::Instant::now()))));
         let _ = self.stop.send(true);
         for t in self.tasks.drain(..) {
             let _ = t.await;
@@ -128,6 +147,7 @@ impl RunningProxy {
 
     /// Stops at once.
     pub async fn stop(mut self) {
+        self.servers.stop(StopMode::Kill);
         let _ = self.stop.send(true);
         for t in self.tasks.drain(..) {
             t.abort();
@@ -138,16 +158,10 @@ impl RunningProxy {
 
 impl Drop for RunningProxy {
     fn drop(&mut self) {
+        self.servers.stop(StopMode::Kill);
         let _ = self.stop.send(true);
         for t in &self.tasks {
             t.abort();
         }
     }
-}
-
-/// Resolves once `stop` turns true (or its sender is gone): a graceful stop with `grace` for the
-/// requests still in progress.
-async fn drained(mut stop: watch::Receiver<bool>, grace: Duration) -> http::StopMode {
-    let _ = stop.wait_for(|s| *s).await;
-    http::StopMode::Graceful(Some(grace))
 }

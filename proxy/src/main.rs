@@ -1,7 +1,8 @@
-//! `sieve-proxy [--host H] [--port 8080] [--admin-port 9080] [--worker URL[,admin=URL]]...
-//! [--config FILE]`. Prints `sieve-proxy listening api=HOST:PORT admin=HOST:PORT` once both
-//! ports are bound. SIGTERM/SIGINT: drain (finish in flight, refuse new) and exit;
-//! SIGHUP: reload the config file.
+//! `sieve-proxy [--host H] [--port 8080] [--admin-host 127.0.0.1] [--admin-port 9080]
+//! [--worker URL[,admin=URL]]... [--config FILE]`. Prints
+//! `sieve-proxy listening api=HOST:PORT admin=HOST:PORT` once both ports are bound.
+//! SIGTERM/SIGINT or an authorised `POST /drain`: drain (finish in flight, refuse new) and exit,
+//! within `drain.timeout_ms`; SIGHUP: reload the config file.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -13,9 +14,12 @@ use sieve_shared::WorkerEndpoint;
 #[derive(Parser)]
 #[command(name = "sieve-proxy", version, about = "Sieve proxy: cost-balanced fan-out of scoring calls over workers")]
 struct Cli {
-    /// Address to listen on (both ports).
+    /// Address of the API port.
     #[arg(long)]
     host: Option<String>,
+    /// Address of the admin port (default 127.0.0.1, whatever --host says).
+    #[arg(long)]
+    admin_host: Option<String>,
     /// API port (0: a free port). Default 8080, or the config's.
     #[arg(long)]
     port: Option<u16>,
@@ -37,7 +41,7 @@ fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     let cli = Cli::parse();
-    let overrides = Overrides { host: cli.host, port: cli.port, admin_port: cli.admin_port };
+    let overrides = Overrides { host: cli.host, port: cli.port, admin_host: cli.admin_host, admin_port: cli.admin_port };
     let config = match sieve_proxy::config::load(cli.config.as_deref(), &overrides) {
         Ok(c) => c,
         Err(e) => {
@@ -53,7 +57,7 @@ fn main() -> ExitCode {
         }
     };
     rt.block_on(async move {
-        let launch = Launch { config, config_path: cli.config, overrides, workers: cli.workers };
+        let launch = Launch { config, config_path: cli.config, overrides, workers: cli.workers, admin: None };
         let proxy = match sieve_proxy::start(launch).await {
             Ok(p) => p,
             Err(e) => {
@@ -73,8 +77,15 @@ fn main() -> ExitCode {
     })
 }
 
-/// Returns on SIGTERM or SIGINT; reloads the config on SIGHUP meanwhile.
+/// Returns on SIGTERM, SIGINT or `POST /drain`; reloads the config on SIGHUP meanwhile.
 async fn wait_for_shutdown(proxy: &sieve_proxy::RunningProxy) {
+    tokio::select! {
+        _ = signals(proxy) => {}
+        _ = proxy.state.drain.requested() => tracing::info!("POST /drain"),
+    }
+}
+
+async fn signals(proxy: &sieve_proxy::RunningProxy) {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

@@ -6,18 +6,28 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorKind {
-    /// 400: the body is not valid JSON.
+    /// 400: the body is not valid JSON (or the request head is not valid HTTP).
     Malformed,
+    /// 401: an admin route that needs the bearer token got none, or a wrong one.
+    Unauthorized,
+    /// 403: an admin route that needs a token, on a process with no token configured.
+    Forbidden,
     /// 404: no such route.
     NotFound,
     /// 405: the route exists but not with this method.
     MethodNotAllowed,
+    /// 408: the request body did not arrive within the body-read timeout.
+    RequestTimeout,
     /// 413: body, item count or an item is over a limit.
     TooLarge,
+    /// 414: the request target is longer than the HTTP parser accepts.
+    UriTooLong,
     /// 422: well-formed but semantically invalid (empty query, no items, wrong field type).
     Invalid,
     /// 429: queues are full; retry later or elsewhere.
     Overloaded,
+    /// 431: the request head (headers) is over the size limit.
+    HeadersTooLarge,
     /// 500: a bug or an engine failure; the request may be retried elsewhere.
     Internal,
     /// 503: not ready (loading, draining, no healthy worker).
@@ -30,11 +40,16 @@ impl ErrorKind {
     pub fn status(self) -> u16 {
         match self {
             ErrorKind::Malformed => 400,
+            ErrorKind::Unauthorized => 401,
+            ErrorKind::Forbidden => 403,
             ErrorKind::NotFound => 404,
             ErrorKind::MethodNotAllowed => 405,
+            ErrorKind::RequestTimeout => 408,
             ErrorKind::TooLarge => 413,
+            ErrorKind::UriTooLong => 414,
             ErrorKind::Invalid => 422,
             ErrorKind::Overloaded => 429,
+            ErrorKind::HeadersTooLarge => 431,
             ErrorKind::Internal => 500,
             ErrorKind::NotReady => 503,
             ErrorKind::DeadlineExceeded => 504,
@@ -44,11 +59,16 @@ impl ErrorKind {
     pub fn from_status(status: u16) -> Option<Self> {
         Some(match status {
             400 => ErrorKind::Malformed,
+            401 => ErrorKind::Unauthorized,
+            403 => ErrorKind::Forbidden,
             404 => ErrorKind::NotFound,
             405 => ErrorKind::MethodNotAllowed,
+            408 => ErrorKind::RequestTimeout,
             413 => ErrorKind::TooLarge,
+            414 => ErrorKind::UriTooLong,
             422 => ErrorKind::Invalid,
             429 => ErrorKind::Overloaded,
+            431 => ErrorKind::HeadersTooLarge,
             500 => ErrorKind::Internal,
             503 => ErrorKind::NotReady,
             504 => ErrorKind::DeadlineExceeded,
@@ -154,6 +174,22 @@ mod tests {
         let e = ApiError::parse_json::<ScoreRequest>(b"{\"query\": 3, \"items\": []}").unwrap_err();
         assert_eq!(e.status(), 422);
         assert!(e.message.contains("query") || e.message.contains("integer"), "{}", e.message);
+    }
+
+    #[test]
+    fn every_kind_maps_to_one_status_and_back() {
+        use ErrorKind::*;
+        let all = [
+            Malformed, Unauthorized, Forbidden, NotFound, MethodNotAllowed, RequestTimeout, TooLarge, UriTooLong, Invalid,
+            Overloaded, HeadersTooLarge, Internal, NotReady, DeadlineExceeded,
+        ];
+        for k in all {
+            assert_eq!(ErrorKind::from_status(k.status()), Some(k), "{k:?}");
+        }
+        assert_eq!(ErrorKind::RequestTimeout.status(), 408);
+        assert_eq!(ErrorKind::HeadersTooLarge.status(), 431);
+        assert_eq!(ErrorKind::Unauthorized.status(), 401);
+        assert_eq!(ErrorKind::Forbidden.status(), 403);
     }
 
     #[test]

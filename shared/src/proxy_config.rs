@@ -8,6 +8,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::http::{AdminConfig, HttpConfig};
 use crate::{CostModel, Limits};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -29,6 +30,10 @@ pub struct ProxyConfig {
     pub estimator: EstimatorConfig,
     pub discovery: DiscoveryConfig,
     pub drain: DrainConfig,
+    /// Transport timeouts and the connection cap of both ports (a restart applies changes).
+    pub http: HttpConfig,
+    /// Who may use the admin routes (`POST /reload`, `POST /drain` always need the token).
+    pub admin: AdminConfig,
     /// The static worker list (`[[workers]]` tables). Hot-reloaded when the file changes.
     pub workers: Vec<WorkerEndpoint>,
 }
@@ -55,6 +60,7 @@ impl ProxyConfig {
             }
         }
         self.cost.validate()?;
+        self.http.validate()?;
         check(self.server.max_in_flight_requests > 0, "server.max_in_flight_requests must be positive")?;
         check(self.deadline.default_ms > 0, "deadline.default_ms must be positive")?;
         check(self.split.fixed_items > 0, "split.fixed_items must be positive")?;
@@ -106,9 +112,12 @@ impl ProxyConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
+    /// Address of the API port.
     pub host: String,
     /// API port (`POST /v1/score`, `/v1/rerank`); 0 picks a free port.
     pub port: u16,
+    /// Address of the admin port, apart from `host`: loopback unless set.
+    pub admin_host: String,
     /// Admin port (`/health`, `/ready`, `/metrics`, `/workers`); 0 picks a free port.
     pub admin_port: u16,
     /// Requests in progress at once; more get 429.
@@ -117,7 +126,7 @@ pub struct ServerConfig {
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        ServerConfig { host: "127.0.0.1".into(), port: 8080, admin_port: 9080, max_in_flight_requests: 4096 }
+        ServerConfig { host: "127.0.0.1".into(), port: 8080, admin_host: "127.0.0.1".into(), admin_port: 9080, max_in_flight_requests: 4096 }
     }
 }
 
@@ -434,6 +443,16 @@ mod tests {
     #[test]
     fn an_empty_file_is_the_default_config() {
         assert_eq!(ProxyConfig::from_toml("").unwrap(), ProxyConfig::default());
+    }
+
+    #[test]
+    fn the_example_config_is_the_defaults_plus_one_worker() {
+        let mut c = ProxyConfig::from_toml(include_str!("../../configs/proxy.toml")).unwrap();
+        assert_eq!(c.workers.len(), 1);
+        c.workers.clear();
+        assert_eq!(c, ProxyConfig::default());
+        assert_eq!(c.server.admin_host, "127.0.0.1", "admin stays on loopback unless asked");
+        assert!(ProxyConfig::from_toml("[http]\nmax_connections = 0\n").unwrap_err().contains("http.max_connections"));
     }
 
     #[test]

@@ -5,12 +5,13 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use sieve_kernels::moe::VariantCost;
+use sieve_shared::http::{AdminConfig, HttpConfig};
 use sieve_shared::Limits;
 
 use crate::prompt::PromptTemplate;
 use crate::{Result, WorkerError};
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WorkerConfig {
     pub server: ServerConfig,
@@ -18,6 +19,10 @@ pub struct WorkerConfig {
     pub engine: EngineSection,
     pub moe: MoeSection,
     pub limits: Limits,
+    /// Transport timeouts and the connection cap of both ports.
+    pub http: HttpConfig,
+    /// Who may use the admin port's routes (`POST /drain` always needs the token).
+    pub admin: AdminConfig,
     /// Overrides the model's default prompt template.
     pub template: Option<PromptTemplate>,
 }
@@ -25,17 +30,21 @@ pub struct WorkerConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
-    /// Address to bind; loopback by default (deployments set 0.0.0.0).
+    /// Address of the scoring API; loopback by default (deployments set 0.0.0.0).
     pub host: String,
     pub port: u16,
+    /// Address of the admin port, apart from `host`: loopback unless set (a deployment sets
+    /// the pod's IP, where probes and Prometheus reach it).
+    pub admin_host: String,
     pub admin_port: u16,
-    /// How long a drain (SIGTERM) waits for in-flight calls before exiting anyway.
+    /// The whole SIGTERM: waiting for in-flight calls, then closing the connections, ends
+    /// within this.
     pub drain_timeout_ms: u64,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        ServerConfig { host: "127.0.0.1".into(), port: 8081, admin_port: 9081, drain_timeout_ms: 30_000 }
+        ServerConfig { host: "127.0.0.1".into(), port: 8081, admin_host: "127.0.0.1".into(), admin_port: 9081, drain_timeout_ms: 30_000 }
     }
 }
 
@@ -146,19 +155,6 @@ impl Default for MoeSection {
     }
 }
 
-impl Default for WorkerConfig {
-    fn default() -> Self {
-        WorkerConfig {
-            server: ServerConfig::default(),
-            model: ModelSection::default(),
-            engine: EngineSection::default(),
-            moe: MoeSection::default(),
-            limits: Limits::default(),
-            template: None,
-        }
-    }
-}
-
 impl WorkerConfig {
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| WorkerError::Config(format!("{}: {e}", path.display())))?;
@@ -199,6 +195,7 @@ impl WorkerConfig {
         if m.variant.is_empty() {
             return bad("moe.variant is empty (auto, or a variant name)".into());
         }
+        self.http.validate().map_err(WorkerError::Config)?;
         Ok(())
     }
 }
@@ -215,6 +212,9 @@ mod tests {
         assert_eq!(c.engine, EngineSection::default());
         assert_eq!(c.server, ServerConfig::default());
         assert_eq!(c.moe, MoeSection::default());
+        assert_eq!(c.http, HttpConfig::default());
+        assert_eq!(c.admin, AdminConfig::default());
+        assert_eq!(c.server.admin_host, "127.0.0.1");
     }
 
     #[test]
@@ -236,5 +236,13 @@ mod tests {
     #[test]
     fn unknown_keys_are_errors() {
         assert!(toml::from_str::<WorkerConfig>("[engine]\nmax_batch_tokns = 3\n").is_err());
+        assert!(toml::from_str::<WorkerConfig>("[http]\nidle_timeout = 3\n").is_err());
+        assert!(toml::from_str::<WorkerConfig>("[admin]\ntoken = \"x\"\n").is_err(), "no token in the config itself");
+    }
+
+    #[test]
+    fn bad_http_settings_are_refused() {
+        let c: WorkerConfig = toml::from_str("[http]\nbody_read_timeout_ms = 0\n").unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("http.body_read_timeout_ms"));
     }
 }

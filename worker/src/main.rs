@@ -1,9 +1,13 @@
 //! `sieve-worker`: scores (query, item) pairs with a decoder LLM on one device.
 //!
 //! ```text
-//! sieve-worker --model default|PATH [--device cpu|cuda:N] [--port 8081] [--admin-port 9081]
+//! sieve-worker --model default|PATH [--device cpu|cuda:N] [--host H] [--port 8081]
+//!              [--admin-host 127.0.0.1] [--admin-port 9081]
 //!              [--no-prefix-reuse] [--no-autotune] [--config FILE]
 //! ```
+//!
+//! SIGTERM/SIGINT (or an authorised `POST /drain` on the admin port): refuse new calls, finish
+//! those in flight, close the connections, exit; all within `server.drain_timeout_ms`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -12,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use sieve_shared::http::{self, bind, AdminAuth, StopMode, Stopper};
 use sieve_worker::config::WorkerConfig;
 use sieve_worker::engine::EngineState;
 use sieve_worker::server::{self, AppState};
@@ -27,9 +32,12 @@ struct Cli {
     /// `cpu` or `cuda:N`.
     #[arg(long)]
     device: Option<String>,
-    /// Address to bind (default 127.0.0.1).
+    /// Address of the scoring API (default 127.0.0.1). The admin port has its own.
     #[arg(long)]
     host: Option<String>,
+    /// Address of the admin port (default 127.0.0.1, whatever --host says).
+    #[arg(long)]
+    admin_host: Option<String>,
     /// Scoring API port (0 picks a free one).
     #[arg(long)]
     port: Option<u16>,
@@ -64,6 +72,9 @@ fn config_from(cli: &Cli) -> Result<WorkerConfig, WorkerError> {
     }
     if let Some(h) = &cli.host {
         c.server.host = h.clone();
+    }
+    if let Some(h) = &cli.admin_host {
+        c.server.admin_host = h.clone();
     }
     if let Some(p) = cli.port {
         c.server.port = p;
@@ -124,22 +135,36 @@ fn main() -> ExitCode {
 }
 
 async fn serve(cfg: WorkerConfig, dev: device::Device, prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>) -> ExitCode {
-    let app = Arc::new(AppState::new(cfg.limits.clone(), dev.to_string(), prometheus));
-    let bind = |port| sieve_shared::http::bind(&cfg.server.host, port);
-    let (api, admin) = match (bind(cfg.server.port).await, bind(cfg.server.admin_port).await) {
-        (Ok(a), Ok(b)) => (a, b),
-        (Err(e), _) | (_, Err(e)) => {
+    let admin_auth = match AdminAuth::load(&cfg.admin) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("sieve-worker: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let app = Arc::new(AppState::new(cfg.limits.clone(), dev.to_string(), prometheus).with_admin(admin_auth));
+    let (api, admin) = match bind(&cfg.server.host, cfg.server.port).await {
+        Ok(a) => match bind(&cfg.server.admin_host, cfg.server.admin_port).await {
+            Ok(b) => (a, b),
+            Err(e) => {
+                eprintln!("sieve-worker: binding the admin port on {}: {e}", cfg.server.admin_host);
+                return ExitCode::FAILURE;
+            }
+        },
+        Err(e) => {
             eprintln!("sieve-worker: binding {}: {e}", cfg.server.host);
             return ExitCode::FAILURE;
         }
     };
     // The one machine-readable line launchers wait for.
     println!("sieve-worker listening api={} admin={}", api.1, admin.1);
+    // Both ports serve until the drain is over; then they close their connections gracefully,
+    // within what is left of the drain timeout.
+    let stopper = Stopper::new();
     let a = app.clone();
-    // Both ports serve until the process exits (a drain refuses new work and waits first).
-    tokio::spawn(sieve_shared::http::serve(api.0, move |req| server::api::handle(a.clone(), req), std::future::pending()));
+    let api_server = tokio::spawn(http::serve(api.0, cfg.http.clone(), move |req| server::api::handle(a.clone(), req), stopper.signal()));
     let a = app.clone();
-    tokio::spawn(sieve_shared::http::serve(admin.0, move |req| server::admin::handle(a.clone(), req), std::future::pending()));
+    let admin_server = tokio::spawn(http::serve(admin.0, cfg.http.clone(), move |req| server::admin::handle(a.clone(), req), stopper.signal()));
 
     // Load on a plain thread: the ports answer (/health 200, /ready 503) meanwhile.
     let (loaded_tx, loaded_rx) = tokio::sync::oneshot::channel();
@@ -156,7 +181,12 @@ async fn serve(cfg: WorkerConfig, dev: device::Device, prometheus: Option<metric
         let _ = loaded_tx.send(r);
     });
 
-    let shutdown = shutdown_signal();
+    let shutdown = async {
+        tokio::select! {
+            _ = shutdown_signal() => tracing::info!("signal: draining"),
+            _ = app.drain_requested.notified() => tracing::info!("POST /drain: draining"),
+        }
+    };
     tokio::pin!(shutdown);
     tokio::select! {
         loaded = loaded_rx => match loaded {
@@ -171,20 +201,22 @@ async fn serve(cfg: WorkerConfig, dev: device::Device, prometheus: Option<metric
         _ = &mut shutdown => return ExitCode::SUCCESS,
     }
     (&mut shutdown).await;
-    drain(&app, Duration::from_millis(cfg.server.drain_timeout_ms)).await;
+    let deadline = Instant::now() + Duration::from_millis(cfg.server.drain_timeout_ms);
+    drain(&app, deadline).await;
+    // Whatever the clients do (stalled bodies, half-sent heads), the servers end by the deadline.
+    stopper.stop(StopMode::Graceful(Some(deadline.saturating_duration_since(Instant::now()))));
+    let _ = tokio::join!(api_server, admin_server);
     ExitCode::SUCCESS
 }
 
-/// Stops taking new calls (503, /ready false) and waits for the in-flight ones.
-async fn drain(app: &AppState, timeout: Duration) {
+/// Stops taking new calls (503, /ready false) and waits for the in-flight ones, until `deadline`.
+async fn drain(app: &AppState, deadline: Instant) {
     app.state.draining.store(true, Ordering::Release);
     let t0 = Instant::now();
     tracing::info!("draining: {} calls in flight", EngineState::get(&app.state.in_flight_requests));
-    while EngineState::get(&app.state.in_flight_requests) > 0 && t0.elapsed() < timeout {
+    while EngineState::get(&app.state.in_flight_requests) > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // Let the last responses leave the sockets.
-    tokio::time::sleep(Duration::from_millis(50)).await;
     tracing::info!("drained in {:.2} s", t0.elapsed().as_secs_f64());
 }
 

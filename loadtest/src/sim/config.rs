@@ -4,6 +4,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use sieve_shared::http::{AdminConfig, HttpConfig};
 use sieve_shared::{CostModel, Limits};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -31,6 +32,14 @@ pub struct SimConfig {
     /// Longest prompt accepted, in simulated tokens; longer items get 413.
     pub max_seq_tokens: u64,
     pub limits: Limits,
+    /// Transport timeouts and the connection cap of both ports (`[http]`, as the worker's).
+    pub http: HttpConfig,
+    /// Address of the admin port (the API's is given to [`super::SimWorker::start`]).
+    pub admin_host: String,
+    /// Who may use the admin routes: `PUT /sim` needs the token (`[admin]`, as the worker's).
+    pub admin: AdminConfig,
+    /// A graceful shutdown (SIGTERM) ends within this, whatever the clients do.
+    pub drain_timeout_ms: u64,
 }
 
 impl Default for SimConfig {
@@ -48,6 +57,10 @@ impl Default for SimConfig {
             max_batch_tokens: 32_768,
             max_seq_tokens: 8192,
             limits: Limits::default(),
+            http: HttpConfig::default(),
+            admin_host: "127.0.0.1".into(),
+            admin: AdminConfig::default(),
+            drain_timeout_ms: 30_000,
         }
     }
 }
@@ -67,7 +80,37 @@ impl SimConfig {
         if !(0.0..=1.0).contains(&self.fail_rate) {
             return Err(format!("fail-rate must be in [0, 1], got {}", self.fail_rate));
         }
-        Ok(())
+        self.http.validate()
+    }
+}
+
+/// The sim-worker's optional config file (`sieve-loadtest sim-worker --config FILE`): the
+/// transport and admin sections, with the worker's names and defaults. Every key is optional.
+///
+/// ```toml
+/// [http]
+/// header_read_timeout_ms = 10000
+/// body_read_timeout_ms = 10000
+/// idle_timeout_ms = 60000
+/// max_connections = 4096
+/// max_header_bytes = 65536
+///
+/// [admin]
+/// token_file = ""        # "" = read env SIEVE_ADMIN_TOKEN; PUT /sim needs the token
+/// protect_reads = false
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SimFileConfig {
+    pub http: HttpConfig,
+    pub admin: AdminConfig,
+}
+
+impl SimFileConfig {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let c: SimFileConfig = toml::from_str(text).map_err(|e| e.to_string())?;
+        c.http.validate()?;
+        Ok(c)
     }
 }
 
@@ -187,6 +230,16 @@ mod tests {
         assert!("x".parse::<Slowdown>().unwrap_err().contains("FACTOR"));
         assert!("0".parse::<Slowdown>().is_err());
         assert!("2@-1".parse::<Slowdown>().is_err());
+    }
+
+    #[test]
+    fn the_file_config_has_the_workers_sections_and_defaults() {
+        assert_eq!(SimFileConfig::parse("").unwrap(), SimFileConfig::default());
+        let c = SimFileConfig::parse("[http]\nidle_timeout_ms = 5\n[admin]\nprotect_reads = true\n").unwrap();
+        assert_eq!((c.http.idle_timeout_ms, c.admin.protect_reads), (5, true));
+        assert!(SimFileConfig::parse("[http]\nmax_connections = 0\n").unwrap_err().contains("max_connections"));
+        assert!(SimFileConfig::parse("[server]\nport = 1\n").is_err());
+        SimConfig::default().validate().unwrap();
     }
 
     #[test]

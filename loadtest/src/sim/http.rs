@@ -5,7 +5,10 @@ use hyper::body::Incoming;
 use hyper::header::HeaderValue;
 use hyper::{Method, Request, StatusCode};
 use sieve_shared::api::headers;
-use sieve_shared::http::{self, read_body, HttpResponse, StopMode};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sieve_shared::http::{self, read_body, AdminAuth, HttpResponse, StopMode};
 use sieve_shared::{ApiError, ErrorKind, RerankRequest, RerankResponse, ScoreRequest};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -17,8 +20,8 @@ use super::engine::SharedEngine;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stop {
     Running,
-    /// Stop accepting, let running calls finish, close idle connections.
-    Graceful,
+    /// Stop accepting, let running calls finish (for at most this long), close idle connections.
+    Graceful(Duration),
     /// Drop every connection at once, as a crashed process would.
     Kill,
 }
@@ -27,8 +30,8 @@ pub enum Stop {
 pub async fn stopped(mut stop: watch::Receiver<Stop>) -> StopMode {
     let _ = stop.wait_for(|s| *s != Stop::Running).await;
     match *stop.borrow() {
-        Stop::Kill => StopMode::Kill,
-        _ => StopMode::Graceful(None),
+        Stop::Graceful(grace) => StopMode::Graceful(Some(grace)),
+        _ => StopMode::Kill,
     }
 }
 
@@ -93,8 +96,14 @@ enum Route {
     Rerank,
 }
 
-/// `GET /health`, `/ready`, `/metrics`, `/stats`, `/sim`; `PUT /sim` changes the settings.
-pub async fn admin(engine: SharedEngine, req: Request<Incoming>) -> HttpResponse {
+/// `GET /health`, `/ready`, `/metrics`, `/stats`, `/sim`; `PUT /sim` changes the settings and
+/// needs the admin token (the reads too with `protect_reads`).
+pub async fn admin(engine: SharedEngine, auth: Arc<AdminAuth>, req: Request<Incoming>) -> HttpResponse {
+    if matches!(req.uri().path(), "/health" | "/ready" | "/metrics" | "/stats" | "/sim") {
+        if let Err(e) = auth.check(&req, req.method() != Method::GET) {
+            return http::error(&e);
+        }
+    }
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/health") => http::json(StatusCode::OK, &serde_json::json!({"status": "ok"})),
         (&Method::GET, "/ready") => {

@@ -10,13 +10,16 @@ pub mod tokens;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
+
+use sieve_shared::http::AdminAuth;
 
 use sieve_shared::WorkerEndpoint;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-pub use config::{SimConfig, SimSettings, SimSettingsUpdate, Slowdown};
+pub use config::{SimConfig, SimFileConfig, SimSettings, SimSettingsUpdate, Slowdown};
 pub use engine::SimEngine;
 use http::Stop;
 
@@ -32,18 +35,27 @@ pub struct SimWorker {
 }
 
 impl SimWorker {
-    /// Binds the API and admin ports on `host` (0: a free port) and starts serving.
+    /// Binds the API port on `host` and the admin port on `config.admin_host` (0: a free
+    /// port) and starts serving.
     pub async fn start(config: SimConfig, host: &str, port: u16, admin_port: u16) -> Result<SimWorker, LoadtestError> {
         config.validate().map_err(LoadtestError::Config)?;
+        let auth = Arc::new(AdminAuth::load(&config.admin).map_err(LoadtestError::Config)?);
         let api = TcpListener::bind((host, port)).await?;
-        let admin = TcpListener::bind((host, admin_port)).await?;
+        let admin = TcpListener::bind((config.admin_host.as_str(), admin_port)).await?;
         let (api_addr, admin_addr) = (api.local_addr()?, admin.local_addr()?);
+        let http_cfg = config.http.clone();
         let engine = Arc::new(SimEngine::new(config));
         let (stop, stop_rx) = watch::channel(Stop::Running);
         let e = engine.clone();
-        let api_task = tokio::spawn(sieve_shared::http::serve(api, move |r| http::api(e.clone(), r), http::stopped(stop_rx.clone())));
+        let api_task =
+            tokio::spawn(sieve_shared::http::serve(api, http_cfg.clone(), move |r| http::api(e.clone(), r), http::stopped(stop_rx.clone())));
         let e = engine.clone();
-        let admin_task = tokio::spawn(sieve_shared::http::serve(admin, move |r| http::admin(e.clone(), r), http::stopped(stop_rx)));
+        let admin_task = tokio::spawn(sieve_shared::http::serve(
+            admin,
+            http_cfg,
+            move |r| http::admin(e.clone(), auth.clone(), r),
+            http::stopped(stop_rx),
+        ));
         Ok(SimWorker { api_addr, admin_addr, engine, stop, tasks: vec![api_task, admin_task] })
     }
 
@@ -88,10 +100,16 @@ impl SimWorker {
         let _ = self.stop.send(Stop::Kill);
     }
 
-    /// Drains, waits for running calls, closes the ports.
-    pub async fn shutdown(mut self) {
+    /// Drains, waits for running calls, closes the ports; within `drain_timeout_ms`.
+    pub async fn shutdown(self) {
+        let grace = Duration::from_millis(self.engine.config().drain_timeout_ms);
+        self.shutdown_within(grace).await;
+    }
+
+    /// Drains, waits for running calls, closes the ports; within `grace` whatever the clients do.
+    pub async fn shutdown_within(mut self, grace: Duration) {
         self.engine.drain();
-        let _ = self.stop.send(Stop::Graceful);
+        let _ = self.stop.send(Stop::Graceful(grace));
         for t in self.tasks.drain(..) {
             let _ = t.await;
         }
@@ -103,5 +121,46 @@ impl Drop for SimWorker {
         if !self.tasks.is_empty() {
             let _ = self.stop.send(Stop::Kill);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use sieve_shared::http::AdminConfig;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    use super::*;
+
+    async fn put_sim(addr: SocketAddr, token: Option<&str>) -> u16 {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let body = r#"{"speed": 2.0}"#;
+        let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+        let req = format!("PUT /sim HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n{auth}\r\n{body}", body.len());
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut out)).await.unwrap().unwrap();
+        out.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
+    }
+
+    #[tokio::test]
+    async fn put_sim_needs_the_admin_token() {
+        let file = std::env::temp_dir().join(format!("sieve-sim-token-{}", std::process::id()));
+        std::fs::write(&file, "tok\n").unwrap();
+        let admin = AdminConfig { token_file: file.display().to_string(), protect_reads: false };
+        let w = SimWorker::start_local(SimConfig { admin, ..SimConfig::default() }).await.unwrap();
+        assert_eq!(w.admin_addr.ip().to_string(), "127.0.0.1");
+        assert_eq!(put_sim(w.admin_addr, None).await, 401);
+        assert_eq!(put_sim(w.admin_addr, Some("wrong")).await, 401);
+        assert_eq!(w.engine().settings().speed, 1.0, "a refused update changes nothing");
+        assert_eq!(put_sim(w.admin_addr, Some("tok")).await, 200);
+        assert_eq!(w.engine().settings().speed, 2.0);
+        let _ = std::fs::remove_file(&file);
+
+        let open = SimWorker::start_local(SimConfig::default()).await.unwrap();
+        assert_eq!(put_sim(open.admin_addr, Some("tok")).await, 403, "no token configured");
+        tokio::time::timeout(Duration::from_secs(5), open.shutdown_within(Duration::from_millis(100))).await.expect("bounded stop");
     }
 }

@@ -1,4 +1,6 @@
-//! The admin port: `/health`, `/ready`, `/metrics` (Prometheus), `/stats` (JSON).
+//! The admin port: `/health`, `/ready`, `/metrics` (Prometheus), `/stats` (JSON), and
+//! `POST /drain` (refuse new calls, finish those in flight, exit: what SIGTERM does), which
+//! needs the admin token; the reads need it too with `[admin] protect_reads`.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -17,16 +19,33 @@ use super::AppState;
 use crate::engine::EngineState;
 
 pub async fn handle(app: Arc<AppState>, req: Request<Incoming>) -> HttpResponse {
-    if req.method() != Method::GET {
-        return http::error(&ApiError::new(ErrorKind::MethodNotAllowed, "the admin port serves GET only"));
+    let path = req.uri().path();
+    let known = matches!(path, "/health" | "/ready" | "/stats" | "/metrics" | "/drain");
+    if !known {
+        return http::error(&ApiError::new(ErrorKind::NotFound, format!("no route {path} (admin: /health /ready /metrics /stats, POST /drain)")));
     }
-    match req.uri().path() {
+    let expected = if path == "/drain" { Method::POST } else { Method::GET };
+    if req.method() != expected {
+        return http::error(&ApiError::new(ErrorKind::MethodNotAllowed, format!("{path} takes {expected}")));
+    }
+    if let Err(denied) = app.admin.check(&req, path == "/drain") {
+        return http::error(&denied);
+    }
+    match path {
         "/health" => http::json(StatusCode::OK, &json!({"status": "ok"})),
         "/ready" => ready(&app),
         "/stats" => http::json(StatusCode::OK, &stats(&app)),
         "/metrics" => prometheus(&app),
-        p => http::error(&ApiError::new(ErrorKind::NotFound, format!("no route {p} (admin: /health /ready /metrics /stats)"))),
+        _ => drain(&app),
     }
+}
+
+/// Refuses new calls at once (503, /ready false) and wakes the process's shutdown, which waits
+/// for the calls in flight and exits, as on SIGTERM.
+fn drain(app: &AppState) -> HttpResponse {
+    app.state.draining.store(true, Ordering::Release);
+    app.drain_requested.notify_one();
+    http::json(StatusCode::ACCEPTED, &json!({"draining": true}))
 }
 
 fn ready(app: &AppState) -> HttpResponse {
@@ -125,4 +144,68 @@ fn prometheus(app: &AppState) -> HttpResponse {
     let mut r = Response::new(Full::new(Bytes::from(handle.render())));
     r.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"));
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpStream};
+    use std::time::Duration;
+
+    use sieve_shared::http::{bind, serve, AdminAuth, HttpConfig};
+    use sieve_shared::Limits;
+
+    use super::*;
+
+    /// The admin port alone, in-process, with `auth`.
+    fn admin_port(auth: AdminAuth) -> (SocketAddr, Arc<AppState>, tokio::runtime::Runtime) {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let app = Arc::new(AppState::new(Limits::default(), "cpu".into(), None).with_admin(auth));
+        let a = app.clone();
+        let addr = rt.block_on(async move {
+            let (l, addr) = bind("127.0.0.1", 0).await.unwrap();
+            tokio::spawn(serve(l, HttpConfig::default(), move |r| handle(a.clone(), r), std::future::pending()));
+            addr
+        });
+        (addr, app, rt)
+    }
+
+    fn call(addr: SocketAddr, method: &str, path: &str, token: Option<&str>) -> (u16, serde_json::Value) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+        write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n{auth}\r\n").unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        let status = out.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        (status, serde_json::from_str(body).unwrap_or(serde_json::Value::Null))
+    }
+
+    #[test]
+    fn drain_needs_the_token_and_reads_stay_open() {
+        let (addr, app, _rt) = admin_port(AdminAuth::with_token(Some("tok"), false));
+        assert_eq!(call(addr, "GET", "/health", None).0, 200);
+        assert_eq!(call(addr, "GET", "/stats", None).0, 200, "the proxy's health checker reads without a token");
+        let (code, body) = call(addr, "POST", "/drain", None);
+        assert_eq!((code, body["error"]["type"].as_str()), (401, Some("unauthorized")), "{body}");
+        assert_eq!(call(addr, "POST", "/drain", Some("wrong")).0, 401);
+        assert!(!app.state.draining.load(Ordering::Acquire), "refused requests change nothing");
+        assert_eq!(call(addr, "GET", "/drain", Some("tok")).0, 405);
+        let (code, body) = call(addr, "POST", "/drain", Some("tok"));
+        assert_eq!((code, body["draining"].as_bool()), (202, Some(true)), "{body}");
+        assert!(app.state.draining.load(Ordering::Acquire));
+        let (code, body) = call(addr, "GET", "/ready", None);
+        assert_eq!((code, body["reason"].as_str()), (503, Some("draining")), "{body}");
+    }
+
+    #[test]
+    fn without_a_token_drain_is_403_and_protected_reads_need_it() {
+        let (addr, _app, _rt) = admin_port(AdminAuth::default());
+        let (code, body) = call(addr, "POST", "/drain", Some("anything"));
+        assert_eq!((code, body["error"]["type"].as_str()), (403, Some("forbidden")), "{body}");
+        let (addr, _app, _rt) = admin_port(AdminAuth::with_token(Some("tok"), true));
+        assert_eq!(call(addr, "GET", "/stats", None).0, 401);
+        assert_eq!(call(addr, "GET", "/stats", Some("tok")).0, 200);
+    }
 }

@@ -8,7 +8,9 @@ mod tests;
 use std::sync::{Arc, OnceLock};
 
 use metrics_exporter_prometheus::PrometheusHandle;
+use sieve_shared::http::AdminAuth;
 use sieve_shared::Limits;
+use tokio::sync::Notify;
 
 use crate::engine::{EngineHandle, EngineState};
 
@@ -21,6 +23,10 @@ pub struct AppState {
     pub model_name: OnceLock<String>,
     pub device: String,
     pub prometheus: Option<PrometheusHandle>,
+    /// Who may use the admin routes (no token by default: `POST /drain` answers 403).
+    pub admin: AdminAuth,
+    /// `POST /drain` on the admin port: the process drains and exits as on SIGTERM.
+    pub drain_requested: Notify,
 }
 
 impl AppState {
@@ -32,7 +38,14 @@ impl AppState {
             model_name: OnceLock::new(),
             device,
             prometheus,
+            admin: AdminAuth::default(),
+            drain_requested: Notify::new(),
         }
+    }
+
+    pub fn with_admin(mut self, admin: AdminAuth) -> Self {
+        self.admin = admin;
+        self
     }
 }
 

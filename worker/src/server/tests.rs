@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use sieve_kernels::reference::ReferenceBackend;
-use sieve_shared::http::{bind, serve};
+use sieve_shared::http::{bind, serve, HttpConfig};
 use sieve_shared::Limits;
 
 use super::*;
@@ -53,9 +53,9 @@ fn server_of(engine: bool, c: crate::model::ModelConfig, cfg: EngineConfig) -> S
         let (l1, a1) = bind("127.0.0.1", 0).await.unwrap();
         let (l2, a2) = bind("127.0.0.1", 0).await.unwrap();
         let a = app.clone();
-        tokio::spawn(serve(l1, move |r| api::handle(a.clone(), r), std::future::pending()));
+        tokio::spawn(serve(l1, HttpConfig::default(), move |r| api::handle(a.clone(), r), std::future::pending()));
         let a = app.clone();
-        tokio::spawn(serve(l2, move |r| admin::handle(a.clone(), r), std::future::pending()));
+        tokio::spawn(serve(l2, HttpConfig::default(), move |r| admin::handle(a.clone(), r), std::future::pending()));
         (a1, a2)
     });
     Server { api, admin, app, _rt: rt }
@@ -256,7 +256,7 @@ fn stats_show_the_moe_section_of_a_moe_model() {
     let admin = rt.block_on(async {
         let (l, a) = bind("127.0.0.1", 0).await.unwrap();
         let st = app.clone();
-        tokio::spawn(serve(l, move |r| admin::handle(st.clone(), r), std::future::pending()));
+        tokio::spawn(serve(l, HttpConfig::default(), move |r| admin::handle(st.clone(), r), std::future::pending()));
         a
     });
     let s = Server { api: admin, admin, app, _rt: rt };

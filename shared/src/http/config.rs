@@ -1,0 +1,90 @@
+//! `[http]`: the transport limits every port (worker, proxy, simulated worker; API and admin)
+//! serves under. One struct, so the three processes document and validate them once.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Transport timeouts and caps of one process's ports (`[http]` in its config file).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// The whole request head must arrive within this (counted from the connection's first
+    /// byte of it; on a new connection, from the accept). Half-sent heads are closed then.
+    pub header_read_timeout_ms: u64,
+    /// The whole request body must arrive within this after its head; later, 408.
+    pub body_read_timeout_ms: u64,
+    /// A keep-alive connection with no request in progress and no bytes for this long is closed.
+    pub idle_timeout_ms: u64,
+    /// Open connections beyond this are answered 503 (JSON) and closed without being served.
+    pub max_connections: usize,
+    /// Largest request head (request line + headers) in bytes; larger gets 431. Also hyper's
+    /// read buffer size, so it bounds what a connection holds while its head arrives.
+    pub max_header_bytes: usize,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 10_000,
+            idle_timeout_ms: 60_000,
+            max_connections: 4096,
+            max_header_bytes: 65_536,
+        }
+    }
+}
+
+impl HttpConfig {
+    /// hyper refuses a read buffer smaller than this.
+    pub const MIN_HEADER_BYTES: usize = 8192;
+
+    /// Checks what the types cannot say; the message names the key.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, v) in [
+            ("http.header_read_timeout_ms", self.header_read_timeout_ms),
+            ("http.body_read_timeout_ms", self.body_read_timeout_ms),
+            ("http.idle_timeout_ms", self.idle_timeout_ms),
+        ] {
+            if v == 0 {
+                return Err(format!("{name} must be positive"));
+            }
+        }
+        if self.max_connections == 0 {
+            return Err("http.max_connections must be positive".into());
+        }
+        if self.max_header_bytes < Self::MIN_HEADER_BYTES {
+            return Err(format!("http.max_header_bytes {} must be at least {}", self.max_header_bytes, Self::MIN_HEADER_BYTES));
+        }
+        Ok(())
+    }
+
+    pub fn header_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_read_timeout_ms)
+    }
+
+    pub fn body_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.body_read_timeout_ms)
+    }
+
+    pub fn idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.idle_timeout_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_zeros_are_refused() {
+        HttpConfig::default().validate().unwrap();
+        let c: HttpConfig = toml::from_str("idle_timeout_ms = 0").unwrap();
+        assert!(c.validate().unwrap_err().contains("http.idle_timeout_ms"));
+        let c: HttpConfig = toml::from_str("max_connections = 0").unwrap();
+        assert!(c.validate().unwrap_err().contains("max_connections"));
+        let c: HttpConfig = toml::from_str("max_header_bytes = 100").unwrap();
+        assert!(c.validate().is_err());
+        assert!(toml::from_str::<HttpConfig>("idle_timeout = 3").is_err(), "unknown keys are errors");
+    }
+}

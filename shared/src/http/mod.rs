@@ -1,0 +1,130 @@
+//! The HTTP/1.1 plumbing every Sieve server uses (worker, proxy, simulated worker; API and
+//! admin ports): the accept loop under the `[http]` limits with a bounded graceful or an abrupt
+//! stop ([`serve`]), JSON/text/error responses, bounded body reading ([`read_body`]) and the
+//! admin token check ([`AdminAuth`]). One copy, so every port answers bad input, slow clients
+//! and overload the same way. Each piece says in its own file why it is built as it is.
+
+mod admin;
+mod body;
+mod config;
+mod io;
+mod serve;
+#[cfg(test)]
+mod tests;
+mod timer;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{CONNECTION, CONTENT_TYPE, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
+use hyper::{Response, StatusCode};
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+pub use admin::{AdminAuth, AdminConfig, TOKEN_ENV};
+pub use body::{collect, read_body, BodyDeadline};
+pub use config::HttpConfig;
+pub use serve::serve;
+
+use crate::{ApiError, ErrorKind};
+
+pub type HttpResponse = Response<Full<Bytes>>;
+
+/// How [`serve`] ends once its stop future resolves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopMode {
+    /// Stop accepting, let requests in progress finish (for at most the grace, when given),
+    /// close idle keep-alive connections.
+    Graceful(Option<Duration>),
+    /// Drop every connection at once, as a crashed process would (the simulated worker's kill).
+    Kill,
+}
+
+/// Binds a listener, reporting the address actually bound (for port 0).
+pub async fn bind(host: &str, port: u16) -> std::io::Result<(TcpListener, SocketAddr)> {
+    let l = TcpListener::bind((host, port)).await?;
+    let addr = l.local_addr()?;
+    Ok((l, addr))
+}
+
+/// `value` as a JSON body.
+pub fn json<T: Serialize>(status: StatusCode, value: &T) -> HttpResponse {
+    match serde_json::to_vec(value) {
+        Ok(body) => body_with_type(status, Bytes::from(body), "application/json"),
+        Err(e) => error(&ApiError::internal(format!("encoding the response: {e}"))),
+    }
+}
+
+pub fn text(status: StatusCode, body: String, content_type: &'static str) -> HttpResponse {
+    body_with_type(status, Bytes::from(body), content_type)
+}
+
+pub fn body_with_type(status: StatusCode, body: Bytes, content_type: &'static str) -> HttpResponse {
+    let mut r = Response::new(Full::new(body));
+    *r.status_mut() = status;
+    r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+/// The error's JSON body with its status; overload and not-ready say when to come back.
+pub fn error(e: &ApiError) -> HttpResponse {
+    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut r = body_with_type(status, Bytes::from(e.to_json()), "application/json");
+    if matches!(e.kind, ErrorKind::Overloaded | ErrorKind::NotReady) {
+        r.headers_mut().insert(RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    if e.kind == ErrorKind::Unauthorized {
+        r.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    if e.kind == ErrorKind::RequestTimeout {
+        // The rest of the body may still be on its way: this connection cannot carry another
+        // request.
+        r.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    r
+}
+
+/// Tells servers when and how to stop: one [`Stopper`], any number of [`Stopper::signal`]s
+/// (one per `serve`).
+#[derive(Debug)]
+pub struct Stopper(watch::Sender<Option<StopMode>>);
+
+impl Default for Stopper {
+    fn default() -> Self {
+        Stopper(watch::channel(None).0)
+    }
+}
+
+impl Stopper {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Stops every server holding a signal of this stopper (the first call wins).
+    pub fn stop(&self, mode: StopMode) {
+        self.0.send_if_modified(|m| {
+            if m.is_none() {
+                *m = Some(mode);
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// The `stop` future for [`serve`]: resolves with the mode given to [`Stopper::stop`], or
+    /// `Kill` once the stopper is dropped without stopping.
+    pub fn signal(&self) -> impl Future<Output = StopMode> + Send + 'static {
+        let mut rx = self.0.subscribe();
+        async move {
+            match rx.wait_for(Option::is_some).await {
+                Ok(m) => m.unwrap_or(StopMode::Kill),
+                Err(_) => StopMode::Kill,
+            }
+        }
+    }
+}

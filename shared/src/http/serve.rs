@@ -1,0 +1,184 @@
+//! The accept loop every Sieve port runs: a connection cap, hyper's http1 per connection with
+//! the head/idle timer and the JSON-error socket wrapper, a body deadline on every request, and
+//! a stop that is graceful within a bound (or abrupt).
+//!
+//! Why each piece is what it is:
+//!
+//! - Header and idle timeouts: hyper's own `header_read_timeout` on hyper-util's `TokioTimer`,
+//!   through a timer that tells an idle keep-alive connection from a slow head (`timer.rs`).
+//!   tower layers see requests, never a head that has not arrived, so none could do this.
+//! - Body timeout: a [`BodyDeadline`] in the request's extensions that `read_body` honours
+//!   (`body.rs`): the whole body within the timeout, whatever its pace. tower-http's body
+//!   timeout restarts at every frame, so a trickle would never end.
+//! - Connection cap: a semaphore permit per connection taken at accept; without one the
+//!   connection gets a canned 503 JSON and is closed without hyper ever running for it. tower's
+//!   concurrency limit and load shedding bound requests, not connections (and the request-level
+//!   admission, 429 with the in-flight count, is the handlers' own).
+//! - Body size: `read_body(req, max)` with the route's own maximum (a hot-reloadable config
+//!   value on the proxy); tower-http's body limit would fix one maximum per server and change the
+//!   body type handlers get.
+//! - Stop: hyper-util's `GracefulShutdown`, cut off at the grace by aborting what is left.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::Request;
+use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::body::BodyDeadline;
+use super::io::ConnIo;
+use super::timer::{Activity, HeadTimer};
+use super::{HttpConfig, HttpResponse, StopMode};
+use crate::ApiError;
+
+/// Serves HTTP/1.1 connections with `handler` (one task per connection, keep-alive) under the
+/// limits of `config` until `stop` resolves, then ends as it says. With
+/// `StopMode::Graceful(Some(grace))` it returns within `grace` whatever the clients do.
+pub async fn serve<F, Fut, S>(listener: TcpListener, config: HttpConfig, handler: F, stop: S)
+where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = HttpResponse> + Send + 'static,
+    S: Future<Output = StopMode>,
+{
+    let graceful = GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(config.max_connections));
+    // Refused connections linger briefly (so the client reads its 503 rather than a reset);
+    // at most as many of them as served ones.
+    let refusals = Arc::new(Semaphore::new(config.max_connections));
+    let mut conns = JoinSet::new();
+    let mut refused = JoinSet::new();
+    tokio::pin!(stop);
+    let mode = loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((s, _)) => s,
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off instead of spinning.
+                        tracing::warn!("accept: {e}");
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    match refusals.clone().try_acquire_owned() {
+                        Ok(p) => {
+                            let linger = config_linger(&config);
+                            refused.spawn(async move {
+                                refuse(stream, linger).await;
+                                drop(p);
+                            });
+                        }
+                        Err(_) => {
+                            let _ = stream.try_write(&refusal_response());
+                        }
+                    }
+                    continue;
+                };
+                let conn = connection(stream, &config, handler.clone(), &graceful);
+                conns.spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!("connection: {e}");
+                    }
+                    drop(slot);
+                });
+            }
+            // Reap finished tasks so the sets do not grow with every client.
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            Some(_) = refused.join_next(), if !refused.is_empty() => {}
+            mode = &mut stop => break mode,
+        }
+    };
+    drop(listener);
+    refused.abort_all();
+    match mode {
+        StopMode::Kill => conns.abort_all(),
+        StopMode::Graceful(grace) => {
+            let shutdown = graceful.shutdown();
+            match grace {
+                Some(g) => {
+                    if tokio::time::timeout(g, shutdown).await.is_err() {
+                        tracing::warn!("connections still open after {g:?}; closing");
+                        conns.abort_all();
+                    }
+                }
+                None => shutdown.await,
+            }
+        }
+    }
+    while conns.join_next().await.is_some() {}
+    while refused.join_next().await.is_some() {}
+}
+
+/// One connection: hyper's http1 with the head/idle timer, on the JSON-error socket wrapper;
+/// every request gets its body deadline when its head is in.
+fn connection<F, Fut>(
+    stream: TcpStream,
+    config: &HttpConfig,
+    handler: F,
+    graceful: &GracefulShutdown,
+) -> impl Future<Output = hyper::Result<()>> + Send + 'static
+where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = HttpResponse> + Send + 'static,
+{
+    let activity = Arc::new(Activity::default());
+    let body_timeout = config.body_read_timeout();
+    let a = activity.clone();
+    let svc = service_fn(move |mut req: Request<Incoming>| {
+        let guard = a.begin_request();
+        req.extensions_mut().insert(BodyDeadline(Instant::now() + body_timeout));
+        let h = handler.clone();
+        async move {
+            let r = h(req).await;
+            drop(guard);
+            Ok::<_, Infallible>(r)
+        }
+    });
+    let timer = HeadTimer { activity: activity.clone(), header: config.header_read_timeout(), idle: config.idle_timeout() };
+    let io = TokioIo::new(ConnIo::new(stream, activity, config.max_header_bytes));
+    let mut b = http1::Builder::new();
+    b.timer(timer).header_read_timeout(config.header_read_timeout()).max_buf_size(config.max_header_bytes.max(HttpConfig::MIN_HEADER_BYTES));
+    graceful.watch(b.serve_connection(io, svc))
+}
+
+/// How long a refused connection is given to take its 503: as long as any client is given
+/// to send a head.
+fn config_linger(c: &HttpConfig) -> Duration {
+    c.header_read_timeout()
+}
+
+fn refusal_response() -> Vec<u8> {
+    let body = ApiError::not_ready("too many open connections (max_connections); retry later").to_json();
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Answers 503 and closes: the response, then our side shut, then whatever the client sends is
+/// read and dropped until it closes too (so the close is not a reset that could destroy the 503
+/// before it is read), for at most `linger`.
+async fn refuse(mut stream: TcpStream, linger: Duration) {
+    let _ = tokio::time::timeout(linger, async {
+        stream.write_all(&refusal_response()).await?;
+        stream.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        while stream.read(&mut sink).await? > 0 {}
+        Ok::<_, std::io::Error>(())
+    })
+    .await;
+}

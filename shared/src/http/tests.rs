@@ -1,0 +1,243 @@
+//! `serve` on loopback, driven by raw TCP: timeouts, the connection cap, hyper's own errors as
+//! JSON, bounded stop. Short timeouts (hundreds of ms) keep it fast; every wait is bounded.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hyper::body::Incoming;
+use hyper::{Request, StatusCode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
+
+use super::*;
+
+/// The bound on any single wait in these tests.
+const BOUND: Duration = Duration::from_secs(5);
+
+fn fast() -> HttpConfig {
+    HttpConfig { header_read_timeout_ms: 300, body_read_timeout_ms: 300, idle_timeout_ms: 700, max_connections: 64, max_header_bytes: 8192 }
+}
+
+struct Server {
+    addr: SocketAddr,
+    stopper: Stopper,
+    task: JoinHandle<()>,
+    /// Handlers running now (a request "in flight").
+    running: Arc<AtomicUsize>,
+}
+
+/// Serves an echo: the body's length as JSON, or read_body's error.
+async fn start(config: HttpConfig) -> Server {
+    let (l, addr) = bind("127.0.0.1", 0).await.unwrap();
+    let stopper = Stopper::new();
+    let running = Arc::new(AtomicUsize::new(0));
+    let r = running.clone();
+    let handler = move |req: Request<Incoming>| {
+        let r = r.clone();
+        async move {
+            r.fetch_add(1, Ordering::SeqCst);
+            let out = match read_body(req, 1 << 20).await {
+                Ok(b) => json(StatusCode::OK, &serde_json::json!({"len": b.len()})),
+                Err(e) => error(&e),
+            };
+            r.fetch_sub(1, Ordering::SeqCst);
+            out
+        }
+    };
+    let task = tokio::spawn(serve(l, config, handler, stopper.signal()));
+    Server { addr, stopper, task, running }
+}
+
+/// Reads one response: (status, body as JSON). None when the connection closed first.
+async fn response(s: &mut TcpStream) -> Option<(u16, serde_json::Value)> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let mut headers = [httparse::EMPTY_HEADER; 16];
+        let mut r = httparse::Response::new(&mut headers);
+        if let Ok(httparse::Status::Complete(n)) = r.parse(&buf) {
+            let len: usize = r
+                .headers
+                .iter()
+                .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+                .map_or(0, |h| std::str::from_utf8(h.value).unwrap().parse().unwrap());
+            if buf.len() >= n + len {
+                let body = serde_json::from_slice(&buf[n..n + len]).unwrap_or(serde_json::Value::Null);
+                let code = r.code.unwrap();
+                buf.drain(..n + len);
+                assert!(buf.is_empty(), "one response at a time in these tests");
+                return Some((code, body));
+            }
+        }
+        let n = tokio::time::timeout(BOUND, s.read(&mut chunk)).await.expect("no answer in time").ok()?;
+        if n == 0 {
+            assert!(buf.is_empty(), "closed mid-response: {:?}", String::from_utf8_lossy(&buf));
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// Waits for the server to close the connection; how long that took.
+async fn closed(s: &mut TcpStream) -> Duration {
+    let t0 = Instant::now();
+    let mut chunk = [0u8; 1024];
+    match tokio::time::timeout(BOUND, s.read(&mut chunk)).await.expect("still open") {
+        Ok(0) | Err(_) => t0.elapsed(),
+        Ok(n) => panic!("unexpected bytes: {:?}", String::from_utf8_lossy(&chunk[..n])),
+    }
+}
+
+fn post(body: &str) -> String {
+    format!("POST /x HTTP/1.1\r\nhost: t\r\ncontent-length: {}\r\n\r\n{body}", body.len())
+}
+
+fn assert_error(r: Option<(u16, serde_json::Value)>, code: u16, kind: &str) {
+    let (status, body) = r.expect("an answer, not a close");
+    assert_eq!(status, code, "{body}");
+    assert_eq!(body["error"]["code"], code, "{body}");
+    assert_eq!(body["error"]["type"], kind, "{body}");
+    assert!(!body["error"]["message"].as_str().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_trickled_body_arrives_whole() {
+    let srv = start(HttpConfig { body_read_timeout_ms: 5000, ..fast() }).await;
+    let mut s = TcpStream::connect(srv.addr).await.unwrap();
+    s.set_nodelay(true).unwrap();
+    s.write_all(b"POST /x HTTP/1.1\r\nhost: t\r\ncontent-length: 64\r\n\r\n").await.unwrap();
+    for _ in 0..64 {
+        s.write_all(b"x").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let (status, body) = response(&mut s).await.unwrap();
+    assert_eq!((status, body["len"].as_u64()), (200, Some(64)));
+}
+
+#[tokio::test]
+async fn a_stalled_body_is_408_json_at_the_body_timeout_and_frees_its_handler() {
+    let srv = start(fast()).await;
+    for head in [
+        // Content-Length larger than what is sent.
+        "POST /x HTTP/1.1\r\nhost: t\r\ncontent-length: 100\r\n\r\nabc",
+        // A chunked body that never ends.
+        "POST /x HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n",
+    ] {
+        let mut s = TcpStream::connect(srv.addr).await.unwrap();
+        let t0 = Instant::now();
+        s.write_all(head.as_bytes()).await.unwrap();
+        assert_error(response(&mut s).await, 408, "request_timeout");
+        let took = t0.elapsed();
+        assert!(took >= Duration::from_millis(250), "answered at {took:?}, before the timeout");
+        assert_eq!(srv.running.load(Ordering::SeqCst), 0, "the handler ended with its 408");
+        closed(&mut s).await;
+    }
+}
+
+#[tokio::test]
+async fn half_sent_headers_and_silent_connections_close_at_the_header_timeout() {
+    let srv = start(fast()).await;
+    let mut half = TcpStream::connect(srv.addr).await.unwrap();
+    half.write_all(b"POST /x HTTP/1.1\r\nhost: t\r\n").await.unwrap();
+    let mut silent = TcpStream::connect(srv.addr).await.unwrap();
+    let t = closed(&mut half).await;
+    assert!(t >= Duration::from_millis(200) && t < Duration::from_millis(3000), "{t:?}");
+    let t = closed(&mut silent).await;
+    assert!(t < Duration::from_millis(3000), "{t:?}");
+    assert_eq!(srv.running.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_keep_alive_connection_closes_at_the_idle_timeout_not_the_header_one() {
+    let srv = start(fast()).await;
+    let mut s = TcpStream::connect(srv.addr).await.unwrap();
+    s.write_all(post("{}").as_bytes()).await.unwrap();
+    assert_eq!(response(&mut s).await.unwrap().0, 200);
+    // Still open past the header timeout (300 ms): a second request works.
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    s.write_all(post("{}").as_bytes()).await.unwrap();
+    assert_eq!(response(&mut s).await.unwrap().0, 200);
+    let t = closed(&mut s).await;
+    assert!(t >= Duration::from_millis(600) && t < Duration::from_millis(3000), "closed after {t:?}, idle timeout 700 ms");
+}
+
+#[tokio::test]
+async fn connections_over_the_cap_get_503_json_and_a_freed_slot_is_reused() {
+    let srv = start(HttpConfig { max_connections: 2, header_read_timeout_ms: 5000, idle_timeout_ms: 5000, ..fast() }).await;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(srv.addr).await.unwrap();
+        s.write_all(post("{}").as_bytes()).await.unwrap();
+        assert_eq!(response(&mut s).await.unwrap().0, 200);
+        held.push(s);
+    }
+    let mut third = TcpStream::connect(srv.addr).await.unwrap();
+    third.write_all(post("{}").as_bytes()).await.unwrap();
+    assert_error(response(&mut third).await, 503, "not_ready");
+    closed(&mut third).await;
+    drop(held.pop());
+    // The slot frees once the server sees the close: retry a bounded number of times.
+    let t0 = Instant::now();
+    loop {
+        let mut s = TcpStream::connect(srv.addr).await.unwrap();
+        s.write_all(post("{}").as_bytes()).await.unwrap();
+        match response(&mut s).await {
+            Some((200, _)) => break,
+            other => assert!(t0.elapsed() < BOUND, "{other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn hypers_own_parse_errors_are_json() {
+    let srv = start(fast()).await;
+    let mut s = TcpStream::connect(srv.addr).await.unwrap();
+    s.write_all(b"BAD REQUEST LINE\r\n\r\n").await.unwrap();
+    assert_error(response(&mut s).await, 400, "malformed");
+    closed(&mut s).await;
+
+    let mut s = TcpStream::connect(srv.addr).await.unwrap();
+    let big = format!("GET /x HTTP/1.1\r\nhost: t\r\nx-big: {}\r\n\r\n", "a".repeat(20_000));
+    // The server may close before reading it all: a failed write is fine, the answer counts.
+    let _ = s.write_all(big.as_bytes()).await;
+    let (status, body) = response(&mut s).await.expect("an answer");
+    assert_eq!((status, body["error"]["type"].as_str()), (431, Some("headers_too_large")), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("8192"), "{body}");
+
+    // A good request, then garbage, in one write: the first answer is untouched.
+    let mut s = TcpStream::connect(srv.addr).await.unwrap();
+    s.write_all(format!("{}GET / HTTP/1.1\r\nbad header\r\n\r\n", post("{}")).as_bytes()).await.unwrap();
+    let mut all = Vec::new();
+    tokio::time::timeout(BOUND, s.read_to_end(&mut all)).await.unwrap().unwrap();
+    let text = String::from_utf8(all).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+    assert!(text.contains("{\"len\":2}"), "{text}");
+    let second = &text[text.find("HTTP/1.1 400").expect("then the 400")..];
+    assert!(second.ends_with(r#""code":400,"message":"malformed request head: the request line or a header is not valid HTTP/1.1"}}"#), "{second}");
+}
+
+#[tokio::test]
+async fn a_graceful_stop_ends_within_its_grace_despite_a_stalled_client() {
+    let srv = start(HttpConfig { body_read_timeout_ms: 30_000, header_read_timeout_ms: 30_000, ..fast() }).await;
+    let mut stalled = TcpStream::connect(srv.addr).await.unwrap();
+    stalled.write_all(b"POST /x HTTP/1.1\r\nhost: t\r\ncontent-length: 100\r\n\r\nab").await.unwrap();
+    let mut half = TcpStream::connect(srv.addr).await.unwrap();
+    half.write_all(b"POST /x HTTP/1.").await.unwrap();
+    // Let the server take both in.
+    let t0 = Instant::now();
+    while srv.running.load(Ordering::SeqCst) == 0 {
+        assert!(t0.elapsed() < BOUND);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let t0 = Instant::now();
+    srv.stopper.stop(StopMode::Graceful(Some(Duration::from_millis(200))));
+    tokio::time::timeout(BOUND, srv.task).await.expect("serve returned").unwrap();
+    let t = t0.elapsed();
+    assert!(t < Duration::from_millis(1500), "stopped after {t:?}, grace 200 ms");
+    closed(&mut stalled).await;
+    closed(&mut half).await;
+}
+
