@@ -44,6 +44,14 @@ impl Attack {
         }
     }
 
+    /// The earliest the server may close this connection: the shortest timeout that applies.
+    pub fn earliest(self, t: &Timeouts) -> Duration {
+        match self {
+            Attack::Silent => t.header.min(t.idle),
+            _ => self.deadline(t),
+        }
+    }
+
     /// The server timeout that must close this connection, and from when it runs: the
     /// `Duration` the close is measured against (see `Outcome::after`).
     pub fn deadline(self, t: &Timeouts) -> Duration {
@@ -259,14 +267,24 @@ pub struct AttackSummary {
     pub connect_failed: usize,
     /// Closed by the server later than the timeout + slack allows, or not at all.
     pub late: usize,
+    /// Closed by the server more than the slack before its timeout (by the wrong timeout, or a
+    /// close that was not a timeout).
+    pub early: usize,
     /// Close times (s) of the connections the server closed: min, median, max.
     pub closed_after_s: Option<(f64, f64, f64)>,
     pub statuses: BTreeMap<u16, usize>,
 }
 
 /// Groups outcomes by (target, attack). A connection counts as late if the server did not close
-/// it within `attack.deadline(timeouts) + slack`.
-pub fn summarise(outcomes: &[Outcome], timeouts: &Timeouts, slack: Duration) -> BTreeMap<(&'static str, Attack), AttackSummary> {
+/// it within `attack.deadline(timeouts) + slack`, early if it closed it before
+/// `attack.earliest(timeouts) - early_slack` (the client takes the time after its last write, a
+/// little after the server's timer started).
+pub fn summarise(
+    outcomes: &[Outcome],
+    timeouts: &Timeouts,
+    slack: Duration,
+    early_slack: Duration,
+) -> BTreeMap<(&'static str, Attack), AttackSummary> {
     let mut by: BTreeMap<(&'static str, Attack), (AttackSummary, Vec<f64>)> = BTreeMap::new();
     for o in outcomes {
         let (s, times) = by.entry((o.target, o.attack)).or_default();
@@ -284,6 +302,8 @@ pub fn summarise(outcomes: &[Outcome], timeouts: &Timeouts, slack: Duration) -> 
         }
         if !o.closed_by_server || o.after > o.attack.deadline(timeouts) + slack {
             s.late += 1;
+        } else if o.after + early_slack < o.attack.earliest(timeouts) {
+            s.early += 1;
         }
     }
     by.into_iter()

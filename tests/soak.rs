@@ -52,6 +52,9 @@ pub struct SoakConfig {
     pub max_connections: usize,
     /// How much later than its timeout a connection may be closed and still count as closed by it.
     pub close_slack: Duration,
+    /// How much earlier than its timeout a close may be measured (the client's clock starts
+    /// after its last write) and still count as that timeout's.
+    pub early_slack: Duration,
 }
 
 impl SoakConfig {
@@ -84,6 +87,7 @@ impl SoakConfig {
             timeouts: Timeouts { header: Duration::from_secs(1), body: Duration::from_secs(2), idle: Duration::from_secs(3) },
             max_connections: 512,
             close_slack: Duration::from_millis(1500),
+            early_slack: Duration::from_millis(500),
         }
     }
 
@@ -603,7 +607,7 @@ pub async fn run(mut cfg: SoakConfig) -> SoakReport {
     SoakReport {
         steady: SteadySummary::from_calls(&steady_calls, cfg.steady_deadline),
         burst,
-        attacks: abuse::summarise(&outcomes, &cfg.timeouts, cfg.close_slack),
+        attacks: abuse::summarise(&outcomes, &cfg.timeouts, cfg.close_slack, cfg.early_slack),
         memory,
         ready,
         died,
@@ -662,6 +666,16 @@ impl SoakReport {
                     attack.deadline(&self.config.timeouts),
                     self.config.close_slack,
                     a.closed_by_server,
+                    a.closed_after_s
+                ));
+            }
+            if a.early > 0 {
+                f.push(format!(
+                    "{target} {}: {} connections closed by the server more than {:?} before their timeout ({:?}; after s min/median/max {:?})",
+                    attack.name(),
+                    a.early,
+                    self.config.early_slack,
+                    attack.earliest(&self.config.timeouts),
                     a.closed_after_s
                 ));
             }
@@ -734,17 +748,22 @@ impl SoakReport {
             c.attack_start,
             c.attacks.iter().map(|(a, n)| format!("{} {n}", a.name())).collect::<Vec<_>>().join(", ")
         );
-        let _ = writeln!(o, "  {:<9} {:<13} {:>6} {:>7} {:>5} {:>7}  closed after s (min/med/max)  timeout  statuses", "target", "attack", "conns", "closed", "late", "nocon");
+        let _ = writeln!(
+            o,
+            "  {:<9} {:<13} {:>6} {:>7} {:>5} {:>5} {:>7}  closed after s (min/med/max)  timeout  statuses",
+            "target", "attack", "conns", "closed", "late", "early", "nocon"
+        );
         for ((target, attack), a) in &self.attacks {
             let after = a.closed_after_s.map_or_else(|| "-".to_string(), |(lo, mid, hi)| format!("{lo:.2}/{mid:.2}/{hi:.2}"));
             let _ = writeln!(
                 o,
-                "  {:<9} {:<13} {:>6} {:>7} {:>5} {:>7}  {:<28}  {:>6.1}s  {:?}",
+                "  {:<9} {:<13} {:>6} {:>7} {:>5} {:>5} {:>7}  {:<28}  {:>6.1}s  {:?}",
                 target,
                 attack.name(),
                 a.connections,
                 a.closed_by_server,
                 a.late,
+                a.early,
                 a.connect_failed,
                 after,
                 attack.deadline(&c.timeouts).as_secs_f64(),
