@@ -165,3 +165,34 @@ impl Drop for RunningProxy {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpStream;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn drain_and_stop_ends_within_the_drain_timeout_despite_stalled_clients() {
+        let mut config = ProxyConfig::default();
+        config.server.port = 0;
+        config.server.admin_port = 0;
+        config.drain.timeout_ms = 300;
+        // Far longer than the drain: only the drain's bound can end these clients.
+        config.http.body_read_timeout_ms = 60_000;
+        config.http.header_read_timeout_ms = 60_000;
+        let proxy = start(Launch { config, admin: Some(AdminAuth::default()), ..Launch::default() }).await.unwrap();
+        let mut stalled = TcpStream::connect(proxy.api_addr).await.unwrap();
+        stalled.write_all(b"POST /v1/score HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{").await.unwrap();
+        let mut half = TcpStream::connect(proxy.admin_addr).await.unwrap();
+        half.write_all(b"GET /ready HTTP/1.1\r\n").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let t0 = Instant::now();
+        tokio::time::timeout(Duration::from_secs(10), proxy.drain_and_stop()).await.expect("drain_and_stop returned");
+        let took = t0.elapsed();
+        assert!(took < Duration::from_millis(1500), "took {took:?}, drain timeout 300 ms");
+    }
+}

@@ -286,7 +286,9 @@ impl Default for HealthConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct ClientConfig {
     pub connect_timeout_ms: u64,
-    /// Idle keep-alive connections to workers are closed after this.
+    /// Idle keep-alive connections to workers are closed after this; keep it below the
+    /// workers' `[http] idle_timeout_ms` so the proxy closes them first (no request is sent on
+    /// a connection the worker is closing).
     pub pool_idle_timeout_ms: u64,
     /// Largest worker response accepted, in bytes.
     pub max_response_bytes: usize,
@@ -294,7 +296,7 @@ pub struct ClientConfig {
 
 impl Default for ClientConfig {
     fn default() -> Self {
-        ClientConfig { connect_timeout_ms: 1000, pool_idle_timeout_ms: 90_000, max_response_bytes: 64 << 20 }
+        ClientConfig { connect_timeout_ms: 1000, pool_idle_timeout_ms: 45_000, max_response_bytes: 64 << 20 }
     }
 }
 

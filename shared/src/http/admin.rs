@@ -22,7 +22,8 @@ pub struct AdminConfig {
     /// File holding the bearer token (surrounding whitespace ignored); "" = read the
     /// `SIEVE_ADMIN_TOKEN` environment variable. Neither set: state-changing routes answer 403.
     pub token_file: String,
-    /// Every admin route needs the token, not only the state-changing ones. Needs a token.
+    /// Every admin route needs the token, not only the state-changing ones. Needs a token. (The
+    /// proxy's health checks read workers' /ready and /stats without one.)
     pub protect_reads: bool,
 }
 

@@ -16,7 +16,8 @@ pub struct HttpConfig {
     pub body_read_timeout_ms: u64,
     /// A keep-alive connection with no request in progress and no bytes for this long is closed.
     pub idle_timeout_ms: u64,
-    /// Open connections beyond this are answered 503 (JSON) and closed without being served.
+    /// Open connections per port beyond this are answered 503 (JSON) and closed without being
+    /// served.
     pub max_connections: usize,
     /// Largest request head (request line + headers) in bytes; larger gets 431. Also hyper's
     /// read buffer size, so it bounds what a connection holds while its head arrives.
