@@ -56,7 +56,7 @@ pub fn merge(
                         item_tokens[i] = t;
                     }
                 }
-                // A worker's own partial answer (it should not give one) is still reported.
+                // A worker's partial answer (its deadline came first): those items are missing.
                 missing.extend(resp.missing.iter().filter_map(|&k| r.items.get(k).copied()));
                 usage.pairs += resp.usage.pairs;
                 usage.prompt_tokens += resp.usage.prompt_tokens;
@@ -170,6 +170,20 @@ mod tests {
         assert_eq!(stats.missing, 2);
         let all_missed = vec![ShardResult { items: vec![0, 1], outcome: ShardOutcome::Missed }];
         assert_eq!(merge(2, None, 100, all_missed, Instant::now()).unwrap_err().status(), 504);
+    }
+
+    #[test]
+    fn a_workers_partial_answer_maps_its_missing_to_the_callers_indices() {
+        let mut partial = done(&[5, 2, 7], &[0.5, 0.0, 0.0], &[1, 1, 1], 5);
+        if let ShardOutcome::Done(d) = &mut partial.outcome {
+            d.response.scores[1] = None;
+            d.response.scores[2] = None;
+            d.response.missing = vec![1, 2];
+        }
+        let (r, stats) = merge(8, None, 100, vec![done(&[0, 1, 3, 4, 6], &[0.1; 5], &[1; 5], 5), partial], Instant::now()).unwrap();
+        assert_eq!(r.missing, vec![2, 7]);
+        assert_eq!((r.scores[5], r.scores[2], r.scores[7]), (Some(0.5), None, None));
+        assert_eq!(stats.missing, 2);
     }
 
     #[test]

@@ -135,7 +135,8 @@ pub struct Submission {
 impl EngineHandle {
     /// Starts the scheduler and runner threads. The KV cache is allocated here.
     pub fn start<B: Backend>(parts: EngineParts<B>, cfg: EngineConfig, state: Arc<EngineState>) -> crate::Result<Arc<Self>> {
-        if !(cfg.deadline_pass_fraction > 0.0 && cfg.deadline_pass_fraction <= 1.0) || !(cfg.prior_tokens_per_second > 0.0) {
+        let fraction_ok = cfg.deadline_pass_fraction > 0.0 && cfg.deadline_pass_fraction <= 1.0;
+        if !fraction_ok || cfg.prior_tokens_per_second.is_nan() || cfg.prior_tokens_per_second <= 0.0 {
             return Err(crate::WorkerError::Config(format!(
                 "deadline_pass_fraction {} must be in (0, 1] and prior_tokens_per_second {} > 0",
                 cfg.deadline_pass_fraction, cfg.prior_tokens_per_second
@@ -230,6 +231,16 @@ impl EngineHandle {
         }
         for t in self.threads.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
             let _ = t.join();
+        }
+    }
+}
+
+impl Drop for EngineHandle {
+    /// A handle dropped without [`EngineHandle::shutdown`] still ends its threads (after the
+    /// queued work): the runner's sender alone would keep the scheduler waiting forever.
+    fn drop(&mut self) {
+        if let Some(tx) = self.tx.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = tx.send(Msg::Stop);
         }
     }
 }

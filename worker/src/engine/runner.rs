@@ -19,7 +19,7 @@ use sieve_shared::{ApiError, Usage};
 use super::job::{count_expired, Dead, JobOutput, JobResult};
 use super::layout::{segment_slots, LayoutBuilder};
 use super::prefix_cache::{Epoch, PrefixCache};
-use super::scheduler::{plan_passes, BatchJob, Msg, PassBudget, PlanJob, PreparedBatch};
+use super::scheduler::{plan_passes, Msg, PassBudget, PlanJob, PreparedBatch, BatchJob};
 use super::state::EngineState;
 use crate::model::{Model, Scratch};
 use crate::{Result, WorkerError};
@@ -177,22 +177,44 @@ impl<B: Backend> Runner<B> {
                 None => vec![],
             })
             .collect();
-        let plan: Vec<PlanJob> = jobs.iter().map(PlanJob::of).collect();
-        let passes = plan_passes(&plan, &self.budget, state.tokens_per_second(), Instant::now());
         let everyone: Vec<usize> = (0..jobs.len()).collect();
+        // Items of each call before this one have had their pass.
+        let mut next_item = vec![0usize; jobs.len()];
 
         let mut failure: Option<ApiError> = None;
         // Stopped before the end because no call wanted the rest.
         let mut stopped = false;
-        for (pi, pass) in passes.iter().enumerate() {
-            if !reap(&state, jobs, &mut lock(&progress), Instant::now(), &everyone) {
-                stopped = true;
-                break;
+        for pi in 0.. {
+            let now = Instant::now();
+            let pass = {
+                let mut prog = lock(&progress);
+                if !reap(&state, jobs, &mut prog, now, &everyone) {
+                    stopped = true;
+                    break;
+                }
+                // Planned now, from this moment's time and throughput; the first pass of the
+                // plan runs. Prefix segments go in the first pass even for a call that died:
+                // another call of the batch may be matched to its pending blocks.
+                let plan: Vec<PlanJob> = jobs
+                    .iter()
+                    .enumerate()
+                    .map(|(j, job)| PlanJob {
+                        prefix_rows: if pi == 0 { job.prefix_to_compute().len() } else { 0 },
+                        first_item: next_item[j],
+                        item_rows: if prog[j].alive { (next_item[j]..job.tj.call.prompts.len()).map(|i| job.own_tokens(i).len()).collect() } else { vec![] },
+                        deadline: job.tj.job.deadline,
+                    })
+                    .collect();
+                match plan_passes(&plan, &self.budget, state.tokens_per_second(), now).into_iter().next() {
+                    Some(p) => p,
+                    None => break,
+                }
+            };
+            for &(j, i) in &pass.items {
+                next_item[j] = next_item[j].max(i + 1);
             }
             let mut lb = LayoutBuilder::new();
             if pi == 0 {
-                // Prefix segments run even for a call that just died: another call of the batch
-                // may be matched to its pending blocks.
                 for &j in &pass.prefix_jobs {
                     let job = &jobs[j];
                     let r = job.prefix_to_compute();

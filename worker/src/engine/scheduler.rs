@@ -113,9 +113,12 @@ impl Scheduler {
                 }
             };
             let mut next = Some(first);
+            // Tokens admitted this round: once a free runner has a full batch's worth, it gets
+            // it now, not after the whole burst behind it is tokenized.
+            let mut admitted = 0usize;
             while let Some(m) = next.take() {
                 match m {
-                    Ok(Msg::Job(job)) => self.admit(job),
+                    Ok(Msg::Job(job)) => admitted += self.admit(job),
                     Ok(Msg::RunnerFree) => runner_free = true,
                     Ok(Msg::Stop) => stopping = true,
                     Err(disconnected) => {
@@ -125,6 +128,9 @@ impl Scheduler {
                             return;
                         }
                     }
+                }
+                if runner_free && admitted >= self.cfg.max_batch_tokens {
+                    break;
                 }
                 if let Ok(m) = inbox.try_recv() {
                     next = Some(Ok(m));
@@ -172,12 +178,13 @@ impl Scheduler {
         }
     }
 
-    /// Tokenizes a call and queues it, or answers it at once if it cannot run.
-    fn admit(&mut self, job: ScoreJob) {
+    /// Tokenizes a call and queues it, or answers it at once if it cannot run. Returns the
+    /// tokens queued.
+    fn admit(&mut self, job: ScoreJob) -> usize {
         if job.dead_reason(Instant::now()).is_some() {
             // Answered or abandoned before it was even tokenized: drop_dead answers it.
             self.waiting.push_back(TokenizedJob { job, call: Default::default(), tokens: 0 });
-            return;
+            return 0;
         }
         let result = {
             let items: Vec<&str> = job.items.iter().map(String::as_str).collect();
@@ -187,12 +194,12 @@ impl Scheduler {
             Ok(c) => c,
             Err(e) => {
                 job.answer(&self.state, Err(ApiError::internal(format!("tokenization failed: {e}"))));
-                return;
+                return 0;
             }
         };
         let queued_tokens = call.prefix_len as u64 + call.prompts.iter().map(|p| (p.len() - call.prefix_len) as u64).sum::<u64>();
         if !job.slot.add_tokens(&self.state, queued_tokens) {
-            return; // answered meanwhile (its ticket gave up)
+            return 0; // answered meanwhile (its ticket gave up)
         }
         if let Some((i, p)) = call.prompts.iter().enumerate().find(|(_, p)| p.len() > self.cfg.max_seq_tokens) {
             let msg = format!(
@@ -201,9 +208,10 @@ impl Scheduler {
                 self.cfg.max_seq_tokens
             );
             job.answer(&self.state, Err(ApiError::too_large(msg)));
-            return;
+            return 0;
         }
         self.waiting.push_back(TokenizedJob { job, call, tokens: queued_tokens });
+        queued_tokens as usize
     }
 
     /// Groups waiting calls into the next batch (`drop_dead` has just run).
@@ -258,56 +266,44 @@ pub struct PassBudget {
 }
 
 /// What the planner needs of one call: rows of its prefix segment (computed in the first pass),
-/// rows of each item's own segment, its deadline.
+/// rows of each item still to score (items `first_item..`), its deadline.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlanJob {
     pub prefix_rows: usize,
+    pub first_item: usize,
     pub item_rows: Vec<usize>,
     pub deadline: Option<Instant>,
 }
 
-impl PlanJob {
-    pub fn of(job: &BatchJob) -> Self {
-        PlanJob {
-            prefix_rows: job.prefix_to_compute().len(),
-            item_rows: (0..job.tj.call.prompts.len()).map(|i| job.own_tokens(i).len()).collect(),
-            deadline: job.tj.job.deadline,
-        }
-    }
-}
-
-/// Splits a batch into forward passes of at most `max_tokens` rows and `max_seqs` sequences.
-/// All prefix segments go first into the first pass; items follow in call order and are never
-/// split across passes.
+/// Splits the rest of a batch into forward passes of at most `max_tokens` rows and `max_seqs`
+/// sequences. Prefix segments all go into the first pass; items follow in call order and are
+/// never split across passes. The runner plans again before every pass, from the time and
+/// throughput of that moment, and runs the first pass of the plan.
 ///
 /// Deadline-sized: a pass is also kept short enough that, at `tokens_per_second` and starting
 /// when the passes before it are predicted to end, it ends within `deadline_fraction` of the
 /// time left to the tightest deadline of the calls with rows in it, so the items it holds are
-/// scored (and can be answered) before that deadline. Where even one item cannot finish in time
-/// the pass keeps its full size: a smaller one would not help. A pass always holds at least one
-/// item. Scores do not depend on how items are grouped into passes.
+/// scored (and answered) before that deadline. Where no time is left, or less than one item
+/// needs, passes hold one item: whatever is still scored comes soonest, and the answer at the
+/// deadline waits at most one layer of a one-item pass. A pass always holds at least one item.
+/// Scores do not depend on how items are grouped into passes.
 pub fn plan_passes(jobs: &[PlanJob], budget: &PassBudget, tokens_per_second: f64, now: Instant) -> Vec<PassPlan> {
     let tps = if tokens_per_second > 0.0 { tokens_per_second } else { budget.prior_tokens_per_second };
-    // Rows a pass starting `start_s` seconds from now may hold to meet `deadline`.
+    // Rows a pass starting `start_s` seconds from now may hold to meet `deadline` (1: one item).
     let cap = |deadline: Option<Instant>, start_s: f64| -> usize {
         let Some(d) = deadline else { return budget.max_tokens };
         let left = d.saturating_duration_since(now).as_secs_f64() - start_s;
-        let rows = (tps * left * budget.deadline_fraction).floor();
-        if rows < 1.0 {
-            budget.max_tokens
-        } else {
-            (rows as usize).min(budget.max_tokens)
-        }
+        (tps * left * budget.deadline_fraction).floor().clamp(1.0, budget.max_tokens as f64) as usize
+    };
+    let tighter = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     };
     let mut passes = vec![];
     let mut cur = PassPlan::default();
     let (mut rows, mut seqs) = (0usize, 0usize);
     let mut start_s = 0.0f64;
     let mut tightest: Option<Instant> = None;
-    let tighter = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
     for (j, job) in jobs.iter().enumerate() {
         if job.prefix_rows > 0 {
             cur.prefix_jobs.push(j);
@@ -317,14 +313,9 @@ pub fn plan_passes(jobs: &[PlanJob], budget: &PassBudget, tokens_per_second: f64
         }
     }
     for (j, job) in jobs.iter().enumerate() {
-        for (i, &n) in job.item_rows.iter().enumerate() {
+        for (k, &n) in job.item_rows.iter().enumerate() {
             let with = tighter(tightest, job.deadline);
-            let limit = cap(with, start_s);
-            // A pass already too big to make it (one item, or the prefixes) gains nothing from
-            // closing early: it fills up to the plain limit instead.
-            let too_big_anyway = rows > limit;
-            let limit = if too_big_anyway { budget.max_tokens } else { limit };
-            if !cur.items.is_empty() && (rows + n > limit || seqs + 1 > budget.max_seqs) {
+            if !cur.items.is_empty() && (rows + n > cap(with, start_s) || seqs + 1 > budget.max_seqs) {
                 passes.push(std::mem::take(&mut cur));
                 start_s += rows as f64 / tps;
                 rows = 0;
@@ -333,7 +324,7 @@ pub fn plan_passes(jobs: &[PlanJob], budget: &PassBudget, tokens_per_second: f64
             } else {
                 tightest = with;
             }
-            cur.items.push((j, i));
+            cur.items.push((j, job.first_item + k));
             rows += n;
             seqs += 1;
         }
@@ -355,7 +346,7 @@ mod tests {
     }
 
     fn job(prefix: usize, items: usize, rows: usize, deadline: Option<Instant>) -> PlanJob {
-        PlanJob { prefix_rows: prefix, item_rows: vec![rows; items], deadline }
+        PlanJob { prefix_rows: prefix, first_item: 0, item_rows: vec![rows; items], deadline }
     }
 
     fn sizes(jobs: &[PlanJob], passes: &[PassPlan]) -> Vec<usize> {
@@ -390,9 +381,10 @@ mod tests {
         every_item_once(&jobs, &passes);
         let s = sizes(&jobs, &passes);
         // 1180 rows; the next pass starts at 1180/300 = 3.93 s: 1.07 s left, 80% of it is 256
-        // rows: 6 items; then 0.27 s left: 64 rows, one item; then 32 rows, less than an item:
-        // no smaller pass can make it, so the rest goes at full size.
-        assert_eq!(s, vec![100 + 40 * 27, 40 * 6, 40, 40 * 30], "{s:?}");
+        // rows: 6 items; then 0.27 s left: 64 rows, one item; from then on less than an item
+        // fits: one item per pass.
+        assert_eq!(s[..3], [100 + 40 * 27, 40 * 6, 40], "{s:?}");
+        assert_eq!(s[3..], vec![40; 64 - 27 - 6 - 1], "{s:?}");
         // The measured throughput decides: 10x faster, one pass.
         assert_eq!(plan_passes(&jobs, &budget(), 3000.0, now).len(), 1);
         // Before any measurement, the prior (1000/s): 4000 rows fit.
@@ -405,7 +397,10 @@ mod tests {
         // 50 ms at 300/s is 12 rows: less than one item, and a pass holds one item anyway.
         let tight = [job(0, 3, 40, Some(now + Duration::from_millis(50)))];
         let passes = plan_passes(&tight, &budget(), 300.0, now);
-        assert_eq!(passes.len(), 1, "no pass can make it: full size");
+        assert_eq!(sizes(&tight, &passes), vec![40; 3], "one item per pass");
+        // Planning the rest of a call (items 2.. of 3): indices are the call's.
+        let rest = [PlanJob { first_item: 2, ..job(0, 1, 40, None) }];
+        assert_eq!(plan_passes(&rest, &budget(), 300.0, now)[0].items, vec![(0, 2)]);
         let medium = [job(0, 10, 40, Some(now + Duration::from_millis(520)))];
         // 0.52 s x 300 x 0.8 = 124 rows: 3 items.
         assert_eq!(sizes(&medium, &plan_passes(&medium, &budget(), 300.0, now))[0], 120);

@@ -394,3 +394,14 @@ fn a_non_finite_score_is_a_500_naming_the_items_and_nothing_is_cached() {
     assert!(ok.scores.iter().all(|s| s.is_some_and(f32::is_finite)) && ok.missing.is_empty());
     e.shutdown();
 }
+
+#[test]
+fn dropping_the_handle_ends_the_engine_threads() {
+    let e = engine(cfg(true));
+    let ok = submit(&e, "q", items(2, 0));
+    let state = e.state.clone();
+    drop(e);
+    // Queued work still finishes; then the scheduler and runner end, dropping their state.
+    assert_eq!(ok.blocking_recv().unwrap().unwrap().scores.len(), 2);
+    wait_for("the threads to end", || Arc::strong_count(&state) == 1);
+}

@@ -331,3 +331,26 @@ fn a_client_that_hangs_up_mid_pass_stops_the_pass_at_the_next_layer() {
     let (code, v) = post(s.api, "/v1/score", &json!({"query": "q", "items": ["a"]}));
     assert_eq!(code, 200, "{v}");
 }
+
+#[test]
+fn a_call_cut_off_by_its_deadline_mid_way_answers_200_with_missing() {
+    // The call spans several passes; its second pass waits past the deadline at its first layer.
+    let slow: FaultHook = Arc::new(|epoch, pass, layer| {
+        if epoch == 1 && pass == 1 && layer == 0 {
+            std::thread::sleep(Duration::from_millis(400));
+        }
+        Ok(())
+    });
+    let s = server(true, EngineConfig { fault: Some(slow), ..engine_cfg() });
+    let items: Vec<String> = (0..8).map(|i| format!("item {i} {}", "long text ".repeat(5))).collect();
+    let (code, v) = post(s.api, "/v1/score", &json!({"query": "q", "items": items, "deadline_ms": 300}));
+    assert_eq!(code, 200, "{v}");
+    let missing: Vec<usize> = serde_json::from_value(v["missing"].clone()).unwrap();
+    let scores = v["scores"].as_array().unwrap();
+    assert_eq!(scores.len(), 8);
+    assert!(!missing.is_empty() && missing.len() < 8, "{v}");
+    for (i, sc) in scores.iter().enumerate() {
+        assert_eq!(sc.is_null(), missing.contains(&i), "item {i}: null exactly where missing: {v}");
+    }
+    assert_eq!(v["usage"]["pairs"], json!(8 - missing.len()));
+}
