@@ -159,8 +159,11 @@ fn worker_toml(c: &SoakConfig) -> String {
 
 fn proxy_toml(c: &SoakConfig, workers: &[&Proc]) -> String {
     let mut t = format!(
-        "[deadline]\ndefault_ms = {}\n\n[health]\ninterval_ms = 100\ntimeout_ms = 1000\n\n[discovery]\nreload_interval_ms = 100\n\n{}",
+        "[deadline]\ndefault_ms = {}\n\n[health]\ninterval_ms = 100\ntimeout_ms = 1000\n\n[discovery]\nreload_interval_ms = 100\n\n[client]\npool_idle_timeout_ms = {}\n\n{}",
         c.steady_deadline.as_millis(),
+        // Below the workers' idle timeout, as configs/proxy.toml asks: the proxy closes an idle
+        // worker connection before the worker does, so it never reuses one being closed.
+        c.timeouts.idle.saturating_sub(Duration::from_secs(1)).max(Duration::from_millis(100)).as_millis(),
         http_section(c)
     );
     for w in workers {
