@@ -1,6 +1,9 @@
 //! Helpers for the end-to-end tests: locating the built binaries, starting them on loopback
 //! (real processes, or proxies and simulated workers in-process), and talking HTTP to them.
 
+pub mod abuse;
+pub mod soak;
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
