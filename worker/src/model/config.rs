@@ -111,7 +111,7 @@ pub struct MoeConfig {
 
 impl MoeConfig {
     pub fn is_sparse_layer(&self, layer: usize) -> bool {
-        !self.dense_layers.contains(&layer) && self.sparse_step > 0 && (layer + 1) % self.sparse_step == 0
+        !self.dense_layers.contains(&layer) && self.sparse_step > 0 && (layer + 1).is_multiple_of(self.sparse_step)
     }
 }
 
@@ -171,7 +171,7 @@ impl ModelConfig {
                 return bad(field, v.to_string(), &format!("must be in 1..={max}"));
             }
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return bad(
                 "n_heads",
                 self.n_heads.to_string(),
@@ -185,7 +185,7 @@ impl ModelConfig {
             return bad("rope.theta", self.rope.theta.to_string(), "must be finite and > 0");
         }
         let rd = self.rope.rotary_dim;
-        if rd == 0 || rd > self.head_dim || rd % 2 != 0 {
+        if rd == 0 || rd > self.head_dim || !rd.is_multiple_of(2) {
             return bad(
                 "rope.rotary_dim",
                 rd.to_string(),

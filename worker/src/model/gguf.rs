@@ -552,7 +552,7 @@ fn validate_tensor_shape(path: &Path, t: &GgufTensorInfo) -> Result<()> {
     for &d in &t.dims {
         n = n.checked_mul(d).ok_or_else(|| bad(format!("dims {:?} overflow", t.dims)))?;
     }
-    if t.dims[0] % t.ty.block_size() as u64 != 0 {
+    if !t.dims[0].is_multiple_of(t.ty.block_size() as u64) {
         return Err(bad(format!(
             "row length {} is not a multiple of the {} block size {}",
             t.dims[0],
