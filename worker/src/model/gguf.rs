@@ -154,7 +154,7 @@ impl std::ops::Deref for Bytes {
     }
 }
 
-/// A memory-mapped GGUF file.
+/// A GGUF file: memory-mapped, or an image held in memory.
 pub struct GgufFile {
     path: PathBuf,
     mmap: Bytes,
@@ -834,12 +834,14 @@ pub mod test_writer {
     }
 
     /// The bytes of a GGUF v3 file with these metadata and tensors (alignment 32 unless
-    /// `general.alignment` says otherwise).
+    /// `general.alignment` is a power of two up to 64 KiB: the data is then laid out by it; any
+    /// other value is written as given, for the reader to refuse).
     pub fn gguf_bytes(kvs: &[(&str, GgufValue)], tensors: &[TestTensor]) -> Vec<u8> {
         let alignment = kvs
             .iter()
             .find(|(k, _)| *k == "general.alignment")
             .and_then(|(_, v)| v.as_i64())
+            .filter(|&a| a > 0 && a <= 1 << 16 && (a as u64).is_power_of_two())
             .unwrap_or(32) as usize;
         let mut out = Vec::new();
         out.extend(b"GGUF");
@@ -1287,5 +1289,23 @@ mod tests {
         assert_eq!(g.path(), Path::new("mem.gguf"));
         let e1 = WeightSource::get(&g, "model.layers.0.mlp.experts.1.up_proj.weight").unwrap();
         assert_eq!(e1.data, vec![10., 11., 12., 13., 14., 15.]);
+    }
+
+    #[test]
+    fn bad_alignments_are_errors() {
+        // Found by fuzzing (gguf_structured): the test writer itself overflowed on a huge
+        // `general.alignment`; the reader must refuse each of these.
+        for (value, want) in [
+            (GgufValue::U64(0), "is not a power of two"),
+            (GgufValue::U64(3), "is not a power of two"),
+            (GgufValue::U64(u64::MAX), "is not a power of two"),
+            (GgufValue::I32(-32), "is not a power of two"),
+            (GgufValue::Str("32".into()), "is not a power of two"),
+            (GgufValue::U64(1 << 62), "runs past the end"),
+        ] {
+            let bytes = gguf_bytes(&[("general.alignment", value.clone())], &[f32_tensor("a", &[2], &[1.0, 2.0])]);
+            let msg = open_err(bytes);
+            assert!(msg.contains(want), "{value:?}: {msg}");
+        }
     }
 }
