@@ -132,4 +132,16 @@ mod tests {
         let err = config_from_hf(&v).unwrap_err().to_string();
         assert!(err.contains("num_experts_per_tok = 9") && err.contains("num_experts = 8"), "{err}");
     }
+
+    #[test]
+    fn every_test_model_preset_passes_validation() {
+        use crate::model::testgen::{Preset, StoreDType, TestArch, TestModelSpec};
+        for arch in [TestArch::Qwen3, TestArch::Qwen2, TestArch::Llama, TestArch::Qwen3Moe, TestArch::Qwen2Moe] {
+            for preset in [Preset::Tiny, Preset::Bench] {
+                let spec = TestModelSpec::preset(arch, preset, 1, StoreDType::F32);
+                let c = config_from_hf(&spec.config_json(1000));
+                assert!(c.is_ok(), "{arch:?} {preset:?}: {}", c.unwrap_err());
+            }
+        }
+    }
 }
