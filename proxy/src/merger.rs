@@ -196,4 +196,129 @@ mod tests {
         assert_eq!(e.status(), 413);
         assert_eq!(e.message, "items[12] too long: 9000 tokens; see items[7] too and items[x]");
     }
+
+    mod properties {
+        //! Invariants of a merge over generated splits: every score lands at its caller index,
+        //! `missing` lists exactly the unscored indices, sorted, ids and token counts are kept
+        //! in input order; a failed shard fails the call, all missed is a 504.
+        use super::*;
+        use proptest::prelude::*;
+
+        /// The score a shard gives caller item `i` (so a misplaced score is visible).
+        fn score_of(i: usize) -> f32 {
+            i as f32 * 0.25 - 3.0
+        }
+
+        /// How one shard ended: done (with the shard indices the worker itself left
+        /// unscored), or missed by the deadline.
+        #[derive(Debug, Clone)]
+        enum Kind {
+            Done(Vec<bool>),
+            Missed,
+        }
+
+        /// A request of `n` items split into shards: a permutation cut into pieces, each piece
+        /// in its own (shuffled) order, each with an outcome.
+        fn split() -> impl Strategy<Value = (usize, Vec<(Vec<usize>, Kind)>)> {
+            (1usize..120).prop_flat_map(|n| {
+                (Just((0..n).collect::<Vec<usize>>()).prop_shuffle(), prop::collection::vec(1usize..20, 1..40))
+                    .prop_flat_map(move |(order, cuts)| {
+                        let mut pieces = Vec::new();
+                        let mut at = 0;
+                        for c in cuts.iter().cycle() {
+                            if at >= order.len() {
+                                break;
+                            }
+                            let end = (at + c).min(order.len());
+                            pieces.push(order[at..end].to_vec());
+                            at = end;
+                        }
+                        let kinds: Vec<_> = pieces
+                            .iter()
+                            .map(|p| prop_oneof![3 => prop::collection::vec(prop::bool::weighted(0.1), p.len()).prop_map(Kind::Done), 1 => Just(Kind::Missed)])
+                            .collect();
+                        (Just(n), Just(pieces), kinds)
+                            .prop_map(|(n, pieces, kinds)| (n, pieces.into_iter().zip(kinds).collect::<Vec<_>>()))
+                    })
+            })
+        }
+
+        fn shard(items: &[usize], kind: &Kind) -> ShardResult {
+            match kind {
+                Kind::Missed => ShardResult { items: items.to_vec(), outcome: ShardOutcome::Missed },
+                Kind::Done(worker_missing) => {
+                    let mut r = done(items, &[], &[], 3);
+                    if let ShardOutcome::Done(d) = &mut r.outcome {
+                        d.response.scores = items.iter().zip(worker_missing).map(|(&i, &m)| (!m).then(|| score_of(i))).collect();
+                        d.response.missing = (0..items.len()).filter(|&k| worker_missing[k]).collect();
+                        d.response.usage.item_tokens = items.iter().map(|&i| i as u32 + 1).collect();
+                    }
+                    r
+                }
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 128, failure_persistence: None, ..ProptestConfig::default() })]
+
+            #[test]
+            fn scores_in_input_order_and_missing_exact((n, shards) in split(), with_ids in any::<bool>()) {
+                let ids = with_ids.then(|| (0..n).map(|i| (i % 3 != 0).then(|| format!("id{i}"))).collect::<Vec<_>>());
+                let mut want_missing: Vec<usize> = Vec::new();
+                for (items, kind) in &shards {
+                    match kind {
+                        Kind::Missed => want_missing.extend(items),
+                        Kind::Done(m) => want_missing.extend(items.iter().zip(m).filter(|(_, &m)| m).map(|(&i, _)| i)),
+                    }
+                }
+                want_missing.sort_unstable();
+                let any_done = shards.iter().any(|(_, k)| matches!(k, Kind::Done(_)));
+                let results = shards.iter().map(|(items, kind)| shard(items, kind)).collect();
+                let merged = merge(n, ids.clone(), 100, results, Instant::now());
+                if !any_done {
+                    prop_assert_eq!(merged.unwrap_err().status(), 504);
+                    return Ok(());
+                }
+                let (r, stats) = merged.unwrap();
+                prop_assert_eq!(r.scores.len(), n);
+                prop_assert_eq!(&r.missing, &want_missing, "missing: exact and sorted");
+                prop_assert_eq!(stats.missing, want_missing.len());
+                prop_assert_eq!(stats.shards, shards.len());
+                for i in 0..n {
+                    let want = if want_missing.binary_search(&i).is_ok() { None } else { Some(score_of(i)) };
+                    prop_assert_eq!(r.scores[i], want, "score of item {}", i);
+                }
+                prop_assert_eq!(&r.ids, &ids, "ids kept as given");
+                prop_assert_eq!(r.usage.item_tokens.len(), n);
+                for (items, kind) in &shards {
+                    if let Kind::Done(_) = kind {
+                        for &i in items {
+                            prop_assert_eq!(r.usage.item_tokens[i], i as u32 + 1);
+                        }
+                    }
+                }
+            }
+
+            #[test]
+            fn a_failed_shard_fails_the_call_with_caller_indices((n, shards) in split(), pick in any::<prop::sample::Index>()) {
+                let failed = pick.index(shards.len());
+                let results = shards
+                    .iter()
+                    .enumerate()
+                    .map(|(j, (items, kind))| {
+                        if j == failed {
+                            let k = items.len() - 1;
+                            ShardResult { items: items.clone(), outcome: ShardOutcome::Failed(ApiError::invalid(format!("items[{k}] is empty"))) }
+                        } else {
+                            shard(items, kind)
+                        }
+                    })
+                    .collect();
+                let e = merge(n, None, 100, results, Instant::now()).unwrap_err();
+                prop_assert_eq!(e.status(), 422);
+                let last = *shards[failed].0.last().unwrap();
+                prop_assert_eq!(e.message, format!("items[{last}] is empty"));
+            }
+        }
+    }
 }

@@ -374,4 +374,121 @@ mod tests {
         assert_eq!(whole.shards.len(), 1);
         assert_eq!(whole.shards[0].items.len(), 10);
     }
+
+    mod properties {
+        //! Invariants of every plan, over generated requests: every item in exactly one
+        //! shard, no empty shard, shard limits (token limit, max_shards, fixed chunk size)
+        //! respected, candidates in range, figures consistent, and the same plan every time.
+        use super::*;
+        use proptest::prelude::*;
+
+        fn candidates() -> impl Strategy<Value = Vec<Candidate>> {
+            prop::collection::vec(
+                (0.0..200.0f64, 0.2..5.0f64, prop_oneof![Just(0u64), 200..20_000u64])
+                    .prop_map(|(available_ms, time_factor, max_batch_tokens)| Candidate { available_ms, time_factor, max_batch_tokens }),
+                1..12,
+            )
+        }
+
+        /// Item token estimates: mostly short, some long, a few zero-length.
+        fn items() -> impl Strategy<Value = Vec<f64>> {
+            prop::collection::vec(prop_oneof![4 => 1.0..300.0f64, 1 => 300.0..3000.0f64, 1 => Just(0.0)], 1..300)
+        }
+
+        fn model() -> impl Strategy<Value = CostModel> {
+            (0.0..20.0f64, 0.0001..0.05f64, 0.0..0.0001f64)
+                .prop_map(|(request_ms, token_ms, token_context_ms)| CostModel { request_ms, token_ms, token_context_ms })
+        }
+
+        /// What holds for a plan of any mode.
+        fn check_plan(plan: &Plan, req: &Request<'_>, n_candidates: usize) -> Result<(), TestCaseError> {
+            let m = req.item_tokens.len();
+            let mut seen = vec![0u32; m];
+            for s in &plan.shards {
+                prop_assert!(!s.items.is_empty(), "an empty shard");
+                prop_assert!(s.candidate < n_candidates, "candidate {} of {n_candidates}", s.candidate);
+                prop_assert!(s.items.windows(2).all(|w| w[0] < w[1]), "items not ascending: {:?}", s.items);
+                for &i in &s.items {
+                    prop_assert!(i < m, "item {i} of {m}");
+                    seen[i] += 1;
+                }
+                let tokens = req.prefix + s.items.iter().map(|&i| req.item_tokens[i]).sum::<f64>();
+                prop_assert!((s.tokens - tokens).abs() <= 1e-6 * tokens.max(1.0), "shard tokens {} vs {tokens}", s.tokens);
+                prop_assert!(s.compute_ms >= 0.0 && s.finish_ms >= s.compute_ms - 1e-9, "{s:?}");
+            }
+            prop_assert!(seen.iter().all(|&n| n == 1), "items not covered exactly once: {seen:?}");
+            let makespan = plan.shards.iter().map(|s| s.finish_ms).fold(0.0, f64::max);
+            prop_assert!((plan.makespan_ms - makespan).abs() <= 1e-9 * makespan.max(1.0));
+            Ok(())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 96, failure_persistence: None, ..ProptestConfig::default() })]
+
+            #[test]
+            fn cost_split_partitions_within_limits(
+                item_tokens in items(),
+                prefix in 0.0..500.0f64,
+                model in model(),
+                cands in candidates(),
+                max_shards in 0usize..20,
+                tolerance in 0.0..0.1f64,
+            ) {
+                let req = Request { item_tokens: &item_tokens, prefix, model: &model };
+                let plan = split_by_cost(&req, &cands, max_shards, tolerance);
+                check_plan(&plan, &req, cands.len())?;
+                // Workers used: at most max_shards (at least one is always used).
+                let mut used: Vec<usize> = plan.shards.iter().map(|s| s.candidate).collect();
+                used.sort_unstable();
+                used.dedup();
+                prop_assert!(used.len() <= max_shards.max(1), "{} workers for max_shards {max_shards}", used.len());
+                // A worker with a token limit gets several shards rather than one too large;
+                // only an item that alone exceeds the limit may be a shard over it.
+                for s in &plan.shards {
+                    let limit = cands[s.candidate].max_batch_tokens;
+                    if limit > 0 && s.items.len() > 1 {
+                        prop_assert!(s.tokens <= limit as f64 + 1e-6, "shard of {} tokens over the limit {limit}", s.tokens);
+                    }
+                }
+                // Without token limits a worker gets one shard, so shards <= max_shards too.
+                if cands.iter().all(|c| c.max_batch_tokens == 0) {
+                    prop_assert!(plan.shards.len() <= max_shards.max(1));
+                }
+                prop_assert_eq!(&split_by_cost(&req, &cands, max_shards, tolerance), &plan, "deterministic");
+            }
+
+            #[test]
+            fn fixed_split_cuts_consecutive_chunks(
+                item_tokens in items(),
+                prefix in 0.0..500.0f64,
+                model in model(),
+                cands in candidates(),
+                chunk in 0usize..50,
+                picks in prop::collection::vec(any::<prop::sample::Index>(), 0..40),
+            ) {
+                let req = Request { item_tokens: &item_tokens, prefix, model: &model };
+                let assignment: Vec<usize> = picks.iter().map(|p| p.index(cands.len())).collect();
+                let plan = split_fixed(&req, &cands, chunk, &assignment);
+                check_plan(&plan, &req, cands.len())?;
+                let chunk = chunk.max(1);
+                prop_assert_eq!(plan.shards.len(), item_tokens.len().div_ceil(chunk));
+                for (j, s) in plan.shards.iter().enumerate() {
+                    prop_assert_eq!(s.items[0], j * chunk, "consecutive chunks");
+                    prop_assert!(s.items.len() <= chunk, "{} items in a chunk of {chunk}", s.items.len());
+                    prop_assert_eq!(s.candidate, assignment.get(j).copied().unwrap_or(0));
+                }
+                prop_assert_eq!(&split_fixed(&req, &cands, chunk, &assignment), &plan, "deterministic");
+            }
+
+            #[test]
+            fn whole_split_is_one_shard(item_tokens in items(), model in model(), cands in candidates(), pick in any::<prop::sample::Index>()) {
+                let req = Request { item_tokens: &item_tokens, prefix: 10.0, model: &model };
+                let c = pick.index(cands.len());
+                let plan = split_whole(&req, &cands, c);
+                check_plan(&plan, &req, cands.len())?;
+                prop_assert_eq!(plan.shards.len(), 1);
+                prop_assert_eq!(plan.shards[0].candidate, c);
+            }
+        }
+    }
 }

@@ -6,6 +6,7 @@ pub mod config;
 pub mod device;
 pub mod engine;
 pub mod error;
+pub mod fuzzing;
 pub mod model;
 pub mod moe_setup;
 pub mod prompt;

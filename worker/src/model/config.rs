@@ -6,6 +6,56 @@ use sieve_kernels::{QkvLayout, RopeConfig, RopeLayout};
 
 use crate::{Result, WorkerError};
 
+/// Most experts a MoE layer may have (the largest released models have 512 or fewer). Also
+/// bounds how many per-expert names a GGUF expert tensor expands to.
+pub const MAX_EXPERTS: usize = 1024;
+/// Upper bounds on the sizes a config may claim, far above any released model's, so that no
+/// product of them (a weight's element count, a layer's width) can overflow, and no allocation
+/// sized by them (one entry per layer, per head) can be absurd before a weight is even read.
+const MAX_WIDTH: usize = 1 << 20;
+const MAX_HEADS: usize = 1 << 12;
+const MAX_LAYERS: usize = 1 << 12;
+const MAX_VOCAB: usize = 1 << 24;
+
+/// How [`ModelConfig::validate_as`] names a value in its errors: by the config field, or by the
+/// key it was read from in an HF `config.json` or a GGUF file (`<arch>.` keys).
+#[derive(Debug, Clone, Copy)]
+pub enum KeyStyle<'a> {
+    Field,
+    Hf,
+    Gguf(&'a str),
+}
+
+impl KeyStyle<'_> {
+    /// The name of `field` (a [`ModelConfig`] / [`MoeConfig`] field) in this style.
+    fn name(self, field: &str) -> String {
+        let (hf, gguf) = match field {
+            "hidden" => ("hidden_size", "embedding_length"),
+            "n_layers" => ("num_hidden_layers", "block_count"),
+            "n_heads" => ("num_attention_heads", "attention.head_count"),
+            "n_kv_heads" => ("num_key_value_heads", "attention.head_count_kv"),
+            "head_dim" => ("head_dim", "attention.key_length"),
+            "intermediate" => ("intermediate_size", "feed_forward_length"),
+            "vocab" => ("vocab_size", "vocab_size (or the tokenizer.ggml.tokens count)"),
+            "rms_eps" => ("rms_norm_eps", "attention.layer_norm_rms_epsilon"),
+            "rope.theta" => ("rope_theta", "rope.freq_base"),
+            "rope.rotary_dim" => ("head_dim × partial_rotary_factor", "rope.dimension_count"),
+            "max_position" => ("max_position_embeddings", "context_length"),
+            "moe.num_experts" => ("num_experts", "expert_count"),
+            "moe.top_k" => ("num_experts_per_tok", "expert_used_count"),
+            "moe.expert_intermediate" => ("moe_intermediate_size", "expert_feed_forward_length"),
+            "moe.sparse_step" => ("decoder_sparse_step", "decoder_sparse_step"),
+            "moe.shared_expert_intermediate" => ("shared_expert_intermediate_size", "expert_shared_feed_forward_length"),
+            other => (other, other),
+        };
+        match self {
+            KeyStyle::Field => field.to_string(),
+            KeyStyle::Hf => hf.to_string(),
+            KeyStyle::Gguf(arch) => format!("{arch}.{gguf}"),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
     Llama,
@@ -61,7 +111,7 @@ pub struct MoeConfig {
 
 impl MoeConfig {
     pub fn is_sparse_layer(&self, layer: usize) -> bool {
-        !self.dense_layers.contains(&layer) && self.sparse_step > 0 && (layer + 1) % self.sparse_step == 0
+        !self.dense_layers.contains(&layer) && self.sparse_step > 0 && (layer + 1).is_multiple_of(self.sparse_step)
     }
 }
 
@@ -95,21 +145,91 @@ impl ModelConfig {
         QkvLayout { n_heads: self.n_heads, n_kv_heads: self.n_kv_heads, head_dim: self.head_dim }
     }
 
-    /// Consistency checks every architecture shares.
+    /// Every value the forward pass trusts, checked (errors name the config field).
     pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(WorkerError::Unsupported(m));
-        if self.hidden == 0 || self.n_layers == 0 || self.n_heads == 0 || self.head_dim == 0 || self.vocab == 0 {
-            return bad(format!("degenerate config: {self:?}"));
+        self.validate_as("model config", KeyStyle::Field)
+    }
+
+    /// [`ModelConfig::validate`] with errors that start with `origin` (the file) and name each
+    /// value by the key it was read from. Model files are untrusted input: a NaN epsilon, a
+    /// negative RoPE base or a zero dimension would load and then serve NaN scores (or divide by
+    /// zero), so they are refused here, at load.
+    pub fn validate_as(&self, origin: &str, keys: KeyStyle<'_>) -> Result<()> {
+        let bad = |field: &str, value: String, why: &str| {
+            Err(WorkerError::ModelFile(format!("{origin}: {} = {value}: {why}", keys.name(field))))
+        };
+        let sizes = [
+            ("hidden", self.hidden, MAX_WIDTH),
+            ("n_layers", self.n_layers, MAX_LAYERS),
+            ("n_heads", self.n_heads, MAX_HEADS),
+            ("n_kv_heads", self.n_kv_heads, MAX_HEADS),
+            ("head_dim", self.head_dim, MAX_WIDTH),
+            ("vocab", self.vocab, MAX_VOCAB),
+        ];
+        for (field, v, max) in sizes {
+            if v == 0 || v > max {
+                return bad(field, v.to_string(), &format!("must be in 1..={max}"));
+            }
         }
-        if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
-            return bad(format!("{} attention heads not a multiple of {} kv heads", self.n_heads, self.n_kv_heads));
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
+            return bad(
+                "n_heads",
+                self.n_heads.to_string(),
+                &format!("not a multiple of {} = {}", keys.name("n_kv_heads"), self.n_kv_heads),
+            );
         }
-        if self.rope.rotary_dim > self.head_dim || self.rope.rotary_dim % 2 != 0 {
-            return bad(format!("rotary dim {} vs head_dim {}", self.rope.rotary_dim, self.head_dim));
+        if !(self.rms_eps.is_finite() && self.rms_eps > 0.0) {
+            return bad("rms_eps", self.rms_eps.to_string(), "must be finite and > 0");
+        }
+        if !(self.rope.theta.is_finite() && self.rope.theta > 0.0) {
+            return bad("rope.theta", self.rope.theta.to_string(), "must be finite and > 0");
+        }
+        let rd = self.rope.rotary_dim;
+        if rd == 0 || rd > self.head_dim || !rd.is_multiple_of(2) {
+            return bad(
+                "rope.rotary_dim",
+                rd.to_string(),
+                &format!("must be even, > 0 and <= {} = {}", keys.name("head_dim"), self.head_dim),
+            );
+        }
+        if self.max_position == 0 {
+            return bad("max_position", "0".into(), "must be > 0");
+        }
+        // A dense MLP runs in every layer that is not sparse: it needs a width.
+        let any_dense = match &self.moe {
+            None => true,
+            Some(m) => (0..self.n_layers).any(|l| !m.is_sparse_layer(l)),
+        };
+        if any_dense && (self.intermediate == 0 || self.intermediate > MAX_WIDTH) {
+            return bad("intermediate", self.intermediate.to_string(), &format!("must be in 1..={MAX_WIDTH}"));
         }
         if let Some(m) = &self.moe {
+            if m.num_experts == 0 || m.num_experts > MAX_EXPERTS {
+                return bad("moe.num_experts", m.num_experts.to_string(), &format!("must be in 1..={MAX_EXPERTS}"));
+            }
             if m.top_k == 0 || m.top_k > m.num_experts {
-                return bad(format!("MoE top-k {} of {} experts", m.top_k, m.num_experts));
+                return bad(
+                    "moe.top_k",
+                    m.top_k.to_string(),
+                    &format!("must be in 1..={} = {}", keys.name("moe.num_experts"), m.num_experts),
+                );
+            }
+            if m.expert_intermediate == 0 || m.expert_intermediate > MAX_WIDTH {
+                return bad(
+                    "moe.expert_intermediate",
+                    m.expert_intermediate.to_string(),
+                    &format!("must be in 1..={MAX_WIDTH}"),
+                );
+            }
+            if m.shared_expert_intermediate > MAX_WIDTH {
+                return bad(
+                    "moe.shared_expert_intermediate",
+                    m.shared_expert_intermediate.to_string(),
+                    &format!("must be at most {MAX_WIDTH}"),
+                );
+            }
+            if m.sparse_step == 0 {
+                return bad("moe.sparse_step", "0".into(), "must be > 0");
             }
         }
         Ok(())
@@ -238,4 +358,129 @@ pub fn base_from_gguf(g: &super::GgufFile, arch: Arch) -> Result<ModelConfig> {
         qk_norm: false,
         moe: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Value};
+
+    use crate::model::arch::{config_from_gguf, config_from_hf};
+    use crate::model::gguf::test_writer::gguf_bytes;
+    use crate::model::gguf::GgufValue;
+    use crate::model::GgufFile;
+
+    /// A llama GGUF's metadata (no tensors: the config needs none) with `set` applied
+    /// (a value replaces the key's, a new key is added).
+    fn llama_gguf(set: &[(&str, GgufValue)]) -> GgufFile {
+        let mut kvs: Vec<(&str, GgufValue)> = vec![
+            ("general.architecture", GgufValue::Str("llama".into())),
+            ("llama.embedding_length", GgufValue::U32(64)),
+            ("llama.block_count", GgufValue::U32(2)),
+            ("llama.attention.head_count", GgufValue::U32(4)),
+            ("llama.attention.head_count_kv", GgufValue::U32(2)),
+            ("llama.feed_forward_length", GgufValue::U32(128)),
+            ("llama.context_length", GgufValue::U32(2048)),
+            ("llama.rope.dimension_count", GgufValue::U32(16)),
+            ("llama.rope.freq_base", GgufValue::F32(10000.0)),
+            ("llama.attention.layer_norm_rms_epsilon", GgufValue::F32(1e-5)),
+            ("llama.vocab_size", GgufValue::U32(100)),
+        ];
+        for (k, v) in set {
+            match kvs.iter_mut().find(|(key, _)| key == k) {
+                Some(kv) => kv.1 = v.clone(),
+                None => kvs.push((k, v.clone())),
+            }
+        }
+        GgufFile::from_bytes("m.gguf", gguf_bytes(&kvs, &[])).unwrap()
+    }
+
+    #[test]
+    fn gguf_config_values_the_forward_pass_trusts_are_validated() {
+        let c = config_from_gguf(&llama_gguf(&[])).unwrap();
+        assert_eq!((c.hidden, c.head_dim, c.rope.rotary_dim, c.max_position), (64, 16, 16, 2048));
+        // Each: the key set, the value, what the error must say (file, key, value).
+        let cases: Vec<(&str, GgufValue, &str)> = vec![
+            ("llama.attention.layer_norm_rms_epsilon", GgufValue::F32(f32::NAN), "llama.attention.layer_norm_rms_epsilon = NaN: must be finite and > 0"),
+            ("llama.attention.layer_norm_rms_epsilon", GgufValue::F32(0.0), "layer_norm_rms_epsilon = 0: must be finite and > 0"),
+            ("llama.attention.layer_norm_rms_epsilon", GgufValue::F32(-1e-6), "layer_norm_rms_epsilon = -0.000001"),
+            ("llama.attention.layer_norm_rms_epsilon", GgufValue::F32(f32::INFINITY), "layer_norm_rms_epsilon = inf"),
+            ("llama.rope.freq_base", GgufValue::F32(-10000.0), "llama.rope.freq_base = -10000: must be finite and > 0"),
+            ("llama.rope.freq_base", GgufValue::F32(0.0), "llama.rope.freq_base = 0"),
+            ("llama.rope.freq_base", GgufValue::F32(f32::NAN), "llama.rope.freq_base = NaN"),
+            ("llama.context_length", GgufValue::U32(0), "llama.context_length = 0: must be > 0"),
+            ("llama.rope.dimension_count", GgufValue::U32(0), "llama.rope.dimension_count = 0: must be even, > 0 and <= llama.attention.key_length = 16"),
+            ("llama.rope.dimension_count", GgufValue::U32(32), "llama.rope.dimension_count = 32"),
+            ("llama.rope.dimension_count", GgufValue::U32(7), "llama.rope.dimension_count = 7"),
+            ("llama.embedding_length", GgufValue::U32(0), "llama.embedding_length = 0: must be in 1..="),
+            ("llama.embedding_length", GgufValue::U32(u32::MAX), "llama.embedding_length = 4294967295"),
+            ("llama.block_count", GgufValue::U32(0), "llama.block_count = 0"),
+            ("llama.block_count", GgufValue::U32(1 << 28), "llama.block_count = 268435456: must be in 1..=4096"),
+            ("llama.attention.head_count", GgufValue::U32(0), "llama.attention.head_count = 0"),
+            ("llama.attention.head_count_kv", GgufValue::U32(0), "llama.attention.head_count_kv = 0"),
+            ("llama.attention.head_count_kv", GgufValue::U32(3), "llama.attention.head_count = 4: not a multiple of llama.attention.head_count_kv = 3"),
+            ("llama.attention.key_length", GgufValue::U32(0), "llama.attention.key_length = 0"),
+            ("llama.feed_forward_length", GgufValue::U32(0), "llama.feed_forward_length = 0"),
+            ("llama.vocab_size", GgufValue::U32(0), "llama.vocab_size (or the tokenizer.ggml.tokens count) = 0"),
+        ];
+        for (key, value, want) in cases {
+            let err = config_from_gguf(&llama_gguf(&[(key, value.clone())])).unwrap_err();
+            let msg = err.to_string();
+            assert!(msg.contains("m.gguf") && msg.contains(want), "{key} = {value:?}: {msg}");
+        }
+        // A missing rope dimension defaults to the head dim; heads larger than hidden give a
+        // zero default head dim, refused.
+        let err = config_from_gguf(&llama_gguf(&[("llama.attention.head_count", GgufValue::U32(128)), ("llama.attention.head_count_kv", GgufValue::U32(128))]));
+        assert!(err.unwrap_err().to_string().contains("key_length = 0"));
+    }
+
+    fn qwen3_moe() -> Value {
+        json!({
+            "model_type": "qwen3_moe", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 16, "num_hidden_layers": 4, "vocab_size": 100, "intermediate_size": 96,
+            "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+            "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 4096
+        })
+    }
+
+    #[test]
+    fn hf_config_values_are_validated_naming_the_key() {
+        config_from_hf(&qwen3_moe()).unwrap();
+        let cases: Vec<(&str, Value, &str)> = vec![
+            ("rms_norm_eps", json!(0), "rms_norm_eps = 0: must be finite and > 0"),
+            ("rms_norm_eps", json!(-1e-6), "rms_norm_eps = -0.000001"),
+            // Below f32's range: 0 once converted.
+            ("rms_norm_eps", json!(1e-60), "rms_norm_eps = 0"),
+            ("rope_theta", json!(-1), "rope_theta = -1: must be finite and > 0"),
+            ("rope_theta", json!(1e300), "rope_theta = inf"),
+            ("max_position_embeddings", json!(0), "max_position_embeddings = 0: must be > 0"),
+            ("head_dim", json!(0), "head_dim = 0"),
+            ("head_dim", json!(1u64 << 40), "head_dim = 1099511627776: must be in 1..=1048576"),
+            ("hidden_size", json!(0), "hidden_size = 0"),
+            ("num_attention_heads", json!(0), "num_attention_heads = 0"),
+            ("num_key_value_heads", json!(3), "num_attention_heads = 4: not a multiple of num_key_value_heads = 3"),
+            ("num_hidden_layers", json!(0), "num_hidden_layers = 0"),
+            ("num_hidden_layers", json!(100000), "num_hidden_layers = 100000: must be in 1..=4096"),
+            ("vocab_size", json!(0), "vocab_size = 0"),
+            ("partial_rotary_factor", json!(0.0), "head_dim × partial_rotary_factor = 0"),
+            ("partial_rotary_factor", json!(-0.5), "head_dim × partial_rotary_factor = 0"),
+            ("num_experts", json!(0), "num_experts = 0: must be in 1..=1024"),
+            ("num_experts", json!(100000), "num_experts = 100000"),
+            ("num_experts_per_tok", json!(0), "num_experts_per_tok = 0: must be in 1..=num_experts = 8"),
+            ("num_experts_per_tok", json!(9), "num_experts_per_tok = 9"),
+            ("moe_intermediate_size", json!(0), "moe_intermediate_size = 0"),
+        ];
+        for (key, value, want) in cases {
+            let mut v = qwen3_moe();
+            v[key] = value.clone();
+            let msg = config_from_hf(&v).unwrap_err().to_string();
+            assert!(msg.contains("config.json") && msg.contains(want), "{key} = {value}: {msg}");
+        }
+        // A MoE model whose every layer is sparse needs no dense width; one with a dense layer does.
+        let mut v = qwen3_moe();
+        v["intermediate_size"] = json!(0);
+        config_from_hf(&v).unwrap();
+        v["mlp_only_layers"] = json!([1]);
+        let msg = config_from_hf(&v).unwrap_err().to_string();
+        assert!(msg.contains("intermediate_size = 0"), "{msg}");
+    }
 }

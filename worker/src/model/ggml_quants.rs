@@ -147,7 +147,7 @@ impl GgmlType {
     /// Bytes taken by `n_elements` elements; `None` when they are not whole blocks or overflow.
     pub fn bytes_for(self, n_elements: u64) -> Option<u64> {
         let bs = self.block_size() as u64;
-        if n_elements % bs != 0 {
+        if !n_elements.is_multiple_of(bs) {
             return None;
         }
         (n_elements / bs).checked_mul(self.type_size() as u64)
@@ -180,7 +180,7 @@ const ALL_TYPES: [GgmlType; 20] = [
 /// Dequantizes `bytes` (whole blocks of type `ty`) into `out`, appending.
 pub fn dequantize_into(ty: GgmlType, bytes: &[u8], out: &mut Vec<f32>) -> Result<()> {
     let ts = ty.type_size();
-    if bytes.len() % ts != 0 {
+    if !bytes.len().is_multiple_of(ts) {
         return Err(WorkerError::ModelFile(format!(
             "{} data of {} bytes is not a whole number of {ts}-byte blocks",
             ty.name(),

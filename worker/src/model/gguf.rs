@@ -3,6 +3,10 @@
 //! The file is memory-mapped; metadata is parsed once at open, tensor data is read (and
 //! dequantized to f32) on demand. Every offset and length read from the file is checked against
 //! the file's size, so a truncated or corrupt file is an error naming the file, never a panic.
+//!
+//! Model files are untrusted input: every count read from the header is bounded by the bytes
+//! left in the file (each entry takes at least a known number of bytes), so what the header
+//! makes us allocate is at most a small constant times the file's size, whatever it claims.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -10,15 +14,18 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
+use super::config::MAX_EXPERTS;
 use super::ggml_quants::{dequantize_into, GgmlType};
 use super::source::{missing_tensor, HostWeight, WeightSource};
 use crate::error::{Result, WorkerError};
 
 const GGUF_MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
-/// Upper bound on any count read from a header, so a corrupt file cannot make us allocate wildly.
-const MAX_COUNT: u64 = 1 << 28;
 const MAX_DIMS: u32 = 8;
+/// The smallest encodings: a metadata entry is a key (u64 length) + a u32 type + a 1-byte value;
+/// a tensor info is a name (u64 length) + u32 n_dims + one u64 dim + u32 type + u64 offset.
+const MIN_KV_BYTES: u64 = 8 + 4 + 1;
+const MIN_TENSOR_INFO_BYTES: u64 = 8 + 4 + 8 + 4 + 8;
 
 /// One metadata value (GGUF `gguf_type`).
 #[derive(Debug, Clone, PartialEq)]
@@ -131,10 +138,26 @@ enum TensorRef {
     Expert { tensor: usize, expert: usize },
 }
 
-/// A memory-mapped GGUF file.
+/// The file's bytes: a read-only map of the file, or a buffer (tests, fuzzing).
+enum Bytes {
+    Map(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Map(m) => m,
+            Bytes::Owned(v) => v,
+        }
+    }
+}
+
+/// A GGUF file: memory-mapped, or an image held in memory.
 pub struct GgufFile {
     path: PathBuf,
-    mmap: Mmap,
+    mmap: Bytes,
     version: u32,
     metadata: Vec<(String, GgufValue)>,
     metadata_index: HashMap<String, usize>,
@@ -165,10 +188,15 @@ impl GgufFile {
         // file truncated under us could fault, as with any mmap-based model loader).
         let mmap = unsafe { Mmap::map(&file) }
             .map_err(|e| WorkerError::ModelFile(format!("{}: cannot map: {e}", path.display())))?;
-        Self::parse(path, mmap)
+        Self::parse(path, Bytes::Map(mmap))
     }
 
-    fn parse(path: PathBuf, mmap: Mmap) -> Result<Self> {
+    /// Parses a GGUF image held in memory; `name` stands for the file in error messages.
+    pub fn from_bytes(name: impl Into<PathBuf>, bytes: Vec<u8>) -> Result<Self> {
+        Self::parse(name.into(), Bytes::Owned(bytes))
+    }
+
+    fn parse(path: PathBuf, mmap: Bytes) -> Result<Self> {
         let mut r = Reader { buf: &mmap, pos: 0, path: &path };
         let magic = r.bytes(4, "magic")?;
         if magic != GGUF_MAGIC {
@@ -181,11 +209,24 @@ impl GgufFile {
                 path.display()
             )));
         }
-        let n_tensors = r.count("tensor count")?;
-        let n_kv = r.count("metadata count")?;
+        let n_tensors = r.u64("tensor count")?;
+        let n_kv = r.u64("metadata count")?;
+        // Both lists follow: together they must fit in what is left of the file.
+        let need = n_kv
+            .checked_mul(MIN_KV_BYTES)
+            .and_then(|kv| n_tensors.checked_mul(MIN_TENSOR_INFO_BYTES).and_then(|t| t.checked_add(kv)));
+        if need.is_none_or(|need| need > r.left()) {
+            return Err(r.err(format!(
+                "header claims {n_kv} metadata entries and {n_tensors} tensors, more than the {} bytes \
+                 left in the file can hold (corrupt header?)",
+                r.left()
+            )));
+        }
 
-        let mut metadata = Vec::with_capacity(n_kv as usize);
+        let mut metadata = Vec::new();
+        r.reserve(&mut metadata, n_kv, "metadata")?;
         let mut metadata_index = HashMap::new();
+        r.reserve_map(&mut metadata_index, n_kv, "metadata")?;
         for _ in 0..n_kv {
             let key = r.string("metadata key")?;
             let ty = r.u32(&key)?;
@@ -202,8 +243,10 @@ impl GgufFile {
             },
         };
 
-        let mut tensors = Vec::with_capacity(n_tensors as usize);
+        let mut tensors = Vec::new();
+        r.reserve(&mut tensors, n_tensors, "tensor infos")?;
         let mut tensor_index = HashMap::new();
+        r.reserve_map(&mut tensor_index, n_tensors, "tensor infos")?;
         for _ in 0..n_tensors {
             let name = r.string("tensor name")?;
             let n_dims = r.u32(&name)?;
@@ -213,6 +256,9 @@ impl GgufFile {
             let mut dims = Vec::with_capacity(n_dims as usize);
             for _ in 0..n_dims {
                 dims.push(r.u64(&name)?);
+            }
+            if dims.contains(&0) {
+                return Err(r.err(format!("tensor {name}: a dimension is 0 (dims {dims:?})")));
             }
             let type_id = r.u32(&name)?;
             let ty = GgmlType::from_id(type_id).ok_or_else(|| {
@@ -230,6 +276,7 @@ impl GgufFile {
             tensors.push(info);
         }
 
+        // r.pos <= the file's length, so this rounds up to at most one alignment past it.
         let data_offset = (r.pos as u64).div_ceil(alignment) * alignment;
         let file_len = mmap.len() as u64;
         for t in &tensors {
@@ -259,7 +306,7 @@ impl GgufFile {
             }
         }
 
-        let hf_names = hf_name_map(&tensors);
+        let hf_names = hf_name_map(&path, &tensors)?;
         Ok(Self {
             path,
             mmap,
@@ -379,11 +426,12 @@ impl GgufFile {
 
     /// The raw bytes of a tensor as stored (for kernels that use the quantized data directly).
     pub fn tensor_bytes(&self, info: &GgufTensorInfo) -> Result<&[u8]> {
-        let start = self.data_offset + info.offset;
-        let end = start + info.n_bytes();
         // Bounds were checked at open; a foreign `info` is checked again here.
-        self.mmap
-            .get(start as usize..end as usize)
+        let start = self.data_offset.checked_add(info.offset);
+        let end = start.and_then(|s| s.checked_add(info.n_bytes()));
+        start
+            .zip(end)
+            .and_then(|(s, e)| self.mmap.get(usize::try_from(s).ok()?..usize::try_from(e).ok()?))
             .ok_or_else(|| self.err(format!("tensor {} lies outside the file", info.name)))
     }
 
@@ -418,7 +466,10 @@ impl GgufFile {
             )));
         }
         let all = self.tensor_bytes(info)?;
-        let bytes = &all[byte_start as usize..(byte_start + byte_len) as usize];
+        let bytes = byte_start
+            .checked_add(byte_len)
+            .and_then(|end| all.get(byte_start as usize..end as usize))
+            .ok_or_else(|| self.err(format!("tensor {}: slice outside the tensor", info.name)))?;
         let mut data = Vec::new();
         dequantize_into(info.ty, bytes, &mut data)
             .map_err(|e| self.err(format!("tensor {}: {e}", info.name)))?;
@@ -501,7 +552,7 @@ fn validate_tensor_shape(path: &Path, t: &GgufTensorInfo) -> Result<()> {
     for &d in &t.dims {
         n = n.checked_mul(d).ok_or_else(|| bad(format!("dims {:?} overflow", t.dims)))?;
     }
-    if t.dims[0] % t.ty.block_size() as u64 != 0 {
+    if !t.dims[0].is_multiple_of(t.ty.block_size() as u64) {
         return Err(bad(format!(
             "row length {} is not a multiple of the {} block size {}",
             t.dims[0],
@@ -517,7 +568,9 @@ fn validate_tensor_shape(path: &Path, t: &GgufTensorInfo) -> Result<()> {
 /// Tensors without an HF counterpart keep their GGUF name, so nothing in the file is hidden.
 /// A stacked expert tensor `blk.N.ffn_gate_exps.weight` `[n_expert, out, in]` becomes one name
 /// per expert, `model.layers.N.mlp.experts.E.gate_proj.weight`.
-fn hf_name_map(tensors: &[GgufTensorInfo]) -> HashMap<String, TensorRef> {
+///
+/// The expert count is bounded by [`MAX_EXPERTS`], so a file cannot make the map huge.
+fn hf_name_map(path: &Path, tensors: &[GgufTensorInfo]) -> Result<HashMap<String, TensorRef>> {
     let mut map = HashMap::new();
     for (i, t) in tensors.iter().enumerate() {
         match hf_name(&t.name) {
@@ -525,6 +578,15 @@ fn hf_name_map(tensors: &[GgufTensorInfo]) -> HashMap<String, TensorRef> {
                 map.insert(name, TensorRef::Whole(i));
             }
             Some(HfName::Experts { layer, proj, suffix }) if t.dims.len() == 3 => {
+                if t.dims[2] > MAX_EXPERTS as u64 {
+                    return Err(WorkerError::ModelFile(format!(
+                        "{}: tensor {}: {} experts (dims {:?}), more than the {MAX_EXPERTS} supported",
+                        path.display(),
+                        t.name,
+                        t.dims[2],
+                        t.dims
+                    )));
+                }
                 for e in 0..t.dims[2] as usize {
                     map.insert(
                         format!("model.layers.{layer}.mlp.experts.{e}.{proj}.{suffix}"),
@@ -537,7 +599,7 @@ fn hf_name_map(tensors: &[GgufTensorInfo]) -> HashMap<String, TensorRef> {
             }
         }
     }
-    map
+    Ok(map)
 }
 
 enum HfName {
@@ -627,12 +689,25 @@ impl<'a> Reader<'a> {
         Ok(u64::from_le_bytes(self.array(what)?))
     }
 
-    fn count(&mut self, what: &str) -> Result<u64> {
-        let n = self.u64(what)?;
-        if n > MAX_COUNT {
-            return Err(self.err(format!("{what} {n} is implausibly large (corrupt header?)")));
-        }
-        Ok(n)
+    /// Bytes not read yet.
+    fn left(&self) -> u64 {
+        (self.buf.len() - self.pos) as u64
+    }
+
+    /// Room for `n` more entries, `n` already bounded by the bytes left; an allocation failure
+    /// is an error, not an abort.
+    fn reserve<T>(&self, v: &mut Vec<T>, n: u64, what: &str) -> Result<()> {
+        usize::try_from(n)
+            .ok()
+            .and_then(|n| v.try_reserve(n).ok())
+            .ok_or_else(|| self.err(format!("cannot allocate {n} {what}")))
+    }
+
+    fn reserve_map<V>(&self, m: &mut HashMap<String, V>, n: u64, what: &str) -> Result<()> {
+        usize::try_from(n)
+            .ok()
+            .and_then(|n| m.try_reserve(n).ok())
+            .ok_or_else(|| self.err(format!("cannot allocate {n} {what}")))
     }
 
     fn string(&mut self, what: &str) -> Result<String> {
@@ -662,12 +737,17 @@ impl<'a> Reader<'a> {
                     return Err(self.err(format!("metadata {key}: arrays nested too deeply")));
                 }
                 let elem_ty = self.u32(key)?;
-                let n = self.count(key)?;
-                // Each element takes at least one byte: a count beyond the remaining bytes is corrupt.
-                if n as usize > self.buf.len() - self.pos {
-                    return Err(self.err(format!("metadata {key}: array of {n} runs past the end")));
+                let n = self.u64(key)?;
+                let min = min_value_bytes(elem_ty)
+                    .ok_or_else(|| self.err(format!("metadata {key}: unknown array element type {elem_ty}")))?;
+                // Each element takes at least `min` bytes: a count beyond the remaining bytes is corrupt.
+                if n.checked_mul(min).is_none_or(|need| need > self.left()) {
+                    return Err(self.err(format!(
+                        "metadata {key}: array of {n} elements runs past the end of the file"
+                    )));
                 }
-                let mut items = Vec::with_capacity(n as usize);
+                let mut items = Vec::new();
+                self.reserve(&mut items, n, key)?;
                 for _ in 0..n {
                     items.push(self.value(elem_ty, key, depth + 1)?);
                 }
@@ -681,12 +761,23 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Builds GGUF files in memory for tests (v3, little-endian).
-#[cfg(test)]
-pub(crate) mod test_writer {
+/// The fewest bytes a metadata value of type `ty` takes (an array: its element type and count).
+fn min_value_bytes(ty: u32) -> Option<u64> {
+    Some(match ty {
+        0 | 1 | 7 => 1,
+        2 | 3 => 2,
+        4..=6 => 4,
+        8 | 10..=12 => 8,
+        9 => 4 + 8,
+        _ => return None,
+    })
+}
+
+/// Builds GGUF files in memory for tests and fuzz seeds (v3, little-endian).
+pub mod test_writer {
     use super::GgufValue;
 
-    pub(crate) struct TestTensor {
+    pub struct TestTensor {
         pub name: String,
         /// Innermost first, as stored.
         pub dims: Vec<u64>,
@@ -743,12 +834,14 @@ pub(crate) mod test_writer {
     }
 
     /// The bytes of a GGUF v3 file with these metadata and tensors (alignment 32 unless
-    /// `general.alignment` says otherwise).
-    pub(crate) fn gguf_bytes(kvs: &[(&str, GgufValue)], tensors: &[TestTensor]) -> Vec<u8> {
+    /// `general.alignment` is a power of two up to 64 KiB: the data is then laid out by it; any
+    /// other value is written as given, for the reader to refuse).
+    pub fn gguf_bytes(kvs: &[(&str, GgufValue)], tensors: &[TestTensor]) -> Vec<u8> {
         let alignment = kvs
             .iter()
             .find(|(k, _)| *k == "general.alignment")
             .and_then(|(_, v)| v.as_i64())
+            .filter(|&a| a > 0 && a <= 1 << 16 && (a as u64).is_power_of_two())
             .unwrap_or(32) as usize;
         let mut out = Vec::new();
         out.extend(b"GGUF");
@@ -782,7 +875,7 @@ pub(crate) mod test_writer {
         out
     }
 
-    pub(crate) fn f32_tensor(name: &str, dims: &[u64], values: &[f32]) -> TestTensor {
+    pub fn f32_tensor(name: &str, dims: &[u64], values: &[f32]) -> TestTensor {
         TestTensor {
             name: name.into(),
             dims: dims.to_vec(),
@@ -1079,5 +1172,140 @@ mod tests {
         assert_eq!(g.data_offset() % 64, 0);
         assert_eq!(g.tensor_info("b").unwrap().offset, 64);
         assert_eq!(g.tensor_f32("b").unwrap().data, vec![4.0, 5.0]);
+    }
+
+    /// A GGUF header by hand: magic, version 3, the two counts, then `rest`.
+    fn raw_header(n_tensors: u64, n_kv: u64, rest: &[u8]) -> Vec<u8> {
+        let mut b = b"GGUF".to_vec();
+        b.extend(3u32.to_le_bytes());
+        b.extend(n_tensors.to_le_bytes());
+        b.extend(n_kv.to_le_bytes());
+        b.extend(rest);
+        b
+    }
+
+    fn open_err(bytes: Vec<u8>) -> String {
+        match GgufFile::from_bytes("bad.gguf", bytes) {
+            Ok(_) => panic!("a bad file was accepted"),
+            Err(e) => {
+                assert!(matches!(e, WorkerError::ModelFile(_)), "{e}");
+                let msg = e.to_string();
+                assert!(msg.contains("bad.gguf"), "{msg}");
+                msg
+            }
+        }
+    }
+
+    #[test]
+    fn counts_beyond_the_bytes_left_are_refused_before_allocating() {
+        // Found: 2^28 metadata entries or tensors claimed by a tiny file reserved ~16 GB.
+        for (n_tensors, n_kv) in [(0, 1u64 << 28), (1 << 28, 0), (0, u64::MAX), (u64::MAX, u64::MAX), (3, 0)] {
+            let msg = open_err(raw_header(n_tensors, n_kv, &[0; 64]));
+            assert!(msg.contains("more than the 64 bytes left"), "{n_tensors}/{n_kv}: {msg}");
+        }
+        // An array claiming more elements than the file holds, for each element size.
+        for (elem_ty, n) in [(0u32, 100u64), (8, 1 << 40), (9, 1 << 20), (12, 9), (4, u64::MAX)] {
+            let mut kv = Vec::new();
+            kv.extend(3u64.to_le_bytes());
+            kv.extend(b"arr");
+            kv.extend(9u32.to_le_bytes());
+            kv.extend(elem_ty.to_le_bytes());
+            kv.extend(n.to_le_bytes());
+            kv.extend([0u8; 64]);
+            let msg = open_err(raw_header(0, 1, &kv));
+            assert!(msg.contains("metadata arr: array of") && msg.contains("runs past the end"), "{elem_ty}: {msg}");
+        }
+        // An unknown element type is named, not looped over.
+        let mut kv = Vec::new();
+        kv.extend(3u64.to_le_bytes());
+        kv.extend(b"arr");
+        kv.extend(9u32.to_le_bytes());
+        kv.extend(77u32.to_le_bytes());
+        kv.extend(0u64.to_le_bytes());
+        let msg = open_err(raw_header(0, 1, &kv));
+        assert!(msg.contains("unknown array element type 77"), "{msg}");
+        // A string longer than the file.
+        let mut kv = Vec::new();
+        kv.extend((1u64 << 40).to_le_bytes());
+        kv.extend([b'k'; 40]);
+        let msg = open_err(raw_header(0, 1, &kv));
+        assert!(msg.contains("truncated header"), "{msg}");
+    }
+
+    #[test]
+    fn zero_and_absurd_dimensions_are_errors_naming_the_tensor() {
+        // Found: a 128-byte file with dims [0, 1, 2^40] looped 2^40 times naming experts.
+        let bytes = gguf_bytes(
+            &[],
+            &[TestTensor { name: "blk.0.ffn_up_exps.weight".into(), dims: vec![0, 1, 1 << 40], type_id: 0, data: vec![] }],
+        );
+        assert!(bytes.len() <= 128, "{} bytes", bytes.len());
+        let msg = open_err(bytes);
+        assert!(msg.contains("tensor blk.0.ffn_up_exps.weight: a dimension is 0"), "{msg}");
+        // Non-zero but larger than the file.
+        let bytes = gguf_bytes(
+            &[],
+            &[TestTensor { name: "blk.0.ffn_up_exps.weight".into(), dims: vec![1, 1, 1 << 40], type_id: 0, data: vec![0; 4] }],
+        );
+        let msg = open_err(bytes);
+        assert!(msg.contains("tensor blk.0.ffn_up_exps.weight") && msg.contains("runs past the end"), "{msg}");
+        // Overflowing element counts.
+        let bytes = gguf_bytes(
+            &[],
+            &[TestTensor { name: "w".into(), dims: vec![1 << 32, 1 << 32, 2], type_id: 0, data: vec![] }],
+        );
+        let msg = open_err(bytes);
+        assert!(msg.contains("tensor w: dims") && msg.contains("overflow"), "{msg}");
+        // More experts than any model has, even though the data is in the file.
+        let bytes = gguf_bytes(
+            &[],
+            &[f32_tensor("blk.0.ffn_gate_exps.weight", &[1, 1, 2000], &[0.0; 2000])],
+        );
+        let msg = open_err(bytes);
+        assert!(msg.contains("tensor blk.0.ffn_gate_exps.weight: 2000 experts"), "{msg}");
+        // Too many dimensions.
+        let bytes = gguf_bytes(&[], &[f32_tensor("nine", &[1; 9], &[0.0])]);
+        assert!(open_err(bytes).contains("tensor nine: 9 dimensions"));
+    }
+
+    #[test]
+    fn a_tensor_outside_the_data_or_misaligned_is_an_error_naming_it() {
+        let mut bytes = gguf_bytes(&[], &[f32_tensor("a", &[4], &[1.0, 2.0, 3.0, 4.0])]);
+        // The offset field: the last 8 bytes of the tensor info (after the 24-byte header).
+        let info_end = 4 + 4 + 8 + 8 + (8 + 1 + 4 + 8 + 4 + 8);
+        bytes[info_end - 8..info_end].copy_from_slice(&u64::MAX.to_le_bytes());
+        let msg = open_err(bytes.clone());
+        assert!(msg.contains("tensor a (16 bytes at data offset 18446744073709551615) runs past the end"), "{msg}");
+        bytes[info_end - 8..info_end].copy_from_slice(&4u64.to_le_bytes());
+        bytes.extend([0; 32]);
+        let msg = open_err(bytes);
+        assert!(msg.contains("tensor a offset 4 is not aligned to 32"), "{msg}");
+    }
+
+    #[test]
+    fn memory_images_parse_like_files() {
+        let bytes = small_file();
+        let g = GgufFile::from_bytes("mem.gguf", bytes).unwrap();
+        assert_eq!(g.path(), Path::new("mem.gguf"));
+        let e1 = WeightSource::get(&g, "model.layers.0.mlp.experts.1.up_proj.weight").unwrap();
+        assert_eq!(e1.data, vec![10., 11., 12., 13., 14., 15.]);
+    }
+
+    #[test]
+    fn bad_alignments_are_errors() {
+        // Found by fuzzing (gguf_structured): the test writer itself overflowed on a huge
+        // `general.alignment`; the reader must refuse each of these.
+        for (value, want) in [
+            (GgufValue::U64(0), "is not a power of two"),
+            (GgufValue::U64(3), "is not a power of two"),
+            (GgufValue::U64(u64::MAX), "is not a power of two"),
+            (GgufValue::I32(-32), "is not a power of two"),
+            (GgufValue::Str("32".into()), "is not a power of two"),
+            (GgufValue::U64(1 << 62), "runs past the end"),
+        ] {
+            let bytes = gguf_bytes(&[("general.alignment", value.clone())], &[f32_tensor("a", &[2], &[1.0, 2.0])]);
+            let msg = open_err(bytes);
+            assert!(msg.contains(want), "{value:?}: {msg}");
+        }
     }
 }

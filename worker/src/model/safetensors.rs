@@ -2,6 +2,11 @@
 //! model.safetensors.index.json), tokenizer.json and tokenizer_config.json.
 //!
 //! Shards are memory-mapped; tensors are converted to f32 on demand.
+//!
+//! Model files are untrusted input: the `safetensors` crate bounds the header (100 MB, inside
+//! the file) and checks that every tensor's byte range lies in the file, follows the previous
+//! one and matches its shape × dtype size (with overflow checks); on top of that a tensor with a
+//! zero dimension is refused, naming it.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
@@ -27,11 +32,63 @@ struct Shard {
 
 struct TensorEntry {
     shard: usize,
-    dtype: Dtype,
-    shape: Vec<usize>,
-    /// Absolute byte range in the shard file.
-    start: usize,
-    end: usize,
+    tensor: ShardTensor,
+}
+
+/// A tensor's entry in a safetensors file's header, checked against the file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShardTensor {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    /// Absolute byte range in the file.
+    pub start: usize,
+    pub end: usize,
+}
+
+/// Reads and checks the header of the safetensors file `bytes` (named `path` in errors): its
+/// tensors, sorted by name.
+pub fn shard_tensors(path: &Path, bytes: &[u8]) -> Result<Vec<ShardTensor>> {
+    let (header_len, metadata) = SafeTensors::read_metadata(bytes)
+        .map_err(|e| WorkerError::ModelFile(format!("{}: invalid safetensors: {e}", path.display())))?;
+    let data_start = 8 + header_len;
+    let mut out = Vec::new();
+    for (name, info) in metadata.tensors() {
+        if info.shape.contains(&0) {
+            return Err(WorkerError::ModelFile(format!(
+                "{}: tensor {name}: a dimension is 0 (shape {:?})",
+                path.display(),
+                info.shape
+            )));
+        }
+        // read_metadata checked the offsets against the file: no overflow, inside the file.
+        out.push(ShardTensor {
+            name,
+            dtype: info.dtype,
+            shape: info.shape.clone(),
+            start: data_start + info.data_offsets.0,
+            end: data_start + info.data_offsets.1,
+        });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// A tensor of the file `bytes` converted to f32 (an error for non-float dtypes).
+pub fn shard_tensor_f32(path: &Path, bytes: &[u8], t: &ShardTensor) -> Result<HostWeight> {
+    let name = &t.name;
+    let raw = bytes.get(t.start..t.end).ok_or_else(|| {
+        WorkerError::ModelFile(format!("{}: tensor {name} lies outside the file", path.display()))
+    })?;
+    let data = to_f32(t.dtype, raw).ok_or_else(|| {
+        WorkerError::Unsupported(format!(
+            "{}: tensor {name}: dtype {} (supported: F32, F16, BF16, F64)",
+            path.display(),
+            t.dtype
+        ))
+    })?;
+    HostWeight::new(data, t.shape.clone())
+        .map_err(|e| WorkerError::ModelFile(format!("{}: tensor {name}: {e}", path.display())))
 }
 
 /// An HF-layout checkpoint directory.
@@ -75,19 +132,9 @@ impl HfCheckpoint {
         for path in shard_files {
             let shard_idx = shards.len();
             let shard = map_shard(path)?;
-            let (header_len, metadata) = SafeTensors::read_metadata(&shard.mmap).map_err(|e| {
-                WorkerError::ModelFile(format!("{}: invalid safetensors: {e}", shard.path.display()))
-            })?;
-            let data_start = 8 + header_len;
-            for (name, info) in metadata.tensors() {
-                let entry = TensorEntry {
-                    shard: shard_idx,
-                    dtype: info.dtype,
-                    shape: info.shape.clone(),
-                    start: data_start + info.data_offsets.0,
-                    end: data_start + info.data_offsets.1,
-                };
-                if tensors.insert(name.clone(), entry).is_some() {
+            for tensor in shard_tensors(&shard.path, &shard.mmap)? {
+                let name = tensor.name.clone();
+                if tensors.insert(name.clone(), TensorEntry { shard: shard_idx, tensor }).is_some() {
                     return Err(WorkerError::ModelFile(format!(
                         "{}: tensor {name} is in more than one shard",
                         dir.display()
@@ -196,7 +243,7 @@ impl HfCheckpoint {
 
     /// The stored dtype and shape of a tensor, without converting it.
     pub fn tensor_meta(&self, name: &str) -> Option<(Dtype, &[usize])> {
-        self.tensors.get(name).map(|e| (e.dtype, e.shape.as_slice()))
+        self.tensors.get(name).map(|e| (e.tensor.dtype, e.tensor.shape.as_slice()))
     }
 
     fn config_err(&self, key: &str, why: &str) -> WorkerError {
@@ -211,18 +258,7 @@ impl WeightSource for HfCheckpoint {
     fn get(&self, name: &str) -> Result<HostWeight> {
         let entry = self.tensors.get(name).ok_or_else(|| missing_tensor(&self.dir, name))?;
         let shard = &self.shards[entry.shard];
-        // read_metadata validated the offsets against the file length.
-        let bytes = &shard.mmap[entry.start..entry.end];
-        let data = to_f32(entry.dtype, bytes).ok_or_else(|| {
-            WorkerError::Unsupported(format!(
-                "{}: tensor {name}: dtype {} (supported: F32, F16, BF16, F64)",
-                shard.path.display(),
-                entry.dtype
-            ))
-        })?;
-        HostWeight::new(data, entry.shape.clone()).map_err(|e| {
-            WorkerError::ModelFile(format!("{}: tensor {name}: {e}", shard.path.display()))
-        })
+        shard_tensor_f32(&shard.path, &shard.mmap, &entry.tensor)
     }
 
     fn has(&self, name: &str) -> bool {
@@ -419,5 +455,43 @@ mod tests {
             let err = HfCheckpoint::open(dir.path()).unwrap_err();
             assert!(err.to_string().contains("model.safetensors"), "cut {cut}: {err}");
         }
+    }
+
+    /// A safetensors file by hand: the length-prefixed JSON header, then `data`.
+    fn raw_file(header: &str, data: &[u8]) -> Vec<u8> {
+        let mut b = (header.len() as u64).to_le_bytes().to_vec();
+        b.extend(header.as_bytes());
+        b.extend(data);
+        b
+    }
+
+    #[test]
+    fn bad_headers_are_errors_naming_the_file_or_tensor() {
+        let path = Path::new("bad.safetensors");
+        let err = |bytes: Vec<u8>| shard_tensors(path, &bytes).unwrap_err().to_string();
+        // A zero dimension names the tensor.
+        let msg = err(raw_file(r#"{"w":{"dtype":"F32","shape":[0,4],"data_offsets":[0,0]}}"#, &[]));
+        assert!(msg.contains("bad.safetensors: tensor w: a dimension is 0 (shape [0, 4])"), "{msg}");
+        // A header length beyond the file, or absurd.
+        for len in [1u64 << 40, u64::MAX, 1000] {
+            let mut b = len.to_le_bytes().to_vec();
+            b.extend(b"{}");
+            assert!(err(b).contains("bad.safetensors: invalid safetensors"));
+        }
+        // A byte range past the end, one that does not match shape × dtype, an overflowing shape.
+        for header in [
+            r#"{"w":{"dtype":"F32","shape":[4],"data_offsets":[0,1099511627776]}}"#,
+            r#"{"w":{"dtype":"F32","shape":[4],"data_offsets":[0,8]}}"#,
+            r#"{"w":{"dtype":"F32","shape":[4294967296,4294967296,4],"data_offsets":[0,16]}}"#,
+            r#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}"#,
+        ] {
+            let msg = err(raw_file(header, &[0; 16]));
+            assert!(msg.contains("bad.safetensors: invalid safetensors"), "{header}: {msg}");
+        }
+        // A good one, for contrast: ranges are absolute and inside the file.
+        let bytes = raw_file(r#"{"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}}"#, &[0; 16]);
+        let t = shard_tensors(path, &bytes).unwrap();
+        assert_eq!((t[0].start, t[0].end, t[0].shape.clone()), (bytes.len() - 16, bytes.len(), vec![2, 2]));
+        assert_eq!(shard_tensor_f32(path, &bytes, &t[0]).unwrap().data, vec![0.0; 4]);
     }
 }

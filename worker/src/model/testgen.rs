@@ -292,7 +292,7 @@ impl TestModelSpec {
             Some(m) => {
                 !m.mlp_only_layers.contains(&layer)
                     && m.num_experts > 0
-                    && (layer + 1) % m.decoder_sparse_step.max(1) == 0
+                    && (layer + 1).is_multiple_of(m.decoder_sparse_step.max(1))
             }
         }
     }
@@ -301,14 +301,14 @@ impl TestModelSpec {
         let bad = |msg: String| Err(WorkerError::Config(format!("test model spec: {msg}")));
         if self.num_attention_heads == 0
             || self.num_key_value_heads == 0
-            || self.num_attention_heads % self.num_key_value_heads != 0
+            || !self.num_attention_heads.is_multiple_of(self.num_key_value_heads)
         {
             return bad(format!(
                 "{} heads is not a multiple of {} kv heads",
                 self.num_attention_heads, self.num_key_value_heads
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return bad(format!("head_dim {} must be even (RoPE)", self.head_dim));
         }
         if matches!(self.arch, TestArch::Qwen2 | TestArch::Qwen2Moe)

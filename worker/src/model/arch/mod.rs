@@ -8,7 +8,7 @@ pub mod qwen3_moe;
 
 use serde_json::Value;
 
-use crate::model::config::{Arch, HfConfig, ModelConfig, MoeConfig};
+use crate::model::config::{Arch, HfConfig, KeyStyle, ModelConfig, MoeConfig};
 use crate::{Result, WorkerError};
 
 /// Reads an HF `config.json` with the parser of its `model_type`.
@@ -17,23 +17,30 @@ pub fn config_from_hf(v: &Value) -> Result<ModelConfig> {
         .get("model_type")
         .and_then(Value::as_str)
         .ok_or_else(|| WorkerError::ModelFile("config.json: missing 'model_type'".into()))?;
-    match Arch::parse(model_type)? {
+    let c = match Arch::parse(model_type)? {
         Arch::Llama => llama::config_from_hf(v),
         Arch::Qwen2 => qwen2::config_from_hf(v),
         Arch::Qwen3 => qwen3::config_from_hf(v),
         Arch::Qwen3Moe => qwen3_moe::config_from_hf(v),
         Arch::Qwen2Moe => qwen2_moe::config_from_hf(v),
-    }
+    }?;
+    // Checked here, at load, with errors naming the config.json key.
+    c.validate_as("config.json", KeyStyle::Hf)?;
+    Ok(c)
 }
 
 /// Reads a GGUF file's metadata with the parser of its `general.architecture`.
 pub fn config_from_gguf(g: &crate::model::GgufFile) -> Result<ModelConfig> {
-    match Arch::parse(g.architecture()?)? {
+    let arch = g.architecture()?;
+    let c = match Arch::parse(arch)? {
         Arch::Llama => llama::config_from_gguf(g),
         Arch::Qwen2 => qwen2::config_from_gguf(g),
         Arch::Qwen3 => qwen3::config_from_gguf(g),
         a => Err(WorkerError::Unsupported(format!("{} from GGUF", a.name()))),
-    }
+    }?;
+    // Checked here, at load, with errors naming the file and the metadata key.
+    c.validate_as(&g.path().display().to_string(), KeyStyle::Gguf(arch))?;
+    Ok(c)
 }
 
 /// The MoE keys qwen3_moe and qwen2_moe share (HF names): `num_experts`, `num_experts_per_tok`,
@@ -122,6 +129,19 @@ mod tests {
         assert!(config_from_hf(&v).unwrap_err().to_string().contains("shared_expert_intermediate_size"));
         let mut v = qwen3_moe();
         v["num_experts_per_tok"] = json!(9);
-        assert!(config_from_hf(&v).unwrap().validate().is_err());
+        let err = config_from_hf(&v).unwrap_err().to_string();
+        assert!(err.contains("num_experts_per_tok = 9") && err.contains("num_experts = 8"), "{err}");
+    }
+
+    #[test]
+    fn every_test_model_preset_passes_validation() {
+        use crate::model::testgen::{Preset, StoreDType, TestArch, TestModelSpec};
+        for arch in [TestArch::Qwen3, TestArch::Qwen2, TestArch::Llama, TestArch::Qwen3Moe, TestArch::Qwen2Moe] {
+            for preset in [Preset::Tiny, Preset::Bench] {
+                let spec = TestModelSpec::preset(arch, preset, 1, StoreDType::F32);
+                let c = config_from_hf(&spec.config_json(1000));
+                assert!(c.is_ok(), "{arch:?} {preset:?}: {}", c.unwrap_err());
+            }
+        }
     }
 }
