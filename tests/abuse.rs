@@ -113,7 +113,8 @@ fn head(path: &str, content_length: usize) -> String {
 /// Runs one abusive connection against `addr` and reports how it ended.
 pub async fn one(attack: Attack, target: &'static str, addr: SocketAddr, plan: ConnPlan) -> Outcome {
     let start = Instant::now();
-    let mut out = Outcome { attack, target, closed_by_server: false, after: Duration::ZERO, status: None, connect_failed: false };
+    let mut out =
+        Outcome { attack, target, closed_by_server: false, after: Duration::ZERO, status: None, connect_failed: false };
     let Ok(Ok(mut s)) = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(addr)).await else {
         out.connect_failed = true;
         out.after = start.elapsed();
@@ -328,7 +329,14 @@ pub struct BurstSummary {
 
 /// `concurrency` clients each sending `body` to `url` back to back for `duration` (each call
 /// bounded by `timeout` on the client side): many real requests at once.
-pub async fn burst(http: &Http, url: &str, body: &serde_json::Value, concurrency: usize, duration: Duration, timeout: Duration) -> BurstSummary {
+pub async fn burst(
+    http: &Http,
+    url: &str,
+    body: &serde_json::Value,
+    concurrency: usize,
+    duration: Duration,
+    timeout: Duration,
+) -> BurstSummary {
     let end = Instant::now() + duration;
     let body = Arc::new(serde_json::to_vec(body).expect("serializable"));
     let mut tasks = Vec::new();

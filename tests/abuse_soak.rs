@@ -19,7 +19,11 @@ async fn a_proxy_and_two_workers_hold_their_targets_under_abuse() {
     assert_eq!(report.memory.len(), 4, "proxy, two workers and the replacement: {text}");
     for attack in sieve_e2e::abuse::Attack::ALL {
         for target in ["proxy", "worker 0"] {
-            assert!(report.attacks.get(&(target, attack)).is_some_and(|a| a.connections > 0), "no {} connections to {target}: {text}", attack.name());
+            assert!(
+                report.attacks.get(&(target, attack)).is_some_and(|a| a.connections > 0),
+                "no {} connections to {target}: {text}",
+                attack.name()
+            );
         }
     }
     let failures = report.failures();

@@ -6,8 +6,8 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
-use sieve_e2e::{Proc, sims, spawn, test_config, wait_ready, Http};
+use serde_json::{json, Value};
+use sieve_e2e::{sims, spawn, test_config, wait_ready, Http, Proc};
 use sieve_loadtest::sim::{SimConfig, SimWorker};
 use sieve_shared::{ErrorKind, Limits};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -52,7 +52,8 @@ async fn exchange(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, 
         let _ = s.read_to_end(&mut out).await;
         out
     };
-    let out = tokio::time::timeout(EXCHANGE, run).await.unwrap_or_else(|_| panic!("{method} {path} to {addr}: no answer"));
+    let out =
+        tokio::time::timeout(EXCHANGE, run).await.unwrap_or_else(|_| panic!("{method} {path} to {addr}: no answer"));
     parse_answer(&out)
 }
 
@@ -69,7 +70,9 @@ async fn oversized_on_keep_alive(addr: SocketAddr) -> Answer {
         let _ = s.read_to_end(&mut out).await;
         out
     };
-    let out = tokio::time::timeout(Duration::from_secs(5), run).await.unwrap_or_else(|_| panic!("{addr}: the connection stayed open after 413"));
+    let out = tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .unwrap_or_else(|_| panic!("{addr}: the connection stayed open after 413"));
     parse_answer(&out)
 }
 
@@ -78,7 +81,8 @@ fn parse_answer(out: &[u8]) -> Answer {
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("not an HTTP answer: {text:?}"));
     let mut lines = head.lines();
     let status = lines.next().and_then(|l| l.split(' ').nth(1)).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let headers = lines.filter_map(|l| l.split_once(':')).map(|(n, v)| (n.trim().to_string(), v.trim().to_string())).collect();
+    let headers =
+        lines.filter_map(|l| l.split_once(':')).map(|(n, v)| (n.trim().to_string(), v.trim().to_string())).collect();
     Answer { status, headers, body: serde_json::from_str(body).unwrap_or(Value::Null), raw_body: body.to_string() }
 }
 
@@ -162,23 +166,83 @@ fn error_cases() -> Vec<Case> {
         case("malformed JSON", "/v1/score", b"{\"query\": \"x\", ".to_vec(), 400, "malformed JSON"),
         case("not JSON at all", "/v1/rerank", b"query=x".to_vec(), 400, "malformed JSON"),
         case("wrong field type", "/v1/score", j(json!({"query": 7, "items": ["a"]})), 422, "invalid type"),
-        case("wrong field type (rerank)", "/v1/rerank", j(json!({"query": "x", "documents": ["a"], "top_n": "2"})), 422, "invalid type"),
+        case(
+            "wrong field type (rerank)",
+            "/v1/rerank",
+            j(json!({"query": "x", "documents": ["a"], "top_n": "2"})),
+            422,
+            "invalid type",
+        ),
         case("missing items", "/v1/score", j(json!({"query": "x"})), 422, "missing field `items`"),
-        case("unknown top-level field", "/v1/score", j(json!({"query": "x", "items": ["a"], "itmes": 1})), 422, "unknown field `itmes`"),
-        case("unknown top-level field (rerank)", "/v1/rerank", j(json!({"query": "x", "documents": ["a"], "topn": 1})), 422, "unknown field `topn`"),
-        case("unknown field inside an item", "/v1/score", j(json!({"query": "x", "items": ["a", {"text": "b", "idd": 1}]})), 422, "unknown field `idd`"),
-        case("unknown field inside a document", "/v1/rerank", j(json!({"query": "x", "documents": [{"txt": "b"}]})), 422, "unknown field `txt`"),
+        case(
+            "unknown top-level field",
+            "/v1/score",
+            j(json!({"query": "x", "items": ["a"], "itmes": 1})),
+            422,
+            "unknown field `itmes`",
+        ),
+        case(
+            "unknown top-level field (rerank)",
+            "/v1/rerank",
+            j(json!({"query": "x", "documents": ["a"], "topn": 1})),
+            422,
+            "unknown field `topn`",
+        ),
+        case(
+            "unknown field inside an item",
+            "/v1/score",
+            j(json!({"query": "x", "items": ["a", {"text": "b", "idd": 1}]})),
+            422,
+            "unknown field `idd`",
+        ),
+        case(
+            "unknown field inside a document",
+            "/v1/rerank",
+            j(json!({"query": "x", "documents": [{"txt": "b"}]})),
+            422,
+            "unknown field `txt`",
+        ),
         case("an item that is a number", "/v1/score", j(json!({"query": "x", "items": [3]})), 422, "expected an item"),
         case("empty query", "/v1/score", j(json!({"query": "  ", "items": ["a"]})), 422, "query is empty"),
         case("no items", "/v1/score", j(json!({"query": "x", "items": []})), 422, "items is empty"),
         case("no documents", "/v1/rerank", j(json!({"query": "x", "documents": []})), 422, "documents is empty"),
         case("empty item", "/v1/score", j(json!({"query": "x", "items": ["a", " "]})), 422, "items[1] is empty"),
         case("too many items", "/v1/score", j(json!({"query": "x", "items": vec!["a"; 9]})), 413, "max_items 8"),
-        case("too many documents", "/v1/rerank", j(json!({"query": "x", "documents": vec!["a"; 9]})), 413, "too many documents: 9 > max_items 8"),
-        case("item too long", "/v1/score", j(json!({"query": "x", "items": ["a", "b".repeat(201)]})), 413, "items[1] too long: 201 characters > max_item_chars 200"),
-        case("top_n 0", "/v1/rerank", j(json!({"query": "x", "documents": ["a", "b"], "top_n": 0})), 422, "top_n must be at least 1"),
-        case("deadline_ms 0", "/v1/score", j(json!({"query": "x", "items": ["a"], "deadline_ms": 0})), 422, "deadline_ms must be positive"),
-        case("deadline_ms over the limit", "/v1/rerank", j(json!({"query": "x", "documents": ["a"], "deadline_ms": 600_001})), 422, "max_deadline_ms 600000"),
+        case(
+            "too many documents",
+            "/v1/rerank",
+            j(json!({"query": "x", "documents": vec!["a"; 9]})),
+            413,
+            "too many documents: 9 > max_items 8",
+        ),
+        case(
+            "item too long",
+            "/v1/score",
+            j(json!({"query": "x", "items": ["a", "b".repeat(201)]})),
+            413,
+            "items[1] too long: 201 characters > max_item_chars 200",
+        ),
+        case(
+            "top_n 0",
+            "/v1/rerank",
+            j(json!({"query": "x", "documents": ["a", "b"], "top_n": 0})),
+            422,
+            "top_n must be at least 1",
+        ),
+        case(
+            "deadline_ms 0",
+            "/v1/score",
+            j(json!({"query": "x", "items": ["a"], "deadline_ms": 0})),
+            422,
+            "deadline_ms must be positive",
+        ),
+        case(
+            "deadline_ms over the limit",
+            "/v1/rerank",
+            j(json!({"query": "x", "documents": ["a"], "deadline_ms": 600_001})),
+            422,
+            "max_deadline_ms 600000",
+        ),
         case("body over max_body_bytes", "/v1/score", vec![b' '; 5000], 413, "max_body_bytes 4096"),
         Case { method: "GET", ..case("GET on /v1/score", "/v1/score", Vec::new(), 405, "/v1/score needs POST") },
         Case { method: "PUT", ..case("PUT on /v1/rerank", "/v1/rerank", Vec::new(), 405, "/v1/rerank needs POST") },
@@ -186,14 +250,28 @@ fn error_cases() -> Vec<Case> {
     ];
     // The deadline header counts when the body has none.
     let body = j(json!({"query": "x", "items": ["a"]}));
-    cases.push(Case { headers: vec![("x-sieve-deadline-ms", "0")], ..case("deadline header 0", "/v1/score", body.clone(), 422, "deadline_ms must be positive") });
-    cases.push(Case { headers: vec![("x-sieve-deadline-ms", "700000")], ..case("deadline header over the limit", "/v1/score", body.clone(), 422, "max_deadline_ms 600000") });
-    cases.push(Case { headers: vec![("x-sieve-deadline-ms", "soon")], ..case("deadline header not a number", "/v1/score", body, 422, "x-sieve-deadline-ms header \"soon\"") });
+    cases.push(Case {
+        headers: vec![("x-sieve-deadline-ms", "0")],
+        ..case("deadline header 0", "/v1/score", body.clone(), 422, "deadline_ms must be positive")
+    });
+    cases.push(Case {
+        headers: vec![("x-sieve-deadline-ms", "700000")],
+        ..case("deadline header over the limit", "/v1/score", body.clone(), 422, "max_deadline_ms 600000")
+    });
+    cases.push(Case {
+        headers: vec![("x-sieve-deadline-ms", "soon")],
+        ..case("deadline header not a number", "/v1/score", body, 422, "x-sieve-deadline-ms header \"soon\"")
+    });
     cases
 }
 
 fn scores(v: &Value) -> Vec<f64> {
-    v["scores"].as_array().unwrap_or_else(|| panic!("no scores: {v}")).iter().map(|s| s.as_f64().unwrap_or_else(|| panic!("null score: {v}"))).collect()
+    v["scores"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no scores: {v}"))
+        .iter()
+        .map(|s| s.as_f64().unwrap_or_else(|| panic!("null score: {v}")))
+        .collect()
 }
 
 /// Scores from one server match across calls to 1e-4 (the real model's batch composition may
@@ -222,14 +300,18 @@ async fn check_successes(name: &str, addr: SocketAddr) {
     // In input order: the same items reversed give the same scores reversed.
     let mut rev_items = items().as_array().unwrap().clone();
     rev_items.reverse();
-    let rev = exchange(addr, "POST", "/v1/score", &[], json!({"query": query, "items": rev_items}).to_string().as_bytes()).await;
+    let rev =
+        exchange(addr, "POST", "/v1/score", &[], json!({"query": query, "items": rev_items}).to_string().as_bytes())
+            .await;
     assert_eq!(rev.status, 200, "{name}: {}", rev.raw_body);
     let r: Vec<f64> = scores(&rev.body).into_iter().rev().collect();
     assert!(s.iter().zip(&r).all(|(a, b)| close(*a, *b)), "{name}: forward {s:?}, reversed back {r:?}");
     assert_eq!(rev.body["ids"], json!([null, null, "b", null]), "{name}");
 
     // Rerank: every document, best first, each with its score.
-    let rr = exchange(addr, "POST", "/v1/rerank", &[], json!({"query": query, "documents": items()}).to_string().as_bytes()).await;
+    let rr =
+        exchange(addr, "POST", "/v1/rerank", &[], json!({"query": query, "documents": items()}).to_string().as_bytes())
+            .await;
     assert_eq!(rr.status, 200, "{name}: rerank: {}", rr.raw_body);
     let results = rr.body["results"].as_array().unwrap_or_else(|| panic!("{name}: {}", rr.body)).clone();
     let mut indices: Vec<usize> = results.iter().map(|x| x["index"].as_u64().unwrap() as usize).collect();
@@ -320,7 +402,8 @@ async fn a_stalled_body_holds_no_proxy_admission_slot() {
 
     // Headers and the first bytes of the body, then nothing.
     let mut stalled = TcpStream::connect(p.api_addr).await.unwrap();
-    let head = format!("POST /v1/score HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n", body.len());
+    let head =
+        format!("POST /v1/score HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n", body.len());
     stalled.write_all(head.as_bytes()).await.unwrap();
     stalled.write_all(&body.as_bytes()[..5]).await.unwrap();
     // Give the proxy time to take the head and start reading the body.
@@ -333,7 +416,10 @@ async fn a_stalled_body_holds_no_proxy_admission_slot() {
     // The stalled request was alive all along: finished, it is answered too.
     stalled.write_all(&body.as_bytes()[5..]).await.unwrap();
     let mut out = vec![];
-    tokio::time::timeout(EXCHANGE, stalled.read_to_end(&mut out)).await.expect("the stalled request is answered").unwrap();
+    tokio::time::timeout(EXCHANGE, stalled.read_to_end(&mut out))
+        .await
+        .expect("the stalled request is answered")
+        .unwrap();
     let a = parse_answer(&out);
     assert_eq!(a.status, 200, "{}", a.raw_body);
     assert_eq!(a.body["scores"], full.body["scores"]);

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use sieve_e2e::{Http, Proc, proxy, spawn, test_config};
+use sieve_e2e::{proxy, spawn, test_config, Http, Proc};
 use sieve_shared::proxy_config::{PolicyKind, SplitMode};
 use sieve_shared::{ScoreResponse, WorkerEndpoint};
 
@@ -23,8 +23,13 @@ fn small_demo() -> serde_json::Value {
     let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/demo-request.json")).unwrap();
     let mut demo: serde_json::Value = serde_json::from_str(&text).unwrap();
     let keep = ["sku-1016", "sku-1010", "sku-1017", "sku-1005", "sku-1008"];
-    let items: Vec<serde_json::Value> =
-        demo["items"].as_array().unwrap().iter().filter(|i| keep.contains(&i["id"].as_str().unwrap_or(""))).cloned().collect();
+    let items: Vec<serde_json::Value> = demo["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| keep.contains(&i["id"].as_str().unwrap_or("")))
+        .cloned()
+        .collect();
     assert_eq!(items.len(), keep.len());
     demo["items"] = items.into();
     demo["deadline_ms"] = 300_000.into();

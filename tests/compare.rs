@@ -14,7 +14,17 @@ fn a_short_comparison_runs_end_to_end() {
     let _ = std::fs::remove_dir_all(&out);
     let run = Command::new(bin("sieve-loadtest"))
         .args(["compare", "--workers", "4", "--speed", "1", "--loads", "50", "--duration", "2", "--warmup", "1"])
-        .args(["--scenarios", "kill", "--fault-duration", "3", "--deadline-ms", "5000", "--items", "uniform:20,60", "--quiet"])
+        .args([
+            "--scenarios",
+            "kill",
+            "--fault-duration",
+            "3",
+            "--deadline-ms",
+            "5000",
+            "--items",
+            "uniform:20,60",
+            "--quiet",
+        ])
         .arg("--out")
         .arg(&out)
         .arg("--proxy-bin")
@@ -24,7 +34,13 @@ fn a_short_comparison_runs_end_to_end() {
         .expect("runs sieve-loadtest");
     let stdout = String::from_utf8_lossy(&run.stdout);
     assert!(run.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&run.stderr));
-    for name in ["1 whole request, random worker", "2 fixed split, random", "3 fixed split, least-loaded", "4 cost split, least-loaded (ours)", "5 ours + hedging"] {
+    for name in [
+        "1 whole request, random worker",
+        "2 fixed split, random",
+        "3 fixed split, least-loaded",
+        "4 cost split, least-loaded (ours)",
+        "5 ours + hedging",
+    ] {
         assert_eq!(stdout.matches(name).count(), 4, "{name}: a progress line and a table row per run\n{stdout}");
     }
     assert!(stdout.contains("capacity = workers x slots x speed"), "{stdout}");

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use sieve_e2e::{Http, Proc, catalogue, score_body, spawn, wait_ready};
+use sieve_e2e::{catalogue, score_body, spawn, wait_ready, Http, Proc};
 use sieve_shared::ScoreResponse;
 
 const QUERY: &str = "waterproof trail running shoes";
@@ -45,7 +45,11 @@ async fn proxy_and_sim_worker_binaries_keep_the_command_line_contract() {
         assert!(w.line.starts_with("sieve-worker listening api=127.0.0.1:"), "{}", w.line);
     }
     let p = proxy(&[&a, &b], None);
-    assert!(p.line.starts_with("sieve-proxy listening api=127.0.0.1:") && p.line.contains(" admin=127.0.0.1:"), "{}", p.line);
+    assert!(
+        p.line.starts_with("sieve-proxy listening api=127.0.0.1:") && p.line.contains(" admin=127.0.0.1:"),
+        "{}",
+        p.line
+    );
     assert!(wait_ready(&http, &p.admin_url(), START).await, "proxy never ready");
     let body = score_body(QUERY, &catalogue(120, 1), None);
     let want: ScoreResponse = http.post_json(&format!("{}/v1/score", a.api_url()), &body).await.json();
@@ -55,7 +59,12 @@ async fn proxy_and_sim_worker_binaries_keep_the_command_line_contract() {
     let workers: serde_json::Value = http.get(&format!("{}/workers", p.admin_url())).await.json();
     assert_eq!(workers["workers"].as_array().map(Vec::len), Some(2));
     let metrics = http.get(&format!("{}/metrics", p.admin_url())).await.text();
-    for name in ["sieve_proxy_requests_total", "sieve_proxy_shard_items", "sieve_proxy_worker_in_flight_shards", "sieve_proxy_worker_breaker_state"] {
+    for name in [
+        "sieve_proxy_requests_total",
+        "sieve_proxy_shard_items",
+        "sieve_proxy_worker_in_flight_shards",
+        "sieve_proxy_worker_breaker_state",
+    ] {
         assert!(metrics.contains(name), "/metrics lacks {name}");
     }
 }
@@ -104,7 +113,8 @@ async fn a_worker_process_killed_mid_shard_costs_no_request() {
 async fn sigterm_drains_the_proxy_without_failing_requests_in_flight() {
     let http = Http::new();
     let (a, b) = (sim(&["--speed", "0.05"]), sim(&["--speed", "0.05"]));
-    let cfg = temp_config("drain", "[health]\ninterval_ms = 50\n[hedge]\nenabled = false\n[deadline]\ndefault_ms = 20000\n");
+    let cfg =
+        temp_config("drain", "[health]\ninterval_ms = 50\n[hedge]\nenabled = false\n[deadline]\ndefault_ms = 20000\n");
     let mut p = proxy(&[&a, &b], Some(&cfg));
     assert!(wait_ready(&http, &p.admin_url(), START).await);
     let n = 6;
@@ -208,7 +218,8 @@ async fn sieve_up_keep_running_serves_until_interrupted_and_sieve_score_ranks() 
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
-    let rows = text.lines().filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()) && l.contains("sku-")).count();
+    let rows =
+        text.lines().filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()) && l.contains("sku-")).count();
     assert_eq!(rows, 5, "{text}");
     // SAFETY: signalling our own child.
     unsafe {

@@ -1,13 +1,13 @@
 //! The proxy against simulated workers, in-process on loopback: merging, least-loaded choice,
 //! retries, hedges, deadlines, the breaker, hot reload and drain, and every bad-input code.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sieve_e2e::{Http, catalogue, proxy, proxy_with, score_body, sims, test_config};
-use sieve_loadtest::sim::{SimConfig, SimSettingsUpdate, SimWorker, tokens};
+use sieve_e2e::{catalogue, proxy, proxy_with, score_body, sims, test_config, Http};
+use sieve_loadtest::sim::{tokens, SimConfig, SimSettingsUpdate, SimWorker};
 use sieve_proxy::breaker::BreakerState;
 use sieve_proxy::worker::Health;
 use sieve_proxy::{Launch, RunningProxy};
@@ -174,7 +174,9 @@ async fn a_lagging_shard_is_hedged_and_the_loser_cancelled() {
         assert_eq!(through(&http, &p, &body).await.status, 200);
     }
     assert!(p.state.ratios.samples() >= 20);
-    let hedges = |p: &RunningProxy| p.state.pool.snapshot().iter().map(|w| w.counters.hedges.load(Ordering::Relaxed)).sum::<u64>();
+    let hedges = |p: &RunningProxy| {
+        p.state.pool.snapshot().iter().map(|w| w.counters.hedges.load(Ordering::Relaxed)).sum::<u64>()
+    };
     let hedges_before = hedges(&p);
     slow_down(&ws[1], 200.0); // about two seconds instead of ten milliseconds
     let r = through(&http, &p, &body).await;
@@ -386,11 +388,36 @@ async fn bad_input_gets_the_workers_codes_before_any_shard_is_sent() {
         ("no items", serde_json::to_vec(&json!({"query": "q", "items": []})).unwrap(), 422, "items"),
         ("empty item", serde_json::to_vec(&json!({"query": "q", "items": ["a", ""]})).unwrap(), 422, "items[1]"),
         ("wrong type", serde_json::to_vec(&json!({"query": 3, "items": ["a"]})).unwrap(), 422, "invalid"),
-        ("unknown field", serde_json::to_vec(&json!({"query": "q", "items": ["a"], "itmes": 1})).unwrap(), 422, "itmes"),
-        ("zero deadline", serde_json::to_vec(&json!({"query": "q", "items": ["a"], "deadline_ms": 0})).unwrap(), 422, "deadline_ms"),
-        ("too many items", serde_json::to_vec(&json!({"query": "q", "items": vec!["a"; 51]})).unwrap(), 413, "max_items 50"),
-        ("long item", serde_json::to_vec(&json!({"query": "q", "items": ["x".repeat(5001)]})).unwrap(), 413, "items[0]"),
-        ("big body", serde_json::to_vec(&json!({"query": "q", "items": vec!["y".repeat(1000); 30]})).unwrap(), 413, "max_body_bytes"),
+        (
+            "unknown field",
+            serde_json::to_vec(&json!({"query": "q", "items": ["a"], "itmes": 1})).unwrap(),
+            422,
+            "itmes",
+        ),
+        (
+            "zero deadline",
+            serde_json::to_vec(&json!({"query": "q", "items": ["a"], "deadline_ms": 0})).unwrap(),
+            422,
+            "deadline_ms",
+        ),
+        (
+            "too many items",
+            serde_json::to_vec(&json!({"query": "q", "items": vec!["a"; 51]})).unwrap(),
+            413,
+            "max_items 50",
+        ),
+        (
+            "long item",
+            serde_json::to_vec(&json!({"query": "q", "items": ["x".repeat(5001)]})).unwrap(),
+            413,
+            "items[0]",
+        ),
+        (
+            "big body",
+            serde_json::to_vec(&json!({"query": "q", "items": vec!["y".repeat(1000); 30]})).unwrap(),
+            413,
+            "max_body_bytes",
+        ),
     ];
     for (name, body, status, needle) in cases {
         let r = http.post(&url, body).await;
@@ -431,7 +458,8 @@ async fn bad_input_gets_the_workers_codes_before_any_shard_is_sent() {
     p.stop().await;
 
     // 503: no worker ready; /ready says so too.
-    let p = proxy(test_config(vec![WorkerEndpoint::new("http://127.0.0.1:1", Some("http://127.0.0.1:1".into()))]), 0).await;
+    let p =
+        proxy(test_config(vec![WorkerEndpoint::new("http://127.0.0.1:1", Some("http://127.0.0.1:1".into()))]), 0).await;
     let r = through(&http, &p, &body).await;
     assert_eq!(r.status, 503, "{}", r.text());
     assert_eq!(http.get(&format!("{}/ready", p.admin_url())).await.status, 503);

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use sieve_shared::ScoreResponse;
 
 use crate::abuse::{self, Attack, AttackPlan, AttackSummary, BurstSummary, ConnPlan, Timeouts};
-use crate::{Http, Proc, catalogue, score_body, spawn};
+use crate::{catalogue, score_body, spawn, Http, Proc};
 
 /// Loading the embedded model (fetching it on a fresh checkout) may take a while.
 const LOAD: Duration = Duration::from_secs(600);
@@ -84,7 +84,11 @@ impl SoakConfig {
             // Short: what cannot finish in time is refused (429) or dropped (504) quickly.
             burst_deadline: Duration::from_secs(1),
             kill_at: Duration::from_secs(8),
-            timeouts: Timeouts { header: Duration::from_secs(1), body: Duration::from_secs(2), idle: Duration::from_secs(3) },
+            timeouts: Timeouts {
+                header: Duration::from_secs(1),
+                body: Duration::from_secs(2),
+                idle: Duration::from_secs(3),
+            },
             max_connections: 512,
             close_slack: Duration::from_millis(1500),
             early_slack: Duration::from_millis(500),
@@ -121,7 +125,8 @@ impl SoakConfig {
         if want <= limit {
             return None;
         }
-        let scale = (limit.saturating_sub(self.burst_concurrency + 256)) as f64 / (want - self.burst_concurrency - 256) as f64;
+        let scale =
+            (limit.saturating_sub(self.burst_concurrency + 256)) as f64 / (want - self.burst_concurrency - 256) as f64;
         for n in self.attacks.values_mut() {
             *n = ((*n as f64 * scale) as usize).max(1);
         }
@@ -197,7 +202,11 @@ impl Drop for TempDir {
 
 fn start_worker(config: &Path) -> Proc {
     let cfg = config.display().to_string();
-    spawn("sieve-worker", &["--model", "default", "--port", "0", "--admin-port", "0", "--threads", "1", "--config", &cfg], LOAD)
+    spawn(
+        "sieve-worker",
+        &["--model", "default", "--port", "0", "--admin-port", "0", "--threads", "1", "--config", &cfg],
+        LOAD,
+    )
 }
 
 /// Polls `url` until it answers 200, at most `timeout`.
@@ -212,7 +221,9 @@ async fn until_ready(http: &Http, admin_url: &str, timeout: Duration) -> bool {
 pub fn memory_kib(pid: u32) -> Option<(u64, u64)> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let field = |name: &str| {
-        text.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
     };
     Some((field("VmRSS:")?, field("VmHWM:")?))
 }
@@ -235,7 +246,16 @@ pub struct ProcMemory {
 impl ProcMemory {
     fn new(name: &str, pid: u32) -> Self {
         let (rss, hwm) = memory_kib(pid).unwrap_or_default();
-        ProcMemory { name: name.into(), pid, start_kib: rss, peak_kib: rss, end_kib: rss, hwm_kib: hwm, alive_at_end: true, killed_on_purpose: false }
+        ProcMemory {
+            name: name.into(),
+            pid,
+            start_kib: rss,
+            peak_kib: rss,
+            end_kib: rss,
+            hwm_kib: hwm,
+            alive_at_end: true,
+            killed_on_purpose: false,
+        }
     }
 
     fn sample(&mut self) -> bool {
@@ -287,14 +307,21 @@ pub struct SteadySummary {
 
 impl SteadySummary {
     pub fn answered_fraction(&self) -> f64 {
-        if self.sent == 0 { 0.0 } else { self.answered as f64 / self.sent as f64 }
+        if self.sent == 0 {
+            0.0
+        } else {
+            self.answered as f64 / self.sent as f64
+        }
     }
 
     fn from_calls(calls: &[SteadyCall], deadline: Duration) -> Self {
         let mut s = SteadySummary { sent: calls.len(), ..Default::default() };
         let mut ms: Vec<f64> = Vec::with_capacity(calls.len());
         for c in calls {
-            let key = c.status.map_or_else(|| if c.latency > deadline { "timeout".into() } else { "error".into() }, |v| v.to_string());
+            let key = c.status.map_or_else(
+                || if c.latency > deadline { "timeout".into() } else { "error".into() },
+                |v| v.to_string(),
+            );
             *s.outcomes.entry(key.clone()).or_default() += 1;
             s.partial += usize::from(c.partial);
             if c.status == Some(200) && !c.partial && c.latency <= deadline {
@@ -337,7 +364,8 @@ async fn steady(http: Http, url: String, cfg: SoakConfig, t0: Instant) -> Vec<St
             let latency = sent.elapsed();
             let call = match r {
                 Ok(Ok(r)) => {
-                    let partial = r.status == 200 && serde_json::from_slice::<ScoreResponse>(&r.body).map_or(true, |b| !b.missing.is_empty());
+                    let partial = r.status == 200
+                        && serde_json::from_slice::<ScoreResponse>(&r.body).map_or(true, |b| !b.missing.is_empty());
                     SteadyCall { at, status: Some(r.status), latency, partial }
                 }
                 _ => SteadyCall { at, status: None, latency, partial: false },
@@ -401,16 +429,32 @@ async fn probe(http: &Http, url: &str) -> (Option<u16>, Duration) {
     (r.ok().and_then(Result::ok).map(|r| r.status), t0.elapsed())
 }
 
-async fn probe_loop(http: Http, proxy_admin: String, worker0_admin: String, stop: Arc<AtomicBool>, out: Arc<Mutex<Probes>>) {
+async fn probe_loop(
+    http: Http,
+    proxy_admin: String,
+    worker0_admin: String,
+    stop: Arc<AtomicBool>,
+    out: Arc<Mutex<Probes>>,
+) {
     while !stop.load(Ordering::Acquire) {
         let p = probe(&http, &format!("{proxy_admin}/ready")).await;
         let w = probe(&http, &format!("{worker0_admin}/ready")).await.0;
-        let eligible = match tokio::time::timeout(Duration::from_secs(1), http.send(hyper::Method::GET, &format!("{proxy_admin}/workers"), bytes::Bytes::new())).await {
+        let eligible = match tokio::time::timeout(
+            Duration::from_secs(1),
+            http.send(hyper::Method::GET, &format!("{proxy_admin}/workers"), bytes::Bytes::new()),
+        )
+        .await
+        {
             Ok(Ok(r)) if r.status == 200 => {
                 let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
                 let urls: Vec<String> = v["workers"]
                     .as_array()
-                    .map(|a| a.iter().filter(|w| w["eligible"] == true).filter_map(|w| w["url"].as_str().map(String::from)).collect())
+                    .map(|a| {
+                        a.iter()
+                            .filter(|w| w["eligible"] == true)
+                            .filter_map(|w| w["url"].as_str().map(String::from))
+                            .collect()
+                    })
                     .unwrap_or_default();
                 Some((Instant::now(), urls.len(), urls))
             }
@@ -504,7 +548,8 @@ pub async fn run(mut cfg: SoakConfig) -> SoakReport {
     let stop = Arc::new(AtomicBool::new(false));
     let probes = Arc::new(Mutex::new(Probes::default()));
     let mem_task = tokio::spawn(memory_loop(memory.clone(), stop.clone(), died.clone()));
-    let probe_task = tokio::spawn(probe_loop(http.clone(), proxy.admin_url(), w0.admin_url(), stop.clone(), probes.clone()));
+    let probe_task =
+        tokio::spawn(probe_loop(http.clone(), proxy.admin_url(), w0.admin_url(), stop.clone(), probes.clone()));
     let steady_task = tokio::spawn(steady(http.clone(), score.clone(), cfg.clone(), t0));
 
     // Attacks go to the proxy and to the worker that stays up (the killed one's connections
@@ -514,7 +559,9 @@ pub async fn run(mut cfg: SoakConfig) -> SoakReport {
         conn: Some(ConnPlan {
             content_length: cfg.content_length,
             trickle_every: cfg.trickle_every,
-            give_up: cfg.timeouts.header.max(cfg.timeouts.body).max(cfg.timeouts.idle) + cfg.close_slack + Duration::from_secs(2),
+            give_up: cfg.timeouts.header.max(cfg.timeouts.body).max(cfg.timeouts.idle)
+                + cfg.close_slack
+                + Duration::from_secs(2),
         }),
     };
     let targets: Vec<(&'static str, SocketAddr)> = vec![("proxy", proxy.api), ("worker 0", w0.api)];
@@ -528,7 +575,15 @@ pub async fn run(mut cfg: SoakConfig) -> SoakReport {
         tokio::spawn(async move {
             tokio::time::sleep_until((t0 + c.burst_start).into()).await;
             let body = score_body(QUERY, &short_items(c.items, 7), Some(c.burst_deadline.as_millis() as u64));
-            abuse::burst(&http, &url, &body, c.burst_concurrency, c.burst_len, c.burst_deadline + Duration::from_secs(2)).await
+            abuse::burst(
+                &http,
+                &url,
+                &body,
+                c.burst_concurrency,
+                c.burst_len,
+                c.burst_deadline + Duration::from_secs(2),
+            )
+            .await
         })
     };
 
@@ -735,7 +790,8 @@ impl SoakReport {
             s.max_ms
         );
         if !s.misses.is_empty() {
-            let m: Vec<String> = s.misses.iter().map(|(at, what, ms)| format!("{what} at {at:.1} s ({ms:.0} ms)")).collect();
+            let m: Vec<String> =
+                s.misses.iter().map(|(at, what, ms)| format!("{what} at {at:.1} s ({ms:.0} ms)")).collect();
             let _ = writeln!(o, "  not answered: {}", m.join(", "));
         }
         let b = &self.burst;
@@ -757,7 +813,8 @@ impl SoakReport {
             "target", "attack", "conns", "closed", "late", "early", "nocon"
         );
         for ((target, attack), a) in &self.attacks {
-            let after = a.closed_after_s.map_or_else(|| "-".to_string(), |(lo, mid, hi)| format!("{lo:.2}/{mid:.2}/{hi:.2}"));
+            let after =
+                a.closed_after_s.map_or_else(|| "-".to_string(), |(lo, mid, hi)| format!("{lo:.2}/{mid:.2}/{hi:.2}"));
             let _ = writeln!(
                 o,
                 "  {:<9} {:<13} {:>6} {:>7} {:>5} {:>5} {:>7}  {:<28}  {:>6.1}s  {:?}",
@@ -784,14 +841,26 @@ impl SoakReport {
                 m.end_kib as f64 / 1024.0,
                 m.growth_mib(),
                 m.hwm_kib as f64 / 1024.0,
-                if m.killed_on_purpose { "killed on purpose" } else if m.alive_at_end { "alive" } else { "DIED" }
+                if m.killed_on_purpose {
+                    "killed on purpose"
+                } else if m.alive_at_end {
+                    "alive"
+                } else {
+                    "DIED"
+                }
             );
         }
         let r = &self.ready;
         let _ = writeln!(
             o,
             "ready: proxy /ready {}/{} probes 200 ({} not ready, {} errors, slowest {:.0} ms); worker 0 /ready {}/{}",
-            r.proxy_ready, r.proxy_probes, r.proxy_not_ready, r.proxy_errors, r.proxy_max_probe_ms, r.worker0_ready, r.worker0_probes
+            r.proxy_ready,
+            r.proxy_probes,
+            r.proxy_not_ready,
+            r.proxy_errors,
+            r.proxy_max_probe_ms,
+            r.worker0_ready,
+            r.worker0_probes
         );
         let f = |v: Option<f64>| v.map_or_else(|| "never".to_string(), |s| format!("{s:.2} s"));
         let _ = writeln!(

@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{HeaderMap, Method, Request};
-use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde::Serialize;
 use sieve_loadtest::sim::{SimConfig, SimWorker};
 use sieve_proxy::{Launch, RunningProxy};
 use sieve_shared::{ProxyConfig, WorkerEndpoint};
@@ -93,7 +93,9 @@ impl Http {
     }
 
     pub async fn put_json<T: Serialize>(&self, url: &str, body: &T) -> Reply {
-        self.send(Method::PUT, url, serde_json::to_vec(body).expect("serializable")).await.unwrap_or_else(|e| panic!("PUT {e}"))
+        self.send(Method::PUT, url, serde_json::to_vec(body).expect("serializable"))
+            .await
+            .unwrap_or_else(|e| panic!("PUT {e}"))
     }
 }
 
@@ -130,7 +132,7 @@ pub fn bin(name: &str) -> PathBuf {
 
 /// A child process that printed `... listening api=ADDR admin=ADDR` (shared with the load
 /// tester, which starts proxies the same way). Killed when dropped.
-pub use sieve_loadtest::process::{Proc, parse_listening};
+pub use sieve_loadtest::process::{parse_listening, Proc};
 
 /// Starts the built binary `bin_name` with `args` and waits (at most `timeout`) for its
 /// listening line; panics if it does not come.
@@ -185,9 +187,36 @@ pub async fn proxy_with(launch: Launch, ready_workers: usize) -> RunningProxy {
 /// Product-like item texts with skewed lengths (a few long ones), deterministic in `seed`.
 pub fn catalogue(n: usize, seed: u64) -> Vec<String> {
     const WORDS: &[&str] = &[
-        "trail", "running", "shoe", "waterproof", "men's", "women's", "lightweight", "cushioned", "grip", "mesh",
-        "upper", "size", "black", "red", "breathable", "rubber", "outsole", "carbon", "plate", "racing", "wide",
-        "fit", "neutral", "stability", "road", "ultra", "marathon", "recycled", "knit", "heel",
+        "trail",
+        "running",
+        "shoe",
+        "waterproof",
+        "men's",
+        "women's",
+        "lightweight",
+        "cushioned",
+        "grip",
+        "mesh",
+        "upper",
+        "size",
+        "black",
+        "red",
+        "breathable",
+        "rubber",
+        "outsole",
+        "carbon",
+        "plate",
+        "racing",
+        "wide",
+        "fit",
+        "neutral",
+        "stability",
+        "road",
+        "ultra",
+        "marathon",
+        "recycled",
+        "knit",
+        "heel",
     ];
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     let mut next = move || {

@@ -59,7 +59,12 @@ fn time(budget: f64, mut f: impl FnMut()) -> Timing {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let threads = args.iter().position(|a| a == "--threads").and_then(|i| args.get(i + 1)).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let threads = args
+        .iter()
+        .position(|a| a == "--threads")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     let quick = args.iter().any(|a| a == "--quick");
     let budget = if quick { 0.2 } else { 1.0 };
     // --m 64,4096 and --shapes 0,3 restrict the GEMM table (for tuning runs).
@@ -84,8 +89,16 @@ fn main() {
 
     println!("\nGEMM out[M,N] = x[M,K] · W[N,K]ᵀ, GFLOP/s, {threads} threads");
     println!("{:<18} {:>5}   {:>14}   {:>14}   {:>12}", "", "", "sieve", "gemm crate", "sieve / gemm");
-    println!("{:<18} {:>5}   {:>6} {:>7}   {:>6} {:>7}   {:>5} {:>6}", "shape (N x K)", "M", "median", "best", "median", "best", "median", "best");
-    let shapes = [("qkv 960x576", 960, 576), ("o_proj 576x576", 576, 576), ("gate_up 3072x576", 3072, 576), ("down 576x1536", 576, 1536)];
+    println!(
+        "{:<18} {:>5}   {:>6} {:>7}   {:>6} {:>7}   {:>5} {:>6}",
+        "shape (N x K)", "M", "median", "best", "median", "best", "median", "best"
+    );
+    let shapes = [
+        ("qkv 960x576", 960, 576),
+        ("o_proj 576x576", 576, 576),
+        ("gate_up 3072x576", 3072, 576),
+        ("down 576x1536", 576, 1536),
+    ];
     // --shape NxK adds a custom shape (tuning).
     let custom: Vec<(String, usize, usize)> = args
         .iter()
@@ -108,21 +121,42 @@ fn main() {
             let mut out = HostTensor::zeros(m, n);
             let flops = 2.0 * (m * n * k) as f64;
             let gemm_only = std::env::var_os("BENCH_GEMM_ONLY").is_some();
-            let ours = if gemm_only { Timing::NONE } else { time(budget, || cpu.matmul(&x, &w, None, &mut out).expect("matmul")) };
+            let ours = if gemm_only {
+                Timing::NONE
+            } else {
+                time(budget, || cpu.matmul(&x, &w, None, &mut out).expect("matmul"))
+            };
             let mut dst = out.data.clone();
             let ours_only = std::env::var_os("BENCH_OURS_ONLY").is_some();
-            let theirs = if ours_only { Timing::NONE } else { time(budget, || {
-                gemm_pool.install(|| unsafe {
-                    gemm::gemm(
-                        m, n, k,
-                        dst.as_mut_ptr(), 1, n as isize, false,
-                        x.data.as_ptr(), 1, k as isize,
-                        wdata.as_ptr(), k as isize, 1,
-                        0.0, 1.0, false, false, false,
-                        gemm::Parallelism::Rayon(threads),
-                    )
+            let theirs = if ours_only {
+                Timing::NONE
+            } else {
+                time(budget, || {
+                    gemm_pool.install(|| unsafe {
+                        gemm::gemm(
+                            m,
+                            n,
+                            k,
+                            dst.as_mut_ptr(),
+                            1,
+                            n as isize,
+                            false,
+                            x.data.as_ptr(),
+                            1,
+                            k as isize,
+                            wdata.as_ptr(),
+                            k as isize,
+                            1,
+                            0.0,
+                            1.0,
+                            false,
+                            false,
+                            false,
+                            gemm::Parallelism::Rayon(threads),
+                        )
+                    })
                 })
-            }) };
+            };
             if gemm_only {
                 cpu.matmul(&x, &w, None, &mut out).expect("matmul");
             }
@@ -168,7 +202,12 @@ fn main() {
     let mut flops = 4.0 * (prefix * (prefix + 1) / 2) as f64;
     for &n in &items {
         push_rows(&mut batch, n, prefix, slot);
-        batch.seqs.push(AttnSeq { q_row: row as u32, q_len: n as u32, ctx_len: (prefix + n) as u32, slot_offset: batch.key_slots.len() as u32 });
+        batch.seqs.push(AttnSeq {
+            q_row: row as u32,
+            q_len: n as u32,
+            ctx_len: (prefix + n) as u32,
+            slot_offset: batch.key_slots.len() as u32,
+        });
         batch.key_slots.extend(0..prefix as u32);
         batch.key_slots.extend(slot as u32..(slot + n) as u32);
         flops += 4.0 * (0..n).map(|i| (prefix + i + 1) as f64).sum::<f64>();
@@ -207,7 +246,8 @@ fn main() {
     let w_gu = weight(2 * inter, hidden);
     let w_down = weight(hidden, inter);
     let norm = cpu.vector(&vec![1.0; hidden]).expect("v");
-    let rope = sieve_kernels::RopeConfig { theta: 100000.0, rotary_dim: 64, layout: sieve_kernels::RopeLayout::Interleaved };
+    let rope =
+        sieve_kernels::RopeConfig { theta: 100000.0, rotary_dim: 64, layout: sieve_kernels::RopeLayout::Interleaved };
     let mut h = HostTensor::from_vec(random(&mut rng, rows * hidden), rows, hidden);
     let mut x = HostTensor::zeros(rows, hidden);
     let mut qkv = HostTensor::zeros(rows, layout.qkv_dim());

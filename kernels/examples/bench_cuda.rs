@@ -72,7 +72,12 @@ fn scoring_batch(prefix: usize, items: usize, item_len: usize) -> (BatchLayout, 
 
 fn bench_gemm(g: &CudaBackend, rng: &mut impl Rng, reps: usize) {
     println!("\nGEMM out[M,N] = x[M,K] · W[N,K]ᵀ (bf16 in, f32 out), {:?} engine, TFLOP/s (event median, includes the bf16 cast of x)", g.gemm_engine());
-    let shapes = [("qkv 0.6B", 4096, 1024), ("gate_up 0.6B", 6144, 1024), ("down 0.6B", 1024, 3072), ("gate_up 4B", 19456, 2560)];
+    let shapes = [
+        ("qkv 0.6B", 4096, 1024),
+        ("gate_up 0.6B", 6144, 1024),
+        ("down 0.6B", 1024, 3072),
+        ("gate_up 4B", 19456, 2560),
+    ];
     print!("{:>14}", "M \\ shape");
     for (name, ..) in &shapes {
         print!("{name:>16}");
@@ -94,14 +99,20 @@ fn bench_gemm(g: &CudaBackend, rng: &mut impl Rng, reps: usize) {
 fn bench_attention(g: &CudaBackend, rng: &mut impl Rng, reps: usize) {
     println!("\nAttention (one layer, prefix already cached): query tokens/s (event median)");
     println!("{:>8} {:>8} {:>8} {:>22} {:>12} {:>14}", "prefix", "items", "item", "heads/kv/hd", "ms", "Mtok/s");
-    for &(prefix, items, item_len, (nh, nkv, hd)) in
-        &[(200, 20, 100, (16, 8, 128)), (200, 200, 100, (16, 8, 128)), (500, 1000, 60, (16, 8, 128)), (200, 200, 100, (32, 4, 128)), (200, 200, 100, (8, 8, 256))]
-    {
+    for &(prefix, items, item_len, (nh, nkv, hd)) in &[
+        (200, 20, 100, (16, 8, 128)),
+        (200, 200, 100, (16, 8, 128)),
+        (500, 1000, 60, (16, 8, 128)),
+        (200, 200, 100, (32, 4, 128)),
+        (200, 200, 100, (8, 8, 256)),
+    ] {
         let layout = QkvLayout { n_heads: nh, n_kv_heads: nkv, head_dim: hd };
         let (pre, batch, slots) = scoring_batch(prefix, items, item_len);
         let mut cache = g.kv_cache(1, slots, nkv, hd).expect("cache");
         let pb = g.prepare_batch(&pre, &cache).expect("batch");
-        let q = g.from_host(&random(rng, pre.num_rows() * layout.qkv_dim(), 1.0), pre.num_rows(), layout.qkv_dim()).expect("q");
+        let q = g
+            .from_host(&random(rng, pre.num_rows() * layout.qkv_dim(), 1.0), pre.num_rows(), layout.qkv_dim())
+            .expect("q");
         g.write_kv(&q, layout, &mut cache, 0, &pb).expect("kv");
         let rows = batch.num_rows();
         let bb = g.prepare_batch(&batch, &cache).expect("batch");
@@ -109,7 +120,11 @@ fn bench_attention(g: &CudaBackend, rng: &mut impl Rng, reps: usize) {
         g.write_kv(&q, layout, &mut cache, 0, &bb).expect("kv");
         let mut out = g.zeros(rows, layout.q_dim()).expect("out");
         let ms = gpu_ms(g, reps, || g.attention(&q, layout, &cache, 0, &bb, &mut out).expect("attention"));
-        println!("{prefix:>8} {items:>8} {item_len:>8} {:>22} {ms:>12.3} {:>14.2}", format!("{nh}/{nkv}/{hd}"), rows as f64 / (ms * 1e-3) / 1e6);
+        println!(
+            "{prefix:>8} {items:>8} {item_len:>8} {:>22} {ms:>12.3} {:>14.2}",
+            format!("{nh}/{nkv}/{hd}"),
+            rows as f64 / (ms * 1e-3) / 1e6
+        );
     }
 }
 
@@ -117,17 +132,33 @@ fn bench_moe(g: &CudaBackend, rng: &mut impl Rng, reps: usize) {
     let dims = MoeDims { hidden: 2048, inter: 768, n_experts: 128 };
     let routing = MoeRouting { top_k: 8, renormalize: true };
     println!("\nMoE layer, {} experts top-{}, hidden {}, expert size {} (event median ms; padding ratio = padded rows at 128 / real rows)", dims.n_experts, routing.top_k, dims.hidden, dims.inter);
-    let w = g.moe_expert_weights(dims, &random(rng, dims.n_experts * 2 * dims.inter * dims.hidden, 0.02), &random(rng, dims.n_experts * dims.hidden * dims.inter, 0.02)).expect("moe weights");
-    println!("{:>6} {:>8} {:>10} {:>10} {:>10} {:>10} {:>7} {:>10}", "seqs", "tokens", "pad@128", "BM64", "BM128", "auto", "chose", "auto/best");
+    let w = g
+        .moe_expert_weights(
+            dims,
+            &random(rng, dims.n_experts * 2 * dims.inter * dims.hidden, 0.02),
+            &random(rng, dims.n_experts * dims.hidden * dims.inter, 0.02),
+        )
+        .expect("moe weights");
+    println!(
+        "{:>6} {:>8} {:>10} {:>10} {:>10} {:>10} {:>7} {:>10}",
+        "seqs", "tokens", "pad@128", "BM64", "BM128", "auto", "chose", "auto/best"
+    );
     let (mut sum64, mut sum128, mut sum_auto) = (0.0, 0.0, 0.0);
     for seqs in [1usize, 2, 4, 8, 16, 32, 64] {
         let tokens = seqs * 120; // ~120 item tokens per scored pair
         let x = g.from_host(&random(rng, tokens * dims.hidden, 1.0), tokens, dims.hidden).expect("x");
         let logits = g.from_host(&random(rng, tokens * dims.n_experts, 3.0), tokens, dims.n_experts).expect("logits");
         let mut out = g.zeros(tokens, dims.hidden).expect("out");
-        let mut time = |policy| gpu_ms(g, reps, || drop(g.moe_forward(&x, &logits, &w, routing, policy, &mut out, false).expect("moe")));
-        let (t64, t128, ta) = (time(TilePolicy::Fixed(BlockM::M64)), time(TilePolicy::Fixed(BlockM::M128)), time(TilePolicy::default()));
-        let stats = g.moe_forward(&x, &logits, &w, routing, TilePolicy::default(), &mut out, false).expect("moe").read(g).expect("stats");
+        let mut time = |policy| {
+            gpu_ms(g, reps, || drop(g.moe_forward(&x, &logits, &w, routing, policy, &mut out, false).expect("moe")))
+        };
+        let (t64, t128, ta) =
+            (time(TilePolicy::Fixed(BlockM::M64)), time(TilePolicy::Fixed(BlockM::M128)), time(TilePolicy::default()));
+        let stats = g
+            .moe_forward(&x, &logits, &w, routing, TilePolicy::default(), &mut out, false)
+            .expect("moe")
+            .read(g)
+            .expect("stats");
         sum64 += t64;
         sum128 += t128;
         sum_auto += ta;
@@ -160,7 +191,14 @@ struct Dense {
 }
 
 impl Dense {
-    fn pairs_per_s<B: Backend>(&self, b: &B, rng: &mut impl Rng, items: usize, item_len: usize, prefix: usize) -> (f64, f64) {
+    fn pairs_per_s<B: Backend>(
+        &self,
+        b: &B,
+        rng: &mut impl Rng,
+        items: usize,
+        item_len: usize,
+        prefix: usize,
+    ) -> (f64, f64) {
         let (h, l) = (self.hidden, self.layout);
         let vocab = 1000;
         let emb = b.embedding(&random(rng, vocab * h, 1.0), vocab, h).expect("embedding");
@@ -184,8 +222,13 @@ impl Dense {
             let pb = b.prepare_batch(layout, cache).expect("batch");
             let mut x = b.zeros(rows, h).expect("x");
             b.embed(&emb, &pb, &mut x).expect("embed");
-            let (mut t, mut qkv, mut att) = (b.zeros(rows, h).expect("t"), b.zeros(rows, l.qkv_dim()).expect("qkv"), b.zeros(rows, l.q_dim()).expect("att"));
-            let (mut gu, mut act) = (b.zeros(rows, 2 * self.inter).expect("gu"), b.zeros(rows, self.inter).expect("act"));
+            let (mut t, mut qkv, mut att) = (
+                b.zeros(rows, h).expect("t"),
+                b.zeros(rows, l.qkv_dim()).expect("qkv"),
+                b.zeros(rows, l.q_dim()).expect("att"),
+            );
+            let (mut gu, mut act) =
+                (b.zeros(rows, 2 * self.inter).expect("gu"), b.zeros(rows, self.inter).expect("act"));
             for (layer, (wqkv, wo, wgu, wd)) in ws.iter().enumerate() {
                 b.rms_norm(&x, &norm, 1e-6, &mut t).expect("norm");
                 b.matmul(&t, wqkv, None, &mut qkv).expect("qkv");
@@ -220,7 +263,9 @@ fn main() {
     let quick = args.iter().any(|a| a == "--quick");
     let with_cpu = !args.iter().any(|a| a == "--no-cpu");
     let reps = if quick { 5 } else { 21 };
-    let cache = std::env::var_os("SIEVE_CACHE").map(std::path::PathBuf::from).unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.cache"));
+    let cache = std::env::var_os("SIEVE_CACHE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.cache"));
     let g = match CudaBackend::with_options(&CudaOptions::new(0).with_asset_cache(&cache)) {
         Ok(g) => g,
         Err(e) => {
@@ -229,18 +274,33 @@ fn main() {
         }
     };
     let info = g.info();
-    println!("device: {} (sm_{}, {} SMs, {:.1} GiB); kernels: {:?}", info.name, info.arch.number(), info.multiprocessors, info.total_memory as f64 / (1u64 << 30) as f64, g.kernel_load_report());
+    println!(
+        "device: {} (sm_{}, {} SMs, {:.1} GiB); kernels: {:?}",
+        info.name,
+        info.arch.number(),
+        info.multiprocessors,
+        info.total_memory as f64 / (1u64 << 30) as f64,
+        g.kernel_load_report()
+    );
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     bench_gemm(&g, &mut rng, reps);
     // The batch-invariant tiled GEMM on the same shapes: the price of determinism.
-    match CudaBackend::with_options(&CudaOptions { gemm: GemmEngine::Tiled, ..CudaOptions::new(0).with_asset_cache(&cache) }) {
+    match CudaBackend::with_options(&CudaOptions {
+        gemm: GemmEngine::Tiled,
+        ..CudaOptions::new(0).with_asset_cache(&cache)
+    }) {
         Ok(gt) => bench_gemm(&gt, &mut rng, reps),
         Err(e) => println!("tiled GEMM backend failed to start: {e}"),
     }
     bench_attention(&g, &mut rng, reps);
     bench_moe(&g, &mut rng, reps);
 
-    let model = Dense { layers: 28, hidden: 1024, inter: 3072, layout: QkvLayout { n_heads: 16, n_kv_heads: 8, head_dim: 128 } };
+    let model = Dense {
+        layers: 28,
+        hidden: 1024,
+        inter: 3072,
+        layout: QkvLayout { n_heads: 16, n_kv_heads: 8, head_dim: 128 },
+    };
     println!("\nDense model (28 layers, hidden 1024, Qwen3-0.6B shapes, random weights): prefix 200 tokens + items of 100 tokens");
     println!("{:>8} {:>14} {:>14} {:>10}", "items", "pairs/s", "tokens/s", "backend");
     for items in [20usize, 100, 500] {

@@ -30,15 +30,27 @@ fn main() {
     let (threads, h, i, e) = (num("--threads", 0), num("--hidden", 1024), num("--inter", 512), num("--experts", 128));
     let reps = num("--reps", 5);
     let active = num("--active", e).min(e);
-    let rows: Vec<u32> = arg("--rows").map(|s| s.split(',').filter_map(|v| v.parse().ok()).collect()).unwrap_or(vec![1, 2, 4, 8, 12, 16, 24, 32, 64, 128, 256]);
+    let rows: Vec<u32> = arg("--rows")
+        .map(|s| s.split(',').filter_map(|v| v.parse().ok()).collect())
+        .unwrap_or(vec![1, 2, 4, 8, 12, 16, 24, 32, 64, 128, 256]);
     let cpu = CpuBackend::new(threads).expect("backend");
     let mut g = rand::rngs::StdRng::seed_from_u64(5);
     // Weights rounded to bf16 as in a bf16 checkpoint (`--f32` keeps full f32 values).
     let keep_f32 = args.iter().any(|a| a == "--f32");
     let round = |v: f32| if keep_f32 { v } else { f32::from_bits((v.to_bits() + 0x8000) & 0xffff_0000) };
-    let mut w = |n: usize, fan_in: usize| -> Vec<f32> { (0..n).map(|_| round(g.random_range(-1f32..1.0) * (3.0 / fan_in as f32).sqrt())).collect() };
+    let mut w = |n: usize, fan_in: usize| -> Vec<f32> {
+        (0..n).map(|_| round(g.random_range(-1f32..1.0) * (3.0 / fan_in as f32).sqrt())).collect()
+    };
     let (router, gate_up, down) = (w(e * h, h), w(e * 2 * i * h, h), w(e * h * i, i));
-    let layer = MoeLayerHost { hidden: h, num_experts: e, expert_inter: i, router: &router, gate_up: &gate_up, down: &down, shared: None };
+    let layer = MoeLayerHost {
+        hidden: h,
+        num_experts: e,
+        expert_inter: i,
+        router: &router,
+        gate_up: &gate_up,
+        down: &down,
+        shared: None,
+    };
     let weights = cpu.moe_weights(&layer).expect("weights");
     drop((router, gate_up, down));
     let variants = cpu.moe_variants();

@@ -163,8 +163,16 @@ pub trait Backend: Send + Sync + 'static {
     fn linear_weight(&self, data: &[f32], out_features: usize, in_features: usize) -> Result<Self::Weight>;
     fn vector(&self, data: &[f32]) -> Result<Self::Vector>;
     fn embedding(&self, data: &[f32], vocab: usize, hidden: usize) -> Result<Self::Embedding>;
-    fn kv_cache(&self, num_layers: usize, num_slots: usize, n_kv_heads: usize, head_dim: usize) -> Result<Self::KvCache>;
+    fn kv_cache(
+        &self,
+        num_layers: usize,
+        num_slots: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<Self::KvCache>;
     fn zeros(&self, rows: usize, cols: usize) -> Result<Self::Tensor>;
+    // A constructor that needs the backend (its device and pools), hence `&self`.
+    #[allow(clippy::wrong_self_convention)]
     fn from_host(&self, data: &[f32], rows: usize, cols: usize) -> Result<Self::Tensor>;
     fn to_host(&self, t: &Self::Tensor) -> Result<Vec<f32>>;
     fn shape(&self, t: &Self::Tensor) -> (usize, usize);
@@ -182,7 +190,13 @@ pub trait Backend: Send + Sync + 'static {
     /// `out[r] = table[ids[r]]` for the batch's token ids.
     fn embed(&self, table: &Self::Embedding, batch: &Self::Batch, out: &mut Self::Tensor) -> Result<()>;
     /// `out = x · Wᵀ (+ bias)`.
-    fn matmul(&self, x: &Self::Tensor, w: &Self::Weight, bias: Option<&Self::Vector>, out: &mut Self::Tensor) -> Result<()>;
+    fn matmul(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        bias: Option<&Self::Vector>,
+        out: &mut Self::Tensor,
+    ) -> Result<()>;
     /// `acc += x · Wᵀ` (the residual add fused into the projection).
     fn matmul_add(&self, x: &Self::Tensor, w: &Self::Weight, acc: &mut Self::Tensor) -> Result<()>;
     /// Row-wise RMSNorm: `out[r] = x[r] / rms(x[r]) * w`.
@@ -202,7 +216,14 @@ pub trait Backend: Send + Sync + 'static {
         batch: &Self::Batch,
     ) -> Result<()>;
     /// Writes each row's K and V heads (from the fused QKV tensor) to its slot in `layer`.
-    fn write_kv(&self, qkv: &Self::Tensor, layout: QkvLayout, cache: &mut Self::KvCache, layer: usize, batch: &Self::Batch) -> Result<()>;
+    fn write_kv(
+        &self,
+        qkv: &Self::Tensor,
+        layout: QkvLayout,
+        cache: &mut Self::KvCache,
+        layer: usize,
+        batch: &Self::Batch,
+    ) -> Result<()>;
     /// Causal GQA attention for every query row over its sequence's context (see [`AttnSeq`]),
     /// softmax scale `1/sqrt(head_dim)`. `out` is `[rows, n_heads * head_dim]`.
     #[allow(clippy::too_many_arguments)]
@@ -269,7 +290,13 @@ pub trait Backend: Send + Sync + 'static {
     /// about `budget`. By default [`crate::moe::autotune`] (per-variant tables from
     /// [`Backend::moe_time_variant`]); a backend whose selector runs on the device fits the
     /// parameters of the rule it evaluates there instead (CUDA: the padding-ratio threshold).
-    fn moe_autotune(&self, w: &Self::MoeWeights, routing: MoeRouting, num_experts: usize, budget: Duration) -> Result<(MoeCostModel, crate::moe::AutotuneReport)>
+    fn moe_autotune(
+        &self,
+        w: &Self::MoeWeights,
+        routing: MoeRouting,
+        num_experts: usize,
+        budget: Duration,
+    ) -> Result<(MoeCostModel, crate::moe::AutotuneReport)>
     where
         Self: Sized,
     {

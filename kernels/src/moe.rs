@@ -104,6 +104,8 @@ pub fn check_routing(routing: MoeRouting, num_experts: usize) -> Result<()> {
 /// result depends on the row alone.
 ///
 /// `ids` and `weights` have `top_k` entries. `exp` is the backend's exponential.
+// `!(a > b)` is deliberate: a NaN logit must never win a top-k slot.
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
 pub fn route_row(logits: &[f32], routing: MoeRouting, exp: impl Fn(f32) -> f32, ids: &mut [u32], weights: &mut [f32]) {
     let k = routing.top_k;
     debug_assert!(ids.len() == k && weights.len() == k && k <= logits.len());
@@ -263,8 +265,20 @@ impl MoeCostModel {
     pub fn padding_ratio_rule(large: &str, small: &str, threshold: f64) -> Self {
         MoeCostModel {
             variants: vec![
-                VariantCost { variant: large.into(), per_call: 0.0, per_expert: vec![], per_row: 0.0, per_padded_row: 1.0 },
-                VariantCost { variant: small.into(), per_call: 0.0, per_expert: vec![], per_row: threshold, per_padded_row: 0.0 },
+                VariantCost {
+                    variant: large.into(),
+                    per_call: 0.0,
+                    per_expert: vec![],
+                    per_row: 0.0,
+                    per_padded_row: 1.0,
+                },
+                VariantCost {
+                    variant: small.into(),
+                    per_call: 0.0,
+                    per_expert: vec![],
+                    per_row: threshold,
+                    per_padded_row: 0.0,
+                },
             ],
             origin: "padding_ratio_rule".into(),
             tie_margin: 0.0,
@@ -282,7 +296,15 @@ impl MoeCostModel {
             (x, y) if x == small && y == large => (b, a),
             _ => return None,
         };
-        let only = |c: &VariantCost, per_row: bool| c.per_call == 0.0 && c.per_expert.is_empty() && if per_row { c.per_padded_row == 0.0 && c.per_row > 0.0 } else { c.per_row == 0.0 && c.per_padded_row > 0.0 };
+        let only = |c: &VariantCost, per_row: bool| {
+            c.per_call == 0.0
+                && c.per_expert.is_empty()
+                && if per_row {
+                    c.per_padded_row == 0.0 && c.per_row > 0.0
+                } else {
+                    c.per_row == 0.0 && c.per_padded_row > 0.0
+                }
+        };
         (only(l, false) && only(s, true)).then(|| s.per_row / l.per_padded_row)
     }
 
@@ -292,18 +314,29 @@ impl MoeCostModel {
             return Err(KernelError::Unsupported("moe cost model lists no variant".into()));
         }
         if !(self.tie_margin.is_finite() && (0.0..1.0).contains(&self.tie_margin)) {
-            return Err(KernelError::Unsupported(format!("moe cost model: tie_margin {} (0 ≤ margin < 1)", self.tie_margin)));
+            return Err(KernelError::Unsupported(format!(
+                "moe cost model: tie_margin {} (0 ≤ margin < 1)",
+                self.tie_margin
+            )));
         }
         for (i, c) in self.variants.iter().enumerate() {
             if !variants.iter().any(|v| v.name == c.variant) {
                 let names: Vec<&str> = variants.iter().map(|v| v.name).collect();
-                return Err(KernelError::Unsupported(format!("moe cost model: unknown variant '{}' (this backend has {names:?})", c.variant)));
+                return Err(KernelError::Unsupported(format!(
+                    "moe cost model: unknown variant '{}' (this backend has {names:?})",
+                    c.variant
+                )));
             }
             if self.variants[..i].iter().any(|d| d.variant == c.variant) {
                 return Err(KernelError::Unsupported(format!("moe cost model: variant '{}' listed twice", c.variant)));
             }
             if c.per_expert.len() > COST_KNOTS.len() {
-                return Err(KernelError::Unsupported(format!("moe cost model: '{}' has {} per_expert values (at most {})", c.variant, c.per_expert.len(), COST_KNOTS.len())));
+                return Err(KernelError::Unsupported(format!(
+                    "moe cost model: '{}' has {} per_expert values (at most {})",
+                    c.variant,
+                    c.per_expert.len(),
+                    COST_KNOTS.len()
+                )));
             }
             let all = [c.per_call, c.per_row, c.per_padded_row].into_iter().chain(c.per_expert.iter().copied());
             if all.into_iter().any(|x| !x.is_finite()) {
@@ -317,7 +350,9 @@ impl MoeCostModel {
     pub fn predictions(&self, hist: &[u32], variants: &[MoeVariant]) -> Vec<(usize, f64)> {
         self.variants
             .iter()
-            .filter_map(|c| variants.iter().position(|v| v.name == c.variant).map(|i| (i, c.predict(hist, &variants[i]))))
+            .filter_map(|c| {
+                variants.iter().position(|v| v.name == c.variant).map(|i| (i, c.predict(hist, &variants[i])))
+            })
             .collect()
     }
 
@@ -392,8 +427,14 @@ pub const AFFINE_FROM_ROWS: u32 = 64;
 
 /// The measured knots (`(index, seconds)`, ascending) with those at ≥ [`AFFINE_FROM_ROWS`] rows
 /// replaced by their least-squares line in relative error (when there are at least three).
+// `!(x > 0.0)` is deliberate: it also refuses NaN timings.
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
 fn fit_affine_tail(measured: &[(usize, f64)]) -> Vec<(usize, f64)> {
-    let tail: Vec<(f64, f64)> = measured.iter().filter(|&&(ki, _)| COST_KNOTS[ki] >= AFFINE_FROM_ROWS).map(|&(ki, t)| (COST_KNOTS[ki] as f64, t)).collect();
+    let tail: Vec<(f64, f64)> = measured
+        .iter()
+        .filter(|&&(ki, _)| COST_KNOTS[ki] >= AFFINE_FROM_ROWS)
+        .map(|&(ki, t)| (COST_KNOTS[ki] as f64, t))
+        .collect();
     if tail.len() < 3 || tail.iter().any(|&(_, t)| !(t > 0.0)) {
         return measured.to_vec();
     }
@@ -413,7 +454,18 @@ fn fit_affine_tail(measured: &[(usize, f64)]) -> Vec<(usize, f64)> {
     }
     let b = ((sw * snt - sn * st) / det).max(0.0);
     let a = (st - b * sn) / sw;
-    measured.iter().map(|&(ki, t)| if COST_KNOTS[ki] >= AFFINE_FROM_ROWS { (ki, (a + b * COST_KNOTS[ki] as f64).max(0.0)) } else { (ki, t) }).collect()
+    measured
+        .iter()
+        .map(
+            |&(ki, t)| {
+                if COST_KNOTS[ki] >= AFFINE_FROM_ROWS {
+                    (ki, (a + b * COST_KNOTS[ki] as f64).max(0.0))
+                } else {
+                    (ki, t)
+                }
+            },
+        )
+        .collect()
 }
 
 /// A full table over [`COST_KNOTS`] from the knots measured (`(index, seconds)`, ascending, at
@@ -507,7 +559,10 @@ pub fn median(values: &[f64]) -> f64 {
 /// one (`last_timed[v]`, a knot index): their extrapolation is not evidence that they caught up.
 fn floor_out_of_running(tables: &mut [Vec<f64>], running: &[bool], last_timed: &[usize]) {
     let floor: Vec<f64> = (0..COST_KNOTS.len())
-        .map(|ki| tables.iter().zip(running).filter(|(_, &r)| r).map(|(t, _)| t[ki]).fold(f64::INFINITY, f64::min) * AUTOTUNE_PRUNE_RATIO)
+        .map(|ki| {
+            tables.iter().zip(running).filter(|(_, &r)| r).map(|(t, _)| t[ki]).fold(f64::INFINITY, f64::min)
+                * AUTOTUNE_PRUNE_RATIO
+        })
         .collect();
     for (vi, t) in tables.iter_mut().enumerate().filter(|(vi, _)| !running[*vi]) {
         for (ki, v) in t.iter_mut().enumerate().skip(last_timed[vi] + 1) {
@@ -540,8 +595,11 @@ fn runs_of(passes: &[Vec<(usize, f64)>], v: usize) -> Vec<f64> {
 fn paired_tables(variants: usize, passes: &[Passes]) -> Vec<Vec<(usize, f64)>> {
     let mut tables: Vec<Vec<(usize, f64)>> = vec![Vec::new(); variants];
     for (ki, passes) in passes.iter().enumerate().take(COST_KNOTS.len()) {
-        let medians: Vec<Option<f64>> = (0..variants).map(|v| Some(runs_of(passes, v)).filter(|t| !t.is_empty()).map(|t| median(&t))).collect();
-        let Some((reference, ref_median)) = medians.iter().enumerate().filter_map(|(v, m)| m.map(|m| (v, m))).min_by(|a, b| a.1.total_cmp(&b.1)) else {
+        let medians: Vec<Option<f64>> =
+            (0..variants).map(|v| Some(runs_of(passes, v)).filter(|t| !t.is_empty()).map(|t| median(&t))).collect();
+        let Some((reference, ref_median)) =
+            medians.iter().enumerate().filter_map(|(v, m)| m.map(|m| (v, m))).min_by(|a, b| a.1.total_cmp(&b.1))
+        else {
             continue;
         };
         for (v, m) in medians.iter().enumerate() {
@@ -587,11 +645,16 @@ const PAIRED_MIN_PASSES: usize = 3;
 ///   cost; one such run made a padded variant look 35% cheaper than it is at 512 rows.
 /// - paired: the other variants' figures at a knot are the cheapest one's × the median of their
 ///   ratios to it within a pass ([`paired_tables`]).
-pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: usize, budget: Duration) -> Result<(MoeCostModel, AutotuneReport)> {
+pub fn autotune<B: Backend>(
+    backend: &B,
+    weights: &B::MoeWeights,
+    num_experts: usize,
+    budget: Duration,
+) -> Result<(MoeCostModel, AutotuneReport)> {
     let variants = backend.moe_variants();
     let t0 = Instant::now();
     const REPS: usize = 5;
-    let timed_at = |v: &MoeVariant, n: u32| !v.padded || n % v.tile_rows.max(1) == 0;
+    let timed_at = |v: &MoeVariant, n: u32| !v.padded || n.is_multiple_of(v.tile_rows.max(1));
     // Variants still timed, and per variant the consecutive timed knots it was out of the running.
     let mut running = vec![true; variants.len()];
     let mut behind = vec![0usize; variants.len()];
@@ -630,11 +693,18 @@ pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: u
     // Rows one knot's samples compute, over the variants still timed: its time scales with them.
     let knot_rows = |n: u32, running: &[bool]| -> f64 {
         let timed = variants.iter().zip(running).filter(|(v, &r)| r && timed_at(v, n));
-        timed.map(|(v, _)| (sample_experts(num_experts, v.computed_rows(n)) as u64 * v.computed_rows(n)) as f64).sum::<f64>().max(1.0)
+        timed
+            .map(|(v, _)| (sample_experts(num_experts, v.computed_rows(n)) as u64 * v.computed_rows(n)) as f64)
+            .sum::<f64>()
+            .max(1.0)
     };
     for (ki, &n) in COST_KNOTS.iter().enumerate() {
         let spent = t0.elapsed().as_secs_f64();
-        let predicted = if ki == 0 { 0.0 } else { last_knot_seconds * knot_rows(n, &running) / knot_rows(COST_KNOTS[ki - 1], &running) };
+        let predicted = if ki == 0 {
+            0.0
+        } else {
+            last_knot_seconds * knot_rows(n, &running) / knot_rows(COST_KNOTS[ki - 1], &running)
+        };
         if ki >= 2 && spent + predicted > budget.as_secs_f64() {
             break;
         }
@@ -663,9 +733,13 @@ pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: u
     // variants differ by 2–10×, need no more.
     if knots_measured > 0 {
         let last = knots_measured - 1;
-        let at_last: Vec<(usize, f64)> = (0..variants.len()).map(|vi| (vi, median(&runs_of(&passes[last], vi)))).filter(|&(_, c)| c.is_finite()).collect();
+        let at_last: Vec<(usize, f64)> = (0..variants.len())
+            .map(|vi| (vi, median(&runs_of(&passes[last], vi))))
+            .filter(|&(_, c)| c.is_finite())
+            .collect();
         let best = at_last.iter().map(|&(_, c)| c).fold(f64::INFINITY, f64::min);
-        let contenders: Vec<usize> = at_last.iter().filter(|&&(_, c)| c <= best * AUTOTUNE_REFINE_WITHIN).map(|&(vi, _)| vi).collect();
+        let contenders: Vec<usize> =
+            at_last.iter().filter(|&&(_, c)| c <= best * AUTOTUNE_REFINE_WITHIN).map(|&(vi, _)| vi).collect();
         let knots: Vec<usize> = (0..knots_measured).filter(|&ki| COST_KNOTS[ki] >= AFFINE_FROM_ROWS).collect();
         let mut round_seconds = 0.0f64;
         for round in 0..AUTOTUNE_REFINE_ROUNDS {
@@ -674,7 +748,8 @@ pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: u
             }
             let tr = Instant::now();
             for &ki in &knots {
-                let timed: Vec<usize> = contenders.iter().copied().filter(|&vi| !runs_of(&passes[ki], vi).is_empty()).collect();
+                let timed: Vec<usize> =
+                    contenders.iter().copied().filter(|&vi| !runs_of(&passes[ki], vi).is_empty()).collect();
                 let pass = time_pass(ki, &timed, round)?;
                 passes[ki].push(pass);
             }
@@ -689,13 +764,24 @@ pub fn autotune<B: Backend>(backend: &B, weights: &B::MoeWeights, num_experts: u
     let mut entries: Vec<VariantCost> = variants
         .iter()
         .zip(tables)
-        .map(|(v, per_expert)| VariantCost { variant: v.name.to_string(), per_call: 0.0, per_expert, per_row: 0.0, per_padded_row: 0.0 })
+        .map(|(v, per_expert)| VariantCost {
+            variant: v.name.to_string(),
+            per_call: 0.0,
+            per_expert,
+            per_row: 0.0,
+            per_padded_row: 0.0,
+        })
         .collect();
     // In order of preference: the lowest geometric mean over the knots first.
     let log_mean = |c: &VariantCost| c.per_expert.iter().map(|t| t.max(1e-12).ln()).sum::<f64>();
     entries.sort_by(|a, b| log_mean(a).total_cmp(&log_mean(b)));
     let model = MoeCostModel { variants: entries, origin: "autotune".into(), tie_margin: AUTOTUNE_TIE_MARGIN };
-    let report = AutotuneReport { seconds: t0.elapsed().as_secs_f64(), samples, knots_measured, complete: knots_measured == COST_KNOTS.len() };
+    let report = AutotuneReport {
+        seconds: t0.elapsed().as_secs_f64(),
+        samples,
+        knots_measured,
+        complete: knots_measured == COST_KNOTS.len(),
+    };
     Ok((model, report))
 }
 
@@ -751,6 +837,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::needless_range_loop)] // knot indices name the knots in the messages
     fn large_knots_are_fitted_by_one_line() {
         // On a line already: unchanged. Knots 64.. are indices 6..=9.
         let on_line: Vec<(usize, f64)> = (3..10).map(|ki| (ki, 2.0 + 0.5 * COST_KNOTS[ki] as f64)).collect();
@@ -761,7 +848,8 @@ mod tests {
         // ±5% noise on the large knots: the fit is a line through them, closer to the truth than
         // the worst knot, and the small knots are kept as measured.
         let truth = |ki: usize| 2.0 + 0.5 * COST_KNOTS[ki] as f64;
-        let noisy: Vec<(usize, f64)> = (0..10).map(|ki| (ki, truth(ki) * if ki % 2 == 0 { 1.05 } else { 0.95 })).collect();
+        let noisy: Vec<(usize, f64)> =
+            (0..10).map(|ki| (ki, truth(ki) * if ki % 2 == 0 { 1.05 } else { 0.95 })).collect();
         let fit = fit_affine_tail(&noisy);
         assert_eq!(&fit[..6], &noisy[..6]);
         let slope = |i: usize, j: usize| (fit[j].1 - fit[i].1) / (COST_KNOTS[j] - COST_KNOTS[i]) as f64;
@@ -780,7 +868,8 @@ mod tests {
         // 0's runs of the last two passes and not variant 1's of the third: the medians of the
         // separate runs (1.2 vs 1.03) would rank variant 1 first.
         let factor = [1.0, 1.0, 1.4, 1.4];
-        let passes: Passes = factor.iter().enumerate().map(|(p, &f)| vec![(0, f), (1, if p == 2 { 1.03 } else { 1.03 * f })]).collect();
+        let passes: Passes =
+            factor.iter().enumerate().map(|(p, &f)| vec![(0, f), (1, if p == 2 { 1.03 } else { 1.03 * f })]).collect();
         let mut by_knot = vec![Vec::new(); COST_KNOTS.len()];
         by_knot[8] = passes.clone();
         let tables = paired_tables(3, &by_knot);
@@ -817,7 +906,13 @@ mod tests {
         let vs = variants();
         // Linear in computed rows: 1 per row.
         let per_row: Vec<f64> = COST_KNOTS.iter().map(|&k| k as f64).collect();
-        let c = VariantCost { variant: "bm128".into(), per_call: 0.0, per_expert: per_row, per_row: 0.0, per_padded_row: 0.0 };
+        let c = VariantCost {
+            variant: "bm128".into(),
+            per_call: 0.0,
+            per_expert: per_row,
+            per_row: 0.0,
+            per_padded_row: 0.0,
+        };
         assert_eq!(c.predict(&[1], &vs[0]), 128.0);
         assert_eq!(c.predict(&[129], &vs[0]), 256.0);
         assert_eq!(c.predict(&[300], &vs[0]), 384.0);
@@ -827,8 +922,18 @@ mod tests {
     #[test]
     fn near_ties_go_to_the_variant_listed_first() {
         let vs = variants();
-        let flat = |name: &str, t: f64| VariantCost { variant: name.into(), per_call: 0.0, per_expert: vec![t], per_row: 0.0, per_padded_row: 0.0 };
-        let mut m = MoeCostModel { variants: vec![flat("exact", 1.02), flat("small", 1.0)], origin: "test".into(), tie_margin: 0.03 };
+        let flat = |name: &str, t: f64| VariantCost {
+            variant: name.into(),
+            per_call: 0.0,
+            per_expert: vec![t],
+            per_row: 0.0,
+            per_padded_row: 0.0,
+        };
+        let mut m = MoeCostModel {
+            variants: vec![flat("exact", 1.02), flat("small", 1.0)],
+            origin: "test".into(),
+            tie_margin: 0.03,
+        };
         assert_eq!(vs[m.select(&[5, 5], &vs)].name, "exact");
         m.tie_margin = 0.0;
         assert_eq!(vs[m.select(&[5, 5], &vs)].name, "small");
@@ -869,7 +974,13 @@ mod tests {
 
     #[test]
     fn per_expert_costs_interpolate_and_extrapolate() {
-        let c = VariantCost { variant: "exact".into(), per_call: 1.0, per_expert: vec![10.0, 12.0, 16.0], per_row: 0.0, per_padded_row: 0.0 };
+        let c = VariantCost {
+            variant: "exact".into(),
+            per_call: 1.0,
+            per_expert: vec![10.0, 12.0, 16.0],
+            per_row: 0.0,
+            per_padded_row: 0.0,
+        };
         assert_eq!(c.expert_cost(0), 0.0);
         assert_eq!(c.expert_cost(1), 10.0);
         assert_eq!(c.expert_cost(3), 14.0);
@@ -884,8 +995,20 @@ mod tests {
         // "small" cheap per expert but steep per row; "exact" the other way round.
         let m = MoeCostModel {
             variants: vec![
-                VariantCost { variant: "small".into(), per_call: 0.0, per_expert: vec![1.0, 2.0, 4.0, 8.0, 16.0], per_row: 0.0, per_padded_row: 0.0 },
-                VariantCost { variant: "exact".into(), per_call: 0.0, per_expert: vec![3.0, 4.0, 6.0, 10.0, 14.0], per_row: 0.0, per_padded_row: 0.0 },
+                VariantCost {
+                    variant: "small".into(),
+                    per_call: 0.0,
+                    per_expert: vec![1.0, 2.0, 4.0, 8.0, 16.0],
+                    per_row: 0.0,
+                    per_padded_row: 0.0,
+                },
+                VariantCost {
+                    variant: "exact".into(),
+                    per_call: 0.0,
+                    per_expert: vec![3.0, 4.0, 6.0, 10.0, 14.0],
+                    per_row: 0.0,
+                    per_padded_row: 0.0,
+                },
             ],
             origin: "test".into(),
             tie_margin: 0.0,

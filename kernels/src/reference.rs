@@ -73,7 +73,9 @@ impl Backend for ReferenceBackend {
     }
 
     fn linear_weight(&self, data: &[f32], out_features: usize, in_features: usize) -> Result<PlainWeight> {
-        check(data.len() == out_features * in_features, || format!("weight [{out_features}, {in_features}] from {} values", data.len()))?;
+        check(data.len() == out_features * in_features, || {
+            format!("weight [{out_features}, {in_features}] from {} values", data.len())
+        })?;
         Ok(PlainWeight { data: data.to_vec(), out_features, in_features })
     }
 
@@ -128,7 +130,10 @@ impl Backend for ReferenceBackend {
 
     fn matmul(&self, x: &HostTensor, w: &PlainWeight, bias: Option<&Vec<f32>>, out: &mut HostTensor) -> Result<()> {
         check(x.cols == w.in_features && out.rows == x.rows && out.cols == w.out_features, || {
-            format!("matmul [{}, {}] x [{}, {}]ᵀ -> [{}, {}]", x.rows, x.cols, w.out_features, w.in_features, out.rows, out.cols)
+            format!(
+                "matmul [{}, {}] x [{}, {}]ᵀ -> [{}, {}]",
+                x.rows, x.cols, w.out_features, w.in_features, out.rows, out.cols
+            )
         })?;
         for r in 0..x.rows {
             let xr = x.row(r);
@@ -177,7 +182,9 @@ impl Backend for ReferenceBackend {
         for r in 0..qkv.rows {
             let pos = batch.positions[r];
             let row = qkv.row_mut(r);
-            let heads = (0..layout.n_heads).map(|h| (h * hd, q_norm)).chain((0..layout.n_kv_heads).map(|h| (layout.k_offset() + h * hd, k_norm)));
+            let heads = (0..layout.n_heads)
+                .map(|h| (h * hd, q_norm))
+                .chain((0..layout.n_kv_heads).map(|h| (layout.k_offset() + h * hd, k_norm)));
             for (off, norm) in heads {
                 let head = &mut row[off..off + hd];
                 if let Some(w) = norm {
@@ -190,19 +197,36 @@ impl Backend for ReferenceBackend {
         Ok(())
     }
 
-    fn write_kv(&self, qkv: &HostTensor, layout: QkvLayout, cache: &mut HostKvCache, layer: usize, batch: &BatchLayout) -> Result<()> {
+    fn write_kv(
+        &self,
+        qkv: &HostTensor,
+        layout: QkvLayout,
+        cache: &mut HostKvCache,
+        layer: usize,
+        batch: &BatchLayout,
+    ) -> Result<()> {
         let kvd = layout.kv_dim();
         check(layer < cache.num_layers && cache.kv_dim() == kvd, || "write_kv: cache shape".into())?;
         for r in 0..qkv.rows {
             let slot = batch.row_slots[r] as usize;
             let row = qkv.row(r);
-            cache.k[layer][slot * kvd..(slot + 1) * kvd].copy_from_slice(&row[layout.k_offset()..layout.k_offset() + kvd]);
-            cache.v[layer][slot * kvd..(slot + 1) * kvd].copy_from_slice(&row[layout.v_offset()..layout.v_offset() + kvd]);
+            cache.k[layer][slot * kvd..(slot + 1) * kvd]
+                .copy_from_slice(&row[layout.k_offset()..layout.k_offset() + kvd]);
+            cache.v[layer][slot * kvd..(slot + 1) * kvd]
+                .copy_from_slice(&row[layout.v_offset()..layout.v_offset() + kvd]);
         }
         Ok(())
     }
 
-    fn attention(&self, qkv: &HostTensor, layout: QkvLayout, cache: &HostKvCache, layer: usize, batch: &BatchLayout, out: &mut HostTensor) -> Result<()> {
+    fn attention(
+        &self,
+        qkv: &HostTensor,
+        layout: QkvLayout,
+        cache: &HostKvCache,
+        layer: usize,
+        batch: &BatchLayout,
+        out: &mut HostTensor,
+    ) -> Result<()> {
         check(out.rows == qkv.rows && out.cols == layout.q_dim(), || "attention: output shape".into())?;
         let (hd, kvd) = (layout.head_dim, layout.kv_dim());
         let group = layout.n_heads / layout.n_kv_heads;
@@ -262,7 +286,9 @@ impl Backend for ReferenceBackend {
 
     fn dot_rows(&self, x: &HostTensor, v: &Vec<f32>) -> Result<Vec<f32>> {
         check(x.cols == v.len(), || "dot_rows: shapes".into())?;
-        Ok((0..x.rows).map(|r| x.row(r).iter().zip(v).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() as f32).collect())
+        Ok((0..x.rows)
+            .map(|r| x.row(r).iter().zip(v).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() as f32)
+            .collect())
     }
 
     fn lm_logits(&self, x: &HostTensor, table: &PlainWeight, out: &mut HostTensor) -> Result<()> {
@@ -278,14 +304,32 @@ impl Backend for ReferenceBackend {
     }
 
     fn moe_default_cost(&self, _hidden: usize, _expert_inter: usize) -> MoeCostModel {
-        MoeCostModel { variants: vec![VariantCost { variant: "per_token".into(), per_call: 0.0, per_expert: vec![], per_row: 1.0, per_padded_row: 0.0 }], origin: "default".into(), tie_margin: 0.0 }
+        MoeCostModel {
+            variants: vec![VariantCost {
+                variant: "per_token".into(),
+                per_call: 0.0,
+                per_expert: vec![],
+                per_row: 1.0,
+                per_padded_row: 0.0,
+            }],
+            origin: "default".into(),
+            tie_margin: 0.0,
+        }
     }
 
     fn moe_log(&self) -> Result<Vec<MoeLayerStats>> {
         Ok(Vec::new())
     }
 
-    fn moe_ffn(&self, x: &HostTensor, w: &PlainMoe, routing: MoeRouting, select: MoeSelect, acc: &mut HostTensor, log: &mut Vec<MoeLayerStats>) -> Result<()> {
+    fn moe_ffn(
+        &self,
+        x: &HostTensor,
+        w: &PlainMoe,
+        routing: MoeRouting,
+        select: MoeSelect,
+        acc: &mut HostTensor,
+        log: &mut Vec<MoeLayerStats>,
+    ) -> Result<()> {
         select.choose(&[], &moe::variants())?;
         log.push(moe::moe_ffn(x, w, routing, acc)?);
         Ok(())
@@ -296,7 +340,9 @@ impl Backend for ReferenceBackend {
     }
 
     fn moe_time_variant(&self, w: &PlainMoe, variant: usize, histogram: &[u32]) -> Result<Duration> {
-        check(variant == 0 && histogram.len() == w.num_experts, || format!("moe_time_variant: variant {variant}, {} counts for {} experts", histogram.len(), w.num_experts))?;
+        check(variant == 0 && histogram.len() == w.num_experts, || {
+            format!("moe_time_variant: variant {variant}, {} counts for {} experts", histogram.len(), w.num_experts)
+        })?;
         // The expert loop alone, on zero rows: one token per assignment.
         let x = vec![0f32; w.hidden];
         let (h, i) = (w.hidden, w.inter);

@@ -40,7 +40,11 @@ fn gemm_row_is_bitwise_independent_of_batch_and_threads() {
                     cpu.matmul(&x, w, Some(&bias), &mut out).unwrap();
                     let mut acc = batch_with(&mut g, &acc_row, m, at);
                     cpu.matmul_add(&x, w, &mut acc).unwrap();
-                    results.push((format!("m={m} at={at} threads={}", cpu.threads()), out.row(at).to_vec(), acc.row(at).to_vec()));
+                    results.push((
+                        format!("m={m} at={at} threads={}", cpu.threads()),
+                        out.row(at).to_vec(),
+                        acc.row(at).to_vec(),
+                    ));
                 }
             }
             let (_, first, first_acc) = &results[0];
@@ -112,7 +116,14 @@ const LAYOUT: QkvLayout = QkvLayout { n_heads: 9, n_kv_heads: 3, head_dim: 64 };
 
 /// Runs qk_norm_rope + write_kv + attention for `layout` with the given pre-rope QKV rows,
 /// returning the attention output.
-fn forward(cpu: &CpuBackend, lay: QkvLayout, norms: bool, layout: &BatchLayout, slots: usize, qkv: &HostTensor) -> HostTensor {
+fn forward(
+    cpu: &CpuBackend,
+    lay: QkvLayout,
+    norms: bool,
+    layout: &BatchLayout,
+    slots: usize,
+    qkv: &HostTensor,
+) -> HostTensor {
     let rope = RopeConfig { theta: 10000.0, rotary_dim: lay.head_dim, layout: RopeLayout::HalfSplit };
     let w: Vec<f32> = (0..lay.head_dim).map(|i| 0.5 + i as f32 / lay.head_dim as f32).collect();
     let norm = norms.then_some(&w);
@@ -150,7 +161,9 @@ fn attention_over_a_shared_prefix_equals_each_full_prompt_alone() {
                         let mut alone = LayoutBuilder { next_slot: 5, ..Default::default() };
                         alone.push_seq(&[], prefix + n);
                         let mut data = qkv.data[..prefix * lay.qkv_dim()].to_vec();
-                        data.extend_from_slice(&qkv.data[first_rows[i] * lay.qkv_dim()..(first_rows[i] + n) * lay.qkv_dim()]);
+                        data.extend_from_slice(
+                            &qkv.data[first_rows[i] * lay.qkv_dim()..(first_rows[i] + n) * lay.qkv_dim()],
+                        );
                         let q = HostTensor::from_vec(data, prefix + n, lay.qkv_dim());
                         let out = forward(&cpu, lay, norms, &alone.layout, alone.next_slot as usize, &q);
                         let what = format!("{isa:?} threads={threads} {lay:?} prefix={prefix} item {i} (n={n})");
@@ -160,7 +173,11 @@ fn attention_over_a_shared_prefix_equals_each_full_prompt_alone() {
                             &shared.data[first_rows[i] * lay.q_dim()..(first_rows[i] + n) * lay.q_dim()],
                         );
                         // and the prefix rows themselves match the alone run's first rows
-                        assert_bits_eq(&format!("{what} prefix rows"), &out.data[..prefix * lay.q_dim()], &shared.data[..prefix * lay.q_dim()]);
+                        assert_bits_eq(
+                            &format!("{what} prefix rows"),
+                            &out.data[..prefix * lay.q_dim()],
+                            &shared.data[..prefix * lay.q_dim()],
+                        );
                     }
                 }
             }

@@ -80,7 +80,12 @@ fn row_ops_match_reference() {
             r.rms_norm(&x, &w, 1e-5, &mut want).unwrap();
             assert_close(&format!("rms_norm {rows}x{cols}"), &got.data, &want.data, ELEMENTWISE_TOL);
 
-            assert_close(&format!("dot_rows {rows}x{cols}"), &cpu.dot_rows(&x, &w).unwrap(), &r.dot_rows(&x, &w).unwrap(), ELEMENTWISE_TOL);
+            assert_close(
+                &format!("dot_rows {rows}x{cols}"),
+                &cpu.dot_rows(&x, &w).unwrap(),
+                &r.dot_rows(&x, &w).unwrap(),
+                ELEMENTWISE_TOL,
+            );
 
             // silu_mul over [gate | up] with gate values over a wide range.
             let mut gu = tensor(&mut g, rows, 2 * cols);
@@ -226,9 +231,25 @@ fn inconsistent_shapes_are_errors_not_panics() {
     assert!(is_shape_err(cpu.embed(&emb, &bad_batch, &mut HostTensor::zeros(3, 3))));
     let mut qkv = tensor(&mut g, 3, layout.qkv_dim());
     let rope = RopeConfig { theta: 1e4, rotary_dim: 4, layout: RopeLayout::HalfSplit };
-    assert!(is_shape_err(cpu.qk_norm_rope(&mut qkv, layout, None, None, 1e-6, RopeConfig { rotary_dim: 6, ..rope }, &batch)));
+    assert!(is_shape_err(cpu.qk_norm_rope(
+        &mut qkv,
+        layout,
+        None,
+        None,
+        1e-6,
+        RopeConfig { rotary_dim: 6, ..rope },
+        &batch
+    )));
     assert!(is_shape_err(cpu.qk_norm_rope(&mut qkv, layout, Some(&vec![1.0; 3]), None, 1e-6, rope, &batch)));
-    assert!(is_shape_err(cpu.qk_norm_rope(&mut qkv, QkvLayout { n_heads: 3, n_kv_heads: 2, head_dim: 4 }, None, None, 1e-6, rope, &batch)));
+    assert!(is_shape_err(cpu.qk_norm_rope(
+        &mut qkv,
+        QkvLayout { n_heads: 3, n_kv_heads: 2, head_dim: 4 },
+        None,
+        None,
+        1e-6,
+        rope,
+        &batch
+    )));
     assert!(is_shape_err(cpu.write_kv(&qkv, layout, &mut cache, 1, &batch)));
     assert!(is_shape_err(cpu.write_kv(&tensor(&mut g, 2, layout.qkv_dim()), layout, &mut cache, 0, &batch)));
     let mut small = cpu.kv_cache(1, 2, 1, 4).unwrap();

@@ -26,7 +26,8 @@ fn compiler() -> NvrtcCompiler {
         "NVRTC is missing from {}: run `scripts/fetch-assets nvrtc` (scripts/test does)",
         lib.display()
     );
-    NvrtcCompiler::new(std::slice::from_ref(&lib), vec![include]).unwrap_or_else(|e| panic!("loading NVRTC from {}: {e}", lib.display()))
+    NvrtcCompiler::new(std::slice::from_ref(&lib), vec![include])
+        .unwrap_or_else(|e| panic!("loading NVRTC from {}: {e}", lib.display()))
 }
 
 #[test]
@@ -50,7 +51,12 @@ fn every_kernel_compiles_to_ptx_for_compute_80_and_90() {
                     let ptx = img.ptx().expect("PTX is text");
                     assert!(ptx.contains(&format!(".target sm_{}", arch.number())), "{}: PTX target", src.file);
                     for entry in src.entries {
-                        assert!(ptx.contains(&format!(".entry {entry}(")), "{} (compute_{}): no entry {entry}", src.file, arch.number());
+                        assert!(
+                            ptx.contains(&format!(".entry {entry}(")),
+                            "{} (compute_{}): no entry {entry}",
+                            src.file,
+                            arch.number()
+                        );
                     }
                 }
                 Err(e) => failures.push(e.to_string()),
@@ -73,11 +79,19 @@ fn every_kernel_assembles_to_cubin_for_sm_80_and_sm_90() {
                 Ok((cubin, log)) => {
                     assert!(cubin.starts_with(b"\x7fELF"), "{}: cubin is not an ELF image", src.file);
                     // ptxas -v: one "Used N registers" line per kernel; print them for the record.
-                    for line in log.lines().filter(|l| l.contains("Compiling entry") || l.contains("registers") || l.contains("spill")) {
+                    for line in log
+                        .lines()
+                        .filter(|l| l.contains("Compiling entry") || l.contains("registers") || l.contains("spill"))
+                    {
                         println!("sm_{} {}: {}", arch.number(), src.file, line.trim());
                     }
                     for line in log.lines().filter(|l| l.contains("bytes spill stores")) {
-                        let spilled: u64 = line.split(',').find(|p| p.contains("spill stores")).and_then(|p| p.split_whitespace().next()).and_then(|n| n.parse().ok()).unwrap_or(u64::MAX);
+                        let spilled: u64 = line
+                            .split(',')
+                            .find(|p| p.contains("spill stores"))
+                            .and_then(|p| p.split_whitespace().next())
+                            .and_then(|n| n.parse().ok())
+                            .unwrap_or(u64::MAX);
                         assert_eq!(spilled, 0, "{} (sm_{}) spills registers: {line}", src.file, arch.number());
                     }
                 }

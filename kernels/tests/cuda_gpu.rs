@@ -44,7 +44,16 @@ fn three(test: &str) -> Option<(CudaBackend, TwinBackend, CpuBackend)> {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn matmul_case<B: Backend>(b: &B, x: &[f32], m: usize, k: usize, w: &[f32], n: usize, bias: Option<&[f32]>, acc: Option<&[f32]>) -> Vec<f32> {
+fn matmul_case<B: Backend>(
+    b: &B,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: &[f32],
+    n: usize,
+    bias: Option<&[f32]>,
+    acc: Option<&[f32]>,
+) -> Vec<f32> {
     let xt = b.from_host(x, m, k).unwrap();
     let wt = b.linear_weight(w, n, k).unwrap();
     match acc {
@@ -73,7 +82,8 @@ fn dense_projections() {
 fn dense_projections_case(g: &CudaBackend, t: &TwinBackend, c: &CpuBackend) {
     let mut r = rng(60);
     for &(m, n, k) in &[(1, 64, 64), (7, 130, 72), (64, 512, 256), (301, 1024, 576)] {
-        let (x, w, bias, acc) = (random(&mut r, m * k), random(&mut r, n * k), random(&mut r, n), random(&mut r, m * n));
+        let (x, w, bias, acc) =
+            (random(&mut r, m * k), random(&mut r, n * k), random(&mut r, n), random(&mut r, m * n));
         for (bias, acc) in [(None, None), (Some(bias.as_slice()), None), (None, Some(acc.as_slice()))] {
             let what = format!("{:?} GEMM {m}x{n}x{k} bias {} acc {}", g.gemm_engine(), bias.is_some(), acc.is_some());
             let got = matmul_case(g, &x, m, k, &w, n, bias, acc);
@@ -106,7 +116,14 @@ impl<B: Backend> LmLogits for B {
     }
 }
 
-fn rowwise_case<B: Backend>(b: &B, x: &[f32], rows: usize, cols: usize, w: &[f32], gu: &[f32]) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+fn rowwise_case<B: Backend>(
+    b: &B,
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    w: &[f32],
+    gu: &[f32],
+) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
     let xt = b.from_host(x, rows, cols).unwrap();
     let wv = b.vector(w).unwrap();
     let mut out = b.zeros(rows, cols).unwrap();
@@ -131,7 +148,10 @@ fn row_ops_and_host_round_trip() {
         let xt = g.from_host(&x, rows, cols).unwrap();
         assert_bits_eq("from_host/to_host", &g.to_host(&xt).unwrap(), &x);
         let got = rowwise_case(&g, &x, rows, cols, &w, &gu);
-        for (name, other, tol) in [("twin", rowwise_case(&t, &x, rows, cols, &w, &gu), TWIN_TOL), ("cpu", rowwise_case(&c, &x, rows, cols, &w, &gu), 1e-4)] {
+        for (name, other, tol) in [
+            ("twin", rowwise_case(&t, &x, rows, cols, &w, &gu), TWIN_TOL),
+            ("cpu", rowwise_case(&c, &x, rows, cols, &w, &gu), 1e-4),
+        ] {
             let what = format!("{rows}x{cols} vs {name}");
             assert_close(&format!("rms_norm {what}"), &got.0, &other.0, tol);
             assert_close(&format!("dot_rows {what}"), &got.1, &other.1, tol);
@@ -142,7 +162,16 @@ fn row_ops_and_host_round_trip() {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn embed_rope_case<B: Backend>(b: &B, table: &[f32], vocab: usize, layout: QkvLayout, qkv: &[f32], batch: &BatchLayout, rope: RopeConfig, norms: Option<(&[f32], &[f32])>) -> (Vec<f32>, Vec<f32>) {
+fn embed_rope_case<B: Backend>(
+    b: &B,
+    table: &[f32],
+    vocab: usize,
+    layout: QkvLayout,
+    qkv: &[f32],
+    batch: &BatchLayout,
+    rope: RopeConfig,
+    norms: Option<(&[f32], &[f32])>,
+) -> (Vec<f32>, Vec<f32>) {
     let rows = batch.num_rows();
     let cache = b.kv_cache(1, 64, layout.n_kv_heads, layout.head_dim).unwrap();
     let pb = b.prepare_batch(batch, &cache).unwrap();
@@ -159,7 +188,9 @@ fn embed_rope_case<B: Backend>(b: &B, table: &[f32], vocab: usize, layout: QkvLa
 fn embed_and_qk_norm_rope() {
     let Some((g, t, c)) = three("embed_and_qk_norm_rope") else { return };
     let mut r = rng(62);
-    for &(n_heads, n_kv_heads, head_dim, rotary_dim) in &[(16, 8, 128, 128), (9, 3, 64, 64), (4, 1, 256, 128), (2, 2, 80, 40)] {
+    for &(n_heads, n_kv_heads, head_dim, rotary_dim) in
+        &[(16, 8, 128, 128), (9, 3, 64, 64), (4, 1, 256, 128), (2, 2, 80, 40)]
+    {
         let layout = QkvLayout { n_heads, n_kv_heads, head_dim };
         let mut lb = LayoutBuilder::default();
         lb.push_seq(&[], 6);
@@ -186,7 +217,12 @@ fn embed_and_qk_norm_rope() {
 }
 
 /// write_kv then attention over a prefix pass and an items pass (shared prefix slots).
-fn attention_case<B: Backend>(b: &B, layout: QkvLayout, passes: &[(BatchLayout, Vec<f32>)], num_slots: usize) -> Vec<Vec<f32>> {
+fn attention_case<B: Backend>(
+    b: &B,
+    layout: QkvLayout,
+    passes: &[(BatchLayout, Vec<f32>)],
+    num_slots: usize,
+) -> Vec<Vec<f32>> {
     let mut cache = b.kv_cache(2, num_slots, layout.n_kv_heads, layout.head_dim).unwrap();
     passes
         .iter()
@@ -209,10 +245,13 @@ fn paged_attention_over_a_shared_prefix() {
     for &(n_heads, n_kv_heads, head_dim) in &[(16, 8, 128), (8, 2, 64), (4, 4, 256), (6, 2, 96), (2, 1, 18)] {
         let layout = QkvLayout { n_heads, n_kv_heads, head_dim };
         let (batches, slots) = prefix_and_items(&mut r, 10);
-        let passes: Vec<(BatchLayout, Vec<f32>)> = batches.into_iter().map(|b| {
-            let q = random(&mut r, b.num_rows() * layout.qkv_dim());
-            (b, q)
-        }).collect();
+        let passes: Vec<(BatchLayout, Vec<f32>)> = batches
+            .into_iter()
+            .map(|b| {
+                let q = random(&mut r, b.num_rows() * layout.qkv_dim());
+                (b, q)
+            })
+            .collect();
         let got = attention_case(&g, layout, &passes, slots);
         let tw = attention_case(&t, layout, &passes, slots);
         let cp = attention_case(&c, layout, &passes, slots);
@@ -228,7 +267,11 @@ fn paged_attention_over_a_shared_prefix() {
             let q = passes[1].1[s.q_row as usize * w..(s.q_row + s.q_len) as usize * w].to_vec();
             let solo = attention_case(&g, layout, &[passes[0].clone(), (alone, q)], slots);
             let od = layout.q_dim();
-            assert_bits_eq(&format!("attention {layout:?} item {i} alone vs batched"), &solo[1], &got[1][s.q_row as usize * od..(s.q_row + s.q_len) as usize * od]);
+            assert_bits_eq(
+                &format!("attention {layout:?} item {i} alone vs batched"),
+                &solo[1],
+                &got[1][s.q_row as usize * od..(s.q_row + s.q_len) as usize * od],
+            );
         }
     }
 }
@@ -276,7 +319,12 @@ fn small_model_scores_match_the_cpu_backend() {
     for p in 0..passes.len() {
         for i in 0..got[p].len() {
             assert!((got[p][i] - tw[p][i]).abs() <= 1e-3, "pass {p} item {i}: gpu {} vs twin {}", got[p][i], tw[p][i]);
-            assert!((got[p][i] - cp[p][i]).abs() <= BF16_TOL, "pass {p} item {i}: gpu {} vs cpu {}", got[p][i], cp[p][i]);
+            assert!(
+                (got[p][i] - cp[p][i]).abs() <= BF16_TOL,
+                "pass {p} item {i}: gpu {} vs cpu {}",
+                got[p][i],
+                cp[p][i]
+            );
         }
     }
     println!("scores gpu {got:?}\n       cpu {cp:?}");
@@ -308,7 +356,11 @@ fn projection_rows_alone_and_batched(g: &CudaBackend) {
         let part = g.from_host(&x[row * k..(row + rows) * k], rows, k).unwrap();
         let mut out = g.zeros(rows, n).unwrap();
         g.matmul(&part, &w, None, &mut out).unwrap();
-        assert_bits_eq(&format!("{:?}: rows {row}..{} in a call of {rows} vs of {m}", g.gemm_engine(), row + rows), &g.to_host(&out).unwrap(), &all[row * n..(row + rows) * n]);
+        assert_bits_eq(
+            &format!("{:?}: rows {row}..{} in a call of {rows} vs of {m}", g.gemm_engine(), row + rows),
+            &g.to_host(&out).unwrap(),
+            &all[row * n..(row + rows) * n],
+        );
     }
 }
 
@@ -329,7 +381,10 @@ fn cublas_projections_are_batch_invariant() {
 
 #[test]
 fn small_model_scores_with_the_tiled_gemm_do_not_depend_on_the_batch() {
-    let Some(g) = gpu_with("small_model_scores_with_the_tiled_gemm_do_not_depend_on_the_batch", GemmEngine::Tiled) else { return };
+    let Some(g) = gpu_with("small_model_scores_with_the_tiled_gemm_do_not_depend_on_the_batch", GemmEngine::Tiled)
+    else {
+        return;
+    };
     let mut r = rng(67);
     let model = MiniModel::random(&mut r, 2);
     let (passes, slots) = prefix_and_items(&mut r, model.vocab);
@@ -348,7 +403,8 @@ fn moe_threshold_autotune_runs_and_fits() {
     let mut r = rng(68);
     let dims = MoeDims { hidden: 256, inter: 128, n_experts: 32 };
     let w = g.moe_expert_weights(dims, &random(&mut r, 32 * 256 * 256), &random(&mut r, 32 * 256 * 128)).unwrap();
-    let (th, samples) = g.calibrate_moe_threshold(&w, MoeRouting { top_k: 4, renormalize: true }, &[4, 64, 1024], 3).unwrap();
+    let (th, samples) =
+        g.calibrate_moe_threshold(&w, MoeRouting { top_k: 4, renormalize: true }, &[4, 64, 1024], 3).unwrap();
     assert_eq!(samples.len(), 3);
     assert!(samples[0].ratio > samples[2].ratio, "fewer tokens pad more: {samples:?}");
     assert!(th.is_finite() && th > 0.0, "threshold {th}");

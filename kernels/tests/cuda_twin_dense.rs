@@ -36,7 +36,8 @@ fn projections_case(twin: &TwinBackend) {
     let r = ReferenceBackend;
     let mut g = rng(11);
     // k = 19 and 130 are not multiples of 8: the tiled engine falls back to the cuBLAS path.
-    for &(m, n, k) in &[(0, 8, 16), (1, 1, 1), (5, 37, 19), (17, 64, 130), (33, 100, 64), (300, 72, 200), (70, 130, 40)] {
+    for &(m, n, k) in &[(0, 8, 16), (1, 1, 1), (5, 37, 19), (17, 64, 130), (33, 100, 64), (300, 72, 200), (70, 130, 40)]
+    {
         let wd = random(&mut g, n * k);
         let bias = random(&mut g, n);
         let w = twin.linear_weight(&wd, n, k).unwrap();
@@ -44,7 +45,8 @@ fn projections_case(twin: &TwinBackend) {
         let x = tensor(&mut g, m, k);
         let xr = rounded_tensor(&x);
         for b in [None, Some(&bias)] {
-            let (mut got, mut want, mut want_exact) = (HostTensor::zeros(m, n), HostTensor::zeros(m, n), HostTensor::zeros(m, n));
+            let (mut got, mut want, mut want_exact) =
+                (HostTensor::zeros(m, n), HostTensor::zeros(m, n), HostTensor::zeros(m, n));
             twin.matmul(&x, &w, b, &mut got).unwrap();
             r.matmul(&xr, &wr, b, &mut want).unwrap();
             r.matmul(&x, &wr_exact, b, &mut want_exact).unwrap();
@@ -69,7 +71,8 @@ fn embed_gather_and_lm_logits() {
     let mut g = rng(12);
     let (vocab, hidden) = (203, 40);
     let table = random(&mut g, vocab * hidden);
-    let (te, tr) = (twin.embedding(&table, vocab, hidden).unwrap(), r.embedding(&rounded(&table), vocab, hidden).unwrap());
+    let (te, tr) =
+        (twin.embedding(&table, vocab, hidden).unwrap(), r.embedding(&rounded(&table), vocab, hidden).unwrap());
     let mut b = LayoutBuilder::default();
     b.push_seq(&[], 9);
     b.layout.token_ids = vec![0, 202, 5, 5, 100, 31, 32, 33, 1];
@@ -128,7 +131,9 @@ fn rms_norm_silu_mul_and_dot_rows() {
 fn qk_norm_rope_in_both_layouts_with_partial_rotary() {
     let (twin, r) = (TwinBackend::default(), ReferenceBackend);
     let mut g = rng(14);
-    for &(n_heads, n_kv_heads, head_dim, rotary_dim) in &[(4, 2, 64, 64), (3, 1, 128, 64), (6, 6, 32, 32), (2, 1, 80, 40)] {
+    for &(n_heads, n_kv_heads, head_dim, rotary_dim) in
+        &[(4, 2, 64, 64), (3, 1, 128, 64), (6, 6, 32, 32), (2, 1, 80, 40)]
+    {
         let layout = QkvLayout { n_heads, n_kv_heads, head_dim };
         let mut b = LayoutBuilder::default();
         b.push_seq(&[], 5);
@@ -145,7 +150,12 @@ fn qk_norm_rope_in_both_layouts_with_partial_rotary() {
                 let (q, k) = if norms { (Some(&qn), Some(&kn)) } else { (None, None) };
                 twin.qk_norm_rope(&mut got, layout, q, k, 1e-6, rope, &batch).unwrap();
                 r.qk_norm_rope(&mut want, layout, q, k, 1e-6, rope, &rbatch).unwrap();
-                assert_close(&format!("qk_norm_rope {layout:?} {rope_layout} rotary {rotary_dim} norms {norms}"), &got.data, &want.data, EXACT_INPUT_TOL);
+                assert_close(
+                    &format!("qk_norm_rope {layout:?} {rope_layout} rotary {rotary_dim} norms {norms}"),
+                    &got.data,
+                    &want.data,
+                    EXACT_INPUT_TOL,
+                );
             }
         }
     }
@@ -190,7 +200,11 @@ fn attention_case(twin: &TwinBackend, r: &ReferenceBackend, layout: QkvLayout, s
         twin.write_kv(&qkv, layout, tc, 1, &batch).unwrap();
         r.write_kv(&qkv_r, layout, rc, 1, &rbatch).unwrap();
         r.write_kv(&qkv, layout, rc_exact, 1, &rbatch).unwrap();
-        let (mut got, mut want, mut want_exact) = (HostTensor::zeros(rows, layout.q_dim()), HostTensor::zeros(rows, layout.q_dim()), HostTensor::zeros(rows, layout.q_dim()));
+        let (mut got, mut want, mut want_exact) = (
+            HostTensor::zeros(rows, layout.q_dim()),
+            HostTensor::zeros(rows, layout.q_dim()),
+            HostTensor::zeros(rows, layout.q_dim()),
+        );
         twin.attention(&qkv, layout, tc, 1, &batch, &mut got).unwrap();
         r.attention(&qkv_r, layout, rc, 1, &rbatch, &mut want).unwrap();
         r.attention(&qkv, layout, rc_exact, 1, &rbatch, &mut want_exact).unwrap();
@@ -214,7 +228,9 @@ fn attention_case(twin: &TwinBackend, r: &ReferenceBackend, layout: QkvLayout, s
 #[test]
 fn attention_over_a_shared_prefix_matches_reference() {
     let (twin, r) = (TwinBackend::default(), ReferenceBackend);
-    for (i, &(n_heads, n_kv_heads, head_dim)) in [(4, 2, 64), (2, 2, 128), (6, 2, 96), (3, 1, 256), (2, 1, 18)].iter().enumerate() {
+    for (i, &(n_heads, n_kv_heads, head_dim)) in
+        [(4, 2, 64), (2, 2, 128), (6, 2, 96), (3, 1, 256), (2, 1, 18)].iter().enumerate()
+    {
         attention_case(&twin, &r, QkvLayout { n_heads, n_kv_heads, head_dim }, 20 + i as u64);
     }
 }

@@ -36,7 +36,10 @@ fn compare(what: &str, got: &[Vec<f32>], want: &[Vec<f32>]) {
             max_err = max_err.max((x - y).abs());
         }
     }
-    println!("{what} vs cpu: max score difference {max_err:.2e} over {} scores", want.iter().map(|v| v.len()).sum::<usize>());
+    println!(
+        "{what} vs cpu: max score difference {max_err:.2e} over {} scores",
+        want.iter().map(|v| v.len()).sum::<usize>()
+    );
     // The scores are not all equal (a degenerate model would pass any tolerance).
     let flat: Vec<f32> = want.iter().flatten().copied().collect();
     assert!(flat.iter().any(|&s| (s - flat[0]).abs() > 0.05), "scores do not vary: {flat:?}");

@@ -37,7 +37,15 @@ fn silu(x: f64) -> f64 {
 
 /// The plain per-token MoE loop. `bf16_aware` rounds the expert inputs and the activation.
 #[allow(clippy::too_many_arguments)]
-fn plain_moe(x: &[f32], logits: &[f32], gate_up: &[f32], down: &[f32], dims: MoeDims, routing: MoeRouting, bf16_aware: bool) -> Vec<f32> {
+fn plain_moe(
+    x: &[f32],
+    logits: &[f32],
+    gate_up: &[f32],
+    down: &[f32],
+    dims: MoeDims,
+    routing: MoeRouting,
+    bf16_aware: bool,
+) -> Vec<f32> {
     let MoeDims { hidden: h, inter: i, n_experts: ne } = dims;
     let tokens = x.len() / h;
     let rb = |v: f64| if bf16_aware { round_bf16(v as f32) as f64 } else { v };
@@ -49,7 +57,13 @@ fn plain_moe(x: &[f32], logits: &[f32], gate_up: &[f32], down: &[f32], dims: Moe
             let wgu = &gate_up[e * 2 * i * h..(e + 1) * 2 * i * h];
             let act: Vec<f64> = (0..i)
                 .map(|c| {
-                    let dot = |row: usize| wgu[row * h..(row + 1) * h].iter().zip(&xt).map(|(&a, &b)| round_bf16(a) as f64 * b).sum::<f64>();
+                    let dot = |row: usize| {
+                        wgu[row * h..(row + 1) * h]
+                            .iter()
+                            .zip(&xt)
+                            .map(|(&a, &b)| round_bf16(a) as f64 * b)
+                            .sum::<f64>()
+                    };
                     rb(silu(dot(c)) * dot(i + c))
                 })
                 .collect();
@@ -105,7 +119,9 @@ fn router_logits(g: &mut impl Rng, tokens: usize, n_experts: usize, spread: Spre
 #[test]
 fn routing_picks_the_softmax_top_k() {
     let mut g = rng(40);
-    for &(tokens, ne, k, renorm) in &[(1, 8, 2, true), (33, 64, 8, true), (17, 128, 4, false), (5, 512, 8, true), (9, 40, 32, false)] {
+    for &(tokens, ne, k, renorm) in
+        &[(1, 8, 2, true), (33, 64, 8, true), (17, 128, 4, false), (5, 512, 8, true), (9, 40, 32, false)]
+    {
         let logits = router_logits(&mut g, tokens, ne, Spread::Uniform);
         let (mut ids, mut w) = (vec![0u32; tokens * k], vec![0f32; tokens * k]);
         twin::moe_topk_softmax(&logits, &mut ids, &mut w, tokens, ne, k, renorm);
@@ -113,7 +129,11 @@ fn routing_picks_the_softmax_top_k() {
             let want = route(&logits[t * ne..(t + 1) * ne], k, renorm);
             for (j, (e, wt)) in want.into_iter().enumerate() {
                 assert_eq!(ids[t * k + j] as usize, e, "token {t} pick {j} ({ne} experts, top-{k})");
-                assert!((w[t * k + j] as f64 - wt).abs() <= 1e-6, "token {t} pick {j}: weight {} vs {wt}", w[t * k + j]);
+                assert!(
+                    (w[t * k + j] as f64 - wt).abs() <= 1e-6,
+                    "token {t} pick {j}: weight {} vs {wt}",
+                    w[t * k + j]
+                );
             }
         }
     }
@@ -128,7 +148,8 @@ fn routing_picks_the_softmax_top_k() {
 fn permutation_groups_rows_by_expert_in_assignment_order() {
     let mut g = rng(41);
     let (tokens, k, ne, hidden) = (300, 4, 16, 8); // 1200 assignments: 5 chunks
-    let ids: Vec<u32> = (0..tokens * k).map(|_| if g.random_bool(0.5) { 2 } else { g.random_range(0..ne as u32) }).collect();
+    let ids: Vec<u32> =
+        (0..tokens * k).map(|_| if g.random_bool(0.5) { 2 } else { g.random_range(0..ne as u32) }).collect();
     let counts = twin::moe_chunk_counts(&ids, ne);
     let off = twin::moe_offsets(&counts, twin::n_chunks(ids.len()), ne);
     let x = random(&mut g, tokens * hidden);
@@ -192,7 +213,11 @@ fn grouped_gemm_fragments_compute_each_experts_product() {
     let ne = 6;
     let counts_per_expert = [0u32, 1, 130, 64, 0, 17];
     for &(n, k) in &[(72usize, 40usize), (64, 64), (8, 8), (130, 96)] {
-        let ids: Vec<u32> = counts_per_expert.iter().enumerate().flat_map(|(e, &c)| std::iter::repeat_n(e as u32, c as usize)).collect();
+        let ids: Vec<u32> = counts_per_expert
+            .iter()
+            .enumerate()
+            .flat_map(|(e, &c)| std::iter::repeat_n(e as u32, c as usize))
+            .collect();
         let n_assign = ids.len();
         let chunk_counts = twin::moe_chunk_counts(&ids, ne);
         let off = twin::moe_offsets(&chunk_counts, twin::n_chunks(n_assign), ne);
@@ -202,7 +227,12 @@ fn grouped_gemm_fragments_compute_each_experts_product() {
         for e in 0..ne {
             for r in off.offsets[e] as usize..off.offsets[e + 1] as usize {
                 for c in 0..n {
-                    let dot: f64 = (0..k).map(|kk| twin::warp::from_bf16(a[r * k + kk]) as f64 * twin::warp::from_bf16(w[(e * n + c) * k + kk]) as f64).sum();
+                    let dot: f64 = (0..k)
+                        .map(|kk| {
+                            twin::warp::from_bf16(a[r * k + kk]) as f64
+                                * twin::warp::from_bf16(w[(e * n + c) * k + kk]) as f64
+                        })
+                        .sum();
                     want[r * n + c] = dot as f32;
                 }
             }
@@ -211,12 +241,27 @@ fn grouped_gemm_fragments_compute_each_experts_product() {
         for bm in [64usize, 128] {
             let tiles = if bm == 64 { &off.tiles64 } else { &off.tiles128 };
             let mut c = vec![f32::NAN; n_assign * n];
-            let args = GroupedGemmArgs { a: &a, w: &w, counts: &off.counts, offsets: &off.offsets, tiles, n_tiles: off.n_tiles, choice: bm as u32, n, k };
+            let args = GroupedGemmArgs {
+                a: &a,
+                w: &w,
+                counts: &off.counts,
+                offsets: &off.offsets,
+                tiles,
+                n_tiles: off.n_tiles,
+                choice: bm as u32,
+                n,
+                k,
+            };
             twin::moe_gemm(bm, args, twin::max_tiles(n_assign, ne, bm), &mut c);
             // The other variant's launch exits at once.
             let other = if bm == 64 { 128 } else { 64 };
             let mut untouched = vec![f32::NAN; n_assign * n];
-            twin::moe_gemm(other, GroupedGemmArgs { tiles: if other == 64 { &off.tiles64 } else { &off.tiles128 }, ..args }, twin::max_tiles(n_assign, ne, other), &mut untouched);
+            twin::moe_gemm(
+                other,
+                GroupedGemmArgs { tiles: if other == 64 { &off.tiles64 } else { &off.tiles128 }, ..args },
+                twin::max_tiles(n_assign, ne, other),
+                &mut untouched,
+            );
             assert!(untouched.iter().all(|v| v.is_nan()), "BLOCK_M {other} ran although {bm} was chosen");
             assert_close(&format!("grouped GEMM BLOCK_M {bm}, n {n}, k {k}"), &c, &want, 1e-5);
             results.push(c);
@@ -267,11 +312,25 @@ fn the_selector_follows_the_histogram() {
     let routing = MoeRouting { top_k: 1, renormalize: true };
     // 20 tokens spread over 32 experts: mostly 1-row experts, padding ratio ≫ 1.5 → 64.
     let x = random(&mut g, 20 * 16);
-    let (_, c) = twin::moe_forward(&x, &router_logits(&mut g, 20, 32, Spread::Uniform), &weights, routing, TilePolicy::default()).unwrap();
+    let (_, c) = twin::moe_forward(
+        &x,
+        &router_logits(&mut g, 20, 32, Spread::Uniform),
+        &weights,
+        routing,
+        TilePolicy::default(),
+    )
+    .unwrap();
     assert_eq!(c.block_m, 64, "{c:?}");
     // 256 tokens all on one expert: no padding → 128.
     let x = random(&mut g, 256 * 16);
-    let (_, c) = twin::moe_forward(&x, &router_logits(&mut g, 256, 32, Spread::OneHot), &weights, routing, TilePolicy::default()).unwrap();
+    let (_, c) = twin::moe_forward(
+        &x,
+        &router_logits(&mut g, 256, 32, Spread::OneHot),
+        &weights,
+        routing,
+        TilePolicy::default(),
+    )
+    .unwrap();
     assert_eq!((c.block_m, c.real_rows, c.padded128), (128, 256, 256), "{c:?}");
 }
 
@@ -279,11 +338,15 @@ fn the_selector_follows_the_histogram() {
 fn moe_rejects_shapes_the_kernels_cannot_take() {
     let dims = MoeDims { hidden: 12, inter: 16, n_experts: 4 };
     let w = TwinMoeWeights::new(dims, &vec![0.0; 4 * 32 * 12], &vec![0.0; 4 * 12 * 16]).unwrap();
-    let err = twin::moe_forward(&[0.0; 12], &[0.0; 4], &w, MoeRouting { top_k: 2, renormalize: true }, TilePolicy::default()).unwrap_err();
+    let err =
+        twin::moe_forward(&[0.0; 12], &[0.0; 4], &w, MoeRouting { top_k: 2, renormalize: true }, TilePolicy::default())
+            .unwrap_err();
     assert!(err.to_string().contains("multiples of 8"), "{err}");
     let dims = MoeDims { hidden: 16, inter: 16, n_experts: 4 };
     let w = TwinMoeWeights::new(dims, &vec![0.0; 4 * 32 * 16], &vec![0.0; 4 * 16 * 16]).unwrap();
-    let err = twin::moe_forward(&[0.0; 16], &[0.0; 4], &w, MoeRouting { top_k: 5, renormalize: true }, TilePolicy::default()).unwrap_err();
+    let err =
+        twin::moe_forward(&[0.0; 16], &[0.0; 4], &w, MoeRouting { top_k: 5, renormalize: true }, TilePolicy::default())
+            .unwrap_err();
     assert!(err.to_string().contains("top-5"), "{err}");
     assert!(TwinMoeWeights::new(dims, &[0.0; 3], &[0.0; 3]).is_err());
 }

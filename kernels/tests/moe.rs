@@ -18,6 +18,9 @@ use sieve_kernels::{Backend, CpuBackend, MoeLayerHost, MoeRouting, MoeSelect, Sh
 
 const MOE_TOL: f32 = 5e-5;
 
+/// A shared expert: (width, gate_up, down, gate).
+type SharedExpert = (usize, Vec<f32>, Vec<f32>, Vec<f32>);
+
 struct Layer {
     hidden: usize,
     experts: usize,
@@ -25,7 +28,7 @@ struct Layer {
     router: Vec<f32>,
     gate_up: Vec<f32>,
     down: Vec<f32>,
-    shared: Option<(usize, Vec<f32>, Vec<f32>, Vec<f32>)>,
+    shared: Option<SharedExpert>,
 }
 
 impl Layer {
@@ -37,10 +40,13 @@ impl Layer {
         for e in 0..experts {
             router[e * hidden + e] = 1.0;
         }
-        let scaled = |g: &mut _, n: usize, fan_in: usize| random(g, n).into_iter().map(|v| v * (3.0 / fan_in as f32).sqrt()).collect::<Vec<_>>();
+        let scaled = |g: &mut _, n: usize, fan_in: usize| {
+            random(g, n).into_iter().map(|v| v * (3.0 / fan_in as f32).sqrt()).collect::<Vec<_>>()
+        };
         let gate_up = scaled(g, experts * 2 * inter * hidden, hidden);
         let down = scaled(g, experts * hidden * inter, inter);
-        let shared = shared.map(|s| (s, scaled(g, 2 * s * hidden, hidden), scaled(g, hidden * s, s), scaled(g, hidden, hidden)));
+        let shared =
+            shared.map(|s| (s, scaled(g, 2 * s * hidden, hidden), scaled(g, hidden * s, s), scaled(g, hidden, hidden)));
         Layer { hidden, experts, inter, router, gate_up, down, shared }
     }
 
@@ -60,7 +66,12 @@ impl Layer {
             router: &self.router,
             gate_up: &self.gate_up,
             down: &self.down,
-            shared: self.shared.as_ref().map(|(s, gu, d, gt)| SharedExpertHost { inter: *s, gate_up: gu, down: d, gate: gt }),
+            shared: self.shared.as_ref().map(|(s, gu, d, gt)| SharedExpertHost {
+                inter: *s,
+                gate_up: gu,
+                down: d,
+                gate: gt,
+            }),
         }
     }
 }
@@ -71,8 +82,8 @@ fn rows_routed_to(g: &mut impl Rng, hidden: usize, experts: usize, choices: &[Ve
     let mut x = tensor(g, choices.len(), hidden);
     for (t, choice) in choices.iter().enumerate() {
         let row = x.row_mut(t);
-        for e in 0..experts {
-            row[e] = -3.0 + g.random_range(-0.3f32..0.3);
+        for v in row.iter_mut().take(experts) {
+            *v = -3.0 + g.random_range(-0.3f32..0.3);
         }
         for (j, &e) in choice.iter().enumerate() {
             row[e] = 4.0 - 0.75 * j as f32;
@@ -101,7 +112,14 @@ fn routings(g: &mut impl Rng, tokens: usize, experts: usize, k: usize) -> Vec<(&
     ]
 }
 
-fn run_cpu(cpu: &CpuBackend, w: &sieve_kernels::cpu::CpuMoeWeights, x: &HostTensor, acc0: &HostTensor, routing: MoeRouting, select: MoeSelect) -> (HostTensor, sieve_kernels::MoeLayerStats) {
+fn run_cpu(
+    cpu: &CpuBackend,
+    w: &sieve_kernels::cpu::CpuMoeWeights,
+    x: &HostTensor,
+    acc0: &HostTensor,
+    routing: MoeRouting,
+    select: MoeSelect,
+) -> (HostTensor, sieve_kernels::MoeLayerStats) {
     let mut acc = acc0.clone();
     let mut log = cpu.moe_log().unwrap();
     cpu.moe_ffn(x, w, routing, select, &mut acc, &mut log).unwrap();
@@ -136,7 +154,11 @@ fn every_variant_matches_the_per_token_reference() {
                     let rstats = r.read_moe_log(&mut rlog).unwrap()[0];
                     let mut first: Option<HostTensor> = None;
                     for (v, variant) in variants.iter().enumerate() {
-                        let what = format!("{} {} tokens={tokens} {name} shared={shared:?} norm={norm} bf16={bf16}", cpu.name(), variant.name);
+                        let what = format!(
+                            "{} {} tokens={tokens} {name} shared={shared:?} norm={norm} bf16={bf16}",
+                            cpu.name(),
+                            variant.name
+                        );
                         let (got, stats) = run_cpu(&cpu, &w, &x, &acc0, routing, MoeSelect::Fixed(v));
                         assert_close(&what, &got.data, &want.data, MOE_TOL);
                         match &first {
@@ -144,9 +166,17 @@ fn every_variant_matches_the_per_token_reference() {
                             Some(f) => assert_bits_eq(&format!("{what} vs {}", variants[0].name), &got.data, &f.data),
                         }
                         assert_eq!(stats.variant as usize, v);
-                        assert_eq!((stats.tokens, stats.rows, stats.active_experts, stats.max_expert_rows), (rstats.tokens, rstats.rows, rstats.active_experts, rstats.max_expert_rows), "{what}: stats");
+                        assert_eq!(
+                            (stats.tokens, stats.rows, stats.active_experts, stats.max_expert_rows),
+                            (rstats.tokens, rstats.rows, rstats.active_experts, rstats.max_expert_rows),
+                            "{what}: stats"
+                        );
                         let hist = histogram(&choice, layer.experts);
-                        assert_eq!(stats.padded_rows, hist.iter().map(|&n| variant.computed_rows(n)).sum::<u64>(), "{what}: padded rows");
+                        assert_eq!(
+                            stats.padded_rows,
+                            hist.iter().map(|&n| variant.computed_rows(n)).sum::<u64>(),
+                            "{what}: padded rows"
+                        );
                     }
                 }
             }
@@ -244,16 +274,42 @@ fn auto_runs_the_variant_the_cost_model_picks() {
     // A table model: small_m at 1 row per expert, grouped at 4.
     let table = MoeCostModel {
         variants: vec![
-            VariantCost { variant: "small_m".into(), per_call: 0.0, per_expert: vec![1.0, 2.0, 4.0, 8.0], per_row: 0.0, per_padded_row: 0.0 },
-            VariantCost { variant: "grouped".into(), per_call: 0.0, per_expert: vec![2.0, 3.0, 3.5, 6.0], per_row: 0.0, per_padded_row: 0.0 },
+            VariantCost {
+                variant: "small_m".into(),
+                per_call: 0.0,
+                per_expert: vec![1.0, 2.0, 4.0, 8.0],
+                per_row: 0.0,
+                per_padded_row: 0.0,
+            },
+            VariantCost {
+                variant: "grouped".into(),
+                per_call: 0.0,
+                per_expert: vec![2.0, 3.0, 3.5, 6.0],
+                per_row: 0.0,
+                per_padded_row: 0.0,
+            },
         ],
         origin: "test".into(),
         tie_margin: 0.0,
     };
-    let (_, s) = run_cpu(&cpu, &w, &rows_routed_to(&mut g, 48, 16, &few), &tensor(&mut g, 32, 48), routing, MoeSelect::Auto(&table));
+    let (_, s) = run_cpu(
+        &cpu,
+        &w,
+        &rows_routed_to(&mut g, 48, 16, &few),
+        &tensor(&mut g, 32, 48),
+        routing,
+        MoeSelect::Auto(&table),
+    );
     assert_eq!(s.variant as usize, idx("grouped"));
     let sparse: Vec<Vec<usize>> = (0..8).map(|t| vec![t, 8 + t]).collect();
-    let (_, s) = run_cpu(&cpu, &w, &rows_routed_to(&mut g, 48, 16, &sparse), &tensor(&mut g, 8, 48), routing, MoeSelect::Auto(&table));
+    let (_, s) = run_cpu(
+        &cpu,
+        &w,
+        &rows_routed_to(&mut g, 48, 16, &sparse),
+        &tensor(&mut g, 8, 48),
+        routing,
+        MoeSelect::Auto(&table),
+    );
     assert_eq!(s.variant as usize, idx("small_m"));
 }
 
@@ -267,7 +323,9 @@ fn bad_calls_are_errors_not_panics() {
     let ok = MoeRouting { top_k: 2, norm_topk_prob: true };
     let x = tensor(&mut g, 3, 32);
     let mut acc = tensor(&mut g, 3, 32);
-    assert!(cpu.moe_ffn(&x, &w, MoeRouting { top_k: 9, norm_topk_prob: true }, MoeSelect::Fixed(0), &mut acc, &mut log).is_err());
+    assert!(cpu
+        .moe_ffn(&x, &w, MoeRouting { top_k: 9, norm_topk_prob: true }, MoeSelect::Fixed(0), &mut acc, &mut log)
+        .is_err());
     assert!(cpu.moe_ffn(&x, &w, ok, MoeSelect::Fixed(99), &mut acc, &mut log).is_err());
     assert!(cpu.moe_ffn(&tensor(&mut g, 3, 31), &w, ok, MoeSelect::Fixed(0), &mut acc, &mut log).is_err());
     assert!(cpu.moe_time_variant(&w, 99, &[1; 8]).is_err());
@@ -292,7 +350,12 @@ fn autotune_fits_a_model_within_its_budget() {
     assert_eq!(model.variants.len(), cpu.moe_variants().len());
     assert!(report.knots_measured >= 2 && report.samples > 0);
     for c in &model.variants {
-        assert_eq!(c.per_expert.len(), sieve_kernels::moe::COST_KNOTS.len(), "{}: extrapolated to every knot", c.variant);
+        assert_eq!(
+            c.per_expert.len(),
+            sieve_kernels::moe::COST_KNOTS.len(),
+            "{}: extrapolated to every knot",
+            c.variant
+        );
         assert!(c.per_expert.iter().all(|&t| t.is_finite() && t >= 0.0), "{c:?}");
     }
     // The padded twins compute 64 / 128 rows for a 1-row expert: they must be measured dearer

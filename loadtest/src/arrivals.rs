@@ -26,7 +26,13 @@ impl FromStr for Burst {
         let (st, d) = when.split_once('+').ok_or_else(|| bad("no '+'"))?;
         let num = |t: &str| t.trim().parse::<f64>().map_err(|_| bad(&format!("'{}' is not a number", t.trim())));
         let b = Burst { factor: num(f)?, start_s: num(st)?, duration_s: num(d)? };
-        if !(b.factor.is_finite() && b.factor >= 0.0 && b.start_s >= 0.0 && b.duration_s > 0.0 && b.start_s.is_finite() && b.duration_s.is_finite()) {
+        if !(b.factor.is_finite()
+            && b.factor >= 0.0
+            && b.start_s >= 0.0
+            && b.duration_s > 0.0
+            && b.start_s.is_finite()
+            && b.duration_s.is_finite())
+        {
             return Err(bad("factor must be >= 0, start >= 0, duration > 0"));
         }
         Ok(b)
@@ -116,7 +122,8 @@ mod tests {
 
     #[test]
     fn constant_rate_counts_and_gaps() {
-        let times: Vec<f64> = PoissonArrivals::new(RateProfile::constant(100.0), 1).take_while(|&t| t < 200.0).collect();
+        let times: Vec<f64> =
+            PoissonArrivals::new(RateProfile::constant(100.0), 1).take_while(|&t| t < 200.0).collect();
         // 20,000 expected, sd 141.
         assert!((times.len() as f64 - 20_000.0).abs() < 600.0, "{}", times.len());
         assert!(times.windows(2).all(|w| w[1] > w[0]));

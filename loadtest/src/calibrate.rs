@@ -87,7 +87,8 @@ impl Calibration {
     }
 }
 
-const WORDS: &[&str] = &["red", "shoe", "trail", "run", "light", "mesh", "grip", "size", "blue", "road", "soft", "foam", "knit", "fast"];
+const WORDS: &[&str] =
+    &["red", "shoe", "trail", "run", "light", "mesh", "grip", "size", "blue", "road", "soft", "foam", "knit", "fast"];
 
 fn words(n: u32, salt: u64) -> String {
     let mut s = String::with_capacity(n as usize * 6);
@@ -106,7 +107,13 @@ fn words(n: u32, salt: u64) -> String {
 
 /// Calls the worker over the sweep and fits the model. `admin` (optional) is asked for the
 /// worker's batch-token limit, model and device.
-pub async fn calibrate(http: &Http, worker: &str, admin: Option<&str>, spec: &CalibrateSpec, mut progress: impl FnMut(usize, usize)) -> Result<Calibration, String> {
+pub async fn calibrate(
+    http: &Http,
+    worker: &str,
+    admin: Option<&str>,
+    spec: &CalibrateSpec,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<Calibration, String> {
     let worker = worker.trim_end_matches('/').to_string();
     let stats: Option<WorkerStats> = match admin {
         Some(a) => Some(http.get_json(&format!("{}/stats", a.trim_end_matches('/')), Duration::from_secs(5)).await?),
@@ -150,13 +157,18 @@ pub async fn calibrate(http: &Http, worker: &str, admin: Option<&str>, spec: &Ca
         if r.status != 200 {
             return Err(format!("POST {url}: status {}: {}", r.status, String::from_utf8_lossy(&r.body)));
         }
-        let resp: ScoreResponse = serde_json::from_slice(&r.body).map_err(|e| format!("POST {url}: unreadable response: {e}"))?;
+        let resp: ScoreResponse =
+            serde_json::from_slice(&r.body).map_err(|e| format!("POST {url}: unreadable response: {e}"))?;
         progress(call + 1, total);
         if call < spec.warmup_calls as usize {
             continue;
         }
         let u = &resp.usage;
-        let f = CostFeatures::of_call(f64::from(u.prefix_tokens), f64::from(u.cached_prefix_tokens), u.item_tokens.iter().map(|&t| f64::from(t)));
+        let f = CostFeatures::of_call(
+            f64::from(u.prefix_tokens),
+            f64::from(u.cached_prefix_tokens),
+            u.item_tokens.iter().map(|&t| f64::from(t)),
+        );
         features.push(f);
         samples.push(Sample {
             prefix_tokens: u.prefix_tokens,
@@ -175,7 +187,11 @@ pub async fn calibrate(http: &Http, worker: &str, admin: Option<&str>, spec: &Ca
     let mean = ys.iter().sum::<f64>() / ys.len() as f64;
     let ss_tot: f64 = ys.iter().map(|y| (y - mean).powi(2)).sum();
     let ss_res: f64 = samples.iter().map(|s| (s.compute_ms - s.predicted_ms).powi(2)).sum();
-    let mut rel: Vec<f64> = samples.iter().filter(|s| s.compute_ms > 0.0).map(|s| ((s.predicted_ms - s.compute_ms) / s.compute_ms).abs()).collect();
+    let mut rel: Vec<f64> = samples
+        .iter()
+        .filter(|s| s.compute_ms > 0.0)
+        .map(|s| ((s.predicted_ms - s.compute_ms) / s.compute_ms).abs())
+        .collect();
     rel.sort_by(f64::total_cmp);
     Ok(Calibration {
         worker,
@@ -228,7 +244,8 @@ pub fn fit(features: &[CostFeatures], ys: &[f64]) -> Option<CostModel> {
 /// scaling; the systems are at most 3×3).
 fn solve_subset(rows: &[([f64; 3], f64)], idx: &[usize]) -> Option<Vec<f64>> {
     let k = idx.len();
-    let scale: Vec<f64> = idx.iter().map(|&i| rows.iter().map(|r| r.0[i].abs()).fold(0.0, f64::max).max(1e-300)).collect();
+    let scale: Vec<f64> =
+        idx.iter().map(|&i| rows.iter().map(|r| r.0[i].abs()).fold(0.0, f64::max).max(1e-300)).collect();
     let mut a = vec![vec![0.0; k + 1]; k];
     for (x, y) in rows {
         for r in 0..k {

@@ -6,8 +6,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request};
-use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde::de::DeserializeOwned;
 
@@ -79,7 +79,12 @@ impl Http {
         serde_json::from_slice(&r.body).map_err(|e| format!("GET {url}: {e}"))
     }
 
-    pub async fn put_json<T: serde::Serialize>(&self, url: &str, value: &T, timeout: Duration) -> Result<Reply, String> {
+    pub async fn put_json<T: serde::Serialize>(
+        &self,
+        url: &str,
+        value: &T,
+        timeout: Duration,
+    ) -> Result<Reply, String> {
         let body = serde_json::to_vec(value).map_err(|e| e.to_string())?;
         self.send(Method::PUT, url, Bytes::from(body), timeout).await.map_err(|e| format!("PUT {url}: {e}"))
     }

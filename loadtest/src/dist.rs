@@ -120,9 +120,17 @@ impl Dist {
         let finite = |v: f64| v.is_finite();
         match *self {
             Dist::Fixed(v) => ok(finite(v) && v >= 0.0, "value must be >= 0"),
-            Dist::Uniform { min, max } => ok(finite(min) && finite(max) && 0.0 <= min && min < max, "need 0 <= MIN < MAX"),
+            Dist::Uniform { min, max } => {
+                ok(finite(min) && finite(max) && 0.0 <= min && min < max, "need 0 <= MIN < MAX")
+            }
             Dist::LogNormal { median, sigma, min, max } => ok(
-                finite(median) && median > 0.0 && finite(sigma) && sigma > 0.0 && 0.0 <= min && min < max && finite(max),
+                finite(median)
+                    && median > 0.0
+                    && finite(sigma)
+                    && sigma > 0.0
+                    && 0.0 <= min
+                    && min < max
+                    && finite(max),
                 "need MEDIAN > 0, SIGMA > 0, 0 <= MIN < MAX",
             ),
             Dist::Pareto { scale, alpha, max } => ok(
@@ -148,8 +156,12 @@ impl FromStr for Dist {
         let d = match (kind.trim(), nums.as_slice()) {
             ("" | "fixed", [v]) => Dist::Fixed(*v),
             ("uniform", [min, max]) => Dist::Uniform { min: *min, max: *max },
-            ("lognormal", [median, sigma]) => Dist::LogNormal { median: *median, sigma: *sigma, min: 0.0, max: f64::MAX },
-            ("lognormal", [median, sigma, min, max]) => Dist::LogNormal { median: *median, sigma: *sigma, min: *min, max: *max },
+            ("lognormal", [median, sigma]) => {
+                Dist::LogNormal { median: *median, sigma: *sigma, min: 0.0, max: f64::MAX }
+            }
+            ("lognormal", [median, sigma, min, max]) => {
+                Dist::LogNormal { median: *median, sigma: *sigma, min: *min, max: *max }
+            }
             ("pareto", [scale, alpha]) => Dist::Pareto { scale: *scale, alpha: *alpha, max: f64::MAX },
             ("pareto", [scale, alpha, max]) => Dist::Pareto { scale: *scale, alpha: *alpha, max: *max },
             ("" | "fixed" | "uniform" | "lognormal" | "pareto", _) => return Err(bad("wrong number of parameters")),
@@ -166,7 +178,9 @@ impl fmt::Display for Dist {
         match *self {
             Dist::Fixed(v) => write!(f, "{v}"),
             Dist::Uniform { min, max } => write!(f, "uniform:{min},{max}"),
-            Dist::LogNormal { median, sigma, min, max } if bound(max) => write!(f, "lognormal:{median},{sigma},{min},{max}"),
+            Dist::LogNormal { median, sigma, min, max } if bound(max) => {
+                write!(f, "lognormal:{median},{sigma},{min},{max}")
+            }
             Dist::LogNormal { median, sigma, .. } => write!(f, "lognormal:{median},{sigma}"),
             Dist::Pareto { scale, alpha, max } if bound(max) => write!(f, "pareto:{scale},{alpha},{max}"),
             Dist::Pareto { scale, alpha, .. } => write!(f, "pareto:{scale},{alpha}"),
@@ -199,22 +213,43 @@ impl<'de> Deserialize<'de> for Dist {
 pub fn normal_cdf(z: f64) -> f64 {
     let x = z.abs() / std::f64::consts::SQRT_2;
     let t = 1.0 / (1.0 + 0.327_591_1 * x);
-    let poly = t * (0.254_829_592 + t * (-0.284_496_736 + t * (1.421_413_741 + t * (-1.453_152_027 + t * 1.061_405_429))));
+    let poly =
+        t * (0.254_829_592 + t * (-0.284_496_736 + t * (1.421_413_741 + t * (-1.453_152_027 + t * 1.061_405_429))));
     let erf = 1.0 - poly * (-x * x).exp();
-    if z >= 0.0 { 0.5 * (1.0 + erf) } else { 0.5 * (1.0 - erf) }
+    if z >= 0.0 {
+        0.5 * (1.0 + erf)
+    } else {
+        0.5 * (1.0 - erf)
+    }
 }
 
 /// Standard normal quantile (Acklam's rational approximation, refined by one Newton step on
 /// [`normal_cdf`] so the two agree).
 pub fn normal_quantile(p: f64) -> f64 {
-    const A: [f64; 6] = [-3.969683028665376e1, 2.209460984245205e2, -2.759285104469687e2, 1.38357751867269e2, -3.066479806614716e1, 2.506_628_277_459_239];
-    const B: [f64; 5] = [-5.447609879822406e1, 1.615858368580409e2, -1.556989798598866e2, 6.680131188771972e1, -1.328068155288572e1];
-    const C: [f64; 6] = [-7.784894002430293e-3, -3.223964580411365e-1, -2.400758277161838, -2.549732539343734, 4.374664141464968, 2.938163982698783];
+    const A: [f64; 6] = [
+        -3.969683028665376e1,
+        2.209460984245205e2,
+        -2.759285104469687e2,
+        1.38357751867269e2,
+        -3.066479806614716e1,
+        2.506_628_277_459_239,
+    ];
+    const B: [f64; 5] =
+        [-5.447609879822406e1, 1.615858368580409e2, -1.556989798598866e2, 6.680131188771972e1, -1.328068155288572e1];
+    const C: [f64; 6] = [
+        -7.784894002430293e-3,
+        -3.223964580411365e-1,
+        -2.400758277161838,
+        -2.549732539343734,
+        4.374664141464968,
+        2.938163982698783,
+    ];
     const D: [f64; 4] = [7.784695709041462e-3, 3.224671290700398e-1, 2.445134137142996, 3.754408661907416];
     let p = p.clamp(1e-300, 1.0 - 1e-16);
     let x = if p < 0.02425 {
         let q = (-2.0 * p.ln()).sqrt();
-        (((((C[0] * q + C[1]) * q + C[2]) * q + C[3]) * q + C[4]) * q + C[5]) / ((((D[0] * q + D[1]) * q + D[2]) * q + D[3]) * q + 1.0)
+        (((((C[0] * q + C[1]) * q + C[2]) * q + C[3]) * q + C[4]) * q + C[5])
+            / ((((D[0] * q + D[1]) * q + D[2]) * q + D[3]) * q + 1.0)
     } else if p <= 1.0 - 0.02425 {
         let q = p - 0.5;
         let r = q * q;
@@ -222,22 +257,29 @@ pub fn normal_quantile(p: f64) -> f64 {
             / (((((B[0] * r + B[1]) * r + B[2]) * r + B[3]) * r + B[4]) * r + 1.0)
     } else {
         let q = (-2.0 * (1.0 - p).ln()).sqrt();
-        -(((((C[0] * q + C[1]) * q + C[2]) * q + C[3]) * q + C[4]) * q + C[5]) / ((((D[0] * q + D[1]) * q + D[2]) * q + D[3]) * q + 1.0)
+        -(((((C[0] * q + C[1]) * q + C[2]) * q + C[3]) * q + C[4]) * q + C[5])
+            / ((((D[0] * q + D[1]) * q + D[2]) * q + D[3]) * q + 1.0)
     };
     let e = normal_cdf(x) - p;
     let pdf = (-x * x / 2.0).exp() / (2.0 * std::f64::consts::PI).sqrt();
-    if pdf > 1e-300 { x - e / pdf } else { x }
+    if pdf > 1e-300 {
+        x - e / pdf
+    } else {
+        x
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::SeedableRng;
     use rand::rngs::StdRng;
+    use rand::SeedableRng;
 
     #[test]
     fn parses_prints_and_rejects() {
-        for s in ["200", "uniform:40,300", "lognormal:200,0.3,20,1000", "lognormal:5,1", "pareto:40,1.2,300", "pareto:1,2"] {
+        for s in
+            ["200", "uniform:40,300", "lognormal:200,0.3,20,1000", "lognormal:5,1", "pareto:40,1.2,300", "pareto:1,2"]
+        {
             let d: Dist = s.parse().unwrap();
             assert_eq!(d.to_string().parse::<Dist>().unwrap(), d, "{s}");
         }
@@ -264,10 +306,13 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(seed);
         let mut xs: Vec<f64> = (0..n).map(|_| d.sample(&mut rng)).collect();
         xs.sort_by(f64::total_cmp);
-        xs.iter().enumerate().map(|(i, &x)| {
-            let f = d.cdf(x);
-            (f - i as f64 / n as f64).abs().max((f - (i + 1) as f64 / n as f64).abs())
-        }).fold(0.0, f64::max)
+        xs.iter()
+            .enumerate()
+            .map(|(i, &x)| {
+                let f = d.cdf(x);
+                (f - i as f64 / n as f64).abs().max((f - (i + 1) as f64 / n as f64).abs())
+            })
+            .fold(0.0, f64::max)
     }
 
     #[test]

@@ -329,7 +329,9 @@ fn secs(v: f64, name: &str) -> anyhow::Result<Duration> {
 async fn run_load(a: RunArgs) -> anyhow::Result<()> {
     let workload = a.workload.spec()?;
     let mode = match (a.qps, a.concurrency) {
-        (Some(q), _) if q.is_finite() && q > 0.0 => LoadMode::Open { profile: RateProfile { base_qps: q, bursts: a.burst.clone() } },
+        (Some(q), _) if q.is_finite() && q > 0.0 => {
+            LoadMode::Open { profile: RateProfile { base_qps: q, bursts: a.burst.clone() } }
+        }
         (Some(q), _) => anyhow::bail!("--qps must be positive, got {q}"),
         (None, Some(c)) if c > 0 => {
             if !a.burst.is_empty() {
@@ -363,7 +365,11 @@ async fn run_load(a: RunArgs) -> anyhow::Result<()> {
     let out = run::run(&http, &spec).await;
     let util = mon.map(Monitor::stop);
     let marks = match &mode {
-        LoadMode::Open { profile } => profile.bursts.iter().map(|b| (b.start_s, b.start_s + b.duration_s, format!("x{} burst", b.factor))).collect(),
+        LoadMode::Open { profile } => profile
+            .bursts
+            .iter()
+            .map(|b| (b.start_s, b.start_s + b.duration_s, format!("x{} burst", b.factor)))
+            .collect(),
         LoadMode::Closed { .. } => Vec::new(),
     };
     let (rep, hist) = RunData {
@@ -390,7 +396,13 @@ async fn run_load(a: RunArgs) -> anyhow::Result<()> {
 }
 
 async fn calibrate_worker(a: CalibrateArgs) -> anyhow::Result<()> {
-    let spec = CalibrateSpec { query_words: a.query_words, items_per_call: a.items, item_words: a.item_words, repeats: a.repeats.max(1), ..CalibrateSpec::default() };
+    let spec = CalibrateSpec {
+        query_words: a.query_words,
+        items_per_call: a.items,
+        item_words: a.item_words,
+        repeats: a.repeats.max(1),
+        ..CalibrateSpec::default()
+    };
     let http = Http::new();
     let c = calibrate::calibrate(&http, &a.worker, a.admin.as_deref(), &spec, |i, n| {
         eprint!("\r  call {i}/{n}");
@@ -398,9 +410,15 @@ async fn calibrate_worker(a: CalibrateArgs) -> anyhow::Result<()> {
     .await
     .map_err(|e| anyhow::anyhow!("{e}"))?;
     eprintln!();
-    println!("  {:>7} {:>6} {:>6} {:>12} {:>12} {:>7}", "prefix", "cached", "items", "item tokens", "compute ms", "model");
+    println!(
+        "  {:>7} {:>6} {:>6} {:>12} {:>12} {:>7}",
+        "prefix", "cached", "items", "item tokens", "compute ms", "model"
+    );
     for s in &c.samples {
-        println!("  {:>7} {:>6} {:>6} {:>12} {:>12.2} {:>7.2}", s.prefix_tokens, s.cached_prefix_tokens, s.items, s.item_tokens, s.compute_ms, s.predicted_ms);
+        println!(
+            "  {:>7} {:>6} {:>6} {:>12} {:>12.2} {:>7.2}",
+            s.prefix_tokens, s.cached_prefix_tokens, s.items, s.item_tokens, s.compute_ms, s.predicted_ms
+        );
     }
     let text = c.to_toml();
     std::fs::write(&a.out, &text).map_err(|e| anyhow::anyhow!("{}: {e}", a.out.display()))?;
@@ -419,7 +437,8 @@ async fn compare_strategies(a: CompareArgs) -> anyhow::Result<()> {
         None => sieve_loadtest::process::locate_binary("sieve-proxy")
             .ok_or_else(|| anyhow::anyhow!("sieve-proxy not found next to sieve-loadtest: build it (cargo build -p sieve-proxy) or pass --proxy-bin"))?,
     };
-    let sim = SimConfig { cost, slots: a.slots, speed: a.speed, jitter: a.jitter, seed: a.seed, ..SimConfig::default() };
+    let sim =
+        SimConfig { cost, slots: a.slots, speed: a.speed, jitter: a.jitter, seed: a.seed, ..SimConfig::default() };
     sim.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
     for &l in &a.loads {
         if !(l.is_finite() && l > 0.0) {
@@ -504,7 +523,7 @@ async fn sim_worker(a: SimWorkerArgs) -> anyhow::Result<()> {
 async fn wait_for_signal() {
     #[cfg(unix)]
     {
-        use tokio::signal::unix::{SignalKind, signal};
+        use tokio::signal::unix::{signal, SignalKind};
         match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
             (Ok(mut term), Ok(mut int)) => {
                 tokio::select! {

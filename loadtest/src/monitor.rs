@@ -31,7 +31,11 @@ impl Utilisation {
     /// Mean over workers and samples, ignoring gaps.
     pub fn mean(&self) -> f64 {
         let vals: Vec<f64> = self.series.iter().flatten().copied().filter(|v| v.is_finite()).collect();
-        if vals.is_empty() { 0.0 } else { vals.iter().sum::<f64>() / vals.len() as f64 }
+        if vals.is_empty() {
+            0.0
+        } else {
+            vals.iter().sum::<f64>() / vals.len() as f64
+        }
     }
 }
 
@@ -59,7 +63,11 @@ fn utilisation(prev: &Prev, now: Instant, s: &WorkerStats) -> f64 {
         let tokens = s.tokens_processed.saturating_sub(prev.tokens) as f64;
         return (tokens / s.tokens_per_second / dt).clamp(0.0, 1.0);
     }
-    if s.in_flight_requests > 0 { 1.0 } else { 0.0 }
+    if s.in_flight_requests > 0 {
+        1.0
+    } else {
+        0.0
+    }
 }
 
 /// A running poller. `stop` returns what it saw.
@@ -71,7 +79,11 @@ pub struct Monitor {
 impl Monitor {
     pub fn start(http: Http, admin_urls: Vec<String>, interval: Duration) -> Monitor {
         let n = admin_urls.len();
-        let data = Arc::new(Mutex::new(Utilisation { workers: admin_urls.clone(), t_s: Vec::new(), series: vec![Vec::new(); n] }));
+        let data = Arc::new(Mutex::new(Utilisation {
+            workers: admin_urls.clone(),
+            t_s: Vec::new(),
+            series: vec![Vec::new(); n],
+        }));
         let d = data.clone();
         let task = tokio::spawn(async move {
             let t0 = Instant::now();
@@ -149,7 +161,8 @@ struct ProxyWorkerRow {
 
 /// The admin URLs of a proxy's workers, from its admin `GET /workers`.
 pub async fn workers_of_proxy(http: &Http, proxy_admin: &str) -> Result<Vec<String>, String> {
-    let r: ProxyWorkers = http.get_json(&format!("{}/workers", proxy_admin.trim_end_matches('/')), Duration::from_secs(2)).await?;
+    let r: ProxyWorkers =
+        http.get_json(&format!("{}/workers", proxy_admin.trim_end_matches('/')), Duration::from_secs(2)).await?;
     Ok(r.workers.into_iter().filter_map(|w| w.admin).collect())
 }
 

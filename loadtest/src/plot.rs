@@ -12,8 +12,8 @@ use plotters::coord::{CoordTranslate, Shift};
 use plotters::prelude::*;
 
 use crate::monitor::Utilisation;
-use crate::text_bitmap::TextBitmap;
 use crate::summary::Window;
+use crate::text_bitmap::TextBitmap;
 
 const SIZE: (u32, u32) = (1000, 620);
 
@@ -78,8 +78,17 @@ fn write_png(path: &Path, rgb: &[u8], (w, h): (u32, u32)) -> Result<(), String> 
 // Charts
 
 /// The series legend every chart draws: boxed, on a translucent white background.
-fn draw_legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(chart: &mut ChartContext<'a, DB, CT>, at: SeriesLabelPosition) -> Result<(), String> {
-    chart.configure_series_labels().position(at).background_style(WHITE.mix(0.85)).border_style(BLACK).draw().map_err(err)
+fn draw_legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    at: SeriesLabelPosition,
+) -> Result<(), String> {
+    chart
+        .configure_series_labels()
+        .position(at)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)
 }
 
 /// Latency CDF of one or more runs: x = latency (log scale), y = cumulative fraction on a
@@ -185,16 +194,23 @@ impl Chart for TimelineChart<'_> {
         chart.configure_mesh().x_desc("time (s)").y_desc("latency (ms)").draw().map_err(err)?;
         for (start, end, label) in &self.marks {
             let shade = RGBColor(255, 200, 120).mix(0.35);
-            chart.draw_series(std::iter::once(Rectangle::new([(*start, 0.0), (*end, ymax)], shade.filled()))).map_err(err)?;
             chart
-                .draw_series(std::iter::once(Text::new(label.clone(), (*start, ymax * 0.97), ("sans-serif", 14).into_font())))
+                .draw_series(std::iter::once(Rectangle::new([(*start, 0.0), (*end, ymax)], shade.filled())))
+                .map_err(err)?;
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    label.clone(),
+                    (*start, ymax * 0.97),
+                    ("sans-serif", 14).into_font(),
+                )))
                 .map_err(err)?;
         }
         let mid = |w: &Window| w.t_s + self.window_s / 2.0;
         let answered: Vec<&Window> = self.windows.iter().filter(|w| w.sent > w.errors).collect();
-        for (i, (name, f)) in [("p50", (|w: &Window| w.p50_ms) as fn(&Window) -> f64), ("p99", |w| w.p99_ms), ("max", |w| w.max_ms)]
-            .into_iter()
-            .enumerate()
+        for (i, (name, f)) in
+            [("p50", (|w: &Window| w.p50_ms) as fn(&Window) -> f64), ("p99", |w| w.p99_ms), ("max", |w| w.max_ms)]
+                .into_iter()
+                .enumerate()
         {
             let c = color(i);
             chart
@@ -241,8 +257,11 @@ impl Chart for UtilisationChart<'_> {
         let many = u.series.len() > 8;
         for (w, s) in u.series.iter().enumerate() {
             let c = color(w);
-            let pts: Vec<(f64, f64)> = u.t_s.iter().zip(s).filter(|(_, v)| v.is_finite()).map(|(t, v)| (*t, v * 100.0)).collect();
-            let series = chart.draw_series(LineSeries::new(pts, c.mix(if many { 0.45 } else { 0.9 }).stroke_width(1))).map_err(err)?;
+            let pts: Vec<(f64, f64)> =
+                u.t_s.iter().zip(s).filter(|(_, v)| v.is_finite()).map(|(t, v)| (*t, v * 100.0)).collect();
+            let series = chart
+                .draw_series(LineSeries::new(pts, c.mix(if many { 0.45 } else { 0.9 }).stroke_width(1)))
+                .map_err(err)?;
             if !many {
                 let name = self.names.get(w).cloned().unwrap_or_else(|| format!("worker {w}"));
                 series.label(name).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
@@ -253,7 +272,8 @@ impl Chart for UtilisationChart<'_> {
             .iter()
             .enumerate()
             .filter_map(|(i, t)| {
-                let vals: Vec<f64> = u.series.iter().filter_map(|s| s.get(i).copied()).filter(|v| v.is_finite()).collect();
+                let vals: Vec<f64> =
+                    u.series.iter().filter_map(|s| s.get(i).copied()).filter(|v| v.is_finite()).collect();
                 (!vals.is_empty()).then(|| (*t, 100.0 * vals.iter().sum::<f64>() / vals.len() as f64))
             })
             .collect();

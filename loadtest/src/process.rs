@@ -11,8 +11,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-pub use sieve_shared::child::parse_listening;
 use sieve_shared::child::die_with_parent;
+pub use sieve_shared::child::parse_listening;
 
 /// A child process that printed its listening line. Killed when dropped.
 pub struct Proc {
@@ -43,7 +43,8 @@ impl Proc {
     /// Starts `program args...` and waits (at most `timeout`) for its listening line.
     /// Its stderr goes to ours; `RUST_LOG` defaults to `warn` so it speaks only of problems.
     pub fn start<S: AsRef<OsStr>>(program: &Path, args: &[S], timeout: Duration) -> Result<Proc, String> {
-        let name = program.file_name().map_or_else(|| program.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let name =
+            program.file_name().map_or_else(|| program.display().to_string(), |n| n.to_string_lossy().into_owned());
         let mut cmd = Command::new(program);
         cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
         if std::env::var_os("RUST_LOG").is_none() {

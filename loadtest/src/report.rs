@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::monitor::Utilisation;
 use crate::plot::{self, CdfChart, TimelineChart, UtilisationChart};
 use crate::run::LoadMode;
-use crate::summary::{Record, Summary, Window, timeline};
+use crate::summary::{timeline, Record, Summary, Window};
 use crate::workload::WorkloadSpec;
 
 /// What a run was asked to do: the same in the run's data and in its report.
@@ -50,7 +50,13 @@ impl RunData<'_> {
     pub fn report(self) -> (RunReport, Histogram<u64>) {
         let end = self.send_window_s.max(self.info.warmup_s + 1e-3);
         let (summary, hist) = Summary::of(self.records, self.info.warmup_s, end);
-        let window_s = if end > 60.0 { 2.0 } else if end > 5.0 { 1.0 } else { 0.25 };
+        let window_s = if end > 60.0 {
+            2.0
+        } else if end > 5.0 {
+            1.0
+        } else {
+            0.25
+        };
         let timeline = timeline(self.records, window_s, end);
         (RunReport { info: self.info, summary, window_s, timeline }, hist)
     }
@@ -83,7 +89,11 @@ pub fn write(dir: &Path, report: &RunReport, hist: &Histogram<u64>) -> Result<Ve
     )?);
     if let Some(u) = report.info.utilisation.as_ref().filter(|u| !u.t_s.is_empty()) {
         files.extend(plot::save(
-            &UtilisationChart { title: format!("Worker utilisation: {}", report.info.label), util: u, names: (0..u.workers.len()).map(|i| format!("worker {i}")).collect() },
+            &UtilisationChart {
+                title: format!("Worker utilisation: {}", report.info.label),
+                util: u,
+                names: (0..u.workers.len()).map(|i| format!("worker {i}")).collect(),
+            },
             &dir.join("worker_utilisation"),
         )?);
     }
@@ -94,8 +104,14 @@ pub fn write(dir: &Path, report: &RunReport, hist: &Histogram<u64>) -> Result<Ve
 pub fn print_summary(r: &RunReport) {
     let s = &r.summary;
     let l = &s.latency_ms;
-    println!("{}: {} requests in {:.1} s ({:.1} qps sent), goodput {:.1} qps", r.info.label, s.requests, s.duration_s, s.sent_qps, s.goodput_qps);
-    println!("  answered {} complete, {} partial ({} items missing); errors {} {:?}", s.ok, s.partial, s.missing_items, s.errors, s.errors_by_kind);
+    println!(
+        "{}: {} requests in {:.1} s ({:.1} qps sent), goodput {:.1} qps",
+        r.info.label, s.requests, s.duration_s, s.sent_qps, s.goodput_qps
+    );
+    println!(
+        "  answered {} complete, {} partial ({} items missing); errors {} {:?}",
+        s.ok, s.partial, s.missing_items, s.errors, s.errors_by_kind
+    );
     println!(
         "  latency ms: p50 {:.1}  p90 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}  mean {:.1}",
         l.p50, l.p90, l.p99, l.p999, l.max, l.mean

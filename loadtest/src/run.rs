@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use crate::arrivals::{PoissonArrivals, RateProfile};
 use crate::client::{Http, HttpError};
 use crate::sim::scores;
-use crate::summary::{Outcome, Record, new_histogram};
+use crate::summary::{new_histogram, Outcome, Record};
 use crate::workload::{GenRequest, WorkloadGen, WorkloadSpec};
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -83,7 +83,12 @@ struct ScoreReply {
 }
 
 /// Classifies an answer to `req`.
-fn classify(result: Result<crate::client::Reply, HttpError>, req: &GenRequest, instruction: Option<&str>, verify: bool) -> (Outcome, u32) {
+fn classify(
+    result: Result<crate::client::Reply, HttpError>,
+    req: &GenRequest,
+    instruction: Option<&str>,
+    verify: bool,
+) -> (Outcome, u32) {
     let reply = match result {
         Ok(r) => r,
         Err(HttpError::Timeout(_)) => return (Outcome::Timeout, 0),
@@ -246,7 +251,12 @@ fn finish(progress: Option<tokio::task::JoinHandle<()>>, finished: &AtomicBool) 
     }
 }
 
-fn spawn_progress(spec: &RunSpec, live: Arc<Live>, finished: Arc<AtomicBool>, start: Instant) -> tokio::task::JoinHandle<()> {
+fn spawn_progress(
+    spec: &RunSpec,
+    live: Arc<Live>,
+    finished: Arc<AtomicBool>,
+    start: Instant,
+) -> tokio::task::JoinHandle<()> {
     let total_ms = spec.duration.as_millis() as u64;
     let bar = ProgressBar::with_draw_target(Some(total_ms), ProgressDrawTarget::stderr_with_hz(4));
     let style = ProgressStyle::with_template("{prefix:>12} [{bar:24}] {elapsed:>4} {msg}")
@@ -265,7 +275,13 @@ fn spawn_progress(spec: &RunSpec, live: Arc<Live>, finished: Arc<AtomicBool>, st
             let (p50, p99) = live
                 .latency
                 .lock()
-                .map(|h| if h.is_empty() { (0.0, 0.0) } else { (h.value_at_quantile(0.5) as f64 / 1e3, h.value_at_quantile(0.99) as f64 / 1e3) })
+                .map(|h| {
+                    if h.is_empty() {
+                        (0.0, 0.0)
+                    } else {
+                        (h.value_at_quantile(0.5) as f64 / 1e3, h.value_at_quantile(0.99) as f64 / 1e3)
+                    }
+                })
                 .unwrap_or((0.0, 0.0));
             bar.set_position((now.duration_since(start).as_millis() as u64).min(total_ms));
             bar.set_message(format!(
@@ -308,7 +324,11 @@ mod tests {
         let swapped = format!(r#"{{"scores":[{b},{a}]}}"#);
         assert_eq!(classify(reply(200, &swapped), &req(), None, true).0, Outcome::WrongScores);
         assert_eq!(classify(reply(200, &swapped), &req(), None, false).0, Outcome::Ok, "unchecked");
-        assert_eq!(classify(reply(200, r#"{"scores":[0.5,null]}"#), &req(), None, false).0, Outcome::BadResponse, "silently absent");
+        assert_eq!(
+            classify(reply(200, r#"{"scores":[0.5,null]}"#), &req(), None, false).0,
+            Outcome::BadResponse,
+            "silently absent"
+        );
         assert_eq!(classify(reply(200, r#"{"scores":[0.5]}"#), &req(), None, false).0, Outcome::BadResponse);
         assert_eq!(classify(reply(504, "{}"), &req(), None, false).0, Outcome::Status(504));
         assert_eq!(classify(Err(HttpError::Connection("reset".into())), &req(), None, false).0, Outcome::Connection);

@@ -80,7 +80,8 @@ pub struct Percentiles {
 
 pub fn new_histogram() -> Histogram<u64> {
     // 1 µs to 1 hour at 3 significant digits; the arguments are valid constants.
-    Histogram::new_with_bounds(1, 3_600_000_000, 3).unwrap_or_else(|_| Histogram::new(3).unwrap_or_else(|_| unreachable!()))
+    Histogram::new_with_bounds(1, 3_600_000_000, 3)
+        .unwrap_or_else(|_| Histogram::new(3).unwrap_or_else(|_| unreachable!()))
 }
 
 impl Percentiles {
@@ -90,7 +91,14 @@ impl Percentiles {
             return Percentiles::default();
         }
         let q = |x: f64| h.value_at_quantile(x) as f64 / 1e3;
-        Percentiles { p50: q(0.5), p90: q(0.9), p99: q(0.99), p999: q(0.999), max: h.max() as f64 / 1e3, mean: h.mean() / 1e3 }
+        Percentiles {
+            p50: q(0.5),
+            p90: q(0.9),
+            p99: q(0.99),
+            p999: q(0.999),
+            max: h.max() as f64 / 1e3,
+            mean: h.mean() / 1e3,
+        }
     }
 }
 
@@ -165,7 +173,15 @@ pub fn timeline(records: &[Record], window_s: f64, until_s: f64) -> Vec<Window> 
     let n = (until_s / window_s).ceil().max(1.0) as usize;
     let mut hs: Vec<Histogram<u64>> = (0..n).map(|_| new_histogram()).collect();
     let mut w: Vec<Window> = (0..n)
-        .map(|i| Window { t_s: i as f64 * window_s, sent: 0, errors: 0, partial: 0, p50_ms: 0.0, p99_ms: 0.0, max_ms: 0.0 })
+        .map(|i| Window {
+            t_s: i as f64 * window_s,
+            sent: 0,
+            errors: 0,
+            partial: 0,
+            p50_ms: 0.0,
+            p99_ms: 0.0,
+            max_ms: 0.0,
+        })
         .collect();
     for r in records {
         let i = ((r.sent_s / window_s) as usize).min(n - 1);
@@ -193,7 +209,14 @@ mod tests {
     use super::*;
 
     fn rec(sent_s: f64, ms: u64, outcome: Outcome) -> Record {
-        Record { sent_s, latency_us: ms * 1000, outcome, items: 10, missing: if outcome == Outcome::Partial { 3 } else { 0 }, deadline_ms: Some(100) }
+        Record {
+            sent_s,
+            latency_us: ms * 1000,
+            outcome,
+            items: 10,
+            missing: if outcome == Outcome::Partial { 3 } else { 0 },
+            deadline_ms: Some(100),
+        }
     }
 
     #[test]

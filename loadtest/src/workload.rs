@@ -137,7 +137,8 @@ impl GenRequest {
         let size = 64 + self.query.len() + self.items.iter().map(|i| i.len() + 3).sum::<usize>();
         let mut out = Vec::with_capacity(size);
         // Strings and numbers only: serialisation cannot fail.
-        let _ = serde_json::to_writer(&mut out, &Body { query: &self.query, items: &self.items, instruction, deadline_ms });
+        let _ =
+            serde_json::to_writer(&mut out, &Body { query: &self.query, items: &self.items, instruction, deadline_ms });
         out
     }
 }
@@ -225,9 +226,18 @@ mod tests {
     #[test]
     fn same_seed_same_requests_other_seed_other_requests() {
         let spec = WorkloadSpec::default();
-        let a: Vec<GenRequest> = { let mut g = WorkloadGen::new(spec.clone(), 3); (0..50).map(|_| g.next_request()).collect() };
-        let b: Vec<GenRequest> = { let mut g = WorkloadGen::new(spec.clone(), 3); (0..50).map(|_| g.next_request()).collect() };
-        let c: Vec<GenRequest> = { let mut g = WorkloadGen::new(spec, 4); (0..50).map(|_| g.next_request()).collect() };
+        let a: Vec<GenRequest> = {
+            let mut g = WorkloadGen::new(spec.clone(), 3);
+            (0..50).map(|_| g.next_request()).collect()
+        };
+        let b: Vec<GenRequest> = {
+            let mut g = WorkloadGen::new(spec.clone(), 3);
+            (0..50).map(|_| g.next_request()).collect()
+        };
+        let c: Vec<GenRequest> = {
+            let mut g = WorkloadGen::new(spec, 4);
+            (0..50).map(|_| g.next_request()).collect()
+        };
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert_eq!(a[7].body(None, Some(500)), b[7].body(None, Some(500)));
@@ -289,7 +299,8 @@ mod tests {
 
     #[test]
     fn parses_workload_files() {
-        let s = WorkloadSpec::parse("items = \"uniform:10,20\"\nitem_tokens = 50\nreuse = 0\ndeadline_ms = 300\n").unwrap();
+        let s =
+            WorkloadSpec::parse("items = \"uniform:10,20\"\nitem_tokens = 50\nreuse = 0\ndeadline_ms = 300\n").unwrap();
         assert_eq!(s.items, Dist::Uniform { min: 10.0, max: 20.0 });
         assert_eq!(s.item_tokens, Dist::Fixed(50.0));
         assert_eq!(s.deadline_ms, Some(300));
@@ -301,7 +312,12 @@ mod tests {
 
     #[test]
     fn mean_call_cost_matches_the_model_arithmetic() {
-        let spec = WorkloadSpec { items: Dist::Fixed(10.0), item_tokens: Dist::Fixed(50.0), query_tokens: Dist::Fixed(4.0), ..WorkloadSpec::default() };
+        let spec = WorkloadSpec {
+            items: Dist::Fixed(10.0),
+            item_tokens: Dist::Fixed(50.0),
+            query_tokens: Dist::Fixed(4.0),
+            ..WorkloadSpec::default()
+        };
         let m = CostModel { request_ms: 2.0, token_ms: 0.01, token_context_ms: 0.0 };
         let expect = 2.0 + 0.01 * (44.0 + 10.0 * 60.0);
         assert!((spec.mean_call_ms(&m, 10, 1) - expect).abs() < 1e-9);

@@ -5,7 +5,7 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
-use sieve_loadtest::calibrate::{CalibrateSpec, calibrate};
+use sieve_loadtest::calibrate::{calibrate, CalibrateSpec};
 use sieve_loadtest::client::Http;
 use sieve_loadtest::sim::{SimConfig, SimWorker};
 use sieve_shared::CostModel;
@@ -26,7 +26,18 @@ fn run_writes_a_report_with_plots_and_utilisation() {
     let out = std::env::temp_dir().join(format!("sieve-run-test-{}", std::process::id()));
     let run = Command::new(BIN)
         .args(["run", "--target", &format!("http://{api}"), "--worker-admin", &format!("http://{admin}")])
-        .args(["--qps", "40", "--duration", "3", "--requests", "60", "--items", "uniform:10,40", "--verify-sim-scores", "--quiet"])
+        .args([
+            "--qps",
+            "40",
+            "--duration",
+            "3",
+            "--requests",
+            "60",
+            "--items",
+            "uniform:10,40",
+            "--verify-sim-scores",
+            "--quiet",
+        ])
         .arg("--out")
         .arg(&out)
         .output()
@@ -44,7 +55,10 @@ fn run_writes_a_report_with_plots_and_utilisation() {
     assert!(!report["timeline"].as_array().unwrap().is_empty());
     let util = &report["utilisation"];
     assert_eq!(util["workers"].as_array().unwrap().len(), 1);
-    assert!(util["series"][0].as_array().unwrap().iter().any(|v| v.as_f64().unwrap_or(0.0) > 0.0), "the worker was seen busy: {util}");
+    assert!(
+        util["series"][0].as_array().unwrap().iter().any(|v| v.as_f64().unwrap_or(0.0) > 0.0),
+        "the worker was seen busy: {util}"
+    );
     for f in ["latency_cdf", "latency_over_time", "worker_utilisation"] {
         for ext in ["svg", "png"] {
             assert!(out.join(format!("{f}.{ext}")).is_file(), "{f}.{ext}");
@@ -55,7 +69,10 @@ fn run_writes_a_report_with_plots_and_utilisation() {
     let bad = Command::new(BIN).args(["run", "--target", "http://127.0.0.1:1", "--duration", "1"]).output().unwrap();
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--qps"), "names the missing flag");
-    let bad = Command::new(BIN).args(["run", "--target", "http://127.0.0.1:1", "--qps", "5", "--items", "normal:3"]).output().unwrap();
+    let bad = Command::new(BIN)
+        .args(["run", "--target", "http://127.0.0.1:1", "--qps", "5", "--items", "normal:3"])
+        .output()
+        .unwrap();
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("distribution"));
 }
@@ -66,7 +83,14 @@ async fn calibrate_recovers_a_sim_workers_cost_model() {
     // Fast (speed 25) so the sweep takes a moment; the worker reports its simulated compute
     // time, which the fit must turn back into the model divided by the speed.
     let sim = SimWorker::start_local(SimConfig { cost: truth, speed: 25.0, ..SimConfig::default() }).await.unwrap();
-    let spec = CalibrateSpec { query_words: vec![4, 120], items_per_call: vec![1, 8, 32], item_words: vec![16, 200], repeats: 1, warmup_calls: 1, ..CalibrateSpec::default() };
+    let spec = CalibrateSpec {
+        query_words: vec![4, 120],
+        items_per_call: vec![1, 8, 32],
+        item_words: vec![16, 200],
+        repeats: 1,
+        warmup_calls: 1,
+        ..CalibrateSpec::default()
+    };
     let c = calibrate(&Http::new(), &sim.api_url(), Some(&sim.admin_url()), &spec, |_, _| {}).await.unwrap();
     assert_eq!(c.samples.len(), 12);
     assert_eq!(c.device, "sim");

@@ -35,7 +35,10 @@ fn bad_flags_are_refused() {
     let out = Command::new(BIN).args(["sim-worker", "--slowdown", "fast"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("FACTOR"));
-    let out = Command::new(BIN).args(["sim-worker", "--port", "0", "--admin-port", "0", "--fail-rate", "2"]).output().unwrap();
+    let out = Command::new(BIN)
+        .args(["sim-worker", "--port", "0", "--admin-port", "0", "--fail-rate", "2"])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("fail-rate"));
 }

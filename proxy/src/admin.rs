@@ -15,10 +15,10 @@ use sieve_shared::http::AdminAuth;
 use sieve_shared::{ApiError, CostModel, ErrorKind};
 
 use crate::discovery::Discovery;
-use sieve_shared::http::{HttpResponse, error, json, text};
 use crate::metrics as m;
-use crate::state::{AppState, lock};
+use crate::state::{lock, AppState};
 use crate::worker::WorkerRow;
+use sieve_shared::http::{error, json, text, HttpResponse};
 
 #[derive(Serialize)]
 struct WorkersReport {
@@ -35,7 +35,12 @@ struct WorkersReport {
     draining: bool,
 }
 
-pub async fn handle(state: Arc<AppState>, discovery: Arc<Discovery>, auth: Arc<AdminAuth>, req: Request<Incoming>) -> HttpResponse {
+pub async fn handle(
+    state: Arc<AppState>,
+    discovery: Arc<Discovery>,
+    auth: Arc<AdminAuth>,
+    req: Request<Incoming>,
+) -> HttpResponse {
     let path = req.uri().path().to_string();
     const ROUTES: [&str; 8] = ["/health", "/ready", "/metrics", "/workers", "/stats", "/config", "/reload", "/drain"];
     if ROUTES.contains(&path.as_str()) {
@@ -75,10 +80,7 @@ fn ready(state: &AppState) -> HttpResponse {
     }
     let eligible = state.pool.eligible(Instant::now()).len();
     if eligible == 0 {
-        return error(&ApiError::not_ready(format!(
-            "no worker is ready ({} configured)",
-            state.pool.snapshot().len()
-        )));
+        return error(&ApiError::not_ready(format!("no worker is ready ({} configured)", state.pool.snapshot().len())));
     }
     json(StatusCode::OK, &serde_json::json!({"ready": true, "workers_ready": eligible}))
 }
@@ -141,7 +143,8 @@ mod tests {
     async fn call(addr: SocketAddr, method: &str, path: &str, token: Option<&str>) -> (u16, serde_json::Value) {
         let mut s = TcpStream::connect(addr).await.unwrap();
         let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-        let head = format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n{auth}\r\n");
+        let head =
+            format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n{auth}\r\n");
         s.write_all(head.as_bytes()).await.unwrap();
         let mut out = Vec::new();
         tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await.unwrap().unwrap();
@@ -157,7 +160,12 @@ mod tests {
         let path = std::env::temp_dir().join(format!("sieve-admin-test-{}.toml", std::process::id()));
         std::fs::write(&path, text).unwrap();
         let config = ProxyConfig::from_toml(text).unwrap();
-        let launch = Launch { config, config_path: Some(path.clone()), admin: Some(AdminAuth::with_token(Some("tok"), false)), ..Launch::default() };
+        let launch = Launch {
+            config,
+            config_path: Some(path.clone()),
+            admin: Some(AdminAuth::with_token(Some("tok"), false)),
+            ..Launch::default()
+        };
         let proxy = crate::start(launch).await.unwrap();
         assert!(proxy.api_addr.ip().is_unspecified(), "the API binds what host says");
         assert_eq!(proxy.admin_addr.ip().to_string(), "127.0.0.1", "the admin port does not follow host");
@@ -187,7 +195,8 @@ mod tests {
         let mut config = ProxyConfig::default();
         config.server.port = 0;
         config.server.admin_port = 0;
-        let proxy = crate::start(Launch { config, admin: Some(AdminAuth::default()), ..Launch::default() }).await.unwrap();
+        let proxy =
+            crate::start(Launch { config, admin: Some(AdminAuth::default()), ..Launch::default() }).await.unwrap();
         let (code, body) = call(proxy.admin_addr, "POST", "/reload", Some("tok")).await;
         assert_eq!((code, body["error"]["type"].as_str()), (403, Some("forbidden")), "{body}");
         assert!(body["error"]["message"].as_str().unwrap().contains("admin token not configured"));

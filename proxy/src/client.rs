@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{HeaderMap, Method, Request, StatusCode, Uri};
-use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use sieve_shared::proxy_config::ClientConfig;
 
@@ -52,7 +52,12 @@ impl HttpClient {
         HttpClient { client, max_response_bytes: cfg.max_response_bytes }
     }
 
-    pub async fn post_json(&self, uri: &Uri, body: Bytes, headers: &[(&'static str, String)]) -> Result<Reply, ClientError> {
+    pub async fn post_json(
+        &self,
+        uri: &Uri,
+        body: Bytes,
+        headers: &[(&'static str, String)],
+    ) -> Result<Reply, ClientError> {
         let mut req = Request::builder().method(Method::POST).uri(uri.clone());
         for (name, value) in headers {
             req = req.header(*name, value.as_str());

@@ -11,14 +11,14 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use sieve_shared::WorkerEndpoint;
 use sieve_shared::proxy_config::DnsDiscovery;
+use sieve_shared::WorkerEndpoint;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::{self, Overrides};
 use crate::metrics as m;
-use crate::state::{AppState, lock};
+use crate::state::{lock, AppState};
 
 #[derive(Default)]
 struct Sources {
@@ -191,7 +191,10 @@ pub async fn resolve(entry: &DnsDiscovery) -> std::io::Result<Vec<WorkerEndpoint
                 IpAddr::V4(v4) => v4.to_string(),
                 IpAddr::V6(v6) => format!("[{v6}]"),
             };
-            WorkerEndpoint::new(format!("http://{host}:{}", entry.port), Some(format!("http://{host}:{}", entry.admin_port)))
+            WorkerEndpoint::new(
+                format!("http://{host}:{}", entry.port),
+                Some(format!("http://{host}:{}", entry.admin_port)),
+            )
         })
         .collect())
 }

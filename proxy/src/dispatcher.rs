@@ -20,7 +20,7 @@ use crate::breaker::BreakerState;
 use crate::client::ClientError;
 use crate::cost_estimator::reported_features;
 use crate::metrics as m;
-use crate::state::{AppState, lock};
+use crate::state::{lock, AppState};
 use crate::token_estimator::Features;
 use crate::worker::{Worker, WorkerView};
 
@@ -104,7 +104,9 @@ impl AttemptError {
         match self {
             AttemptError::Client(_) | AttemptError::BadResponse(_) => true,
             // 404/405: the URL does not point at a worker (misconfiguration).
-            AttemptError::Api(e) => matches!(e.kind, ErrorKind::Internal | ErrorKind::NotFound | ErrorKind::MethodNotAllowed),
+            AttemptError::Api(e) => {
+                matches!(e.kind, ErrorKind::Internal | ErrorKind::NotFound | ErrorKind::MethodNotAllowed)
+            }
         }
     }
 
@@ -165,7 +167,13 @@ fn remaining_ms(deadline: Instant) -> u64 {
     left.as_micros().div_ceil(1000) as u64
 }
 
-async fn attempt(ctx: Arc<RequestCtx>, items: Arc<Vec<usize>>, worker: Arc<Worker>, kind: AttemptKind, predicted_ms: f64) -> AttemptResult {
+async fn attempt(
+    ctx: Arc<RequestCtx>,
+    items: Arc<Vec<usize>>,
+    worker: Arc<Worker>,
+    kind: AttemptKind,
+    predicted_ms: f64,
+) -> AttemptResult {
     let guard = worker.begin(predicted_ms);
     let sent = Instant::now();
     let deadline_ms = remaining_ms(ctx.deadline).max(1);
@@ -264,7 +272,8 @@ fn fits(ctx: &RequestCtx, finish_ms: f64) -> bool {
 fn note_breaker(worker: &Worker, change: Option<BreakerState>) {
     if let Some(state) = change {
         tracing::info!(worker = worker.url(), state = state.name(), "breaker");
-        metrics::counter!(m::BREAKER_TRANSITIONS, "worker" => worker.url().to_string(), "state" => state.name()).increment(1);
+        metrics::counter!(m::BREAKER_TRANSITIONS, "worker" => worker.url().to_string(), "state" => state.name())
+            .increment(1);
     }
 }
 
@@ -462,7 +471,14 @@ mod tests {
     use sieve_shared::{Timing, Usage};
 
     fn response(scores: Vec<Option<f32>>, missing: Vec<usize>) -> ScoreResponse {
-        ScoreResponse { scores, ids: None, missing, usage: Usage::default(), timing: Timing::default(), model: "m".into() }
+        ScoreResponse {
+            scores,
+            ids: None,
+            missing,
+            usage: Usage::default(),
+            timing: Timing::default(),
+            model: "m".into(),
+        }
     }
 
     #[test]
@@ -478,7 +494,10 @@ mod tests {
         assert!(check_shard_response(response(vec![Some(0.5)], vec![3]), 1).is_err());
         assert!(check_shard_response(response(vec![Some(0.5)], vec![]), 2).is_err());
         // A worker's 500 (its non-finite-score error) is retried elsewhere and counts against it.
-        let e500 = AttemptError::Api(ApiError::from_response(500, br#"{"error":{"type":"internal","code":500,"message":"non-finite score for items[0]"}}"#));
+        let e500 = AttemptError::Api(ApiError::from_response(
+            500,
+            br#"{"error":{"type":"internal","code":500,"message":"non-finite score for items[0]"}}"#,
+        ));
         assert!(e500.retryable() && e500.is_worker_fault());
     }
 }

@@ -40,7 +40,9 @@ impl Drain {
             return Err(ApiError::not_ready("the proxy is draining"));
         }
         if before >= max_in_flight {
-            return Err(ApiError::overloaded(format!("{before} requests in flight, max_in_flight_requests is {max_in_flight}")));
+            return Err(ApiError::overloaded(format!(
+                "{before} requests in flight, max_in_flight_requests is {max_in_flight}"
+            )));
         }
         Ok(admitted)
     }

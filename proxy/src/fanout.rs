@@ -8,14 +8,18 @@ use sieve_shared::proxy_config::SplitMode;
 use sieve_shared::{ApiError, ScoreRequest, ScoreResponse};
 use tokio::task::JoinSet;
 
-use crate::dispatcher::{RequestCtx, ShardJob, run_shard};
-use crate::merger::{MergeStats, ShardResult, merge};
+use crate::dispatcher::{run_shard, RequestCtx, ShardJob};
+use crate::merger::{merge, MergeStats, ShardResult};
 use crate::metrics as m;
 use crate::splitter::{self, Candidate, Plan};
-use crate::state::{AppState, lock};
+use crate::state::{lock, AppState};
 use crate::token_estimator::features;
 
-pub async fn score(state: &Arc<AppState>, req: ScoreRequest, arrival: Instant) -> Result<(ScoreResponse, MergeStats), ApiError> {
+pub async fn score(
+    state: &Arc<AppState>,
+    req: ScoreRequest,
+    arrival: Instant,
+) -> Result<(ScoreResponse, MergeStats), ApiError> {
     let cfg = state.config();
     cfg.limits.check(&req)?;
     let budget_ms = req.deadline_ms.unwrap_or(cfg.deadline.default_ms);
@@ -31,10 +35,7 @@ pub async fn score(state: &Arc<AppState>, req: ScoreRequest, arrival: Instant) -
     let now = Instant::now();
     let eligible = state.pool.eligible(now);
     if eligible.is_empty() {
-        return Err(ApiError::not_ready(format!(
-            "no worker is ready ({} configured)",
-            state.pool.snapshot().len()
-        )));
+        return Err(ApiError::not_ready(format!("no worker is ready ({} configured)", state.pool.snapshot().len())));
     }
     let model = state.cost_model();
     let params = AppState::view_params(&cfg);
@@ -81,7 +82,11 @@ pub async fn score(state: &Arc<AppState>, req: ScoreRequest, arrival: Instant) -
     }
 
     let n_items = req.items.len();
-    let ids = req.items.iter().any(|i| i.id().is_some()).then(|| req.items.iter().map(|i| i.id().map(String::from)).collect());
+    let ids = req
+        .items
+        .iter()
+        .any(|i| i.id().is_some())
+        .then(|| req.items.iter().map(|i| i.id().map(String::from)).collect());
     let ctx = Arc::new(RequestCtx {
         state: state.clone(),
         cfg: cfg.clone(),

@@ -88,12 +88,18 @@ pub async fn start(launch: Launch) -> Result<RunningProxy> {
     let http_cfg = cfg.http.clone();
     let state = Arc::new(AppState::new(cfg, metrics::handle()));
     let (stop, stop_rx) = watch::channel(false);
-    let discovery = Discovery::new(state.clone(), launch.config_path, launch.overrides, launch.workers, stop_rx.clone());
+    let discovery =
+        Discovery::new(state.clone(), launch.config_path, launch.overrides, launch.workers, stop_rx.clone());
 
     let servers = Stopper::new();
     let mut tasks = Vec::new();
     let s = state.clone();
-    tasks.push(tokio::spawn(http::serve(api, http_cfg.clone(), move |r| http_api::handle(s.clone(), r), servers.signal())));
+    tasks.push(tokio::spawn(http::serve(
+        api,
+        http_cfg.clone(),
+        move |r| http_api::handle(s.clone(), r),
+        servers.signal(),
+    )));
     let (s, d, auth) = (state.clone(), discovery.clone(), Arc::new(auth));
     tasks.push(tokio::spawn(http::serve(
         admin,

@@ -162,10 +162,14 @@ pub fn spawn_service(name: &str, program: &Path, args: &[String], timeout: Durat
 }
 
 /// Polls `GET {admin}/ready` until 200.
-pub async fn wait_ready(client: &HttpClient, name: &str, admin_url: &str, timeout: Duration) -> Result<(), ClusterError> {
-    let uri: hyper::Uri = format!("{admin_url}/ready")
-        .parse()
-        .map_err(|_| ClusterError::NotReady(name.into(), timeout))?;
+pub async fn wait_ready(
+    client: &HttpClient,
+    name: &str,
+    admin_url: &str,
+    timeout: Duration,
+) -> Result<(), ClusterError> {
+    let uri: hyper::Uri =
+        format!("{admin_url}/ready").parse().map_err(|_| ClusterError::NotReady(name.into(), timeout))?;
     let end = Instant::now() + timeout;
     loop {
         if let Ok(r) = client.get(&uri).await {
@@ -214,7 +218,14 @@ pub async fn start(spec: &ClusterSpec, client: &HttpClient) -> Result<LocalClust
     };
     for i in 0..spec.workers {
         let mut args = base_args.clone();
-        args.extend(["--host".into(), spec.host.clone(), "--port".into(), "0".into(), "--admin-port".into(), "0".into()]);
+        args.extend([
+            "--host".into(),
+            spec.host.clone(),
+            "--port".into(),
+            "0".into(),
+            "--admin-port".into(),
+            "0".into(),
+        ]);
         let w = spawn_service(&format!("worker {i}"), &program, &args, spec.worker_timeout)?;
         cluster.workers.push(w);
     }
@@ -252,12 +263,19 @@ pub async fn start(spec: &ClusterSpec, client: &HttpClient) -> Result<LocalClust
 }
 
 /// Waits until the proxy reports `n` eligible workers.
-async fn wait_all_workers(client: &HttpClient, admin_url: &str, n: usize, timeout: Duration) -> Result<(), ClusterError> {
-    let uri: hyper::Uri = format!("{admin_url}/workers").parse().map_err(|_| ClusterError::NotReady("proxy".into(), timeout))?;
+async fn wait_all_workers(
+    client: &HttpClient,
+    admin_url: &str,
+    n: usize,
+    timeout: Duration,
+) -> Result<(), ClusterError> {
+    let uri: hyper::Uri =
+        format!("{admin_url}/workers").parse().map_err(|_| ClusterError::NotReady("proxy".into(), timeout))?;
     let end = Instant::now() + timeout;
     loop {
         if let Ok(r) = client.get(&uri).await {
-            let eligible = serde_json::from_slice::<serde_json::Value>(&r.body).ok().and_then(|v| v["eligible"].as_u64());
+            let eligible =
+                serde_json::from_slice::<serde_json::Value>(&r.body).ok().and_then(|v| v["eligible"].as_u64());
             if eligible.is_some_and(|e| e as usize >= n) {
                 return Ok(());
             }

@@ -41,7 +41,8 @@ fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     let cli = Cli::parse();
-    let overrides = Overrides { host: cli.host, port: cli.port, admin_host: cli.admin_host, admin_port: cli.admin_port };
+    let overrides =
+        Overrides { host: cli.host, port: cli.port, admin_host: cli.admin_host, admin_port: cli.admin_port };
     let config = match sieve_proxy::config::load(cli.config.as_deref(), &overrides) {
         Ok(c) => c,
         Err(e) => {
@@ -88,7 +89,7 @@ async fn wait_for_shutdown(proxy: &sieve_proxy::RunningProxy) {
 async fn signals(proxy: &sieve_proxy::RunningProxy) {
     #[cfg(unix)]
     {
-        use tokio::signal::unix::{SignalKind, signal};
+        use tokio::signal::unix::{signal, SignalKind};
         let (Ok(mut term), Ok(mut int), Ok(mut hup)) =
             (signal(SignalKind::terminate()), signal(SignalKind::interrupt()), signal(SignalKind::hangup()))
         else {

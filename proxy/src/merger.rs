@@ -164,7 +164,8 @@ mod tests {
     #[test]
     fn the_deadline_leaves_missing_indices_never_silent_gaps() {
         let missed = ShardResult { items: vec![1, 3], outcome: ShardOutcome::Missed };
-        let (r, stats) = merge(4, None, 100, vec![done(&[0, 2], &[0.5, 0.6], &[1, 1], 5), missed], Instant::now()).unwrap();
+        let (r, stats) =
+            merge(4, None, 100, vec![done(&[0, 2], &[0.5, 0.6], &[1, 1], 5), missed], Instant::now()).unwrap();
         assert_eq!(r.missing, vec![1, 3]);
         assert_eq!(r.scores, vec![Some(0.5), None, Some(0.6), None]);
         assert_eq!(stats.missing, 2);
@@ -180,7 +181,8 @@ mod tests {
             d.response.scores[2] = None;
             d.response.missing = vec![1, 2];
         }
-        let (r, stats) = merge(8, None, 100, vec![done(&[0, 1, 3, 4, 6], &[0.1; 5], &[1; 5], 5), partial], Instant::now()).unwrap();
+        let (r, stats) =
+            merge(8, None, 100, vec![done(&[0, 1, 3, 4, 6], &[0.1; 5], &[1; 5], 5), partial], Instant::now()).unwrap();
         assert_eq!(r.missing, vec![2, 7]);
         assert_eq!((r.scores[5], r.scores[2], r.scores[7]), (Some(0.5), None, None));
         assert_eq!(stats.missing, 2);
@@ -190,7 +192,9 @@ mod tests {
     fn a_failed_shard_fails_the_request_with_the_callers_indices() {
         let failed = ShardResult {
             items: vec![7, 9, 12],
-            outcome: ShardOutcome::Failed(ApiError::too_large("items[2] too long: 9000 tokens; see items[0] too and items[x]")),
+            outcome: ShardOutcome::Failed(ApiError::too_large(
+                "items[2] too long: 9000 tokens; see items[0] too and items[x]",
+            )),
         };
         let e = merge(13, None, 100, vec![done(&[0], &[0.1], &[1], 1), failed], Instant::now()).unwrap_err();
         assert_eq!(e.status(), 413);
@@ -249,7 +253,8 @@ mod tests {
                 Kind::Done(worker_missing) => {
                     let mut r = done(items, &[], &[], 3);
                     if let ShardOutcome::Done(d) = &mut r.outcome {
-                        d.response.scores = items.iter().zip(worker_missing).map(|(&i, &m)| (!m).then(|| score_of(i))).collect();
+                        d.response.scores =
+                            items.iter().zip(worker_missing).map(|(&i, &m)| (!m).then(|| score_of(i))).collect();
                         d.response.missing = (0..items.len()).filter(|&k| worker_missing[k]).collect();
                         d.response.usage.item_tokens = items.iter().map(|&i| i as u32 + 1).collect();
                     }

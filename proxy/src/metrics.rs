@@ -46,15 +46,25 @@ pub fn handle() -> PrometheusHandle {
     HANDLE
         .get_or_init(|| {
             // Bucket lists are non-empty constants, the only thing set_buckets_for_metric rejects.
-            let buckets = |b: PrometheusBuilder, m: Matcher, v: &[f64]| b.set_buckets_for_metric(m, v).expect("non-empty buckets");
+            let buckets = |b: PrometheusBuilder, m: Matcher, v: &[f64]| {
+                b.set_buckets_for_metric(m, v).expect("non-empty buckets")
+            };
             let mut b = PrometheusBuilder::new();
             b = buckets(b, Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS);
             b = buckets(b, Matcher::Suffix("_ratio".into()), RATIO_BUCKETS);
             for name in [REQUEST_ITEMS, SHARDS_PER_REQUEST, SHARD_ITEMS] {
                 b = buckets(b, Matcher::Full(name.into()), COUNT_BUCKETS);
             }
-            b = buckets(b, Matcher::Full(SHARD_TOKENS.into()), &[256.0, 1024.0, 4096.0, 8192.0, 16384.0, 32768.0, 65536.0, 131072.0]);
-            b = buckets(b, Matcher::Full(TOKEN_ESTIMATE_ERROR.into()), &[-0.5, -0.25, -0.1, -0.05, 0.0, 0.05, 0.1, 0.25, 0.5]);
+            b = buckets(
+                b,
+                Matcher::Full(SHARD_TOKENS.into()),
+                &[256.0, 1024.0, 4096.0, 8192.0, 16384.0, 32768.0, 65536.0, 131072.0],
+            );
+            b = buckets(
+                b,
+                Matcher::Full(TOKEN_ESTIMATE_ERROR.into()),
+                &[-0.5, -0.25, -0.1, -0.05, 0.0, 0.05, 0.1, 0.25, 0.5],
+            );
             let recorder = b.build_recorder();
             let handle = recorder.handle();
             if metrics::set_global_recorder(recorder).is_err() {

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use sieve_shared::WorkerEndpoint;
 use sieve_shared::proxy_config::BreakerConfig;
+use sieve_shared::WorkerEndpoint;
 
 use crate::worker::Worker;
 

@@ -39,7 +39,8 @@ pub struct Scored {
 }
 
 pub async fn score(client: &HttpClient, target: &str, req: &ScoreRequest) -> Result<Scored, String> {
-    let uri: hyper::Uri = format!("{}/v1/score", target.trim_end_matches('/')).parse().map_err(|e| format!("{target}: {e}"))?;
+    let uri: hyper::Uri =
+        format!("{}/v1/score", target.trim_end_matches('/')).parse().map_err(|e| format!("{target}: {e}"))?;
     let body = serde_json::to_vec(req).map_err(|e| e.to_string())?;
     let t = Instant::now();
     let reply = client.post_json(&uri, Bytes::from(body), &[]).await.map_err(|e| format!("{uri}: {e}"))?;
@@ -47,7 +48,8 @@ pub async fn score(client: &HttpClient, target: &str, req: &ScoreRequest) -> Res
     if !reply.status.is_success() {
         return Err(ApiError::from_response(reply.status.as_u16(), &reply.body).to_string());
     }
-    let response: ScoreResponse = serde_json::from_slice(&reply.body).map_err(|e| format!("unreadable response: {e}"))?;
+    let response: ScoreResponse =
+        serde_json::from_slice(&reply.body).map_err(|e| format!("unreadable response: {e}"))?;
     // Only the proxy says how it split the call; a worker called directly does not.
     let shards = reply.headers.get("x-sieve-shards").and_then(|v| v.to_str().ok()?.parse().ok());
     Ok(Scored { response, wall_ms, shards })
@@ -71,7 +73,13 @@ pub fn render(req: &ScoreRequest, scored: &Scored, top: Option<usize>) -> String
             None => "  —   ".into(),
         };
         let item = &req.items[i];
-        let _ = writeln!(out, "{:>4}  {score:>6}  {:<id_width$}  {}", rank + 1, item.id().unwrap_or(""), clip(item.text(), 80));
+        let _ = writeln!(
+            out,
+            "{:>4}  {score:>6}  {:<id_width$}  {}",
+            rank + 1,
+            item.id().unwrap_or(""),
+            clip(item.text(), 80)
+        );
     }
     if !resp.missing.is_empty() {
         let _ = writeln!(out, "\nmissing (deadline): {:?}", resp.missing);
@@ -142,7 +150,8 @@ mod tests {
             model: "m".into(),
         };
         let out = render(&req, &Scored { response, wall_ms: 8.0, shards: Some(2) }, None);
-        let lines: Vec<&str> = out.lines().filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit())).collect();
+        let lines: Vec<&str> =
+            out.lines().filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit())).collect();
         assert!(lines[0].contains("0.9000") && lines[0].contains("sku-9") && lines[0].contains("high"), "{out}");
         assert!(lines[1].contains("low"));
         assert!(lines[2].contains("gone") && lines[2].contains('—'));

@@ -106,12 +106,7 @@ pub fn split_by_cost(req: &Request<'_>, candidates: &[Candidate], max_shards: us
         }
     }
     let best = evaluated.iter().map(|e| e.1).fold(f64::INFINITY, f64::min);
-    let k = evaluated
-        .iter()
-        .filter(|e| e.1 <= best * (1.0 + tolerance))
-        .map(|e| e.0)
-        .min()
-        .unwrap_or(1);
+    let k = evaluated.iter().filter(|e| e.1 <= best * (1.0 + tolerance)).map(|e| e.0).min().unwrap_or(1);
     packer.pack(&order, k, true);
     packer.into_plan()
 }
@@ -137,8 +132,7 @@ fn plan_from_groups(req: &Request<'_>, candidates: &[Candidate], groups: Vec<(us
     for (c, items) in groups {
         let Some(cand) = candidates.get(c) else { continue };
         let tokens = req.prefix + items.iter().map(|&i| req.item_tokens[i]).sum::<f64>();
-        let compute_ms =
-            cand.time_factor * req.model.call_ms(req.prefix, items.iter().map(|&i| req.item_tokens[i]));
+        let compute_ms = cand.time_factor * req.model.call_ms(req.prefix, items.iter().map(|&i| req.item_tokens[i]));
         finish[c] += compute_ms;
         shards.push(ShardPlan { candidate: c, items, tokens, compute_ms, finish_ms: finish[c] });
     }
@@ -193,9 +187,8 @@ impl<'a> Packer<'a> {
             let mut best = (f64::INFINITY, 0usize, false);
             for j in 0..k {
                 let c = &self.candidates[j];
-                let fits = self.open[j].is_some_and(|s| {
-                    c.max_batch_tokens == 0 || self.shard_tokens[s] + n <= c.max_batch_tokens as f64
-                });
+                let fits = self.open[j]
+                    .is_some_and(|s| c.max_batch_tokens == 0 || self.shard_tokens[s] + n <= c.max_batch_tokens as f64);
                 let delta = c.time_factor * if fits { pair } else { first + pair };
                 let f = self.finish[j] + delta;
                 if f < best.0 {
@@ -310,7 +303,13 @@ mod tests {
         let plan = split_by_cost(&req, &cands, 64, 0.0);
         check_partition(&plan, 400);
         let items_on = |c: usize| plan.shards.iter().filter(|s| s.candidate == c).map(|s| s.items.len()).sum::<usize>();
-        assert!(items_on(1) < items_on(0) && items_on(2) < items_on(1), "{} {} {}", items_on(0), items_on(1), items_on(2));
+        assert!(
+            items_on(1) < items_on(0) && items_on(2) < items_on(1),
+            "{} {} {}",
+            items_on(0),
+            items_on(1),
+            items_on(2)
+        );
         assert!(spread(&plan) <= 1.10, "finish times {:.3}", spread(&plan));
     }
 
@@ -369,7 +368,10 @@ mod tests {
         let plan = split_fixed(&req, &idle(2), 4, &[1, 0, 1]);
         assert_eq!(plan.shards.iter().map(|s| s.items.len()).collect::<Vec<_>>(), vec![4, 4, 2]);
         assert_eq!(plan.shards[2].candidate, 1);
-        assert!((plan.shards[2].finish_ms - plan.shards[0].compute_ms - plan.shards[2].compute_ms).abs() < 1e-9, "serial on one worker");
+        assert!(
+            (plan.shards[2].finish_ms - plan.shards[0].compute_ms - plan.shards[2].compute_ms).abs() < 1e-9,
+            "serial on one worker"
+        );
         let whole = split_whole(&req, &idle(2), 1);
         assert_eq!(whole.shards.len(), 1);
         assert_eq!(whole.shards[0].items.len(), 10);
@@ -384,8 +386,13 @@ mod tests {
 
         fn candidates() -> impl Strategy<Value = Vec<Candidate>> {
             prop::collection::vec(
-                (0.0..200.0f64, 0.2..5.0f64, prop_oneof![Just(0u64), 200..20_000u64])
-                    .prop_map(|(available_ms, time_factor, max_batch_tokens)| Candidate { available_ms, time_factor, max_batch_tokens }),
+                (0.0..200.0f64, 0.2..5.0f64, prop_oneof![Just(0u64), 200..20_000u64]).prop_map(
+                    |(available_ms, time_factor, max_batch_tokens)| Candidate {
+                        available_ms,
+                        time_factor,
+                        max_batch_tokens,
+                    },
+                ),
                 1..12,
             )
         }
@@ -396,8 +403,9 @@ mod tests {
         }
 
         fn model() -> impl Strategy<Value = CostModel> {
-            (0.0..20.0f64, 0.0001..0.05f64, 0.0..0.0001f64)
-                .prop_map(|(request_ms, token_ms, token_context_ms)| CostModel { request_ms, token_ms, token_context_ms })
+            (0.0..20.0f64, 0.0001..0.05f64, 0.0..0.0001f64).prop_map(|(request_ms, token_ms, token_context_ms)| {
+                CostModel { request_ms, token_ms, token_context_ms }
+            })
         }
 
         /// What holds for a plan of any mode.
@@ -413,7 +421,11 @@ mod tests {
                     seen[i] += 1;
                 }
                 let tokens = req.prefix + s.items.iter().map(|&i| req.item_tokens[i]).sum::<f64>();
-                prop_assert!((s.tokens - tokens).abs() <= 1e-6 * tokens.max(1.0), "shard tokens {} vs {tokens}", s.tokens);
+                prop_assert!(
+                    (s.tokens - tokens).abs() <= 1e-6 * tokens.max(1.0),
+                    "shard tokens {} vs {tokens}",
+                    s.tokens
+                );
                 prop_assert!(s.compute_ms >= 0.0 && s.finish_ms >= s.compute_ms - 1e-9, "{s:?}");
             }
             prop_assert!(seen.iter().all(|&n| n == 1), "items not covered exactly once: {seen:?}");

@@ -48,7 +48,11 @@ impl AppState {
             client: HttpClient::new(&config.client),
             tokens: Mutex::new(TokenEstimator::new(&config.estimator)),
             cost: Mutex::new(CostEstimator::new(config.cost, &config.estimator)),
-            retry_budget: TokenBucket::new(RETRY_BUCKET_CAPACITY, config.retry.budget_min_per_sec, config.retry.budget_min_per_sec),
+            retry_budget: TokenBucket::new(
+                RETRY_BUCKET_CAPACITY,
+                config.retry.budget_min_per_sec,
+                config.retry.budget_min_per_sec,
+            ),
             hedge_budget: TokenBucket::new(HEDGE_BUCKET_CAPACITY_MS, 0.0, 0.0),
             ratios: RatioTracker::new(config.hedge.quantile),
             drain: Drain::default(),

@@ -9,7 +9,7 @@
 
 use sieve_shared::proxy_config::EstimatorConfig;
 
-use crate::online_fit::{OnlineFit, dot};
+use crate::online_fit::{dot, OnlineFit};
 
 pub const FEATURES: usize = 9;
 pub type Features = [f64; FEATURES];
@@ -196,15 +196,33 @@ mod tests {
     /// A tokenizer unlike the defaults: 1 token per 3 letters of each word, 2 per symbol,
     /// 20 tokens of template tail.
     fn odd_tokenizer(text: &str) -> u32 {
-        let words: u32 = text.split(|c: char| !c.is_alphanumeric()).filter(|w| !w.is_empty()).map(|w| (w.chars().count() as u32).div_ceil(3)).sum();
+        let words: u32 = text
+            .split(|c: char| !c.is_alphanumeric())
+            .filter(|w| !w.is_empty())
+            .map(|w| (w.chars().count() as u32).div_ceil(3))
+            .sum();
         let symbols = text.chars().filter(|c| c.is_ascii_punctuation()).count() as u32;
         20 + words + 2 * symbols
     }
 
     fn catalogue(i: usize) -> String {
-        let words = ["waterproof", "trail", "running", "shoe", "men's", "size", "lightweight", "cushioned", "grip", "mesh", "upper", "black/red"];
+        let words = [
+            "waterproof",
+            "trail",
+            "running",
+            "shoe",
+            "men's",
+            "size",
+            "lightweight",
+            "cushioned",
+            "grip",
+            "mesh",
+            "upper",
+            "black/red",
+        ];
         let n = 3 + (i * 7) % 40;
-        (0..n).map(|k| words[(i + k * 5) % words.len()]).collect::<Vec<_>>().join(" ") + &format!(", model {}", 1000 + i)
+        (0..n).map(|k| words[(i + k * 5) % words.len()]).collect::<Vec<_>>().join(" ")
+            + &format!(", model {}", 1000 + i)
     }
 
     #[test]

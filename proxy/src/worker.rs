@@ -335,7 +335,11 @@ mod tests {
     #[test]
     fn load_is_held_until_the_guard_drops_and_blends_reports() {
         let w = Arc::new(
-            Worker::new(WorkerEndpoint::new("http://127.0.0.1:1", Some("http://127.0.0.1:2".into())), BreakerConfig::default()).unwrap(),
+            Worker::new(
+                WorkerEndpoint::new("http://127.0.0.1:1", Some("http://127.0.0.1:2".into())),
+                BreakerConfig::default(),
+            )
+            .unwrap(),
         );
         let model = CostModel { request_ms: 1.0, token_ms: 0.01, token_context_ms: 0.0 };
         let now = Instant::now();

@@ -216,9 +216,9 @@ impl RerankResponse {
                 s.map(|relevance_score| RerankResult {
                     index,
                     relevance_score,
-                    document: req.return_documents.then(|| RerankDocument {
-                        text: req.documents[index].text().to_string(),
-                    }),
+                    document: req
+                        .return_documents
+                        .then(|| RerankDocument { text: req.documents[index].text().to_string() }),
                 })
             })
             .collect();
@@ -261,7 +261,8 @@ mod tests {
 
     #[test]
     fn an_item_object_with_an_unknown_field_is_refused_by_name() {
-        let e = serde_json::from_str::<ScoreRequest>(r#"{"query":"q","items":["a",{"text":"b","idd":"1"}]}"#).unwrap_err();
+        let e =
+            serde_json::from_str::<ScoreRequest>(r#"{"query":"q","items":["a",{"text":"b","idd":"1"}]}"#).unwrap_err();
         assert!(e.to_string().contains("unknown field `idd`"), "{e}");
         let e = serde_json::from_str::<ScoreRequest>(r#"{"query":"q","items":[{"id":"x"}]}"#).unwrap_err();
         assert!(e.to_string().contains("missing field `text`"), "{e}");

@@ -110,11 +110,9 @@ impl CostModel {
     }
 
     pub fn validate(&self) -> Result<(), String> {
-        for (name, v) in [
-            ("request_ms", self.request_ms),
-            ("token_ms", self.token_ms),
-            ("token_context_ms", self.token_context_ms),
-        ] {
+        for (name, v) in
+            [("request_ms", self.request_ms), ("token_ms", self.token_ms), ("token_context_ms", self.token_context_ms)]
+        {
             if !v.is_finite() || v < 0.0 {
                 return Err(format!("cost model {name} must be a finite non-negative number, got {v}"));
             }

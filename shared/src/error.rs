@@ -129,9 +129,7 @@ impl ApiError {
     }
 
     pub fn body(&self) -> ErrorBody {
-        ErrorBody {
-            error: ErrorDetail { kind: self.kind, code: self.kind.status(), message: self.message.clone() },
-        }
+        ErrorBody { error: ErrorDetail { kind: self.kind, code: self.kind.status(), message: self.message.clone() } }
     }
 
     pub fn to_json(&self) -> String {
@@ -180,16 +178,28 @@ mod tests {
     fn every_kind_maps_to_one_status_and_back() {
         use ErrorKind::*;
         let all = [
-            Malformed, Unauthorized, Forbidden, NotFound, MethodNotAllowed, RequestTimeout, TooLarge, UriTooLong, Invalid,
-            Overloaded, HeadersTooLarge, Internal, NotReady, DeadlineExceeded,
+            Malformed,
+            Unauthorized,
+            Forbidden,
+            NotFound,
+            MethodNotAllowed,
+            RequestTimeout,
+            TooLarge,
+            UriTooLong,
+            Invalid,
+            Overloaded,
+            HeadersTooLarge,
+            Internal,
+            NotReady,
+            DeadlineExceeded,
         ];
         for k in all {
             assert_eq!(ErrorKind::from_status(k.status()), Some(k), "{k:?}");
         }
-        assert_eq!(ErrorKind::RequestTimeout.status(), 408);
-        assert_eq!(ErrorKind::HeadersTooLarge.status(), 431);
-        assert_eq!(ErrorKind::Unauthorized.status(), 401);
-        assert_eq!(ErrorKind::Forbidden.status(), 403);
+        assert_eq!(RequestTimeout.status(), 408);
+        assert_eq!(HeadersTooLarge.status(), 431);
+        assert_eq!(Unauthorized.status(), 401);
+        assert_eq!(Forbidden.status(), 403);
     }
 
     #[test]

@@ -93,10 +93,7 @@ impl Limits {
                 return Err(ApiError::invalid("deadline_ms must be positive"));
             }
             if d > self.max_deadline_ms {
-                return Err(ApiError::invalid(format!(
-                    "deadline_ms {d} > max_deadline_ms {}",
-                    self.max_deadline_ms
-                )));
+                return Err(ApiError::invalid(format!("deadline_ms {d} > max_deadline_ms {}", self.max_deadline_ms)));
             }
         }
         Ok(())
@@ -108,7 +105,12 @@ mod tests {
     use super::*;
 
     fn req(query: &str, items: Vec<&str>) -> ScoreRequest {
-        ScoreRequest { query: query.into(), items: items.into_iter().map(Into::into).collect(), instruction: None, deadline_ms: None }
+        ScoreRequest {
+            query: query.into(),
+            items: items.into_iter().map(Into::into).collect(),
+            instruction: None,
+            deadline_ms: None,
+        }
     }
 
     #[test]

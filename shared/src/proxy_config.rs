@@ -126,7 +126,13 @@ pub struct ServerConfig {
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        ServerConfig { host: "127.0.0.1".into(), port: 8080, admin_host: "127.0.0.1".into(), admin_port: 9080, max_in_flight_requests: 4096 }
+        ServerConfig {
+            host: "127.0.0.1".into(),
+            port: 8080,
+            admin_host: "127.0.0.1".into(),
+            admin_port: 9080,
+            max_in_flight_requests: 4096,
+        }
     }
 }
 
@@ -172,7 +178,13 @@ pub struct SplitConfig {
 
 impl Default for SplitConfig {
     fn default() -> Self {
-        SplitConfig { mode: SplitMode::Cost, fixed_items: 32, max_shards: 64, tolerance: 0.02, default_max_batch_tokens: 0 }
+        SplitConfig {
+            mode: SplitMode::Cost,
+            fixed_items: 32,
+            max_shards: 64,
+            tolerance: 0.02,
+            default_max_batch_tokens: 0,
+        }
     }
 }
 
@@ -317,7 +329,13 @@ pub struct EstimatorConfig {
 
 impl Default for EstimatorConfig {
     fn default() -> Self {
-        EstimatorConfig { recalibrate: true, token_decay: 0.9995, cost_decay: 0.995, prior_weight: 5.0, speed_smoothing: 0.2 }
+        EstimatorConfig {
+            recalibrate: true,
+            token_decay: 0.9995,
+            cost_decay: 0.995,
+            prior_weight: 5.0,
+            speed_smoothing: 0.2,
+        }
     }
 }
 

@@ -8,13 +8,13 @@ use std::future::Future;
 use std::time::Duration;
 
 use hyper::body::Incoming;
-use hyper::header::{ALLOW, CONNECTION, HeaderMap, HeaderValue};
+use hyper::header::{HeaderMap, HeaderValue, ALLOW, CONNECTION};
 use hyper::{Method, Request, StatusCode};
 // Tokio's clock, so the simulated worker's tests can run with time paused.
 use tokio::time::Instant;
 
 use crate::api::headers;
-use crate::http::{self, HttpResponse, read_body};
+use crate::http::{self, read_body, HttpResponse};
 use crate::{ApiError, ErrorKind, Limits, RerankRequest, RerankResponse, ScoreRequest, ScoreResponse, Timing};
 
 /// The two scoring routes.
@@ -110,7 +110,12 @@ pub async fn handle<S: ScoreService>(svc: &S, req: Request<Incoming>) -> HttpRes
     resp
 }
 
-async fn serve<S: ScoreService>(svc: &S, route: Route, req: Request<Incoming>, arrival: Instant) -> Result<HttpResponse, ApiError> {
+async fn serve<S: ScoreService>(
+    svc: &S,
+    route: Route,
+    req: Request<Incoming>,
+    arrival: Instant,
+) -> Result<HttpResponse, ApiError> {
     let limits = svc.limits();
     let header_deadline = deadline_header(req.headers());
     let body = match read_body(req, limits.max_body_bytes).await {
@@ -165,7 +170,9 @@ fn deadline_header(h: &HeaderMap) -> Option<Result<u64, ApiError>> {
 }
 
 fn with_timing(h: &mut HeaderMap, t: &Timing) {
-    for (name, v) in [(headers::QUEUE_MS, t.queue_ms), (headers::COMPUTE_MS, t.compute_ms), (headers::TOTAL_MS, t.total_ms)] {
+    for (name, v) in
+        [(headers::QUEUE_MS, t.queue_ms), (headers::COMPUTE_MS, t.compute_ms), (headers::TOTAL_MS, t.total_ms)]
+    {
         if let Ok(hv) = HeaderValue::from_str(&format!("{v:.3}")) {
             h.insert(name, hv);
         }

@@ -13,9 +13,11 @@ use sieve_e2e::soak::{self, SoakConfig};
 
 fn main() {
     let mut cfg = SoakConfig::long();
-    if let Some(secs) = std::env::var("SIEVE_SOAK_SECS").ok().and_then(|v| v.parse::<f64>().ok()).filter(|s| *s >= 10.0) {
+    if let Some(secs) = std::env::var("SIEVE_SOAK_SECS").ok().and_then(|v| v.parse::<f64>().ok()).filter(|s| *s >= 10.0)
+    {
         let k = secs / cfg.duration.as_secs_f64();
-        for d in [&mut cfg.duration, &mut cfg.attack_window, &mut cfg.burst_start, &mut cfg.burst_len, &mut cfg.kill_at] {
+        for d in [&mut cfg.duration, &mut cfg.attack_window, &mut cfg.burst_start, &mut cfg.burst_len, &mut cfg.kill_at]
+        {
             *d = Duration::from_secs_f64(d.as_secs_f64() * k);
         }
     }

@@ -23,11 +23,11 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sieve_e2e::{Http, Proc, catalogue, score_body, spawn, wait_ready};
+use sieve_e2e::{catalogue, score_body, spawn, wait_ready, Http, Proc};
 
 const WORKERS: usize = 4;
 const ITEMS: usize = 100;
@@ -69,7 +69,14 @@ fn percentile(sorted_us: &[u64], q: f64) -> f64 {
 }
 
 /// Closed loop: `clients` tasks each sending the next request when the last one answered.
-async fn measure(http: &Http, url: &str, body: &serde_json::Value, clients: usize, count: Option<usize>, secs: f64) -> Figures {
+async fn measure(
+    http: &Http,
+    url: &str,
+    body: &serde_json::Value,
+    clients: usize,
+    count: Option<usize>,
+    secs: f64,
+) -> Figures {
     let body = Arc::new(serde_json::to_vec(body).expect("json"));
     // Warm-up: connections, pools, the proxy's estimators.
     for _ in 0..50 {
@@ -108,7 +115,13 @@ async fn measure(http: &Http, url: &str, body: &serde_json::Value, clients: usiz
     }
     let elapsed = start.elapsed().as_secs_f64();
     all.sort_unstable();
-    Figures { p50_ms: percentile(&all, 0.5), p99_ms: percentile(&all, 0.99), rps: all.len() as f64 / elapsed, count: all.len() + errors, errors }
+    Figures {
+        p50_ms: percentile(&all, 0.5),
+        p99_ms: percentile(&all, 0.99),
+        rps: all.len() as f64 / elapsed,
+        count: all.len() + errors,
+        errors,
+    }
 }
 
 /// CPU time (user + system) used so far by `pid` and its direct children, in seconds (Linux).
@@ -151,7 +164,9 @@ struct Nginx {
 
 impl Nginx {
     fn start(upstreams: &[String]) -> Option<Nginx> {
-        let exe = ["/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/bin/nginx"].into_iter().find(|p| Path::new(p).exists())?;
+        let exe = ["/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/bin/nginx"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())?;
         let dir = std::env::temp_dir().join(format!("sieve-bench-nginx-{}", std::process::id()));
         for sub in ["", "body", "proxy", "fastcgi", "uwsgi", "scgi", "logs"] {
             std::fs::create_dir_all(dir.join(sub)).ok()?;
@@ -212,7 +227,14 @@ impl Drop for Nginx {
 fn start_proxy(workers: &[Proc], config: &str, name: &str) -> (Proc, PathBuf) {
     let path = std::env::temp_dir().join(format!("sieve-bench-{}-{name}.toml", std::process::id()));
     std::fs::write(&path, config).expect("proxy config");
-    let mut args = vec!["--port".to_string(), "0".into(), "--admin-port".into(), "0".into(), "--config".into(), path.display().to_string()];
+    let mut args = vec![
+        "--port".to_string(),
+        "0".into(),
+        "--admin-port".into(),
+        "0".into(),
+        "--config".into(),
+        path.display().to_string(),
+    ];
     for w in workers {
         args.push("--worker".into());
         args.push(w.worker_arg());
@@ -248,7 +270,11 @@ async fn run(args: Args) {
     let zero = zero_cost.display().to_string();
     let sims_zero: Vec<Proc> = (0..WORKERS)
         .map(|_| {
-            spawn("sieve-loadtest", &["sim-worker", "--port", "0", "--admin-port", "0", "--slots", "64", "--cost-model", &zero], Duration::from_secs(20))
+            spawn(
+                "sieve-loadtest",
+                &["sim-worker", "--port", "0", "--admin-port", "0", "--slots", "64", "--cost-model", &zero],
+                Duration::from_secs(20),
+            )
         })
         .collect();
     let sims_cost: Vec<Proc> = (0..WORKERS)
@@ -274,21 +300,35 @@ async fn run(args: Args) {
         println!("nginx not found or failed to start (Debian: apt-get install nginx); its rows are skipped");
     }
 
-    println!("Sieve proxy overhead: {WORKERS} sim workers, {ITEMS}-item requests ({:.1} KB), loopback.", bytes as f64 / 1024.0);
+    println!(
+        "Sieve proxy overhead: {WORKERS} sim workers, {ITEMS}-item requests ({:.1} KB), loopback.",
+        bytes as f64 / 1024.0
+    );
     println!("One machine runs the load generator, nginx, the proxy and the workers: compare rows, not runs.\n");
 
     // (name, url, the router process whose CPU time is counted)
     let paths_zero: Vec<(&str, String, Option<u32>)> = {
         let mut v = vec![("direct to one worker", format!("{}/v1/score", sims_zero[0].api_url()), None)];
         if let Some(n) = &nginx_zero {
-            v.push(("nginx least_conn (whole request)", format!("http://127.0.0.1:{}/v1/score", n.port), Some(n.child.id())));
+            v.push((
+                "nginx least_conn (whole request)",
+                format!("http://127.0.0.1:{}/v1/score", n.port),
+                Some(n.child.id()),
+            ));
         }
         v.push(("sieve-proxy (whole request)", format!("{}/v1/score", proxy_whole.api_url()), Some(proxy_whole.pid())));
-        v.push(("sieve-proxy (4 shards, merged)", format!("{}/v1/score", proxy_four.api_url()), Some(proxy_four.pid())));
+        v.push((
+            "sieve-proxy (4 shards, merged)",
+            format!("{}/v1/score", proxy_four.api_url()),
+            Some(proxy_four.pid()),
+        ));
         v
     };
 
-    println!("1. Added latency, zero-compute workers, one request at a time ({} requests per path), ms:", args.latency_requests);
+    println!(
+        "1. Added latency, zero-compute workers, one request at a time ({} requests per path), ms:",
+        args.latency_requests
+    );
     println!("  {:<34} {:>8} {:>8}   {:>8}  {:>8}", "path", "p50", "p99", "+p50", "+p99");
     let mut base = None;
     for (name, url, _) in &paths_zero {
@@ -299,7 +339,10 @@ async fn run(args: Args) {
         }
     }
 
-    println!("\n2. Throughput, zero-compute workers, {} concurrent clients, {:.0} s per path:", args.clients, args.throughput_secs);
+    println!(
+        "\n2. Throughput, zero-compute workers, {} concurrent clients, {:.0} s per path:",
+        args.clients, args.throughput_secs
+    );
     println!("  {:<34} {:>9} {:>8} {:>8}  {:>8}", "path", "req/s", "p50 ms", "p99 ms", "router CPU µs/req");
     for (name, url, router) in &paths_zero {
         let before = router.and_then(cpu_seconds);

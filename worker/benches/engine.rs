@@ -14,19 +14,70 @@ use std::time::Instant;
 
 use sieve_kernels::{Backend, CpuBackend};
 use sieve_worker::assets;
-use sieve_worker::device::engine_config;
-use sieve_worker::engine::{CancellationToken, EngineHandle, EngineParts, EngineState, Submission};
-use sieve_worker::engine::layout::LayoutBuilder;
 use sieve_worker::config::WorkerConfig;
+use sieve_worker::device::engine_config;
+use sieve_worker::engine::layout::LayoutBuilder;
+use sieve_worker::engine::{CancellationToken, EngineHandle, EngineParts, EngineState, Submission};
 use sieve_worker::model::loader::{self, LoadOptions, LoadedModel};
 use sieve_worker::model::Scratch;
 
 const WORDS: &[&str] = &[
-    "waterproof", "leather", "running", "shoes", "men's", "women's", "lightweight", "breathable", "mesh", "trail",
-    "cushioned", "sole", "size", "black", "white", "red", "navy", "classic", "sneaker", "outdoor", "hiking", "boot",
-    "ankle", "support", "rubber", "grip", "durable", "stitching", "comfort", "insole", "memory", "foam", "wide", "fit",
-    "casual", "sport", "training", "gym", "road", "marathon", "vegan", "suede", "canvas", "slip-on", "lace-up",
-    "reflective", "details", "free", "returns", "best", "seller", "new", "arrival", "2024", "edition", "brand",
+    "waterproof",
+    "leather",
+    "running",
+    "shoes",
+    "men's",
+    "women's",
+    "lightweight",
+    "breathable",
+    "mesh",
+    "trail",
+    "cushioned",
+    "sole",
+    "size",
+    "black",
+    "white",
+    "red",
+    "navy",
+    "classic",
+    "sneaker",
+    "outdoor",
+    "hiking",
+    "boot",
+    "ankle",
+    "support",
+    "rubber",
+    "grip",
+    "durable",
+    "stitching",
+    "comfort",
+    "insole",
+    "memory",
+    "foam",
+    "wide",
+    "fit",
+    "casual",
+    "sport",
+    "training",
+    "gym",
+    "road",
+    "marathon",
+    "vegan",
+    "suede",
+    "canvas",
+    "slip-on",
+    "lace-up",
+    "reflective",
+    "details",
+    "free",
+    "returns",
+    "best",
+    "seller",
+    "new",
+    "arrival",
+    "2024",
+    "edition",
+    "brand",
 ];
 
 /// Deterministic product-like text of about `n_words` words.
@@ -52,7 +103,7 @@ fn realistic_items(m: &LoadedModel<CpuBackend>, count: usize) -> Vec<String> {
     (0..count)
         .map(|i| {
             let target = 40 + (i * 37) % 81; // 40..=120 tokens, spread
-            // The longest text of at most `target` tokens: own_tokens grows with the word count.
+                                             // The longest text of at most `target` tokens: own_tokens grows with the word count.
             let (mut lo, mut hi) = (1usize, 200usize);
             while lo < hi {
                 let mid = (lo + hi).div_ceil(2);
@@ -68,7 +119,8 @@ fn realistic_items(m: &LoadedModel<CpuBackend>, count: usize) -> Vec<String> {
 }
 
 const QUERY: &str = "lightweight waterproof trail running shoes for women with good grip and cushioning, size 8";
-const INSTRUCTION: &str = "Given an e-commerce search query, judge whether the product listing is relevant to what the shopper wants";
+const INSTRUCTION: &str =
+    "Given an e-commerce search query, judge whether the product listing is relevant to what the shopper wants";
 
 fn prefill(m: &LoadedModel<CpuBackend>, backend: &CpuBackend) {
     let c = &m.model.config;
@@ -190,7 +242,11 @@ fn request_section() {
         u.prompt_tokens
     );
     println!("  (best of {reps}; CPU-s is the process's CPU time for the call, all threads)");
-    for (name, t, c, u) in [("reuse off", t_off, c_off, &u_off), ("in-batch reuse", t_in, c_in, &u_in), ("cross-batch hit", t_hit, c_hit, &u_hit)] {
+    for (name, t, c, u) in [
+        ("reuse off", t_off, c_off, &u_off),
+        ("in-batch reuse", t_in, c_in, &u_in),
+        ("cross-batch hit", t_hit, c_hit, &u_hit),
+    ] {
         rows.push((name, t, c, u.computed_tokens));
         println!(
             "  {name:<16} {:7.3} s ({:6.2} CPU-s)  {:6.1} pairs/s  {:6.0} computed tokens/s  {:6.0} prompt tokens/s  ({} tokens computed)",

@@ -42,11 +42,62 @@ use sieve_worker::model::{MoePolicy, Scratch};
 use sieve_worker::moe_setup;
 
 const WORDS: &[&str] = &[
-    "waterproof", "leather", "running", "shoes", "men's", "women's", "lightweight", "breathable", "mesh", "trail",
-    "cushioned", "sole", "size", "black", "white", "red", "navy", "classic", "sneaker", "outdoor", "hiking", "boot",
-    "ankle", "support", "rubber", "grip", "durable", "stitching", "comfort", "insole", "memory", "foam", "wide", "fit",
-    "casual", "sport", "training", "gym", "road", "marathon", "vegan", "suede", "canvas", "slip-on", "lace-up",
-    "reflective", "details", "free", "returns", "best", "seller", "new", "arrival", "2024", "edition", "brand",
+    "waterproof",
+    "leather",
+    "running",
+    "shoes",
+    "men's",
+    "women's",
+    "lightweight",
+    "breathable",
+    "mesh",
+    "trail",
+    "cushioned",
+    "sole",
+    "size",
+    "black",
+    "white",
+    "red",
+    "navy",
+    "classic",
+    "sneaker",
+    "outdoor",
+    "hiking",
+    "boot",
+    "ankle",
+    "support",
+    "rubber",
+    "grip",
+    "durable",
+    "stitching",
+    "comfort",
+    "insole",
+    "memory",
+    "foam",
+    "wide",
+    "fit",
+    "casual",
+    "sport",
+    "training",
+    "gym",
+    "road",
+    "marathon",
+    "vegan",
+    "suede",
+    "canvas",
+    "slip-on",
+    "lace-up",
+    "reflective",
+    "details",
+    "free",
+    "returns",
+    "best",
+    "seller",
+    "new",
+    "arrival",
+    "2024",
+    "edition",
+    "brand",
 ];
 const QUERIES: &[&str] = &[
     "lightweight waterproof trail running shoes for women with good grip, size 8",
@@ -54,7 +105,8 @@ const QUERIES: &[&str] = &[
     "vegan canvas slip-on sneakers white",
     "cushioned marathon road shoes breathable mesh",
 ];
-const INSTRUCTION: &str = "Given an e-commerce search query, judge whether the product listing is relevant to what the shopper wants";
+const INSTRUCTION: &str =
+    "Given an e-commerce search query, judge whether the product listing is relevant to what the shopper wants";
 
 /// Deterministic product-like text of `n_words` words.
 fn item_text(seed: u64, n_words: usize) -> String {
@@ -116,7 +168,9 @@ struct SizeResult<'a> {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let arg = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
-    let sizes: Vec<usize> = arg("--sizes").map(|s| s.split(',').filter_map(|v| v.parse().ok()).collect()).unwrap_or(vec![1, 2, 4, 8, 16, 32, 64]);
+    let sizes: Vec<usize> = arg("--sizes")
+        .map(|s| s.split(',').filter_map(|v| v.parse().ok()).collect())
+        .unwrap_or(vec![1, 2, 4, 8, 16, 32, 64]);
     let reps: usize = arg("--reps").and_then(|v| v.parse().ok()).unwrap_or(5).max(1);
     let threads: usize = arg("--threads").and_then(|v| v.parse().ok()).unwrap_or(0);
     let seed: u64 = arg("--seed").and_then(|v| v.parse().ok()).unwrap_or(1);
@@ -129,9 +183,15 @@ fn main() {
     eprintln!("loaded {} in {:.0} s on {}", loaded.name, t.elapsed().as_secs_f64(), backend.name());
     let cfg = MoeSection { autotune, ..Default::default() };
     let t = Instant::now();
-    let setup = moe_setup::configure(&backend, &mut loaded.model, &loaded.name, &cfg, &assets::cache_dir().join("moe-autotune"))
-        .expect("moe setup")
-        .expect("a MoE model");
+    let setup = moe_setup::configure(
+        &backend,
+        &mut loaded.model,
+        &loaded.name,
+        &cfg,
+        &assets::cache_dir().join("moe-autotune"),
+    )
+    .expect("moe setup")
+    .expect("a MoE model");
     let cost = match loaded.model.moe_policy() {
         MoePolicy::Auto(m) => m.clone(),
         MoePolicy::Fixed(_) => unreachable!("auto is the default"),
@@ -140,15 +200,31 @@ fn main() {
         "cost model: {} ({:.1} s{}); choice by rows per expert: {}",
         setup.cost_source,
         t.elapsed().as_secs_f64(),
-        setup.autotune.as_ref().map(|r| format!(", {} samples, {} knots measured", r.samples, r.knots_measured)).unwrap_or_default(),
-        setup.thresholds.iter().map(|r| format!("{}..={} {}", r.from_rows, r.to_rows, r.variant)).collect::<Vec<_>>().join(", ")
+        setup
+            .autotune
+            .as_ref()
+            .map(|r| format!(", {} samples, {} knots measured", r.samples, r.knots_measured))
+            .unwrap_or_default(),
+        setup
+            .thresholds
+            .iter()
+            .map(|r| format!("{}..={} {}", r.from_rows, r.to_rows, r.variant))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     let all_variants = backend.moe_variants();
     // The variants compared (all, or --variants): (index in the backend's list, description).
     let subset: Option<Vec<String>> = arg("--variants").map(|s| s.split(',').map(str::to_string).collect());
-    let variants: Vec<(usize, &sieve_kernels::MoeVariant)> =
-        all_variants.iter().enumerate().filter(|(_, v)| subset.as_ref().is_none_or(|s| s.iter().any(|n| n == v.name))).collect();
-    assert!(!variants.is_empty(), "--variants names none of {:?}", all_variants.iter().map(|v| v.name).collect::<Vec<_>>());
+    let variants: Vec<(usize, &sieve_kernels::MoeVariant)> = all_variants
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| subset.as_ref().is_none_or(|s| s.iter().any(|n| n == v.name)))
+        .collect();
+    assert!(
+        !variants.is_empty(),
+        "--variants names none of {:?}",
+        all_variants.iter().map(|v| v.name).collect::<Vec<_>>()
+    );
     let mut cost = cost;
     cost.variants.retain(|c| variants.iter().any(|(_, v)| v.name == c.variant));
     let names: Vec<&str> = variants.iter().map(|(_, v)| v.name).chain(["auto"]).collect();
@@ -164,7 +240,10 @@ fn main() {
                 let q = QUERIES[i % QUERIES.len()];
                 let mut words = 10;
                 loop {
-                    let ids = loaded.builder.prompt_ids(enc.as_ref(), INSTRUCTION, q, &item_text(i as u64 + 1, words)).expect("prompt");
+                    let ids = loaded
+                        .builder
+                        .prompt_ids(enc.as_ref(), INSTRUCTION, q, &item_text(i as u64 + 1, words))
+                        .expect("prompt");
                     if ids.len() >= target || words > 300 {
                         return ids;
                     }
@@ -204,13 +283,16 @@ fn main() {
         let mut best = vec![vec![(f64::INFINITY, f64::INFINITY); layers.len()]; n];
         let mut chosen = vec![""; layers.len()];
         let mut chosen_column = vec![0usize; layers.len()];
-        let mut rounds: Vec<Vec<Timing>> = (0..n).map(|_| (0..reps).map(|_| Timing { wall: 0.0, cpu: 0.0 }).collect()).collect();
+        let mut rounds: Vec<Vec<Timing>> =
+            (0..n).map(|_| (0..reps).map(|_| Timing { wall: 0.0, cpu: 0.0 }).collect()).collect();
         let mut log = backend.moe_log().expect("log");
+        #[allow(clippy::needless_range_loop)] // `round` also rotates the variant order
         for round in 0..reps {
             for (l, (x, layer)) in inputs.iter().zip(&layers).enumerate() {
                 for i in 0..n {
                     let v = (i + round) % n;
-                    let select = if v < variants.len() { MoeSelect::Fixed(variants[v].0) } else { MoeSelect::Auto(&cost) };
+                    let select =
+                        if v < variants.len() { MoeSelect::Fixed(variants[v].0) } else { MoeSelect::Auto(&cost) };
                     let mut acc = backend.zeros(x.rows, x.cols).expect("acc");
                     let (c0, t0) = (process_cpu_ns(), Instant::now());
                     backend.moe_ffn(x, &layer.weights, layer.routing, select, &mut acc, &mut log).expect("moe");
@@ -224,12 +306,19 @@ fn main() {
                     if v == variants.len() {
                         let idx = rec[0].variant as usize;
                         chosen[l] = all_variants[idx].name;
-                        chosen_column[l] = variants.iter().position(|(i, _)| *i == idx).expect("auto chose a listed variant");
+                        chosen_column[l] =
+                            variants.iter().position(|(i, _)| *i == idx).expect("auto chose a listed variant");
                     }
                 }
             }
         }
-        let timings = best.iter().map(|per_layer| Timing { wall: per_layer.iter().map(|t| t.0).sum(), cpu: per_layer.iter().map(|t| t.1).sum() }).collect();
+        let timings = best
+            .iter()
+            .map(|per_layer| Timing {
+                wall: per_layer.iter().map(|t| t.0).sum(),
+                cpu: per_layer.iter().map(|t| t.1).sum(),
+            })
+            .collect();
         let priced = Timing {
             wall: chosen_column.iter().enumerate().map(|(l, &c)| best[c][l].0).sum(),
             cpu: chosen_column.iter().enumerate().map(|(l, &c)| best[c][l].1).sum(),
@@ -240,7 +329,10 @@ fn main() {
 
     for (label, pick) in [("wall", 0usize), ("cpu", 1)] {
         let get = |t: &Timing| if pick == 0 { t.wall } else { t.cpu };
-        println!("\nMoE time per forward pass ({} MoE layers), ms, {label} (min of {reps} rounds); * = best fixed variant", results.first().map_or(0, |r| r.chosen.len()));
+        println!(
+            "\nMoE time per forward pass ({} MoE layers), ms, {label} (min of {reps} rounds); * = best fixed variant",
+            results.first().map_or(0, |r| r.chosen.len())
+        );
         print!("{:>5} {:>6} {:>7}", "seqs", "tokens", "rows/e");
         for n in &names {
             print!(" {:>12}", n);
@@ -249,9 +341,12 @@ fn main() {
         let mut worst_ratio = 0f64;
         let auto_col = variants.len();
         // Auto / fixed variant v at one size: the median over rounds of the paired ratios.
-        let paired = |r: &SizeResult, v: usize| median(&(0..reps).map(|i| get(&r.rounds[auto_col][i]) / get(&r.rounds[v][i])).collect::<Vec<_>>());
+        let paired = |r: &SizeResult, v: usize| {
+            median(&(0..reps).map(|i| get(&r.rounds[auto_col][i]) / get(&r.rounds[v][i])).collect::<Vec<_>>())
+        };
         for r in &results {
-            let (b, tokens, mean_rows, t, priced, chosen) = (r.seqs, r.tokens, r.mean_rows, &r.best, &r.priced, &r.chosen);
+            let (b, tokens, mean_rows, t, priced, chosen) =
+                (r.seqs, r.tokens, r.mean_rows, &r.best, &r.priced, &r.chosen);
             let fixed = &t[..variants.len()];
             let best = fixed.iter().map(get).fold(f64::INFINITY, f64::min);
             print!("{b:>5} {tokens:>6} {mean_rows:>7.1}");
@@ -263,7 +358,14 @@ fn main() {
             let best_col = (0..variants.len()).min_by(|&a, &c| get(&fixed[a]).total_cmp(&get(&fixed[c]))).unwrap_or(0);
             let p = paired(r, best_col);
             worst_ratio = worst_ratio.max(p);
-            println!(" {:>12.1} {:>9.3} {:>10.3} {:>7.3}  {}", auto * 1e3, auto / best, get(priced) / best, p, chosen.join(" "));
+            println!(
+                " {:>12.1} {:>9.3} {:>10.3} {:>7.3}  {}",
+                auto * 1e3,
+                auto / best,
+                get(priced) / best,
+                p,
+                chosen.join(" ")
+            );
         }
         // Over the sweep: total time, and the geometric mean of time / best fixed (every size
         // weighted alike).
@@ -294,7 +396,10 @@ fn main() {
         // variant's time (= auto's total / the variant's total, estimated pairwise).
         print!("{:>20}", "auto/this, sweep");
         let sweep: Vec<f64> = (0..variants.len())
-            .map(|v| results.iter().map(|r| paired(r, v) * get(&r.best[v])).sum::<f64>() / results.iter().map(|r| get(&r.best[v])).sum::<f64>())
+            .map(|v| {
+                results.iter().map(|r| paired(r, v) * get(&r.best[v])).sum::<f64>()
+                    / results.iter().map(|r| get(&r.best[v])).sum::<f64>()
+            })
             .collect();
         for s in &sweep {
             print!(" {:>12.3}", s);
@@ -311,12 +416,17 @@ fn main() {
             })
             .collect();
         println!("noise floor (paired auto / the variant it ran on every layer, same kernels): {}", same.join(", "));
-        let not_beaten: Vec<&str> = variants.iter().zip(&sweep).filter(|(_, &s)| s >= 1.0).map(|((_, v), _)| v.name).collect();
+        let not_beaten: Vec<&str> =
+            variants.iter().zip(&sweep).filter(|(_, &s)| s >= 1.0).map(|((_, v), _)| v.name).collect();
         println!(
             "auto (paired): worst ratio to the best fixed variant {:.3} ({}); over the sweep {}",
             worst_ratio,
             if worst_ratio <= 1.05 { "within 5% at every size" } else { "NOT within 5% everywhere" },
-            if not_beaten.is_empty() { "strictly better than each fixed variant".to_string() } else { format!("not better than {not_beaten:?}") }
+            if not_beaten.is_empty() {
+                "strictly better than each fixed variant".to_string()
+            } else {
+                format!("not better than {not_beaten:?}")
+            }
         );
     }
 }

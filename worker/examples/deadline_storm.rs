@@ -28,9 +28,40 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 const WORDS: &[&str] = &[
-    "waterproof", "leather", "running", "shoes", "men's", "women's", "lightweight", "breathable", "mesh", "trail",
-    "cushioned", "sole", "size", "black", "white", "red", "navy", "classic", "sneaker", "outdoor", "hiking", "boot",
-    "ankle", "support", "rubber", "grip", "durable", "stitching", "comfort", "insole", "memory", "foam", "wide", "fit",
+    "waterproof",
+    "leather",
+    "running",
+    "shoes",
+    "men's",
+    "women's",
+    "lightweight",
+    "breathable",
+    "mesh",
+    "trail",
+    "cushioned",
+    "sole",
+    "size",
+    "black",
+    "white",
+    "red",
+    "navy",
+    "classic",
+    "sneaker",
+    "outdoor",
+    "hiking",
+    "boot",
+    "ankle",
+    "support",
+    "rubber",
+    "grip",
+    "durable",
+    "stitching",
+    "comfort",
+    "insole",
+    "memory",
+    "foam",
+    "wide",
+    "fit",
 ];
 
 /// A product-like item of 12–27 words (about 30–70 tokens).
@@ -91,12 +122,20 @@ fn deltas(a: &PipelineSnapshot, b: &PipelineSnapshot) -> String {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let arg = |flag: &str, d: u64| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).and_then(|v| v.parse::<u64>().ok()).unwrap_or(d);
-    let (calls, items, deadline_ms, drop_ms) = (arg("--calls", 64) as usize, arg("--items", 64) as usize, arg("--deadline-ms", 5000), arg("--drop-ms", 500));
+    let arg = |flag: &str, d: u64| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(d)
+    };
+    let (calls, items, deadline_ms, drop_ms) =
+        (arg("--calls", 64) as usize, arg("--items", 64) as usize, arg("--deadline-ms", 5000), arg("--drop-ms", 500));
     let mut cfg = WorkerConfig::default();
     cfg.model.threads = arg("--threads", 0) as usize;
     let app = Arc::new(AppState::new(Limits { max_items: items.max(2048), ..Limits::default() }, "cpu".into(), None));
-    let (engine, name) = tokio::task::block_in_place(|| start_engine(&cfg, Device::Cpu, app.state.clone())).expect("engine");
+    let (engine, name) =
+        tokio::task::block_in_place(|| start_engine(&cfg, Device::Cpu, app.state.clone())).expect("engine");
     let _ = app.engine.set(engine.clone());
     let _ = app.model_name.set(name.clone());
     let (listener, addr) = bind("127.0.0.1", 0).await.expect("bind");
@@ -149,14 +188,22 @@ async fn main() {
         pct(&times, 0.99),
         times[times.len() - 1]
     );
-    println!("  status counts: {by_status:?}; complete 200: {full}; partial 200: {} ({} items scored in all)", partial.len(), scored_items);
+    println!(
+        "  status counts: {by_status:?}; complete 200: {full}; partial 200: {} ({} items scored in all)",
+        partial.len(),
+        scored_items
+    );
     // Wait for the engine to settle before reading the counters.
     while st.in_flight_requests.load(Ordering::Relaxed) > 0 || st.pass_running.load(Ordering::Relaxed) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let settled = t0.elapsed().as_secs_f64();
     let after = st.pipeline();
-    println!("  worker: {}; engine idle at {settled:.2} s; throughput now {:.0} tokens/s", deltas(&before, &after), st.tokens_per_second());
+    println!(
+        "  worker: {}; engine idle at {settled:.2} s; throughput now {:.0} tokens/s",
+        deltas(&before, &after),
+        st.tokens_per_second()
+    );
 
     // Scenario 2.
     let before = st.pipeline();

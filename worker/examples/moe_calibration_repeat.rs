@@ -16,22 +16,31 @@ use sieve_worker::model::loader::{self, LoadOptions};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let arg = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).and_then(|v| v.parse::<u64>().ok());
+    let arg = |flag: &str| {
+        args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).and_then(|v| v.parse::<u64>().ok())
+    };
     let runs = arg("--runs").unwrap_or(3).max(1) as usize;
     let budget = Duration::from_secs(arg("--budget-s").unwrap_or(30));
     let backend = CpuBackend::new(0).expect("cpu backend");
     let path = assets::cache_dir().join("bench/qwen3_moe-bench-seed1-bf16");
-    let loaded = loader::load(&backend, &path, &LoadOptions::default()).expect("the bench model (run the moe bench once to generate it)");
+    let loaded = loader::load(&backend, &path, &LoadOptions::default())
+        .expect("the bench model (run the moe bench once to generate it)");
     let layers: Vec<_> = loaded.model.moe_layers().collect();
     let experts = loaded.model.config.moe.as_ref().expect("a MoE model").num_experts;
     println!("µs per row at knots {COST_KNOTS:?}");
     for run in 0..runs {
         let layer = &layers[run % layers.len()];
         let (model, report) = autotune(&backend, &layer.weights, experts, budget).expect("autotune");
-        println!("run {run} (layer {}): {:.1} s, {} knots measured", run % layers.len(), report.seconds, report.knots_measured);
+        println!(
+            "run {run} (layer {}): {:.1} s, {} knots measured",
+            run % layers.len(),
+            report.seconds,
+            report.knots_measured
+        );
         let grouped = model.variants.iter().find(|c| c.variant == "grouped").map(|c| c.per_expert.clone());
         for c in &model.variants {
-            let per_row: Vec<String> = c.per_expert.iter().zip(COST_KNOTS).map(|(t, k)| format!("{:6.1}", t * 1e6 / k as f64)).collect();
+            let per_row: Vec<String> =
+                c.per_expert.iter().zip(COST_KNOTS).map(|(t, k)| format!("{:6.1}", t * 1e6 / k as f64)).collect();
             let rel: Vec<String> = match &grouped {
                 Some(g) => c.per_expert.iter().zip(g).map(|(t, g)| format!("{:5.2}", t / g)).collect(),
                 None => vec![],

@@ -44,7 +44,13 @@ pub struct ServerConfig {
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        ServerConfig { host: "127.0.0.1".into(), port: 8081, admin_host: "127.0.0.1".into(), admin_port: 9081, drain_timeout_ms: 30_000 }
+        ServerConfig {
+            host: "127.0.0.1".into(),
+            port: 8081,
+            admin_host: "127.0.0.1".into(),
+            admin_port: 9081,
+            drain_timeout_ms: 30_000,
+        }
     }
 }
 
@@ -71,7 +77,14 @@ pub struct ModelSection {
 
 impl Default for ModelSection {
     fn default() -> Self {
-        ModelSection { path: "default".into(), device: "cpu".into(), head: "auto".into(), max_seq_tokens: 0, threads: 0, gemm: "tiled".into() }
+        ModelSection {
+            path: "default".into(),
+            device: "cpu".into(),
+            head: "auto".into(),
+            max_seq_tokens: 0,
+            threads: 0,
+            gemm: "tiled".into(),
+        }
     }
 }
 
@@ -157,7 +170,8 @@ impl Default for MoeSection {
 
 impl WorkerConfig {
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| WorkerError::Config(format!("{}: {e}", path.display())))?;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| WorkerError::Config(format!("{}: {e}", path.display())))?;
         toml::from_str(&text).map_err(|e| WorkerError::Config(format!("{}: {e}", path.display())))
     }
 
@@ -177,10 +191,16 @@ impl WorkerConfig {
             return bad(format!("engine.deadline_pass_fraction {} must be in (0, 1]", e.deadline_pass_fraction));
         }
         if !(e.prior_tokens_per_second > 0.0 && e.prior_tokens_per_second.is_finite()) {
-            return bad(format!("engine.prior_tokens_per_second {} must be a positive number", e.prior_tokens_per_second));
+            return bad(format!(
+                "engine.prior_tokens_per_second {} must be a positive number",
+                e.prior_tokens_per_second
+            ));
         }
         if self.model.max_seq_tokens > e.max_batch_tokens {
-            return bad(format!("model.max_seq_tokens {} > engine.max_batch_tokens {}", self.model.max_seq_tokens, e.max_batch_tokens));
+            return bad(format!(
+                "model.max_seq_tokens {} > engine.max_batch_tokens {}",
+                self.model.max_seq_tokens, e.max_batch_tokens
+            ));
         }
         if let Some(t) = &self.template {
             t.validate()?;

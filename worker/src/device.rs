@@ -24,7 +24,10 @@ impl Device {
             return Ok(Device::Cpu);
         }
         if let Some(n) = s.strip_prefix("cuda:") {
-            return n.parse().map(Device::Cuda).map_err(|_| WorkerError::Config(format!("--device {s}: expected cuda:N")));
+            return n
+                .parse()
+                .map(Device::Cuda)
+                .map_err(|_| WorkerError::Config(format!("--device {s}: expected cuda:N")));
         }
         if s == "cuda" {
             return Ok(Device::Cuda(0));
@@ -64,9 +67,14 @@ pub fn engine_config(cfg: &WorkerConfig, model_max_position: usize) -> EngineCon
     }
 }
 
-fn start_on<B: Backend>(backend: B, cfg: &WorkerConfig, state: Arc<EngineState>) -> Result<(Arc<EngineHandle>, String)> {
+fn start_on<B: Backend>(
+    backend: B,
+    cfg: &WorkerConfig,
+    state: Arc<EngineState>,
+) -> Result<(Arc<EngineHandle>, String)> {
     let path = assets::resolve_model(&cfg.model.path)?;
-    let opts = LoadOptions { head: HeadChoice::parse(&cfg.model.head)?, template: cfg.template.clone(), keep_lm_head: false };
+    let opts =
+        LoadOptions { head: HeadChoice::parse(&cfg.model.head)?, template: cfg.template.clone(), keep_lm_head: false };
     let mut loaded = loader::load(&backend, &path, &opts)?;
     let calibrations = assets::cache_dir().join("moe-autotune");
     if let Some(setup) = moe_setup::configure(&backend, &mut loaded.model, &loaded.name, &cfg.moe, &calibrations)? {
@@ -79,7 +87,11 @@ fn start_on<B: Backend>(backend: B, cfg: &WorkerConfig, state: Arc<EngineState>)
 }
 
 /// Loads the configured model on `device` and starts the engine.
-pub fn start_engine(cfg: &WorkerConfig, device: Device, state: Arc<EngineState>) -> Result<(Arc<EngineHandle>, String)> {
+pub fn start_engine(
+    cfg: &WorkerConfig,
+    device: Device,
+    state: Arc<EngineState>,
+) -> Result<(Arc<EngineHandle>, String)> {
     match device {
         Device::Cpu => start_on(sieve_kernels::CpuBackend::new(cfg.model.threads)?, cfg, state),
         Device::Cuda(n) => {
@@ -89,7 +101,8 @@ pub fn start_engine(cfg: &WorkerConfig, device: Device, state: Arc<EngineState>)
                 other => return Err(WorkerError::Config(format!("model.gemm '{other}' (tiled | cublas)"))),
             };
             let opts = CudaOptions { gemm, ..CudaOptions::new(n).with_asset_cache(&assets::cache_dir()) };
-            let backend = CudaBackend::with_options(&opts).map_err(|e| WorkerError::Config(format!("--device {device}: {e}")))?;
+            let backend =
+                CudaBackend::with_options(&opts).map_err(|e| WorkerError::Config(format!("--device {device}: {e}")))?;
             start_on(backend, cfg, state)
         }
     }

@@ -150,10 +150,8 @@ pub mod seeds {
     fn f32_noise(name: &str, dims: &[u64], seed: u64) -> TestTensor {
         let n: u64 = dims.iter().product();
         // Small values: an f32 from the top bits of noise, scaled into [-0.5, 0.5).
-        let data = noise(n as usize, seed)
-            .into_iter()
-            .flat_map(|b| ((b as f32 - 128.0) / 256.0).to_le_bytes())
-            .collect();
+        let data =
+            noise(n as usize, seed).into_iter().flat_map(|b| ((b as f32 - 128.0) / 256.0).to_le_bytes()).collect();
         TestTensor { name: name.into(), dims: dims.to_vec(), type_id: 0, data }
     }
 
@@ -181,8 +179,14 @@ pub mod seeds {
             ("tokenizer.ggml.model", GgufValue::Str("gpt2".into())),
             ("tokenizer.ggml.pre", GgufValue::Str("gpt2".into())),
             ("tokenizer.ggml.tokens", GgufValue::Array(tokens.iter().map(|t| GgufValue::Str(t.to_string())).collect())),
-            ("tokenizer.ggml.merges", GgufValue::Array(vec![GgufValue::Str("a b".into()), GgufValue::Str("Ġ ab".into())])),
-            ("tokenizer.ggml.token_type", GgufValue::Array([1, 1, 1, 1, 3, 1].iter().map(|&t| GgufValue::I32(t)).collect())),
+            (
+                "tokenizer.ggml.merges",
+                GgufValue::Array(vec![GgufValue::Str("a b".into()), GgufValue::Str("Ġ ab".into())]),
+            ),
+            (
+                "tokenizer.ggml.token_type",
+                GgufValue::Array([1, 1, 1, 1, 3, 1].iter().map(|&t| GgufValue::I32(t)).collect()),
+            ),
         ];
         for (k, v) in set {
             match kvs.iter_mut().find(|(key, _)| key == k) {
@@ -202,7 +206,11 @@ pub mod seeds {
         };
         let f16 = |name: &str, dims: &[u64], seed: u64| {
             let mut t = f32_noise(name, dims, seed);
-            t.data = t.data.chunks(4).flat_map(|c| half::f16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_le_bytes()).collect();
+            t.data = t
+                .data
+                .chunks(4)
+                .flat_map(|c| half::f16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_le_bytes())
+                .collect();
             t.type_id = 1;
             t
         };
@@ -446,7 +454,11 @@ pub fn arbitrary_gguf(u: &mut Unstructured<'_>) -> arbitrary::Result<Vec<u8>> {
             6 => GgufValue::Str(u.arbitrary()?),
             7 => GgufValue::Bool(u.arbitrary()?),
             8 => GgufValue::F64(u.arbitrary()?),
-            _ => GgufValue::Array((0..u.int_in_range(0..=8)?).map(|_| u.arbitrary().map(GgufValue::U8)).collect::<arbitrary::Result<_>>()?),
+            _ => GgufValue::Array(
+                (0..u.int_in_range(0..=8)?)
+                    .map(|_| u.arbitrary().map(GgufValue::U8))
+                    .collect::<arbitrary::Result<_>>()?,
+            ),
         };
         kvs.push((key, value));
     }

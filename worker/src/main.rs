@@ -134,7 +134,11 @@ fn main() -> ExitCode {
     rt.block_on(serve(cfg, dev, prometheus))
 }
 
-async fn serve(cfg: WorkerConfig, dev: device::Device, prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>) -> ExitCode {
+async fn serve(
+    cfg: WorkerConfig,
+    dev: device::Device,
+    prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
+) -> ExitCode {
     let admin_auth = match AdminAuth::load(&cfg.admin) {
         Ok(a) => a,
         Err(e) => {
@@ -162,9 +166,19 @@ async fn serve(cfg: WorkerConfig, dev: device::Device, prometheus: Option<metric
     // within what is left of the drain timeout.
     let stopper = Stopper::new();
     let a = app.clone();
-    let api_server = tokio::spawn(http::serve(api.0, cfg.http.clone(), move |req| server::api::handle(a.clone(), req), stopper.signal()));
+    let api_server = tokio::spawn(http::serve(
+        api.0,
+        cfg.http.clone(),
+        move |req| server::api::handle(a.clone(), req),
+        stopper.signal(),
+    ));
     let a = app.clone();
-    let admin_server = tokio::spawn(http::serve(admin.0, cfg.http.clone(), move |req| server::admin::handle(a.clone(), req), stopper.signal()));
+    let admin_server = tokio::spawn(http::serve(
+        admin.0,
+        cfg.http.clone(),
+        move |req| server::admin::handle(a.clone(), req),
+        stopper.signal(),
+    ));
 
     // Load on a plain thread: the ports answer (/health 200, /ready 503) meanwhile.
     let (loaded_tx, loaded_rx) = tokio::sync::oneshot::channel();

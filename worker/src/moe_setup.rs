@@ -63,7 +63,12 @@ fn cache_key<B: Backend>(backend: &B, model_name: &str, model: &Model<B>) -> Str
 fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split_once(':')).map(|(_, v)| v.trim().to_string()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
         .unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }
 
@@ -115,7 +120,13 @@ fn apply_overrides(model: &mut MoeCostModel, overrides: &[sieve_kernels::moe::Va
 
 /// Sets the MoE policy of `model` from the config; `None` for a dense model. `default_cache`
 /// is used when `cfg.cache_dir` is empty.
-pub fn configure<B: Backend>(backend: &B, model: &mut Model<B>, model_name: &str, cfg: &MoeSection, default_cache: &Path) -> Result<Option<MoeSetup>> {
+pub fn configure<B: Backend>(
+    backend: &B,
+    model: &mut Model<B>,
+    model_name: &str,
+    cfg: &MoeSection,
+    default_cache: &Path,
+) -> Result<Option<MoeSetup>> {
     let Some(moe) = model.config.moe.clone() else { return Ok(None) };
     let variants = backend.moe_variants();
     let experts = moe.num_experts;
@@ -140,11 +151,21 @@ pub fn configure<B: Backend>(backend: &B, model: &mut Model<B>, model_name: &str
         padded.sort_by_key(|v| std::cmp::Reverse(v.tile_rows));
         let (large, small) = match (padded.first(), padded.last()) {
             (Some(l), Some(s)) if l.tile_rows > s.tile_rows => (*l, *s),
-            _ => return Err(WorkerError::Config(format!("moe.policy padding_ratio needs two padded variants with different tiles; {} has none", backend.name()))),
+            _ => {
+                return Err(WorkerError::Config(format!(
+                    "moe.policy padding_ratio needs two padded variants with different tiles; {} has none",
+                    backend.name()
+                )))
+            }
         };
         let m = MoeCostModel::padding_ratio_rule(large.name, small.name, cfg.padding_ratio_threshold);
         model.set_moe_policy(backend, MoePolicy::Auto(m.clone()))?;
-        tracing::info!(large = large.name, small = small.name, threshold = cfg.padding_ratio_threshold, "MoE selector: padding-ratio rule");
+        tracing::info!(
+            large = large.name,
+            small = small.name,
+            threshold = cfg.padding_ratio_threshold,
+            "MoE selector: padding-ratio rule"
+        );
         return Ok(Some(setup("padding_ratio", None, Some(m), "padding_ratio_rule".into())));
     }
     let key = cache_key(backend, model_name, model);
@@ -162,7 +183,12 @@ pub fn configure<B: Backend>(backend: &B, model: &mut Model<B>, model_name: &str
             };
             let budget = Duration::from_millis(cfg.autotune_budget_ms);
             let (m, r) = backend.moe_autotune(&layer.weights, layer.routing, layer.num_experts, budget)?;
-            tracing::info!(seconds = format!("{:.2}", r.seconds), samples = r.samples, knots = r.knots_measured, "MoE autotune done");
+            tracing::info!(
+                seconds = format!("{:.2}", r.seconds),
+                samples = r.samples,
+                knots = r.knots_measured,
+                "MoE autotune done"
+            );
             if let Err(e) = write_cache(&path, &key, &m) {
                 tracing::warn!("cannot cache the MoE calibration at {}: {e}", path.display());
             }
@@ -236,24 +262,45 @@ mod tests {
         assert_eq!(second.cost_source, "cache");
         assert!(second.autotune.is_none());
         // (JSON keeps f64s to the last digit or so.)
-        for (a, b) in second.cost_model.as_ref().unwrap().variants.iter().zip(&first.cost_model.as_ref().unwrap().variants) {
+        for (a, b) in
+            second.cost_model.as_ref().unwrap().variants.iter().zip(&first.cost_model.as_ref().unwrap().variants)
+        {
             assert_eq!(a.variant, b.variant);
-            assert!(a.per_expert.iter().zip(&b.per_expert).all(|(x, y)| (x - y).abs() <= 1e-12 * y.abs()), "{a:?} vs {b:?}");
+            assert!(
+                a.per_expert.iter().zip(&b.per_expert).all(|(x, y)| (x - y).abs() <= 1e-12 * y.abs()),
+                "{a:?} vs {b:?}"
+            );
         }
         // Another model name is another key: not cached, autotune off → the default model.
         let other = configure(&cpu, &mut m2, "other", &off, dir.path()).unwrap().unwrap();
         assert_eq!(other.cost_source, "default");
         // Config entries replace the calibrated ones.
-        let forced = sieve_kernels::moe::VariantCost { variant: "padded64".into(), per_call: 0.0, per_expert: vec![0.0], per_row: 0.0, per_padded_row: 0.0 };
+        let forced = sieve_kernels::moe::VariantCost {
+            variant: "padded64".into(),
+            per_call: 0.0,
+            per_expert: vec![0.0],
+            per_row: 0.0,
+            per_padded_row: 0.0,
+        };
         let over = MoeSection { cost: vec![forced.clone()], ..off };
         let s = configure(&cpu, &mut m2, "tiny", &over, dir.path()).unwrap().unwrap();
         assert_eq!(s.cost_source, "cache+config");
         assert!(s.cost_model.unwrap().variants.contains(&forced));
-        assert!(s.thresholds.iter().all(|t| t.variant == "padded64"), "a free variant wins everywhere: {:?}", s.thresholds);
+        assert!(
+            s.thresholds.iter().all(|t| t.variant == "padded64"),
+            "a free variant wins everywhere: {:?}",
+            s.thresholds
+        );
         // A corrupt cache file is ignored, not fatal.
         std::fs::write(&file, "{not json").unwrap();
         let mut m3 = tiny(&cpu);
-        assert_eq!(configure(&cpu, &mut m3, "tiny", &MoeSection { autotune: false, ..Default::default() }, dir.path()).unwrap().unwrap().cost_source, "default");
+        assert_eq!(
+            configure(&cpu, &mut m3, "tiny", &MoeSection { autotune: false, ..Default::default() }, dir.path())
+                .unwrap()
+                .unwrap()
+                .cost_source,
+            "default"
+        );
     }
 
     #[test]
@@ -261,12 +308,30 @@ mod tests {
         let cpu = CpuBackend::new(1).unwrap();
         let dir = TempDir::new("moe-cache");
         let mut m = tiny(&cpu);
-        let s = configure(&cpu, &mut m, "tiny", &MoeSection { variant: "small_m".into(), ..Default::default() }, dir.path()).unwrap().unwrap();
+        let s = configure(
+            &cpu,
+            &mut m,
+            "tiny",
+            &MoeSection { variant: "small_m".into(), ..Default::default() },
+            dir.path(),
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!((s.policy.as_str(), s.fixed_variant.as_deref()), ("fixed", Some("small_m")));
         assert_eq!(m.moe_policy(), &MoePolicy::Fixed(1));
-        let err = configure(&cpu, &mut m, "tiny", &MoeSection { variant: "bm64".into(), ..Default::default() }, dir.path()).unwrap_err();
+        let err =
+            configure(&cpu, &mut m, "tiny", &MoeSection { variant: "bm64".into(), ..Default::default() }, dir.path())
+                .unwrap_err();
         assert!(err.to_string().contains("small_m"), "{err}");
-        let s = configure(&cpu, &mut m, "tiny", &MoeSection { policy: "padding_ratio".into(), padding_ratio_threshold: 2.0, ..Default::default() }, dir.path()).unwrap().unwrap();
+        let s = configure(
+            &cpu,
+            &mut m,
+            "tiny",
+            &MoeSection { policy: "padding_ratio".into(), padding_ratio_threshold: 2.0, ..Default::default() },
+            dir.path(),
+        )
+        .unwrap()
+        .unwrap();
         let rule = s.cost_model.unwrap();
         assert_eq!(rule, MoeCostModel::padding_ratio_rule("padded128", "padded64", 2.0));
         // Rows per expert ≥ 64 keep the 128 tile (ratio ≤ 2), fewer switch to 64.

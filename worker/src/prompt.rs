@@ -142,7 +142,13 @@ impl PromptBuilder {
     /// common token prefix of the prompts, capped by the prompt of an empty item (so it never
     /// reaches into item text even for a single item, and a cached prefix serves any items of the
     /// same query) and by each prompt's length − 1.
-    pub fn tokenize_call(&self, enc: &dyn TextEncoder, instruction: Option<&str>, query: &str, items: &[&str]) -> Result<TokenizedCall> {
+    pub fn tokenize_call(
+        &self,
+        enc: &dyn TextEncoder,
+        instruction: Option<&str>,
+        query: &str,
+        items: &[&str],
+    ) -> Result<TokenizedCall> {
         let instruction = instruction.unwrap_or(&self.template.default_instruction);
         let probe = self.prompt_ids(enc, instruction, query, "")?;
         let mut prefix_len = probe.len();

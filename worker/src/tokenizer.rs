@@ -27,8 +27,7 @@ const TOKEN_TYPE_CONTROL: i32 = 3;
 const TOKEN_TYPE_USER_DEFINED: i32 = 4;
 
 /// The GPT-2 split regex (llama.cpp's LLAMA_VOCAB_PRE_TYPE_GPT2 and the tail of several others).
-const GPT2_REGEX: &str =
-    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+const GPT2_REGEX: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
 /// Qwen2's regex as llama.cpp adapted it (case-insensitive contractions spelled out).
 const QWEN2_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Llama 3's regex as llama.cpp adapted it.
@@ -47,18 +46,8 @@ fn pre_tokenizer_spec(pre: &str) -> Option<PreTokenizerSpec> {
     let spec = |regexes: Vec<&'static str>, ignore_merges| PreTokenizerSpec { regexes, ignore_merges };
     Some(match pre {
         // llama.cpp's default: what it uses for a missing or "default" value.
-        "" | "default" => spec(
-            vec![
-                r"[\p{P}\$\+<=>\^~\|]+",
-                GPT2_REGEX,
-                r"\p{N}+",
-                "[0-9][0-9][0-9]",
-            ],
-            false,
-        ),
-        "gpt2" | "gpt-2" | "phi-2" | "mpt" | "olmo" | "jais" | "roberta-bpe" => {
-            spec(vec![GPT2_REGEX], false)
-        }
+        "" | "default" => spec(vec![r"[\p{P}\$\+<=>\^~\|]+", GPT2_REGEX, r"\p{N}+", "[0-9][0-9][0-9]"], false),
+        "gpt2" | "gpt-2" | "phi-2" | "mpt" | "olmo" | "jais" | "roberta-bpe" => spec(vec![GPT2_REGEX], false),
         // Digits one by one, then GPT-2 (SmolLM/SmolLM2, StarCoder, ...).
         "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b" => {
             spec(vec![r"\p{N}", GPT2_REGEX], false)
@@ -108,21 +97,16 @@ impl Tokenizer {
         }
         let pre = gguf.get_str("tokenizer.ggml.pre")?.unwrap_or("default");
         let spec = pre_tokenizer_spec(pre).ok_or_else(|| {
-            WorkerError::Unsupported(format!(
-                "{}: tokenizer.ggml.pre {pre:?} is not supported",
-                gguf.path().display()
-            ))
+            WorkerError::Unsupported(format!("{}: tokenizer.ggml.pre {pre:?} is not supported", gguf.path().display()))
         })?;
-        let tokens = gguf.get_str_array("tokenizer.ggml.tokens")?.ok_or_else(|| err("no tokenizer.ggml.tokens".into()))?;
-        let merges = gguf.get_str_array("tokenizer.ggml.merges")?.ok_or_else(|| err("no tokenizer.ggml.merges".into()))?;
+        let tokens =
+            gguf.get_str_array("tokenizer.ggml.tokens")?.ok_or_else(|| err("no tokenizer.ggml.tokens".into()))?;
+        let merges =
+            gguf.get_str_array("tokenizer.ggml.merges")?.ok_or_else(|| err("no tokenizer.ggml.merges".into()))?;
         let token_types = gguf.get_i32_array("tokenizer.ggml.token_type")?;
         if let Some(tt) = &token_types {
             if tt.len() != tokens.len() {
-                return Err(err(format!(
-                    "{} token types for {} tokens",
-                    tt.len(),
-                    tokens.len()
-                )));
+                return Err(err(format!("{} token types for {} tokens", tt.len(), tokens.len())));
             }
         }
 
@@ -170,9 +154,7 @@ impl Tokenizer {
                 .iter()
                 .zip(tt)
                 .filter(|(_, &t)| t == TOKEN_TYPE_CONTROL || t == TOKEN_TYPE_USER_DEFINED)
-                .map(|(tok, &t)| {
-                    AddedToken::from(tok.to_string(), t == TOKEN_TYPE_CONTROL).normalized(false)
-                })
+                .map(|(tok, &t)| AddedToken::from(tok.to_string(), t == TOKEN_TYPE_CONTROL).normalized(false))
                 .collect();
             inner.add_special_tokens(&specials);
         }
@@ -188,19 +170,15 @@ impl Tokenizer {
 
     /// Token ids of `text`; special tokens written in it are recognised; no BOS/EOS is added.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode_fast(text, false)
-            .map_err(|e| WorkerError::Tokenizer(format!("encoding failed: {e}")))?;
+        let enc =
+            self.inner.encode_fast(text, false).map_err(|e| WorkerError::Tokenizer(format!("encoding failed: {e}")))?;
         Ok(enc.get_ids().to_vec())
     }
 
     /// Token ids of caller text: special-token strings in it are ordinary text.
     pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self
-            .plain
-            .encode_fast(text, false)
-            .map_err(|e| WorkerError::Tokenizer(format!("encoding failed: {e}")))?;
+        let enc =
+            self.plain.encode_fast(text, false).map_err(|e| WorkerError::Tokenizer(format!("encoding failed: {e}")))?;
         Ok(enc.get_ids().to_vec())
     }
 
@@ -222,9 +200,7 @@ impl Tokenizer {
                 self.vocab_size
             )));
         }
-        self.inner
-            .decode(ids, false)
-            .map_err(|e| WorkerError::Tokenizer(format!("decoding failed: {e}")))
+        self.inner.decode(ids, false).map_err(|e| WorkerError::Tokenizer(format!("decoding failed: {e}")))
     }
 
     /// The id of a token given by its vocabulary text (e.g. "yes", "<|im_end|>", "Ġyes").
@@ -389,10 +365,7 @@ mod tests {
                     "tokenizer.ggml.tokens",
                     GgufValue::Array(tokens.iter().map(|t| GgufValue::Str(t.to_string())).collect()),
                 ),
-                (
-                    "tokenizer.ggml.token_type",
-                    GgufValue::Array(types.iter().map(|&t| GgufValue::I32(t)).collect()),
-                ),
+                ("tokenizer.ggml.token_type", GgufValue::Array(types.iter().map(|&t| GgufValue::I32(t)).collect())),
                 (
                     "tokenizer.ggml.merges",
                     GgufValue::Array(merges.iter().map(|t| GgufValue::Str(t.to_string())).collect()),

@@ -38,9 +38,26 @@ fn drain_needs_the_token_and_ends_within_its_timeout_despite_stalled_clients() {
     std::fs::create_dir_all(&dir).unwrap();
     let cfg = dir.join("w.toml");
     // Client timeouts far longer than the drain: only the drain's bound can end them.
-    std::fs::write(&cfg, "[server]\ndrain_timeout_ms = 800\n[http]\nheader_read_timeout_ms = 60000\nbody_read_timeout_ms = 60000\n").unwrap();
+    std::fs::write(
+        &cfg,
+        "[server]\ndrain_timeout_ms = 800\n[http]\nheader_read_timeout_ms = 60000\nbody_read_timeout_ms = 60000\n",
+    )
+    .unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_sieve-worker"))
-        .args(["--model", model.to_str().unwrap(), "--threads", "1", "--no-autotune", "--host", "0.0.0.0", "--port", "0", "--admin-port", "0", "--config"])
+        .args([
+            "--model",
+            model.to_str().unwrap(),
+            "--threads",
+            "1",
+            "--no-autotune",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "0",
+            "--admin-port",
+            "0",
+            "--config",
+        ])
         .arg(&cfg)
         .env("SIEVE_ADMIN_TOKEN", "tok")
         .env("RUST_LOG", "warn")

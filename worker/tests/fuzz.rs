@@ -324,7 +324,11 @@ fn issue_13_bad_model_files_are_bounded_errors() {
     }
     // The valid seed with one config value broken: refused at load, naming the key.
     for (key, value, want) in [
-        ("llama.attention.layer_norm_rms_epsilon", GgufValue::F32(f32::NAN), "llama.attention.layer_norm_rms_epsilon = NaN"),
+        (
+            "llama.attention.layer_norm_rms_epsilon",
+            GgufValue::F32(f32::NAN),
+            "llama.attention.layer_norm_rms_epsilon = NaN",
+        ),
         ("llama.rope.freq_base", GgufValue::F32(-1.0), "llama.rope.freq_base = -1"),
         ("llama.context_length", GgufValue::U32(0), "llama.context_length = 0"),
         ("llama.rope.dimension_count", GgufValue::U32(0), "llama.rope.dimension_count = 0"),
@@ -340,7 +344,11 @@ fn issue_13_bad_model_files_are_bounded_errors() {
 #[test]
 fn fuzz_crash_inputs_replay() {
     // gguf_structured: a `general.alignment` of 2^64 - 1 overflowed the GGUF writer's padding.
-    let crash: &[u8] = &[0xf7, 0xff, 0xff, 0x67, 0x65, 0x6e, 0x65, 0x72, 0x61, 0x6c, 0x2e, 0x61, 0x6c, 0x69, 0x67, 0x6e, 0x6d, 0x65, 0x6e, 0x74, 0xff, 0xff, 0x97, 0x97, 0x97, 0x97, 0x97, 0x97, 0x97, 0x97, 0x87, 0x97, 0x97, 0x97, 0xff, 0x2b, 0x29, 0x25, 0x4d, 0x25, 0x65];
+    let crash: &[u8] = &[
+        0xf7, 0xff, 0xff, 0x67, 0x65, 0x6e, 0x65, 0x72, 0x61, 0x6c, 0x2e, 0x61, 0x6c, 0x69, 0x67, 0x6e, 0x6d, 0x65,
+        0x6e, 0x74, 0xff, 0xff, 0x97, 0x97, 0x97, 0x97, 0x97, 0x97, 0x97, 0x97, 0x87, 0x97, 0x97, 0x97, 0xff, 0x2b,
+        0x29, 0x25, 0x4d, 0x25, 0x65,
+    ];
     let mut file = Vec::new();
     check("gguf_structured crash", crash, 4096, 4 << 20, |b| {
         fuzzing::arbitrary_gguf(&mut Unstructured::new(b)).map(|f| file = f)

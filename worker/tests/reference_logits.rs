@@ -75,14 +75,16 @@ fn compare(what: &str, ours: &[f32], reference: &Value, abs: f32, rel: f32) -> f
 fn smollm2_logits_match_transformers() {
     let f = fixture("smollm2_logits.json");
     let b = CpuBackend::new(0).unwrap();
-    let m = loader::load(&b, &asset(assets::DEFAULT_MODEL), &LoadOptions { keep_lm_head: true, ..Default::default() }).unwrap();
+    let m = loader::load(&b, &asset(assets::DEFAULT_MODEL), &LoadOptions { keep_lm_head: true, ..Default::default() })
+        .unwrap();
     let (yes, no) = (f["token_ids"]["yes"].as_u64().unwrap() as usize, f["token_ids"]["no"].as_u64().unwrap() as usize);
     for p in f["prompts"].as_array().unwrap() {
         let name = p["name"].as_str().unwrap();
         let (logits, head) = last_logits(&m, &b, &ids(&p["ids"]));
         let worst = compare(name, &logits, p, 2e-4, 0.0);
         // The folded score head is the same difference, computed as one dot product.
-        let want = (p["chosen"][yes.to_string()].as_f64().unwrap() - p["chosen"][no.to_string()].as_f64().unwrap()) as f32;
+        let want =
+            (p["chosen"][yes.to_string()].as_f64().unwrap() - p["chosen"][no.to_string()].as_f64().unwrap()) as f32;
         assert!((head - want).abs() <= 4e-4, "{name}: score head {head} vs l_yes − l_no {want}");
         assert!((head - (logits[yes] - logits[no])).abs() <= 1e-4, "{name}: folded head vs our own logits");
         eprintln!("smollm2 {name}: max |err| {worst:.2e}");
@@ -133,7 +135,11 @@ fn tiny_model(arch: &str, tol: f32) -> f32 {
             match &first {
                 None => first = Some((logits, head)),
                 Some((l0, h0)) => {
-                    assert!(l0.iter().zip(&logits).all(|(a, b)| a.to_bits() == b.to_bits()), "{name}: logits under {policy_name} differ from {}", policies[0].0);
+                    assert!(
+                        l0.iter().zip(&logits).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{name}: logits under {policy_name} differ from {}",
+                        policies[0].0
+                    );
                     assert_eq!(h0.to_bits(), head.to_bits(), "{name}: score head under {policy_name}");
                 }
             }

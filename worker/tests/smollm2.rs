@@ -7,7 +7,9 @@ use std::time::Instant;
 use sieve_kernels::{Backend, CpuBackend};
 use sieve_worker::assets;
 use sieve_worker::engine::layout::LayoutBuilder;
-use sieve_worker::engine::{CancellationToken, EngineConfig, EngineHandle, EngineParts, EngineState, PrefixCacheConfig, Submission};
+use sieve_worker::engine::{
+    CancellationToken, EngineConfig, EngineHandle, EngineParts, EngineState, PrefixCacheConfig, Submission,
+};
 use sieve_worker::model::loader::{self, LoadOptions, LoadedModel};
 use sieve_worker::model::Scratch;
 use sieve_worker::prompt::PromptTemplate;
@@ -20,7 +22,8 @@ fn model_path() -> std::path::PathBuf {
 
 fn load(template: Option<PromptTemplate>, keep_lm_head: bool) -> (LoadedModel<CpuBackend>, CpuBackend) {
     let backend = CpuBackend::new(0).unwrap();
-    let m = loader::load(&backend, &model_path(), &LoadOptions { template, keep_lm_head, ..Default::default() }).unwrap();
+    let m =
+        loader::load(&backend, &model_path(), &LoadOptions { template, keep_lm_head, ..Default::default() }).unwrap();
     (m, backend)
 }
 
@@ -57,7 +60,12 @@ fn greedy_answer_to_the_capital_of_france_is_paris() {
     assert!(answer.contains("Paris"), "answer: {answer:?}");
 }
 
-fn engine(reuse: bool, block_size: usize, max_batch_tokens: usize, template: Option<PromptTemplate>) -> Arc<EngineHandle> {
+fn engine(
+    reuse: bool,
+    block_size: usize,
+    max_batch_tokens: usize,
+    template: Option<PromptTemplate>,
+) -> Arc<EngineHandle> {
     let (m, backend) = load(template, false);
     let cfg = EngineConfig {
         max_batch_tokens,
@@ -67,8 +75,12 @@ fn engine(reuse: bool, block_size: usize, max_batch_tokens: usize, template: Opt
         prefix_cache: PrefixCacheConfig { enabled: reuse, ..Default::default() },
         ..Default::default()
     };
-    EngineHandle::start(EngineParts { backend, model: m.model, encoder: m.tokenizer, builder: m.builder }, cfg, Arc::new(EngineState::default()))
-        .unwrap()
+    EngineHandle::start(
+        EngineParts { backend, model: m.model, encoder: m.tokenizer, builder: m.builder },
+        cfg,
+        Arc::new(EngineState::default()),
+    )
+    .unwrap()
 }
 
 fn score(e: &EngineHandle, query: &str, items: &[&str]) -> (Vec<f32>, sieve_shared::Usage) {

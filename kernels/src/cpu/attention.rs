@@ -78,7 +78,14 @@ pub(crate) struct Scratch {
 }
 
 /// Shapes were checked by the caller; `out` is `[rows, n_heads * head_dim]`.
-pub(crate) fn attention(pool: &rayon::ThreadPool, scratch: &ScratchPool<Scratch>, threads: usize, isa: Isa, inp: &AttnInputs, out: &mut [f32]) {
+pub(crate) fn attention(
+    pool: &rayon::ThreadPool,
+    scratch: &ScratchPool<Scratch>,
+    threads: usize,
+    isa: Isa,
+    inp: &AttnInputs,
+    out: &mut [f32],
+) {
     let l = inp.layout;
     let mut items = Vec::new();
     for (si, s) in inp.seqs.iter().enumerate() {
@@ -123,16 +130,43 @@ trait Kernels {
     /// Raw scores `s[h][c*16 + l] = Σ_d q_h[d] · kt[d][c*16 + l]` for `heads` heads (q rows
     /// `head_dim` apart) and `chunks` chunks of 16 keys. The chain over d is in order.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn qk(heads: usize, chunks: usize, q: *const f32, hd: usize, kt: *const f32, ctxp: usize, s: *mut f32, scratch_acc: &mut Vec<f32>);
+    unsafe fn qk(
+        heads: usize,
+        chunks: usize,
+        q: *const f32,
+        hd: usize,
+        kt: *const f32,
+        ctxp: usize,
+        s: *mut f32,
+        scratch_acc: &mut Vec<f32>,
+    );
     /// `o_h[d] = inv_h · Σ_{p<n} e_h[p] · v[p][d]` for `heads` heads (`e` rows `estride` apart,
     /// outputs `hd` apart). The chain over p is in order.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn pv(heads: usize, e: *const f32, estride: usize, v: *const f32, hd: usize, n: usize, o: *mut f32, inv: *const f32, scratch_acc: &mut Vec<f32>);
+    unsafe fn pv(
+        heads: usize,
+        e: *const f32,
+        estride: usize,
+        v: *const f32,
+        hd: usize,
+        n: usize,
+        o: *mut f32,
+        inv: *const f32,
+        scratch_acc: &mut Vec<f32>,
+    );
     /// Most heads one `pv` call takes for this head_dim.
     fn pv_heads(hd: usize) -> usize;
     /// `kt[d][p] = k_cache[slots[p] * kvd + off + d]` for `p < slots.len()`, `d < hd`.
     #[inline(always)]
-    unsafe fn gather_kt(kt: &mut [f32], ctxp: usize, k_cache: &[f32], slots: &[u32], kvd: usize, off: usize, hd: usize) {
+    unsafe fn gather_kt(
+        kt: &mut [f32],
+        ctxp: usize,
+        k_cache: &[f32],
+        slots: &[u32],
+        kvd: usize,
+        off: usize,
+        hd: usize,
+    ) {
         for (p, &slot) in slots.iter().enumerate() {
             let base = slot as usize * kvd + off;
             for (d, &kd) in k_cache[base..base + hd].iter().enumerate() {
@@ -146,7 +180,16 @@ struct Portable;
 
 impl Kernels for Portable {
     #[inline(always)]
-    unsafe fn qk(heads: usize, chunks: usize, q: *const f32, hd: usize, kt: *const f32, ctxp: usize, s: *mut f32, _: &mut Vec<f32>) {
+    unsafe fn qk(
+        heads: usize,
+        chunks: usize,
+        q: *const f32,
+        hd: usize,
+        kt: *const f32,
+        ctxp: usize,
+        s: *mut f32,
+        _: &mut Vec<f32>,
+    ) {
         for h in 0..heads {
             for c in 0..chunks {
                 let mut acc = [0f32; LANES];
@@ -163,7 +206,17 @@ impl Kernels for Portable {
     }
 
     #[inline(always)]
-    unsafe fn pv(heads: usize, e: *const f32, estride: usize, v: *const f32, hd: usize, n: usize, o: *mut f32, inv: *const f32, acc: &mut Vec<f32>) {
+    unsafe fn pv(
+        heads: usize,
+        e: *const f32,
+        estride: usize,
+        v: *const f32,
+        hd: usize,
+        n: usize,
+        o: *mut f32,
+        inv: *const f32,
+        acc: &mut Vec<f32>,
+    ) {
         acc.clear();
         acc.resize(hd, 0.0);
         for h in 0..heads {
@@ -273,7 +326,16 @@ unsafe fn run_item_body<K: Kernels>(inp: &AttnInputs, it: &WorkItem, scratch: &m
                     2 | 3 => 2,
                     _ => 4,
                 };
-                K::qk(hb, ch, q_head0.add(h0 * hd), hd, kt[c * LANES..].as_ptr(), ctxp, scores[h0 * ctxp + c * LANES..].as_mut_ptr(), acc);
+                K::qk(
+                    hb,
+                    ch,
+                    q_head0.add(h0 * hd),
+                    hd,
+                    kt[c * LANES..].as_ptr(),
+                    ctxp,
+                    scores[h0 * ctxp + c * LANES..].as_mut_ptr(),
+                    acc,
+                );
                 c += ch;
             }
         }
@@ -282,7 +344,17 @@ unsafe fn run_item_body<K: Kernels>(inp: &AttnInputs, it: &WorkItem, scratch: &m
         }
         let o_head0 = out.add(row * q_dim + it.kv_head * group * hd);
         for (h0, hb) in head_blocks(group, K::pv_heads(hd)) {
-            K::pv(hb, scores[h0 * ctxp..].as_ptr(), ctxp, v.as_ptr(), hd, n_valid, o_head0.add(h0 * hd), inv[h0..].as_ptr(), acc);
+            K::pv(
+                hb,
+                scores[h0 * ctxp..].as_ptr(),
+                ctxp,
+                v.as_ptr(),
+                hd,
+                n_valid,
+                o_head0.add(h0 * hd),
+                inv[h0..].as_ptr(),
+                acc,
+            );
         }
     }
 }
@@ -305,7 +377,13 @@ mod x86 {
     struct Avx512;
 
     #[target_feature(enable = "avx512f")]
-    unsafe fn qk_tile<const HB: usize, const CH: usize>(q: *const f32, hd: usize, kt: *const f32, ctxp: usize, s: *mut f32) {
+    unsafe fn qk_tile<const HB: usize, const CH: usize>(
+        q: *const f32,
+        hd: usize,
+        kt: *const f32,
+        ctxp: usize,
+        s: *mut f32,
+    ) {
         let mut acc = [[_mm512_setzero_ps(); CH]; HB];
         for d in 0..hd {
             let mut k = [_mm512_setzero_ps(); CH];
@@ -327,7 +405,14 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx512f")]
-    unsafe fn pv_tile<const HB: usize, const DV: usize>(e: *const f32, estride: usize, v: *const f32, n: usize, o: *mut f32, inv: *const f32) {
+    unsafe fn pv_tile<const HB: usize, const DV: usize>(
+        e: *const f32,
+        estride: usize,
+        v: *const f32,
+        n: usize,
+        o: *mut f32,
+        inv: *const f32,
+    ) {
         let hd = DV * LANES;
         let mut acc = [[_mm512_setzero_ps(); DV]; HB];
         for p in 0..n {
@@ -390,13 +475,32 @@ mod x86 {
 
     impl Kernels for Avx512 {
         #[inline(always)]
-        unsafe fn qk(heads: usize, chunks: usize, q: *const f32, hd: usize, kt: *const f32, ctxp: usize, s: *mut f32, _: &mut Vec<f32>) {
+        unsafe fn qk(
+            heads: usize,
+            chunks: usize,
+            q: *const f32,
+            hd: usize,
+            kt: *const f32,
+            ctxp: usize,
+            s: *mut f32,
+            _: &mut Vec<f32>,
+        ) {
             let f = qk_table!(heads, chunks; 1, 2, 3, 4, 5, 6);
             f(q, hd, kt, ctxp, s)
         }
 
         #[inline(always)]
-        unsafe fn pv(heads: usize, e: *const f32, estride: usize, v: *const f32, hd: usize, n: usize, o: *mut f32, inv: *const f32, acc: &mut Vec<f32>) {
+        unsafe fn pv(
+            heads: usize,
+            e: *const f32,
+            estride: usize,
+            v: *const f32,
+            hd: usize,
+            n: usize,
+            o: *mut f32,
+            inv: *const f32,
+            acc: &mut Vec<f32>,
+        ) {
             match hd.is_multiple_of(LANES).then(|| pv_fn(heads, hd / LANES)).flatten() {
                 Some(f) => f(e, estride, v, n, o, inv),
                 None => Portable::pv(heads, e, estride, v, hd, n, o, inv, acc),
@@ -405,7 +509,15 @@ mod x86 {
 
         /// 16 keys at a time with a masked gather per dimension (offsets fit i32: checked).
         #[inline(always)]
-        unsafe fn gather_kt(kt: &mut [f32], ctxp: usize, k_cache: &[f32], slots: &[u32], kvd: usize, off: usize, hd: usize) {
+        unsafe fn gather_kt(
+            kt: &mut [f32],
+            ctxp: usize,
+            k_cache: &[f32],
+            slots: &[u32],
+            kvd: usize,
+            off: usize,
+            hd: usize,
+        ) {
             if k_cache.len() > i32::MAX as usize {
                 return Portable::gather_kt(kt, ctxp, k_cache, slots, kvd, off, hd);
             }

@@ -65,7 +65,17 @@ fn balanced(n: usize, parts: usize, i: usize) -> (usize, usize) {
 
 /// Shapes are checked by the caller: `x.len() == m * K`, `out.len() == m * N`, bias of N.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm(pool: &rayon::ThreadPool, scratch: &ScratchPool<Vec<f32>>, threads: usize, isa: Isa, x: &[f32], m: usize, w: &PackedWeight, epi: Epilogue, out: &mut [f32]) {
+pub(crate) fn gemm(
+    pool: &rayon::ThreadPool,
+    scratch: &ScratchPool<Vec<f32>>,
+    threads: usize,
+    isa: Isa,
+    x: &[f32],
+    m: usize,
+    w: &PackedWeight,
+    epi: Epilogue,
+    out: &mut [f32],
+) {
     let (k, n) = (w.in_features, w.out_features);
     debug_assert_eq!(x.len(), m * k);
     debug_assert_eq!(out.len(), m * n);
@@ -110,58 +120,62 @@ pub(crate) fn gemm(pool: &rayon::ThreadPool, scratch: &ScratchPool<Vec<f32>>, th
     let k_blocks = k.div_ceil(kc);
     let block_rows_max = mr * bt;
     let partial_len = if k_blocks > 1 { block_rows_max * np * NR } else { 0 };
-    let run_task = |task: usize| scratch.with(|buf| {
-        let buf = grown(buf, partial_len + block_rows_max * k);
-        // Partial chains of one panel group × the block's rows, between K blocks; and the
-        // block's x rows, packed tile by tile k-major: one sequential stream per tile.
-        let (partial, packed_x) = buf.split_at_mut(partial_len);
-        let (rb, cc) = (task / col_chunks, task % col_chunks);
-        let (t0, t1) = balanced(row_tiles, row_blocks, rb);
-        let r0 = balanced(m, row_tiles, t0).0;
-        for t in t0..t1 {
-            let (r, r_end) = balanced(m, row_tiles, t);
-            let rows = r_end - r;
-            let dst = &mut packed_x[(r - r0) * k..(r_end - r0) * k];
-            for (i, src) in x[r * k..r_end * k].chunks_exact(k).enumerate() {
-                for (d, &v) in dst[i..].iter_mut().step_by(rows).zip(src) {
-                    *d = v;
+    let run_task = |task: usize| {
+        scratch.with(|buf| {
+            let buf = grown(buf, partial_len + block_rows_max * k);
+            // Partial chains of one panel group × the block's rows, between K blocks; and the
+            // block's x rows, packed tile by tile k-major: one sequential stream per tile.
+            let (partial, packed_x) = buf.split_at_mut(partial_len);
+            let (rb, cc) = (task / col_chunks, task % col_chunks);
+            let (t0, t1) = balanced(row_tiles, row_blocks, rb);
+            let r0 = balanced(m, row_tiles, t0).0;
+            for t in t0..t1 {
+                let (r, r_end) = balanced(m, row_tiles, t);
+                let rows = r_end - r;
+                let dst = &mut packed_x[(r - r0) * k..(r_end - r0) * k];
+                for (i, src) in x[r * k..r_end * k].chunks_exact(k).enumerate() {
+                    for (d, &v) in dst[i..].iter_mut().step_by(rows).zip(src) {
+                        *d = v;
+                    }
                 }
             }
-        }
-        let (g0, g1) = (cc * groups_per_chunk, ((cc + 1) * groups_per_chunk).min(groups));
-        for g in g0..g1 {
-            let p0 = g * np;
-            let npp = np.min(panels - p0);
-            let col0 = p0 * NR;
-            let ncols = (npp * NR).min(n - col0);
-            for kb in 0..k_blocks {
-                let (k0, k1) = (kb * kc, ((kb + 1) * kc).min(k));
-                for t in t0..t1 {
-                    let (r, r_end) = balanced(m, row_tiles, t);
-                    let rows = r_end - r;
-                    let Some(kernel) = tile_fn(isa, rows, npp) else { unreachable!("tile {rows}x{npp} outside the table") };
-                    let tile = Tile {
-                        k: k1 - k0,
-                        a: packed_x[(r - r0) * k + k0 * rows..].as_ptr(),
-                        b: wdata[p0 * w.panel_stride() + k0 * NR..].as_ptr(),
-                        panel_stride: w.panel_stride(),
-                        // SAFETY: (r, col0) is inside `out`; tasks own disjoint tiles.
-                        c: unsafe { out_ptr.ptr().add(r * n + col0) },
-                        ldc: n,
-                        ncols,
-                        bias: bias.map_or(std::ptr::null(), |b| b[col0..].as_ptr()),
-                        accumulate,
-                        first: kb == 0,
-                        last: kb + 1 == k_blocks,
-                        partial: partial.as_mut_ptr().wrapping_add((r - r0) * npp * NR),
-                    };
-                    // SAFETY: the tile's rows, K, panels and columns are in bounds of x, W and out,
-                    // and its partial sums in bounds of `partial`.
-                    unsafe { kernel(&tile) };
+            let (g0, g1) = (cc * groups_per_chunk, ((cc + 1) * groups_per_chunk).min(groups));
+            for g in g0..g1 {
+                let p0 = g * np;
+                let npp = np.min(panels - p0);
+                let col0 = p0 * NR;
+                let ncols = (npp * NR).min(n - col0);
+                for kb in 0..k_blocks {
+                    let (k0, k1) = (kb * kc, ((kb + 1) * kc).min(k));
+                    for t in t0..t1 {
+                        let (r, r_end) = balanced(m, row_tiles, t);
+                        let rows = r_end - r;
+                        let Some(kernel) = tile_fn(isa, rows, npp) else {
+                            unreachable!("tile {rows}x{npp} outside the table")
+                        };
+                        let tile = Tile {
+                            k: k1 - k0,
+                            a: packed_x[(r - r0) * k + k0 * rows..].as_ptr(),
+                            b: wdata[p0 * w.panel_stride() + k0 * NR..].as_ptr(),
+                            panel_stride: w.panel_stride(),
+                            // SAFETY: (r, col0) is inside `out`; tasks own disjoint tiles.
+                            c: unsafe { out_ptr.ptr().add(r * n + col0) },
+                            ldc: n,
+                            ncols,
+                            bias: bias.map_or(std::ptr::null(), |b| b[col0..].as_ptr()),
+                            accumulate,
+                            first: kb == 0,
+                            last: kb + 1 == k_blocks,
+                            partial: partial.as_mut_ptr().wrapping_add((r - r0) * npp * NR),
+                        };
+                        // SAFETY: the tile's rows, K, panels and columns are in bounds of x, W and out,
+                        // and its partial sums in bounds of `partial`.
+                        unsafe { kernel(&tile) };
+                    }
                 }
             }
-        }
-    });
+        })
+    };
     if tasks > 1 {
         pool.install(|| (0..tasks).into_par_iter().with_max_len(1).for_each(run_task));
     } else {

@@ -80,7 +80,8 @@ impl CpuBatch {
 
     fn rope_table(&self, rope: RopeConfig) -> Arc<RopeTable> {
         let mut tables = self.rope_tables.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(t) = tables.iter().find(|t| t.theta_bits == rope.theta.to_bits() && t.rotary_dim == rope.rotary_dim) {
+        if let Some(t) = tables.iter().find(|t| t.theta_bits == rope.theta.to_bits() && t.rotary_dim == rope.rotary_dim)
+        {
             return t.clone();
         }
         let t = Arc::new(RopeTable::new(rope.theta, rope.rotary_dim, &self.distinct_positions));
@@ -98,7 +99,9 @@ fn check(cond: bool, msg: impl FnOnce() -> String) -> Result<()> {
 }
 
 fn check_tensor(t: &HostTensor, what: &str) -> Result<()> {
-    check(t.data.len() == t.rows * t.cols, || format!("{what}: tensor [{}, {}] holds {} values", t.rows, t.cols, t.data.len()))
+    check(t.data.len() == t.rows * t.cols, || {
+        format!("{what}: tensor [{}, {}] holds {} values", t.rows, t.cols, t.data.len())
+    })
 }
 
 impl CpuBackend {
@@ -159,27 +162,51 @@ impl CpuBackend {
         check_tensor(x, op)?;
         check_tensor(out, op)?;
         check(x.cols == w.in_features && out.rows == x.rows && out.cols == w.out_features, || {
-            format!("{op}: [{}, {}] x [{}, {}]ᵀ -> [{}, {}]", x.rows, x.cols, w.out_features, w.in_features, out.rows, out.cols)
+            format!(
+                "{op}: [{}, {}] x [{}, {}]ᵀ -> [{}, {}]",
+                x.rows, x.cols, w.out_features, w.in_features, out.rows, out.cols
+            )
         })
     }
 
     fn check_qkv(&self, qkv: &HostTensor, layout: QkvLayout, batch: &CpuBatch, op: &str) -> Result<()> {
         check_tensor(qkv, op)?;
-        check(layout.n_heads > 0 && layout.n_kv_heads > 0 && layout.head_dim > 0, || format!("{op}: empty head layout {layout:?}"))?;
-        check(layout.n_heads.is_multiple_of(layout.n_kv_heads), || format!("{op}: {} heads not a multiple of {} kv heads", layout.n_heads, layout.n_kv_heads))?;
-        check(qkv.cols == layout.qkv_dim(), || format!("{op}: qkv has {} columns, layout {layout:?} needs {}", qkv.cols, layout.qkv_dim()))?;
-        check(qkv.rows == batch.layout.num_rows(), || format!("{op}: qkv has {} rows, the batch {}", qkv.rows, batch.layout.num_rows()))
+        check(layout.n_heads > 0 && layout.n_kv_heads > 0 && layout.head_dim > 0, || {
+            format!("{op}: empty head layout {layout:?}")
+        })?;
+        check(layout.n_heads.is_multiple_of(layout.n_kv_heads), || {
+            format!("{op}: {} heads not a multiple of {} kv heads", layout.n_heads, layout.n_kv_heads)
+        })?;
+        check(qkv.cols == layout.qkv_dim(), || {
+            format!("{op}: qkv has {} columns, layout {layout:?} needs {}", qkv.cols, layout.qkv_dim())
+        })?;
+        check(qkv.rows == batch.layout.num_rows(), || {
+            format!("{op}: qkv has {} rows, the batch {}", qkv.rows, batch.layout.num_rows())
+        })
     }
 
-    fn check_cache(&self, cache: &HostKvCache, layout: QkvLayout, layer: usize, batch: &CpuBatch, op: &str) -> Result<()> {
-        check(layer < cache.num_layers && cache.k.len() == cache.num_layers && cache.v.len() == cache.num_layers, || {
-            format!("{op}: layer {layer} of a {}-layer cache", cache.num_layers)
-        })?;
+    fn check_cache(
+        &self,
+        cache: &HostKvCache,
+        layout: QkvLayout,
+        layer: usize,
+        batch: &CpuBatch,
+        op: &str,
+    ) -> Result<()> {
+        check(
+            layer < cache.num_layers && cache.k.len() == cache.num_layers && cache.v.len() == cache.num_layers,
+            || format!("{op}: layer {layer} of a {}-layer cache", cache.num_layers),
+        )?;
         check(cache.n_kv_heads == layout.n_kv_heads && cache.head_dim == layout.head_dim, || {
-            format!("{op}: cache has {}x{} kv heads, layout {}x{}", cache.n_kv_heads, cache.head_dim, layout.n_kv_heads, layout.head_dim)
+            format!(
+                "{op}: cache has {}x{} kv heads, layout {}x{}",
+                cache.n_kv_heads, cache.head_dim, layout.n_kv_heads, layout.head_dim
+            )
         })?;
         let per_layer = cache.num_slots * cache.kv_dim();
-        check(cache.k[layer].len() == per_layer && cache.v[layer].len() == per_layer, || format!("{op}: cache layer {layer} is not {} values", per_layer))?;
+        check(cache.k[layer].len() == per_layer && cache.v[layer].len() == per_layer, || {
+            format!("{op}: cache layer {layer} is not {} values", per_layer)
+        })?;
         check(batch.num_slots <= cache.num_slots, || {
             format!("{op}: batch prepared for {} slots, cache has {}", batch.num_slots, cache.num_slots)
         })
@@ -201,7 +228,9 @@ impl Backend for CpuBackend {
     }
 
     fn linear_weight(&self, data: &[f32], out_features: usize, in_features: usize) -> Result<PackedWeight> {
-        check(out_features.checked_mul(in_features) == Some(data.len()), || format!("weight [{out_features}, {in_features}] from {} values", data.len()))?;
+        check(out_features.checked_mul(in_features) == Some(data.len()), || {
+            format!("weight [{out_features}, {in_features}] from {} values", data.len())
+        })?;
         Ok(PackedWeight::pack(&self.pool, data, out_features, in_features))
     }
 
@@ -214,7 +243,9 @@ impl Backend for CpuBackend {
     }
 
     fn kv_cache(&self, num_layers: usize, num_slots: usize, n_kv_heads: usize, head_dim: usize) -> Result<HostKvCache> {
-        check(num_slots.checked_mul(n_kv_heads).and_then(|v| v.checked_mul(head_dim)).is_some(), || "kv cache: size overflows".into())?;
+        check(num_slots.checked_mul(n_kv_heads).and_then(|v| v.checked_mul(head_dim)).is_some(), || {
+            "kv cache: size overflows".into()
+        })?;
         Ok(HostKvCache::new(num_layers, num_slots, n_kv_heads, head_dim))
     }
 
@@ -224,7 +255,9 @@ impl Backend for CpuBackend {
     }
 
     fn from_host(&self, data: &[f32], rows: usize, cols: usize) -> Result<HostTensor> {
-        check(rows.checked_mul(cols) == Some(data.len()), || format!("tensor [{rows}, {cols}] from {} values", data.len()))?;
+        check(rows.checked_mul(cols) == Some(data.len()), || {
+            format!("tensor [{rows}, {cols}] from {} values", data.len())
+        })?;
         Ok(HostTensor { data: data.to_vec(), rows, cols })
     }
 
@@ -245,10 +278,14 @@ impl Backend for CpuBackend {
     fn prepare_batch(&self, layout: &BatchLayout, cache: &HostKvCache) -> Result<CpuBatch> {
         layout.validate(cache.num_slots)?;
         // Attention writes each sequence's query rows from its own threads: they must not overlap.
-        let mut q_ranges: Vec<(u32, u32)> = layout.seqs.iter().filter(|s| s.q_len > 0).map(|s| (s.q_row, s.q_row + s.q_len)).collect();
+        let mut q_ranges: Vec<(u32, u32)> =
+            layout.seqs.iter().filter(|s| s.q_len > 0).map(|s| (s.q_row, s.q_row + s.q_len)).collect();
         q_ranges.sort_unstable();
         if let Some(w) = q_ranges.windows(2).find(|w| w[1].0 < w[0].1) {
-            return Err(KernelError::Shape(format!("batch layout: sequences share query rows {}..{} and {}..{}", w[0].0, w[0].1, w[1].0, w[1].1)));
+            return Err(KernelError::Shape(format!(
+                "batch layout: sequences share query rows {}..{} and {}..{}",
+                w[0].0, w[0].1, w[1].0, w[1].1
+            )));
         }
         let mut distinct_positions = layout.positions.clone();
         distinct_positions.sort_unstable();
@@ -259,14 +296,25 @@ impl Backend for CpuBackend {
             // Every position is in the sorted list it was taken from.
             .map(|p| distinct_positions.binary_search(p).unwrap_or(0) as u32)
             .collect();
-        Ok(CpuBatch { layout: layout.clone(), num_slots: cache.num_slots, table_rows, distinct_positions, rope_tables: Mutex::new(Vec::new()) })
+        Ok(CpuBatch {
+            layout: layout.clone(),
+            num_slots: cache.num_slots,
+            table_rows,
+            distinct_positions,
+            rope_tables: Mutex::new(Vec::new()),
+        })
     }
 
     fn embed(&self, table: &CpuEmbedding, batch: &CpuBatch, out: &mut HostTensor) -> Result<()> {
         let (vocab, hidden) = (table.packed.out_features, table.packed.in_features);
         check_tensor(out, "embed")?;
         check(out.rows == batch.layout.num_rows() && out.cols == hidden, || {
-            format!("embed: output [{}, {}] for {} tokens of width {hidden}", out.rows, out.cols, batch.layout.num_rows())
+            format!(
+                "embed: output [{}, {}] for {} tokens of width {hidden}",
+                out.rows,
+                out.cols,
+                batch.layout.num_rows()
+            )
         })?;
         if let Some(&id) = batch.layout.token_ids.iter().find(|&&id| id as usize >= vocab) {
             return Err(KernelError::Shape(format!("embed: token id {id} ≥ vocab {vocab}")));
@@ -296,7 +344,17 @@ impl Backend for CpuBackend {
 
     fn matmul_add(&self, x: &HostTensor, w: &PackedWeight, acc: &mut HostTensor) -> Result<()> {
         self.check_gemm(x, w, acc, "matmul_add")?;
-        gemm::gemm(&self.pool, &self.gemm_scratch, self.threads, self.isa, &x.data, x.rows, w, Epilogue::Accumulate, &mut acc.data);
+        gemm::gemm(
+            &self.pool,
+            &self.gemm_scratch,
+            self.threads,
+            self.isa,
+            &x.data,
+            x.rows,
+            w,
+            Epilogue::Accumulate,
+            &mut acc.data,
+        );
         Ok(())
     }
 
@@ -310,7 +368,9 @@ impl Backend for CpuBackend {
             return Ok(());
         }
         let isa = self.isa;
-        self.for_row_chunks(x.rows, x.cols, x.cols, &x.data, &mut out.data, |xi, oi| norm_rope::rms_norm_rows(isa, xi, w, eps, oi));
+        self.for_row_chunks(x.rows, x.cols, x.cols, &x.data, &mut out.data, |xi, oi| {
+            norm_rope::rms_norm_rows(isa, xi, w, eps, oi)
+        });
         Ok(())
     }
 
@@ -326,7 +386,9 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         self.check_qkv(qkv, layout, batch, "qk_norm_rope")?;
         let hd = layout.head_dim;
-        check(rope.rotary_dim <= hd && rope.rotary_dim.is_multiple_of(2), || format!("qk_norm_rope: rotary_dim {} for head_dim {hd}", rope.rotary_dim))?;
+        check(rope.rotary_dim <= hd && rope.rotary_dim.is_multiple_of(2), || {
+            format!("qk_norm_rope: rotary_dim {} for head_dim {hd}", rope.rotary_dim)
+        })?;
         for (name, norm) in [("q_norm", q_norm), ("k_norm", k_norm)] {
             if let Some(w) = norm {
                 check(w.len() == hd, || format!("qk_norm_rope: {name} of {} for head_dim {hd}", w.len()))?;
@@ -336,7 +398,14 @@ impl Backend for CpuBackend {
             return Ok(());
         }
         let table = batch.rope_table(rope);
-        let args = norm_rope::QkNormRope { layout, q_norm: q_norm.map(|w| w.as_slice()), k_norm: k_norm.map(|w| w.as_slice()), eps, rope, table: &table };
+        let args = norm_rope::QkNormRope {
+            layout,
+            q_norm: q_norm.map(|w| w.as_slice()),
+            k_norm: k_norm.map(|w| w.as_slice()),
+            eps,
+            rope,
+            table: &table,
+        };
         let (isa, cols) = (self.isa, qkv.cols);
         let per_chunk = (ROW_OP_CHUNK_ELEMS / cols).max(1);
         let rows_of = |chunk: (usize, &mut [f32])| {
@@ -352,7 +421,14 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn write_kv(&self, qkv: &HostTensor, layout: QkvLayout, cache: &mut HostKvCache, layer: usize, batch: &CpuBatch) -> Result<()> {
+    fn write_kv(
+        &self,
+        qkv: &HostTensor,
+        layout: QkvLayout,
+        cache: &mut HostKvCache,
+        layer: usize,
+        batch: &CpuBatch,
+    ) -> Result<()> {
         self.check_qkv(qkv, layout, batch, "write_kv")?;
         self.check_cache(cache, layout, layer, batch, "write_kv")?;
         let kvd = layout.kv_dim();
@@ -365,7 +441,15 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn attention(&self, qkv: &HostTensor, layout: QkvLayout, cache: &HostKvCache, layer: usize, batch: &CpuBatch, out: &mut HostTensor) -> Result<()> {
+    fn attention(
+        &self,
+        qkv: &HostTensor,
+        layout: QkvLayout,
+        cache: &HostKvCache,
+        layer: usize,
+        batch: &CpuBatch,
+        out: &mut HostTensor,
+    ) -> Result<()> {
         self.check_qkv(qkv, layout, batch, "attention")?;
         self.check_cache(cache, layout, layer, batch, "attention")?;
         check_tensor(out, "attention")?;
@@ -395,7 +479,9 @@ impl Backend for CpuBackend {
             return Ok(());
         }
         let isa = self.isa;
-        self.for_row_chunks(gate_up.rows, gate_up.cols, inter, &gate_up.data, &mut out.data, |gu, o| elementwise::silu_mul_rows(isa, gu, inter, o));
+        self.for_row_chunks(gate_up.rows, gate_up.cols, inter, &gate_up.data, &mut out.data, |gu, o| {
+            elementwise::silu_mul_rows(isa, gu, inter, o)
+        });
         Ok(())
     }
 
@@ -430,7 +516,17 @@ impl Backend for CpuBackend {
 
     fn lm_logits(&self, x: &HostTensor, table: &CpuEmbedding, out: &mut HostTensor) -> Result<()> {
         self.check_gemm(x, &table.packed, out, "lm_logits")?;
-        gemm::gemm(&self.pool, &self.gemm_scratch, self.threads, self.isa, &x.data, x.rows, &table.packed, Epilogue::Store { bias: None }, &mut out.data);
+        gemm::gemm(
+            &self.pool,
+            &self.gemm_scratch,
+            self.threads,
+            self.isa,
+            &x.data,
+            x.rows,
+            &table.packed,
+            Epilogue::Store { bias: None },
+            &mut out.data,
+        );
         Ok(())
     }
 
@@ -450,7 +546,15 @@ impl Backend for CpuBackend {
         Ok(Vec::new())
     }
 
-    fn moe_ffn(&self, x: &HostTensor, w: &CpuMoeWeights, routing: MoeRouting, select: MoeSelect, acc: &mut HostTensor, log: &mut Vec<MoeLayerStats>) -> Result<()> {
+    fn moe_ffn(
+        &self,
+        x: &HostTensor,
+        w: &CpuMoeWeights,
+        routing: MoeRouting,
+        select: MoeSelect,
+        acc: &mut HostTensor,
+        log: &mut Vec<MoeLayerStats>,
+    ) -> Result<()> {
         log.push(self.moe_ffn_impl(x, w, routing, select, acc)?);
         Ok(())
     }

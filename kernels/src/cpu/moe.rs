@@ -36,7 +36,9 @@ use super::shared_out::SharedOut;
 use super::{check, check_tensor, CpuBackend};
 use crate::backend::Result;
 use crate::host::HostTensor;
-use crate::moe::{check_routing, histogram_stats, route_row, MoeLayerHost, MoeLayerStats, MoeRouting, MoeSelect, MoeVariant};
+use crate::moe::{
+    check_routing, histogram_stats, route_row, MoeLayerHost, MoeLayerStats, MoeRouting, MoeSelect, MoeVariant,
+};
 
 /// Bytes of one item's packed x rows kept in L2 (as the GEMM driver's row blocks).
 const BLOCK_X_BYTES: usize = 512 << 10;
@@ -74,8 +76,18 @@ pub(crate) fn variants() -> Vec<MoeVariant> {
             padded: false,
             description: "one expert at a time, its gathered rows through the threaded GEMM",
         },
-        MoeVariant { name: "padded64", tile_rows: 64, padded: true, description: "GPU BLOCK_M 64 twin: one 64-row tile per item, padding computed" },
-        MoeVariant { name: "padded128", tile_rows: 128, padded: true, description: "GPU BLOCK_M 128 twin: one 128-row tile per item, padding computed" },
+        MoeVariant {
+            name: "padded64",
+            tile_rows: 64,
+            padded: true,
+            description: "GPU BLOCK_M 64 twin: one 64-row tile per item, padding computed",
+        },
+        MoeVariant {
+            name: "padded128",
+            tile_rows: 128,
+            padded: true,
+            description: "GPU BLOCK_M 128 twin: one 128-row tile per item, padding computed",
+        },
         MoeVariant {
             name: "grouped_bf16",
             tile_rows: MAX_ROW_BLOCK as u32,
@@ -233,7 +245,18 @@ fn pack_rows<'x>(dst: &mut [f32], k: usize, m: usize, row_tiles: usize, rows_of:
 /// # Safety
 /// `c` must be valid for `m` rows of `ldc` floats, `N ≤ ldc`; `packed` holds `m × K` values
 /// packed by [`pack_rows`] with the same `row_tiles`; bf16 panels only on AVX-512.
-unsafe fn gemm_rows(isa: Isa, packed: &[f32], m: usize, row_tiles: usize, np: usize, panels_of: Panels, c: *mut f32, ldc: usize) {
+// The microkernel driver takes the GEMM's raw geometry as scalars, as BLAS does.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_rows(
+    isa: Isa,
+    packed: &[f32],
+    m: usize,
+    row_tiles: usize,
+    np: usize,
+    panels_of: Panels,
+    c: *mut f32,
+    ldc: usize,
+) {
     let w = match panels_of {
         Panels::F32(w) | Panels::Bf16(w, _) => w,
     };
@@ -249,7 +272,9 @@ unsafe fn gemm_rows(isa: Isa, packed: &[f32], m: usize, row_tiles: usize, np: us
             let (r, r_end) = balanced(m, row_tiles, t);
             let rows = r_end - r;
             if let Panels::Bf16(_, half) = panels_of {
-                let Some(kernel) = bf16_tile_fn(rows, npp) else { unreachable!("bf16 tile {rows}x{npp} outside the table") };
+                let Some(kernel) = bf16_tile_fn(rows, npp) else {
+                    unreachable!("bf16 tile {rows}x{npp} outside the table")
+                };
                 let tile = Bf16Tile {
                     k,
                     a: packed[r * k..].as_ptr(),
@@ -289,7 +314,16 @@ unsafe fn gemm_rows(isa: Isa, packed: &[f32], m: usize, row_tiles: usize, np: us
 /// # Safety
 /// `out` must be valid for `item.rows` rows of `w.hidden` floats, written by no one else.
 #[allow(clippy::too_many_arguments)]
-unsafe fn run_item(isa: Isa, w: &CpuMoeWeights, item: Item, tiles: Tiles, bf16: bool, plan: &Plan, scratch: &mut Vec<f32>, out: *mut f32) {
+unsafe fn run_item(
+    isa: Isa,
+    w: &CpuMoeWeights,
+    item: Item,
+    tiles: Tiles,
+    bf16: bool,
+    plan: &Plan,
+    scratch: &mut Vec<f32>,
+    out: *mut f32,
+) {
     let (h, i) = (w.hidden, w.inter);
     let (m, real) = (item.computed as usize, item.rows as usize);
     let padded = m > real;
@@ -338,7 +372,12 @@ fn items(hist: &[u32], offsets: &[u32], block: usize, pad: bool) -> Vec<Item> {
         for p in 0..parts {
             let (a, b) = if pad { (p * block, ((p + 1) * block).min(n)) } else { balanced(n, parts, p) };
             let computed = if pad { block } else { b - a };
-            out.push(Item { expert: e as u32, start: offsets[e] + a as u32, rows: (b - a) as u32, computed: computed as u32 });
+            out.push(Item {
+                expert: e as u32,
+                start: offsets[e] + a as u32,
+                rows: (b - a) as u32,
+                computed: computed as u32,
+            });
         }
     }
     out.sort_by(|a, b| b.computed.cmp(&a.computed).then(a.expert.cmp(&b.expert)));
@@ -352,7 +391,9 @@ impl CpuBackend {
         let pack = |data: &[f32], n: usize, k: usize| PackedWeight::pack(&self.pool, data, n, k);
         let gate_up: Vec<PackedWeight> = w.gate_up.chunks_exact(2 * i * h).map(|d| pack(d, 2 * i, h)).collect();
         let down: Vec<PackedWeight> = w.down.chunks_exact(h * i).map(|d| pack(d, h, i)).collect();
-        let halves = |ws: &[PackedWeight]| ws.iter().map(|w| Bf16Panels::from_exact(w.data.as_slice())).collect::<Option<Vec<_>>>();
+        let halves = |ws: &[PackedWeight]| {
+            ws.iter().map(|w| Bf16Panels::from_exact(w.data.as_slice())).collect::<Option<Vec<_>>>()
+        };
         let (gate_up_bf16, down_bf16) = match (halves(&gate_up), halves(&down)) {
             (Some(a), Some(b)) => (a, b),
             _ => (vec![], vec![]),
@@ -377,7 +418,15 @@ impl CpuBackend {
     }
 
     /// Computes `y` (permuted order) for every row of `plan` with `variant`.
-    fn run_variant(&self, w: &CpuMoeWeights, variant: usize, plan: &Plan, hist: &[u32], ws: &mut GemmWorkspace, y: &mut [f32]) {
+    fn run_variant(
+        &self,
+        w: &CpuMoeWeights,
+        variant: usize,
+        plan: &Plan,
+        hist: &[u32],
+        ws: &mut GemmWorkspace,
+        y: &mut [f32],
+    ) {
         let (h, isa) = (w.hidden, self.isa);
         let (tiles, block, pad, bf16) = match variant {
             GROUPED => (Tiles::Tall, row_block(h), false, false),
@@ -417,11 +466,31 @@ impl CpuBackend {
                 dst.copy_from_slice(&plan.x[t as usize * h..(t as usize + 1) * h]);
             }
             let gu = grown(&mut ws.gate_up, n * 2 * i);
-            gemm::gemm(&self.pool, &self.gemm_scratch, self.threads, self.isa, x, n, &w.gate_up[e], Epilogue::Store { bias: None }, gu);
+            gemm::gemm(
+                &self.pool,
+                &self.gemm_scratch,
+                self.threads,
+                self.isa,
+                x,
+                n,
+                &w.gate_up[e],
+                Epilogue::Store { bias: None },
+                gu,
+            );
             let act = grown(&mut ws.act, n * i);
             let isa = self.isa;
             self.for_row_chunks(n, 2 * i, i, gu, act, |g, a| elementwise::silu_mul_rows(isa, g, i, a));
-            gemm::gemm(&self.pool, &self.gemm_scratch, self.threads, self.isa, act, n, &w.down[e], Epilogue::Store { bias: None }, &mut y[start * h..(start + n) * h]);
+            gemm::gemm(
+                &self.pool,
+                &self.gemm_scratch,
+                self.threads,
+                self.isa,
+                act,
+                n,
+                &w.down[e],
+                Epilogue::Store { bias: None },
+                &mut y[start * h..(start + n) * h],
+            );
         }
     }
 
@@ -429,7 +498,17 @@ impl CpuBackend {
     fn route(&self, x: &HostTensor, w: &CpuMoeWeights, routing: MoeRouting, b: &mut MoeBuffers) {
         let (t, e, k) = (x.rows, w.num_experts, routing.top_k);
         let logits = grown(&mut b.logits, t * e);
-        gemm::gemm(&self.pool, &self.gemm_scratch, self.threads, self.isa, &x.data, t, &w.router, Epilogue::Store { bias: None }, logits);
+        gemm::gemm(
+            &self.pool,
+            &self.gemm_scratch,
+            self.threads,
+            self.isa,
+            &x.data,
+            t,
+            &w.router,
+            Epilogue::Store { bias: None },
+            logits,
+        );
         b.ids.resize(t * k, 0);
         b.weights.resize(t * k, 0.0);
         let route_rows = |((l, ids), ws): ((&[f32], &mut [u32]), &mut [f32])| {
@@ -437,7 +516,10 @@ impl CpuBackend {
                 route_row(l, routing, f32::exp, ids, ws);
             }
         };
-        let chunks = logits.chunks(ROUTE_CHUNK * e).zip(b.ids.chunks_mut(ROUTE_CHUNK * k)).zip(b.weights.chunks_mut(ROUTE_CHUNK * k));
+        let chunks = logits
+            .chunks(ROUTE_CHUNK * e)
+            .zip(b.ids.chunks_mut(ROUTE_CHUNK * k))
+            .zip(b.weights.chunks_mut(ROUTE_CHUNK * k));
         if self.threads > 1 && t > ROUTE_CHUNK {
             let chunks: Vec<_> = chunks.collect();
             self.pool.install(|| chunks.into_par_iter().for_each(route_rows));
@@ -475,12 +557,32 @@ impl CpuBackend {
         let (t, h, si) = (x.rows, x.cols, s.inter);
         let ws = &mut b.gemm_ws;
         let gu = grown(&mut ws.gate_up, t * 2 * si);
-        gemm::gemm(&self.pool, &self.gemm_scratch, self.threads, self.isa, &x.data, t, &s.gate_up, Epilogue::Store { bias: None }, gu);
+        gemm::gemm(
+            &self.pool,
+            &self.gemm_scratch,
+            self.threads,
+            self.isa,
+            &x.data,
+            t,
+            &s.gate_up,
+            Epilogue::Store { bias: None },
+            gu,
+        );
         let act = grown(&mut ws.act, t * si);
         let isa = self.isa;
         self.for_row_chunks(t, 2 * si, si, gu, act, |g, a| elementwise::silu_mul_rows(isa, g, si, a));
         let out = grown(&mut b.shared_out, t * h);
-        gemm::gemm(&self.pool, &self.gemm_scratch, self.threads, self.isa, act, t, &s.down, Epilogue::Store { bias: None }, out);
+        gemm::gemm(
+            &self.pool,
+            &self.gemm_scratch,
+            self.threads,
+            self.isa,
+            act,
+            t,
+            &s.down,
+            Epilogue::Store { bias: None },
+            out,
+        );
         let gate = grown(&mut b.shared_gate, t);
         self.for_row_chunks(t, h, 1, &x.data, gate, |xi, gi| elementwise::dot_rows(isa, xi, &s.gate, gi));
         for g in gate.iter_mut() {
@@ -524,7 +626,14 @@ impl CpuBackend {
         }
     }
 
-    pub(crate) fn moe_ffn_impl(&self, x: &HostTensor, w: &CpuMoeWeights, routing: MoeRouting, select: MoeSelect, acc: &mut HostTensor) -> Result<MoeLayerStats> {
+    pub(crate) fn moe_ffn_impl(
+        &self,
+        x: &HostTensor,
+        w: &CpuMoeWeights,
+        routing: MoeRouting,
+        select: MoeSelect,
+        acc: &mut HostTensor,
+    ) -> Result<MoeLayerStats> {
         check_tensor(x, "moe_ffn")?;
         check_tensor(acc, "moe_ffn")?;
         check(x.cols == w.hidden && acc.cols == w.hidden && acc.rows == x.rows, || {
@@ -551,7 +660,9 @@ impl CpuBackend {
 
     pub(crate) fn moe_time_variant_impl(&self, w: &CpuMoeWeights, variant: usize, hist: &[u32]) -> Result<Duration> {
         check(variant < variants().len(), || format!("moe_time_variant: variant {variant} of {}", variants().len()))?;
-        check(hist.len() == w.num_experts, || format!("moe_time_variant: {} counts for {} experts", hist.len(), w.num_experts))?;
+        check(hist.len() == w.num_experts, || {
+            format!("moe_time_variant: {} counts for {} experts", hist.len(), w.num_experts)
+        })?;
         let rows: usize = hist.iter().map(|&n| n as usize).sum();
         let h = w.hidden;
         let mut guard = self.moe_buffers.lock().unwrap_or_else(|p| p.into_inner());
@@ -608,9 +719,18 @@ pub(crate) fn default_cost(hidden: usize, inter: usize, threads: usize) -> crate
     // Seconds per expert computing n rows: streaming its weights once, or the FMAs, whichever
     // is longer, at `rate` FLOP/s per thread (padded variants' tables are by computed rows too).
     let table = |rate: f64, bytes_per_s: f64| -> Vec<f64> {
-        COST_KNOTS.iter().map(|&n| (weight_bytes / bytes_per_s).max(n as f64 * flops_per_row / rate) / threads).collect()
+        COST_KNOTS
+            .iter()
+            .map(|&n| (weight_bytes / bytes_per_s).max(n as f64 * flops_per_row / rate) / threads)
+            .collect()
     };
-    let entry = |name: &str, per_expert: Vec<f64>| VariantCost { variant: name.into(), per_call: 0.0, per_expert, per_row: 0.0, per_padded_row: 0.0 };
+    let entry = |name: &str, per_expert: Vec<f64>| VariantCost {
+        variant: name.into(),
+        per_call: 0.0,
+        per_expert,
+        per_row: 0.0,
+        per_padded_row: 0.0,
+    };
     MoeCostModel {
         // Generally cheapest first (near-ties go to the earlier one).
         variants: vec![

@@ -38,7 +38,8 @@ impl Bf16Panels {
         }
         let mut storage = AlignedVec::zeros(values.len().div_ceil(2));
         // SAFETY: the storage holds `2 · ceil(len / 2) ≥ len` u16s, suitably aligned.
-        let dst = unsafe { std::slice::from_raw_parts_mut(storage.as_mut_slice().as_mut_ptr() as *mut u16, values.len()) };
+        let dst =
+            unsafe { std::slice::from_raw_parts_mut(storage.as_mut_slice().as_mut_ptr() as *mut u16, values.len()) };
         for (d, v) in dst.iter_mut().zip(values) {
             *d = (v.to_bits() >> 16) as u16;
         }
@@ -109,10 +110,33 @@ pub(crate) fn bf16_tile_fn(rows: usize, panels: usize) -> Option<Bf16TileFn> {
         };
     }
     table!(
-        (1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (6, 1), (7, 1), (8, 1), (9, 1), (10, 1), (11, 1), (12, 1), (13, 1), (14, 1),
-        (1, 2), (2, 2), (3, 2), (4, 2), (5, 2), (6, 2),
-        (1, 3), (2, 3), (3, 3), (4, 3),
-        (1, 4), (2, 4), (3, 4),
+        (1, 1),
+        (2, 1),
+        (3, 1),
+        (4, 1),
+        (5, 1),
+        (6, 1),
+        (7, 1),
+        (8, 1),
+        (9, 1),
+        (10, 1),
+        (11, 1),
+        (12, 1),
+        (13, 1),
+        (14, 1),
+        (1, 2),
+        (2, 2),
+        (3, 2),
+        (4, 2),
+        (5, 2),
+        (6, 2),
+        (1, 3),
+        (2, 3),
+        (3, 3),
+        (4, 3),
+        (1, 4),
+        (2, 4),
+        (3, 4),
     )
 }
 

@@ -52,7 +52,8 @@ impl RopeTable {
     /// `positions` are the batch's distinct positions; row `i` of the table is `positions[i]`.
     pub fn new(theta: f32, rotary_dim: usize, positions: &[u32]) -> Self {
         let half = rotary_dim / 2;
-        let inv_freq: Vec<f64> = (0..half).map(|i| (theta as f64).powf(-(2.0 * i as f64) / rotary_dim as f64)).collect();
+        let inv_freq: Vec<f64> =
+            (0..half).map(|i| (theta as f64).powf(-(2.0 * i as f64) / rotary_dim as f64)).collect();
         let mut cos = Vec::with_capacity(positions.len() * half);
         let mut sin = Vec::with_capacity(positions.len() * half);
         for &pos in positions {

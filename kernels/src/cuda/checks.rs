@@ -15,7 +15,9 @@ pub fn check(cond: bool, msg: impl FnOnce() -> String) -> Result<()> {
 pub type Shape = (usize, usize);
 
 pub fn matmul(x: Shape, w: Shape, out: Shape, bias: Option<usize>) -> Result<()> {
-    check(x.1 == w.1 && out == (x.0, w.0), || format!("matmul [{}, {}] x [{}, {}]ᵀ -> [{}, {}]", x.0, x.1, w.0, w.1, out.0, out.1))?;
+    check(x.1 == w.1 && out == (x.0, w.0), || {
+        format!("matmul [{}, {}] x [{}, {}]ᵀ -> [{}, {}]", x.0, x.1, w.0, w.1, out.0, out.1)
+    })?;
     if let Some(b) = bias {
         check(b == w.0, || format!("matmul: bias of {b} for {} outputs", w.0))?;
     }
@@ -26,7 +28,13 @@ pub fn rms_norm(x: Shape, w: usize, out: Shape) -> Result<()> {
     check(x.1 == w && out == x, || format!("rms_norm: x [{}, {}], weight {w}, out [{}, {}]", x.0, x.1, out.0, out.1))
 }
 
-pub fn qk_norm_rope(qkv: Shape, layout: QkvLayout, q_norm: Option<usize>, k_norm: Option<usize>, batch_rows: usize) -> Result<()> {
+pub fn qk_norm_rope(
+    qkv: Shape,
+    layout: QkvLayout,
+    q_norm: Option<usize>,
+    k_norm: Option<usize>,
+    batch_rows: usize,
+) -> Result<()> {
     check(qkv.1 == layout.qkv_dim() && qkv.0 == batch_rows, || {
         format!("qk_norm_rope: qkv [{}, {}] for {} columns and {batch_rows} batch rows", qkv.0, qkv.1, layout.qkv_dim())
     })?;
@@ -39,20 +47,43 @@ pub fn qk_norm_rope(qkv: Shape, layout: QkvLayout, q_norm: Option<usize>, k_norm
 }
 
 /// `cache` = (num_layers, num_slots, kv_dim).
-pub fn write_kv(qkv: Shape, layout: QkvLayout, cache: (usize, usize, usize), layer: usize, batch_rows: usize) -> Result<()> {
-    check(qkv.1 == layout.qkv_dim() && qkv.0 == batch_rows, || format!("write_kv: qkv [{}, {}] for {batch_rows} batch rows", qkv.0, qkv.1))?;
-    check(layer < cache.0 && cache.2 == layout.kv_dim(), || format!("write_kv: layer {layer} of {}, cache kv_dim {} vs {}", cache.0, cache.2, layout.kv_dim()))
+pub fn write_kv(
+    qkv: Shape,
+    layout: QkvLayout,
+    cache: (usize, usize, usize),
+    layer: usize,
+    batch_rows: usize,
+) -> Result<()> {
+    check(qkv.1 == layout.qkv_dim() && qkv.0 == batch_rows, || {
+        format!("write_kv: qkv [{}, {}] for {batch_rows} batch rows", qkv.0, qkv.1)
+    })?;
+    check(layer < cache.0 && cache.2 == layout.kv_dim(), || {
+        format!("write_kv: layer {layer} of {}, cache kv_dim {} vs {}", cache.0, cache.2, layout.kv_dim())
+    })
 }
 
-pub fn attention(qkv: Shape, layout: QkvLayout, cache: (usize, usize, usize), layer: usize, batch_rows: usize, out: Shape) -> Result<()> {
+pub fn attention(
+    qkv: Shape,
+    layout: QkvLayout,
+    cache: (usize, usize, usize),
+    layer: usize,
+    batch_rows: usize,
+    out: Shape,
+) -> Result<()> {
     super::layout::check_attention_shape(layout)?;
-    check(qkv.1 == layout.qkv_dim() && qkv.0 == batch_rows, || format!("attention: qkv [{}, {}] for {batch_rows} batch rows", qkv.0, qkv.1))?;
+    check(qkv.1 == layout.qkv_dim() && qkv.0 == batch_rows, || {
+        format!("attention: qkv [{}, {}] for {batch_rows} batch rows", qkv.0, qkv.1)
+    })?;
     check(out == (qkv.0, layout.q_dim()), || format!("attention: output [{}, {}]", out.0, out.1))?;
-    check(layer < cache.0 && cache.2 == layout.kv_dim(), || format!("attention: layer {layer} of {}, cache kv_dim {} vs {}", cache.0, cache.2, layout.kv_dim()))
+    check(layer < cache.0 && cache.2 == layout.kv_dim(), || {
+        format!("attention: layer {layer} of {}, cache kv_dim {} vs {}", cache.0, cache.2, layout.kv_dim())
+    })
 }
 
 pub fn silu_mul(gate_up: Shape, out: Shape) -> Result<()> {
-    check(gate_up.1 % 2 == 0 && out == (gate_up.0, gate_up.1 / 2), || format!("silu_mul: [{}, {}] -> [{}, {}]", gate_up.0, gate_up.1, out.0, out.1))
+    check(gate_up.1.is_multiple_of(2) && out == (gate_up.0, gate_up.1 / 2), || {
+        format!("silu_mul: [{}, {}] -> [{}, {}]", gate_up.0, gate_up.1, out.0, out.1)
+    })
 }
 
 pub fn gather_rows(x: Shape, rows: &[u32], out: Shape) -> Result<()> {
@@ -64,7 +95,9 @@ pub fn gather_rows(x: Shape, rows: &[u32], out: Shape) -> Result<()> {
 }
 
 pub fn embed(table: Shape, layout: &BatchLayout, out: Shape) -> Result<()> {
-    check(out == (layout.num_rows(), table.1), || format!("embed: output [{}, {}] for {} rows of width {}", out.0, out.1, layout.num_rows(), table.1))?;
+    check(out == (layout.num_rows(), table.1), || {
+        format!("embed: output [{}, {}] for {} rows of width {}", out.0, out.1, layout.num_rows(), table.1)
+    })?;
     if let Some(&id) = layout.token_ids.iter().find(|&&id| id as usize >= table.0) {
         return Err(KernelError::Shape(format!("token id {id} ≥ vocab {}", table.0)));
     }

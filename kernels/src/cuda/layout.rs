@@ -27,7 +27,11 @@ impl PackedBatch {
     /// Packs a layout that has already been validated against the cache.
     pub fn new(layout: &BatchLayout) -> Self {
         let mut words = Vec::with_capacity(
-            3 * layout.num_rows() + 4 * layout.seqs.len() + layout.key_slots.len() + 2 * layout.num_rows() / ATT_BQ as usize + 2 * layout.seqs.len(),
+            3 * layout.num_rows()
+                + 4 * layout.seqs.len()
+                + layout.key_slots.len()
+                + 2 * layout.num_rows() / ATT_BQ as usize
+                + 2 * layout.seqs.len(),
         );
         let push = |words: &mut Vec<u32>, data: &mut dyn Iterator<Item = u32>| {
             let start = words.len();
@@ -42,7 +46,17 @@ impl PackedBatch {
         let tiles = q_tile_schedule(layout);
         let num_q_tiles = tiles.len() / 2;
         let q_tiles = push(&mut words, &mut tiles.into_iter());
-        PackedBatch { words, token_ids, positions, row_slots, seqs, key_slots, q_tiles, num_rows: layout.num_rows(), num_q_tiles }
+        PackedBatch {
+            words,
+            token_ids,
+            positions,
+            row_slots,
+            seqs,
+            key_slots,
+            q_tiles,
+            num_rows: layout.num_rows(),
+            num_q_tiles,
+        }
     }
 
     pub fn slice(&self, r: &Range<usize>) -> &[u32] {
@@ -73,16 +87,20 @@ fn check(cond: bool, msg: impl FnOnce() -> String) -> Result<()> {
 /// Shapes the attention kernel supports.
 pub fn check_attention_shape(layout: QkvLayout) -> Result<()> {
     let QkvLayout { n_heads, n_kv_heads, head_dim } = layout;
-    check(n_kv_heads > 0 && n_heads % n_kv_heads == 0, || format!("attention: {n_heads} heads over {n_kv_heads} KV heads"))?;
+    check(n_kv_heads > 0 && n_heads % n_kv_heads == 0, || {
+        format!("attention: {n_heads} heads over {n_kv_heads} KV heads")
+    })?;
     if head_dim == 0 || head_dim % 2 != 0 || head_dim > ATT_MAX_HD as usize {
-        return Err(KernelError::Unsupported(format!("attention: head_dim {head_dim} (the CUDA kernel takes even sizes up to {ATT_MAX_HD})")));
+        return Err(KernelError::Unsupported(format!(
+            "attention: head_dim {head_dim} (the CUDA kernel takes even sizes up to {ATT_MAX_HD})"
+        )));
     }
     Ok(())
 }
 
 /// Shapes the rotary kernel supports.
 pub fn check_rope_shape(layout: QkvLayout, rope: RopeConfig) -> Result<()> {
-    check(rope.rotary_dim % 2 == 0 && rope.rotary_dim <= layout.head_dim, || {
+    check(rope.rotary_dim.is_multiple_of(2) && rope.rotary_dim <= layout.head_dim, || {
         format!("rope: rotary_dim {} with head_dim {}", rope.rotary_dim, layout.head_dim)
     })
 }

@@ -33,7 +33,7 @@ pub enum GemmEngine {
 impl GemmEngine {
     /// Whether a `[*, k]` projection can take the tiled path.
     pub fn tiled_for(self, k: usize) -> bool {
-        self == GemmEngine::Tiled && k % 8 == 0 && k > 0
+        self == GemmEngine::Tiled && k.is_multiple_of(8) && k > 0
     }
 }
 
@@ -47,7 +47,7 @@ pub fn tiled_block_m(m: usize) -> usize {
 }
 
 pub use device::{
-    device_count, CudaBackend, CudaBatch, CudaKvCache, CudaMatrix, CudaMoeLayer, CudaMoeLog, CudaMoeStats, CudaMoeWeights, CudaOptions, CudaTensor, CudaVector,
-    DeviceInfo, KernelLoadReport,
+    device_count, CudaBackend, CudaBatch, CudaKvCache, CudaMatrix, CudaMoeLayer, CudaMoeLog, CudaMoeStats,
+    CudaMoeWeights, CudaOptions, CudaTensor, CudaVector, DeviceInfo, KernelLoadReport,
 };
 pub use libs::{cublas_present, driver_present, nvrtc_present};

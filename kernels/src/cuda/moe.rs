@@ -82,13 +82,20 @@ pub struct MoeDims {
 pub fn check_moe(dims: MoeDims, routing: MoeRouting) -> Result<()> {
     let MoeDims { hidden, inter, n_experts } = dims;
     if n_experts == 0 || n_experts > ROUTE_MAX_EXPERTS as usize {
-        return Err(KernelError::Unsupported(format!("MoE: {n_experts} experts (the router kernel takes 1..={ROUTE_MAX_EXPERTS})")));
+        return Err(KernelError::Unsupported(format!(
+            "MoE: {n_experts} experts (the router kernel takes 1..={ROUTE_MAX_EXPERTS})"
+        )));
     }
     if routing.top_k == 0 || routing.top_k > n_experts.min(32) {
-        return Err(KernelError::Unsupported(format!("MoE: top-{} of {n_experts} experts (1..=min(32, experts))", routing.top_k)));
+        return Err(KernelError::Unsupported(format!(
+            "MoE: top-{} of {n_experts} experts (1..=min(32, experts))",
+            routing.top_k
+        )));
     }
     if hidden == 0 || inter == 0 || hidden % 8 != 0 || inter % 8 != 0 {
-        return Err(KernelError::Unsupported(format!("MoE: hidden {hidden} and expert size {inter} must be non-zero multiples of 8")));
+        return Err(KernelError::Unsupported(format!(
+            "MoE: hidden {hidden} and expert size {inter} must be non-zero multiples of 8"
+        )));
     }
     Ok(())
 }
@@ -131,8 +138,18 @@ pub fn fit_padding_threshold(samples: &[ThresholdSample]) -> f32 {
 /// BLOCK_M 128, index 1 BLOCK_M 64 (the kernel's `force` argument is the tile's rows).
 pub fn gpu_variants() -> Vec<crate::moe::MoeVariant> {
     vec![
-        crate::moe::MoeVariant { name: "bm128", tile_rows: 128, padded: true, description: "grouped tensor-core GEMM, BLOCK_M 128 (moe_gemm.cu)" },
-        crate::moe::MoeVariant { name: "bm64", tile_rows: 64, padded: true, description: "grouped tensor-core GEMM, BLOCK_M 64 (moe_gemm.cu)" },
+        crate::moe::MoeVariant {
+            name: "bm128",
+            tile_rows: 128,
+            padded: true,
+            description: "grouped tensor-core GEMM, BLOCK_M 128 (moe_gemm.cu)",
+        },
+        crate::moe::MoeVariant {
+            name: "bm64",
+            tile_rows: 64,
+            padded: true,
+            description: "grouped tensor-core GEMM, BLOCK_M 64 (moe_gemm.cu)",
+        },
     ]
 }
 
@@ -182,7 +199,10 @@ pub fn layer_stats(tokens: usize, choice: TileChoice, counts: &[u32]) -> crate::
 /// The refusal for what the GPU pipeline does not run yet: qwen2_moe's shared expert needs a
 /// sigmoid-gated residual add that no kernel in kernels/cuda/ implements.
 pub fn no_shared_expert() -> KernelError {
-    KernelError::Unsupported("MoE with a shared expert (qwen2_moe) is not implemented on the CUDA backend yet; run it with --device cpu".into())
+    KernelError::Unsupported(
+        "MoE with a shared expert (qwen2_moe) is not implemented on the CUDA backend yet; run it with --device cpu"
+            .into(),
+    )
 }
 
 /// Token counts the GPU calibration times (small counts give high padding ratios).
@@ -199,7 +219,14 @@ mod tests {
     #[test]
     fn the_fitted_threshold_separates_where_64_wins() {
         // 64 wins above ratio ~1.8 in these timings.
-        let samples = [s(1.0, 1.2, 1.0), s(1.3, 1.1, 1.0), s(1.7, 1.05, 1.0), s(1.9, 0.9, 1.0), s(3.0, 0.6, 1.0), s(8.0, 0.3, 1.0)];
+        let samples = [
+            s(1.0, 1.2, 1.0),
+            s(1.3, 1.1, 1.0),
+            s(1.7, 1.05, 1.0),
+            s(1.9, 0.9, 1.0),
+            s(3.0, 0.6, 1.0),
+            s(8.0, 0.3, 1.0),
+        ];
         let th = fit_padding_threshold(&samples) as f64;
         assert!(th > 1.7 && th < 1.9, "threshold {th}");
         // 64 always wins: a threshold below every ratio.
@@ -231,7 +258,8 @@ mod tests {
         // The host-side selector of the same rule agrees with the device rule's definition.
         assert_eq!(vs[rule.select(&[30; 10], &vs)].name, "bm64");
         assert_eq!(vs[rule.select(&[100; 10], &vs)].name, "bm128");
-        let st = layer_stats(5, TileChoice { real_rows: 10, padded64: 128, padded128: 256, block_m: 64 }, &[0, 4, 6, 0]);
+        let st =
+            layer_stats(5, TileChoice { real_rows: 10, padded64: 128, padded128: 256, block_m: 64 }, &[0, 4, 6, 0]);
         assert_eq!((st.variant, st.padded_rows, st.active_experts, st.max_expert_rows), (1, 128, 2, 6));
     }
 }

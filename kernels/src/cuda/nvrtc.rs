@@ -150,8 +150,16 @@ impl NvrtcCompiler {
 
     /// Compiles source text named `name` with explicit options (which must include the
     /// architecture of `target`); returns the image and NVRTC's log.
-    pub fn compile_text(&self, name: &str, source: &str, options: &[String], target: Target) -> Result<(Vec<u8>, String)> {
-        let cstr = |s: &str, what: &str| CString::new(s).map_err(|_| KernelError::Device(format!("{what} contains a NUL byte")));
+    pub fn compile_text(
+        &self,
+        name: &str,
+        source: &str,
+        options: &[String],
+        target: Target,
+    ) -> Result<(Vec<u8>, String)> {
+        let cstr = |s: &str, what: &str| {
+            CString::new(s).map_err(|_| KernelError::Device(format!("{what} contains a NUL byte")))
+        };
         let c_src = cstr(source, name)?;
         let c_name = cstr(name, "program name")?;
         let header_src: Vec<CString> = HEADERS.iter().map(|(_, text)| cstr(text, "header")).collect::<Result<_>>()?;
@@ -205,7 +213,10 @@ impl NvrtcCompiler {
                 // SAFETY: as above.
                 nvrtc_check(unsafe { sys::nvrtcGetCUBINSize(program.0, &mut size) }, "nvrtcGetCUBINSize")?;
                 let mut buf = vec![0u8; size];
-                nvrtc_check(unsafe { sys::nvrtcGetCUBIN(program.0, buf.as_mut_ptr() as *mut c_char) }, "nvrtcGetCUBIN")?;
+                nvrtc_check(
+                    unsafe { sys::nvrtcGetCUBIN(program.0, buf.as_mut_ptr() as *mut c_char) },
+                    "nvrtcGetCUBIN",
+                )?;
                 buf
             }
         };
@@ -303,7 +314,9 @@ impl KernelCache {
         fs::create_dir_all(&self.dir).map_err(io)?;
         let path = self.path(src, image.target, key);
         // Unique per process and thread: concurrent starts never share a temporary file.
-        let tmp = path.with_extension(format!("tmp-{}-{:?}", std::process::id(), std::thread::current().id()).replace(['(', ')'], ""));
+        let tmp = path.with_extension(
+            format!("tmp-{}-{:?}", std::process::id(), std::thread::current().id()).replace(['(', ')'], ""),
+        );
         fs::write(&tmp, &image.bytes).map_err(io)?;
         fs::rename(&tmp, &path).map_err(io)
     }

@@ -37,8 +37,21 @@ pub const MOE_GEMM: KernelSource = kernel_source!("moe_gemm.cu", ["moe_gemm_bm64
 pub const GEMM: KernelSource = kernel_source!("gemm.cu", ["dense_gemm_bm64", "dense_gemm_bm128"]);
 
 /// Every kernel source; the CUDA backend loads them all at start-up.
-pub const ALL: &[KernelSource] =
-    &[RMSNORM, ROPE, SILU_MUL, KV_WRITE, ATTENTION, GATHER, CONVERT, SCORE_HEAD, MOE_ROUTING, MOE_PERMUTE, MOE_SELECT, MOE_GEMM, GEMM];
+pub const ALL: &[KernelSource] = &[
+    RMSNORM,
+    ROPE,
+    SILU_MUL,
+    KV_WRITE,
+    ATTENTION,
+    GATHER,
+    CONVERT,
+    SCORE_HEAD,
+    MOE_ROUTING,
+    MOE_PERMUTE,
+    MOE_SELECT,
+    MOE_GEMM,
+    GEMM,
+];
 
 /// Launch constants shared by the `.cu` files and the host code (and the CPU twins), kept in
 /// one place; a test checks each against its `#define` in the source.
@@ -108,7 +121,8 @@ mod tests {
         assert_eq!(on_disk, listed, "kernels/cuda/*.cu and sources::ALL differ");
         for s in ALL {
             for e in s.entries {
-                let defined = s.source.lines().any(|l| l.contains(&format!("{e}(")) && !l.trim_start().starts_with("//"));
+                let defined =
+                    s.source.lines().any(|l| l.contains(&format!("{e}(")) && !l.trim_start().starts_with("//"));
                 assert!(defined, "{}: entry {e} not found", s.file);
             }
         }
@@ -125,7 +139,8 @@ mod tests {
                 .lines()
                 .find(|l| l.trim_start().starts_with(&format!("#define {name} ")))
                 .unwrap_or_else(|| panic!("{file}: no #define {name}"));
-            let got: u32 = line.split_whitespace().nth(2).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{file}: {line}"));
+            let got: u32 =
+                line.split_whitespace().nth(2).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{file}: {line}"));
             assert_eq!(got, value, "{file}: {name}");
         }
     }

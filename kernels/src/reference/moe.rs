@@ -36,14 +36,24 @@ impl PlainMoe {
             router: w.router.to_vec(),
             gate_up: w.gate_up.to_vec(),
             down: w.down.to_vec(),
-            shared: w.shared.map(|s| PlainShared { inter: s.inter, gate_up: s.gate_up.to_vec(), down: s.down.to_vec(), gate: s.gate.to_vec() }),
+            shared: w.shared.map(|s| PlainShared {
+                inter: s.inter,
+                gate_up: s.gate_up.to_vec(),
+                down: s.down.to_vec(),
+                gate: s.gate.to_vec(),
+            }),
         })
     }
 }
 
 /// The reference backend's only variant.
 pub fn variants() -> Vec<MoeVariant> {
-    vec![MoeVariant { name: "per_token", tile_rows: 1, padded: false, description: "plain per-token loop in f64 (the oracle)" }]
+    vec![MoeVariant {
+        name: "per_token",
+        tile_rows: 1,
+        padded: false,
+        description: "plain per-token loop in f64 (the oracle)",
+    }]
 }
 
 fn dot(a: &[f32], b: &[f32]) -> f64 {

@@ -31,8 +31,19 @@ pub fn backends(threads: usize) -> Vec<CpuBackend> {
 pub fn assert_close(what: &str, got: &[f32], want: &[f32], rel: f32) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
     let scale = want.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
-    let (i, err) = got.iter().zip(want).map(|(a, b)| (a - b).abs()).enumerate().fold((0, 0f32), |(bi, be), (i, e)| if e > be || e.is_nan() { (i, e) } else { (bi, be) });
-    assert!(err <= rel * scale, "{what}: max error {err} at {i} (got {}, want {}) exceeds {rel} × {scale}", got[i], want[i]);
+    let (i, err) = got.iter().zip(want).map(|(a, b)| (a - b).abs()).enumerate().fold((0, 0f32), |(bi, be), (i, e)| {
+        if e > be || e.is_nan() {
+            (i, e)
+        } else {
+            (bi, be)
+        }
+    });
+    assert!(
+        err <= rel * scale,
+        "{what}: max error {err} at {i} (got {}, want {}) exceeds {rel} × {scale}",
+        got[i],
+        want[i]
+    );
 }
 
 pub fn assert_bits_eq(what: &str, a: &[f32], b: &[f32]) {

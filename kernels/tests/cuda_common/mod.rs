@@ -11,7 +11,9 @@ use sieve_kernels::{AttnSeq, Backend, BatchLayout, QkvLayout, RopeConfig, RopeLa
 
 /// The asset cache (`$SIEVE_CACHE`, default `<repo>/.cache`).
 pub fn asset_cache() -> PathBuf {
-    std::env::var_os("SIEVE_CACHE").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.cache"))
+    std::env::var_os("SIEVE_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.cache"))
 }
 
 /// The CUDA backend on device 0, or `None` — after printing why — when this machine has no
@@ -33,7 +35,8 @@ pub fn gpu_with(test: &str, engine: GemmEngine) -> Option<CudaBackend> {
         }
         Ok(_) => {
             let opts = CudaOptions { gemm: engine, ..CudaOptions::new(0).with_asset_cache(&asset_cache()) };
-            let b = CudaBackend::with_options(&opts).unwrap_or_else(|e| panic!("{test}: a GPU is present but the CUDA backend failed to start: {e}"));
+            let b = CudaBackend::with_options(&opts)
+                .unwrap_or_else(|e| panic!("{test}: a GPU is present but the CUDA backend failed to start: {e}"));
             println!("{test}: running on {} ({:?})", b.name(), b.kernel_load_report());
             Some(b)
         }
@@ -186,7 +189,10 @@ pub fn prefix_and_items(g: &mut impl Rng, vocab: usize) -> (Vec<BatchLayout>, us
     };
     let prefix_pass = pass(&[(vec![], 41)], &mut next_slot);
     let prefix: Vec<u32> = prefix_pass.row_slots.clone();
-    let items = pass(&[(prefix.clone(), 12), (prefix.clone(), 1), (prefix[..30].to_vec(), 50), (vec![], 9), (prefix.clone(), 33)], &mut next_slot);
+    let items = pass(
+        &[(prefix.clone(), 12), (prefix.clone(), 1), (prefix[..30].to_vec(), 50), (vec![], 9), (prefix.clone(), 33)],
+        &mut next_slot,
+    );
     (vec![prefix_pass, items], next_slot as usize + 5)
 }
 

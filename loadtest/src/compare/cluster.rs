@@ -37,9 +37,19 @@ impl SimCluster {
         for i in 0..n {
             let config = SimConfig { seed: base.seed.wrapping_add(i as u64), ..base.clone() };
             let w = SimWorker::start_local(config.clone()).await.map_err(|e| format!("sim worker {i}: {e}"))?;
-            slots.push(Slot { config, api_port: w.api_addr.port(), admin_port: w.admin_addr.port(), worker: Some(w), busy_before: 0.0 });
+            slots.push(Slot {
+                config,
+                api_port: w.api_addr.port(),
+                admin_port: w.admin_addr.port(),
+                worker: Some(w),
+                busy_before: 0.0,
+            });
         }
-        let endpoints = slots.iter().map(|s| s.worker.as_ref().map(SimWorker::endpoint)).collect::<Option<Vec<_>>>().unwrap_or_default();
+        let endpoints = slots
+            .iter()
+            .map(|s| s.worker.as_ref().map(SimWorker::endpoint))
+            .collect::<Option<Vec<_>>>()
+            .unwrap_or_default();
         let admin_urls = endpoints.iter().filter_map(|e| e.admin.clone()).collect();
         Ok(SimCluster { slots: Arc::new(Mutex::new(slots)), endpoints, admin_urls })
     }
@@ -215,7 +225,10 @@ impl ProxyProc {
                 return Ok(());
             }
             if Instant::now() >= end {
-                return Err(format!("proxy {}: only {eligible} of {n} workers eligible after {timeout:?}", self.admin_url()));
+                return Err(format!(
+                    "proxy {}: only {eligible} of {n} workers eligible after {timeout:?}",
+                    self.admin_url()
+                ));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

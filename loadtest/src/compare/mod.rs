@@ -30,7 +30,7 @@ use crate::sim::{SimConfig, SimSettingsUpdate};
 use crate::summary::Summary;
 use crate::workload::WorkloadSpec;
 use cluster::{ProxyCounters, ProxyProc, SimCluster};
-pub use strategy::{STRATEGIES, Strategy, parse_strategies};
+pub use strategy::{parse_strategies, Strategy, STRATEGIES};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -197,14 +197,23 @@ fn scenario_marks(scenario: Option<Scenario>, d: f64, burst: Option<Burst>) -> V
     match scenario {
         Some(Scenario::SlowWorker) => vec![(d / 4.0, d, "worker 0 3x slower".into())],
         Some(Scenario::KillRestart) => vec![(d / 3.0, 2.0 * d / 3.0, "worker 1 down".into())],
-        Some(Scenario::Burst) => burst.map(|b| vec![(b.start_s, b.start_s + b.duration_s, "150% burst".into())]).unwrap_or_default(),
+        Some(Scenario::Burst) => {
+            burst.map(|b| vec![(b.start_s, b.start_s + b.duration_s, "150% burst".into())]).unwrap_or_default()
+        }
         None => Vec::new(),
     }
 }
 
 impl Env<'_> {
     /// One open-loop run of one strategy; writes its report and charts under `dir`.
-    async fn cell(&self, st: &Strategy, proxy: &ProxyProc, load_pct: f64, scenario: Option<Scenario>, dir: &Path) -> Result<(Cell, Histogram<u64>), String> {
+    async fn cell(
+        &self,
+        st: &Strategy,
+        proxy: &ProxyProc,
+        load_pct: f64,
+        scenario: Option<Scenario>,
+        dir: &Path,
+    ) -> Result<(Cell, Histogram<u64>), String> {
         let spec = self.spec;
         let duration = if scenario.is_some() { spec.fault_duration } else { spec.duration };
         let d = duration.as_secs_f64();
@@ -225,7 +234,11 @@ impl Env<'_> {
             timeout: Duration::from_millis(spec.workload.deadline_ms.unwrap_or(10_000) + 10_000),
             verify_sim_scores: true,
             progress: spec.progress,
-            label: format!("{} {}", st.key, scenario.map_or_else(|| format!("{load_pct:.0}%"), |s| s.key().to_string())),
+            label: format!(
+                "{} {}",
+                st.key,
+                scenario.map_or_else(|| format!("{load_pct:.0}%"), |s| s.key().to_string())
+            ),
         };
         self.cluster.wait_idle(Duration::from_secs(10)).await;
         let before = proxy.counters(&self.http).await;
@@ -248,7 +261,14 @@ impl Env<'_> {
         let warmup_s = (d * 0.1).min(2.0);
         let (rep, hist): (RunReport, _) = RunData {
             info: RunInfo {
-                label: format!("{} at {}", st.key, scenario.map_or_else(|| format!("{load_pct:.0}% load"), |s| format!("{load_pct:.0}% load, {}", s.key()))),
+                label: format!(
+                    "{} at {}",
+                    st.key,
+                    scenario.map_or_else(
+                        || format!("{load_pct:.0}% load"),
+                        |s| format!("{load_pct:.0}% load, {}", s.key())
+                    )
+                ),
                 target: proxy.api_url(),
                 load: run_spec.mode.clone(),
                 duration_s: d,
@@ -317,7 +337,11 @@ pub async fn compare(spec: &CompareSpec) -> Result<CompareReport, String> {
         "capacity = workers x slots x speed / E[compute of one request sent whole] = {} x {} x {} / {:.2} ms = {:.2} requests/s",
         spec.workers, spec.sim.slots, spec.sim.speed, mean_ms, capacity_qps
     );
-    println!("Sieve strategy comparison: {} simulated workers, {} strategies, loopback.", spec.workers, spec.strategies.len());
+    println!(
+        "Sieve strategy comparison: {} simulated workers, {} strategies, loopback.",
+        spec.workers,
+        spec.strategies.len()
+    );
     println!("  {rule}");
     println!(
         "  workload: items {}, item tokens {}, query tokens {}, reuse {}, deadline {:?} ms; fixed split: {} items per shard",
@@ -361,12 +385,20 @@ pub async fn compare(spec: &CompareSpec) -> Result<CompareReport, String> {
         }
         set_extra_work(cells.iter_mut().filter(|c| c.scenario == "load" && c.load_pct == load));
         cdfs.push((format!("load{load:.0}"), hs));
-        table::print_table(&format!("{load:.0}% of capacity ({:.1} requests/s)", capacity_qps * load / 100.0), cells.iter().filter(|c| c.scenario == "load" && c.load_pct == load));
+        table::print_table(
+            &format!("{load:.0}% of capacity ({:.1} requests/s)", capacity_qps * load / 100.0),
+            cells.iter().filter(|c| c.scenario == "load" && c.load_pct == load),
+        );
     }
     for &sc in &spec.scenarios {
         let mut hs = Vec::new();
         for (st, p) in spec.strategies.iter().zip(&proxies) {
-            env.settle(p, Duration::from_secs(2).min(spec.proxy_warmup.max(Duration::from_millis(500))), spec.seed.wrapping_add(2000)).await;
+            env.settle(
+                p,
+                Duration::from_secs(2).min(spec.proxy_warmup.max(Duration::from_millis(500))),
+                spec.seed.wrapping_add(2000),
+            )
+            .await;
             let dir = spec.out.join(sc.key()).join(st.key);
             let (cell, h) = env.cell(st, p, spec.fault_load, Some(sc), &dir).await?;
             table::print_progress_row(&cell);
@@ -375,7 +407,10 @@ pub async fn compare(spec: &CompareSpec) -> Result<CompareReport, String> {
         }
         set_extra_work(cells.iter_mut().filter(|c| c.scenario == sc.key()));
         cdfs.push((sc.key().to_string(), hs));
-        table::print_table(&format!("{} at {:.0}% load", sc.describe(), spec.fault_load), cells.iter().filter(|c| c.scenario == sc.key()));
+        table::print_table(
+            &format!("{} at {:.0}% load", sc.describe(), spec.fault_load),
+            cells.iter().filter(|c| c.scenario == sc.key()),
+        );
     }
 
     let report = CompareReport {
@@ -417,7 +452,8 @@ fn set_extra_work<'a>(cells: impl Iterator<Item = &'a mut Cell>) {
 
 fn write_outputs(spec: &CompareSpec, report: &CompareReport, cdfs: &[CdfGroup]) -> Result<(), String> {
     let json = spec.out.join("compare.json");
-    std::fs::write(&json, serde_json::to_string_pretty(report).map_err(|e| e.to_string())?).map_err(|e| format!("{}: {e}", json.display()))?;
+    std::fs::write(&json, serde_json::to_string_pretty(report).map_err(|e| e.to_string())?)
+        .map_err(|e| format!("{}: {e}", json.display()))?;
     let md = spec.out.join("compare.md");
     std::fs::write(&md, table::markdown(report)).map_err(|e| format!("{}: {e}", md.display()))?;
     for (name, hs) in cdfs {
@@ -425,15 +461,25 @@ fn write_outputs(spec: &CompareSpec, report: &CompareReport, cdfs: &[CdfGroup]) 
             Some(l) => format!("Latency CDF at {l}% of capacity"),
             None => format!("Latency CDF, {} at {:.0}% load", name, spec.fault_load),
         };
-        plot::save(&CdfChart { title, series: hs.iter().map(|(n, h)| (n.clone(), h)).collect() }, &spec.out.join(format!("cdf_{name}")))?;
+        plot::save(
+            &CdfChart { title, series: hs.iter().map(|(n, h)| (n.clone(), h)).collect() },
+            &spec.out.join(format!("cdf_{name}")),
+        )?;
     }
     if !spec.loads.is_empty() {
-        for (what, f) in [("p99", (|c: &Cell| c.summary.latency_ms.p99) as fn(&Cell) -> f64), ("p50", |c| c.summary.latency_ms.p50)] {
+        for (what, f) in
+            [("p99", (|c: &Cell| c.summary.latency_ms.p99) as fn(&Cell) -> f64), ("p50", |c| c.summary.latency_ms.p50)]
+        {
             let series = spec
                 .strategies
                 .iter()
                 .map(|st| {
-                    let pts = report.cells.iter().filter(|c| c.scenario == "load" && c.strategy_key == st.key).map(|c| (c.load_pct, f(c))).collect();
+                    let pts = report
+                        .cells
+                        .iter()
+                        .filter(|c| c.scenario == "load" && c.strategy_key == st.key)
+                        .map(|c| (c.load_pct, f(c)))
+                        .collect();
                     (st.name.to_string(), pts)
                 })
                 .collect();

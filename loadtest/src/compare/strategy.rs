@@ -17,11 +17,41 @@ pub struct Strategy {
 }
 
 pub const STRATEGIES: [Strategy; 5] = [
-    Strategy { key: "whole-random", name: "1 whole request, random worker", split: SplitMode::None, policy: PolicyKind::Random, hedge: false },
-    Strategy { key: "fixed-random", name: "2 fixed split, random", split: SplitMode::Fixed, policy: PolicyKind::Random, hedge: false },
-    Strategy { key: "fixed-least", name: "3 fixed split, least-loaded", split: SplitMode::Fixed, policy: PolicyKind::LeastLoaded, hedge: false },
-    Strategy { key: "ours", name: "4 cost split, least-loaded (ours)", split: SplitMode::Cost, policy: PolicyKind::LeastLoaded, hedge: false },
-    Strategy { key: "ours-hedge", name: "5 ours + hedging", split: SplitMode::Cost, policy: PolicyKind::LeastLoaded, hedge: true },
+    Strategy {
+        key: "whole-random",
+        name: "1 whole request, random worker",
+        split: SplitMode::None,
+        policy: PolicyKind::Random,
+        hedge: false,
+    },
+    Strategy {
+        key: "fixed-random",
+        name: "2 fixed split, random",
+        split: SplitMode::Fixed,
+        policy: PolicyKind::Random,
+        hedge: false,
+    },
+    Strategy {
+        key: "fixed-least",
+        name: "3 fixed split, least-loaded",
+        split: SplitMode::Fixed,
+        policy: PolicyKind::LeastLoaded,
+        hedge: false,
+    },
+    Strategy {
+        key: "ours",
+        name: "4 cost split, least-loaded (ours)",
+        split: SplitMode::Cost,
+        policy: PolicyKind::LeastLoaded,
+        hedge: false,
+    },
+    Strategy {
+        key: "ours-hedge",
+        name: "5 ours + hedging",
+        split: SplitMode::Cost,
+        policy: PolicyKind::LeastLoaded,
+        hedge: true,
+    },
 ];
 
 /// Parses `all` or a comma-separated list of keys or numbers (1-5).
@@ -86,9 +116,17 @@ mod tests {
         assert_eq!(s[0].key, "whole-random");
         assert!(s[1].hedge);
         assert!(parse_strategies("best").unwrap_err().contains("ours"));
-        let base = ProxyBase { workers: vec![WorkerEndpoint::new("http://127.0.0.1:1", None)], cost: CostModel::default(), fixed_items: 13, default_deadline_ms: 500 };
+        let base = ProxyBase {
+            workers: vec![WorkerEndpoint::new("http://127.0.0.1:1", None)],
+            cost: CostModel::default(),
+            fixed_items: 13,
+            default_deadline_ms: 500,
+        };
         let c = STRATEGIES[1].proxy_config(&base);
-        assert_eq!((c.split.mode, c.split.fixed_items, c.balance.policy, c.hedge.enabled), (SplitMode::Fixed, 13, PolicyKind::Random, false));
+        assert_eq!(
+            (c.split.mode, c.split.fixed_items, c.balance.policy, c.hedge.enabled),
+            (SplitMode::Fixed, 13, PolicyKind::Random, false)
+        );
         // Every configuration is one the proxy accepts.
         for st in STRATEGIES {
             ProxyConfig::from_toml(&st.proxy_config(&base).to_toml()).unwrap();

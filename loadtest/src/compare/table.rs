@@ -2,7 +2,19 @@
 
 use super::{Cell, CompareReport};
 
-const HEADER: [&str; 11] = ["strategy", "p50 ms", "p99 ms", "p99.9 ms", "goodput/s", "errors", "missing", "hedged", "work ms/req", "extra work", "busy"];
+const HEADER: [&str; 11] = [
+    "strategy",
+    "p50 ms",
+    "p99 ms",
+    "p99.9 ms",
+    "goodput/s",
+    "errors",
+    "missing",
+    "hedged",
+    "work ms/req",
+    "extra work",
+    "busy",
+];
 
 fn row(c: &Cell) -> [String; 11] {
     let s = &c.summary;
@@ -43,11 +55,24 @@ pub fn print_table<'a>(title: &str, cells: impl Iterator<Item = &'a Cell>) {
     println!("\n{title}:");
     println!(
         "  {:<34} {:>8} {:>8} {:>9} {:>10} {:>7} {:>8} {:>7} {:>11} {:>10} {:>5}",
-        HEADER[0], HEADER[1], HEADER[2], HEADER[3], HEADER[4], HEADER[5], HEADER[6], HEADER[7], HEADER[8], HEADER[9], HEADER[10]
+        HEADER[0],
+        HEADER[1],
+        HEADER[2],
+        HEADER[3],
+        HEADER[4],
+        HEADER[5],
+        HEADER[6],
+        HEADER[7],
+        HEADER[8],
+        HEADER[9],
+        HEADER[10]
     );
     for c in cells {
         let r = row(c);
-        println!("  {:<34} {:>8} {:>8} {:>9} {:>10} {:>7} {:>8} {:>7} {:>11} {:>10} {:>5}", r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10]);
+        println!(
+            "  {:<34} {:>8} {:>8} {:>9} {:>10} {:>7} {:>8} {:>7} {:>11} {:>10} {:>5}",
+            r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10]
+        );
     }
 }
 
@@ -95,7 +120,8 @@ pub fn markdown(r: &CompareReport) -> String {
         s.push_str(&format!("\n**{l:.0}% of capacity ({qps:.1} requests/s)**\n\n"));
         s.push_str(&md_table(r.cells.iter().filter(|c| c.scenario == "load" && c.load_pct == l)));
     }
-    let mut scenarios: Vec<&str> = r.cells.iter().filter(|c| c.scenario != "load").map(|c| c.scenario.as_str()).collect();
+    let mut scenarios: Vec<&str> =
+        r.cells.iter().filter(|c| c.scenario != "load").map(|c| c.scenario.as_str()).collect();
     scenarios.dedup();
     for sc in scenarios {
         let what = match sc {

@@ -280,7 +280,11 @@ impl SimEngine {
         in_flight.finished = true;
 
         let scores = req.items.iter().map(|i| Some(scores::score(instruction, &req.query, i.text()))).collect();
-        let ids = req.items.iter().any(|i| i.id().is_some()).then(|| req.items.iter().map(|i| i.id().map(String::from)).collect());
+        let ids = req
+            .items
+            .iter()
+            .any(|i| i.id().is_some())
+            .then(|| req.items.iter().map(|i| i.id().map(String::from)).collect());
         Ok(ScoreResponse {
             scores,
             ids,
@@ -293,7 +297,11 @@ impl SimEngine {
                 cached_prefix_tokens: 0,
                 item_tokens,
             },
-            timing: Timing { queue_ms, compute_ms: compute.as_secs_f64() * 1e3, total_ms: arrival.elapsed().as_secs_f64() * 1e3 },
+            timing: Timing {
+                queue_ms,
+                compute_ms: compute.as_secs_f64() * 1e3,
+                total_ms: arrival.elapsed().as_secs_f64() * 1e3,
+            },
             model: self.config.model.clone(),
         })
     }
@@ -312,18 +320,21 @@ impl SimEngine {
         let c = &self.counters;
         let s = self.settings();
         let mut extra = serde_json::Map::new();
-        extra.insert("sim".into(), serde_json::json!({
-            "slots": self.config.slots,
-            "waiting": c.waiting.load(Ordering::Relaxed),
-            "speed": s.speed,
-            "slowdown": s.slowdown,
-            "fail_rate": s.fail_rate,
-            "failures_injected": c.failures_injected.load(Ordering::Relaxed),
-            "deadline_drops": c.deadline_drops.load(Ordering::Relaxed),
-            "rejected": c.rejected.load(Ordering::Relaxed),
-            "cancelled": c.cancelled.load(Ordering::Relaxed),
-            "busy_seconds": self.busy_seconds(),
-        }));
+        extra.insert(
+            "sim".into(),
+            serde_json::json!({
+                "slots": self.config.slots,
+                "waiting": c.waiting.load(Ordering::Relaxed),
+                "speed": s.speed,
+                "slowdown": s.slowdown,
+                "fail_rate": s.fail_rate,
+                "failures_injected": c.failures_injected.load(Ordering::Relaxed),
+                "deadline_drops": c.deadline_drops.load(Ordering::Relaxed),
+                "rejected": c.rejected.load(Ordering::Relaxed),
+                "cancelled": c.cancelled.load(Ordering::Relaxed),
+                "busy_seconds": self.busy_seconds(),
+            }),
+        );
         WorkerStats {
             model: self.config.model.clone(),
             device: "sim".into(),
@@ -337,7 +348,11 @@ impl SimEngine {
             tokens_processed: c.tokens.load(Ordering::Relaxed),
             pairs_processed: c.pairs.load(Ordering::Relaxed),
             requests_processed: c.completed.load(Ordering::Relaxed),
-            tokens_per_second: if self.config.cost.token_ms > 0.0 { 1e3 * s.speed / self.config.cost.token_ms } else { 0.0 },
+            tokens_per_second: if self.config.cost.token_ms > 0.0 {
+                1e3 * s.speed / self.config.cost.token_ms
+            } else {
+                0.0
+            },
             extra,
             ..WorkerStats::default()
         }
@@ -373,7 +388,12 @@ mod tests {
     use sieve_shared::{CostModel, Item};
 
     fn req(items: &[&str], deadline_ms: Option<u64>) -> ScoreRequest {
-        ScoreRequest { query: "trail running shoes".into(), items: items.iter().map(|&s| Item::from(s)).collect(), instruction: None, deadline_ms }
+        ScoreRequest {
+            query: "trail running shoes".into(),
+            items: items.iter().map(|&s| Item::from(s)).collect(),
+            instruction: None,
+            deadline_ms,
+        }
     }
 
     fn engine(cfg: SimConfig) -> SimEngine {
@@ -390,7 +410,10 @@ mod tests {
         let took = t0.elapsed().as_secs_f64() * 1e3;
         assert!((took - expect).abs() < 1.0, "took {took} ms, cost model says {expect} ms");
         assert_eq!(r.usage.item_tokens, vec![tokens::item_tokens("a b c"), tokens::item_tokens("d")]);
-        assert_eq!(r.usage.computed_tokens, u64::from(r.usage.prefix_tokens) + r.usage.item_tokens.iter().map(|&n| u64::from(n)).sum::<u64>());
+        assert_eq!(
+            r.usage.computed_tokens,
+            u64::from(r.usage.prefix_tokens) + r.usage.item_tokens.iter().map(|&n| u64::from(n)).sum::<u64>()
+        );
         assert_eq!(r.scores[1], Some(scores::score(None, "trail running shoes", "d")));
     }
 
@@ -464,9 +487,16 @@ mod tests {
                 let p = f64::from(r.usage.prefix_tokens);
                 let expect = cost.call_ms(p, r.usage.item_tokens.iter().map(|&t| f64::from(t))) * slowdown / speed;
                 let took = t0.elapsed().as_secs_f64() * 1e3;
-                assert!((r.timing.compute_ms - expect).abs() < 1e-6 * expect, "reported {} vs model {expect}", r.timing.compute_ms);
+                assert!(
+                    (r.timing.compute_ms - expect).abs() < 1e-6 * expect,
+                    "reported {} vs model {expect}",
+                    r.timing.compute_ms
+                );
                 // The (paused) timer wheel rounds sleeps up to the next millisecond.
-                assert!(took >= expect - 1e-6 && took <= expect + 1.0, "took {took} ms, model {expect} ms (speed {speed}, slowdown {slowdown})");
+                assert!(
+                    took >= expect - 1e-6 && took <= expect + 1.0,
+                    "took {took} ms, model {expect} ms (speed {speed}, slowdown {slowdown})"
+                );
             }
         }
     }
@@ -493,7 +523,12 @@ mod tests {
         let cost = CostModel { request_ms: 100.0, token_ms: 0.0, token_context_ms: 0.0 };
         let e = Arc::new(engine(SimConfig { cost, slots: 2, ..SimConfig::default() }));
         let t0 = Instant::now();
-        let calls: Vec<_> = (0..4).map(|_| { let e = e.clone(); tokio::spawn(async move { e.score(req(&["x"], None), t0).await }) }).collect();
+        let calls: Vec<_> = (0..4)
+            .map(|_| {
+                let e = e.clone();
+                tokio::spawn(async move { e.score(req(&["x"], None), t0).await })
+            })
+            .collect();
         for c in calls {
             c.await.unwrap().unwrap();
         }

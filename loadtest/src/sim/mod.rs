@@ -47,8 +47,12 @@ impl SimWorker {
         let engine = Arc::new(SimEngine::new(config));
         let (stop, stop_rx) = watch::channel(Stop::Running);
         let e = engine.clone();
-        let api_task =
-            tokio::spawn(sieve_shared::http::serve(api, http_cfg.clone(), move |r| http::api(e.clone(), r), http::stopped(stop_rx.clone())));
+        let api_task = tokio::spawn(sieve_shared::http::serve(
+            api,
+            http_cfg.clone(),
+            move |r| http::api(e.clone(), r),
+            http::stopped(stop_rx.clone()),
+        ));
         let e = engine.clone();
         let admin_task = tokio::spawn(sieve_shared::http::serve(
             admin,
@@ -138,7 +142,10 @@ mod tests {
         let mut s = TcpStream::connect(addr).await.unwrap();
         let body = r#"{"speed": 2.0}"#;
         let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-        let req = format!("PUT /sim HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n{auth}\r\n{body}", body.len());
+        let req = format!(
+            "PUT /sim HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n{auth}\r\n{body}",
+            body.len()
+        );
         s.write_all(req.as_bytes()).await.unwrap();
         let mut out = String::new();
         tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut out)).await.unwrap().unwrap();
@@ -161,6 +168,8 @@ mod tests {
 
         let open = SimWorker::start_local(SimConfig::default()).await.unwrap();
         assert_eq!(put_sim(open.admin_addr, Some("tok")).await, 403, "no token configured");
-        tokio::time::timeout(Duration::from_secs(5), open.shutdown_within(Duration::from_millis(100))).await.expect("bounded stop");
+        tokio::time::timeout(Duration::from_secs(5), open.shutdown_within(Duration::from_millis(100)))
+            .await
+            .expect("bounded stop");
     }
 }

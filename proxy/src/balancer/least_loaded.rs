@@ -3,7 +3,7 @@
 
 use rand::Rng;
 
-use super::{Policy, by_load};
+use super::{by_load, Policy};
 use crate::worker::WorkerView;
 
 pub struct LeastLoaded;

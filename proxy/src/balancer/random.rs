@@ -2,8 +2,8 @@
 //! independently, so two shards of one request can land on the same worker, as they do behind
 //! a per-request load balancer.
 
-use rand::Rng;
 use rand::seq::SliceRandom;
+use rand::Rng;
 
 use super::Policy;
 use crate::worker::WorkerView;

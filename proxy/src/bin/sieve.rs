@@ -16,8 +16,8 @@ use clap::{Args, Parser, Subcommand};
 use sieve_proxy::client::HttpClient;
 use sieve_proxy::local_cluster::{self, ClusterSpec, WorkerKind};
 use sieve_proxy::ranking;
-use sieve_shared::ScoreRequest;
 use sieve_shared::proxy_config::ClientConfig;
+use sieve_shared::ScoreRequest;
 
 #[derive(Parser)]
 #[command(name = "sieve", version, about = "Sieve: LLM relevance scoring — local cluster and client")]
@@ -128,7 +128,10 @@ fn default_request() -> Result<PathBuf, String> {
     if let Ok(exe) = std::env::current_exe() {
         candidates.extend(exe.ancestors().skip(1).take(4).map(|d| d.join(&rel)));
     }
-    candidates.into_iter().find(|p| p.exists()).ok_or_else(|| "configs/demo-request.json not found; pass --request FILE".into())
+    candidates
+        .into_iter()
+        .find(|p| p.exists())
+        .ok_or_else(|| "configs/demo-request.json not found; pass --request FILE".into())
 }
 
 fn read_request(path: &Path) -> Result<ScoreRequest, String> {
@@ -201,7 +204,7 @@ async fn up(a: UpArgs) -> Result<(), String> {
 async fn wait_for_interrupt() {
     #[cfg(unix)]
     {
-        use tokio::signal::unix::{SignalKind, signal};
+        use tokio::signal::unix::{signal, SignalKind};
         match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
             (Ok(mut int), Ok(mut term)) => {
                 tokio::select! {

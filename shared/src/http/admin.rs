@@ -37,7 +37,10 @@ pub struct AdminAuth {
 impl std::fmt::Debug for AdminAuth {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the token itself.
-        f.debug_struct("AdminAuth").field("token", &self.token.as_ref().map(|_| "<set>")).field("protect_reads", &self.protect_reads).finish()
+        f.debug_struct("AdminAuth")
+            .field("token", &self.token.as_ref().map(|_| "<set>"))
+            .field("protect_reads", &self.protect_reads)
+            .finish()
     }
 }
 
@@ -83,7 +86,11 @@ impl AdminAuth {
                 format!("admin token not configured: set [admin] token_file or {TOKEN_ENV} to use this route"),
             ));
         };
-        let given = req.headers().get(AUTHORIZATION).and_then(|v| v.as_bytes().strip_prefix(b"Bearer ")).map(|t| t.trim_ascii());
+        let given = req
+            .headers()
+            .get(AUTHORIZATION)
+            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+            .map(|t| t.trim_ascii());
         match given {
             Some(g) if bool::from(g.ct_eq(token)) => Ok(()),
             Some(_) => Err(unauthorized("wrong admin token")),
@@ -133,7 +140,9 @@ mod tests {
         let a = AdminAuth::load(&AdminConfig { token_file: f.display().to_string(), protect_reads: true }).unwrap();
         assert!(a.check(&req(Some("Bearer tok")), false).is_ok());
         std::fs::write(&f, "\n").unwrap();
-        assert!(AdminAuth::load(&AdminConfig { token_file: f.display().to_string(), protect_reads: false }).unwrap_err().contains("empty"));
+        assert!(AdminAuth::load(&AdminConfig { token_file: f.display().to_string(), protect_reads: false })
+            .unwrap_err()
+            .contains("empty"));
         let missing = AdminConfig { token_file: dir.join("nope").display().to_string(), protect_reads: false };
         assert!(AdminAuth::load(&missing).unwrap_err().contains("admin.token_file"));
         let _ = std::fs::remove_dir_all(&dir);

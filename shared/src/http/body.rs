@@ -44,7 +44,12 @@ pub async fn read_body(req: Request<Incoming>, max: usize) -> Result<Bytes, ApiE
 
 /// The body's bytes in one `Vec` whose capacity never exceeds `declared` (or `max`) by more
 /// than a constant. Generic so tests can feed it frames of any size.
-pub async fn collect<B>(body: B, declared: Option<u64>, max: usize, deadline: Option<BodyDeadline>) -> Result<Vec<u8>, ApiError>
+pub async fn collect<B>(
+    body: B,
+    declared: Option<u64>,
+    max: usize,
+    deadline: Option<BodyDeadline>,
+) -> Result<Vec<u8>, ApiError>
 where
     B: Body<Data = Bytes>,
     B::Error: std::fmt::Display,
@@ -79,7 +84,10 @@ where
         None => read.await,
         Some(BodyDeadline(at)) => match tokio::time::timeout_at(at, read).await {
             Ok(r) => r,
-            Err(_) => Err(ApiError::new(ErrorKind::RequestTimeout, "the request body did not arrive within body_read_timeout_ms")),
+            Err(_) => Err(ApiError::new(
+                ErrorKind::RequestTimeout,
+                "the request body did not arrive within body_read_timeout_ms",
+            )),
         },
     }
 }
@@ -104,7 +112,9 @@ mod tests {
 
     impl Frames {
         fn trickle(bytes: usize, per_frame: usize, stall: bool) -> Self {
-            let frames = (0..bytes.div_ceil(per_frame)).map(|i| Bytes::from(vec![i as u8; per_frame.min(bytes - i * per_frame)])).collect();
+            let frames = (0..bytes.div_ceil(per_frame))
+                .map(|i| Bytes::from(vec![i as u8; per_frame.min(bytes - i * per_frame)]))
+                .collect();
             Frames { frames, stall }
         }
     }

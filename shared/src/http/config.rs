@@ -55,7 +55,11 @@ impl HttpConfig {
             return Err("http.max_connections must be positive".into());
         }
         if self.max_header_bytes < Self::MIN_HEADER_BYTES {
-            return Err(format!("http.max_header_bytes {} must be at least {}", self.max_header_bytes, Self::MIN_HEADER_BYTES));
+            return Err(format!(
+                "http.max_header_bytes {} must be at least {}",
+                self.max_header_bytes,
+                Self::MIN_HEADER_BYTES
+            ));
         }
         Ok(())
     }

@@ -85,7 +85,11 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for ConnIo<T> {
         }
     }
 
-    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[IoSlice<'_>]) -> Poll<io::Result<usize>> {
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         ready!(self.poll_pending(cx))?;
         // hyper encodes a head into one buffer, so its error head is the end of the last slice.
         let Some(last) = bufs.iter().rposition(|b| !b.is_empty()) else {
@@ -93,7 +97,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for ConnIo<T> {
         };
         match hyper_error_head(&bufs[last]) {
             None => Pin::new(&mut self.inner).poll_write_vectored(cx, bufs),
-            Some((0, status)) if bufs[..last].iter().all(|b| b.is_empty()) => self.replace(cx, status, bufs[last].len()),
+            Some((0, status)) if bufs[..last].iter().all(|b| b.is_empty()) => {
+                self.replace(cx, status, bufs[last].len())
+            }
             Some((start, _)) => {
                 // Write what comes before it; hyper calls again with the head alone.
                 let mut before: Vec<IoSlice<'_>> = bufs[..last].to_vec();
@@ -138,7 +144,9 @@ fn hyper_error_head(buf: &[u8]) -> Option<(usize, u16)> {
     for h in resp.headers.iter() {
         if h.name.eq_ignore_ascii_case("content-length") && h.value == b"0" {
             has_length = true;
-        } else if !(h.name.eq_ignore_ascii_case("date") || h.name.eq_ignore_ascii_case("connection") && h.value.eq_ignore_ascii_case(b"close")) {
+        } else if !(h.name.eq_ignore_ascii_case("date")
+            || h.name.eq_ignore_ascii_case("connection") && h.value.eq_ignore_ascii_case(b"close"))
+        {
             return None;
         }
     }
@@ -177,9 +185,17 @@ mod tests {
         glued.extend_from_slice(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n\r\n");
         assert_eq!(hyper_error_head(&glued), Some((at, 431)));
         // Our own errors carry a body, other statuses and other headers are not hyper's.
-        assert_eq!(hyper_error_head(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: 0\r\n\r\n"), None);
+        assert_eq!(
+            hyper_error_head(
+                b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: 0\r\n\r\n"
+            ),
+            None
+        );
         assert_eq!(hyper_error_head(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n"), None);
-        assert_eq!(hyper_error_head(b"HTTP/1.1 400 Bad Request\r\nconnection: keep-alive\r\ncontent-length: 0\r\n\r\n"), None);
+        assert_eq!(
+            hyper_error_head(b"HTTP/1.1 400 Bad Request\r\nconnection: keep-alive\r\ncontent-length: 0\r\n\r\n"),
+            None
+        );
         assert_eq!(hyper_error_head(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 12\r\n\r\n"), None);
         assert_eq!(hyper_error_head(b"{\"a\": 1}"), None);
         let r = String::from_utf8(json_error_response(431, 65536)).unwrap();

@@ -147,10 +147,13 @@ where
             Ok::<_, Infallible>(r)
         }
     });
-    let timer = HeadTimer { activity: activity.clone(), header: config.header_read_timeout(), idle: config.idle_timeout() };
+    let timer =
+        HeadTimer { activity: activity.clone(), header: config.header_read_timeout(), idle: config.idle_timeout() };
     let io = TokioIo::new(ConnIo::new(stream, activity, config.max_header_bytes));
     let mut b = http1::Builder::new();
-    b.timer(timer).header_read_timeout(config.header_read_timeout()).max_buf_size(config.max_header_bytes.max(HttpConfig::MIN_HEADER_BYTES));
+    b.timer(timer)
+        .header_read_timeout(config.header_read_timeout())
+        .max_buf_size(config.max_header_bytes.max(HttpConfig::MIN_HEADER_BYTES));
     graceful.watch(b.serve_connection(io, svc))
 }
 

@@ -17,7 +17,13 @@ use super::*;
 const BOUND: Duration = Duration::from_secs(5);
 
 fn fast() -> HttpConfig {
-    HttpConfig { header_read_timeout_ms: 300, body_read_timeout_ms: 300, idle_timeout_ms: 700, max_connections: 64, max_header_bytes: 8192 }
+    HttpConfig {
+        header_read_timeout_ms: 300,
+        body_read_timeout_ms: 300,
+        idle_timeout_ms: 700,
+        max_connections: 64,
+        max_header_bytes: 8192,
+    }
 }
 
 struct Server {
@@ -160,12 +166,16 @@ async fn a_keep_alive_connection_closes_at_the_idle_timeout_not_the_header_one()
     s.write_all(post("{}").as_bytes()).await.unwrap();
     assert_eq!(response(&mut s).await.unwrap().0, 200);
     let t = closed(&mut s).await;
-    assert!(t >= Duration::from_millis(600) && t < Duration::from_millis(3000), "closed after {t:?}, idle timeout 700 ms");
+    assert!(
+        t >= Duration::from_millis(600) && t < Duration::from_millis(3000),
+        "closed after {t:?}, idle timeout 700 ms"
+    );
 }
 
 #[tokio::test]
 async fn connections_over_the_cap_get_503_json_and_a_freed_slot_is_reused() {
-    let srv = start(HttpConfig { max_connections: 2, header_read_timeout_ms: 5000, idle_timeout_ms: 5000, ..fast() }).await;
+    let srv =
+        start(HttpConfig { max_connections: 2, header_read_timeout_ms: 5000, idle_timeout_ms: 5000, ..fast() }).await;
     let mut held = Vec::new();
     for _ in 0..2 {
         let mut s = TcpStream::connect(srv.addr).await.unwrap();
@@ -216,7 +226,12 @@ async fn hypers_own_parse_errors_are_json() {
     assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
     assert!(text.contains("{\"len\":2}"), "{text}");
     let second = &text[text.find("HTTP/1.1 400").expect("then the 400")..];
-    assert!(second.ends_with(r#""code":400,"message":"malformed request head: the request line or a header is not valid HTTP/1.1"}}"#), "{second}");
+    assert!(
+        second.ends_with(
+            r#""code":400,"message":"malformed request head: the request line or a header is not valid HTTP/1.1"}}"#
+        ),
+        "{second}"
+    );
 }
 
 #[tokio::test]
@@ -240,4 +255,3 @@ async fn a_graceful_stop_ends_within_its_grace_despite_a_stalled_client() {
     closed(&mut stalled).await;
     closed(&mut half).await;
 }
-

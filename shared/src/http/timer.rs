@@ -144,6 +144,9 @@ mod tests {
         assert_eq!(a.head_deadline(t0, h, i), t0 + i, "after a response, nothing sent: the idle timeout");
         a.on_read();
         let d = a.head_deadline(t0, h, i);
-        assert!(d >= t0 + h && d < t0 + h + Duration::from_secs(5), "a head started: the header timeout from its first byte");
+        assert!(
+            d >= t0 + h && d < t0 + h + Duration::from_secs(5),
+            "a head started: the header timeout from its first byte"
+        );
     }
 }

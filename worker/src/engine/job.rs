@@ -206,7 +206,12 @@ pub struct Ticket {
 }
 
 impl Ticket {
-    pub(super) fn new(state: Arc<EngineState>, pairs: u64, arrived: Instant, deadline: Option<Instant>) -> (Self, Arc<CallSlot>) {
+    pub(super) fn new(
+        state: Arc<EngineState>,
+        pairs: u64,
+        arrived: Instant,
+        deadline: Option<Instant>,
+    ) -> (Self, Arc<CallSlot>) {
         let (tx, rx) = oneshot::channel();
         let slot = Arc::new(CallSlot::new(tx, pairs));
         (Ticket { rx, slot: slot.clone(), state, arrived, deadline }, slot)

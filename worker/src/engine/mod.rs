@@ -134,7 +134,11 @@ pub struct Submission {
 
 impl EngineHandle {
     /// Starts the scheduler and runner threads. The KV cache is allocated here.
-    pub fn start<B: Backend>(parts: EngineParts<B>, cfg: EngineConfig, state: Arc<EngineState>) -> crate::Result<Arc<Self>> {
+    pub fn start<B: Backend>(
+        parts: EngineParts<B>,
+        cfg: EngineConfig,
+        state: Arc<EngineState>,
+    ) -> crate::Result<Arc<Self>> {
         let fraction_ok = cfg.deadline_pass_fraction > 0.0 && cfg.deadline_pass_fraction <= 1.0;
         if !fraction_ok || cfg.prior_tokens_per_second.is_nan() || cfg.prior_tokens_per_second <= 0.0 {
             return Err(crate::WorkerError::Config(format!(
@@ -151,7 +155,12 @@ impl EngineHandle {
         let c = &parts.model.config;
         let n_layers = c.n_layers;
         let kv = parts.backend.kv_cache(c.n_layers, cfg.total_slots(), c.n_kv_heads, c.head_dim)?;
-        let cache = Arc::new(Mutex::new(PrefixCache::new(0, cfg.prefix_cache_blocks, cfg.block_size, cfg.prefix_cache.clone())));
+        let cache = Arc::new(Mutex::new(PrefixCache::new(
+            0,
+            cfg.prefix_cache_blocks,
+            cfg.block_size,
+            cfg.prefix_cache.clone(),
+        )));
         let (job_tx, job_rx) = mpsc::channel::<Msg>();
         let (batch_tx, batch_rx) = mpsc::sync_channel(1);
         let scheduler = Scheduler::new(
@@ -180,10 +189,19 @@ impl EngineHandle {
             budget: cfg.pass_budget(),
             scheduler: job_tx.clone(),
         };
-        let t1 = std::thread::Builder::new().name("sieve-scheduler".into()).spawn(move || scheduler.run(job_rx, batch_tx))?;
+        let t1 = std::thread::Builder::new()
+            .name("sieve-scheduler".into())
+            .spawn(move || scheduler.run(job_rx, batch_tx))?;
         let t2 = std::thread::Builder::new().name("sieve-runner".into()).spawn(move || runner.run(batch_rx))?;
         state.ready.store(true, std::sync::atomic::Ordering::Release);
-        Ok(Arc::new(EngineHandle { tx: Mutex::new(Some(job_tx)), state, cache, cfg, n_layers, threads: Mutex::new(vec![t1, t2]) }))
+        Ok(Arc::new(EngineHandle {
+            tx: Mutex::new(Some(job_tx)),
+            state,
+            cache,
+            cfg,
+            n_layers,
+            threads: Mutex::new(vec![t1, t2]),
+        }))
     }
 
     /// Queues a call, or refuses it at once when the engine is over its limits.
@@ -201,11 +219,22 @@ impl EngineHandle {
             )));
         }
         if EngineState::get(&st.in_flight_requests) >= self.cfg.max_in_flight_requests as u64 {
-            return Err(ApiError::overloaded(format!("overloaded: max_in_flight_requests {} reached", self.cfg.max_in_flight_requests)));
+            return Err(ApiError::overloaded(format!(
+                "overloaded: max_in_flight_requests {} reached",
+                self.cfg.max_in_flight_requests
+            )));
         }
         let deadline = s.deadline.map(|d| s.arrived + d);
         let (ticket, slot) = Ticket::new(st.clone(), pairs, s.arrived, deadline);
-        let job = ScoreJob { instruction: s.instruction, query: s.query, items: s.items, arrived: s.arrived, deadline, cancel: s.cancel, slot };
+        let job = ScoreJob {
+            instruction: s.instruction,
+            query: s.query,
+            items: s.items,
+            arrived: s.arrived,
+            deadline,
+            cancel: s.cancel,
+            slot,
+        };
         st.add(&st.queued_pairs, pairs);
         st.add(&st.in_flight_requests, 1);
         let refused = match self.tx.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {

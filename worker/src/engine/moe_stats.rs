@@ -92,7 +92,10 @@ impl MoeMonitor {
             o.insert("tokens".into(), json!(s.tokens));
             o.insert("rows_real".into(), json!(s.rows));
             o.insert("rows_padded".into(), json!(s.padded_rows));
-            o.insert("padding_ratio".into(), json!(if s.rows > 0 { s.padded_rows as f64 / s.rows as f64 } else { 1.0 }));
+            o.insert(
+                "padding_ratio".into(),
+                json!(if s.rows > 0 { s.padded_rows as f64 / s.rows as f64 } else { 1.0 }),
+            );
             o.insert("moe_seconds".into(), json!(s.moe_seconds));
             o.insert("forward_seconds".into(), json!(s.forward_seconds));
             o.insert("time_share".into(), json!(share(s.moe_seconds, s.forward_seconds)));

@@ -144,7 +144,14 @@ impl PrefixCache {
     pub fn acquire(&mut self, epoch: Epoch, tokens: &[u32]) -> Result<PrefixLease, NoSpace> {
         let bs = self.block_size;
         let n_blocks = tokens.len().div_ceil(bs);
-        let mut lease = PrefixLease { epoch, len: tokens.len(), blocks: Vec::with_capacity(n_blocks), reused: 0, reused_committed: 0, registered: vec![] };
+        let mut lease = PrefixLease {
+            epoch,
+            len: tokens.len(),
+            blocks: Vec::with_capacity(n_blocks),
+            reused: 0,
+            reused_committed: 0,
+            registered: vec![],
+        };
         self.counters.lookups += 1;
         let mut parent = None;
         let mut matching = self.cfg.enabled;
@@ -185,7 +192,14 @@ impl PrefixCache {
                 }
                 self.entries.insert(
                     key,
-                    Entry { block, tokens: toks.to_vec(), parent, state: State::Pending { epoch, written: false }, last_used: 0, children: 0 },
+                    Entry {
+                        block,
+                        tokens: toks.to_vec(),
+                        parent,
+                        state: State::Pending { epoch, written: false },
+                        last_used: 0,
+                        children: 0,
+                    },
                 );
                 self.pending_by_epoch.entry(epoch).or_default().push(key);
                 lease.registered.push(key);

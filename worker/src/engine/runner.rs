@@ -19,7 +19,7 @@ use sieve_shared::{ApiError, Usage};
 use super::job::{count_expired, Dead, JobOutput, JobResult};
 use super::layout::{segment_slots, LayoutBuilder};
 use super::prefix_cache::{Epoch, PrefixCache};
-use super::scheduler::{plan_passes, Msg, PassBudget, PlanJob, PreparedBatch, BatchJob};
+use super::scheduler::{plan_passes, BatchJob, Msg, PassBudget, PlanJob, PreparedBatch};
 use super::state::EngineState;
 use crate::model::{Model, Scratch};
 use crate::{Result, WorkerError};
@@ -95,13 +95,17 @@ fn reap(state: &EngineState, jobs: &[BatchJob], progress: &mut [Progress], now: 
 /// A call's answer from its progress: the scores it has (`missing` lists the others), or a 500
 /// naming the items whose score is not a finite number.
 fn output(state: &EngineState, job: &BatchJob, p: &Progress) -> JobResult {
-    let bad: Vec<usize> = p.scores.iter().enumerate().filter(|(_, s)| matches!(s, Some(v) if !v.is_finite())).map(|(i, _)| i).collect();
+    let bad: Vec<usize> =
+        p.scores.iter().enumerate().filter(|(_, s)| matches!(s, Some(v) if !v.is_finite())).map(|(i, _)| i).collect();
     if !bad.is_empty() {
         state.add(&state.nonfinite_scores, bad.len() as u64);
         metrics::counter!(m::NONFINITE_SCORES).increment(bad.len() as u64);
         let named: Vec<String> = bad.iter().take(8).map(|i| format!("items[{i}]")).collect();
         let more = if bad.len() > 8 { format!(" and {} more", bad.len() - 8) } else { String::new() };
-        let msg = format!("the model produced a non-finite score for {}{more}: the model or its configuration is broken", named.join(", "));
+        let msg = format!(
+            "the model produced a non-finite score for {}{more}: the model or its configuration is broken",
+            named.join(", ")
+        );
         tracing::error!("{msg}");
         return Err(ApiError::internal(msg));
     }
@@ -109,11 +113,13 @@ fn output(state: &EngineState, job: &BatchJob, p: &Progress) -> JobResult {
     let missing: Vec<usize> = p.scores.iter().enumerate().filter(|(_, s)| s.is_none()).map(|(i, _)| i).collect();
     let scored = (call.prompts.len() - missing.len()) as u64;
     let prefix = call.prefix_len as u64;
-    let (reused, reused_committed) = job.lease.as_ref().map(|l| (l.reused as u64, l.reused_committed as u64)).unwrap_or((0, 0));
+    let (reused, reused_committed) =
+        job.lease.as_ref().map(|l| (l.reused as u64, l.reused_committed as u64)).unwrap_or((0, 0));
     // Prefix demand is P per pair: computed once (less what was matched), the rest reused.
     let computed_prefix = if job.lease.is_some() { prefix - reused } else { prefix * scored };
     let cross = reused_committed * scored;
-    let prompt_tokens: u64 = call.prompts.iter().zip(&p.scores).filter(|(_, s)| s.is_some()).map(|(q, _)| q.len() as u64).sum();
+    let prompt_tokens: u64 =
+        call.prompts.iter().zip(&p.scores).filter(|(_, s)| s.is_some()).map(|(q, _)| q.len() as u64).sum();
     state.add(&state.prefix_tokens_computed, computed_prefix);
     state.add(&state.prefix_tokens_reused_cross_batch, cross);
     state.add(&state.prefix_tokens_reused_in_batch, (prefix * scored).saturating_sub(computed_prefix + cross));
@@ -201,7 +207,11 @@ impl<B: Backend> Runner<B> {
                     .map(|(j, job)| PlanJob {
                         prefix_rows: if pi == 0 { job.prefix_to_compute().len() } else { 0 },
                         first_item: next_item[j],
-                        item_rows: if prog[j].alive { (next_item[j]..job.tj.call.prompts.len()).map(|i| job.own_tokens(i).len()).collect() } else { vec![] },
+                        item_rows: if prog[j].alive {
+                            (next_item[j]..job.tj.call.prompts.len()).map(|i| job.own_tokens(i).len()).collect()
+                        } else {
+                            vec![]
+                        },
                         deadline: job.tj.job.deadline,
                     })
                     .collect();
@@ -235,7 +245,11 @@ impl<B: Backend> Runner<B> {
                     let blocks: Vec<u32> = (next_block..next_block + n_blocks as u32).collect();
                     next_block += n_blocks as u32;
                     debug_assert!((next_block - self.scratch.first_block) as usize <= self.scratch.num_blocks);
-                    let ctx: Vec<u32> = prefix_slots[j].iter().copied().chain(segment_slots(&blocks, self.block_size, own.len())).collect();
+                    let ctx: Vec<u32> = prefix_slots[j]
+                        .iter()
+                        .copied()
+                        .chain(segment_slots(&blocks, self.block_size, own.len()))
+                        .collect();
                     if let Some(row) = lb.push(own, &ctx) {
                         out_rows.push(row);
                         targets.push((j, i));
@@ -277,7 +291,14 @@ impl<B: Backend> Runner<B> {
             };
             state.pass_running.store(true, Ordering::Relaxed);
             let result = catch_unwind(AssertUnwindSafe(|| -> Result<Vec<f32>> {
-                let hidden = self.model.forward(&self.backend, &layout, &mut self.kv, &out_rows, Some(&hook), &mut self.scratch_tensors)?;
+                let hidden = self.model.forward(
+                    &self.backend,
+                    &layout,
+                    &mut self.kv,
+                    &out_rows,
+                    Some(&hook),
+                    &mut self.scratch_tensors,
+                )?;
                 self.model.head.scores(&self.backend, hidden)
             }));
             state.pass_running.store(false, Ordering::Relaxed);
@@ -300,7 +321,10 @@ impl<B: Backend> Runner<B> {
                     break;
                 }
                 Err(panic) => {
-                    let msg = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned());
+                    let msg = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned());
                     failure = Some(ApiError::internal(format!("forward pass panicked: {}", msg.unwrap_or_default())));
                     break;
                 }

@@ -89,7 +89,13 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    pub fn new(cfg: SchedulerConfig, encoder: Arc<dyn TextEncoder>, builder: PromptBuilder, cache: Arc<Mutex<PrefixCache>>, state: Arc<EngineState>) -> Self {
+    pub fn new(
+        cfg: SchedulerConfig,
+        encoder: Arc<dyn TextEncoder>,
+        builder: PromptBuilder,
+        cache: Arc<Mutex<PrefixCache>>,
+        state: Arc<EngineState>,
+    ) -> Self {
         Scheduler { cfg, encoder, builder, cache, state, next_epoch: 1, waiting: VecDeque::new() }
     }
 
@@ -108,7 +114,9 @@ impl Scheduler {
                 inbox.try_recv().map_err(|e| matches!(e, TryRecvError::Disconnected))
             } else {
                 match self.earliest_deadline() {
-                    Some(d) => inbox.recv_timeout(d.saturating_duration_since(Instant::now())).map_err(|e| matches!(e, RecvTimeoutError::Disconnected)),
+                    Some(d) => inbox
+                        .recv_timeout(d.saturating_duration_since(Instant::now()))
+                        .map_err(|e| matches!(e, RecvTimeoutError::Disconnected)),
                     None => inbox.recv().map_err(|_| true),
                 }
             };
@@ -197,7 +205,8 @@ impl Scheduler {
                 return 0;
             }
         };
-        let queued_tokens = call.prefix_len as u64 + call.prompts.iter().map(|p| (p.len() - call.prefix_len) as u64).sum::<u64>();
+        let queued_tokens =
+            call.prefix_len as u64 + call.prompts.iter().map(|p| (p.len() - call.prefix_len) as u64).sum::<u64>();
         if !job.slot.add_tokens(&self.state, queued_tokens) {
             return 0; // answered meanwhile (its ticket gave up)
         }
@@ -352,14 +361,18 @@ mod tests {
     fn sizes(jobs: &[PlanJob], passes: &[PassPlan]) -> Vec<usize> {
         passes
             .iter()
-            .map(|p| p.prefix_jobs.iter().map(|&j| jobs[j].prefix_rows).sum::<usize>() + p.items.iter().map(|&(j, i)| jobs[j].item_rows[i]).sum::<usize>())
+            .map(|p| {
+                p.prefix_jobs.iter().map(|&j| jobs[j].prefix_rows).sum::<usize>()
+                    + p.items.iter().map(|&(j, i)| jobs[j].item_rows[i]).sum::<usize>()
+            })
             .collect()
     }
 
     fn every_item_once(jobs: &[PlanJob], passes: &[PassPlan]) {
         let mut seen: Vec<(usize, usize)> = passes.iter().flat_map(|p| p.items.iter().copied()).collect();
         seen.sort_unstable();
-        let want: Vec<(usize, usize)> = jobs.iter().enumerate().flat_map(|(j, jb)| (0..jb.item_rows.len()).map(move |i| (j, i))).collect();
+        let want: Vec<(usize, usize)> =
+            jobs.iter().enumerate().flat_map(|(j, jb)| (0..jb.item_rows.len()).map(move |i| (j, i))).collect();
         assert_eq!(seen, want);
     }
 

@@ -94,7 +94,11 @@ impl EngineState {
             runner_busy_seconds: busy,
             runner_idle_seconds: Self::get(&self.runner_idle_ns) as f64 / 1e9,
             runner_idle_with_work_seconds: idle_with_work,
-            idle_fraction_under_load: if busy + idle_with_work > 0.0 { idle_with_work / (busy + idle_with_work) } else { 0.0 },
+            idle_fraction_under_load: if busy + idle_with_work > 0.0 {
+                idle_with_work / (busy + idle_with_work)
+            } else {
+                0.0
+            },
             prefix_tokens_computed: Self::get(&self.prefix_tokens_computed),
             prefix_tokens_reused_in_batch: Self::get(&self.prefix_tokens_reused_in_batch),
             prefix_tokens_reused_cross_batch: Self::get(&self.prefix_tokens_reused_cross_batch),

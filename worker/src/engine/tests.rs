@@ -9,13 +9,12 @@ use std::time::{Duration, Instant};
 use sieve_kernels::reference::ReferenceBackend;
 
 use super::*;
-use crate::model::tests::{random_source, tiny_config};
 use crate::model::source::MemorySource;
+use crate::model::tests::{random_source, tiny_config};
 use crate::model::{Arch, HeadSpec, Model, ModelConfig};
 use crate::prompt::tests::ModEncoder;
 use crate::prompt::{PromptTemplate, TextEncoder};
 use crate::WorkerError;
-
 
 fn template() -> PromptTemplate {
     PromptTemplate {
@@ -39,7 +38,8 @@ fn engine_of(c: ModelConfig, src: MemorySource, cfg: EngineConfig) -> Arc<Engine
     let model = Model::load(&backend, &src, c.clone(), HeadSpec::YesNo { yes: 3, no: 4 }, false).unwrap();
     let encoder: Arc<dyn TextEncoder> = Arc::new(ModEncoder(c.vocab as u32));
     let builder = PromptBuilder::new(template(), encoder.as_ref()).unwrap();
-    EngineHandle::start(EngineParts { backend, model, encoder, builder }, cfg, Arc::new(EngineState::default())).unwrap()
+    EngineHandle::start(EngineParts { backend, model, encoder, builder }, cfg, Arc::new(EngineState::default()))
+        .unwrap()
 }
 
 fn cfg(reuse: bool) -> EngineConfig {
@@ -58,12 +58,26 @@ fn items(n: usize, salt: usize) -> Vec<String> {
 }
 
 fn submit(e: &EngineHandle, query: &str, items: Vec<String>) -> Ticket {
-    e.submit(Submission { query: query.into(), items, instruction: None, arrived: Instant::now(), deadline: None, cancel: CancellationToken::new() })
-        .unwrap()
+    e.submit(Submission {
+        query: query.into(),
+        items,
+        instruction: None,
+        arrived: Instant::now(),
+        deadline: None,
+        cancel: CancellationToken::new(),
+    })
+    .unwrap()
 }
 
-fn submit_with(e: &EngineHandle, query: &str, items: Vec<String>, deadline: Option<Duration>, cancel: CancellationToken) -> Ticket {
-    e.submit(Submission { query: query.into(), items, instruction: None, arrived: Instant::now(), deadline, cancel }).unwrap()
+fn submit_with(
+    e: &EngineHandle,
+    query: &str,
+    items: Vec<String>,
+    deadline: Option<Duration>,
+    cancel: CancellationToken,
+) -> Ticket {
+    e.submit(Submission { query: query.into(), items, instruction: None, arrived: Instant::now(), deadline, cancel })
+        .unwrap()
 }
 
 fn score(e: &EngineHandle, query: &str, items: Vec<String>) -> JobResult {
@@ -87,7 +101,11 @@ fn scores_do_not_depend_on_reuse_batching_or_order() {
     assert_eq!(a.usage.prompt_tokens, b.usage.prompt_tokens);
     // Each item alone, and the list reversed.
     for (i, item) in it.iter().enumerate().step_by(7) {
-        assert_eq!(score(&off, "red running shoes", vec![item.clone()]).unwrap().scores[0], a.scores[i], "item {i} alone");
+        assert_eq!(
+            score(&off, "red running shoes", vec![item.clone()]).unwrap().scores[0],
+            a.scores[i],
+            "item {i} alone"
+        );
     }
     let mut rev = it.clone();
     rev.reverse();
@@ -176,7 +194,11 @@ fn concurrent_batches_never_read_each_others_pending_prefix() {
     while e.prefix_snapshot().blocks_in_use <= pending_before && t0.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(2));
     }
-    assert_eq!(e.prefix_snapshot().blocks_pending, pending_before, "batch 2 registers nothing over batch 1's pending keys");
+    assert_eq!(
+        e.prefix_snapshot().blocks_pending,
+        pending_before,
+        "batch 2 registers nothing over batch 1's pending keys"
+    );
     release_tx.send(()).unwrap();
     assert_eq!(first.blocking_recv().unwrap().unwrap_err().status(), 500);
     let s2 = second.blocking_recv().unwrap().unwrap();
@@ -321,7 +343,11 @@ fn a_pass_whose_calls_are_all_cancelled_stops_mid_pass_and_rolls_back() {
     assert_eq!((p.passes_abandoned, p.calls_cancelled, p.forward_passes), (1, 1, 0));
     assert!(p.rows_abandoned > 0);
     let after = e.prefix_snapshot();
-    assert_eq!((after.blocks_free, after.blocks_pending, after.blocks_committed), (baseline.blocks_free, 0, 0), "rolled back");
+    assert_eq!(
+        (after.blocks_free, after.blocks_pending, after.blocks_committed),
+        (baseline.blocks_free, 0, 0),
+        "rolled back"
+    );
     assert_eq!(after.counters.rollbacks, 1);
     e.cache.lock().unwrap().check_invariants().unwrap();
     // The same call again computes its prefix afresh and scores like a fresh engine.
@@ -383,7 +409,8 @@ fn a_non_finite_score_is_a_500_naming_the_items_and_nothing_is_cached() {
     let w = src.tensors.get_mut("model.embed_tokens.weight").unwrap();
     w.data[bad * c.hidden..(bad + 1) * c.hidden].fill(f32::NAN);
     let e = engine_of(c, src, cfg(true));
-    let err = score(&e, "teal cap", vec!["red shoes".into(), "bad ~ item".into(), "blue hat".into(), "~~".into()]).unwrap_err();
+    let err = score(&e, "teal cap", vec!["red shoes".into(), "bad ~ item".into(), "blue hat".into(), "~~".into()])
+        .unwrap_err();
     assert_eq!(err.status(), 500);
     assert!(err.message.contains("items[1], items[3]") && !err.message.contains("items[0]"), "{}", err.message);
     assert_eq!(e.state.nonfinite_scores.load(Ordering::Relaxed), 2);

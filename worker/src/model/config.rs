@@ -45,7 +45,9 @@ impl KeyStyle<'_> {
             "moe.top_k" => ("num_experts_per_tok", "expert_used_count"),
             "moe.expert_intermediate" => ("moe_intermediate_size", "expert_feed_forward_length"),
             "moe.sparse_step" => ("decoder_sparse_step", "decoder_sparse_step"),
-            "moe.shared_expert_intermediate" => ("shared_expert_intermediate_size", "expert_shared_feed_forward_length"),
+            "moe.shared_expert_intermediate" => {
+                ("shared_expert_intermediate_size", "expert_shared_feed_forward_length")
+            }
             other => (other, other),
         };
         match self {
@@ -257,14 +259,20 @@ impl HfConfig<'_> {
     pub fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
         match self.0.get(key) {
             None | Some(Value::Null) => Ok(None),
-            Some(v) => v.as_f64().map(Some).ok_or_else(|| WorkerError::ModelFile(format!("config.json: '{key}' is not a number"))),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| WorkerError::ModelFile(format!("config.json: '{key}' is not a number"))),
         }
     }
 
     pub fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
         match self.0.get(key) {
             None | Some(Value::Null) => Ok(None),
-            Some(v) => v.as_bool().map(Some).ok_or_else(|| WorkerError::ModelFile(format!("config.json: '{key}' is not a boolean"))),
+            Some(v) => v
+                .as_bool()
+                .map(Some)
+                .ok_or_else(|| WorkerError::ModelFile(format!("config.json: '{key}' is not a boolean"))),
         }
     }
 
@@ -279,7 +287,9 @@ impl HfConfig<'_> {
             if let Some(p) = self.0.get(key).filter(|v| !v.is_null()) {
                 let kind = p.get("rope_type").or_else(|| p.get("type")).and_then(Value::as_str).unwrap_or("default");
                 if kind != "default" {
-                    return Err(WorkerError::Unsupported(format!("{key}.rope_type '{kind}' (only unscaled RoPE is supported)")));
+                    return Err(WorkerError::Unsupported(format!(
+                        "{key}.rope_type '{kind}' (only unscaled RoPE is supported)"
+                    )));
                 }
                 if let Some(t) = p.get("rope_theta").and_then(Value::as_f64) {
                     return Ok(t);
@@ -400,15 +410,27 @@ mod tests {
         assert_eq!((c.hidden, c.head_dim, c.rope.rotary_dim, c.max_position), (64, 16, 16, 2048));
         // Each: the key set, the value, what the error must say (file, key, value).
         let cases: Vec<(&str, GgufValue, &str)> = vec![
-            ("llama.attention.layer_norm_rms_epsilon", GgufValue::F32(f32::NAN), "llama.attention.layer_norm_rms_epsilon = NaN: must be finite and > 0"),
-            ("llama.attention.layer_norm_rms_epsilon", GgufValue::F32(0.0), "layer_norm_rms_epsilon = 0: must be finite and > 0"),
+            (
+                "llama.attention.layer_norm_rms_epsilon",
+                GgufValue::F32(f32::NAN),
+                "llama.attention.layer_norm_rms_epsilon = NaN: must be finite and > 0",
+            ),
+            (
+                "llama.attention.layer_norm_rms_epsilon",
+                GgufValue::F32(0.0),
+                "layer_norm_rms_epsilon = 0: must be finite and > 0",
+            ),
             ("llama.attention.layer_norm_rms_epsilon", GgufValue::F32(-1e-6), "layer_norm_rms_epsilon = -0.000001"),
             ("llama.attention.layer_norm_rms_epsilon", GgufValue::F32(f32::INFINITY), "layer_norm_rms_epsilon = inf"),
             ("llama.rope.freq_base", GgufValue::F32(-10000.0), "llama.rope.freq_base = -10000: must be finite and > 0"),
             ("llama.rope.freq_base", GgufValue::F32(0.0), "llama.rope.freq_base = 0"),
             ("llama.rope.freq_base", GgufValue::F32(f32::NAN), "llama.rope.freq_base = NaN"),
             ("llama.context_length", GgufValue::U32(0), "llama.context_length = 0: must be > 0"),
-            ("llama.rope.dimension_count", GgufValue::U32(0), "llama.rope.dimension_count = 0: must be even, > 0 and <= llama.attention.key_length = 16"),
+            (
+                "llama.rope.dimension_count",
+                GgufValue::U32(0),
+                "llama.rope.dimension_count = 0: must be even, > 0 and <= llama.attention.key_length = 16",
+            ),
             ("llama.rope.dimension_count", GgufValue::U32(32), "llama.rope.dimension_count = 32"),
             ("llama.rope.dimension_count", GgufValue::U32(7), "llama.rope.dimension_count = 7"),
             ("llama.embedding_length", GgufValue::U32(0), "llama.embedding_length = 0: must be in 1..="),
@@ -417,7 +439,11 @@ mod tests {
             ("llama.block_count", GgufValue::U32(1 << 28), "llama.block_count = 268435456: must be in 1..=4096"),
             ("llama.attention.head_count", GgufValue::U32(0), "llama.attention.head_count = 0"),
             ("llama.attention.head_count_kv", GgufValue::U32(0), "llama.attention.head_count_kv = 0"),
-            ("llama.attention.head_count_kv", GgufValue::U32(3), "llama.attention.head_count = 4: not a multiple of llama.attention.head_count_kv = 3"),
+            (
+                "llama.attention.head_count_kv",
+                GgufValue::U32(3),
+                "llama.attention.head_count = 4: not a multiple of llama.attention.head_count_kv = 3",
+            ),
             ("llama.attention.key_length", GgufValue::U32(0), "llama.attention.key_length = 0"),
             ("llama.feed_forward_length", GgufValue::U32(0), "llama.feed_forward_length = 0"),
             ("llama.vocab_size", GgufValue::U32(0), "llama.vocab_size (or the tokenizer.ggml.tokens count) = 0"),
@@ -429,7 +455,10 @@ mod tests {
         }
         // A missing rope dimension defaults to the head dim; heads larger than hidden give a
         // zero default head dim, refused.
-        let err = config_from_gguf(&llama_gguf(&[("llama.attention.head_count", GgufValue::U32(128)), ("llama.attention.head_count_kv", GgufValue::U32(128))]));
+        let err = config_from_gguf(&llama_gguf(&[
+            ("llama.attention.head_count", GgufValue::U32(128)),
+            ("llama.attention.head_count_kv", GgufValue::U32(128)),
+        ]));
         assert!(err.unwrap_err().to_string().contains("key_length = 0"));
     }
 

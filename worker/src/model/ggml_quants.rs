@@ -205,10 +205,7 @@ pub fn dequantize_into(ty: GgmlType, bytes: &[u8], out: &mut Vec<f32>) -> Result
         GgmlType::Q5K => blocks.for_each(|b| block_q5_k(b, out)),
         GgmlType::Q6K => blocks.for_each(|b| block_q6_k(b, out)),
         other => {
-            return Err(WorkerError::Unsupported(format!(
-                "dequantizing ggml type {} is not supported",
-                other.name()
-            )))
+            return Err(WorkerError::Unsupported(format!("dequantizing ggml type {} is not supported", other.name())))
         }
     }
     Ok(())

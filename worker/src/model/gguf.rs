@@ -182,8 +182,8 @@ impl std::fmt::Debug for GgufFile {
 impl GgufFile {
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let file = File::open(&path)
-            .map_err(|e| WorkerError::ModelFile(format!("{}: cannot open: {e}", path.display())))?;
+        let file =
+            File::open(&path).map_err(|e| WorkerError::ModelFile(format!("{}: cannot open: {e}", path.display())))?;
         // SAFETY: the map is read-only; model files are not expected to change while loaded (a
         // file truncated under us could fault, as with any mmap-based model loader).
         let mmap = unsafe { Mmap::map(&file) }
@@ -262,10 +262,7 @@ impl GgufFile {
             }
             let type_id = r.u32(&name)?;
             let ty = GgmlType::from_id(type_id).ok_or_else(|| {
-                WorkerError::Unsupported(format!(
-                    "{}: tensor {name}: unknown ggml type id {type_id}",
-                    path.display()
-                ))
+                WorkerError::Unsupported(format!("{}: tensor {name}: unknown ggml type id {type_id}", path.display()))
             })?;
             let offset = r.u64(&name)?;
             let info = GgufTensorInfo { name: name.clone(), dims, ty, offset };
@@ -280,9 +277,7 @@ impl GgufFile {
         let data_offset = (r.pos as u64).div_ceil(alignment) * alignment;
         let file_len = mmap.len() as u64;
         for t in &tensors {
-            let end = data_offset
-                .checked_add(t.offset)
-                .and_then(|s| s.checked_add(t.n_bytes()));
+            let end = data_offset.checked_add(t.offset).and_then(|s| s.checked_add(t.n_bytes()));
             match end {
                 Some(end) if end <= file_len => {}
                 _ => {
@@ -351,8 +346,7 @@ impl GgufFile {
 
     /// `general.architecture` (e.g. "llama", "qwen2", "qwen3").
     pub fn architecture(&self) -> Result<&str> {
-        self.get_str("general.architecture")?
-            .ok_or_else(|| self.err("no general.architecture".into()))
+        self.get_str("general.architecture")?.ok_or_else(|| self.err("no general.architecture".into()))
     }
 
     /// `<arch>.<suffix>`, e.g. `arch_key("block_count")` → "llama.block_count".
@@ -437,9 +431,7 @@ impl GgufFile {
 
     /// A tensor by its llama.cpp (GGUF) name, dequantized to f32, shape outer-first.
     pub fn tensor_f32(&self, gguf_name: &str) -> Result<HostWeight> {
-        let info = self
-            .tensor_info(gguf_name)
-            .ok_or_else(|| missing_tensor(&self.path, gguf_name))?;
+        let info = self.tensor_info(gguf_name).ok_or_else(|| missing_tensor(&self.path, gguf_name))?;
         self.dequantize(info, 0, info.n_bytes(), info.shape())
     }
 
@@ -471,17 +463,11 @@ impl GgufFile {
             .and_then(|end| all.get(byte_start as usize..end as usize))
             .ok_or_else(|| self.err(format!("tensor {}: slice outside the tensor", info.name)))?;
         let mut data = Vec::new();
-        dequantize_into(info.ty, bytes, &mut data)
-            .map_err(|e| self.err(format!("tensor {}: {e}", info.name)))?;
+        dequantize_into(info.ty, bytes, &mut data).map_err(|e| self.err(format!("tensor {}: {e}", info.name)))?;
         HostWeight::new(data, shape)
     }
 
-    fn typed<T>(
-        &self,
-        key: &str,
-        want: &str,
-        conv: impl Fn(&GgufValue) -> Option<T>,
-    ) -> Result<Option<T>> {
+    fn typed<T>(&self, key: &str, want: &str, conv: impl Fn(&GgufValue) -> Option<T>) -> Result<Option<T>> {
         match self.value(key) {
             None => Ok(None),
             Some(v) => conv(v).map(Some).ok_or_else(|| self.wrong_type(key, want, v)),
@@ -545,9 +531,7 @@ impl WeightSource for GgufFile {
 
 /// Every tensor row must be whole blocks of its type, and the byte size must not overflow.
 fn validate_tensor_shape(path: &Path, t: &GgufTensorInfo) -> Result<()> {
-    let bad = |why: String| {
-        WorkerError::ModelFile(format!("{}: tensor {}: {why}", path.display(), t.name))
-    };
+    let bad = |why: String| WorkerError::ModelFile(format!("{}: tensor {}: {why}", path.display(), t.name));
     let mut n: u64 = 1;
     for &d in &t.dims {
         n = n.checked_mul(d).ok_or_else(|| bad(format!("dims {:?} overflow", t.dims)))?;
@@ -742,9 +726,9 @@ impl<'a> Reader<'a> {
                     .ok_or_else(|| self.err(format!("metadata {key}: unknown array element type {elem_ty}")))?;
                 // Each element takes at least `min` bytes: a count beyond the remaining bytes is corrupt.
                 if n.checked_mul(min).is_none_or(|need| need > self.left()) {
-                    return Err(self.err(format!(
-                        "metadata {key}: array of {n} elements runs past the end of the file"
-                    )));
+                    return Err(
+                        self.err(format!("metadata {key}: array of {n} elements runs past the end of the file"))
+                    );
                 }
                 let mut items = Vec::new();
                 self.reserve(&mut items, n, key)?;
@@ -899,10 +883,7 @@ mod tests {
 
     fn assert_close(got: f32, want: f64, what: &str) {
         let tol = 1e-6 * want.abs().max(1e-3);
-        assert!(
-            (got as f64 - want).abs() <= tol,
-            "{what}: got {got}, want {want}"
-        );
+        assert!((got as f64 - want).abs() <= tol, "{what}: got {got}, want {want}");
     }
 
     #[test]
@@ -914,12 +895,9 @@ mod tests {
             let name = case["type"].as_str().unwrap();
             let ty = GgmlType::from_name(name).unwrap_or_else(|| panic!("type {name}"));
             let hex = case["bytes_hex"].as_str().unwrap();
-            let bytes: Vec<u8> = (0..hex.len())
-                .step_by(2)
-                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-                .collect();
-            let want: Vec<f64> =
-                case["values"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+            let bytes: Vec<u8> =
+                (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
+            let want: Vec<f64> = case["values"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
             let got = crate::model::ggml_quants::dequantize(ty, &bytes).unwrap();
             assert_eq!(got.len(), want.len(), "{name}: element count");
             for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
@@ -971,11 +949,9 @@ mod tests {
         }
         let tokens = g.get_str_array("tokenizer.ggml.tokens").unwrap().unwrap();
         assert_eq!(tokens.len() as u64, fx["tokens"]["count"].as_u64().unwrap());
-        let first: Vec<&str> =
-            fx["tokens"]["first"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+        let first: Vec<&str> = fx["tokens"]["first"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
         assert_eq!(&tokens[..first.len()], &first[..]);
-        let last: Vec<&str> =
-            fx["tokens"]["last"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+        let last: Vec<&str> = fx["tokens"]["last"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
         assert_eq!(&tokens[tokens.len() - last.len()..], &last[..]);
         let merges = g.get_str_array("tokenizer.ggml.merges").unwrap().unwrap();
         assert_eq!(merges.len() as u64, fx["merges"]["count"].as_u64().unwrap());
@@ -1131,10 +1107,7 @@ mod tests {
         let err = GgufFile::open(write_gguf(&dir, &bytes)).unwrap_err();
         assert!(err.to_string().contains("version 9"), "{err}");
 
-        let bytes = gguf_bytes(
-            &[],
-            &[TestTensor { name: "x".into(), dims: vec![32], type_id: 99, data: vec![0; 64] }],
-        );
+        let bytes = gguf_bytes(&[], &[TestTensor { name: "x".into(), dims: vec![32], type_id: 99, data: vec![0; 64] }]);
         let err = GgufFile::open(write_gguf(&dir, &bytes)).unwrap_err();
         assert!(err.to_string().contains("unknown ggml type id 99"), "{err}");
 
@@ -1149,10 +1122,7 @@ mod tests {
         assert!(err.to_string().contains("Q8_K"), "{err}");
 
         // A row that is not whole blocks.
-        let bytes = gguf_bytes(
-            &[],
-            &[TestTensor { name: "x".into(), dims: vec![16], type_id: 8, data: vec![0; 34] }],
-        );
+        let bytes = gguf_bytes(&[], &[TestTensor { name: "x".into(), dims: vec![16], type_id: 8, data: vec![0; 34] }]);
         let err = GgufFile::open(write_gguf(&dir, &bytes)).unwrap_err();
         assert!(err.to_string().contains("block size"), "{err}");
     }
@@ -1162,10 +1132,7 @@ mod tests {
         let dir = TempDir::new("gguf");
         let bytes = gguf_bytes(
             &[("general.alignment", GgufValue::U32(64))],
-            &[
-                f32_tensor("a", &[3], &[1.0, 2.0, 3.0]),
-                f32_tensor("b", &[2], &[4.0, 5.0]),
-            ],
+            &[f32_tensor("a", &[3], &[1.0, 2.0, 3.0]), f32_tensor("b", &[2], &[4.0, 5.0])],
         );
         let g = GgufFile::open(write_gguf(&dir, &bytes)).unwrap();
         assert_eq!(g.alignment(), 64);
@@ -1237,7 +1204,12 @@ mod tests {
         // Found: a 128-byte file with dims [0, 1, 2^40] looped 2^40 times naming experts.
         let bytes = gguf_bytes(
             &[],
-            &[TestTensor { name: "blk.0.ffn_up_exps.weight".into(), dims: vec![0, 1, 1 << 40], type_id: 0, data: vec![] }],
+            &[TestTensor {
+                name: "blk.0.ffn_up_exps.weight".into(),
+                dims: vec![0, 1, 1 << 40],
+                type_id: 0,
+                data: vec![],
+            }],
         );
         assert!(bytes.len() <= 128, "{} bytes", bytes.len());
         let msg = open_err(bytes);
@@ -1245,7 +1217,12 @@ mod tests {
         // Non-zero but larger than the file.
         let bytes = gguf_bytes(
             &[],
-            &[TestTensor { name: "blk.0.ffn_up_exps.weight".into(), dims: vec![1, 1, 1 << 40], type_id: 0, data: vec![0; 4] }],
+            &[TestTensor {
+                name: "blk.0.ffn_up_exps.weight".into(),
+                dims: vec![1, 1, 1 << 40],
+                type_id: 0,
+                data: vec![0; 4],
+            }],
         );
         let msg = open_err(bytes);
         assert!(msg.contains("tensor blk.0.ffn_up_exps.weight") && msg.contains("runs past the end"), "{msg}");
@@ -1257,10 +1234,7 @@ mod tests {
         let msg = open_err(bytes);
         assert!(msg.contains("tensor w: dims") && msg.contains("overflow"), "{msg}");
         // More experts than any model has, even though the data is in the file.
-        let bytes = gguf_bytes(
-            &[],
-            &[f32_tensor("blk.0.ffn_gate_exps.weight", &[1, 1, 2000], &[0.0; 2000])],
-        );
+        let bytes = gguf_bytes(&[], &[f32_tensor("blk.0.ffn_gate_exps.weight", &[1, 1, 2000], &[0.0; 2000])]);
         let msg = open_err(bytes);
         assert!(msg.contains("tensor blk.0.ffn_gate_exps.weight: 2000 experts"), "{msg}");
         // Too many dimensions.

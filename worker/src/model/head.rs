@@ -29,10 +29,20 @@ fn sigmoid(x: f32) -> f32 {
 
 impl<B: Backend> ScoreHead<B> {
     /// Folds the yes/no rows of `lm_name` (`lm_head.weight`, or the embedding when tied).
-    pub fn yes_no(backend: &B, src: &dyn WeightSource, lm_name: &str, yes: u32, no: u32, hidden: usize) -> Result<Self> {
+    pub fn yes_no(
+        backend: &B,
+        src: &dyn WeightSource,
+        lm_name: &str,
+        yes: u32,
+        no: u32,
+        hidden: usize,
+    ) -> Result<Self> {
         let lm = src.get(lm_name)?;
         if lm.shape.len() != 2 || lm.shape[1] != hidden {
-            return Err(WorkerError::ModelFile(format!("tensor {lm_name}: shape {:?}, expected [vocab, {hidden}]", lm.shape)));
+            return Err(WorkerError::ModelFile(format!(
+                "tensor {lm_name}: shape {:?}, expected [vocab, {hidden}]",
+                lm.shape
+            )));
         }
         let vocab = lm.shape[0];
         for (what, id) in [("yes", yes), ("no", no)] {
@@ -55,7 +65,9 @@ impl<B: Backend> ScoreHead<B> {
                 let w = load(src, "score.weight", &[2, hidden])?;
                 w.data[hidden..].iter().zip(&w.data[..hidden]).map(|(a, b)| a - b).collect()
             }
-            n => return Err(WorkerError::Unsupported(format!("classification head with {n} labels (1 or 2 supported)"))),
+            n => {
+                return Err(WorkerError::Unsupported(format!("classification head with {n} labels (1 or 2 supported)")))
+            }
         };
         Ok(ScoreHead { kind: HeadKind::Classifier { labels }, folded: backend.vector(&folded)? })
     }

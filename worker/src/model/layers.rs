@@ -56,7 +56,11 @@ impl<B: Backend> Attention<B> {
         if cfg.o_bias {
             return Err(WorkerError::Unsupported("a bias on the attention output projection".into()));
         }
-        let o = backend.linear_weight(&load(src, &format!("{prefix}.o_proj.weight"), &[h, l.q_dim()])?.data, h, l.q_dim())?;
+        let o = backend.linear_weight(
+            &load(src, &format!("{prefix}.o_proj.weight"), &[h, l.q_dim()])?.data,
+            h,
+            l.q_dim(),
+        )?;
         let (q_norm, k_norm) = if cfg.qk_norm {
             let d = [l.head_dim];
             (
@@ -85,10 +89,12 @@ pub struct Mlp<B: Backend> {
 
 impl<B: Backend> Mlp<B> {
     pub fn load(backend: &B, src: &dyn WeightSource, hidden: usize, intermediate: usize, prefix: &str) -> Result<Self> {
-        let parts = [(format!("{prefix}.gate_proj.weight"), intermediate), (format!("{prefix}.up_proj.weight"), intermediate)];
+        let parts =
+            [(format!("{prefix}.gate_proj.weight"), intermediate), (format!("{prefix}.up_proj.weight"), intermediate)];
         let gate_up = backend.linear_weight(&load_stacked(src, &parts, hidden)?, 2 * intermediate, hidden)?;
         let down_name = format!("{prefix}.down_proj.weight");
-        let down = backend.linear_weight(&load(src, &down_name, &[hidden, intermediate])?.data, hidden, intermediate)?;
+        let down =
+            backend.linear_weight(&load(src, &down_name, &[hidden, intermediate])?.data, hidden, intermediate)?;
         Ok(Mlp { gate_up, down, intermediate })
     }
 

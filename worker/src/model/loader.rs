@@ -69,7 +69,10 @@ fn single_token(tok: &Tokenizer, text: &str, what: &str) -> Result<u32> {
     let ids = tok.encode_plain(text)?;
     match ids.as_slice() {
         [id] => Ok(*id),
-        _ => Err(WorkerError::Config(format!("template {what} {text:?} is {} tokens; it must be exactly one", ids.len()))),
+        _ => Err(WorkerError::Config(format!(
+            "template {what} {text:?} is {} tokens; it must be exactly one",
+            ids.len()
+        ))),
     }
 }
 

@@ -13,9 +13,9 @@ pub mod loader;
 pub mod moe;
 pub mod safetensors;
 pub mod source;
-pub mod testgen;
 #[cfg(test)]
 pub(crate) mod test_assets;
+pub mod testgen;
 #[cfg(test)]
 pub(crate) mod tests;
 
@@ -26,10 +26,10 @@ use sieve_kernels::{AttnSeq, Backend, BatchLayout, MoeSelect};
 pub use config::{Arch, ModelConfig, MoeConfig};
 pub use gguf::GgufFile;
 pub use head::{HeadKind, ScoreHead};
-pub use safetensors::HfCheckpoint;
-pub use source::{HostWeight, WeightSource};
 use layers::{load_norm, Attention, Mlp};
 pub use moe::{MoeFfn, MoePassStats, MoePolicy, MoeRun};
+pub use safetensors::HfCheckpoint;
+pub use source::{HostWeight, WeightSource};
 
 use crate::{Result, WorkerError};
 
@@ -41,7 +41,15 @@ pub enum Ffn<B: Backend> {
 
 impl<B: Backend> Ffn<B> {
     /// `acc += ffn(x)`.
-    fn forward_add(&self, backend: &B, x: &B::Tensor, acc: &mut B::Tensor, scratch: &mut layers::MlpScratch<B>, moe: &mut MoeRun<B>, select: MoeSelect) -> Result<()> {
+    fn forward_add(
+        &self,
+        backend: &B,
+        x: &B::Tensor,
+        acc: &mut B::Tensor,
+        scratch: &mut layers::MlpScratch<B>,
+        moe: &mut MoeRun<B>,
+        select: MoeSelect,
+    ) -> Result<()> {
         match self {
             Ffn::Dense(mlp) => mlp.forward_add(backend, x, acc, scratch),
             Ffn::Moe(m) => {
@@ -122,7 +130,13 @@ pub struct Model<B: Backend> {
 impl<B: Backend> Model<B> {
     /// Loads every weight through `backend`. `keep_lm_head` keeps an untied LM head for
     /// [`Model::logits`]; serving needs only the folded score head.
-    pub fn load(backend: &B, src: &dyn WeightSource, config: ModelConfig, head: HeadSpec, keep_lm_head: bool) -> Result<Self> {
+    pub fn load(
+        backend: &B,
+        src: &dyn WeightSource,
+        config: ModelConfig,
+        head: HeadSpec,
+        keep_lm_head: bool,
+    ) -> Result<Self> {
         config.validate()?;
         let h = config.hidden;
         let embed_w = layers::load(src, "model.embed_tokens.weight", &[config.vocab, h])?;

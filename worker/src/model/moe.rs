@@ -52,9 +52,18 @@ impl<B: Backend> MoeFfn<B> {
             router: &router,
             gate_up: &gate_up,
             down: &down,
-            shared: shared.as_ref().map(|(gu, d, g)| SharedExpertHost { inter: m.shared_expert_intermediate, gate_up: gu, down: d, gate: g }),
+            shared: shared.as_ref().map(|(gu, d, g)| SharedExpertHost {
+                inter: m.shared_expert_intermediate,
+                gate_up: gu,
+                down: d,
+                gate: g,
+            }),
         };
-        Ok(MoeFfn { weights: backend.moe_weights(&host)?, routing: MoeRouting { top_k: m.top_k, norm_topk_prob: m.norm_topk_prob }, num_experts: e })
+        Ok(MoeFfn {
+            weights: backend.moe_weights(&host)?,
+            routing: MoeRouting { top_k: m.top_k, norm_topk_prob: m.norm_topk_prob },
+            num_experts: e,
+        })
     }
 }
 
@@ -82,7 +91,9 @@ impl MoePolicy {
             Some(i) => Ok(MoePolicy::Fixed(i)),
             None => {
                 let names: Vec<&str> = variants.iter().map(|v| v.name).collect();
-                Err(WorkerError::Config(format!("moe variant '{name}' is not one of this backend's: {names:?} (or 'auto')")))
+                Err(WorkerError::Config(format!(
+                    "moe variant '{name}' is not one of this backend's: {names:?} (or 'auto')"
+                )))
             }
         }
     }
@@ -109,6 +120,11 @@ pub struct MoeRun<B: Backend> {
 
 impl<B: Backend> MoeRun<B> {
     pub fn new(backend: &B) -> Result<Self> {
-        Ok(MoeRun { log: backend.moe_log()?, pass: MoePassStats::default(), capture_inputs: false, captured: Vec::new() })
+        Ok(MoeRun {
+            log: backend.moe_log()?,
+            pass: MoePassStats::default(),
+            capture_inputs: false,
+            captured: Vec::new(),
+        })
     }
 }

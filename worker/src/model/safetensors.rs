@@ -77,9 +77,9 @@ pub fn shard_tensors(path: &Path, bytes: &[u8]) -> Result<Vec<ShardTensor>> {
 /// A tensor of the file `bytes` converted to f32 (an error for non-float dtypes).
 pub fn shard_tensor_f32(path: &Path, bytes: &[u8], t: &ShardTensor) -> Result<HostWeight> {
     let name = &t.name;
-    let raw = bytes.get(t.start..t.end).ok_or_else(|| {
-        WorkerError::ModelFile(format!("{}: tensor {name} lies outside the file", path.display()))
-    })?;
+    let raw = bytes
+        .get(t.start..t.end)
+        .ok_or_else(|| WorkerError::ModelFile(format!("{}: tensor {name} lies outside the file", path.display())))?;
     let data = to_f32(t.dtype, raw).ok_or_else(|| {
         WorkerError::Unsupported(format!(
             "{}: tensor {name}: dtype {} (supported: F32, F16, BF16, F64)",
@@ -113,17 +113,12 @@ impl HfCheckpoint {
     pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref().to_path_buf();
         let config_path = dir.join(CONFIG_FILE);
-        let config_text = std::fs::read_to_string(&config_path).map_err(|e| {
-            WorkerError::ModelFile(format!("{}: cannot read: {e}", config_path.display()))
-        })?;
-        let config: serde_json::Value = serde_json::from_str(&config_text).map_err(|e| {
-            WorkerError::ModelFile(format!("{}: invalid JSON: {e}", config_path.display()))
-        })?;
+        let config_text = std::fs::read_to_string(&config_path)
+            .map_err(|e| WorkerError::ModelFile(format!("{}: cannot read: {e}", config_path.display())))?;
+        let config: serde_json::Value = serde_json::from_str(&config_text)
+            .map_err(|e| WorkerError::ModelFile(format!("{}: invalid JSON: {e}", config_path.display())))?;
         if !config.is_object() {
-            return Err(WorkerError::ModelFile(format!(
-                "{}: expected a JSON object",
-                config_path.display()
-            )));
+            return Err(WorkerError::ModelFile(format!("{}: expected a JSON object", config_path.display())));
         }
 
         let (shard_files, indexed) = shard_files(&dir)?;
@@ -247,10 +242,7 @@ impl HfCheckpoint {
     }
 
     fn config_err(&self, key: &str, why: &str) -> WorkerError {
-        WorkerError::ModelFile(format!(
-            "{}: {key}: {why}",
-            self.dir.join(CONFIG_FILE).display()
-        ))
+        WorkerError::ModelFile(format!("{}: {key}: {why}", self.dir.join(CONFIG_FILE).display()))
     }
 }
 
@@ -274,10 +266,7 @@ impl WeightSource for HfCheckpoint {
 
 fn to_f32(dtype: Dtype, bytes: &[u8]) -> Option<Vec<f32>> {
     Some(match dtype {
-        Dtype::F32 => bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect(),
+        Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
         Dtype::F16 => bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
         Dtype::BF16 => bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
         Dtype::F64 => bytes
@@ -300,28 +289,21 @@ fn shard_files(dir: &Path) -> Result<(Vec<PathBuf>, IndexedTensors)> {
     }
     let index_path = dir.join(INDEX_FILE);
     if !index_path.is_file() {
-        return Err(WorkerError::ModelFile(format!(
-            "{}: neither {SINGLE_FILE} nor {INDEX_FILE} found",
-            dir.display()
-        )));
+        return Err(WorkerError::ModelFile(format!("{}: neither {SINGLE_FILE} nor {INDEX_FILE} found", dir.display())));
     }
-    let text = std::fs::read_to_string(&index_path).map_err(|e| {
-        WorkerError::ModelFile(format!("{}: cannot read: {e}", index_path.display()))
-    })?;
-    let index: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
-        WorkerError::ModelFile(format!("{}: invalid JSON: {e}", index_path.display()))
-    })?;
-    let weight_map = index.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| {
-        WorkerError::ModelFile(format!("{}: no weight_map object", index_path.display()))
-    })?;
+    let text = std::fs::read_to_string(&index_path)
+        .map_err(|e| WorkerError::ModelFile(format!("{}: cannot read: {e}", index_path.display())))?;
+    let index: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| WorkerError::ModelFile(format!("{}: invalid JSON: {e}", index_path.display())))?;
+    let weight_map = index
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| WorkerError::ModelFile(format!("{}: no weight_map object", index_path.display())))?;
     let mut files = BTreeSet::new();
     let mut indexed = Vec::with_capacity(weight_map.len());
     for (tensor, file) in weight_map {
         let file = file.as_str().ok_or_else(|| {
-            WorkerError::ModelFile(format!(
-                "{}: weight_map[{tensor}] is not a file name",
-                index_path.display()
-            ))
+            WorkerError::ModelFile(format!("{}: weight_map[{tensor}] is not a file name", index_path.display()))
         })?;
         // Shard names are plain file names in the same directory.
         if file.contains('/') || file.contains('\\') || file == ".." {
@@ -340,8 +322,8 @@ fn shard_files(dir: &Path) -> Result<(Vec<PathBuf>, IndexedTensors)> {
 }
 
 fn map_shard(path: PathBuf) -> Result<Shard> {
-    let file = File::open(&path)
-        .map_err(|e| WorkerError::ModelFile(format!("{}: cannot open: {e}", path.display())))?;
+    let file =
+        File::open(&path).map_err(|e| WorkerError::ModelFile(format!("{}: cannot open: {e}", path.display())))?;
     // SAFETY: read-only map of a model file that is not expected to change while loaded.
     let mmap = unsafe { Mmap::map(&file) }
         .map_err(|e| WorkerError::ModelFile(format!("{}: cannot map: {e}", path.display())))?;
@@ -414,8 +396,14 @@ mod tests {
     fn sharded_checkpoint_through_the_index() {
         let dir = TempDir::new("st");
         write_config(dir.path());
-        write_shard(&dir.path().join("model-00001-of-00002.safetensors"), &[("x", Dtype::F32, vec![1], f32_bytes(&[7.0]))]);
-        write_shard(&dir.path().join("model-00002-of-00002.safetensors"), &[("y", Dtype::F32, vec![2], f32_bytes(&[8.0, 9.0]))]);
+        write_shard(
+            &dir.path().join("model-00001-of-00002.safetensors"),
+            &[("x", Dtype::F32, vec![1], f32_bytes(&[7.0]))],
+        );
+        write_shard(
+            &dir.path().join("model-00002-of-00002.safetensors"),
+            &[("y", Dtype::F32, vec![2], f32_bytes(&[8.0, 9.0]))],
+        );
         let index = r#"{"metadata": {"total_size": 12}, "weight_map": {
             "x": "model-00001-of-00002.safetensors", "y": "model-00002-of-00002.safetensors"}}"#;
         std::fs::write(dir.path().join(INDEX_FILE), index).unwrap();
@@ -424,7 +412,8 @@ mod tests {
         assert_eq!(ck.get("y").unwrap().data, vec![8.0, 9.0]);
 
         // An index naming a tensor its shard lacks is an error naming the tensor.
-        let index = r#"{"weight_map": {"x": "model-00001-of-00002.safetensors", "z": "model-00001-of-00002.safetensors"}}"#;
+        let index =
+            r#"{"weight_map": {"x": "model-00001-of-00002.safetensors", "z": "model-00001-of-00002.safetensors"}}"#;
         std::fs::write(dir.path().join(INDEX_FILE), index).unwrap();
         let err = HfCheckpoint::open(dir.path()).unwrap_err();
         assert!(err.to_string().contains("tensor z"), "{err}");

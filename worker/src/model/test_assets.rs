@@ -5,8 +5,7 @@ use std::path::PathBuf;
 /// A committed fixture under `worker/tests/fixtures/`, parsed as JSON.
 pub(crate) fn fixture_json(name: &str) -> serde_json::Value {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("fixture {}: {e}", path.display()));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("fixture {}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("fixture {}: {e}", path.display()))
 }
 
@@ -14,11 +13,7 @@ pub(crate) fn fixture_json(name: &str) -> serde_json::Value {
 /// it is missing, so a missing asset is a loud failure rather than a silently skipped test.
 pub(crate) fn asset(rel: &str) -> PathBuf {
     let path = crate::assets::cache_dir().join(rel);
-    assert!(
-        path.is_file(),
-        "asset {} is missing: run scripts/fetch-assets (scripts/test does)",
-        path.display()
-    );
+    assert!(path.is_file(), "asset {} is missing: run scripts/fetch-assets (scripts/test does)", path.display());
     path
 }
 

@@ -320,9 +320,7 @@ impl TestModelSpec {
             (Some(m), true) if m.top_k == 0 || m.top_k > m.num_experts => {
                 bad(format!("top_k {} of {} experts", m.top_k, m.num_experts))
             }
-            (Some(m), true)
-                if (self.arch == TestArch::Qwen2Moe) != m.shared_expert_intermediate_size.is_some() =>
-            {
+            (Some(m), true) if (self.arch == TestArch::Qwen2Moe) != m.shared_expert_intermediate_size.is_some() => {
                 bad("a shared expert is qwen2_moe's, and qwen2_moe has one".into())
             }
             (Some(_), true) | (None, false) => Ok(()),
@@ -401,16 +399,10 @@ impl TestModelSpec {
             shape: vec![out, inp],
             init: Init::Normal { mean: 0.0, std: 1.0 / (inp as f64).sqrt() },
         };
-        let norm = |name: String, n: usize| TensorPlan {
-            name,
-            shape: vec![n],
-            init: Init::Normal { mean: 1.0, std: 0.1 },
-        };
-        let bias = |name: String, n: usize| TensorPlan {
-            name,
-            shape: vec![n],
-            init: Init::Normal { mean: 0.0, std: 0.2 },
-        };
+        let norm =
+            |name: String, n: usize| TensorPlan { name, shape: vec![n], init: Init::Normal { mean: 1.0, std: 0.1 } };
+        let bias =
+            |name: String, n: usize| TensorPlan { name, shape: vec![n], init: Init::Normal { mean: 0.0, std: 0.2 } };
         // Logits are normed_hidden · E[v]: std 3/sqrt(h) makes them spread over a few units.
         let embedding_std = 3.0 / (h as f64).sqrt();
         let mut t = vec![TensorPlan {
@@ -521,8 +513,8 @@ pub fn generate(spec: &TestModelSpec, out_dir: &Path, tokenizer_json: &Path) -> 
     std::fs::create_dir_all(out_dir)?;
 
     let config = spec.config_json(vocab);
-    let config_text = serde_json::to_string_pretty(&config)
-        .map_err(|e| WorkerError::Config(format!("config.json: {e}")))?;
+    let config_text =
+        serde_json::to_string_pretty(&config).map_err(|e| WorkerError::Config(format!("config.json: {e}")))?;
     std::fs::write(out_dir.join("config.json"), config_text + "\n")?;
 
     std::fs::copy(tokenizer_json, out_dir.join("tokenizer.json"))?;
@@ -564,8 +556,8 @@ fn write_safetensors(path: &Path, plans: &[TensorPlan], spec: &TestModelSpec) ->
     // Pad the header with spaces so the data starts 8-byte aligned (as the reference writer does).
     header_bytes.resize((header_bytes.len() + 8).div_ceil(8) * 8 - 8, b' ');
 
-    let file = File::create(path)
-        .map_err(|e| WorkerError::Config(format!("{}: cannot create: {e}", path.display())))?;
+    let file =
+        File::create(path).map_err(|e| WorkerError::Config(format!("{}: cannot create: {e}", path.display())))?;
     let mut w = BufWriter::with_capacity(1 << 20, file);
     w.write_all(&(header_bytes.len() as u64).to_le_bytes())?;
     w.write_all(&header_bytes)?;

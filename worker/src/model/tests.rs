@@ -61,7 +61,11 @@ pub(crate) fn random_source(c: &ModelConfig, seed: u64) -> MemorySource {
         }
         if c.qk_norm {
             for n in ["q_norm", "k_norm"] {
-                s.insert(format!("{p}.self_attn.{n}.weight"), r.vec(l.head_dim, 0.2).iter().map(|x| 1.0 + x).collect(), vec![l.head_dim]);
+                s.insert(
+                    format!("{p}.self_attn.{n}.weight"),
+                    r.vec(l.head_dim, 0.2).iter().map(|x| 1.0 + x).collect(),
+                    vec![l.head_dim],
+                );
             }
         }
         s.insert(format!("{p}.self_attn.o_proj.weight"), r.vec(h * l.q_dim(), sc), vec![h, l.q_dim()]);
@@ -75,13 +79,21 @@ pub(crate) fn random_source(c: &ModelConfig, seed: u64) -> MemorySource {
                 for x in 0..e {
                     s.insert(format!("{p}.mlp.experts.{x}.gate_proj.weight"), r.vec(im * h, sc), vec![im, h]);
                     s.insert(format!("{p}.mlp.experts.{x}.up_proj.weight"), r.vec(im * h, sc), vec![im, h]);
-                    s.insert(format!("{p}.mlp.experts.{x}.down_proj.weight"), r.vec(h * im, 1.0 / (im as f32).sqrt()), vec![h, im]);
+                    s.insert(
+                        format!("{p}.mlp.experts.{x}.down_proj.weight"),
+                        r.vec(h * im, 1.0 / (im as f32).sqrt()),
+                        vec![h, im],
+                    );
                 }
                 if m.shared_expert_intermediate > 0 {
                     let si = m.shared_expert_intermediate;
                     s.insert(format!("{p}.mlp.shared_expert.gate_proj.weight"), r.vec(si * h, sc), vec![si, h]);
                     s.insert(format!("{p}.mlp.shared_expert.up_proj.weight"), r.vec(si * h, sc), vec![si, h]);
-                    s.insert(format!("{p}.mlp.shared_expert.down_proj.weight"), r.vec(h * si, 1.0 / (si as f32).sqrt()), vec![h, si]);
+                    s.insert(
+                        format!("{p}.mlp.shared_expert.down_proj.weight"),
+                        r.vec(h * si, 1.0 / (si as f32).sqrt()),
+                        vec![h, si],
+                    );
                     s.insert(format!("{p}.mlp.shared_expert_gate.weight"), r.vec(h, sc), vec![1, h]);
                 }
             }
@@ -176,8 +188,9 @@ fn prefix_sharing_and_batching_do_not_change_scores() {
         let m = Model::load(&b, &src, c.clone(), HeadSpec::YesNo { yes: 5, no: 9 }, false).unwrap();
         for prefix in [1usize, 3, 4, 5, 9] {
             let base = tokens(prefix as u64, prefix, c.vocab);
-            let prompts: Vec<Vec<u32>> =
-                (0..4).map(|i| base.iter().copied().chain(tokens(99 + i as u64, 1 + 3 * i, c.vocab)).collect()).collect();
+            let prompts: Vec<Vec<u32>> = (0..4)
+                .map(|i| base.iter().copied().chain(tokens(99 + i as u64, 1 + 3 * i, c.vocab)).collect())
+                .collect();
             let alone = scores_alone(&b, &m, &prompts);
             let shared = scores_shared(&b, &m, &prompts, prefix, 4);
             assert_eq!(alone, shared, "{arch:?} prefix {prefix}");
@@ -203,7 +216,8 @@ fn moe_scores_do_not_depend_on_batch_prefix_sharing_or_variant() {
         let oracle = Model::load(&r, &src, c.clone(), HeadSpec::YesNo { yes: 5, no: 9 }, false).unwrap();
         let prefix = 5;
         let base = tokens(3, prefix, c.vocab);
-        let prompts: Vec<Vec<u32>> = (0..6).map(|i| base.iter().copied().chain(tokens(50 + i as u64, 2 + 5 * i, c.vocab)).collect()).collect();
+        let prompts: Vec<Vec<u32>> =
+            (0..6).map(|i| base.iter().copied().chain(tokens(50 + i as u64, 2 + 5 * i, c.vocab)).collect()).collect();
         let want = scores_alone(&r, &oracle, &prompts);
         let mut policies = vec![m.moe_policy().clone()];
         policies.extend((0..cpu.moe_variants().len()).map(MoePolicy::Fixed));
@@ -319,7 +333,13 @@ fn moe_model_on_the_cuda_pipeline_twin_matches_the_cpu_backend() {
     assert!(first.padded_rows >= first.rows && first.active_experts > 0 && first.max_expert_rows > 0);
     // A calibrated per-expert table cannot run on the device selector: refused with the reason.
     let table = sieve_kernels::MoeCostModel {
-        variants: vec![sieve_kernels::VariantCost { variant: "bm64".into(), per_call: 0.0, per_expert: vec![1.0], per_row: 0.0, per_padded_row: 0.0 }],
+        variants: vec![sieve_kernels::VariantCost {
+            variant: "bm64".into(),
+            per_call: 0.0,
+            per_expert: vec![1.0],
+            per_row: 0.0,
+            per_padded_row: 0.0,
+        }],
         origin: "test".into(),
         tie_margin: 0.0,
     };

@@ -22,7 +22,10 @@ pub async fn handle(app: Arc<AppState>, req: Request<Incoming>) -> HttpResponse 
     let path = req.uri().path();
     let known = matches!(path, "/health" | "/ready" | "/stats" | "/metrics" | "/drain");
     if !known {
-        return http::error(&ApiError::new(ErrorKind::NotFound, format!("no route {path} (admin: /health /ready /metrics /stats, POST /drain)")));
+        return http::error(&ApiError::new(
+            ErrorKind::NotFound,
+            format!("no route {path} (admin: /health /ready /metrics /stats, POST /drain)"),
+        ));
     }
     let expected = if path == "/drain" { Method::POST } else { Method::GET };
     if req.method() != expected {
@@ -136,13 +139,16 @@ fn prometheus(app: &AppState) -> HttpResponse {
     }
     let pl = app.state.pipeline();
     metrics::counter!("sieve_worker_prefix_tokens_computed_total").absolute(pl.prefix_tokens_computed);
-    metrics::counter!("sieve_worker_prefix_tokens_reused_total", "scope" => "in_batch").absolute(pl.prefix_tokens_reused_in_batch);
-    metrics::counter!("sieve_worker_prefix_tokens_reused_total", "scope" => "cross_batch").absolute(pl.prefix_tokens_reused_cross_batch);
+    metrics::counter!("sieve_worker_prefix_tokens_reused_total", "scope" => "in_batch")
+        .absolute(pl.prefix_tokens_reused_in_batch);
+    metrics::counter!("sieve_worker_prefix_tokens_reused_total", "scope" => "cross_batch")
+        .absolute(pl.prefix_tokens_reused_cross_batch);
     metrics::gauge!("sieve_worker_runner_busy_seconds_total").set(pl.runner_busy_seconds);
     metrics::gauge!("sieve_worker_runner_idle_with_work_seconds_total").set(pl.runner_idle_with_work_seconds);
     metrics::counter!("sieve_worker_batch_failures_total").absolute(pl.batch_failures);
     let mut r = Response::new(Full::new(Bytes::from(handle.render())));
-    r.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"));
+    r.headers_mut()
+        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"));
     r
 }
 
@@ -174,7 +180,8 @@ mod tests {
         let mut s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-        write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n{auth}\r\n").unwrap();
+        write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n{auth}\r\n")
+            .unwrap();
         let mut out = String::new();
         let _ = s.read_to_string(&mut out);
         let status = out.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);

@@ -78,7 +78,8 @@ async fn run(app: &AppState, r: &ScoreRequest, arrived: Instant) -> Result<Score
     // 504 at the deadline if the call has not started; partial scores (with `missing`) if it
     // was running.
     let out = ticket.wait().await?;
-    let ids = r.items.iter().any(|i| i.id().is_some()).then(|| r.items.iter().map(|i| i.id().map(str::to_string)).collect());
+    let ids =
+        r.items.iter().any(|i| i.id().is_some()).then(|| r.items.iter().map(|i| i.id().map(str::to_string)).collect());
     metrics::counter!(m::PAIRS).increment(out.usage.pairs as u64);
     metrics::counter!(m::TOKENS_COMPUTED).increment(out.usage.computed_tokens);
     metrics::counter!(m::PROMPT_TOKENS).increment(out.usage.prompt_tokens);
@@ -88,7 +89,11 @@ async fn run(app: &AppState, r: &ScoreRequest, arrived: Instant) -> Result<Score
         ids,
         missing: out.missing,
         usage: out.usage,
-        timing: Timing { queue_ms: out.queue_ms, compute_ms: out.compute_ms, total_ms: arrived.elapsed().as_secs_f64() * 1e3 },
+        timing: Timing {
+            queue_ms: out.queue_ms,
+            compute_ms: out.compute_ms,
+            total_ms: arrived.elapsed().as_secs_f64() * 1e3,
+        },
         model: app.model_name.get().cloned().unwrap_or_default(),
     })
 }

@@ -19,7 +19,6 @@ use crate::model::{Arch, HeadSpec, Model};
 use crate::prompt::tests::ModEncoder;
 use crate::prompt::{PromptBuilder, PromptTemplate, TextEncoder};
 
-
 struct Server {
     api: SocketAddr,
     admin: SocketAddr,
@@ -41,7 +40,8 @@ fn server_of(engine: bool, c: crate::model::ModelConfig, cfg: EngineConfig) -> S
     let app = Arc::new(AppState::new(limits(), "cpu".into(), None));
     if engine {
         let backend = ReferenceBackend;
-        let model = Model::load(&backend, &random_source(&c, 5), c.clone(), HeadSpec::YesNo { yes: 3, no: 4 }, false).unwrap();
+        let model =
+            Model::load(&backend, &random_source(&c, 5), c.clone(), HeadSpec::YesNo { yes: 3, no: 4 }, false).unwrap();
         let encoder: Arc<dyn TextEncoder> = Arc::new(ModEncoder(c.vocab as u32));
         let t = PromptTemplate { prefix: "<s>sys\n".into(), suffix: "<s>".into(), ..PromptTemplate::default() };
         let builder = PromptBuilder::new(t, encoder.as_ref()).unwrap();
@@ -62,14 +62,23 @@ fn server_of(engine: bool, c: crate::model::ModelConfig, cfg: EngineConfig) -> S
 }
 
 fn engine_cfg() -> EngineConfig {
-    EngineConfig { max_batch_tokens: 512, max_seq_tokens: 160, block_size: 4, prefix_cache_blocks: 64, ..Default::default() }
+    EngineConfig {
+        max_batch_tokens: 512,
+        max_seq_tokens: 160,
+        block_size: 4,
+        prefix_cache_blocks: 64,
+        ..Default::default()
+    }
 }
 
 /// One HTTP/1.1 exchange on a fresh connection: (status, body).
 fn http(addr: SocketAddr, method: &str, path: &str, body: &[u8], extra_headers: &str) -> (u16, Value) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let head = format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n{extra_headers}\r\n", body.len());
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n{extra_headers}\r\n",
+        body.len()
+    );
     s.write_all(head.as_bytes()).unwrap();
     let _ = s.write_all(body);
     let mut out = vec![];
@@ -113,8 +122,18 @@ fn bad_input_gets_the_right_code_and_never_disturbs_a_good_call() {
         ("zero items", br#"{"query": "x", "items": []}"#.to_vec(), 422, "items is empty"),
         ("empty item", br#"{"query": "x", "items": ["a", ""]}"#.to_vec(), 422, "items[1] is empty"),
         ("too many items", json!({"query": "x", "items": vec!["a"; 9]}).to_string().into_bytes(), 413, "max_items 8"),
-        ("item over the char limit", json!({"query": "x", "items": ["a".repeat(201)]}).to_string().into_bytes(), 413, "max_item_chars 200"),
-        ("item over the context", json!({"query": "x", "items": ["ab ".repeat(60)]}).to_string().into_bytes(), 413, "max_seq_tokens 160"),
+        (
+            "item over the char limit",
+            json!({"query": "x", "items": ["a".repeat(201)]}).to_string().into_bytes(),
+            413,
+            "max_item_chars 200",
+        ),
+        (
+            "item over the context",
+            json!({"query": "x", "items": ["ab ".repeat(60)]}).to_string().into_bytes(),
+            413,
+            "max_seq_tokens 160",
+        ),
         ("body over the limit", vec![b' '; 5000], 413, "max_body_bytes 4096"),
         ("zero deadline", br#"{"query": "x", "items": ["a"], "deadline_ms": 0}"#.to_vec(), 422, "deadline_ms"),
     ];
@@ -139,7 +158,11 @@ fn bad_input_gets_the_right_code_and_never_disturbs_a_good_call() {
 fn rerank_sorts_and_matches_score() {
     let s = server(true, engine_cfg());
     let (_, scores) = post(s.api, "/v1/score", &good());
-    let (code, r) = post(s.api, "/v1/rerank", &json!({"query": "red shoes", "documents": good()["items"], "top_n": 2, "return_documents": true}));
+    let (code, r) = post(
+        s.api,
+        "/v1/rerank",
+        &json!({"query": "red shoes", "documents": good()["items"], "top_n": 2, "return_documents": true}),
+    );
     assert_eq!(code, 200, "{r}");
     let res = r["results"].as_array().unwrap();
     assert_eq!(res.len(), 2);
@@ -161,7 +184,8 @@ fn overload_is_429_and_the_queued_work_still_completes() {
     });
     let s = server(true, EngineConfig { max_queued_pairs: 4, fault: Some(slow), ..engine_cfg() });
     let api = s.api;
-    let first = std::thread::spawn(move || post(api, "/v1/score", &json!({"query": "q", "items": ["a", "b", "c", "d"]})));
+    let first =
+        std::thread::spawn(move || post(api, "/v1/score", &json!({"query": "q", "items": ["a", "b", "c", "d"]})));
     std::thread::sleep(Duration::from_millis(100));
     let (code, v) = post(s.api, "/v1/score", &json!({"query": "q", "items": ["e"]}));
     assert_eq!(code, 429, "{v}");
@@ -243,7 +267,8 @@ fn stats_show_the_moe_section_of_a_moe_model() {
     let app = Arc::new(AppState::new(limits(), "cpu".into(), None));
     let c = tiny_moe_config(Arch::Qwen2Moe);
     let backend = CpuBackend::new(2).unwrap();
-    let mut model = Model::load(&backend, &random_source(&c, 5), c.clone(), HeadSpec::YesNo { yes: 3, no: 4 }, false).unwrap();
+    let mut model =
+        Model::load(&backend, &random_source(&c, 5), c.clone(), HeadSpec::YesNo { yes: 3, no: 4 }, false).unwrap();
     let dir = crate::model::test_assets::TempDir::new("moe-stats");
     let moe_cfg = MoeSection { policy: "padding_ratio".into(), ..Default::default() };
     let setup = crate::moe_setup::configure(&backend, &mut model, "tiny-moe", &moe_cfg, dir.path()).unwrap().unwrap();
@@ -251,7 +276,8 @@ fn stats_show_the_moe_section_of_a_moe_model() {
     let encoder: Arc<dyn TextEncoder> = Arc::new(ModEncoder(c.vocab as u32));
     let t = PromptTemplate { prefix: "<s>sys\n".into(), suffix: "<s>".into(), ..PromptTemplate::default() };
     let builder = PromptBuilder::new(t, encoder.as_ref()).unwrap();
-    let e = EngineHandle::start(EngineParts { backend, model, encoder, builder }, engine_cfg(), app.state.clone()).unwrap();
+    let e =
+        EngineHandle::start(EngineParts { backend, model, encoder, builder }, engine_cfg(), app.state.clone()).unwrap();
     let _ = app.engine.set(e);
     let admin = rt.block_on(async {
         let (l, a) = bind("127.0.0.1", 0).await.unwrap();

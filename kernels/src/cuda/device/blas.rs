@@ -20,17 +20,30 @@ pub(crate) struct Blas {
 
 impl Blas {
     pub fn new(stream: Arc<CudaStream>) -> Result<Self> {
-        let handle = CudaBlas::new(stream.clone()).map_err(|e| KernelError::Device(format!("creating the cuBLAS handle: {e:?}")))?;
+        let handle = CudaBlas::new(stream.clone())
+            .map_err(|e| KernelError::Device(format!("creating the cuBLAS handle: {e:?}")))?;
         Ok(Blas { handle, stream })
     }
 
     /// `out = x · Wᵀ + beta · out` for `m` rows; x is `[m, k]` bf16, W `[n, k]` bf16, out `[m, n]` f32.
     #[allow(clippy::too_many_arguments)]
-    pub fn gemm_bf16(&self, x: &CudaSlice<u16>, w: &CudaSlice<u16>, out: &mut CudaSlice<f32>, m: usize, n: usize, k: usize, beta: f32) -> Result<()> {
+    pub fn gemm_bf16(
+        &self,
+        x: &CudaSlice<u16>,
+        w: &CudaSlice<u16>,
+        out: &mut CudaSlice<f32>,
+        m: usize,
+        n: usize,
+        k: usize,
+        beta: f32,
+    ) -> Result<()> {
         if m == 0 || n == 0 {
             return Ok(());
         }
-        let dim = |v: usize, what: &str| i32::try_from(v).map_err(|_| KernelError::Unsupported(format!("GEMM {what} {v} exceeds cuBLAS's 32-bit sizes")));
+        let dim = |v: usize, what: &str| {
+            i32::try_from(v)
+                .map_err(|_| KernelError::Unsupported(format!("GEMM {what} {v} exceeds cuBLAS's 32-bit sizes")))
+        };
         let (mi, ni, ki) = (dim(m, "rows")?, dim(n, "columns")?, dim(k, "depth")?);
         let alpha = 1.0f32;
         let (wp, _w) = w.device_ptr(&self.stream);

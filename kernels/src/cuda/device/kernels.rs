@@ -60,7 +60,11 @@ fn target_for(arch: Arch, nvrtc: Option<&NvrtcCompiler>) -> Result<Target> {
         return Ok(Target::Cubin(arch));
     }
     let best = archs.iter().copied().filter(|&a| a <= arch.number() && a >= 80).max().ok_or_else(|| {
-        KernelError::Unsupported(format!("NVRTC {:?} cannot compile for sm_{} (supports {archs:?})", c.version(), arch.number()))
+        KernelError::Unsupported(format!(
+            "NVRTC {:?} cannot compile for sm_{} (supports {archs:?})",
+            c.version(),
+            arch.number()
+        ))
     })?;
     Ok(Target::Ptx(Arch::new(best / 10, best % 10)))
 }
@@ -72,10 +76,11 @@ impl Kernels {
         let mut nvrtc: Option<NvrtcCompiler> = None;
         let mut modules: HashMap<&'static str, Arc<CudaModule>> = HashMap::new();
 
-        for src in sources::ALL {
+        for src in ALL {
             // Cache lookup for the device's cubin first; it needs no NVRTC.
             let cubin = Target::Cubin(arch);
-            let cached = cache.as_ref().and_then(|c| c.get(src, cubin, cache_key(src, &options_for(cubin, &opts.include_dirs))));
+            let cached =
+                cache.as_ref().and_then(|c| c.get(src, cubin, cache_key(src, &options_for(cubin, &opts.include_dirs))));
             let image = match cached {
                 Some(img) => {
                     report.from_cache.push((src.file.into(), format!("{cubin:?}")));
@@ -141,7 +146,10 @@ impl Kernels {
         // Head sizes up to 256 need a little over the 48 KiB of dynamic shared memory a kernel
         // gets without opting in.
         k.attention_prefill
-            .set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, attention_smem_bytes(ATT_MAX_HD as usize) as i32)
+            .set_attribute(
+                CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                attention_smem_bytes(ATT_MAX_HD as usize) as i32,
+            )
             .map_err(driver_err("attention shared memory limit"))?;
         Ok((k, report))
     }
@@ -150,7 +158,10 @@ impl Kernels {
 fn load_image(ctx: &Arc<CudaContext>, src: &KernelSource, image: CompiledImage) -> Result<Arc<CudaModule>> {
     let ptx = match image.target {
         Target::Cubin(_) => Ptx::from_binary(image.bytes),
-        Target::Ptx(_) => Ptx::from_src(String::from_utf8(image.bytes).map_err(|_| KernelError::Device(format!("{}: PTX is not UTF-8", src.file)))?),
+        Target::Ptx(_) => Ptx::from_src(
+            String::from_utf8(image.bytes)
+                .map_err(|_| KernelError::Device(format!("{}: PTX is not UTF-8", src.file)))?,
+        ),
     };
     ctx.load_module(ptx).map_err(|e| KernelError::Device(format!("loading {} ({:?}): {e:?}", src.file, image.target)))
 }

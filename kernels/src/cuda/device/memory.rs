@@ -2,7 +2,10 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, DeviceRepr, PinnedHostSlice, ValidAsZeroBits};
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, DeviceRepr, PinnedHostSlice,
+    ValidAsZeroBits,
+};
 
 use super::{driver_err, CudaBackend};
 use crate::backend::{BatchLayout, Result};
@@ -70,7 +73,12 @@ pub(crate) struct Staging {
 
 impl Staging {
     pub fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
-        Ok(Staging { ctx: ctx.clone(), buf: None, done: ctx.new_event(None).map_err(driver_err("creating an event"))?, pending: false })
+        Ok(Staging {
+            ctx: ctx.clone(),
+            buf: None,
+            done: ctx.new_event(None).map_err(driver_err("creating an event"))?,
+            pending: false,
+        })
     }
 
     /// The buffer with room for `words` 32-bit words, once its previous copy has finished.
@@ -82,15 +90,21 @@ impl Staging {
         if self.buf.as_ref().is_none_or(|b| b.len() < words) {
             let cap = words.next_power_of_two().max(1 << 16);
             // SAFETY: the contents are written before every use.
-            let b = unsafe { self.ctx.alloc_pinned::<u32>(cap) }.map_err(driver_err("allocating pinned host memory"))?;
+            let b =
+                unsafe { self.ctx.alloc_pinned::<u32>(cap) }.map_err(driver_err("allocating pinned host memory"))?;
             self.buf = Some(b);
         }
         self.buf.as_mut().ok_or_else(|| crate::backend::KernelError::Device("staging buffer".into()))
     }
 
     /// Copies `data` (any 4-byte plain type) to `dst` asynchronously through pinned memory.
-    pub fn upload<T: DeviceRepr + Copy, D: DevicePtrMut<T>>(&mut self, stream: &Arc<CudaStream>, data: &[T], dst: &mut D) -> Result<()> {
-        assert_eq!(std::mem::size_of::<T>(), 4, "staging moves 32-bit words");
+    pub fn upload<T: DeviceRepr + Copy, D: DevicePtrMut<T>>(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        data: &[T],
+        dst: &mut D,
+    ) -> Result<()> {
+        assert_eq!(size_of::<T>(), 4, "staging moves 32-bit words");
         if data.is_empty() {
             return Ok(());
         }
@@ -100,15 +114,21 @@ impl Staging {
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr() as *const u32, host.as_mut_ptr(), data.len()) };
         let (dptr, _sync) = dst.device_ptr_mut(stream);
         // SAFETY: the source is pinned and outlives the copy (we wait on `done` before reuse).
-        unsafe { cudarc::driver::result::memcpy_htod_async(dptr, &host[..data.len()], stream.cu_stream()) }.map_err(driver_err("host-to-device copy"))?;
+        unsafe { cudarc::driver::result::memcpy_htod_async(dptr, &host[..data.len()], stream.cu_stream()) }
+            .map_err(driver_err("host-to-device copy"))?;
         self.done.record(stream).map_err(driver_err("recording an event"))?;
         self.pending = true;
         Ok(())
     }
 
     /// Copies `n` 4-byte values from `src` to the host, waiting for the stream to get there.
-    pub fn download<T: DeviceRepr + Copy + Default, S: DevicePtr<T>>(&mut self, stream: &Arc<CudaStream>, src: &S, n: usize) -> Result<Vec<T>> {
-        assert_eq!(std::mem::size_of::<T>(), 4, "staging moves 32-bit words");
+    pub fn download<T: DeviceRepr + Copy + Default, S: DevicePtr<T>>(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        src: &S,
+        n: usize,
+    ) -> Result<Vec<T>> {
+        assert_eq!(size_of::<T>(), 4, "staging moves 32-bit words");
         if n == 0 {
             return Ok(Vec::new());
         }
@@ -116,7 +136,8 @@ impl Staging {
         let host = buf.as_mut_slice().map_err(driver_err("pinned buffer"))?;
         let (sptr, _sync) = src.device_ptr(stream);
         // SAFETY: the pinned buffer has room for n words; we synchronise before reading it.
-        unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut host[..n], sptr, stream.cu_stream()) }.map_err(driver_err("device-to-host copy"))?;
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut host[..n], sptr, stream.cu_stream()) }
+            .map_err(driver_err("device-to-host copy"))?;
         stream.synchronize().map_err(driver_err("waiting for a device-to-host copy"))?;
         let mut out = vec![T::default(); n];
         // SAFETY: as in upload.

@@ -129,7 +129,17 @@ impl CudaBackend {
         let (k, load_report) = kernels::Kernels::load(&ctx, info.arch, opts)?;
         let blas = blas::Blas::new(stream.clone())?;
         let staging = Mutex::new(memory::Staging::new(&ctx)?);
-        Ok(CudaBackend { ctx, stream, blas, k, info, load_report, gemm: opts.gemm, staging, gemm_input: Mutex::new(memory::Scratch::default()) })
+        Ok(CudaBackend {
+            ctx,
+            stream,
+            blas,
+            k,
+            info,
+            load_report,
+            gemm: opts.gemm,
+            staging,
+            gemm_input: Mutex::new(memory::Scratch::default()),
+        })
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -188,6 +198,9 @@ fn device_info(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<DeviceInfo> {
         name: ctx.name().map_err(driver_err("reading the device name"))?,
         arch: Arch::new(major.max(0) as u32, minor.max(0) as u32),
         total_memory: ctx.total_mem().map_err(driver_err("reading the device memory size"))?,
-        multiprocessors: ctx.attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(driver_err("reading the SM count"))?.max(0) as u32,
+        multiprocessors: ctx
+            .attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(driver_err("reading the SM count"))?
+            .max(0) as u32,
     })
 }

@@ -11,12 +11,12 @@ use super::ops::{grid_stride, to_bf16_par};
 use super::{driver_err, CudaBackend};
 use crate::backend::{Backend, KernelError, Result};
 use crate::cuda::moe::{
-    check_moe, fit_padding_threshold, layer_stats, no_shared_expert, pipeline_routing, tile_policy, BlockM, MoeDims, MoeRouting, ThresholdSample, TileChoice, TilePolicy,
-    CALIBRATION_TOKENS,
+    check_moe, fit_padding_threshold, layer_stats, no_shared_expert, pipeline_routing, tile_policy, BlockM, MoeDims,
+    MoeRouting, ThresholdSample, TileChoice, TilePolicy, CALIBRATION_TOKENS,
 };
-use crate::moe::{AutotuneReport, MoeCostModel, MoeLayerHost, MoeLayerStats, MoeSelect};
 use crate::cuda::sources::consts::*;
 use crate::cuda::twin::{max_tiles, n_chunks};
+use crate::moe::{AutotuneReport, MoeCostModel, MoeLayerHost, MoeLayerStats, MoeSelect};
 
 /// Expert weights on the device (bf16): gate_up [n_experts, 2·inter, hidden] (gate rows then up
 /// rows per expert), down [n_experts, hidden, inter].
@@ -55,9 +55,17 @@ impl CudaBackend {
     pub fn moe_expert_weights(&self, dims: MoeDims, gate_up: &[f32], down: &[f32]) -> Result<CudaMoeWeights> {
         let MoeDims { hidden, inter, n_experts } = dims;
         if gate_up.len() != n_experts * 2 * inter * hidden || down.len() != n_experts * hidden * inter {
-            return Err(KernelError::Shape(format!("MoE weights: gate_up {} and down {} values for {dims:?}", gate_up.len(), down.len())));
+            return Err(KernelError::Shape(format!(
+                "MoE weights: gate_up {} and down {} values for {dims:?}",
+                gate_up.len(),
+                down.len()
+            )));
         }
-        Ok(CudaMoeWeights { dims, gate_up: self.upload_bulk(&to_bf16_par(gate_up))?, down: self.upload_bulk(&to_bf16_par(down))? })
+        Ok(CudaMoeWeights {
+            dims,
+            gate_up: self.upload_bulk(&to_bf16_par(gate_up))?,
+            down: self.upload_bulk(&to_bf16_par(down))?,
+        })
     }
 
     /// out (+)= MoE(x): x [tokens, hidden], router_logits [tokens, n_experts] (f32).
@@ -75,10 +83,21 @@ impl CudaBackend {
         let MoeDims { hidden, inter, n_experts } = w.dims;
         check_moe(w.dims, routing)?;
         let tokens = x.rows;
-        if x.cols != hidden || router_logits.rows != tokens || router_logits.cols != n_experts || out.rows != tokens || out.cols != hidden {
+        if x.cols != hidden
+            || router_logits.rows != tokens
+            || router_logits.cols != n_experts
+            || out.rows != tokens
+            || out.cols != hidden
+        {
             return Err(KernelError::Shape(format!(
                 "MoE: x [{}, {}], logits [{}, {}], out [{}, {}] for {w_dims:?}",
-                x.rows, x.cols, router_logits.rows, router_logits.cols, out.rows, out.cols, w_dims = w.dims
+                x.rows,
+                x.cols,
+                router_logits.rows,
+                router_logits.cols,
+                out.rows,
+                out.cols,
+                w_dims = w.dims
             )));
         }
         let s = &self.stream;
@@ -108,7 +127,8 @@ impl CudaBackend {
         let mut y = alloc::<f32>(s, n_assign * hidden)?;
 
         let (tokens_i, ne_i, k_i, renorm) = (tokens as i32, n_experts as i32, k as i32, routing.renormalize as i32);
-        let (n_assign_i, chunks_i, hidden_i, inter_i, accumulate_i) = (n_assign as i32, chunks as i32, hidden as i32, inter as i32, accumulate as i32);
+        let (n_assign_i, chunks_i, hidden_i, inter_i, accumulate_i) =
+            (n_assign as i32, chunks as i32, hidden as i32, inter as i32, accumulate as i32);
         let (threshold, force) = policy.kernel_args();
         let force_i = force as i32;
         // SAFETY (every launch below): arguments match the kernel signatures in kernels/cuda/moe_*.cu;
@@ -126,7 +146,12 @@ impl CudaBackend {
         }
         .map_err(driver_err("moe_topk_softmax"))?;
         unsafe {
-            s.launch_builder(&self.k.moe_chunk_counts).arg(&ids).arg(&mut chunk_counts).arg(&n_assign_i).arg(&ne_i).launch(launch_cfg((chunks as u32, 1), PERM_CHUNK, n_experts * 4))
+            s.launch_builder(&self.k.moe_chunk_counts)
+                .arg(&ids)
+                .arg(&mut chunk_counts)
+                .arg(&n_assign_i)
+                .arg(&ne_i)
+                .launch(launch_cfg((chunks as u32, 1), PERM_CHUNK, n_experts * 4))
         }
         .map_err(driver_err("moe_chunk_counts"))?;
         unsafe {
@@ -144,7 +169,14 @@ impl CudaBackend {
         }
         .map_err(driver_err("moe_offsets"))?;
         unsafe {
-            s.launch_builder(&self.k.moe_select_tile).arg(&counts).arg(&ne_i).arg(&threshold).arg(&force_i).arg(&mut choice).arg(&mut stats).launch(launch_cfg((1, 1), SELECT_THREADS, 0))
+            s.launch_builder(&self.k.moe_select_tile)
+                .arg(&counts)
+                .arg(&ne_i)
+                .arg(&threshold)
+                .arg(&force_i)
+                .arg(&mut choice)
+                .arg(&mut stats)
+                .launch(launch_cfg((1, 1), SELECT_THREADS, 0))
         }
         .map_err(driver_err("moe_select_tile"))?;
         unsafe {
@@ -163,35 +195,43 @@ impl CudaBackend {
         }
         .map_err(driver_err("moe_scatter"))?;
 
-        let gemm = |a: &CudaSlice<u16>, wts: &CudaSlice<u16>, c: &mut CudaSlice<f32>, n: usize, kdim: usize| -> Result<()> {
-            let (n_i, k_i) = (n as i32, kdim as i32);
-            let ny = n.div_ceil(GEMM_BN as usize) as u32;
-            for (f, tiles, grid_x, threads, what) in [
-                (&self.k.moe_gemm_bm64, &tiles64, max64, 128u32, "moe_gemm_bm64"),
-                (&self.k.moe_gemm_bm128, &tiles128, max128, 256u32, "moe_gemm_bm128"),
-            ] {
-                unsafe {
-                    s.launch_builder(f)
-                        .arg(a)
-                        .arg(wts)
-                        .arg(&mut *c)
-                        .arg(&counts)
-                        .arg(&offsets)
-                        .arg(tiles)
-                        .arg(&n_tiles)
-                        .arg(&choice)
-                        .arg(&n_i)
-                        .arg(&k_i)
-                        .launch(launch_cfg((grid_x as u32, ny), threads, 0))
+        let gemm =
+            |a: &CudaSlice<u16>, wts: &CudaSlice<u16>, c: &mut CudaSlice<f32>, n: usize, kdim: usize| -> Result<()> {
+                let (n_i, k_i) = (n as i32, kdim as i32);
+                let ny = n.div_ceil(GEMM_BN as usize) as u32;
+                for (f, tiles, grid_x, threads, what) in [
+                    (&self.k.moe_gemm_bm64, &tiles64, max64, 128u32, "moe_gemm_bm64"),
+                    (&self.k.moe_gemm_bm128, &tiles128, max128, 256u32, "moe_gemm_bm128"),
+                ] {
+                    unsafe {
+                        s.launch_builder(f)
+                            .arg(a)
+                            .arg(wts)
+                            .arg(&mut *c)
+                            .arg(&counts)
+                            .arg(&offsets)
+                            .arg(tiles)
+                            .arg(&n_tiles)
+                            .arg(&choice)
+                            .arg(&n_i)
+                            .arg(&k_i)
+                            .launch(launch_cfg((grid_x as u32, ny), threads, 0))
+                    }
+                    .map_err(driver_err(what))?;
                 }
-                .map_err(driver_err(what))?;
-            }
-            Ok(())
-        };
+                Ok(())
+            };
         gemm(&xp, &w.gate_up, &mut gate_up_out, 2 * inter, hidden)?;
         let n_act = (n_assign * inter) as i64;
-        unsafe { s.launch_builder(&self.k.silu_mul_bf16).arg(&gate_up_out).arg(&mut act).arg(&n_act).arg(&inter_i).launch(grid_stride(n_act as usize)) }
-            .map_err(driver_err("silu_mul_bf16"))?;
+        unsafe {
+            s.launch_builder(&self.k.silu_mul_bf16)
+                .arg(&gate_up_out)
+                .arg(&mut act)
+                .arg(&n_act)
+                .arg(&inter_i)
+                .launch(grid_stride(n_act as usize))
+        }
+        .map_err(driver_err("silu_mul_bf16"))?;
         gemm(&act, &w.down, &mut y, hidden, inter)?;
         unsafe {
             s.launch_builder(&self.k.moe_unpermute)
@@ -214,7 +254,13 @@ impl CudaBackend {
     /// count, random routing (small counts give high padding ratios), the layer time of each
     /// fixed variant (CUDA events, median of `reps`), then [`fit_padding_threshold`]. Bounded by
     /// the token counts and reps the caller passes; returns the threshold and the samples.
-    pub fn calibrate_moe_threshold(&self, w: &CudaMoeWeights, routing: MoeRouting, token_counts: &[usize], reps: usize) -> Result<(f32, Vec<ThresholdSample>)> {
+    pub fn calibrate_moe_threshold(
+        &self,
+        w: &CudaMoeWeights,
+        routing: MoeRouting,
+        token_counts: &[usize],
+        reps: usize,
+    ) -> Result<(f32, Vec<ThresholdSample>)> {
         use cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
         let MoeDims { hidden, n_experts, .. } = w.dims;
         let mut samples = Vec::new();
@@ -228,7 +274,8 @@ impl CudaBackend {
         };
         for &tokens in token_counts.iter().filter(|&&t| t > 0) {
             let x = self.from_host(&(0..tokens * hidden).map(|_| next()).collect::<Vec<_>>(), tokens, hidden)?;
-            let logits = self.from_host(&(0..tokens * n_experts).map(|_| 3.0 * next()).collect::<Vec<_>>(), tokens, n_experts)?;
+            let logits =
+                self.from_host(&(0..tokens * n_experts).map(|_| 3.0 * next()).collect::<Vec<_>>(), tokens, n_experts)?;
             let mut out = self.zeros(tokens, hidden)?;
             let mut time = |policy: TilePolicy| -> Result<(f64, TileChoice)> {
                 let stats = self.moe_forward(&x, &logits, w, routing, policy, &mut out, false)?; // warm-up
@@ -245,7 +292,11 @@ impl CudaBackend {
             };
             let (ms64, choice) = time(TilePolicy::Fixed(BlockM::M64))?;
             let (ms128, _) = time(TilePolicy::Fixed(BlockM::M128))?;
-            samples.push(ThresholdSample { ratio: choice.padded128 as f64 / choice.real_rows.max(1) as f64, ms64, ms128 });
+            samples.push(ThresholdSample {
+                ratio: choice.padded128 as f64 / choice.real_rows.max(1) as f64,
+                ms64,
+                ms128,
+            });
         }
         Ok((fit_padding_threshold(&samples), samples))
     }
@@ -274,7 +325,10 @@ impl CudaBackend {
         }
         let dims = MoeDims { hidden: w.hidden, inter: w.expert_inter, n_experts: w.num_experts };
         check_moe(dims, MoeRouting { top_k: 1, renormalize: false })?;
-        Ok(CudaMoeLayer { router: self.linear_weight(w.router, w.num_experts, w.hidden)?, experts: self.moe_expert_weights(dims, w.gate_up, w.down)? })
+        Ok(CudaMoeLayer {
+            router: self.linear_weight(w.router, w.num_experts, w.hidden)?,
+            experts: self.moe_expert_weights(dims, w.gate_up, w.down)?,
+        })
     }
 
     /// `acc += moe(x)`: the router projection, then the device pipeline of [`Self::moe_forward`]
@@ -284,7 +338,15 @@ impl CudaBackend {
     /// Not verified on hardware here (no GPU on the machine this was written on): it compiles,
     /// each launch is the one `moe_forward` makes (whose kernels are tested against their CPU
     /// twins), and the same sequence runs on `TwinBackend` in the test suite.
-    pub(crate) fn moe_layer_ffn(&self, x: &CudaTensor, w: &CudaMoeLayer, routing: crate::moe::MoeRouting, select: MoeSelect, acc: &mut CudaTensor, log: &mut CudaMoeLog) -> Result<()> {
+    pub(crate) fn moe_layer_ffn(
+        &self,
+        x: &CudaTensor,
+        w: &CudaMoeLayer,
+        routing: crate::moe::MoeRouting,
+        select: MoeSelect,
+        acc: &mut CudaTensor,
+        log: &mut CudaMoeLog,
+    ) -> Result<()> {
         let policy = tile_policy(select)?;
         let routing = pipeline_routing(routing);
         check_moe(w.experts.dims, routing)?;
@@ -303,7 +365,12 @@ impl CudaBackend {
     /// counts that fit the budget (each count's time predicted from the previous one), the fitted
     /// threshold as the padding-ratio rule. Runs only where a GPU is present; not exercised on
     /// hardware in this repository's test runs (see the README).
-    pub(crate) fn moe_layer_autotune(&self, w: &CudaMoeLayer, routing: crate::moe::MoeRouting, budget: std::time::Duration) -> Result<(MoeCostModel, AutotuneReport)> {
+    pub(crate) fn moe_layer_autotune(
+        &self,
+        w: &CudaMoeLayer,
+        routing: crate::moe::MoeRouting,
+        budget: std::time::Duration,
+    ) -> Result<(MoeCostModel, AutotuneReport)> {
         let t0 = std::time::Instant::now();
         let routing = pipeline_routing(routing);
         let mut samples = Vec::new();
@@ -325,7 +392,12 @@ impl CudaBackend {
         let threshold = fit_padding_threshold(&samples);
         let mut model = MoeCostModel::padding_ratio_rule("bm128", "bm64", threshold as f64);
         model.origin = "autotune".into();
-        let report = AutotuneReport { seconds: t0.elapsed().as_secs_f64(), samples: samples.len() * 2, knots_measured: measured, complete: measured == CALIBRATION_TOKENS.len() };
+        let report = AutotuneReport {
+            seconds: t0.elapsed().as_secs_f64(),
+            samples: samples.len() * 2,
+            knots_measured: measured,
+            complete: measured == CALIBRATION_TOKENS.len(),
+        };
         Ok((model, report))
     }
 }

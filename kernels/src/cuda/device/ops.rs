@@ -34,7 +34,14 @@ pub(crate) fn to_bf16_par(data: &[f32]) -> Vec<u16> {
 impl CudaBackend {
     /// out (+)= x · Wᵀ (+ bias): cast x to bf16, then cuBLAS. The cast buffer stays locked until
     /// the GEMM reading it is enqueued.
-    fn project(&self, x: &CudaTensor, w: &CudaMatrix, bias: Option<&CudaVector>, out: &mut CudaTensor, accumulate: bool) -> Result<()> {
+    fn project(
+        &self,
+        x: &CudaTensor,
+        w: &CudaMatrix,
+        bias: Option<&CudaVector>,
+        out: &mut CudaTensor,
+        accumulate: bool,
+    ) -> Result<()> {
         let n = x.rows * x.cols;
         if x.rows == 0 {
             return Ok(());
@@ -44,13 +51,24 @@ impl CudaBackend {
         let n_i64 = n as i64;
         // SAFETY (all launches in this file): arguments match the kernel's signature; every index
         // a kernel forms is bounded by the shape checks run before it.
-        unsafe { self.stream.launch_builder(&self.k.cast_bf16).arg(&x.buf).arg(&mut *xb).arg(&n_i64).launch(grid_stride(n)) }.map_err(driver_err("cast_bf16"))?;
+        unsafe {
+            self.stream.launch_builder(&self.k.cast_bf16).arg(&x.buf).arg(&mut *xb).arg(&n_i64).launch(grid_stride(n))
+        }
+        .map_err(driver_err("cast_bf16"))?;
         let beta = match bias {
             Some(b) => {
                 let total = (out.rows * out.cols) as i64;
                 let cols = out.cols as i32;
-                unsafe { self.stream.launch_builder(&self.k.broadcast_rows).arg(&b.buf).arg(&mut out.buf).arg(&total).arg(&cols).launch(grid_stride(total as usize)) }
-                    .map_err(driver_err("broadcast_rows"))?;
+                unsafe {
+                    self.stream
+                        .launch_builder(&self.k.broadcast_rows)
+                        .arg(&b.buf)
+                        .arg(&mut out.buf)
+                        .arg(&total)
+                        .arg(&cols)
+                        .launch(grid_stride(total as usize))
+                }
+                .map_err(driver_err("broadcast_rows"))?;
                 1.0
             }
             None if accumulate => 1.0,
@@ -62,8 +80,24 @@ impl CudaBackend {
         let (m, n, k) = (x.rows as i32, w.rows as i32, w.cols as i32);
         let bm = tiled_block_m(x.rows);
         let (f, threads) = if bm == 64 { (&self.k.dense_gemm_bm64, 128) } else { (&self.k.dense_gemm_bm128, 256) };
-        let cfg = LaunchConfig { grid_dim: (x.rows.div_ceil(bm) as u32, w.rows.div_ceil(GEMM_BN as usize) as u32, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
-        unsafe { self.stream.launch_builder(f).arg(&*xb).arg(&w.buf).arg(&mut out.buf).arg(&m).arg(&n).arg(&k).arg(&beta).launch(cfg) }.map_err(driver_err("dense_gemm"))?;
+        let cfg = LaunchConfig {
+            grid_dim: (x.rows.div_ceil(bm) as u32, w.rows.div_ceil(GEMM_BN as usize) as u32, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        unsafe {
+            self.stream
+                .launch_builder(f)
+                .arg(&*xb)
+                .arg(&w.buf)
+                .arg(&mut out.buf)
+                .arg(&m)
+                .arg(&n)
+                .arg(&k)
+                .arg(&beta)
+                .launch(cfg)
+        }
+        .map_err(driver_err("dense_gemm"))?;
         Ok(())
     }
 }
@@ -163,8 +197,17 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let cols = x.cols as i32;
-        unsafe { self.stream.launch_builder(&self.k.rms_norm_rows).arg(&x.buf).arg(&w.buf).arg(&mut out.buf).arg(&cols).arg(&eps).launch(per_row(x.rows, RMS_THREADS, 0)) }
-            .map_err(driver_err("rms_norm_rows"))?;
+        unsafe {
+            self.stream
+                .launch_builder(&self.k.rms_norm_rows)
+                .arg(&x.buf)
+                .arg(&w.buf)
+                .arg(&mut out.buf)
+                .arg(&cols)
+                .arg(&eps)
+                .launch(per_row(x.rows, RMS_THREADS, 0))
+        }
+        .map_err(driver_err("rms_norm_rows"))?;
         Ok(())
     }
 
@@ -183,9 +226,11 @@ impl Backend for CudaBackend {
         if qkv.rows == 0 {
             return Ok(());
         }
-        let (qkv_cols, n_heads, n_kv_heads, head_dim) = (qkv.cols as i32, layout.n_heads as i32, layout.n_kv_heads as i32, layout.head_dim as i32);
+        let (qkv_cols, n_heads, n_kv_heads, head_dim) =
+            (qkv.cols as i32, layout.n_heads as i32, layout.n_kv_heads as i32, layout.head_dim as i32);
         let (use_q, use_k) = (q_norm.is_some() as i32, k_norm.is_some() as i32);
-        let (theta, rotary_dim, interleaved) = (rope.theta as f64, rope.rotary_dim as i32, (rope.layout == RopeLayout::Interleaved) as i32);
+        let (theta, rotary_dim, interleaved) =
+            (rope.theta as f64, rope.rotary_dim as i32, (rope.layout == RopeLayout::Interleaved) as i32);
         // Norm weights go as raw device addresses: null when absent (the kernel never reads them then).
         let addr = |v: Option<&CudaVector>| -> u64 { v.map_or(0, |v| v.buf.device_ptr(&self.stream).0) };
         let (q_addr, k_addr) = (addr(q_norm), addr(k_norm));
@@ -193,18 +238,35 @@ impl Backend for CudaBackend {
         let positions = batch.view(&batch.packed.positions);
         let mut b = self.stream.launch_builder(&self.k.qk_norm_rope);
         b.arg(&mut qkv.buf).arg(&positions).arg(&q_addr).arg(&k_addr);
-        b.arg(&qkv_cols).arg(&n_heads).arg(&n_kv_heads).arg(&head_dim).arg(&eps).arg(&use_q).arg(&use_k).arg(&theta).arg(&rotary_dim).arg(&interleaved);
+        b.arg(&qkv_cols)
+            .arg(&n_heads)
+            .arg(&n_kv_heads)
+            .arg(&head_dim)
+            .arg(&eps)
+            .arg(&use_q)
+            .arg(&use_k)
+            .arg(&theta)
+            .arg(&rotary_dim)
+            .arg(&interleaved);
         unsafe { b.launch(cfg) }.map_err(driver_err("qk_norm_rope"))?;
         Ok(())
     }
 
-    fn write_kv(&self, qkv: &CudaTensor, layout: QkvLayout, cache: &mut CudaKvCache, layer: usize, batch: &CudaBatch) -> Result<()> {
+    fn write_kv(
+        &self,
+        qkv: &CudaTensor,
+        layout: QkvLayout,
+        cache: &mut CudaKvCache,
+        layer: usize,
+        batch: &CudaBatch,
+    ) -> Result<()> {
         checks::write_kv(shape(qkv), layout, cache.dims(), layer, batch.packed.num_rows)?;
         if qkv.rows == 0 {
             return Ok(());
         }
         let range = cache.layer_range(layer);
-        let (qkv_cols, k_off, v_off, kv_dim) = (qkv.cols as i32, layout.k_offset() as i32, layout.v_offset() as i32, layout.kv_dim() as i32);
+        let (qkv_cols, k_off, v_off, kv_dim) =
+            (qkv.cols as i32, layout.k_offset() as i32, layout.v_offset() as i32, layout.kv_dim() as i32);
         let mut k = cache.k.slice_mut(range.clone());
         let mut v = cache.v.slice_mut(range);
         unsafe {
@@ -224,14 +286,23 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn attention(&self, qkv: &CudaTensor, layout: QkvLayout, cache: &CudaKvCache, layer: usize, batch: &CudaBatch, out: &mut CudaTensor) -> Result<()> {
+    fn attention(
+        &self,
+        qkv: &CudaTensor,
+        layout: QkvLayout,
+        cache: &CudaKvCache,
+        layer: usize,
+        batch: &CudaBatch,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
         checks::attention(shape(qkv), layout, cache.dims(), layer, batch.packed.num_rows, shape(out))?;
         if batch.packed.num_q_tiles == 0 {
             return Ok(());
         }
         let range = cache.layer_range(layer);
         let (k, v) = (cache.k.slice(range.clone()), cache.v.slice(range));
-        let (qkv_cols, n_heads, n_kv_heads, head_dim) = (qkv.cols as i32, layout.n_heads as i32, layout.n_kv_heads as i32, layout.head_dim as i32);
+        let (qkv_cols, n_heads, n_kv_heads, head_dim) =
+            (qkv.cols as i32, layout.n_heads as i32, layout.n_kv_heads as i32, layout.head_dim as i32);
         let scale = attention_scale(layout.head_dim);
         let cfg = LaunchConfig {
             grid_dim: (batch.packed.num_q_tiles as u32, layout.n_heads as u32, 1),
@@ -266,8 +337,16 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let (n_i64, inter) = (n as i64, out.cols as i32);
-        unsafe { self.stream.launch_builder(&self.k.silu_mul_f32).arg(&gate_up.buf).arg(&mut out.buf).arg(&n_i64).arg(&inter).launch(grid_stride(n)) }
-            .map_err(driver_err("silu_mul_f32"))?;
+        unsafe {
+            self.stream
+                .launch_builder(&self.k.silu_mul_f32)
+                .arg(&gate_up.buf)
+                .arg(&mut out.buf)
+                .arg(&n_i64)
+                .arg(&inter)
+                .launch(grid_stride(n))
+        }
+        .map_err(driver_err("silu_mul_f32"))?;
         Ok(())
     }
 
@@ -278,8 +357,16 @@ impl Backend for CudaBackend {
         }
         let idx = self.upload(rows)?;
         let cols = x.cols as i32;
-        unsafe { self.stream.launch_builder(&self.k.gather_rows).arg(&x.buf).arg(&idx).arg(&mut out.buf).arg(&cols).launch(per_row(rows.len(), GATHER_THREADS, 0)) }
-            .map_err(driver_err("gather_rows"))?;
+        unsafe {
+            self.stream
+                .launch_builder(&self.k.gather_rows)
+                .arg(&x.buf)
+                .arg(&idx)
+                .arg(&mut out.buf)
+                .arg(&cols)
+                .launch(per_row(rows.len(), GATHER_THREADS, 0))
+        }
+        .map_err(driver_err("gather_rows"))?;
         Ok(())
     }
 
@@ -290,8 +377,16 @@ impl Backend for CudaBackend {
         }
         let mut out = alloc::<f32>(&self.stream, x.rows)?;
         let cols = x.cols as i32;
-        unsafe { self.stream.launch_builder(&self.k.dot_rows).arg(&x.buf).arg(&v.buf).arg(&mut out).arg(&cols).launch(per_row(x.rows, SCORE_THREADS, 0)) }
-            .map_err(driver_err("dot_rows"))?;
+        unsafe {
+            self.stream
+                .launch_builder(&self.k.dot_rows)
+                .arg(&x.buf)
+                .arg(&v.buf)
+                .arg(&mut out)
+                .arg(&cols)
+                .launch(per_row(x.rows, SCORE_THREADS, 0))
+        }
+        .map_err(driver_err("dot_rows"))?;
         self.lock_staging().download(&self.stream, &out, x.rows)
     }
 
@@ -333,10 +428,17 @@ impl Backend for CudaBackend {
         self.read_moe_layer_log(log)
     }
 
-    fn moe_time_variant(&self, _w: &super::moe::CudaMoeLayer, _variant: usize, _histogram: &[u32]) -> Result<std::time::Duration> {
+    fn moe_time_variant(
+        &self,
+        _w: &super::moe::CudaMoeLayer,
+        _variant: usize,
+        _histogram: &[u32],
+    ) -> Result<std::time::Duration> {
         // Routing runs on the device from router logits, so a histogram cannot be imposed; the
         // GPU calibrates the padding-ratio threshold instead (`moe_autotune`).
-        Err(KernelError::Unsupported("moe_time_variant on CUDA: the GPU calibration is moe_autotune (padding-ratio threshold)".into()))
+        Err(KernelError::Unsupported(
+            "moe_time_variant on CUDA: the GPU calibration is moe_autotune (padding-ratio threshold)".into(),
+        ))
     }
 
     fn moe_autotune(

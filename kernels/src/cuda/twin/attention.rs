@@ -90,7 +90,10 @@ pub fn attention_prefill(a: AttentionArgs<'_>, out: &mut [f32]) {
                             dot * a.scale
                         });
                         let m_new = m[qi].max(warp_max(s));
-                        let pj: [f32; 32] = std::array::from_fn(|lane| if key0 + lane as u32 <= qpos { (s[lane] - m_new).exp() } else { 0.0 });
+                        let pj: [f32; 32] =
+                            std::array::from_fn(
+                                |lane| if key0 + lane as u32 <= qpos { (s[lane] - m_new).exp() } else { 0.0 },
+                            );
                         let alpha = (m[qi] - m_new).exp();
                         l[qi] = l[qi].mul_add(alpha, warp_sum(pj));
                         m[qi] = m_new;

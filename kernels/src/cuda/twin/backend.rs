@@ -11,8 +11,8 @@ use super::rmsnorm::rms_norm_rows;
 use super::rope::{qk_norm_rope, QkNormRopeArgs};
 use super::warp::to_bf16_vec;
 use crate::backend::*;
-use crate::cuda::{checks, tiled_block_m, GemmEngine};
 use crate::cuda::layout::{check_rope_shape, PackedBatch};
+use crate::cuda::{checks, tiled_block_m, GemmEngine};
 use crate::host::HostTensor;
 
 #[derive(Debug, Default, Clone)]
@@ -178,7 +178,13 @@ impl Backend for TwinBackend {
         rope: RopeConfig,
         batch: &TwinBatch,
     ) -> Result<()> {
-        checks::qk_norm_rope(shape(qkv), layout, q_norm.map(|v| v.len()), k_norm.map(|v| v.len()), batch.packed.num_rows)?;
+        checks::qk_norm_rope(
+            shape(qkv),
+            layout,
+            q_norm.map(|v| v.len()),
+            k_norm.map(|v| v.len()),
+            batch.packed.num_rows,
+        )?;
         check_rope_shape(layout, rope)?;
         let args = QkNormRopeArgs {
             qkv_cols: qkv.cols,
@@ -196,14 +202,38 @@ impl Backend for TwinBackend {
         Ok(())
     }
 
-    fn write_kv(&self, qkv: &HostTensor, layout: QkvLayout, cache: &mut TwinKvCache, layer: usize, batch: &TwinBatch) -> Result<()> {
+    fn write_kv(
+        &self,
+        qkv: &HostTensor,
+        layout: QkvLayout,
+        cache: &mut TwinKvCache,
+        layer: usize,
+        batch: &TwinBatch,
+    ) -> Result<()> {
         checks::write_kv(shape(qkv), layout, cache.dims(), layer, batch.packed.num_rows)?;
         let (k, v) = (&mut cache.k[layer], &mut cache.v[layer]);
-        write_kv(&qkv.data, &batch.layout.row_slots, k, v, qkv.cols, layout.k_offset(), layout.v_offset(), layout.kv_dim());
+        write_kv(
+            &qkv.data,
+            &batch.layout.row_slots,
+            k,
+            v,
+            qkv.cols,
+            layout.k_offset(),
+            layout.v_offset(),
+            layout.kv_dim(),
+        );
         Ok(())
     }
 
-    fn attention(&self, qkv: &HostTensor, layout: QkvLayout, cache: &TwinKvCache, layer: usize, batch: &TwinBatch, out: &mut HostTensor) -> Result<()> {
+    fn attention(
+        &self,
+        qkv: &HostTensor,
+        layout: QkvLayout,
+        cache: &TwinKvCache,
+        layer: usize,
+        batch: &TwinBatch,
+        out: &mut HostTensor,
+    ) -> Result<()> {
         checks::attention(shape(qkv), layout, cache.dims(), layer, batch.packed.num_rows, shape(out))?;
         let p = &batch.packed;
         let args = AttentionArgs {
@@ -255,7 +285,10 @@ impl Backend for TwinBackend {
         }
         let dims = MoeDims { hidden: w.hidden, inter: w.expert_inter, n_experts: w.num_experts };
         check_moe(dims, MoeRouting { top_k: 1, renormalize: false })?;
-        Ok(super::moe::TwinMoeLayer { router: self.linear_weight(w.router, w.num_experts, w.hidden)?, experts: super::moe::TwinMoeWeights::new(dims, w.gate_up, w.down)? })
+        Ok(super::moe::TwinMoeLayer {
+            router: self.linear_weight(w.router, w.num_experts, w.hidden)?,
+            experts: super::moe::TwinMoeWeights::new(dims, w.gate_up, w.down)?,
+        })
     }
 
     fn moe_variants(&self) -> Vec<crate::moe::MoeVariant> {
@@ -285,11 +318,17 @@ impl Backend for TwinBackend {
         check_moe(w.experts.dims, routing)?;
         let n_experts = w.experts.dims.n_experts;
         if x.cols != w.experts.dims.hidden || shape(acc) != shape(x) {
-            return Err(KernelError::Shape(format!("moe_ffn: x {:?}, acc {:?}, hidden {}", shape(x), shape(acc), w.experts.dims.hidden)));
+            return Err(KernelError::Shape(format!(
+                "moe_ffn: x {:?}, acc {:?}, hidden {}",
+                shape(x),
+                shape(acc),
+                w.experts.dims.hidden
+            )));
         }
         let mut logits = HostTensor::zeros(x.rows, n_experts);
         self.project(x, &w.router, None, &mut logits, false);
-        let (out, choice, counts) = super::moe::moe_forward_with_counts(&x.data, &logits.data, &w.experts, routing, policy)?;
+        let (out, choice, counts) =
+            super::moe::moe_forward_with_counts(&x.data, &logits.data, &w.experts, routing, policy)?;
         // The GPU's un-permute adds into acc (accumulate = 1): acc + Σ_j w·y, as here.
         for (a, o) in acc.data.iter_mut().zip(&out) {
             *a += o;
@@ -302,8 +341,15 @@ impl Backend for TwinBackend {
         Ok(std::mem::take(log))
     }
 
-    fn moe_time_variant(&self, _w: &super::moe::TwinMoeLayer, _variant: usize, _histogram: &[u32]) -> Result<std::time::Duration> {
-        Err(KernelError::Unsupported("moe_time_variant on the CUDA twin: the GPU calibration is moe_autotune (padding-ratio threshold)".into()))
+    fn moe_time_variant(
+        &self,
+        _w: &super::moe::TwinMoeLayer,
+        _variant: usize,
+        _histogram: &[u32],
+    ) -> Result<std::time::Duration> {
+        Err(KernelError::Unsupported(
+            "moe_time_variant on the CUDA twin: the GPU calibration is moe_autotune (padding-ratio threshold)".into(),
+        ))
     }
 
     fn moe_autotune(
@@ -314,7 +360,10 @@ impl Backend for TwinBackend {
         _budget: std::time::Duration,
     ) -> Result<(crate::moe::MoeCostModel, crate::moe::AutotuneReport)> {
         // Timing the twin on the CPU says nothing about a GPU: keep the reference rule.
-        Ok((crate::cuda::moe::gpu_default_cost(), crate::moe::AutotuneReport { seconds: 0.0, samples: 0, knots_measured: 0, complete: false }))
+        Ok((
+            crate::cuda::moe::gpu_default_cost(),
+            crate::moe::AutotuneReport { seconds: 0.0, samples: 0, knots_measured: 0, complete: false },
+        ))
     }
 }
 

@@ -27,7 +27,16 @@ pub fn silu_mul_bf16(gate_up: &[f32], out: &mut [u16], inter: usize) {
 
 /// `write_kv`: grid (rows). The pools are the layer's slices.
 #[allow(clippy::too_many_arguments)]
-pub fn write_kv(qkv: &[f32], row_slots: &[u32], k_pool: &mut [u16], v_pool: &mut [u16], qkv_cols: usize, k_offset: usize, v_offset: usize, kv_dim: usize) {
+pub fn write_kv(
+    qkv: &[f32],
+    row_slots: &[u32],
+    k_pool: &mut [u16],
+    v_pool: &mut [u16],
+    qkv_cols: usize,
+    k_offset: usize,
+    v_offset: usize,
+    kv_dim: usize,
+) {
     for (row, &slot) in row_slots.iter().enumerate() {
         let src = &qkv[row * qkv_cols..(row + 1) * qkv_cols];
         let slot = slot as usize;

@@ -143,7 +143,12 @@ pub(crate) fn gemm_tile(bm: usize, t: Tile<'_>, c: &mut [f32]) {
                     for (mi, afm) in af.iter_mut().enumerate() {
                         let rm = warp_m * 32 + mi * 16 + g;
                         let sa = &a_s[stage];
-                        afm[lane] = [sa.word(rm, kk + tg * 2), sa.word(rm + 8, kk + tg * 2), sa.word(rm, kk + tg * 2 + 8), sa.word(rm + 8, kk + tg * 2 + 8)];
+                        afm[lane] = [
+                            sa.word(rm, kk + tg * 2),
+                            sa.word(rm + 8, kk + tg * 2),
+                            sa.word(rm, kk + tg * 2 + 8),
+                            sa.word(rm + 8, kk + tg * 2 + 8),
+                        ];
                     }
                     for (ni, bfn) in bfr.iter_mut().enumerate() {
                         let cn = warp_n * 32 + ni * 8 + g;
@@ -173,7 +178,8 @@ pub(crate) fn gemm_tile(bm: usize, t: Tile<'_>, c: &mut [f32]) {
                             continue;
                         }
                         let dst = (row_base + r) * n;
-                        for (j, v) in [(col, wacc[mi][ni][lane][half * 2]), (col + 1, wacc[mi][ni][lane][half * 2 + 1])] {
+                        for (j, v) in [(col, wacc[mi][ni][lane][half * 2]), (col + 1, wacc[mi][ni][lane][half * 2 + 1])]
+                        {
                             if j < n {
                                 let o = &mut c[dst + j];
                                 *o = if beta != 0.0 { v + beta * *o } else { v };
@@ -185,4 +191,3 @@ pub(crate) fn gemm_tile(bm: usize, t: Tile<'_>, c: &mut [f32]) {
         }
     }
 }
-

@@ -29,7 +29,9 @@ pub mod warp;
 
 pub use attention::{attention_prefill, AttentionArgs};
 pub use backend::{attention_scale, TwinBackend, TwinBatch, TwinKvCache, TwinMatrix};
-pub use elementwise::{broadcast_rows, cast_bf16, dot_rows, embed_rows, gather_rows, silu_mul_bf16, silu_mul_f32, write_kv};
+pub use elementwise::{
+    broadcast_rows, cast_bf16, dot_rows, embed_rows, gather_rows, silu_mul_bf16, silu_mul_f32, write_kv,
+};
 pub use gemm::{dense_gemm, gemm_bf16};
 pub use moe::{moe_forward, moe_forward_with_counts, TwinMoeLayer, TwinMoeWeights};
 pub use moe_gemm::{max_tiles, moe_gemm, GroupedGemmArgs};

@@ -36,17 +36,33 @@ impl TwinMoeWeights {
 
 /// out[t] = Σ_j w[t, j] · down_e(silu(gate_e(x[t])) · up_e(x[t])) over the token's top-k experts.
 /// `x` is [tokens, hidden], `router_logits` [tokens, n_experts].
-pub fn moe_forward(x: &[f32], router_logits: &[f32], w: &TwinMoeWeights, routing: MoeRouting, policy: TilePolicy) -> Result<(Vec<f32>, TileChoice)> {
+pub fn moe_forward(
+    x: &[f32],
+    router_logits: &[f32],
+    w: &TwinMoeWeights,
+    routing: MoeRouting,
+    policy: TilePolicy,
+) -> Result<(Vec<f32>, TileChoice)> {
     moe_forward_with_counts(x, router_logits, w, routing, policy).map(|(out, choice, _)| (out, choice))
 }
 
 /// [`moe_forward`], also returning the token-per-expert histogram the selector saw.
-pub fn moe_forward_with_counts(x: &[f32], router_logits: &[f32], w: &TwinMoeWeights, routing: MoeRouting, policy: TilePolicy) -> Result<(Vec<f32>, TileChoice, Vec<u32>)> {
+pub fn moe_forward_with_counts(
+    x: &[f32],
+    router_logits: &[f32],
+    w: &TwinMoeWeights,
+    routing: MoeRouting,
+    policy: TilePolicy,
+) -> Result<(Vec<f32>, TileChoice, Vec<u32>)> {
     let MoeDims { hidden, inter, n_experts } = w.dims;
     check_moe(w.dims, routing)?;
     let tokens = x.len() / hidden;
     if x.len() != tokens * hidden || router_logits.len() != tokens * n_experts {
-        return Err(KernelError::Shape(format!("MoE: {} activations and {} router logits for hidden {hidden}, {n_experts} experts", x.len(), router_logits.len())));
+        return Err(KernelError::Shape(format!(
+            "MoE: {} activations and {} router logits for hidden {hidden}, {n_experts} experts",
+            x.len(),
+            router_logits.len()
+        )));
     }
     let k = routing.top_k;
     let n_assign = tokens * k;
@@ -67,7 +83,17 @@ pub fn moe_forward_with_counts(x: &[f32], router_logits: &[f32], w: &TwinMoeWeig
         let mut c = vec![0f32; n_assign * n];
         for bm in [64usize, 128] {
             let tiles = if bm == 64 { &off.tiles64 } else { &off.tiles128 };
-            let args = GroupedGemmArgs { a, w: wts, counts: &off.counts, offsets: &off.offsets, tiles, n_tiles: off.n_tiles, choice: choice.block_m, n, k: kdim };
+            let args = GroupedGemmArgs {
+                a,
+                w: wts,
+                counts: &off.counts,
+                offsets: &off.offsets,
+                tiles,
+                n_tiles: off.n_tiles,
+                choice: choice.block_m,
+                n,
+                k: kdim,
+            };
             moe_gemm(bm, args, max_tiles(n_assign, n_experts, bm), &mut c);
         }
         c

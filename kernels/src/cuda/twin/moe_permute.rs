@@ -67,7 +67,14 @@ pub fn moe_offsets(chunk_counts: &[u32], n_chunks: usize, n_experts: usize) -> O
         }
         tiles
     };
-    Offsets { chunk_base, tiles64: tiles(&t64, 64), tiles128: tiles(&t128, 128), n_tiles: [t64[n_experts], t128[n_experts]], counts, offsets }
+    Offsets {
+        chunk_base,
+        tiles64: tiles(&t64, 64),
+        tiles128: tiles(&t128, 128),
+        n_tiles: [t64[n_experts], t128[n_experts]],
+        counts,
+        offsets,
+    }
 }
 
 /// `moe_select_tile`: the padding-ratio rule; `force` > 0 pins the BLOCK_M.
@@ -90,7 +97,14 @@ pub fn moe_select_tile(counts: &[u32], threshold: f32, force: u32) -> TileChoice
 }
 
 /// `moe_scatter`: destination row of each assignment, and the permuted bf16 rows.
-pub fn moe_scatter(x: &[f32], topk_ids: &[u32], off: &Offsets, top_k: usize, hidden: usize, n_experts: usize) -> (Vec<u32>, Vec<u16>) {
+pub fn moe_scatter(
+    x: &[f32],
+    topk_ids: &[u32],
+    off: &Offsets,
+    top_k: usize,
+    hidden: usize,
+    n_experts: usize,
+) -> (Vec<u32>, Vec<u16>) {
     let n_assign = topk_ids.len();
     let chunk = PERM_CHUNK as usize;
     let mut dest = vec![0u32; n_assign];
@@ -114,7 +128,15 @@ pub fn moe_scatter(x: &[f32], topk_ids: &[u32], off: &Offsets, top_k: usize, hid
 }
 
 /// `moe_unpermute`: out[t] (+)= Σ_j w[t, j] · yp[dest[t, j]], j in pick order, fmaf.
-pub fn moe_unpermute(yp: &[f32], dest: &[u32], weights: &[f32], out: &mut [f32], top_k: usize, hidden: usize, accumulate: bool) {
+pub fn moe_unpermute(
+    yp: &[f32],
+    dest: &[u32],
+    weights: &[f32],
+    out: &mut [f32],
+    top_k: usize,
+    hidden: usize,
+    accumulate: bool,
+) {
     for t in 0..out.len() / hidden {
         for c in 0..hidden {
             let mut acc = 0f32;

@@ -6,7 +6,15 @@ use crate::cuda::sources::consts::ROUTE_MAX_EXPERTS;
 const PER_LANE: usize = ROUTE_MAX_EXPERTS as usize / 32;
 
 /// One warp per token: ids and weights of the top-k experts, `tokens * top_k` each.
-pub fn moe_topk_softmax(logits: &[f32], ids: &mut [u32], weights: &mut [f32], tokens: usize, n_experts: usize, top_k: usize, renormalize: bool) {
+pub fn moe_topk_softmax(
+    logits: &[f32],
+    ids: &mut [u32],
+    weights: &mut [f32],
+    tokens: usize,
+    n_experts: usize,
+    top_k: usize,
+    renormalize: bool,
+) {
     for t in 0..tokens {
         let row = &logits[t * n_experts..(t + 1) * n_experts];
         // v[lane][i] is expert lane + 32 i.

@@ -41,7 +41,7 @@ pub fn warp_max(lanes: [f32; 32]) -> f32 {
 /// `block_sum` for a block of `partials.len()` threads (a multiple of 32): each warp's
 /// butterfly, then warp 0 butterflies the per-warp sums, missing warps as 0.
 pub fn block_sum(partials: &[f32]) -> f32 {
-    assert!(partials.len() % 32 == 0 && partials.len() <= 1024, "block of {} threads", partials.len());
+    assert!(partials.len().is_multiple_of(32) && partials.len() <= 1024, "block of {} threads", partials.len());
     let mut per_warp = [0f32; 32];
     for (w, chunk) in partials.chunks(32).enumerate() {
         per_warp[w] = warp_sum(chunk.try_into().expect("32 lanes"));

@@ -56,7 +56,11 @@ pub(crate) fn moe_config_from_hf(v: &Value, shared_expert: bool) -> Result<MoeCo
         None | Some(Value::Null) => vec![],
         Some(Value::Array(a)) => a
             .iter()
-            .map(|x| x.as_u64().map(|l| l as usize).ok_or_else(|| WorkerError::ModelFile("config.json: 'mlp_only_layers' holds a non-integer".into())))
+            .map(|x| {
+                x.as_u64()
+                    .map(|l| l as usize)
+                    .ok_or_else(|| WorkerError::ModelFile("config.json: 'mlp_only_layers' holds a non-integer".into()))
+            })
             .collect::<Result<_>>()?,
         Some(_) => return Err(WorkerError::ModelFile("config.json: 'mlp_only_layers' is not a list".into())),
     };
@@ -94,7 +98,10 @@ mod tests {
     fn moe_configs_read_the_hf_keys() {
         let c = config_from_hf(&qwen3_moe()).unwrap();
         let m = c.moe.as_ref().unwrap();
-        assert_eq!((m.num_experts, m.top_k, m.expert_intermediate, m.norm_topk_prob, m.shared_expert_intermediate), (8, 2, 32, true, 0));
+        assert_eq!(
+            (m.num_experts, m.top_k, m.expert_intermediate, m.norm_topk_prob, m.shared_expert_intermediate),
+            (8, 2, 32, true, 0)
+        );
         assert!(c.qk_norm && !c.qkv_bias);
         // decoder_sparse_step 2: layers 1 and 3 are sparse, but 3 is in mlp_only_layers.
         assert_eq!((0..4).filter(|&l| m.is_sparse_layer(l)).collect::<Vec<_>>(), vec![1]);
