@@ -36,44 +36,31 @@ pub enum ErrorKind {
     DeadlineExceeded,
 }
 
+/// Every kind with its status: the one table both directions of the mapping read.
+const STATUS: [(ErrorKind, u16); 14] = [
+    (ErrorKind::Malformed, 400),
+    (ErrorKind::Unauthorized, 401),
+    (ErrorKind::Forbidden, 403),
+    (ErrorKind::NotFound, 404),
+    (ErrorKind::MethodNotAllowed, 405),
+    (ErrorKind::RequestTimeout, 408),
+    (ErrorKind::TooLarge, 413),
+    (ErrorKind::UriTooLong, 414),
+    (ErrorKind::Invalid, 422),
+    (ErrorKind::Overloaded, 429),
+    (ErrorKind::HeadersTooLarge, 431),
+    (ErrorKind::Internal, 500),
+    (ErrorKind::NotReady, 503),
+    (ErrorKind::DeadlineExceeded, 504),
+];
+
 impl ErrorKind {
     pub fn status(self) -> u16 {
-        match self {
-            ErrorKind::Malformed => 400,
-            ErrorKind::Unauthorized => 401,
-            ErrorKind::Forbidden => 403,
-            ErrorKind::NotFound => 404,
-            ErrorKind::MethodNotAllowed => 405,
-            ErrorKind::RequestTimeout => 408,
-            ErrorKind::TooLarge => 413,
-            ErrorKind::UriTooLong => 414,
-            ErrorKind::Invalid => 422,
-            ErrorKind::Overloaded => 429,
-            ErrorKind::HeadersTooLarge => 431,
-            ErrorKind::Internal => 500,
-            ErrorKind::NotReady => 503,
-            ErrorKind::DeadlineExceeded => 504,
-        }
+        STATUS.iter().find(|(k, _)| *k == self).map_or(500, |&(_, s)| s)
     }
 
     pub fn from_status(status: u16) -> Option<Self> {
-        Some(match status {
-            400 => ErrorKind::Malformed,
-            401 => ErrorKind::Unauthorized,
-            403 => ErrorKind::Forbidden,
-            404 => ErrorKind::NotFound,
-            405 => ErrorKind::MethodNotAllowed,
-            408 => ErrorKind::RequestTimeout,
-            413 => ErrorKind::TooLarge,
-            414 => ErrorKind::UriTooLong,
-            422 => ErrorKind::Invalid,
-            429 => ErrorKind::Overloaded,
-            431 => ErrorKind::HeadersTooLarge,
-            500 => ErrorKind::Internal,
-            503 => ErrorKind::NotReady,
-            504 => ErrorKind::DeadlineExceeded,
-            _ => return None,
-        })
+        STATUS.iter().find(|(_, s)| *s == status).map(|&(k, _)| k)
     }
 
     /// Whether another attempt (elsewhere or later) could succeed.
@@ -164,6 +151,38 @@ pub struct ErrorDetail {
 mod tests {
     use super::*;
     use crate::ScoreRequest;
+
+    #[test]
+    fn every_kind_has_one_status_and_maps_back() {
+        let mut seen = std::collections::HashSet::new();
+        for (kind, status) in STATUS {
+            assert!(seen.insert(status), "status {status} twice");
+            assert_eq!(kind.status(), status);
+            assert_eq!(ErrorKind::from_status(status), Some(kind));
+        }
+        // A kind missing from the table would answer 500; serde names every kind, so compare counts.
+        let kinds = [
+            "malformed",
+            "unauthorized",
+            "forbidden",
+            "not_found",
+            "method_not_allowed",
+            "request_timeout",
+            "too_large",
+            "uri_too_long",
+            "invalid",
+            "overloaded",
+            "headers_too_large",
+            "internal",
+            "not_ready",
+            "deadline_exceeded",
+        ];
+        for name in kinds {
+            let kind: ErrorKind = serde_json::from_value(serde_json::Value::String(name.into())).unwrap();
+            assert!(STATUS.iter().any(|(k, _)| *k == kind), "{name} has no status");
+        }
+        assert_eq!(ErrorKind::from_status(418), None);
+    }
 
     #[test]
     fn syntax_is_400_shape_is_422() {
