@@ -14,10 +14,10 @@ use serde::Serialize;
 use sieve_shared::http::AdminAuth;
 use sieve_shared::{ApiError, CostModel, ErrorKind};
 
-use crate::discovery::Discovery;
+use crate::cluster::discovery::Discovery;
+use crate::cluster::worker::WorkerRow;
 use crate::metrics as m;
 use crate::state::{lock, AppState};
-use crate::worker::WorkerRow;
 use sieve_shared::http::{error, json, text, HttpResponse};
 
 #[derive(Serialize)]

@@ -10,14 +10,14 @@ use sieve_shared::{CostModel, ProxyConfig};
 use tokio::sync::Notify;
 
 use crate::balancer::{self, Policy};
-use crate::budget::TokenBucket;
 use crate::client::HttpClient;
-use crate::cost_estimator::CostEstimator;
+use crate::cluster::budget::TokenBucket;
+use crate::cluster::pool::WorkerPool;
+use crate::cluster::worker::ViewParams;
 use crate::drain::Drain;
-use crate::latency_ratio::RatioTracker;
-use crate::pool::WorkerPool;
-use crate::token_estimator::TokenEstimator;
-use crate::worker::ViewParams;
+use crate::estimate::cost_estimator::CostEstimator;
+use crate::estimate::latency_ratio::RatioTracker;
+use crate::estimate::token_estimator::TokenEstimator;
 
 /// Most retries saved up; and the hedge allowance cap, in ms of predicted work.
 const RETRY_BUCKET_CAPACITY: f64 = 100.0;

@@ -16,7 +16,7 @@ pub use random::Random;
 pub use round_robin::RoundRobin;
 use sieve_shared::proxy_config::{BalanceConfig, PolicyKind};
 
-use crate::worker::WorkerView;
+use crate::cluster::worker::WorkerView;
 
 pub trait Policy: Send + Sync {
     fn name(&self) -> &'static str;

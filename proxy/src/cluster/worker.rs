@@ -10,8 +10,8 @@ use hyper::Uri;
 use serde::Serialize;
 use sieve_shared::{CostModel, WorkerEndpoint, WorkerStats};
 
-use crate::breaker::{Breaker, BreakerState};
-use crate::cost_estimator::update_time_factor;
+use crate::cluster::breaker::{Breaker, BreakerState};
+use crate::estimate::cost_estimator::update_time_factor;
 use sieve_shared::proxy_config::BreakerConfig;
 
 /// Shards a worker's time factor must rest on before its times teach the shared cost model.

@@ -11,7 +11,7 @@ use arc_swap::ArcSwap;
 use sieve_shared::proxy_config::BreakerConfig;
 use sieve_shared::WorkerEndpoint;
 
-use crate::worker::Worker;
+use crate::cluster::worker::Worker;
 
 pub type Snapshot = Arc<Vec<Arc<Worker>>>;
 

@@ -8,12 +8,15 @@ use sieve_shared::proxy_config::SplitMode;
 use sieve_shared::{ApiError, ScoreRequest, ScoreResponse};
 use tokio::task::JoinSet;
 
-use crate::dispatcher::{run_shard, RequestCtx, ShardJob};
-use crate::merger::{merge, MergeStats, ShardResult};
+use crate::estimate::token_estimator::features;
 use crate::metrics as m;
-use crate::splitter::{self, Candidate, Plan};
+use crate::request::dispatch::{run_shard, RequestCtx, ShardJob};
+use crate::request::merge::{merge, MergeStats, ShardResult};
+use crate::split::{self, Candidate, Plan};
 use crate::state::{lock, AppState};
-use crate::token_estimator::features;
+
+pub mod dispatch;
+pub mod merge;
 
 pub async fn score(
     state: &Arc<AppState>,
@@ -41,7 +44,7 @@ pub async fn score(
     let params = AppState::view_params(&cfg);
     let views: Vec<_> = eligible.iter().map(|w| w.view(now, &model, &params)).collect();
     let policy = state.policy();
-    let plan_req = splitter::Request { item_tokens: &item_tokens, prefix: prefix_tokens, model: &model };
+    let plan_req = split::Request { item_tokens: &item_tokens, prefix: prefix_tokens, model: &model };
     let candidate = |i: usize| Candidate {
         available_ms: views[i].backlog_ms,
         time_factor: views[i].time_factor,
@@ -52,18 +55,18 @@ pub async fn score(
         SplitMode::Cost => {
             let rank = policy.rank(&views);
             let cands: Vec<Candidate> = rank.iter().map(|&i| candidate(i)).collect();
-            (splitter::split_by_cost(&plan_req, &cands, cfg.split.max_shards, cfg.split.tolerance), rank)
+            (split::split_by_cost(&plan_req, &cands, cfg.split.max_shards, cfg.split.tolerance), rank)
         }
         SplitMode::Fixed => {
             let k = req.items.len().div_ceil(cfg.split.fixed_items);
             let assignment = policy.assign(&views, k);
             let cands: Vec<Candidate> = (0..views.len()).map(candidate).collect();
-            (splitter::split_fixed(&plan_req, &cands, cfg.split.fixed_items, &assignment), (0..views.len()).collect())
+            (split::split_fixed(&plan_req, &cands, cfg.split.fixed_items, &assignment), (0..views.len()).collect())
         }
         SplitMode::None => {
             let rank = policy.rank(&views);
             let cands: Vec<Candidate> = rank.iter().map(|&i| candidate(i)).collect();
-            (splitter::split_whole(&plan_req, &cands, 0), rank)
+            (split::split_whole(&plan_req, &cands, 0), rank)
         }
     };
 
@@ -117,10 +120,7 @@ pub async fn score(
     let results = shard_items
         .into_iter()
         .zip(outcomes)
-        .map(|(items, outcome)| ShardResult {
-            items,
-            outcome: outcome.unwrap_or(crate::dispatcher::ShardOutcome::Missed),
-        })
+        .map(|(items, outcome)| ShardResult { items, outcome: outcome.unwrap_or(dispatch::ShardOutcome::Missed) })
         .collect();
     let (resp, stats) = merge(n_items, ids, budget_ms, results, arrival)?;
     if stats.missing > 0 {

@@ -16,13 +16,13 @@ use sieve_shared::api::headers;
 use sieve_shared::{ApiError, ErrorKind, Item, ProxyConfig, ScoreResponse};
 use tokio::task::JoinSet;
 
-use crate::breaker::BreakerState;
 use crate::client::ClientError;
-use crate::cost_estimator::reported_features;
+use crate::cluster::breaker::BreakerState;
+use crate::cluster::worker::{Worker, WorkerView};
+use crate::estimate::cost_estimator::reported_features;
+use crate::estimate::token_estimator::Features;
 use crate::metrics as m;
 use crate::state::{lock, AppState};
-use crate::token_estimator::Features;
-use crate::worker::{Worker, WorkerView};
 
 /// What every shard of one request shares.
 pub struct RequestCtx {
