@@ -476,7 +476,7 @@ async fn estimates_recalibrate_to_what_workers_report() {
     let p = proxy(no_hedge(test_config(endpoints(&ws))), 2).await;
     let probe = catalogue(300, 99);
     let token_error = |p: &RunningProxy| {
-        let w = sieve_proxy::state::lock(&p.state.tokens).weights();
+        let w = sieve_shared::sync::lock(&p.state.tokens).weights();
         let (mut err, mut total) = (0.0, 0.0);
         for t in &probe {
             let truth = f64::from(tokens::item_tokens(t));

@@ -17,8 +17,9 @@ use sieve_shared::{ApiError, CostModel, ErrorKind};
 use crate::cluster::discovery::Discovery;
 use crate::cluster::worker::WorkerRow;
 use crate::metrics as m;
-use crate::state::{lock, AppState};
+use crate::state::AppState;
 use sieve_shared::http::{error, json, text, HttpResponse};
+use sieve_shared::sync::lock;
 
 #[derive(Serialize)]
 struct WorkersReport {

@@ -12,6 +12,7 @@ pub mod metrics_names;
 pub mod proxy_config;
 pub mod service;
 pub mod stats;
+pub mod sync;
 
 pub use api::*;
 pub use cost::{CostFeatures, CostModel};

@@ -1,22 +1,45 @@
-//! One scoring request end to end: check it, estimate every item's tokens, take the eligible
-//! workers and their load, plan the shards, send them concurrently, merge the answers.
+//! One scoring request end to end, in four stages:
+//!
+//! 1. [`plan`]: check it, estimate every item's tokens, take the eligible workers and their
+//!    load, cut the shards with the split policy, pay the retry and hedge budgets;
+//! 2. [`dispatch`]: send the shards concurrently, each with its attempts, retries and hedges
+//!    under the deadline;
+//! 3. [`merge`]: put the answers back in the caller's order;
+//! 4. [`feedback`]: what each answer teaches the estimators and the worker's breaker, recorded
+//!    by the dispatcher as answers arrive.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sieve_shared::proxy_config::SplitMode;
-use sieve_shared::{ApiError, ScoreRequest, ScoreResponse};
-use tokio::task::JoinSet;
+use sieve_shared::{ApiError, Item, ProxyConfig, ScoreRequest, ScoreResponse};
 
-use crate::estimate::token_estimator::features;
+use crate::estimate::token_estimator::Features;
 use crate::metrics as m;
-use crate::request::dispatch::{run_shard, RequestCtx, ShardJob};
-use crate::request::merge::{merge, MergeStats, ShardResult};
-use crate::split::{self, Candidate, Plan};
-use crate::state::{lock, AppState};
+use crate::state::AppState;
 
 pub mod dispatch;
+pub mod feedback;
 pub mod merge;
+pub mod plan;
+
+use merge::MergeStats;
+
+/// What every shard of one request shares.
+pub struct RequestCtx {
+    pub state: Arc<AppState>,
+    pub cfg: Arc<ProxyConfig>,
+    pub query: String,
+    pub instruction: Option<String>,
+    pub items: Vec<Item>,
+    pub item_features: Vec<Features>,
+    pub query_features: Features,
+    pub instruction_features: Option<Features>,
+    /// Estimated own-segment tokens per item.
+    pub item_tokens: Vec<f64>,
+    pub prefix_tokens: f64,
+    pub arrival: Instant,
+    pub deadline: Instant,
+}
 
 pub async fn score(
     state: &Arc<AppState>,
@@ -27,102 +50,16 @@ pub async fn score(
     cfg.limits.check(&req)?;
     let budget_ms = req.deadline_ms.unwrap_or(cfg.deadline.default_ms);
     let deadline = arrival + Duration::from_millis(budget_ms);
-
-    let weights = lock(&state.tokens).weights();
-    let item_features: Vec<_> = req.items.iter().map(|i| features(i.text())).collect();
-    let query_features = features(&req.query);
-    let instruction_features = req.instruction.as_deref().map(features);
-    let item_tokens: Vec<f64> = item_features.iter().map(|f| weights.item_tokens(f)).collect();
-    let prefix_tokens = weights.prefix_tokens(&query_features, instruction_features.as_ref());
-
-    let now = Instant::now();
-    let eligible = state.pool.eligible(now);
-    if eligible.is_empty() {
-        return Err(ApiError::not_ready(format!("no worker is ready ({} configured)", state.pool.snapshot().len())));
-    }
-    let model = state.cost_model();
-    let params = AppState::view_params(&cfg);
-    let views: Vec<_> = eligible.iter().map(|w| w.view(now, &model, &params)).collect();
-    let policy = state.policy();
-    let plan_req = split::Request { item_tokens: &item_tokens, prefix: prefix_tokens, model: &model };
-    let candidate = |i: usize| Candidate {
-        available_ms: views[i].backlog_ms,
-        time_factor: views[i].time_factor,
-        max_batch_tokens: views[i].max_batch_tokens,
-    };
-    // Plans index candidates; `workers[c]` is candidate c's worker.
-    let (plan, workers): (Plan, Vec<usize>) = match cfg.split.mode {
-        SplitMode::Cost => {
-            let rank = policy.rank(&views);
-            let cands: Vec<Candidate> = rank.iter().map(|&i| candidate(i)).collect();
-            (split::split_by_cost(&plan_req, &cands, cfg.split.max_shards, cfg.split.tolerance), rank)
-        }
-        SplitMode::Fixed => {
-            let k = req.items.len().div_ceil(cfg.split.fixed_items);
-            let assignment = policy.assign(&views, k);
-            let cands: Vec<Candidate> = (0..views.len()).map(candidate).collect();
-            (split::split_fixed(&plan_req, &cands, cfg.split.fixed_items, &assignment), (0..views.len()).collect())
-        }
-        SplitMode::None => {
-            let rank = policy.rank(&views);
-            let cands: Vec<Candidate> = rank.iter().map(|&i| candidate(i)).collect();
-            (split::split_whole(&plan_req, &cands, 0), rank)
-        }
-    };
-
-    metrics::histogram!(m::REQUEST_ITEMS).record(req.items.len() as f64);
-    metrics::histogram!(m::SHARDS_PER_REQUEST).record(plan.shards.len() as f64);
-    let mut jobs = Vec::with_capacity(plan.shards.len());
-    for s in plan.shards {
-        metrics::histogram!(m::SHARD_ITEMS).record(s.items.len() as f64);
-        metrics::histogram!(m::SHARD_TOKENS).record(s.tokens);
-        metrics::histogram!(m::SHARD_PREDICTED_SECONDS).record(s.finish_ms / 1e3);
-        // Every shard sent earns retry and hedge allowance.
-        state.retry_budget.deposit(cfg.retry.budget_ratio);
-        state.hedge_budget.deposit(cfg.hedge.budget_ratio * s.compute_ms);
-        let worker = eligible[workers[s.candidate]].clone();
-        jobs.push(ShardJob { worker, items: s.items, compute_ms: s.compute_ms, finish_ms: s.finish_ms });
-    }
-
     let n_items = req.items.len();
     let ids = req
         .items
         .iter()
         .any(|i| i.id().is_some())
         .then(|| req.items.iter().map(|i| i.id().map(String::from)).collect());
-    let ctx = Arc::new(RequestCtx {
-        state: state.clone(),
-        cfg: cfg.clone(),
-        query: req.query,
-        instruction: req.instruction,
-        items: req.items,
-        item_features,
-        query_features,
-        instruction_features,
-        item_tokens,
-        prefix_tokens,
-        arrival,
-        deadline,
-    });
-    let mut set = JoinSet::new();
-    let shard_items: Vec<Vec<usize>> = jobs.iter().map(|j| j.items.clone()).collect();
-    for (idx, job) in jobs.into_iter().enumerate() {
-        let ctx = ctx.clone();
-        set.spawn(async move { (idx, run_shard(ctx, job).await) });
-    }
-    let mut outcomes: Vec<Option<_>> = (0..shard_items.len()).map(|_| None).collect();
-    while let Some(joined) = set.join_next().await {
-        match joined {
-            Ok((idx, outcome)) => outcomes[idx] = Some(outcome),
-            Err(e) => return Err(ApiError::internal(format!("shard task failed: {e}"))),
-        }
-    }
-    let results = shard_items
-        .into_iter()
-        .zip(outcomes)
-        .map(|(items, outcome)| ShardResult { items, outcome: outcome.unwrap_or(dispatch::ShardOutcome::Missed) })
-        .collect();
-    let (resp, stats) = merge(n_items, ids, budget_ms, results, arrival)?;
+
+    let (ctx, jobs) = plan::plan(state, cfg, req, arrival, deadline)?;
+    let results = dispatch::run(ctx, jobs).await?;
+    let (resp, stats) = merge::merge(n_items, ids, budget_ms, results, arrival)?;
     if stats.missing > 0 {
         metrics::counter!(m::PARTIAL_RESPONSES).increment(1);
         metrics::counter!(m::MISSING_ITEMS).increment(stats.missing as u64);
