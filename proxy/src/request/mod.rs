@@ -1,7 +1,8 @@
-//! One scoring request end to end, in four stages:
+//! One scoring request end to end: [`score`] checks it against the limits, then runs four
+//! stages:
 //!
-//! 1. [`plan`]: check it, estimate every item's tokens, take the eligible workers and their
-//!    load, cut the shards with the split policy, pay the retry and hedge budgets;
+//! 1. [`plan`]: estimate every item's tokens, take the eligible workers and their load, cut
+//!    the shards with the split policy, pay the retry and hedge budgets;
 //! 2. [`dispatch`]: send the shards concurrently, each with its attempts, retries and hedges
 //!    under the deadline;
 //! 3. [`merge`]: put the answers back in the caller's order;

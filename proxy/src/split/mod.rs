@@ -40,7 +40,7 @@ pub fn build(cfg: &SplitConfig) -> Arc<dyn SplitPolicy> {
     }
 }
 
-/// A worker as the splitter sees it.
+/// A worker as a split sees it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Candidate {
     /// Predicted time until the worker can start on new work.
@@ -262,6 +262,42 @@ mod tests {
         let whole = split_whole(&req, &idle(2), 1);
         assert_eq!(whole.shards.len(), 1);
         assert_eq!(whole.shards[0].items.len(), 10);
+    }
+
+    #[test]
+    fn policies_come_from_the_config_and_plan_onto_worker_indices() {
+        use crate::balancer::LeastLoaded;
+        let view = |backlog_ms| WorkerView { backlog_ms, in_flight: 0, time_factor: 1.0, max_batch_tokens: 0 };
+        // Distinct loads: least loaded ranks workers 2, 0, 1 every time.
+        let views = [view(10.0), view(30.0), view(0.0)];
+        let ranking = [2usize, 0, 1];
+        let model = CostModel::default();
+        let tokens = skewed(200, 13);
+        let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model };
+
+        let cfg = SplitConfig::default();
+        let cost = build(&cfg);
+        assert_eq!(cost.name(), "cost");
+        let plan = cost.plan(&req, &views, &LeastLoaded);
+        let cands: Vec<Candidate> = ranking.iter().map(|&i| Candidate::from(&views[i])).collect();
+        let direct = split_by_cost(&req, &cands, cfg.max_shards, cfg.tolerance);
+        assert_eq!(plan.shards.len(), direct.shards.len());
+        for (s, d) in plan.shards.iter().zip(&direct.shards) {
+            assert_eq!(s.candidate, ranking[d.candidate], "a shard's candidate is its worker's index");
+            assert_eq!((&s.items, s.finish_ms.to_bits()), (&d.items, d.finish_ms.to_bits()));
+        }
+
+        let whole = build(&SplitConfig { mode: SplitMode::None, ..cfg.clone() });
+        assert_eq!(whole.name(), "none");
+        let plan = whole.plan(&req, &views, &LeastLoaded);
+        assert_eq!(plan.shards.iter().map(|s| s.candidate).collect::<Vec<_>>(), vec![2], "all on the least loaded");
+
+        let fixed = build(&SplitConfig { mode: SplitMode::Fixed, fixed_items: 64, ..cfg });
+        assert_eq!(fixed.name(), "fixed");
+        let plan = fixed.plan(&req, &views, &LeastLoaded);
+        // 200 items in chunks of 64, assigned down the ranking and round again.
+        assert_eq!(plan.shards.iter().map(|s| s.candidate).collect::<Vec<_>>(), vec![2, 0, 1, 2]);
+        assert_eq!(plan.shards.iter().map(|s| s.items.len()).collect::<Vec<_>>(), vec![64, 64, 64, 8]);
     }
 
     mod properties {
