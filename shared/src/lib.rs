@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod child;
+pub mod cli;
 pub mod cost;
 pub mod error;
 pub mod http;
