@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use sieve_e2e::{catalogue, score_body, spawn, wait_ready, Http, Proc};
+use sieve_proxy::metrics as m;
 use sieve_shared::ScoreResponse;
 
 const QUERY: &str = "waterproof trail running shoes";
@@ -59,12 +60,7 @@ async fn proxy_and_sim_worker_binaries_keep_the_command_line_contract() {
     let workers: serde_json::Value = http.get(&format!("{}/workers", p.admin_url())).await.json();
     assert_eq!(workers["workers"].as_array().map(Vec::len), Some(2));
     let metrics = http.get(&format!("{}/metrics", p.admin_url())).await.text();
-    for name in [
-        "sieve_proxy_requests_total",
-        "sieve_proxy_shard_items",
-        "sieve_proxy_worker_in_flight_shards",
-        "sieve_proxy_worker_breaker_state",
-    ] {
+    for name in [m::REQUESTS, m::SHARD_ITEMS, m::WORKER_IN_FLIGHT, m::WORKER_BREAKER_STATE] {
         assert!(metrics.contains(name), "/metrics lacks {name}");
     }
 }

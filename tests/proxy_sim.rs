@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use sieve_e2e::{catalogue, proxy, proxy_with, score_body, sims, test_config, Http};
 use sieve_loadtest::sim::{tokens, SimConfig, SimSettingsUpdate, SimWorker};
-use sieve_proxy::breaker::BreakerState;
-use sieve_proxy::worker::Health;
+use sieve_proxy::cluster::breaker::BreakerState;
+use sieve_proxy::cluster::worker::Health;
 use sieve_proxy::{Launch, RunningProxy};
 use sieve_shared::proxy_config::{PolicyKind, SplitMode};
 use sieve_shared::{ProxyConfig, RerankResponse, ScoreResponse, WorkerEndpoint};
@@ -38,7 +38,7 @@ async fn through(http: &Http, p: &RunningProxy, body: &serde_json::Value) -> sie
     http.post_json(&format!("{}/v1/score", p.api_url()), body).await
 }
 
-fn worker_by_url(p: &RunningProxy, url: &str) -> Arc<sieve_proxy::worker::Worker> {
+fn worker_by_url(p: &RunningProxy, url: &str) -> Arc<sieve_proxy::cluster::worker::Worker> {
     p.state.pool.snapshot().iter().find(|w| w.url() == url).cloned().expect("worker in pool")
 }
 
@@ -476,11 +476,11 @@ async fn estimates_recalibrate_to_what_workers_report() {
     let p = proxy(no_hedge(test_config(endpoints(&ws))), 2).await;
     let probe = catalogue(300, 99);
     let token_error = |p: &RunningProxy| {
-        let w = sieve_proxy::state::lock(&p.state.tokens).weights();
+        let w = sieve_shared::sync::lock(&p.state.tokens).weights();
         let (mut err, mut total) = (0.0, 0.0);
         for t in &probe {
             let truth = f64::from(tokens::item_tokens(t));
-            err += (w.item_tokens(&sieve_proxy::token_estimator::features(t)) - truth).abs();
+            err += (w.item_tokens(&sieve_proxy::estimate::token_estimator::features(t)) - truth).abs();
             total += truth;
         }
         err / total

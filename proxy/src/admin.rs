@@ -14,11 +14,12 @@ use serde::Serialize;
 use sieve_shared::http::AdminAuth;
 use sieve_shared::{ApiError, CostModel, ErrorKind};
 
-use crate::discovery::Discovery;
+use crate::cluster::discovery::Discovery;
+use crate::cluster::worker::WorkerRow;
 use crate::metrics as m;
-use crate::state::{lock, AppState};
-use crate::worker::WorkerRow;
+use crate::state::AppState;
 use sieve_shared::http::{error, json, text, HttpResponse};
+use sieve_shared::sync::lock;
 
 #[derive(Serialize)]
 struct WorkersReport {

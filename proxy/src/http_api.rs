@@ -13,8 +13,8 @@ use sieve_shared::service::{self, Call, Route, ScoreService, Scored};
 use sieve_shared::{ApiError, Limits, ScoreRequest};
 
 use crate::drain::Admitted;
-use crate::fanout;
 use crate::metrics as m;
+use crate::request;
 use crate::state::AppState;
 
 pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> HttpResponse {
@@ -36,7 +36,7 @@ impl ScoreService for Api {
     }
 
     async fn score(&self, req: ScoreRequest, call: Call) -> Result<Scored, ApiError> {
-        let (response, stats) = fanout::score(&self.0, req, call.arrival.into_std()).await?;
+        let (response, stats) = request::score(&self.0, req, call.arrival.into_std()).await?;
         let mut scored = Scored::from(response);
         scored.headers.insert("x-sieve-shards", HeaderValue::from(stats.shards));
         if stats.missing > 0 {

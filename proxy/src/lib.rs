@@ -6,29 +6,19 @@
 
 pub mod admin;
 pub mod balancer;
-pub mod breaker;
-pub mod budget;
 pub mod client;
+pub mod cluster;
 pub mod config;
-pub mod cost_estimator;
-pub mod discovery;
-pub mod dispatcher;
 pub mod drain;
 pub mod error;
-pub mod fanout;
-pub mod health;
+pub mod estimate;
 pub mod http_api;
-pub mod latency_ratio;
 pub mod local_cluster;
-pub mod merger;
 pub mod metrics;
-pub mod online_fit;
-pub mod pool;
 pub mod ranking;
-pub mod splitter;
+pub mod request;
+pub mod split;
 pub mod state;
-pub mod token_estimator;
-pub mod worker;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -41,8 +31,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+pub use cluster::discovery::Discovery;
 pub use config::Overrides;
-pub use discovery::Discovery;
 pub use error::{ProxyError, Result};
 pub use state::AppState;
 
@@ -107,7 +97,7 @@ pub async fn start(launch: Launch) -> Result<RunningProxy> {
         move |r| admin::handle(s.clone(), d.clone(), auth.clone(), r),
         servers.signal(),
     )));
-    tasks.push(tokio::spawn(health::run(state.clone(), stop_rx.clone())));
+    tasks.push(tokio::spawn(cluster::health::run(state.clone(), stop_rx.clone())));
     tasks.extend(discovery.spawn_file_watch());
     let (s, mut stop_upkeep) = (state.clone(), stop_rx);
     tasks.push(tokio::spawn(async move {

@@ -36,10 +36,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .init();
+    sieve_shared::cli::init_tracing("info");
     let cli = Cli::parse();
     let overrides =
         Overrides { host: cli.host, port: cli.port, admin_host: cli.admin_host, admin_port: cli.admin_port };
@@ -50,12 +47,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match sieve_shared::cli::runtime("sieve-proxy") {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("sieve-proxy: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     rt.block_on(async move {
         let launch = Launch { config, config_path: cli.config, overrides, workers: cli.workers, admin: None };

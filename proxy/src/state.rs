@@ -1,23 +1,25 @@
 //! Everything a running proxy shares between requests, the admin port and its background
 //! tasks. Built once at start-up and passed down; nothing global but the metrics recorder.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use metrics_exporter_prometheus::PrometheusHandle;
+use sieve_shared::sync::lock;
 use sieve_shared::{CostModel, ProxyConfig};
 use tokio::sync::Notify;
 
 use crate::balancer::{self, Policy};
-use crate::budget::TokenBucket;
 use crate::client::HttpClient;
-use crate::cost_estimator::CostEstimator;
+use crate::cluster::budget::TokenBucket;
+use crate::cluster::pool::WorkerPool;
+use crate::cluster::worker::ViewParams;
 use crate::drain::Drain;
-use crate::latency_ratio::RatioTracker;
-use crate::pool::WorkerPool;
-use crate::token_estimator::TokenEstimator;
-use crate::worker::ViewParams;
+use crate::estimate::cost_estimator::CostEstimator;
+use crate::estimate::latency_ratio::RatioTracker;
+use crate::estimate::token_estimator::TokenEstimator;
+use crate::split::{self, SplitPolicy};
 
 /// Most retries saved up; and the hedge allowance cap, in ms of predicted work.
 const RETRY_BUCKET_CAPACITY: f64 = 100.0;
@@ -26,6 +28,7 @@ const HEDGE_BUCKET_CAPACITY_MS: f64 = 10_000.0;
 pub struct AppState {
     config: ArcSwap<ProxyConfig>,
     policy: ArcSwap<Arc<dyn Policy>>,
+    split: ArcSwap<Arc<dyn SplitPolicy>>,
     pub pool: WorkerPool,
     pub client: HttpClient,
     pub tokens: Mutex<TokenEstimator>,
@@ -44,6 +47,7 @@ impl AppState {
     pub fn new(config: ProxyConfig, metrics: PrometheusHandle) -> Self {
         AppState {
             policy: ArcSwap::from_pointee(balancer::build(&config.balance)),
+            split: ArcSwap::from_pointee(split::build(&config.split)),
             pool: WorkerPool::default(),
             client: HttpClient::new(&config.client),
             tokens: Mutex::new(TokenEstimator::new(&config.estimator)),
@@ -67,18 +71,25 @@ impl AppState {
         self.config.load_full()
     }
 
-    /// Applies a reloaded config to everything that can change while running: the policy,
-    /// split, retry, hedge, breaker, health and estimator tuning. Listen addresses, the
-    /// client and the budgets' capacities keep their start-up values.
+    /// Applies a reloaded config to everything that can change while running: the balancing and
+    /// split policies, retry, hedge, breaker, health and estimator tuning. Listen addresses,
+    /// the client and the budgets' capacities keep their start-up values.
     pub fn set_config(&self, config: ProxyConfig) {
         if config.balance != self.config.load().balance {
             self.policy.store(Arc::new(balancer::build(&config.balance)));
+        }
+        if config.split != self.config.load().split {
+            self.split.store(Arc::new(split::build(&config.split)));
         }
         self.config.store(Arc::new(config));
     }
 
     pub fn policy(&self) -> Arc<dyn Policy> {
         self.policy.load().as_ref().clone()
+    }
+
+    pub fn split(&self) -> Arc<dyn SplitPolicy> {
+        self.split.load().as_ref().clone()
     }
 
     pub fn cost_model(&self) -> CostModel {
@@ -92,10 +103,4 @@ impl AppState {
             default_max_batch_tokens: cfg.split.default_max_batch_tokens,
         }
     }
-}
-
-/// Locks a mutex, recovering the data if a panicking thread poisoned it (the estimators are
-/// always left consistent between statements).
-pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod child;
+pub mod cli;
 pub mod cost;
 pub mod error;
 pub mod http;
@@ -12,6 +13,7 @@ pub mod metrics_names;
 pub mod proxy_config;
 pub mod service;
 pub mod stats;
+pub mod sync;
 
 pub use api::*;
 pub use cost::{CostFeatures, CostModel};

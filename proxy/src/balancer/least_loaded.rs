@@ -4,7 +4,7 @@
 use rand::Rng;
 
 use super::{by_load, Policy};
-use crate::worker::WorkerView;
+use crate::cluster::worker::WorkerView;
 
 pub struct LeastLoaded;
 

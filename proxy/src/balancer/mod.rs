@@ -1,6 +1,6 @@
 //! Balancing policies: how workers are ranked for a request's shards. One file per policy,
-//! all behind [`Policy`]. The splitter takes the first k workers of the ranking for a
-//! cost-balanced split; a fixed split asks the policy to `assign` a worker to each shard.
+//! all behind [`Policy`]. The cost split (`split::CostSplit`) takes the first k workers of
+//! the ranking; a fixed split asks the policy to `assign` a worker to each shard.
 
 mod least_loaded;
 mod power_of_two;
@@ -16,7 +16,7 @@ pub use random::Random;
 pub use round_robin::RoundRobin;
 use sieve_shared::proxy_config::{BalanceConfig, PolicyKind};
 
-use crate::worker::WorkerView;
+use crate::cluster::worker::WorkerView;
 
 pub trait Policy: Send + Sync {
     fn name(&self) -> &'static str;

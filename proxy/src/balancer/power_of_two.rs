@@ -5,7 +5,7 @@
 use rand::Rng;
 
 use super::{by_load, Policy};
-use crate::worker::WorkerView;
+use crate::cluster::worker::WorkerView;
 
 pub struct PowerOfTwo {
     pub choices: usize,

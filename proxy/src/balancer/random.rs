@@ -6,7 +6,7 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 
 use super::Policy;
-use crate::worker::WorkerView;
+use crate::cluster::worker::WorkerView;
 
 pub struct Random;
 

@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::Policy;
-use crate::worker::WorkerView;
+use crate::cluster::worker::WorkerView;
 
 #[derive(Default)]
 pub struct RoundRobin {

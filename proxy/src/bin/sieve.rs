@@ -89,17 +89,11 @@ struct ScoreArgs {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
-        .init();
+    sieve_shared::cli::init_tracing("warn");
     let cli = Cli::parse();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match sieve_shared::cli::runtime("sieve") {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("sieve: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     let result = rt.block_on(async move {
         match cli.command {

@@ -13,6 +13,7 @@
 //! hyper then closes the connection as it does at any header timeout. No request is in
 //! progress in any of these cases: while a handler runs hyper waits on it, not on a head.
 
+use crate::sync::lock;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -40,7 +41,7 @@ struct State {
 
 impl Activity {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.state)
     }
 
     /// The socket gave bytes. Outside a request they are the next head's.

@@ -9,7 +9,7 @@
 
 use sieve_shared::proxy_config::EstimatorConfig;
 
-use crate::online_fit::{dot, OnlineFit};
+use crate::estimate::online_fit::{dot, OnlineFit};
 
 pub const FEATURES: usize = 9;
 pub type Features = [f64; FEATURES];

@@ -12,13 +12,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use sieve_shared::proxy_config::DnsDiscovery;
+use sieve_shared::sync::lock;
 use sieve_shared::WorkerEndpoint;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::{self, Overrides};
 use crate::metrics as m;
-use crate::state::{lock, AppState};
+use crate::state::AppState;
 
 #[derive(Default)]
 struct Sources {

@@ -10,7 +10,7 @@
 use sieve_shared::proxy_config::EstimatorConfig;
 use sieve_shared::{CostFeatures, CostModel, Usage};
 
-use crate::online_fit::OnlineFit;
+use crate::estimate::online_fit::OnlineFit;
 
 /// Feature scaling so the three weights are of similar size: requests, kilotokens, and
 /// mega-(token × context).

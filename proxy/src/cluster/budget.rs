@@ -2,6 +2,7 @@
 //! under extra work: every shard sent earns a fraction of a retry (or of its predicted work
 //! for hedges), a retry or hedge spends, and a floor rate keeps a quiet proxy able to retry.
 
+use sieve_shared::sync::lock;
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -32,14 +33,14 @@ impl TokenBucket {
     }
 
     pub fn deposit(&self, amount: f64) {
-        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut inner = lock(&self.inner);
         self.refill(&mut inner, Instant::now());
         inner.tokens = (inner.tokens + amount.max(0.0)).min(self.capacity);
     }
 
     /// Takes `amount` if that much is there.
     pub fn try_withdraw(&self, amount: f64) -> bool {
-        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut inner = lock(&self.inner);
         self.refill(&mut inner, Instant::now());
         if inner.tokens >= amount {
             inner.tokens -= amount;
@@ -50,7 +51,7 @@ impl TokenBucket {
     }
 
     pub fn available(&self) -> f64 {
-        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut inner = lock(&self.inner);
         self.refill(&mut inner, Instant::now());
         inner.tokens
     }

@@ -3,6 +3,7 @@
 //! prediction: by construction only the slowest few percent of shards are hedged, however
 //! good or bad the cost model currently is.
 
+use sieve_shared::sync::lock;
 use std::sync::Mutex;
 
 const WINDOW: usize = 512;
@@ -33,7 +34,7 @@ impl RatioTracker {
         if !(ratio.is_finite() && ratio > 0.0) {
             return;
         }
-        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = lock(&self.inner);
         if g.ring.len() < WINDOW {
             g.ring.push(ratio);
         } else {
@@ -52,12 +53,12 @@ impl RatioTracker {
     }
 
     pub fn samples(&self) -> usize {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).ring.len()
+        lock(&self.inner).ring.len()
     }
 
     /// The quantile once `min_samples` were recorded.
     pub fn quantile(&self, min_samples: usize) -> Option<f64> {
-        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let g = lock(&self.inner);
         if g.ring.len() >= min_samples.max(1) {
             g.cached
         } else {

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use sieve_shared::{ApiError, ScoreResponse, Timing, Usage};
 
-use crate::dispatcher::ShardOutcome;
+use crate::request::dispatch::ShardOutcome;
 
 pub struct ShardResult {
     /// The caller's indices of the shard's items, in the order they were sent.
@@ -115,7 +115,7 @@ pub fn remap_item_indices(mut e: ApiError, items: &[usize]) -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dispatcher::ShardDone;
+    use crate::request::dispatch::ShardDone;
 
     fn done(items: &[usize], scores: &[f32], tokens: &[u32], prefix: u32) -> ShardResult {
         let response = ScoreResponse {

@@ -10,9 +10,9 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::client::HttpClient;
+use crate::cluster::worker::{Health, Worker};
 use crate::metrics as m;
 use crate::state::AppState;
-use crate::worker::{Health, Worker};
 
 pub async fn run(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
     loop {

@@ -1,19 +1,46 @@
-//! Cutting a request's items into shards.
+//! Cutting a request's items into shards: one policy per file behind [`SplitPolicy`], chosen
+//! once from the config by [`build`] (like `balancer::build`).
 //!
-//! Cost mode: for a shard count k, the items are packed longest-first onto the k first-ranked
-//! workers, each item going where it finishes earliest given what that worker already has
-//! (its backlog, its speed, the shards packed so far; a worker's first shard also pays the
-//! call's fixed cost and the prefix). A shard never exceeds the worker's batch-token limit: an
-//! item that does not fit opens another shard on that worker. k is chosen to minimise the
-//! predicted finish of the slowest worker; a smaller k wins within `tolerance` of the best.
-//!
-//! Fixed mode (the request-level baseline) cuts consecutive chunks of a fixed item count;
-//! whole mode sends everything to one worker. All modes return the same [`Plan`], with each
-//! shard's predicted compute and finish time, which the dispatcher uses for hedging.
+//! `cost` (the design) chooses the shard count and packs items by predicted cost so the shards
+//! finish together; `fixed` (the request-level baseline) cuts consecutive chunks of a fixed item
+//! count; `whole` sends everything to one worker. Every policy returns the same [`Plan`], with
+//! each shard's predicted compute and finish time, which the dispatcher uses for hedging.
 
+mod cost;
+mod fixed;
+mod whole;
+
+use std::sync::Arc;
+
+use sieve_shared::proxy_config::{SplitConfig, SplitMode};
 use sieve_shared::CostModel;
 
-/// A worker as the splitter sees it.
+pub use cost::{split_by_cost, CostSplit};
+pub use fixed::{split_fixed, FixedSplit};
+pub use whole::{split_whole, WholeSplit};
+
+use crate::balancer::Policy;
+use crate::cluster::worker::WorkerView;
+
+/// How a request's items are cut into shards and placed on workers.
+pub trait SplitPolicy: Send + Sync {
+    fn name(&self) -> &'static str;
+
+    /// Plans the request over the eligible workers `views` describes, ranked or assigned by
+    /// the balancing policy. A shard's `candidate` is an index into `views`.
+    fn plan(&self, req: &Request<'_>, views: &[WorkerView], balance: &dyn Policy) -> Plan;
+}
+
+/// The policy `cfg.mode` names, with its parameters.
+pub fn build(cfg: &SplitConfig) -> Arc<dyn SplitPolicy> {
+    match cfg.mode {
+        SplitMode::Cost => Arc::new(CostSplit { max_shards: cfg.max_shards, tolerance: cfg.tolerance }),
+        SplitMode::Fixed => Arc::new(FixedSplit { items: cfg.fixed_items }),
+        SplitMode::None => Arc::new(WholeSplit),
+    }
+}
+
+/// A worker as a split sees it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Candidate {
     /// Predicted time until the worker can start on new work.
@@ -26,7 +53,8 @@ pub struct Candidate {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ShardPlan {
-    /// Index into the candidates given to the splitter.
+    /// Index into the candidates given to the split function; from a [`SplitPolicy`], an index
+    /// into its `views`.
     pub candidate: usize,
     /// Indices of the request's items, ascending.
     pub items: Vec<usize>,
@@ -46,7 +74,7 @@ pub struct Plan {
     pub makespan_ms: f64,
 }
 
-/// Inputs common to every mode.
+/// Inputs common to every policy.
 #[derive(Debug, Clone, Copy)]
 pub struct Request<'a> {
     /// Estimated own-segment tokens per item.
@@ -62,71 +90,30 @@ impl Request<'_> {
     }
 }
 
-/// Cost-balanced split over `candidates` (in preference order).
-pub fn split_by_cost(req: &Request<'_>, candidates: &[Candidate], max_shards: usize, tolerance: f64) -> Plan {
-    let m = req.item_tokens.len();
-    let k_max = max_shards.min(candidates.len()).min(m).max(1);
-    let mut order: Vec<usize> = (0..m).collect();
-    order.sort_by(|&a, &b| req.item_tokens[b].total_cmp(&req.item_tokens[a]).then(a.cmp(&b)));
-    let pairs: Vec<f64> = req.item_tokens.iter().map(|&n| req.model.pair_ms(n, req.prefix)).collect();
-
-    let mut packer = Packer::new(req, &pairs, candidates);
-    // (k, makespan) for every k tried.
-    let mut evaluated: Vec<(usize, f64)> = Vec::new();
-    let mut eval = |k: usize, evaluated: &mut Vec<(usize, f64)>| -> f64 {
-        if let Some(&(_, ms)) = evaluated.iter().find(|e| e.0 == k) {
-            return ms;
-        }
-        let ms = packer.pack(&order, k, false);
-        evaluated.push((k, ms));
-        ms
-    };
-    if k_max <= 24 {
-        for k in 1..=k_max {
-            eval(k, &mut evaluated);
-        }
-    } else {
-        // Coarse geometric scan, then every k around the best coarse point: the makespan is
-        // close to unimodal in k (more workers: less work each, more fixed costs, busier ones).
-        let mut coarse = vec![1usize];
-        while let Some(&last) = coarse.last() {
-            let next = ((last as f64 * 1.5).ceil() as usize).max(last + 1);
-            if next >= k_max {
-                break;
-            }
-            coarse.push(next);
-        }
-        coarse.push(k_max);
-        let spans: Vec<f64> = coarse.iter().map(|&k| eval(k, &mut evaluated)).collect();
-        let best = (0..coarse.len()).min_by(|&a, &b| spans[a].total_cmp(&spans[b])).unwrap_or(0);
-        let lo = if best == 0 { 1 } else { coarse[best - 1] };
-        let hi = coarse.get(best + 1).copied().unwrap_or(k_max);
-        for k in lo..=hi {
-            eval(k, &mut evaluated);
-        }
+impl From<&WorkerView> for Candidate {
+    fn from(v: &WorkerView) -> Self {
+        Candidate { available_ms: v.backlog_ms, time_factor: v.time_factor, max_batch_tokens: v.max_batch_tokens }
     }
-    let best = evaluated.iter().map(|e| e.1).fold(f64::INFINITY, f64::min);
-    let k = evaluated.iter().filter(|e| e.1 <= best * (1.0 + tolerance)).map(|e| e.0).min().unwrap_or(1);
-    packer.pack(&order, k, true);
-    packer.into_plan()
 }
 
-/// Consecutive chunks of `chunk` items; shard j goes to candidate `assignment[j]`.
-pub fn split_fixed(req: &Request<'_>, candidates: &[Candidate], chunk: usize, assignment: &[usize]) -> Plan {
-    let m = req.item_tokens.len();
-    let chunk = chunk.max(1);
-    let groups: Vec<(usize, Vec<usize>)> = (0..m.div_ceil(chunk))
-        .map(|j| (assignment.get(j).copied().unwrap_or(0), (j * chunk..((j + 1) * chunk).min(m)).collect()))
-        .collect();
-    plan_from_groups(req, candidates, groups)
+impl Plan {
+    /// The same plan with each shard's candidate index replaced by `workers[candidate]`.
+    fn on_workers(mut self, workers: &[usize]) -> Plan {
+        for s in &mut self.shards {
+            s.candidate = workers[s.candidate];
+        }
+        self
+    }
 }
 
-/// Everything to one candidate.
-pub fn split_whole(req: &Request<'_>, candidates: &[Candidate], candidate: usize) -> Plan {
-    plan_from_groups(req, candidates, vec![(candidate, (0..req.item_tokens.len()).collect())])
+/// The candidates in the balancing policy's order, and the worker index of each.
+fn ranked(views: &[WorkerView], balance: &dyn Policy) -> (Vec<Candidate>, Vec<usize>) {
+    let rank = balance.rank(views);
+    (rank.iter().map(|&i| Candidate::from(&views[i])).collect(), rank)
 }
 
-fn plan_from_groups(req: &Request<'_>, candidates: &[Candidate], groups: Vec<(usize, Vec<usize>)>) -> Plan {
+/// Shards from given groups of items, each on its candidate, in order.
+pub(crate) fn plan_from_groups(req: &Request<'_>, candidates: &[Candidate], groups: Vec<(usize, Vec<usize>)>) -> Plan {
     let mut finish: Vec<f64> = candidates.iter().map(|c| c.available_ms).collect();
     let mut shards = Vec::with_capacity(groups.len());
     for (c, items) in groups {
@@ -138,106 +125,6 @@ fn plan_from_groups(req: &Request<'_>, candidates: &[Candidate], groups: Vec<(us
     }
     let makespan_ms = shards.iter().map(|s| s.finish_ms).fold(0.0, f64::max);
     Plan { shards, makespan_ms }
-}
-
-/// Longest-processing-time packing onto the first k candidates, reusing its buffers across k.
-struct Packer<'a> {
-    req: &'a Request<'a>,
-    pairs: &'a [f64],
-    candidates: &'a [Candidate],
-    finish: Vec<f64>,
-    /// Per candidate: the shard still open for more items.
-    open: Vec<Option<usize>>,
-    shard_candidate: Vec<usize>,
-    shard_tokens: Vec<f64>,
-    shard_compute: Vec<f64>,
-    /// Only filled on the final pack.
-    shard_items: Vec<Vec<usize>>,
-}
-
-impl<'a> Packer<'a> {
-    fn new(req: &'a Request<'a>, pairs: &'a [f64], candidates: &'a [Candidate]) -> Self {
-        Packer {
-            req,
-            pairs,
-            candidates,
-            finish: Vec::new(),
-            open: Vec::new(),
-            shard_candidate: Vec::new(),
-            shard_tokens: Vec::new(),
-            shard_compute: Vec::new(),
-            shard_items: Vec::new(),
-        }
-    }
-
-    /// Packs onto k candidates; returns the makespan. `keep_items` records the assignment.
-    fn pack(&mut self, order: &[usize], k: usize, keep_items: bool) -> f64 {
-        let first = self.req.first_shard_ms();
-        self.finish.clear();
-        self.finish.extend(self.candidates[..k].iter().map(|c| c.available_ms));
-        self.open.clear();
-        self.open.resize(k, None);
-        self.shard_candidate.clear();
-        self.shard_tokens.clear();
-        self.shard_compute.clear();
-        self.shard_items.clear();
-        for &i in order {
-            let n = self.req.item_tokens[i];
-            let pair = self.pairs[i];
-            let mut best = (f64::INFINITY, 0usize, false);
-            for j in 0..k {
-                let c = &self.candidates[j];
-                let fits = self.open[j]
-                    .is_some_and(|s| c.max_batch_tokens == 0 || self.shard_tokens[s] + n <= c.max_batch_tokens as f64);
-                let delta = c.time_factor * if fits { pair } else { first + pair };
-                let f = self.finish[j] + delta;
-                if f < best.0 {
-                    best = (f, j, fits);
-                }
-            }
-            let (f, j, fits) = best;
-            let s = match (fits, self.open[j]) {
-                (true, Some(s)) => s,
-                _ => {
-                    let s = self.shard_candidate.len();
-                    self.shard_candidate.push(j);
-                    self.shard_tokens.push(self.req.prefix);
-                    self.shard_compute.push(self.candidates[j].time_factor * first);
-                    if keep_items {
-                        self.shard_items.push(Vec::new());
-                    }
-                    self.open[j] = Some(s);
-                    s
-                }
-            };
-            self.shard_tokens[s] += n;
-            self.shard_compute[s] += self.candidates[j].time_factor * pair;
-            self.finish[j] = f;
-            if keep_items {
-                self.shard_items[s].push(i);
-            }
-        }
-        self.shard_candidate.iter().map(|&j| self.finish[j]).fold(0.0, f64::max)
-    }
-
-    fn into_plan(self) -> Plan {
-        let mut worker_finish: Vec<f64> = self.candidates.iter().map(|c| c.available_ms).collect();
-        let mut shards = Vec::with_capacity(self.shard_candidate.len());
-        for (s, mut items) in self.shard_items.into_iter().enumerate() {
-            let c = self.shard_candidate[s];
-            items.sort_unstable();
-            worker_finish[c] += self.shard_compute[s];
-            shards.push(ShardPlan {
-                candidate: c,
-                items,
-                tokens: self.shard_tokens[s],
-                compute_ms: self.shard_compute[s],
-                finish_ms: worker_finish[c],
-            });
-        }
-        let makespan_ms = shards.iter().map(|s| s.finish_ms).fold(0.0, f64::max);
-        Plan { shards, makespan_ms }
-    }
 }
 
 #[cfg(test)]
@@ -375,6 +262,42 @@ mod tests {
         let whole = split_whole(&req, &idle(2), 1);
         assert_eq!(whole.shards.len(), 1);
         assert_eq!(whole.shards[0].items.len(), 10);
+    }
+
+    #[test]
+    fn policies_come_from_the_config_and_plan_onto_worker_indices() {
+        use crate::balancer::LeastLoaded;
+        let view = |backlog_ms| WorkerView { backlog_ms, in_flight: 0, time_factor: 1.0, max_batch_tokens: 0 };
+        // Distinct loads: least loaded ranks workers 2, 0, 1 every time.
+        let views = [view(10.0), view(30.0), view(0.0)];
+        let ranking = [2usize, 0, 1];
+        let model = CostModel::default();
+        let tokens = skewed(200, 13);
+        let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model };
+
+        let cfg = SplitConfig::default();
+        let cost = build(&cfg);
+        assert_eq!(cost.name(), "cost");
+        let plan = cost.plan(&req, &views, &LeastLoaded);
+        let cands: Vec<Candidate> = ranking.iter().map(|&i| Candidate::from(&views[i])).collect();
+        let direct = split_by_cost(&req, &cands, cfg.max_shards, cfg.tolerance);
+        assert_eq!(plan.shards.len(), direct.shards.len());
+        for (s, d) in plan.shards.iter().zip(&direct.shards) {
+            assert_eq!(s.candidate, ranking[d.candidate], "a shard's candidate is its worker's index");
+            assert_eq!((&s.items, s.finish_ms.to_bits()), (&d.items, d.finish_ms.to_bits()));
+        }
+
+        let whole = build(&SplitConfig { mode: SplitMode::None, ..cfg.clone() });
+        assert_eq!(whole.name(), "none");
+        let plan = whole.plan(&req, &views, &LeastLoaded);
+        assert_eq!(plan.shards.iter().map(|s| s.candidate).collect::<Vec<_>>(), vec![2], "all on the least loaded");
+
+        let fixed = build(&SplitConfig { mode: SplitMode::Fixed, fixed_items: 64, ..cfg });
+        assert_eq!(fixed.name(), "fixed");
+        let plan = fixed.plan(&req, &views, &LeastLoaded);
+        // 200 items in chunks of 64, assigned down the ranking and round again.
+        assert_eq!(plan.shards.iter().map(|s| s.candidate).collect::<Vec<_>>(), vec![2, 0, 1, 2]);
+        assert_eq!(plan.shards.iter().map(|s| s.items.len()).collect::<Vec<_>>(), vec![64, 64, 64, 8]);
     }
 
     mod properties {

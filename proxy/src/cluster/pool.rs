@@ -9,9 +9,10 @@ use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use sieve_shared::proxy_config::BreakerConfig;
+use sieve_shared::sync::lock;
 use sieve_shared::WorkerEndpoint;
 
-use crate::worker::Worker;
+use crate::cluster::worker::Worker;
 
 pub type Snapshot = Arc<Vec<Arc<Worker>>>;
 
@@ -44,7 +45,7 @@ impl WorkerPool {
 
     /// Makes the list exactly `endpoints` (deduplicated by API URL, first wins).
     pub fn replace(&self, endpoints: &[WorkerEndpoint], breaker: &BreakerConfig) -> PoolChange {
-        let _writer = self.update.lock().unwrap_or_else(|p| p.into_inner());
+        let _writer = lock(&self.update);
         let current = self.list.load_full();
         let by_url: HashMap<&str, &Arc<Worker>> = current.iter().map(|w| (w.url(), w)).collect();
         let mut next: Vec<Arc<Worker>> = Vec::with_capacity(endpoints.len());

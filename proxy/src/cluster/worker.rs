@@ -10,9 +10,10 @@ use hyper::Uri;
 use serde::Serialize;
 use sieve_shared::{CostModel, WorkerEndpoint, WorkerStats};
 
-use crate::breaker::{Breaker, BreakerState};
-use crate::cost_estimator::update_time_factor;
+use crate::cluster::breaker::{Breaker, BreakerState};
+use crate::estimate::cost_estimator::update_time_factor;
 use sieve_shared::proxy_config::BreakerConfig;
+use sieve_shared::sync::lock;
 
 /// Shards a worker's time factor must rest on before its times teach the shared cost model.
 const CALIBRATION_SHARDS: u64 = 5;
@@ -153,7 +154,7 @@ impl Worker {
     }
 
     pub fn state(&self) -> MutexGuard<'_, WorkerState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.state)
     }
 
     pub fn in_flight(&self) -> u64 {

@@ -1,0 +1,230 @@
+//! One attempt: a shard's call to one worker, run as its own task holding the worker's
+//! in-flight guard (dropping the task closes the connection, so the worker drops the work), and
+//! what its answer means: a usable score response or an error classified for the retry and
+//! breaker decisions.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use serde::Serialize;
+use sieve_shared::api::headers;
+use sieve_shared::{ApiError, ErrorKind, Item, ScoreResponse};
+use tokio::task::JoinSet;
+
+use crate::client::ClientError;
+use crate::cluster::worker::Worker;
+use crate::request::RequestCtx;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptKind {
+    Primary,
+    Retry,
+    Hedge,
+}
+
+#[derive(Debug)]
+pub enum AttemptError {
+    Client(ClientError),
+    /// The worker answered with an error status.
+    Api(ApiError),
+    /// 200 with a body that is not a matching score response.
+    BadResponse(String),
+}
+
+impl AttemptError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            AttemptError::Client(ClientError::Connect(_)) => ErrorKind::NotReady,
+            AttemptError::Client(_) | AttemptError::BadResponse(_) => ErrorKind::Internal,
+            AttemptError::Api(e) => match e.kind {
+                ErrorKind::NotFound | ErrorKind::MethodNotAllowed => ErrorKind::Internal,
+                k => k,
+            },
+        }
+    }
+
+    /// Whether another worker might succeed.
+    pub fn retryable(&self) -> bool {
+        self.kind().is_retryable()
+    }
+
+    /// Whether it says the worker is unhealthy (breaker food). Refusals (503 draining or
+    /// loading, 429 full) and deadlines are the worker working as designed.
+    pub fn is_worker_fault(&self) -> bool {
+        match self {
+            AttemptError::Client(_) | AttemptError::BadResponse(_) => true,
+            // 404/405: the URL does not point at a worker (misconfiguration).
+            AttemptError::Api(e) => {
+                matches!(e.kind, ErrorKind::Internal | ErrorKind::NotFound | ErrorKind::MethodNotAllowed)
+            }
+        }
+    }
+
+    pub fn label(&self) -> &'static str {
+        match self {
+            AttemptError::Client(ClientError::Connect(_)) => "connect",
+            AttemptError::Client(_) => "connection",
+            AttemptError::BadResponse(_) => "bad_response",
+            AttemptError::Api(e) => match e.kind {
+                ErrorKind::NotReady => "not_ready",
+                ErrorKind::Overloaded => "overloaded",
+                ErrorKind::DeadlineExceeded => "deadline",
+                ErrorKind::Internal => "internal",
+                _ => "client_error",
+            },
+        }
+    }
+
+    pub fn into_api(self, worker: &str) -> ApiError {
+        match self {
+            AttemptError::Api(e) if !matches!(e.kind, ErrorKind::NotFound | ErrorKind::MethodNotAllowed) => e,
+            AttemptError::Client(ClientError::Connect(e)) => {
+                ApiError::not_ready(format!("no worker could take the shard; last: {worker}: {e}"))
+            }
+            other => ApiError::internal(format!("worker {worker}: {}", other.message())),
+        }
+    }
+
+    pub fn message(&self) -> String {
+        match self {
+            AttemptError::Client(e) => e.to_string(),
+            AttemptError::Api(e) => e.message.clone(),
+            AttemptError::BadResponse(m) => m.clone(),
+        }
+    }
+}
+
+pub struct AttemptResult {
+    pub worker: Arc<Worker>,
+    pub kind: AttemptKind,
+    pub sent: Instant,
+    pub result: Result<ScoreResponse, AttemptError>,
+}
+
+/// The shard's request body: the `ScoreRequest` shape, borrowing the caller's items.
+#[derive(Serialize)]
+struct ShardBody<'a> {
+    query: &'a str,
+    items: Vec<&'a Item>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    instruction: Option<&'a str>,
+    deadline_ms: u64,
+}
+
+fn remaining_ms(deadline: Instant) -> u64 {
+    let left = deadline.saturating_duration_since(Instant::now());
+    // Round up: a worker given 0 would refuse outright.
+    left.as_micros().div_ceil(1000) as u64
+}
+
+async fn attempt(
+    ctx: Arc<RequestCtx>,
+    items: Arc<Vec<usize>>,
+    worker: Arc<Worker>,
+    kind: AttemptKind,
+    predicted_ms: f64,
+) -> AttemptResult {
+    let guard = worker.begin(predicted_ms);
+    let sent = Instant::now();
+    let deadline_ms = remaining_ms(ctx.deadline).max(1);
+    let body = ShardBody {
+        query: &ctx.query,
+        items: items.iter().map(|&i| &ctx.items[i]).collect(),
+        instruction: ctx.instruction.as_deref(),
+        deadline_ms,
+    };
+    // Sized up front: growing a large body by doubling copies it several times.
+    let size_hint = 64 + ctx.query.len() + body.items.iter().map(|i| i.text().len() + 16).sum::<usize>();
+    let mut bytes = Vec::with_capacity(size_hint);
+    let result = match serde_json::to_writer(&mut bytes, &body) {
+        Err(e) => Err(AttemptError::BadResponse(format!("encoding the shard: {e}"))),
+        Ok(()) => {
+            let hdrs = [(headers::DEADLINE_MS, deadline_ms.to_string())];
+            match ctx.state.client.post_json(&worker.score_uri, Bytes::from(bytes), &hdrs).await {
+                Err(e) => Err(AttemptError::Client(e)),
+                Ok(reply) if reply.status.is_success() => match serde_json::from_slice::<ScoreResponse>(&reply.body) {
+                    Ok(r) => check_shard_response(r, items.len()).map_err(AttemptError::BadResponse),
+                    Err(e) => Err(AttemptError::BadResponse(format!("unreadable score response: {e}"))),
+                },
+                Ok(reply) => Err(AttemptError::Api(ApiError::from_response(reply.status.as_u16(), &reply.body))),
+            }
+        }
+    };
+    // The worker's load is released only now that the body is read.
+    drop(guard);
+    AttemptResult { worker, kind, sent, result }
+}
+
+/// A worker's 200 is usable when it has one entry per item and a score wherever `missing` does
+/// not list the index. A partial answer (the worker's deadline came first) is a success, never
+/// retried: its `missing` items are reported as such. A null outside `missing` (how a NaN score
+/// is written in JSON) means the worker's model is broken: the attempt failed, and the shard is
+/// retried elsewhere like after a 500.
+fn check_shard_response(r: ScoreResponse, n_items: usize) -> Result<ScoreResponse, String> {
+    if r.scores.len() != n_items {
+        return Err(format!("{} scores for a shard of {} items", r.scores.len(), n_items));
+    }
+    let mut listed = vec![false; n_items];
+    for &k in &r.missing {
+        match listed.get_mut(k) {
+            Some(l) => *l = true,
+            None => return Err(format!("missing index {k} in a shard of {n_items} items")),
+        }
+    }
+    if let Some(k) = r.scores.iter().zip(&listed).position(|(s, &l)| s.is_none() && !l) {
+        return Err(format!("no score for items[{k}] and it is not listed missing"));
+    }
+    Ok(r)
+}
+
+/// Counts the attempt on its worker and starts it as its own task.
+pub fn launch(
+    set: &mut JoinSet<AttemptResult>,
+    ctx: &Arc<RequestCtx>,
+    items: &Arc<Vec<usize>>,
+    worker: Arc<Worker>,
+    kind: AttemptKind,
+    predicted_ms: f64,
+) {
+    worker.counters.shards.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    worker.counters.items.fetch_add(items.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    set.spawn(attempt(ctx.clone(), items.clone(), worker, kind, predicted_ms));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sieve_shared::{Timing, Usage};
+
+    fn response(scores: Vec<Option<f32>>, missing: Vec<usize>) -> ScoreResponse {
+        ScoreResponse {
+            scores,
+            ids: None,
+            missing,
+            usage: Usage::default(),
+            timing: Timing::default(),
+            model: "m".into(),
+        }
+    }
+
+    #[test]
+    fn a_partial_shard_is_a_success_and_a_stray_null_a_failure() {
+        // The worker's deadline left items 1 and 2 unscored: usable as is (no retry).
+        let partial = check_shard_response(response(vec![Some(0.5), None, None], vec![1, 2]), 3).unwrap();
+        assert_eq!(partial.missing, vec![1, 2]);
+        // A null nobody listed (a NaN written as JSON): a failed attempt, retryable elsewhere.
+        let e = check_shard_response(response(vec![Some(0.5), None], vec![]), 2).unwrap_err();
+        assert!(e.contains("items[1]"), "{e}");
+        let err = AttemptError::BadResponse(e);
+        assert!(err.retryable() && err.is_worker_fault());
+        assert!(check_shard_response(response(vec![Some(0.5)], vec![3]), 1).is_err());
+        assert!(check_shard_response(response(vec![Some(0.5)], vec![]), 2).is_err());
+        // A worker's 500 (its non-finite-score error) is retried elsewhere and counts against it.
+        let e500 = AttemptError::Api(ApiError::from_response(
+            500,
+            br#"{"error":{"type":"internal","code":500,"message":"non-finite score for items[0]"}}"#,
+        ));
+        assert!(e500.retryable() && e500.is_worker_fault());
+    }
+}

@@ -1,0 +1,35 @@
+//! The hedge decision: when a shard has lagged long enough to send a copy elsewhere (past the
+//! configured quantile of actual over predicted shard time), and to which worker. Hedges are
+//! paid from a token bucket in milliseconds of predicted work, so a slow cluster is not doubled.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{fits, predict_on, ranked_others};
+use crate::cluster::worker::Worker;
+use crate::request::RequestCtx;
+
+/// When to hedge a shard sent at `start` and predicted to finish `finish_ms` later; `None`
+/// when hedging is off.
+pub fn hedge_at(ctx: &RequestCtx, finish_ms: f64, start: Instant) -> Option<tokio::time::Instant> {
+    let cfg = &ctx.cfg.hedge;
+    cfg.enabled.then(|| {
+        let q = ctx.state.ratios.quantile(cfg.min_samples).unwrap_or(cfg.initial_multiplier);
+        let delay_ms = (q * finish_ms).max(cfg.min_delay_ms);
+        tokio::time::Instant::from_std(start + Duration::from_secs_f64(delay_ms / 1e3))
+    })
+}
+
+/// The first worker in the policy's order not yet tried, not too busy, and predicted to finish
+/// before the deadline, with its predicted compute, paid from the hedge budget; `None` when
+/// there is none or the budget cannot pay.
+pub fn pick(ctx: &RequestCtx, items: &[usize], tried: &[Arc<Worker>]) -> Option<(Arc<Worker>, f64)> {
+    let max_in_flight = ctx.cfg.hedge.max_target_in_flight;
+    ranked_others(ctx, items, tried)
+        .into_iter()
+        .find(|(_, view, finish)| view.in_flight <= max_in_flight && fits(ctx, *finish))
+        .and_then(|(w, _, _)| {
+            let predicted = predict_on(ctx, items, &w);
+            ctx.state.hedge_budget.try_withdraw(predicted).then_some((w, predicted))
+        })
+}

@@ -1,0 +1,220 @@
+//! Stage 2, dispatch: every shard as its own task, run to an outcome under the request's
+//! deadline. A shard's primary attempt goes to its planned worker; a failed attempt is retried
+//! elsewhere ([`retry`]); one that lags past the p95 of its predicted time is hedged
+//! ([`hedge`]); the first success wins and the other attempts are aborted, which closes their
+//! connections ([`attempt`]). Each answer is fed back ([`feedback`](super::feedback)) as it
+//! arrives.
+
+pub mod attempt;
+mod hedge;
+mod retry;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sieve_shared::{ApiError, ScoreResponse};
+use tokio::task::JoinSet;
+
+use self::attempt::{AttemptError, AttemptKind, AttemptResult};
+use super::feedback;
+use super::merge::ShardResult;
+use super::plan::{Eligible, ShardJob};
+use super::RequestCtx;
+use crate::cluster::worker::{Worker, WorkerView};
+use crate::metrics as m;
+
+pub enum ShardOutcome {
+    Done(ShardDone),
+    /// Every attempt failed (or one failed in a way another worker would repeat).
+    Failed(ApiError),
+    /// The deadline passed first.
+    Missed,
+}
+
+pub struct ShardDone {
+    pub response: ScoreResponse,
+    /// When the winning attempt was sent, after the request's arrival.
+    pub sent_after_ms: f64,
+    pub hedged: bool,
+    pub retries: u32,
+}
+
+/// Runs every shard concurrently; the outcomes in plan order, with each shard's items.
+pub async fn run(ctx: Arc<RequestCtx>, jobs: Vec<ShardJob>) -> Result<Vec<ShardResult>, ApiError> {
+    let mut set = JoinSet::new();
+    let shard_items: Vec<Vec<usize>> = jobs.iter().map(|j| j.items.clone()).collect();
+    for (idx, job) in jobs.into_iter().enumerate() {
+        let ctx = ctx.clone();
+        set.spawn(async move { (idx, run_shard(ctx, job).await) });
+    }
+    let mut outcomes: Vec<Option<_>> = (0..shard_items.len()).map(|_| None).collect();
+    while let Some(joined) = set.join_next().await {
+        match joined {
+            Ok((idx, outcome)) => outcomes[idx] = Some(outcome),
+            Err(e) => return Err(ApiError::internal(format!("shard task failed: {e}"))),
+        }
+    }
+    Ok(shard_items
+        .into_iter()
+        .zip(outcomes)
+        .map(|(items, outcome)| ShardResult { items, outcome: outcome.unwrap_or(ShardOutcome::Missed) })
+        .collect())
+}
+
+/// One shard's attempts so far.
+struct Shard {
+    ctx: Arc<RequestCtx>,
+    items: Arc<Vec<usize>>,
+    /// The attempts in flight.
+    set: JoinSet<AttemptResult>,
+    /// Every worker sent an attempt, the primary's first.
+    tried: Vec<Arc<Worker>>,
+    attempts: u32,
+    retries: u32,
+    hedged: bool,
+    last_error: Option<(AttemptError, String)>,
+}
+
+impl Shard {
+    fn send(&mut self, worker: Arc<Worker>, kind: AttemptKind, predicted_ms: f64) {
+        self.tried.push(worker.clone());
+        attempt::launch(&mut self.set, &self.ctx, &self.items, worker, kind, predicted_ms);
+    }
+
+    /// The last attempt's error as the shard's outcome.
+    fn failed(&mut self) -> ShardOutcome {
+        let (e, url) =
+            self.last_error.take().unwrap_or((AttemptError::BadResponse("no attempt".into()), String::new()));
+        ShardOutcome::Failed(e.into_api(&url))
+    }
+
+    /// A failed attempt: fed back, then the shard fails, waits for a hedge still running, or
+    /// is retried elsewhere. `Some` ends the shard.
+    fn on_failure(&mut self, worker: &Worker, e: AttemptError) -> Option<ShardOutcome> {
+        feedback::on_failure(worker, &e, &self.ctx.cfg);
+        let for_time = retry::refused_for_time(&e);
+        if !retry::worth_retrying(&e) {
+            return Some(ShardOutcome::Failed(e.into_api(worker.url())));
+        }
+        self.last_error = Some((e, worker.url().to_string()));
+        if !self.set.is_empty() {
+            return None; // a hedge is still running
+        }
+        match retry::next_worker(&self.ctx, &self.items, &self.tried, self.attempts, for_time) {
+            Some(w) => {
+                self.attempts += 1;
+                self.retries += 1;
+                metrics::counter!(m::RETRIES).increment(1);
+                w.counters.retries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let predicted = predict_on(&self.ctx, &self.items, &w);
+                self.send(w, AttemptKind::Retry, predicted);
+                None
+            }
+            None => {
+                metrics::counter!(m::RETRIES_DENIED).increment(1);
+                Some(if for_time { ShardOutcome::Missed } else { self.failed() })
+            }
+        }
+    }
+
+    /// The hedge timer fired: a copy to another worker, if one qualifies and the budget pays.
+    fn on_hedge_timer(&mut self) {
+        match hedge::pick(&self.ctx, &self.items, &self.tried) {
+            Some((w, predicted)) => {
+                self.hedged = true;
+                metrics::counter!(m::HEDGES).increment(1);
+                w.counters.hedges.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.send(w, AttemptKind::Hedge, predicted);
+            }
+            None => metrics::counter!(m::HEDGES_DENIED).increment(1),
+        }
+    }
+}
+
+/// Runs one shard to an outcome.
+pub async fn run_shard(ctx: Arc<RequestCtx>, job: ShardJob) -> ShardOutcome {
+    let shard_start = Instant::now();
+    let deadline = tokio::time::Instant::from_std(ctx.deadline);
+    let mut shard = Shard {
+        ctx: ctx.clone(),
+        items: Arc::new(job.items),
+        set: JoinSet::new(),
+        tried: Vec::new(),
+        attempts: 1,
+        retries: 0,
+        hedged: false,
+        last_error: None,
+    };
+    shard.send(job.worker, AttemptKind::Primary, job.compute_ms);
+    let hedge_at = hedge::hedge_at(&ctx, job.finish_ms, shard_start);
+    let mut hedge_armed = hedge_at.is_some();
+
+    loop {
+        tokio::select! {
+            joined = shard.set.join_next() => {
+                // Nothing in flight and nothing more to try.
+                let Some(joined) = joined else { return shard.failed() };
+                let r = match joined {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::error!("shard attempt task failed: {e}");
+                        continue;
+                    }
+                };
+                match r.result {
+                    Ok(response) => {
+                        feedback::on_success(&ctx, &shard.items, &r.worker, &response, job.finish_ms, shard_start, r.kind);
+                        if r.kind == AttemptKind::Hedge {
+                            metrics::counter!(m::HEDGE_WINS).increment(1);
+                        }
+                        return ShardOutcome::Done(ShardDone {
+                            response,
+                            sent_after_ms: r.sent.saturating_duration_since(ctx.arrival).as_secs_f64() * 1e3,
+                            hedged: shard.hedged,
+                            retries: shard.retries,
+                        });
+                    }
+                    Err(e) => {
+                        if let Some(outcome) = shard.on_failure(&r.worker, e) {
+                            return outcome;
+                        }
+                    }
+                }
+            }
+            _ = tokio::time::sleep_until(hedge_at.unwrap_or(deadline)), if hedge_armed => {
+                hedge_armed = false;
+                shard.on_hedge_timer();
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                // Dropping the set aborts the attempts: their connections close.
+                return ShardOutcome::Missed;
+            }
+        }
+    }
+}
+
+/// Predicted compute of these items on a worker, from the current model and its speed.
+fn predict_on(ctx: &RequestCtx, items: &[usize], worker: &Worker) -> f64 {
+    let model = ctx.state.cost_model();
+    worker.time_factor() * model.call_ms(ctx.prefix_tokens, items.iter().map(|&i| ctx.item_tokens[i]))
+}
+
+/// Eligible workers not in `exclude`, in the configured policy's order, with the predicted
+/// time from now until each would be done with these items (its backlog, then the compute).
+fn ranked_others(ctx: &RequestCtx, items: &[usize], exclude: &[Arc<Worker>]) -> Vec<(Arc<Worker>, WorkerView, f64)> {
+    let now = Instant::now();
+    let model = ctx.state.cost_model();
+    let Eligible { workers, views } = Eligible::at(&ctx.state, &ctx.cfg, now, &model, exclude);
+    let compute = model.call_ms(ctx.prefix_tokens, items.iter().map(|&i| ctx.item_tokens[i]));
+    ctx.state
+        .policy()
+        .rank(&views)
+        .into_iter()
+        .map(|i| (workers[i].clone(), views[i], views[i].backlog_ms + views[i].time_factor * compute))
+        .collect()
+}
+
+/// Whether work predicted to take `finish_ms` from now ends before the deadline.
+fn fits(ctx: &RequestCtx, finish_ms: f64) -> bool {
+    Instant::now() + Duration::from_secs_f64(finish_ms.max(0.0) / 1e3) < ctx.deadline
+}

@@ -1,0 +1,69 @@
+//! One scoring request end to end: [`score`] checks it against the limits, then runs four
+//! stages:
+//!
+//! 1. [`plan`]: estimate every item's tokens, take the eligible workers and their load, cut
+//!    the shards with the split policy, pay the retry and hedge budgets;
+//! 2. [`dispatch`]: send the shards concurrently, each with its attempts, retries and hedges
+//!    under the deadline;
+//! 3. [`merge`]: put the answers back in the caller's order;
+//! 4. [`feedback`]: what each answer teaches the estimators and the worker's breaker, recorded
+//!    by the dispatcher as answers arrive.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sieve_shared::{ApiError, Item, ProxyConfig, ScoreRequest, ScoreResponse};
+
+use crate::estimate::token_estimator::Features;
+use crate::metrics as m;
+use crate::state::AppState;
+
+pub mod dispatch;
+pub mod feedback;
+pub mod merge;
+pub mod plan;
+
+use merge::MergeStats;
+
+/// What every shard of one request shares.
+pub struct RequestCtx {
+    pub state: Arc<AppState>,
+    pub cfg: Arc<ProxyConfig>,
+    pub query: String,
+    pub instruction: Option<String>,
+    pub items: Vec<Item>,
+    pub item_features: Vec<Features>,
+    pub query_features: Features,
+    pub instruction_features: Option<Features>,
+    /// Estimated own-segment tokens per item.
+    pub item_tokens: Vec<f64>,
+    pub prefix_tokens: f64,
+    pub arrival: Instant,
+    pub deadline: Instant,
+}
+
+pub async fn score(
+    state: &Arc<AppState>,
+    req: ScoreRequest,
+    arrival: Instant,
+) -> Result<(ScoreResponse, MergeStats), ApiError> {
+    let cfg = state.config();
+    cfg.limits.check(&req)?;
+    let budget_ms = req.deadline_ms.unwrap_or(cfg.deadline.default_ms);
+    let deadline = arrival + Duration::from_millis(budget_ms);
+    let n_items = req.items.len();
+    let ids = req
+        .items
+        .iter()
+        .any(|i| i.id().is_some())
+        .then(|| req.items.iter().map(|i| i.id().map(String::from)).collect());
+
+    let (ctx, jobs) = plan::plan(state, cfg, req, arrival, deadline)?;
+    let results = dispatch::run(ctx, jobs).await?;
+    let (resp, stats) = merge::merge(n_items, ids, budget_ms, results, arrival)?;
+    if stats.missing > 0 {
+        metrics::counter!(m::PARTIAL_RESPONSES).increment(1);
+        metrics::counter!(m::MISSING_ITEMS).increment(stats.missing as u64);
+    }
+    Ok((resp, stats))
+}

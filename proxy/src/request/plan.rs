@@ -1,0 +1,97 @@
+//! Stage 1, plan: estimate every item's tokens, take the eligible workers and their load (the
+//! views, built once), cut the shards with the configured split policy, and pay each shard's
+//! retry and hedge allowance into the budgets.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use sieve_shared::sync::lock;
+use sieve_shared::{ApiError, CostModel, ProxyConfig, ScoreRequest};
+
+use super::RequestCtx;
+use crate::cluster::worker::{Worker, WorkerView};
+use crate::estimate::token_estimator::features;
+use crate::metrics as m;
+use crate::split;
+use crate::state::AppState;
+
+/// A shard as planned: where it goes first and what it is predicted to take.
+pub struct ShardJob {
+    pub worker: Arc<Worker>,
+    pub items: Vec<usize>,
+    pub compute_ms: f64,
+    pub finish_ms: f64,
+}
+
+/// The eligible workers at one instant and how loaded each is, in the pool's order: what the
+/// split and every later retry or hedge decision rank.
+pub struct Eligible {
+    pub workers: Vec<Arc<Worker>>,
+    pub views: Vec<WorkerView>,
+}
+
+impl Eligible {
+    /// The workers that can take shards at `now`, less those in `exclude`.
+    pub fn at(state: &AppState, cfg: &ProxyConfig, now: Instant, model: &CostModel, exclude: &[Arc<Worker>]) -> Self {
+        let params = AppState::view_params(cfg);
+        let workers: Vec<Arc<Worker>> =
+            state.pool.eligible(now).into_iter().filter(|w| !exclude.iter().any(|x| Arc::ptr_eq(x, w))).collect();
+        let views = workers.iter().map(|w| w.view(now, model, &params)).collect();
+        Eligible { workers, views }
+    }
+}
+
+/// The request's shared context and its shards, the budgets paid.
+pub fn plan(
+    state: &Arc<AppState>,
+    cfg: Arc<ProxyConfig>,
+    req: ScoreRequest,
+    arrival: Instant,
+    deadline: Instant,
+) -> Result<(Arc<RequestCtx>, Vec<ShardJob>), ApiError> {
+    let weights = lock(&state.tokens).weights();
+    let item_features: Vec<_> = req.items.iter().map(|i| features(i.text())).collect();
+    let query_features = features(&req.query);
+    let instruction_features = req.instruction.as_deref().map(features);
+    let item_tokens: Vec<f64> = item_features.iter().map(|f| weights.item_tokens(f)).collect();
+    let prefix_tokens = weights.prefix_tokens(&query_features, instruction_features.as_ref());
+
+    let now = Instant::now();
+    let model = state.cost_model();
+    let eligible = Eligible::at(state, &cfg, now, &model, &[]);
+    if eligible.workers.is_empty() {
+        return Err(ApiError::not_ready(format!("no worker is ready ({} configured)", state.pool.snapshot().len())));
+    }
+    let split_req = split::Request { item_tokens: &item_tokens, prefix: prefix_tokens, model: &model };
+    let plan = state.split().plan(&split_req, &eligible.views, state.policy().as_ref());
+
+    metrics::histogram!(m::REQUEST_ITEMS).record(req.items.len() as f64);
+    metrics::histogram!(m::SHARDS_PER_REQUEST).record(plan.shards.len() as f64);
+    let mut jobs = Vec::with_capacity(plan.shards.len());
+    for s in plan.shards {
+        metrics::histogram!(m::SHARD_ITEMS).record(s.items.len() as f64);
+        metrics::histogram!(m::SHARD_TOKENS).record(s.tokens);
+        metrics::histogram!(m::SHARD_PREDICTED_SECONDS).record(s.finish_ms / 1e3);
+        // Every shard sent earns retry and hedge allowance.
+        state.retry_budget.deposit(cfg.retry.budget_ratio);
+        state.hedge_budget.deposit(cfg.hedge.budget_ratio * s.compute_ms);
+        let worker = eligible.workers[s.candidate].clone();
+        jobs.push(ShardJob { worker, items: s.items, compute_ms: s.compute_ms, finish_ms: s.finish_ms });
+    }
+
+    let ctx = Arc::new(RequestCtx {
+        state: state.clone(),
+        cfg,
+        query: req.query,
+        instruction: req.instruction,
+        items: req.items,
+        item_features,
+        query_features,
+        instruction_features,
+        item_tokens,
+        prefix_tokens,
+        arrival,
+        deadline,
+    });
+    Ok((ctx, jobs))
+}
