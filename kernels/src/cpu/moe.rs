@@ -75,7 +75,6 @@ moe_variants! {
 }
 
 struct CpuSharedExpert {
-    inter: usize,
     gate_up: PackedWeight,
     down: PackedWeight,
     gate: Vec<f32>,
@@ -136,10 +135,17 @@ pub(crate) struct MoeBuffers {
     synthetic_x: Vec<f32>,
 }
 
-/// Intermediates of the GEMMs run on many rows at once (`expert_gemm`, the shared expert).
+/// Buffers of the GEMMs run on many rows at once (`expert_gemm`, the shared expert).
 #[derive(Default)]
 struct GemmWorkspace {
+    /// `expert_gemm`: one expert's rows, gathered.
     gathered: Vec<f32>,
+    mid: SwigluMid,
+}
+
+/// The intermediates of one [`CpuBackend::swiglu_gemm`]: x·[Wg|Wu], then the activation.
+#[derive(Default)]
+struct SwigluMid {
     gate_up: Vec<f32>,
     act: Vec<f32>,
 }
@@ -376,7 +382,6 @@ impl CpuBackend {
             _ => (vec![], vec![]),
         };
         let shared = w.shared.map(|s| CpuSharedExpert {
-            inter: s.inter,
             gate_up: pack(s.gate_up, 2 * s.inter, h),
             down: pack(s.down, h, s.inter),
             gate: s.gate.to_vec(),
@@ -430,7 +435,7 @@ impl CpuBackend {
     }
 
     fn run_expert_gemm(&self, w: &CpuMoeWeights, plan: &Plan, hist: &[u32], ws: &mut GemmWorkspace, y: &mut [f32]) {
-        let (h, i) = (w.hidden, w.inter);
+        let h = w.hidden;
         for (e, &n) in hist.iter().enumerate() {
             let n = n as usize;
             if n == 0 {
@@ -441,50 +446,41 @@ impl CpuBackend {
             for (dst, &t) in x.chunks_exact_mut(h).zip(&plan.order[start..start + n]) {
                 dst.copy_from_slice(&plan.x[t as usize * h..(t as usize + 1) * h]);
             }
-            let gu = grown(&mut ws.gate_up, n * 2 * i);
-            gemm::gemm(
-                &self.pool,
-                &self.gemm_scratch,
-                self.threads,
-                self.isa,
-                x,
-                n,
-                &w.gate_up[e],
-                Epilogue::Store { bias: None },
-                gu,
-            );
-            let act = grown(&mut ws.act, n * i);
-            let isa = self.isa;
-            self.for_row_chunks(n, 2 * i, i, gu, act, |g, a| elementwise::silu_mul_rows(isa, g, i, a));
-            gemm::gemm(
-                &self.pool,
-                &self.gemm_scratch,
-                self.threads,
-                self.isa,
-                act,
-                n,
-                &w.down[e],
-                Epilogue::Store { bias: None },
-                &mut y[start * h..(start + n) * h],
-            );
+            self.swiglu_gemm(x, n, &w.gate_up[e], &w.down[e], &mut ws.mid, &mut y[start * h..(start + n) * h]);
         }
+    }
+
+    /// `out = x · wᵀ` for `rows` rows through the threaded GEMM (no bias).
+    fn gemm_store(&self, x: &[f32], rows: usize, w: &PackedWeight, out: &mut [f32]) {
+        let epi = Epilogue::Store { bias: None };
+        gemm::gemm(&self.pool, &self.gemm_scratch, self.threads, self.isa, x, rows, w, epi, out);
+    }
+
+    /// `out = down(silu(x·Wg) * (x·Wu))` for `n` rows through the threaded GEMM, `gate_up`
+    /// holding the gate rows then the up rows: `expert_gemm`'s experts and the shared expert.
+    fn swiglu_gemm(
+        &self,
+        x: &[f32],
+        n: usize,
+        gate_up: &PackedWeight,
+        down: &PackedWeight,
+        mid: &mut SwigluMid,
+        out: &mut [f32],
+    ) {
+        let i = down.in_features;
+        let gu = grown(&mut mid.gate_up, n * 2 * i);
+        self.gemm_store(x, n, gate_up, gu);
+        let act = grown(&mut mid.act, n * i);
+        let isa = self.isa;
+        self.for_row_chunks(n, 2 * i, i, gu, act, |g, a| elementwise::silu_mul_rows(isa, g, i, a));
+        self.gemm_store(act, n, down, out);
     }
 
     /// Router logits → each row's top-k ids and weights.
     fn route(&self, x: &HostTensor, w: &CpuMoeWeights, routing: MoeRouting, b: &mut MoeBuffers) {
         let (t, e, k) = (x.rows, w.num_experts, routing.top_k);
         let logits = grown(&mut b.logits, t * e);
-        gemm::gemm(
-            &self.pool,
-            &self.gemm_scratch,
-            self.threads,
-            self.isa,
-            &x.data,
-            t,
-            &w.router,
-            Epilogue::Store { bias: None },
-            logits,
-        );
+        self.gemm_store(&x.data, t, &w.router, logits);
         b.ids.resize(t * k, 0);
         b.weights.resize(t * k, 0.0);
         let route_rows = |((l, ids), ws): ((&[f32], &mut [u32]), &mut [f32])| {
@@ -530,35 +526,10 @@ impl CpuBackend {
 
     /// qwen2_moe's shared expert for every row, and its sigmoid gate.
     fn shared_expert(&self, x: &HostTensor, s: &CpuSharedExpert, b: &mut MoeBuffers) {
-        let (t, h, si) = (x.rows, x.cols, s.inter);
-        let ws = &mut b.gemm_ws;
-        let gu = grown(&mut ws.gate_up, t * 2 * si);
-        gemm::gemm(
-            &self.pool,
-            &self.gemm_scratch,
-            self.threads,
-            self.isa,
-            &x.data,
-            t,
-            &s.gate_up,
-            Epilogue::Store { bias: None },
-            gu,
-        );
-        let act = grown(&mut ws.act, t * si);
-        let isa = self.isa;
-        self.for_row_chunks(t, 2 * si, si, gu, act, |g, a| elementwise::silu_mul_rows(isa, g, si, a));
+        let (t, h) = (x.rows, x.cols);
         let out = grown(&mut b.shared_out, t * h);
-        gemm::gemm(
-            &self.pool,
-            &self.gemm_scratch,
-            self.threads,
-            self.isa,
-            act,
-            t,
-            &s.down,
-            Epilogue::Store { bias: None },
-            out,
-        );
+        self.swiglu_gemm(&x.data, t, &s.gate_up, &s.down, &mut b.gemm_ws.mid, out);
+        let isa = self.isa;
         let gate = grown(&mut b.shared_gate, t);
         self.for_row_chunks(t, h, 1, &x.data, gate, |xi, gi| elementwise::dot_rows(isa, xi, &s.gate, gi));
         for g in gate.iter_mut() {
