@@ -13,5 +13,6 @@ pub mod reference;
 pub use backend::{AttnSeq, Backend, BatchLayout, KernelError, QkvLayout, Result, RopeConfig, RopeLayout};
 pub use cpu::CpuBackend;
 pub use moe::{
-    MoeCostModel, MoeLayerHost, MoeLayerStats, MoeRouting, MoeSelect, MoeVariant, SharedExpertHost, VariantCost,
+    BackendVariant, MoeCostModel, MoeLayerHost, MoeLayerStats, MoeRouting, MoeSelect, MoeVariant, SharedExpertHost,
+    VariantCost,
 };

@@ -7,8 +7,10 @@ use std::time::{Duration, Instant};
 
 use crate::backend::*;
 use crate::host::{HostKvCache, HostTensor};
-use crate::moe::{MoeCostModel, MoeLayerHost, MoeLayerStats, MoeRouting, MoeSelect, MoeVariant, VariantCost};
-pub use moe::{route as moe_route, PlainMoe, PlainShared};
+use crate::moe::{
+    BackendVariant, MoeCostModel, MoeLayerHost, MoeLayerStats, MoeRouting, MoeSelect, MoeVariant, VariantCost,
+};
+pub use moe::{route as moe_route, PlainMoe, PlainShared, ReferenceMoeVariant};
 
 #[derive(Debug, Default, Clone)]
 pub struct ReferenceBackend;
@@ -300,13 +302,13 @@ impl Backend for ReferenceBackend {
     }
 
     fn moe_variants(&self) -> Vec<MoeVariant> {
-        moe::variants()
+        ReferenceMoeVariant::descriptions()
     }
 
     fn moe_default_cost(&self, _hidden: usize, _expert_inter: usize) -> MoeCostModel {
         MoeCostModel {
             variants: vec![VariantCost {
-                variant: "per_token".into(),
+                variant: ReferenceMoeVariant::PerToken.name().into(),
                 per_call: 0.0,
                 per_expert: vec![],
                 per_row: 1.0,
@@ -330,7 +332,7 @@ impl Backend for ReferenceBackend {
         acc: &mut HostTensor,
         log: &mut Vec<MoeLayerStats>,
     ) -> Result<()> {
-        select.choose(&[], &moe::variants())?;
+        select.choose(&[], &ReferenceMoeVariant::descriptions())?;
         log.push(moe::moe_ffn(x, w, routing, acc)?);
         Ok(())
     }

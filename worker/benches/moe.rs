@@ -39,7 +39,7 @@ use sieve_worker::engine::layout::LayoutBuilder;
 use sieve_worker::model::loader::{self, LoadOptions};
 use sieve_worker::model::testgen::{self, Preset, StoreDType, TestArch, TestModelSpec};
 use sieve_worker::model::{MoePolicy, Scratch};
-use sieve_worker::moe_setup;
+use sieve_worker::moe::setup as moe_setup;
 
 const WORDS: &[&str] = &[
     "waterproof",

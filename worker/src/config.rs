@@ -4,10 +4,10 @@
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use sieve_kernels::moe::VariantCost;
 use sieve_shared::http::{AdminConfig, HttpConfig};
 use sieve_shared::Limits;
 
+pub use crate::moe::config::MoeSection;
 use crate::prompt::PromptTemplate;
 use crate::{Result, WorkerError};
 
@@ -134,40 +134,6 @@ impl Default for EngineSection {
     }
 }
 
-/// How MoE layers choose their grouped-GEMM variant (ignored for dense models).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct MoeSection {
-    /// `auto` (the selector, per layer and pass) or the name of a variant to always run.
-    pub variant: String,
-    /// `cost_model` (per-variant costs, calibrated) or `padding_ratio` (the GPU rule over the
-    /// backend's padded variants: the smaller tile when padded / real rows > threshold).
-    pub policy: String,
-    pub padding_ratio_threshold: f64,
-    /// Measure the variants at start-up unless a calibration for this model and machine is
-    /// cached (`--no-autotune`: never measure; a cached calibration is still used).
-    pub autotune: bool,
-    pub autotune_budget_ms: u64,
-    /// Where calibrations are cached; empty = `<asset cache>/moe-autotune`.
-    pub cache_dir: String,
-    /// Cost entries that replace the calibrated ones of the same variant (`[[moe.cost]]`).
-    pub cost: Vec<VariantCost>,
-}
-
-impl Default for MoeSection {
-    fn default() -> Self {
-        MoeSection {
-            variant: "auto".into(),
-            policy: "cost_model".into(),
-            padding_ratio_threshold: 1.5,
-            autotune: true,
-            autotune_budget_ms: 30_000,
-            cache_dir: String::new(),
-            cost: Vec::new(),
-        }
-    }
-}
-
 impl WorkerConfig {
     pub fn from_file(path: &Path) -> Result<Self> {
         let text =
@@ -205,16 +171,7 @@ impl WorkerConfig {
         if let Some(t) = &self.template {
             t.validate()?;
         }
-        let m = &self.moe;
-        if m.policy != "cost_model" && m.policy != "padding_ratio" {
-            return bad(format!("moe.policy '{}' (cost_model | padding_ratio)", m.policy));
-        }
-        if !(m.padding_ratio_threshold.is_finite() && m.padding_ratio_threshold >= 1.0) {
-            return bad(format!("moe.padding_ratio_threshold {} must be a number ≥ 1", m.padding_ratio_threshold));
-        }
-        if m.variant.is_empty() {
-            return bad("moe.variant is empty (auto, or a variant name)".into());
-        }
+        self.moe.validate()?;
         self.http.validate().map_err(WorkerError::Config)?;
         Ok(())
     }
@@ -235,22 +192,6 @@ mod tests {
         assert_eq!(c.http, HttpConfig::default());
         assert_eq!(c.admin, AdminConfig::default());
         assert_eq!(c.server.admin_host, "127.0.0.1");
-    }
-
-    #[test]
-    fn moe_cost_overrides_parse_and_bad_moe_settings_are_refused() {
-        let c: WorkerConfig = toml::from_str(
-            "[moe]\nvariant = \"grouped\"\nautotune = false\n[[moe.cost]]\nvariant = \"small_m\"\nper_expert = [1e-4, 2e-4]\n",
-        )
-        .unwrap();
-        c.validate().unwrap();
-        assert_eq!(c.moe.variant, "grouped");
-        assert_eq!(c.moe.cost[0].per_expert, vec![1e-4, 2e-4]);
-        for bad in ["[moe]\npolicy = \"fastest\"\n", "[moe]\npadding_ratio_threshold = 0.5\n"] {
-            let c: WorkerConfig = toml::from_str(bad).unwrap();
-            assert!(c.validate().is_err(), "{bad}");
-        }
-        assert!(toml::from_str::<WorkerConfig>("[[moe.cost]]\nvariant = \"x\"\nper_exprt = []\n").is_err());
     }
 
     #[test]

@@ -10,7 +10,7 @@ use crate::assets;
 use crate::config::WorkerConfig;
 use crate::engine::{EngineConfig, EngineHandle, EngineParts, EngineState, PrefixCacheConfig};
 use crate::model::loader::{self, HeadChoice, LoadOptions};
-use crate::{moe_setup, Result, WorkerError};
+use crate::{moe, Result, WorkerError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Device {
@@ -77,7 +77,7 @@ fn start_on<B: Backend>(
         LoadOptions { head: HeadChoice::parse(&cfg.model.head)?, template: cfg.template.clone(), keep_lm_head: false };
     let mut loaded = loader::load(&backend, &path, &opts)?;
     let calibrations = assets::cache_dir().join("moe-autotune");
-    if let Some(setup) = moe_setup::configure(&backend, &mut loaded.model, &loaded.name, &cfg.moe, &calibrations)? {
+    if let Some(setup) = moe::setup::configure(&backend, &mut loaded.model, &loaded.name, &cfg.moe, &calibrations)? {
         state.moe.init(setup);
     }
     let ecfg = engine_config(cfg, loaded.model.config.max_position);

@@ -8,7 +8,7 @@ pub mod engine;
 pub mod error;
 pub mod fuzzing;
 pub mod model;
-pub mod moe_setup;
+pub mod moe;
 pub mod prompt;
 pub mod server;
 pub mod tokenizer;

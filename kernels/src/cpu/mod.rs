@@ -30,10 +30,10 @@ use std::time::Duration;
 
 use crate::backend::*;
 use crate::host::{HostKvCache, HostTensor};
-use crate::moe::{MoeCostModel, MoeLayerHost, MoeLayerStats, MoeRouting, MoeSelect, MoeVariant};
+use crate::moe::{BackendVariant, MoeCostModel, MoeLayerHost, MoeLayerStats, MoeRouting, MoeSelect, MoeVariant};
 
 pub use isa::Isa;
-pub use moe::CpuMoeWeights;
+pub use moe::{CpuMoeVariant, CpuMoeWeights};
 pub use pack::PackedWeight;
 
 use gemm::Epilogue;
@@ -535,7 +535,7 @@ impl Backend for CpuBackend {
     }
 
     fn moe_variants(&self) -> Vec<MoeVariant> {
-        moe::variants()
+        CpuMoeVariant::descriptions()
     }
 
     fn moe_default_cost(&self, hidden: usize, expert_inter: usize) -> MoeCostModel {

@@ -4,7 +4,7 @@
 //! Every variant runs the GEMM microkernels of `gemm_tile` with full-K chains started from zero,
 //! exactly as `matmul` does, so each expert output element is the same f32 chain whichever
 //! variant, tile shape, row position or thread computes it: the variants are bitwise identical
-//! and differ only in cost. What they trade (see [`variants`]):
+//! and differ only in cost. What they trade (see [`CpuMoeVariant`]):
 //! - `grouped`: work items of up to one row block (≤ 126 rows) of one expert, each run start to
 //!   finish (gate_up → silu → down) by one thread; tall tiles (14 rows × 1 panel): an expert's
 //!   weights stream once per block and every panel row feeds 14 rows of FMAs.
@@ -37,8 +37,9 @@ use super::{check, check_tensor, CpuBackend};
 use crate::backend::Result;
 use crate::host::HostTensor;
 use crate::moe::{
-    check_routing, histogram_stats, route_row, MoeLayerHost, MoeLayerStats, MoeRouting, MoeSelect, MoeVariant,
+    check_routing, histogram_stats, route_row, BackendVariant, MoeLayerHost, MoeLayerStats, MoeRouting, MoeSelect,
 };
+use crate::moe_variants;
 
 /// Bytes of one item's packed x rows kept in L2 (as the GEMM driver's row blocks).
 const BLOCK_X_BYTES: usize = 512 << 10;
@@ -48,57 +49,32 @@ const MAX_ROW_BLOCK: usize = 9 * TALL_ROWS;
 /// Rows of one routing task (router logits → top-k), below which routing runs on one thread.
 const ROUTE_CHUNK: usize = 256;
 
-/// Indices of the variants in [`variants`].
-pub(crate) const GROUPED: usize = 0;
-pub(crate) const SMALL_M: usize = 1;
-// 2: expert_gemm (the `match` default in `run_variant`).
-pub(crate) const PADDED64: usize = 3;
-pub(crate) const PADDED128: usize = 4;
-pub(crate) const GROUPED_BF16: usize = 5;
-
-pub(crate) fn variants() -> Vec<MoeVariant> {
-    vec![
-        MoeVariant {
-            name: "grouped",
-            tile_rows: MAX_ROW_BLOCK as u32,
-            padded: false,
-            description: "items of ≤126 rows of one expert per thread, tall 14-row tiles",
-        },
-        MoeVariant {
-            name: "small_m",
-            tile_rows: MAX_ROW_BLOCK as u32,
-            padded: false,
-            description: "items of ≤126 rows of one expert per thread, wide 3-row × 4-panel tiles",
-        },
-        MoeVariant {
-            name: "expert_gemm",
-            tile_rows: 0,
-            padded: false,
-            description: "one expert at a time, its gathered rows through the threaded GEMM",
-        },
-        MoeVariant {
-            name: "padded64",
-            tile_rows: 64,
-            padded: true,
-            description: "GPU BLOCK_M 64 twin: one 64-row tile per item, padding computed",
-        },
-        MoeVariant {
-            name: "padded128",
-            tile_rows: 128,
-            padded: true,
-            description: "GPU BLOCK_M 128 twin: one 128-row tile per item, padding computed",
-        },
-        MoeVariant {
-            name: "grouped_bf16",
-            tile_rows: MAX_ROW_BLOCK as u32,
-            padded: false,
-            description: "grouped, streaming bf16 weight panels widened per panel (bf16 checkpoints)",
-        },
-    ]
+moe_variants! {
+    /// The CPU's grouped-GEMM variants, in [`crate::Backend::moe_variants`] order (see the module
+    /// doc for what each trades).
+    pub enum CpuMoeVariant for "CPU" {
+        /// Items of up to one row block of one expert per thread, tall 14-row tiles.
+        Grouped => "grouped", tile_rows: MAX_ROW_BLOCK as u32, padded: false,
+            "items of ≤126 rows of one expert per thread, tall 14-row tiles",
+        /// `Grouped`'s items with wide 3-row × 4-panel tiles.
+        SmallM => "small_m", tile_rows: MAX_ROW_BLOCK as u32, padded: false,
+            "items of ≤126 rows of one expert per thread, wide 3-row × 4-panel tiles",
+        /// One expert after another through the threaded GEMM.
+        ExpertGemm => "expert_gemm", tile_rows: 0, padded: false,
+            "one expert at a time, its gathered rows through the threaded GEMM",
+        /// CPU twin of the GPU's BLOCK_M 64 tile.
+        Padded64 => "padded64", tile_rows: 64, padded: true,
+            "GPU BLOCK_M 64 twin: one 64-row tile per item, padding computed",
+        /// CPU twin of the GPU's BLOCK_M 128 tile.
+        Padded128 => "padded128", tile_rows: 128, padded: true,
+            "GPU BLOCK_M 128 twin: one 128-row tile per item, padding computed",
+        /// `Grouped` streaming bf16 weight panels (bf16 checkpoints on AVX-512).
+        GroupedBf16 => "grouped_bf16", tile_rows: MAX_ROW_BLOCK as u32, padded: false,
+            "grouped, streaming bf16 weight panels widened per panel (bf16 checkpoints)",
+    }
 }
 
 struct CpuSharedExpert {
-    inter: usize,
     gate_up: PackedWeight,
     down: PackedWeight,
     gate: Vec<f32>,
@@ -159,10 +135,17 @@ pub(crate) struct MoeBuffers {
     synthetic_x: Vec<f32>,
 }
 
-/// Intermediates of the GEMMs run on many rows at once (`expert_gemm`, the shared expert).
+/// Buffers of the GEMMs run on many rows at once (`expert_gemm`, the shared expert).
 #[derive(Default)]
 struct GemmWorkspace {
+    /// `expert_gemm`: one expert's rows, gathered.
     gathered: Vec<f32>,
+    mid: SwigluMid,
+}
+
+/// The intermediates of one [`CpuBackend::swiglu_gemm`]: x·[Wg|Wu], then the activation.
+#[derive(Default)]
+struct SwigluMid {
     gate_up: Vec<f32>,
     act: Vec<f32>,
 }
@@ -399,7 +382,6 @@ impl CpuBackend {
             _ => (vec![], vec![]),
         };
         let shared = w.shared.map(|s| CpuSharedExpert {
-            inter: s.inter,
             gate_up: pack(s.gate_up, 2 * s.inter, h),
             down: pack(s.down, h, s.inter),
             gate: s.gate.to_vec(),
@@ -421,7 +403,7 @@ impl CpuBackend {
     fn run_variant(
         &self,
         w: &CpuMoeWeights,
-        variant: usize,
+        variant: CpuMoeVariant,
         plan: &Plan,
         hist: &[u32],
         ws: &mut GemmWorkspace,
@@ -429,13 +411,12 @@ impl CpuBackend {
     ) {
         let (h, isa) = (w.hidden, self.isa);
         let (tiles, block, pad, bf16) = match variant {
-            GROUPED => (Tiles::Tall, row_block(h), false, false),
-            SMALL_M => (Tiles::Wide, row_block(h), false, false),
-            PADDED64 => (Tiles::Tall, 64, true, false),
-            PADDED128 => (Tiles::Tall, 128, true, false),
-            GROUPED_BF16 => (Tiles::Tall, row_block(h), false, true),
-            // expert_gemm (callers checked the index against `variants()`).
-            _ => return self.run_expert_gemm(w, plan, hist, ws, y),
+            CpuMoeVariant::Grouped => (Tiles::Tall, row_block(h), false, false),
+            CpuMoeVariant::SmallM => (Tiles::Wide, row_block(h), false, false),
+            CpuMoeVariant::Padded64 => (Tiles::Tall, 64, true, false),
+            CpuMoeVariant::Padded128 => (Tiles::Tall, 128, true, false),
+            CpuMoeVariant::GroupedBf16 => (Tiles::Tall, row_block(h), false, true),
+            CpuMoeVariant::ExpertGemm => return self.run_expert_gemm(w, plan, hist, ws, y),
         };
         let work = items(hist, plan.offsets, block, pad);
         // Shared by the threads: items write disjoint row ranges of the output.
@@ -454,7 +435,7 @@ impl CpuBackend {
     }
 
     fn run_expert_gemm(&self, w: &CpuMoeWeights, plan: &Plan, hist: &[u32], ws: &mut GemmWorkspace, y: &mut [f32]) {
-        let (h, i) = (w.hidden, w.inter);
+        let h = w.hidden;
         for (e, &n) in hist.iter().enumerate() {
             let n = n as usize;
             if n == 0 {
@@ -465,50 +446,41 @@ impl CpuBackend {
             for (dst, &t) in x.chunks_exact_mut(h).zip(&plan.order[start..start + n]) {
                 dst.copy_from_slice(&plan.x[t as usize * h..(t as usize + 1) * h]);
             }
-            let gu = grown(&mut ws.gate_up, n * 2 * i);
-            gemm::gemm(
-                &self.pool,
-                &self.gemm_scratch,
-                self.threads,
-                self.isa,
-                x,
-                n,
-                &w.gate_up[e],
-                Epilogue::Store { bias: None },
-                gu,
-            );
-            let act = grown(&mut ws.act, n * i);
-            let isa = self.isa;
-            self.for_row_chunks(n, 2 * i, i, gu, act, |g, a| elementwise::silu_mul_rows(isa, g, i, a));
-            gemm::gemm(
-                &self.pool,
-                &self.gemm_scratch,
-                self.threads,
-                self.isa,
-                act,
-                n,
-                &w.down[e],
-                Epilogue::Store { bias: None },
-                &mut y[start * h..(start + n) * h],
-            );
+            self.swiglu_gemm(x, n, &w.gate_up[e], &w.down[e], &mut ws.mid, &mut y[start * h..(start + n) * h]);
         }
+    }
+
+    /// `out = x · wᵀ` for `rows` rows through the threaded GEMM (no bias).
+    fn gemm_store(&self, x: &[f32], rows: usize, w: &PackedWeight, out: &mut [f32]) {
+        let epi = Epilogue::Store { bias: None };
+        gemm::gemm(&self.pool, &self.gemm_scratch, self.threads, self.isa, x, rows, w, epi, out);
+    }
+
+    /// `out = down(silu(x·Wg) * (x·Wu))` for `n` rows through the threaded GEMM, `gate_up`
+    /// holding the gate rows then the up rows: `expert_gemm`'s experts and the shared expert.
+    fn swiglu_gemm(
+        &self,
+        x: &[f32],
+        n: usize,
+        gate_up: &PackedWeight,
+        down: &PackedWeight,
+        mid: &mut SwigluMid,
+        out: &mut [f32],
+    ) {
+        let i = down.in_features;
+        let gu = grown(&mut mid.gate_up, n * 2 * i);
+        self.gemm_store(x, n, gate_up, gu);
+        let act = grown(&mut mid.act, n * i);
+        let isa = self.isa;
+        self.for_row_chunks(n, 2 * i, i, gu, act, |g, a| elementwise::silu_mul_rows(isa, g, i, a));
+        self.gemm_store(act, n, down, out);
     }
 
     /// Router logits → each row's top-k ids and weights.
     fn route(&self, x: &HostTensor, w: &CpuMoeWeights, routing: MoeRouting, b: &mut MoeBuffers) {
         let (t, e, k) = (x.rows, w.num_experts, routing.top_k);
         let logits = grown(&mut b.logits, t * e);
-        gemm::gemm(
-            &self.pool,
-            &self.gemm_scratch,
-            self.threads,
-            self.isa,
-            &x.data,
-            t,
-            &w.router,
-            Epilogue::Store { bias: None },
-            logits,
-        );
+        self.gemm_store(&x.data, t, &w.router, logits);
         b.ids.resize(t * k, 0);
         b.weights.resize(t * k, 0.0);
         let route_rows = |((l, ids), ws): ((&[f32], &mut [u32]), &mut [f32])| {
@@ -554,35 +526,10 @@ impl CpuBackend {
 
     /// qwen2_moe's shared expert for every row, and its sigmoid gate.
     fn shared_expert(&self, x: &HostTensor, s: &CpuSharedExpert, b: &mut MoeBuffers) {
-        let (t, h, si) = (x.rows, x.cols, s.inter);
-        let ws = &mut b.gemm_ws;
-        let gu = grown(&mut ws.gate_up, t * 2 * si);
-        gemm::gemm(
-            &self.pool,
-            &self.gemm_scratch,
-            self.threads,
-            self.isa,
-            &x.data,
-            t,
-            &s.gate_up,
-            Epilogue::Store { bias: None },
-            gu,
-        );
-        let act = grown(&mut ws.act, t * si);
-        let isa = self.isa;
-        self.for_row_chunks(t, 2 * si, si, gu, act, |g, a| elementwise::silu_mul_rows(isa, g, si, a));
+        let (t, h) = (x.rows, x.cols);
         let out = grown(&mut b.shared_out, t * h);
-        gemm::gemm(
-            &self.pool,
-            &self.gemm_scratch,
-            self.threads,
-            self.isa,
-            act,
-            t,
-            &s.down,
-            Epilogue::Store { bias: None },
-            out,
-        );
+        self.swiglu_gemm(&x.data, t, &s.gate_up, &s.down, &mut b.gemm_ws.mid, out);
+        let isa = self.isa;
         let gate = grown(&mut b.shared_gate, t);
         self.for_row_chunks(t, h, 1, &x.data, gate, |xi, gi| elementwise::dot_rows(isa, xi, &s.gate, gi));
         for g in gate.iter_mut() {
@@ -640,16 +587,17 @@ impl CpuBackend {
             format!("moe_ffn: x [{}, {}], acc [{}, {}], hidden {}", x.rows, x.cols, acc.rows, acc.cols, w.hidden)
         })?;
         check_routing(routing, w.num_experts)?;
-        let variants = variants();
+        let variants = CpuMoeVariant::descriptions();
         let mut guard = self.moe_buffers.lock().unwrap_or_else(|p| p.into_inner());
         let b = &mut *guard;
         let (t, k, h) = (x.rows, routing.top_k, w.hidden);
         self.route(x, w, routing, b);
         Self::permute(w.num_experts, t, k, b);
         let v = select.choose(&b.hist, &variants)?;
+        let variant = CpuMoeVariant::from_index(v)?;
         let y = grown(&mut b.y, t * k * h);
         let plan = Plan { x: &x.data, order: &b.order, offsets: &b.offsets };
-        self.run_variant(w, v, &plan, &b.hist, &mut b.gemm_ws, y);
+        self.run_variant(w, variant, &plan, &b.hist, &mut b.gemm_ws, y);
         if let Some(s) = &w.shared {
             self.shared_expert(x, s, b);
         }
@@ -659,7 +607,9 @@ impl CpuBackend {
     }
 
     pub(crate) fn moe_time_variant_impl(&self, w: &CpuMoeWeights, variant: usize, hist: &[u32]) -> Result<Duration> {
-        check(variant < variants().len(), || format!("moe_time_variant: variant {variant} of {}", variants().len()))?;
+        let n = CpuMoeVariant::ALL.len();
+        check(variant < n, || format!("moe_time_variant: variant {variant} of {n}"))?;
+        let variant = CpuMoeVariant::from_index(variant)?;
         check(hist.len() == w.num_experts, || {
             format!("moe_time_variant: {} counts for {} experts", hist.len(), w.num_experts)
         })?;
@@ -724,8 +674,8 @@ pub(crate) fn default_cost(hidden: usize, inter: usize, threads: usize) -> crate
             .map(|&n| (weight_bytes / bytes_per_s).max(n as f64 * flops_per_row / rate) / threads)
             .collect()
     };
-    let entry = |name: &str, per_expert: Vec<f64>| VariantCost {
-        variant: name.into(),
+    let entry = |v: CpuMoeVariant, per_expert: Vec<f64>| VariantCost {
+        variant: v.name().into(),
         per_call: 0.0,
         per_expert,
         per_row: 0.0,
@@ -734,12 +684,12 @@ pub(crate) fn default_cost(hidden: usize, inter: usize, threads: usize) -> crate
     MoeCostModel {
         // Generally cheapest first (near-ties go to the earlier one).
         variants: vec![
-            entry("grouped_bf16", table(80e9, 60e9)),
-            entry("grouped", table(80e9, 30e9)),
-            entry("small_m", table(65e9, 32e9)),
-            entry("expert_gemm", table(70e9, 25e9)),
-            entry("padded64", table(80e9, 30e9)),
-            entry("padded128", table(80e9, 30e9)),
+            entry(CpuMoeVariant::GroupedBf16, table(80e9, 60e9)),
+            entry(CpuMoeVariant::Grouped, table(80e9, 30e9)),
+            entry(CpuMoeVariant::SmallM, table(65e9, 32e9)),
+            entry(CpuMoeVariant::ExpertGemm, table(70e9, 25e9)),
+            entry(CpuMoeVariant::Padded64, table(80e9, 30e9)),
+            entry(CpuMoeVariant::Padded128, table(80e9, 30e9)),
         ],
         origin: "default".into(),
         tie_margin: 0.03,

@@ -3,6 +3,7 @@
 
 use super::sources::consts::ROUTE_MAX_EXPERTS;
 use crate::backend::{KernelError, Result};
+use crate::moe::BackendVariant;
 
 /// How tokens are routed to experts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,28 +135,45 @@ pub fn fit_padding_threshold(samples: &[ThresholdSample]) -> f32 {
 
 // ---- the `Backend` MoE ops on the GPU pipeline (CudaBackend and its twin) ----
 
-/// The GPU's grouped-GEMM variants, in [`crate::Backend::moe_variants`] order: index 0 is
-/// BLOCK_M 128, index 1 BLOCK_M 64 (the kernel's `force` argument is the tile's rows).
+crate::moe_variants! {
+    /// The GPU's grouped-GEMM variants, in [`crate::Backend::moe_variants`] order: index 0 is
+    /// BLOCK_M 128, index 1 BLOCK_M 64 (the kernel's `force` argument is the tile's rows).
+    pub enum CudaMoeVariant for "CUDA" {
+        /// BLOCK_M 128.
+        Bm128 => "bm128", tile_rows: 128, padded: true, "grouped tensor-core GEMM, BLOCK_M 128 (moe_gemm.cu)",
+        /// BLOCK_M 64.
+        Bm64 => "bm64", tile_rows: 64, padded: true, "grouped tensor-core GEMM, BLOCK_M 64 (moe_gemm.cu)",
+    }
+}
+
+impl CudaMoeVariant {
+    /// The row tile the variant runs.
+    pub fn block_m(self) -> BlockM {
+        match self {
+            CudaMoeVariant::Bm128 => BlockM::M128,
+            CudaMoeVariant::Bm64 => BlockM::M64,
+        }
+    }
+
+    /// The variant of a BLOCK_M (the selector's record gives the rows, 64 or 128).
+    pub fn of_block_rows(rows: u32) -> Self {
+        if rows == BlockM::M64.rows() {
+            CudaMoeVariant::Bm64
+        } else {
+            CudaMoeVariant::Bm128
+        }
+    }
+}
+
+/// The GPU's variants' descriptions ([`crate::Backend::moe_variants`]).
 pub fn gpu_variants() -> Vec<crate::moe::MoeVariant> {
-    vec![
-        crate::moe::MoeVariant {
-            name: "bm128",
-            tile_rows: 128,
-            padded: true,
-            description: "grouped tensor-core GEMM, BLOCK_M 128 (moe_gemm.cu)",
-        },
-        crate::moe::MoeVariant {
-            name: "bm64",
-            tile_rows: 64,
-            padded: true,
-            description: "grouped tensor-core GEMM, BLOCK_M 64 (moe_gemm.cu)",
-        },
-    ]
+    CudaMoeVariant::descriptions()
 }
 
 /// The GPU cost model before calibration: the reference system's padding-ratio rule.
 pub fn gpu_default_cost() -> crate::moe::MoeCostModel {
-    let mut m = crate::moe::MoeCostModel::padding_ratio_rule("bm128", "bm64", DEFAULT_PADDING_THRESHOLD as f64);
+    let (large, small) = (CudaMoeVariant::Bm128.name(), CudaMoeVariant::Bm64.name());
+    let mut m = crate::moe::MoeCostModel::padding_ratio_rule(large, small, DEFAULT_PADDING_THRESHOLD as f64);
     m.origin = "default".into();
     m
 }
@@ -165,10 +183,8 @@ pub fn gpu_default_cost() -> crate::moe::MoeCostModel {
 /// so it evaluates that one rule only; any other cost model is refused with the reason.
 pub fn tile_policy(select: crate::MoeSelect) -> Result<TilePolicy> {
     match select {
-        crate::MoeSelect::Fixed(0) => Ok(TilePolicy::Fixed(BlockM::M128)),
-        crate::MoeSelect::Fixed(1) => Ok(TilePolicy::Fixed(BlockM::M64)),
-        crate::MoeSelect::Fixed(v) => Err(KernelError::Shape(format!("moe variant {v} of 2 (bm128, bm64)"))),
-        crate::MoeSelect::Auto(m) => match m.padding_threshold("bm128", "bm64") {
+        crate::MoeSelect::Fixed(v) => Ok(TilePolicy::Fixed(CudaMoeVariant::from_index(v)?.block_m())),
+        crate::MoeSelect::Auto(m) => match m.padding_threshold(CudaMoeVariant::Bm128.name(), CudaMoeVariant::Bm64.name()) {
             Some(t) if t.is_finite() && t > 0.0 => Ok(TilePolicy::Auto { threshold: t as f32 }),
             _ => Err(KernelError::Unsupported(format!(
                 "the GPU selects the MoE tile on the device by the padding-ratio rule only (bm128 costed by padded rows, bm64 by real rows × threshold); this cost model ({}) is not one",
@@ -185,12 +201,15 @@ pub fn pipeline_routing(r: crate::moe::MoeRouting) -> MoeRouting {
 
 /// The record of one MoE call from the selector's statistics and the histogram.
 pub fn layer_stats(tokens: usize, choice: TileChoice, counts: &[u32]) -> crate::moe::MoeLayerStats {
-    let variant = if choice.block_m == 64 { 1 } else { 0 };
+    let variant = CudaMoeVariant::of_block_rows(choice.block_m);
     crate::moe::MoeLayerStats {
-        variant,
+        variant: variant.index() as u32,
         tokens: tokens as u32,
         rows: choice.real_rows,
-        padded_rows: if choice.block_m == 64 { choice.padded64 } else { choice.padded128 },
+        padded_rows: match variant {
+            CudaMoeVariant::Bm64 => choice.padded64,
+            CudaMoeVariant::Bm128 => choice.padded128,
+        },
         active_experts: counts.iter().filter(|&&n| n > 0).count() as u32,
         max_expert_rows: counts.iter().copied().max().unwrap_or(0),
     }

@@ -4,7 +4,8 @@
 use super::{check, silu};
 use crate::backend::Result;
 use crate::host::HostTensor;
-use crate::moe::{check_routing, histogram_stats, MoeLayerHost, MoeLayerStats, MoeRouting, MoeVariant};
+use crate::moe::{check_routing, histogram_stats, BackendVariant, MoeLayerHost, MoeLayerStats, MoeRouting};
+use crate::moe_variants;
 
 /// A MoE layer kept as plain row-major arrays (the layout of [`MoeLayerHost`]).
 #[derive(Debug, Clone)]
@@ -46,14 +47,12 @@ impl PlainMoe {
     }
 }
 
-/// The reference backend's only variant.
-pub fn variants() -> Vec<MoeVariant> {
-    vec![MoeVariant {
-        name: "per_token",
-        tile_rows: 1,
-        padded: false,
-        description: "plain per-token loop in f64 (the oracle)",
-    }]
+moe_variants! {
+    /// The reference backend's only variant.
+    pub enum ReferenceMoeVariant for "reference" {
+        /// The oracle's loop: one token, one expert at a time.
+        PerToken => "per_token", tile_rows: 1, padded: false, "plain per-token loop in f64 (the oracle)",
+    }
 }
 
 fn dot(a: &[f32], b: &[f32]) -> f64 {
@@ -111,8 +110,10 @@ pub fn moe_ffn(x: &HostTensor, m: &PlainMoe, routing: MoeRouting, acc: &mut Host
             *a = (*a as f64 + o) as f32;
         }
     }
-    let (rows, padded_rows, active_experts, max_expert_rows) = histogram_stats(&hist, &variants()[0]);
-    Ok(MoeLayerStats { variant: 0, tokens: x.rows as u32, rows, padded_rows, active_experts, max_expert_rows })
+    let (rows, padded_rows, active_experts, max_expert_rows) =
+        histogram_stats(&hist, &ReferenceMoeVariant::PerToken.describe());
+    let variant = ReferenceMoeVariant::PerToken.index() as u32;
+    Ok(MoeLayerStats { variant, tokens: x.rows as u32, rows, padded_rows, active_experts, max_expert_rows })
 }
 
 /// Expert `e`'s SwiGLU of one row (calibration timing).

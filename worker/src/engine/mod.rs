@@ -17,7 +17,6 @@
 pub mod blocks;
 pub mod job;
 pub mod layout;
-pub mod moe_stats;
 pub mod prefix_cache;
 pub mod runner;
 pub mod scheduler;

@@ -49,7 +49,7 @@ pub struct EngineState {
     tokens_per_second_bits: AtomicU64,
     pub load_error: Mutex<Option<String>>,
     /// MoE layer figures (set up only for MoE models).
-    pub moe: super::moe_stats::MoeMonitor,
+    pub moe: crate::moe::MoeMonitor,
 }
 
 impl EngineState {

@@ -10,7 +10,6 @@ pub mod gguf;
 pub mod head;
 pub mod layers;
 pub mod loader;
-pub mod moe;
 pub mod safetensors;
 pub mod source;
 #[cfg(test)]
@@ -23,11 +22,11 @@ use std::time::Instant;
 
 use sieve_kernels::{AttnSeq, Backend, BatchLayout, MoeSelect};
 
+pub use crate::moe::{MoeFfn, MoePassStats, MoePolicy, MoeRun};
 pub use config::{Arch, ModelConfig, MoeConfig};
 pub use gguf::GgufFile;
 pub use head::{HeadKind, ScoreHead};
 use layers::{load_norm, Attention, Mlp};
-pub use moe::{MoeFfn, MoePassStats, MoePolicy, MoeRun};
 pub use safetensors::HfCheckpoint;
 pub use source::{HostWeight, WeightSource};
 

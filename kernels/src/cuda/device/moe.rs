@@ -11,12 +11,12 @@ use super::ops::{grid_stride, to_bf16_par};
 use super::{driver_err, CudaBackend};
 use crate::backend::{Backend, KernelError, Result};
 use crate::cuda::moe::{
-    check_moe, fit_padding_threshold, layer_stats, no_shared_expert, pipeline_routing, tile_policy, BlockM, MoeDims,
-    MoeRouting, ThresholdSample, TileChoice, TilePolicy, CALIBRATION_TOKENS,
+    check_moe, fit_padding_threshold, layer_stats, no_shared_expert, pipeline_routing, tile_policy, BlockM,
+    CudaMoeVariant, MoeDims, MoeRouting, ThresholdSample, TileChoice, TilePolicy, CALIBRATION_TOKENS,
 };
 use crate::cuda::sources::consts::*;
 use crate::cuda::twin::{max_tiles, n_chunks};
-use crate::moe::{AutotuneReport, MoeCostModel, MoeLayerHost, MoeLayerStats, MoeSelect};
+use crate::moe::{AutotuneReport, BackendVariant, MoeCostModel, MoeLayerHost, MoeLayerStats, MoeSelect};
 
 /// Expert weights on the device (bf16): gate_up [n_experts, 2·inter, hidden] (gate rows then up
 /// rows per expert), down [n_experts, hidden, inter].
@@ -390,7 +390,11 @@ impl CudaBackend {
             measured = i + 1;
         }
         let threshold = fit_padding_threshold(&samples);
-        let mut model = MoeCostModel::padding_ratio_rule("bm128", "bm64", threshold as f64);
+        let mut model = MoeCostModel::padding_ratio_rule(
+            CudaMoeVariant::Bm128.name(),
+            CudaMoeVariant::Bm64.name(),
+            threshold as f64,
+        );
         model.origin = "autotune".into();
         let report = AutotuneReport {
             seconds: t0.elapsed().as_secs_f64(),

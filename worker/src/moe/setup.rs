@@ -11,8 +11,9 @@ use serde_json::json;
 use sieve_kernels::moe::{AutotuneReport, MoeCostModel, MoeVariant};
 use sieve_kernels::Backend;
 
-use crate::config::MoeSection;
-use crate::model::{Model, MoePolicy};
+use super::config::{MoePolicyKind, MoeSection};
+use super::layer::MoePolicy;
+use crate::model::Model;
 use crate::{Result, WorkerError};
 
 /// What the MoE layers of the loaded model were set up with (shown in `/stats`).
@@ -140,13 +141,13 @@ pub fn configure<B: Backend>(
         autotune: None,
         cache_file: None,
     };
-    if cfg.variant != "auto" {
-        let policy = MoePolicy::fixed_by_name(backend, &cfg.variant)?;
+    if let Some(name) = cfg.variant.fixed() {
+        let policy = MoePolicy::fixed_by_name(backend, name)?;
         model.set_moe_policy(backend, policy)?;
-        tracing::info!(variant = cfg.variant, "MoE layers run one fixed variant");
-        return Ok(Some(setup("fixed", Some(cfg.variant.clone()), None, "config".into())));
+        tracing::info!(variant = name, "MoE layers run one fixed variant");
+        return Ok(Some(setup("fixed", Some(name.to_string()), None, "config".into())));
     }
-    if cfg.policy == "padding_ratio" {
+    if cfg.policy == MoePolicyKind::PaddingRatio {
         let mut padded: Vec<&MoeVariant> = variants.iter().filter(|v| v.padded).collect();
         padded.sort_by_key(|v| std::cmp::Reverse(v.tile_rows));
         let (large, small) = match (padded.first(), padded.last()) {
@@ -166,7 +167,7 @@ pub fn configure<B: Backend>(
             threshold = cfg.padding_ratio_threshold,
             "MoE selector: padding-ratio rule"
         );
-        return Ok(Some(setup("padding_ratio", None, Some(m), "padding_ratio_rule".into())));
+        return Ok(Some(setup(MoePolicyKind::PaddingRatio.name(), None, Some(m), "padding_ratio_rule".into())));
     }
     let key = cache_key(backend, model_name, model);
     let dir = if cfg.cache_dir.is_empty() { default_cache.to_path_buf() } else { PathBuf::from(&cfg.cache_dir) };
@@ -207,7 +208,7 @@ pub fn configure<B: Backend>(
         cost.origin = source.clone();
     }
     model.set_moe_policy(backend, MoePolicy::Auto(cost.clone()))?;
-    let mut s = setup("cost_model", None, Some(cost), source);
+    let mut s = setup(MoePolicyKind::CostModel.name(), None, Some(cost), source);
     s.autotune = report;
     s.cache_file = Some(path);
     Ok(Some(s))
@@ -312,22 +313,27 @@ mod tests {
             &cpu,
             &mut m,
             "tiny",
-            &MoeSection { variant: "small_m".into(), ..Default::default() },
+            &MoeSection { variant: "small_m".parse().unwrap(), ..Default::default() },
             dir.path(),
         )
         .unwrap()
         .unwrap();
         assert_eq!((s.policy.as_str(), s.fixed_variant.as_deref()), ("fixed", Some("small_m")));
         assert_eq!(m.moe_policy(), &MoePolicy::Fixed(1));
-        let err =
-            configure(&cpu, &mut m, "tiny", &MoeSection { variant: "bm64".into(), ..Default::default() }, dir.path())
-                .unwrap_err();
+        let err = configure(
+            &cpu,
+            &mut m,
+            "tiny",
+            &MoeSection { variant: "bm64".parse().unwrap(), ..Default::default() },
+            dir.path(),
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("small_m"), "{err}");
         let s = configure(
             &cpu,
             &mut m,
             "tiny",
-            &MoeSection { policy: "padding_ratio".into(), padding_ratio_threshold: 2.0, ..Default::default() },
+            &MoeSection { policy: MoePolicyKind::PaddingRatio, padding_ratio_threshold: 2.0, ..Default::default() },
             dir.path(),
         )
         .unwrap()
