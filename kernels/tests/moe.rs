@@ -340,6 +340,29 @@ fn bad_calls_are_errors_not_panics() {
 }
 
 #[test]
+fn autotune_out_of_budget_before_any_whole_tile_still_costs_every_variant() {
+    // A zero budget times only the first two knots (1 and 2 rows per expert): the padded
+    // variants, timed only at whole tiles, get no measurement. They must be costed (at the
+    // pruning floor, dearer than what was measured), not panic or be extrapolated from nothing.
+    let mut g = rng(47);
+    let layer = Layer::new(&mut g, 64, 16, 48, None);
+    let cpu = CpuBackend::new(2).unwrap();
+    let w = cpu.moe_weights(&layer.host()).unwrap();
+    let (model, report) = autotune(&cpu, &w, 16, Duration::ZERO).unwrap();
+    model.validate(&cpu.moe_variants()).unwrap();
+    assert_eq!(report.knots_measured, 2, "{report:?}");
+    let costs = |name: &str| &model.variants.iter().find(|c| c.variant == name).unwrap().per_expert;
+    let measured: Vec<&str> =
+        model.variants.iter().map(|c| c.variant.as_str()).filter(|n| !n.starts_with("padded")).collect();
+    for padded in ["padded64", "padded128"] {
+        for (ki, &p) in costs(padded).iter().enumerate() {
+            let cheapest = measured.iter().map(|n| costs(n)[ki]).fold(f64::INFINITY, f64::min);
+            assert!(p.is_finite() && p > cheapest, "{padded} at knot {ki}: {p} vs the cheapest measured {cheapest}");
+        }
+    }
+}
+
+#[test]
 fn autotune_fits_a_model_within_its_budget() {
     let mut g = rng(46);
     let layer = Layer::new(&mut g, 64, 16, 48, None);

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::{MoeCostModel, MoeVariant, VariantCost, COST_KNOTS};
-use crate::backend::{Backend, Result};
+use crate::backend::{Backend, KernelError, Result};
 
 /// How the start-up calibration went.
 #[derive(Debug, Clone, Serialize)]
@@ -158,8 +158,9 @@ pub fn median(values: &[f64]) -> f64 {
 
 /// Keeps the tables of the variants no longer timed (`running[v]` false) at least
 /// [`AUTOTUNE_PRUNE_RATIO`] × the cheapest running variant at the knots past their last timed
-/// one (`last_timed[v]`, a knot index): their extrapolation is not evidence that they caught up.
-fn floor_out_of_running(tables: &mut [Vec<f64>], running: &[bool], last_timed: &[usize]) {
+/// one (`last_timed[v]`, a knot index; `None`: never timed, so every knot): their extrapolation
+/// is not evidence that they caught up.
+fn floor_out_of_running(tables: &mut [Vec<f64>], running: &[bool], last_timed: &[Option<usize>]) {
     let floor: Vec<f64> = (0..COST_KNOTS.len())
         .map(|ki| {
             tables.iter().zip(running).filter(|(_, &r)| r).map(|(t, _)| t[ki]).fold(f64::INFINITY, f64::min)
@@ -167,7 +168,7 @@ fn floor_out_of_running(tables: &mut [Vec<f64>], running: &[bool], last_timed: &
         })
         .collect();
     for (vi, t) in tables.iter_mut().enumerate().filter(|(vi, _)| !running[*vi]) {
-        for (ki, v) in t.iter_mut().enumerate().skip(last_timed[vi] + 1) {
+        for (ki, v) in t.iter_mut().enumerate().skip(last_timed[vi].map_or(0, |l| l + 1)) {
             if floor[ki].is_finite() {
                 *v = v.max(floor[ki]);
             }
@@ -360,8 +361,27 @@ pub fn autotune<B: Backend>(
     }
     let samples = passes.iter().flatten().map(Vec::len).sum();
     let tables = paired_tables(variants.len(), &passes);
-    let measured_last: Vec<usize> = tables.iter().map(|m| m.last().map_or(0, |&(ki, _)| ki)).collect();
-    let mut tables: Vec<Vec<f64>> = tables.iter().map(|measured| fill_knots(&fit_affine_tail(measured))).collect();
+    // A padded variant is timed only at knots that are whole tiles: when the budget ends before
+    // the first of those (a slow or busy machine), it has no measurement at all. It is then
+    // costed at the pruning floor everywhere (never chosen over a measured variant), not
+    // extrapolated from nothing.
+    let measured_last: Vec<Option<usize>> = tables.iter().map(|m| m.last().map(|&(ki, _)| ki)).collect();
+    if measured_last.iter().all(Option::is_none) {
+        return Err(KernelError::Unsupported("MoE autotune: no variant could be timed within the budget".into()));
+    }
+    let mut tables: Vec<Vec<f64>> = tables
+        .iter()
+        .map(
+            |measured| {
+                if measured.is_empty() {
+                    vec![0.0; COST_KNOTS.len()]
+                } else {
+                    fill_knots(&fit_affine_tail(measured))
+                }
+            },
+        )
+        .collect();
+    let running: Vec<bool> = running.iter().zip(&measured_last).map(|(&r, last)| r && last.is_some()).collect();
     floor_out_of_running(&mut tables, &running, &measured_last);
     let mut entries: Vec<VariantCost> = variants
         .iter()
