@@ -272,32 +272,25 @@ impl<'a> HfConfig<'a> {
     }
 
     pub fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
-        match self.0.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .map(|x| Some(x as usize))
-                .ok_or_else(|| WorkerError::ModelFile(format!("config.json: '{key}' is not a non-negative integer"))),
-        }
+        self.opt(key, "a non-negative integer", |v| v.as_u64().map(|x| x as usize))
     }
 
     pub fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
-        match self.0.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .map(Some)
-                .ok_or_else(|| WorkerError::ModelFile(format!("config.json: '{key}' is not a number"))),
-        }
+        self.opt(key, "a number", Value::as_f64)
     }
 
     pub fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
+        self.opt(key, "a boolean", Value::as_bool)
+    }
+
+    /// `None` when absent or null; an error naming the key and what it should be when `read`
+    /// finds another type.
+    fn opt<T>(&self, key: &str, what: &str, read: impl Fn(&Value) -> Option<T>) -> Result<Option<T>> {
         match self.0.get(key) {
             None | Some(Value::Null) => Ok(None),
-            Some(v) => v
-                .as_bool()
-                .map(Some)
-                .ok_or_else(|| WorkerError::ModelFile(format!("config.json: '{key}' is not a boolean"))),
+            Some(v) => {
+                read(v).map(Some).ok_or_else(|| WorkerError::ModelFile(format!("config.json: '{key}' is not {what}")))
+            }
         }
     }
 
