@@ -27,6 +27,28 @@ pub mod worker {
     pub const PARTIAL_ANSWERS: &str = "sieve_worker_partial_answers_total";
     /// Counter: scores that came out NaN or infinite (their calls were answered 500).
     pub const NONFINITE_SCORES: &str = "sieve_worker_nonfinite_scores_total";
+    /// Gauge: 1 when the worker takes calls (model loaded, not draining).
+    pub const READY: &str = "sieve_worker_ready";
+    /// Gauges: prefix-cache blocks by state.
+    pub const PREFIX_BLOCKS_PENDING: &str = "sieve_worker_prefix_blocks_pending";
+    pub const PREFIX_BLOCKS_COMMITTED: &str = "sieve_worker_prefix_blocks_committed";
+    pub const PREFIX_BLOCKS_FREE: &str = "sieve_worker_prefix_blocks_free";
+    /// Counters: prefix-cache lookups, hits, rolled-back epochs, evicted blocks.
+    pub const PREFIX_LOOKUPS: &str = "sieve_worker_prefix_lookups_total";
+    pub const PREFIX_HITS: &str = "sieve_worker_prefix_hits_total";
+    pub const PREFIX_ROLLBACKS: &str = "sieve_worker_prefix_rollbacks_total";
+    pub const PREFIX_EVICTED_BLOCKS: &str = "sieve_worker_prefix_evicted_blocks_total";
+    /// Counter: prefix tokens run through the model.
+    pub const PREFIX_TOKENS_COMPUTED: &str = "sieve_worker_prefix_tokens_computed_total";
+    /// Counter, label `scope` = `in_batch` | `cross_batch`: prefix tokens reused instead.
+    pub const PREFIX_TOKENS_REUSED: &str = "sieve_worker_prefix_tokens_reused_total";
+    /// Gauges: seconds the runner computed, and waited for a batch while work was queued.
+    pub const RUNNER_BUSY_SECONDS: &str = "sieve_worker_runner_busy_seconds_total";
+    pub const RUNNER_IDLE_WITH_WORK_SECONDS: &str = "sieve_worker_runner_idle_with_work_seconds_total";
+    /// Histogram: each wait of the runner for its next batch.
+    pub const RUNNER_IDLE_SECONDS: &str = "sieve_worker_runner_idle_seconds";
+    /// Counter: batches that failed as a whole (forward error or panic).
+    pub const BATCH_FAILURES: &str = "sieve_worker_batch_failures_total";
 }
 
 /// MoE layers of a worker (per-variant selections, rows, time share).

@@ -14,84 +14,13 @@ use std::time::Instant;
 
 use sieve_kernels::{Backend, CpuBackend};
 use sieve_worker::assets;
+use sieve_worker::bench_support::{item_text, INSTRUCTION};
 use sieve_worker::config::WorkerConfig;
 use sieve_worker::device::engine_config;
 use sieve_worker::engine::layout::LayoutBuilder;
 use sieve_worker::engine::{CancellationToken, EngineHandle, EngineParts, EngineState, Submission};
 use sieve_worker::model::loader::{self, LoadOptions, LoadedModel};
 use sieve_worker::model::Scratch;
-
-const WORDS: &[&str] = &[
-    "waterproof",
-    "leather",
-    "running",
-    "shoes",
-    "men's",
-    "women's",
-    "lightweight",
-    "breathable",
-    "mesh",
-    "trail",
-    "cushioned",
-    "sole",
-    "size",
-    "black",
-    "white",
-    "red",
-    "navy",
-    "classic",
-    "sneaker",
-    "outdoor",
-    "hiking",
-    "boot",
-    "ankle",
-    "support",
-    "rubber",
-    "grip",
-    "durable",
-    "stitching",
-    "comfort",
-    "insole",
-    "memory",
-    "foam",
-    "wide",
-    "fit",
-    "casual",
-    "sport",
-    "training",
-    "gym",
-    "road",
-    "marathon",
-    "vegan",
-    "suede",
-    "canvas",
-    "slip-on",
-    "lace-up",
-    "reflective",
-    "details",
-    "free",
-    "returns",
-    "best",
-    "seller",
-    "new",
-    "arrival",
-    "2024",
-    "edition",
-    "brand",
-];
-
-/// Deterministic product-like text of about `n_words` words.
-fn item_text(seed: u64, n_words: usize) -> String {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut words = Vec::with_capacity(n_words);
-    for _ in 0..n_words {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        words.push(WORDS[(x % WORDS.len() as u64) as usize]);
-    }
-    format!("Title: {}. Attributes: {}", words[..4.min(n_words)].join(" "), words.join(", "))
-}
 
 /// `count` items whose own segments (item text + template suffix, after the shared prefix) are
 /// spread over 40–120 tokens.
@@ -119,8 +48,6 @@ fn realistic_items(m: &LoadedModel<CpuBackend>, count: usize) -> Vec<String> {
 }
 
 const QUERY: &str = "lightweight waterproof trail running shoes for women with good grip and cushioning, size 8";
-const INSTRUCTION: &str =
-    "Given an e-commerce search query, judge whether the product listing is relevant to what the shopper wants";
 
 fn prefill(m: &LoadedModel<CpuBackend>, backend: &CpuBackend) {
     let c = &m.model.config;

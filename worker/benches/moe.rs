@@ -34,6 +34,7 @@ use std::time::Instant;
 use sieve_kernels::moe::median;
 use sieve_kernels::{Backend, CpuBackend, MoeSelect};
 use sieve_worker::assets;
+use sieve_worker::bench_support::{item_text, INSTRUCTION};
 use sieve_worker::config::MoeSection;
 use sieve_worker::engine::layout::LayoutBuilder;
 use sieve_worker::model::loader::{self, LoadOptions};
@@ -41,86 +42,12 @@ use sieve_worker::model::testgen::{self, Preset, StoreDType, TestArch, TestModel
 use sieve_worker::model::{MoePolicy, Scratch};
 use sieve_worker::moe::setup as moe_setup;
 
-const WORDS: &[&str] = &[
-    "waterproof",
-    "leather",
-    "running",
-    "shoes",
-    "men's",
-    "women's",
-    "lightweight",
-    "breathable",
-    "mesh",
-    "trail",
-    "cushioned",
-    "sole",
-    "size",
-    "black",
-    "white",
-    "red",
-    "navy",
-    "classic",
-    "sneaker",
-    "outdoor",
-    "hiking",
-    "boot",
-    "ankle",
-    "support",
-    "rubber",
-    "grip",
-    "durable",
-    "stitching",
-    "comfort",
-    "insole",
-    "memory",
-    "foam",
-    "wide",
-    "fit",
-    "casual",
-    "sport",
-    "training",
-    "gym",
-    "road",
-    "marathon",
-    "vegan",
-    "suede",
-    "canvas",
-    "slip-on",
-    "lace-up",
-    "reflective",
-    "details",
-    "free",
-    "returns",
-    "best",
-    "seller",
-    "new",
-    "arrival",
-    "2024",
-    "edition",
-    "brand",
-];
 const QUERIES: &[&str] = &[
     "lightweight waterproof trail running shoes for women with good grip, size 8",
     "black leather ankle boots men wide fit",
     "vegan canvas slip-on sneakers white",
     "cushioned marathon road shoes breathable mesh",
 ];
-const INSTRUCTION: &str =
-    "Given an e-commerce search query, judge whether the product listing is relevant to what the shopper wants";
-
-/// Deterministic product-like text of `n_words` words.
-fn item_text(seed: u64, n_words: usize) -> String {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let words: Vec<&str> = (0..n_words)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            WORDS[(x % WORDS.len() as u64) as usize]
-        })
-        .collect();
-    format!("Title: {}. Attributes: {}", words[..4.min(n_words)].join(" "), words.join(", "))
-}
 
 /// CPU time of every thread of this process so far (Linux schedstat; 0 elsewhere).
 fn process_cpu_ns() -> u64 {

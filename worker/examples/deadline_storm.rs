@@ -14,73 +14,23 @@
 //! on computing after the hang-ups. Target: about one layer's time.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sieve_shared::http::{bind, serve, HttpConfig};
 use sieve_shared::Limits;
+use sieve_worker::bench_support::item_text;
 use sieve_worker::config::WorkerConfig;
-use sieve_worker::device::{start_engine, Device};
 use sieve_worker::engine::state::PipelineSnapshot;
-use sieve_worker::server::{api, AppState};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-const WORDS: &[&str] = &[
-    "waterproof",
-    "leather",
-    "running",
-    "shoes",
-    "men's",
-    "women's",
-    "lightweight",
-    "breathable",
-    "mesh",
-    "trail",
-    "cushioned",
-    "sole",
-    "size",
-    "black",
-    "white",
-    "red",
-    "navy",
-    "classic",
-    "sneaker",
-    "outdoor",
-    "hiking",
-    "boot",
-    "ankle",
-    "support",
-    "rubber",
-    "grip",
-    "durable",
-    "stitching",
-    "comfort",
-    "insole",
-    "memory",
-    "foam",
-    "wide",
-    "fit",
-];
-
 /// A product-like item of 12–27 words (about 30–70 tokens).
 fn item(seed: u64) -> String {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let n = 12 + (seed % 16) as usize;
-    let words: Vec<&str> = (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            WORDS[(x % WORDS.len() as u64) as usize]
-        })
-        .collect();
-    format!("Title: {}. Attributes: {}", words[..4].join(" "), words.join(", "))
+    item_text(seed, 12 + (seed % 16) as usize)
 }
 
 fn body(call: usize, items: usize, deadline_ms: Option<u64>) -> String {
-    let its: Vec<String> = (0..items).map(|i| item((call * 1000 + i) as u64 + 1)).collect();
+    let its: Vec<String> = (0..items).map(|i| item(((call * 1000 + i) as u64) + 1)).collect();
     let mut b = json!({"query": format!("trail running shoes #{call}"), "items": its});
     if let Some(d) = deadline_ms {
         b["deadline_ms"] = json!(d);
@@ -133,14 +83,14 @@ async fn main() {
         (arg("--calls", 64) as usize, arg("--items", 64) as usize, arg("--deadline-ms", 5000), arg("--drop-ms", 500));
     let mut cfg = WorkerConfig::default();
     cfg.model.threads = arg("--threads", 0) as usize;
-    let app = Arc::new(AppState::new(Limits { max_items: items.max(2048), ..Limits::default() }, "cpu".into(), None));
-    let (engine, name) =
-        tokio::task::block_in_place(|| start_engine(&cfg, Device::Cpu, app.state.clone())).expect("engine");
-    let _ = app.engine.set(engine.clone());
-    let _ = app.model_name.set(name.clone());
-    let (listener, addr) = bind("127.0.0.1", 0).await.expect("bind");
-    let a = app.clone();
-    tokio::spawn(serve(listener, HttpConfig::default(), move |r| api::handle(a.clone(), r), std::future::pending()));
+    cfg.limits = Limits { max_items: items.max(2048), ..Limits::default() };
+    (cfg.server.port, cfg.server.admin_port) = (0, 0);
+    let mut worker = sieve_worker::start(cfg, None).await.expect("start");
+    worker.loaded().await.expect("model");
+    let app = worker.app.clone();
+    let engine = app.engine.get().expect("engine").clone();
+    let name = app.model_name.get().cloned().unwrap_or_default();
+    let addr = worker.api_addr;
     let st = app.state.clone();
 
     // Warm-up: one small call measures the throughput the passes are sized from.
@@ -194,7 +144,7 @@ async fn main() {
         scored_items
     );
     // Wait for the engine to settle before reading the counters.
-    while st.in_flight_requests.load(Ordering::Relaxed) > 0 || st.pass_running.load(Ordering::Relaxed) {
+    while st.in_flight_requests.get() > 0 || st.pass_running.load(Ordering::Relaxed) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let settled = t0.elapsed().as_secs_f64();
@@ -221,7 +171,7 @@ async fn main() {
         t.abort(); // drops the connection, as the proxy does
     }
     let dropped_at = t0.elapsed();
-    while st.in_flight_requests.load(Ordering::Relaxed) > 0 || st.pass_running.load(Ordering::Relaxed) {
+    while st.in_flight_requests.get() > 0 || st.pass_running.load(Ordering::Relaxed) {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let went_on = t0.elapsed() - dropped_at;
@@ -241,4 +191,5 @@ async fn main() {
         full_pass / engine.n_layers as f64 * 1e3
     );
     engine.shutdown();
+    worker.stop().await;
 }

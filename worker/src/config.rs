@@ -7,6 +7,8 @@ use serde::{Deserialize, Serialize};
 use sieve_shared::http::{AdminConfig, HttpConfig};
 use sieve_shared::Limits;
 
+use crate::device::Device;
+use crate::model::loader::HeadChoice;
 pub use crate::moe::config::MoeSection;
 use crate::prompt::PromptTemplate;
 use crate::{Result, WorkerError};
@@ -61,10 +63,10 @@ pub struct ModelSection {
     /// an HF checkpoint directory.
     pub path: String,
     /// `cpu` or `cuda:N`.
-    pub device: String,
+    pub device: Device,
     /// `auto` (a classification head when the checkpoint has `score.weight`, else yes/no),
     /// `yes_no`, or `classifier`.
-    pub head: String,
+    pub head: HeadChoice,
     /// Longest prompt in tokens; 0 = the model's context length capped at 4096.
     pub max_seq_tokens: usize,
     /// Compute threads (0 = all cores).
@@ -72,18 +74,27 @@ pub struct ModelSection {
     /// CUDA dense projections: `tiled` (our tensor-core GEMM: a row's bits never depend on its
     /// batch) or `cublas` (faster, but cuBLAS picks kernels by problem size, so scores can move
     /// in the last bits with batch composition).
-    pub gemm: String,
+    pub gemm: Gemm,
+}
+
+/// CUDA dense projections (`model.gemm`): see [`ModelSection::gemm`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Gemm {
+    #[default]
+    Tiled,
+    Cublas,
 }
 
 impl Default for ModelSection {
     fn default() -> Self {
         ModelSection {
             path: "default".into(),
-            device: "cpu".into(),
-            head: "auto".into(),
+            device: Device::Cpu,
+            head: HeadChoice::Auto,
             max_seq_tokens: 0,
             threads: 0,
-            gemm: "tiled".into(),
+            gemm: Gemm::Tiled,
         }
     }
 }
@@ -192,6 +203,29 @@ mod tests {
         assert_eq!(c.http, HttpConfig::default());
         assert_eq!(c.admin, AdminConfig::default());
         assert_eq!(c.server.admin_host, "127.0.0.1");
+    }
+
+    #[test]
+    fn device_head_and_gemm_are_typed_and_a_bad_value_is_named_with_the_allowed_ones() {
+        let c: WorkerConfig =
+            toml::from_str("[model]\ndevice = \"cuda:1\"\nhead = \"yes_no\"\ngemm = \"cublas\"\n").unwrap();
+        assert_eq!((c.model.device, c.model.head, c.model.gemm), (Device::Cuda(1), HeadChoice::YesNo, Gemm::Cublas));
+        let c: WorkerConfig = toml::from_str("[model]\ndevice = \"cuda\"\n").unwrap();
+        assert_eq!(c.model.device, Device::Cuda(0));
+        for (text, bad, allowed) in [
+            ("[model]\ndevice = \"tpu\"\n", "tpu", "cpu or cuda:N"),
+            ("[model]\ndevice = \"cuda:x\"\n", "cuda:x", "cpu or cuda:N"),
+            ("[model]\nhead = \"logits\"\n", "logits", "classifier"),
+            ("[model]\ngemm = \"fast\"\n", "fast", "cublas"),
+        ] {
+            let e = toml::from_str::<WorkerConfig>(text).unwrap_err().to_string();
+            assert!(e.contains(bad) && e.contains(allowed), "{text}: {e}");
+        }
+        // Written back as the same strings.
+        let text = toml::to_string(&ModelSection::default()).unwrap();
+        assert!(
+            text.contains("device = \"cpu\"") && text.contains("head = \"auto\"") && text.contains("gemm = \"tiled\"")
+        );
     }
 
     #[test]

@@ -1,38 +1,56 @@
 //! Device selection: builds the backend for `--device` and starts the engine on it.
 
 use std::fmt;
+use std::str::FromStr;
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
 use sieve_kernels::cuda::{CudaBackend, CudaOptions, GemmEngine};
 use sieve_kernels::Backend;
 
 use crate::assets;
-use crate::config::WorkerConfig;
+use crate::config::{Gemm, WorkerConfig};
 use crate::engine::{EngineConfig, EngineHandle, EngineParts, EngineState, PrefixCacheConfig};
-use crate::model::loader::{self, HeadChoice, LoadOptions};
+use crate::model::loader::{self, LoadOptions};
 use crate::{moe, Result, WorkerError};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where the model runs: `cpu`, or `cuda:N` (`cuda` is `cuda:0`). In the config and on the
+/// command line it is that string; a bad one is refused when the config is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub enum Device {
+    #[default]
     Cpu,
     Cuda(usize),
 }
 
-impl Device {
-    pub fn parse(s: &str) -> Result<Device> {
-        if s == "cpu" {
-            return Ok(Device::Cpu);
-        }
-        if let Some(n) = s.strip_prefix("cuda:") {
-            return n
-                .parse()
+impl FromStr for Device {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Device, String> {
+        match s {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
                 .map(Device::Cuda)
-                .map_err(|_| WorkerError::Config(format!("--device {s}: expected cuda:N")));
+                .ok_or_else(|| format!("device '{s}': expected cpu or cuda:N (N a GPU index)")),
         }
-        if s == "cuda" {
-            return Ok(Device::Cuda(0));
-        }
-        Err(WorkerError::Config(format!("--device {s}: expected cpu or cuda:N")))
+    }
+}
+
+impl TryFrom<String> for Device {
+    type Error = String;
+
+    fn try_from(s: String) -> std::result::Result<Device, String> {
+        s.parse()
+    }
+}
+
+impl From<Device> for String {
+    fn from(d: Device) -> String {
+        d.to_string()
     }
 }
 
@@ -73,8 +91,7 @@ fn start_on<B: Backend>(
     state: Arc<EngineState>,
 ) -> Result<(Arc<EngineHandle>, String)> {
     let path = assets::resolve_model(&cfg.model.path)?;
-    let opts =
-        LoadOptions { head: HeadChoice::parse(&cfg.model.head)?, template: cfg.template.clone(), keep_lm_head: false };
+    let opts = LoadOptions { head: cfg.model.head, template: cfg.template.clone(), keep_lm_head: false };
     let mut loaded = loader::load(&backend, &path, &opts)?;
     let calibrations = assets::cache_dir().join("moe-autotune");
     if let Some(setup) = moe::setup::configure(&backend, &mut loaded.model, &loaded.name, &cfg.moe, &calibrations)? {
@@ -95,10 +112,9 @@ pub fn start_engine(
     match device {
         Device::Cpu => start_on(sieve_kernels::CpuBackend::new(cfg.model.threads)?, cfg, state),
         Device::Cuda(n) => {
-            let gemm = match cfg.model.gemm.as_str() {
-                "tiled" => GemmEngine::Tiled,
-                "cublas" => GemmEngine::Cublas,
-                other => return Err(WorkerError::Config(format!("model.gemm '{other}' (tiled | cublas)"))),
+            let gemm = match cfg.model.gemm {
+                Gemm::Tiled => GemmEngine::Tiled,
+                Gemm::Cublas => GemmEngine::Cublas,
             };
             let opts = CudaOptions { gemm, ..CudaOptions::new(n).with_asset_cache(&assets::cache_dir()) };
             let backend =

@@ -2,6 +2,7 @@
 //! model graphs, served over HTTP.
 
 pub mod assets;
+pub mod bench_support;
 pub mod config;
 pub mod device;
 pub mod engine;
@@ -14,4 +15,5 @@ pub mod server;
 pub mod tokenizer;
 
 pub use error::{Result, WorkerError};
+pub use server::start::{start, RunningWorker, StartError};
 pub use tokenizer::Tokenizer;

@@ -11,16 +11,10 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use clap::Parser;
-use sieve_shared::http::{self, bind, AdminAuth, StopMode, Stopper};
 use sieve_worker::config::WorkerConfig;
-use sieve_worker::engine::EngineState;
-use sieve_worker::server::{self, AppState};
-use sieve_worker::{device, WorkerError};
+use sieve_worker::WorkerError;
 
 #[derive(Parser, Debug)]
 #[command(name = "sieve-worker", version, about = "Sieve worker: point-wise relevance scoring with a decoder LLM")]
@@ -68,7 +62,7 @@ fn config_from(cli: &Cli) -> Result<WorkerConfig, WorkerError> {
         c.model.path = m.clone();
     }
     if let Some(d) = &cli.device {
-        c.model.device = d.clone();
+        c.model.device = d.parse().map_err(|e| WorkerError::Config(format!("--device: {e}")))?;
     }
     if let Some(h) = &cli.host {
         c.server.host = h.clone();
@@ -109,14 +103,6 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // Parse the device before anything starts, so a bad --device fails fast.
-    let dev = match device::Device::parse(&cfg.model.device) {
-        Ok(d) => d,
-        Err(e) => {
-            eprintln!("sieve-worker: {e}");
-            return ExitCode::from(2);
-        }
-    };
     let prometheus = match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
         Ok(h) => Some(h),
         Err(e) => {
@@ -131,70 +117,21 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    rt.block_on(serve(cfg, dev, prometheus))
+    rt.block_on(serve(cfg, prometheus))
 }
 
-async fn serve(
-    cfg: WorkerConfig,
-    dev: device::Device,
-    prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
-) -> ExitCode {
-    let admin_auth = match AdminAuth::load(&cfg.admin) {
-        Ok(a) => a,
+/// Starts the worker, then waits for the model and for a signal (or `POST /drain`) to drain.
+async fn serve(cfg: WorkerConfig, prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>) -> ExitCode {
+    let mut worker = match sieve_worker::start(cfg, prometheus).await {
+        Ok(w) => w,
         Err(e) => {
             eprintln!("sieve-worker: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let app = Arc::new(AppState::new(cfg.limits.clone(), dev.to_string(), prometheus).with_admin(admin_auth));
-    let (api, admin) = match bind(&cfg.server.host, cfg.server.port).await {
-        Ok(a) => match bind(&cfg.server.admin_host, cfg.server.admin_port).await {
-            Ok(b) => (a, b),
-            Err(e) => {
-                eprintln!("sieve-worker: binding the admin port on {}: {e}", cfg.server.admin_host);
-                return ExitCode::FAILURE;
-            }
-        },
-        Err(e) => {
-            eprintln!("sieve-worker: binding {}: {e}", cfg.server.host);
-            return ExitCode::FAILURE;
+            return ExitCode::from(e.exit_code());
         }
     };
     // The one machine-readable line launchers wait for.
-    println!("sieve-worker listening api={} admin={}", api.1, admin.1);
-    // Both ports serve until the drain is over; then they close their connections gracefully,
-    // within what is left of the drain timeout.
-    let stopper = Stopper::new();
-    let a = app.clone();
-    let api_server = tokio::spawn(http::serve(
-        api.0,
-        cfg.http.clone(),
-        move |req| server::api::handle(a.clone(), req),
-        stopper.signal(),
-    ));
-    let a = app.clone();
-    let admin_server = tokio::spawn(http::serve(
-        admin.0,
-        cfg.http.clone(),
-        move |req| server::admin::handle(a.clone(), req),
-        stopper.signal(),
-    ));
-
-    // Load on a plain thread: the ports answer (/health 200, /ready 503) meanwhile.
-    let (loaded_tx, loaded_rx) = tokio::sync::oneshot::channel();
-    let a = app.clone();
-    let load_cfg = cfg.clone();
-    std::thread::spawn(move || {
-        let t0 = Instant::now();
-        let r = device::start_engine(&load_cfg, dev, a.state.clone());
-        let r = r.map(|(engine, name)| {
-            tracing::info!("{name} ready on {dev} in {:.1} s", t0.elapsed().as_secs_f64());
-            let _ = a.model_name.set(name);
-            let _ = a.engine.set(engine);
-        });
-        let _ = loaded_tx.send(r);
-    });
-
+    println!("sieve-worker listening api={} admin={}", worker.api_addr, worker.admin_addr);
+    let app = worker.app.clone();
     let shutdown = async {
         tokio::select! {
             _ = shutdown_signal() => tracing::info!("signal: draining"),
@@ -203,35 +140,15 @@ async fn serve(
     };
     tokio::pin!(shutdown);
     tokio::select! {
-        loaded = loaded_rx => match loaded {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                *app.state.load_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
-                eprintln!("sieve-worker: {e}");
-                return ExitCode::FAILURE;
-            }
-            Err(_) => return ExitCode::FAILURE,
+        loaded = worker.loaded() => if let Err(e) = loaded {
+            eprintln!("sieve-worker: {e}");
+            return ExitCode::FAILURE;
         },
         _ = &mut shutdown => return ExitCode::SUCCESS,
     }
     (&mut shutdown).await;
-    let deadline = Instant::now() + Duration::from_millis(cfg.server.drain_timeout_ms);
-    drain(&app, deadline).await;
-    // Whatever the clients do (stalled bodies, half-sent heads), the servers end by the deadline.
-    stopper.stop(StopMode::Graceful(Some(deadline.saturating_duration_since(Instant::now()))));
-    let _ = tokio::join!(api_server, admin_server);
+    worker.drain_and_stop().await;
     ExitCode::SUCCESS
-}
-
-/// Stops taking new calls (503, /ready false) and waits for the in-flight ones, until `deadline`.
-async fn drain(app: &AppState, deadline: Instant) {
-    app.state.draining.store(true, Ordering::Release);
-    let t0 = Instant::now();
-    tracing::info!("draining: {} calls in flight", EngineState::get(&app.state.in_flight_requests));
-    while EngineState::get(&app.state.in_flight_requests) > 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    tracing::info!("drained in {:.2} s", t0.elapsed().as_secs_f64());
 }
 
 async fn shutdown_signal() {

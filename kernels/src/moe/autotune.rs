@@ -484,7 +484,7 @@ mod tests {
         let n = COST_KNOTS.len();
         // Variant 1 was last timed at knot 5 and its extrapolation falls below variant 0 later.
         let mut tables = vec![vec![10.0; n], (0..n).map(|ki| if ki <= 5 { 20.0 } else { 5.0 }).collect()];
-        floor_out_of_running(&mut tables, &[true, false], &[n - 1, 5]);
+        floor_out_of_running(&mut tables, &[true, false], &[Some(n - 1), Some(5)]);
         assert_eq!(&tables[1][..6], &[20.0; 6]);
         assert!(tables[1][6..].iter().all(|&t| t == 10.0 * AUTOTUNE_PRUNE_RATIO), "{:?}", tables[1]);
         assert_eq!(tables[0], vec![10.0; n]);

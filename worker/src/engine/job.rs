@@ -63,9 +63,9 @@ impl CallSlot {
 
     fn answer_locked(inner: &mut SlotInner, state: &EngineState, result: JobResult) -> bool {
         let Some(reply) = inner.reply.take() else { return false };
-        state.sub(&state.queued_pairs, inner.pairs);
-        state.sub(&state.queued_tokens, inner.tokens);
-        state.sub(&state.in_flight_requests, 1);
+        state.queued_pairs.sub(inner.pairs);
+        state.queued_tokens.sub(inner.tokens);
+        state.in_flight_requests.sub(1);
         let _ = reply.send(result);
         true
     }
@@ -95,7 +95,7 @@ impl CallSlot {
             return false;
         }
         inner.tokens += tokens;
-        state.add(&state.queued_tokens, tokens);
+        state.queued_tokens.add(tokens);
         true
     }
 }
@@ -173,12 +173,12 @@ pub fn cancelled_error() -> ApiError {
 
 pub fn count_expired(state: &EngineState, stage: &'static str) {
     let field = if stage == "queued" { &state.calls_expired_queued } else { &state.calls_expired_running };
-    state.add(field, 1);
+    field.add(1);
     metrics::counter!(m::CALLS_EXPIRED, "stage" => stage).increment(1);
 }
 
 pub fn count_cancelled(state: &EngineState, stage: &'static str) {
-    state.add(&state.calls_cancelled, 1);
+    state.calls_cancelled.add(1);
     metrics::counter!(m::CALLS_CANCELLED, "stage" => stage).increment(1);
 }
 

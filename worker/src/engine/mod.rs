@@ -210,14 +210,14 @@ impl EngineHandle {
             return Err(ApiError::not_ready("draining: not accepting new work"));
         }
         let pairs = s.items.len() as u64;
-        let queued = EngineState::get(&st.queued_pairs);
+        let queued = st.queued_pairs.get();
         if queued > 0 && queued + pairs > self.cfg.max_queued_pairs as u64 {
             return Err(ApiError::overloaded(format!(
                 "overloaded: {queued} pairs queued, {pairs} more would pass max_queued_pairs {}",
                 self.cfg.max_queued_pairs
             )));
         }
-        if EngineState::get(&st.in_flight_requests) >= self.cfg.max_in_flight_requests as u64 {
+        if st.in_flight_requests.get() >= self.cfg.max_in_flight_requests as u64 {
             return Err(ApiError::overloaded(format!(
                 "overloaded: max_in_flight_requests {} reached",
                 self.cfg.max_in_flight_requests
@@ -234,8 +234,8 @@ impl EngineHandle {
             cancel: s.cancel,
             slot,
         };
-        st.add(&st.queued_pairs, pairs);
-        st.add(&st.in_flight_requests, 1);
+        st.queued_pairs.add(pairs);
+        st.in_flight_requests.add(1);
         let refused = match self.tx.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
             Some(tx) => tx.send(Msg::Job(job)).err().map(|e| e.0),
             None => Some(Msg::Job(job)),

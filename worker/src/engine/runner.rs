@@ -12,7 +12,7 @@ use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use sieve_kernels::Backend;
+use sieve_kernels::{Backend, BatchLayout};
 use sieve_shared::metrics_names::worker as m;
 use sieve_shared::{ApiError, Usage};
 
@@ -82,7 +82,7 @@ fn reap(state: &EngineState, jobs: &[BatchJob], progress: &mut [Progress], now: 
                 let partial = matches!(&result, Ok(o) if !o.missing.is_empty());
                 if job.tj.job.answer(state, result) && partial {
                     count_expired(state, "running");
-                    state.add(&state.partial_answers, 1);
+                    state.partial_answers.add(1);
                     metrics::counter!(m::PARTIAL_ANSWERS).increment(1);
                 }
             }
@@ -98,7 +98,7 @@ fn output(state: &EngineState, job: &BatchJob, p: &Progress) -> JobResult {
     let bad: Vec<usize> =
         p.scores.iter().enumerate().filter(|(_, s)| matches!(s, Some(v) if !v.is_finite())).map(|(i, _)| i).collect();
     if !bad.is_empty() {
-        state.add(&state.nonfinite_scores, bad.len() as u64);
+        state.nonfinite_scores.add(bad.len() as u64);
         metrics::counter!(m::NONFINITE_SCORES).increment(bad.len() as u64);
         let named: Vec<String> = bad.iter().take(8).map(|i| format!("items[{i}]")).collect();
         let more = if bad.len() > 8 { format!(" and {} more", bad.len() - 8) } else { String::new() };
@@ -120,12 +120,12 @@ fn output(state: &EngineState, job: &BatchJob, p: &Progress) -> JobResult {
     let cross = reused_committed * scored;
     let prompt_tokens: u64 =
         call.prompts.iter().zip(&p.scores).filter(|(_, s)| s.is_some()).map(|(q, _)| q.len() as u64).sum();
-    state.add(&state.prefix_tokens_computed, computed_prefix);
-    state.add(&state.prefix_tokens_reused_cross_batch, cross);
-    state.add(&state.prefix_tokens_reused_in_batch, (prefix * scored).saturating_sub(computed_prefix + cross));
-    state.add(&state.pairs_processed, scored);
-    state.add(&state.requests_processed, 1);
-    state.add(&state.prompt_tokens, prompt_tokens);
+    state.prefix_tokens_computed.add(computed_prefix);
+    state.prefix_tokens_reused_cross_batch.add(cross);
+    state.prefix_tokens_reused_in_batch.add((prefix * scored).saturating_sub(computed_prefix + cross));
+    state.pairs_processed.add(scored);
+    state.requests_processed.add(1);
+    state.prompt_tokens.add(prompt_tokens);
     let usage = Usage {
         pairs: scored as u32,
         prompt_tokens,
@@ -143,255 +143,370 @@ impl<B: Backend> Runner<B> {
     pub fn run(mut self, batches: Receiver<PreparedBatch>) {
         let mut idle_since = Instant::now();
         loop {
-            let work_waiting = EngineState::get(&self.state.queued_pairs) > 0;
+            let work_waiting = self.state.queued_pairs.get() > 0;
             let Ok(batch) = batches.recv() else { return };
             let _ = self.scheduler.send(Msg::RunnerFree);
             let idle = idle_since.elapsed().as_nanos() as u64;
-            self.state.add(&self.state.runner_idle_ns, idle);
+            self.state.runner_idle_ns.add(idle);
             if work_waiting {
-                self.state.add(&self.state.runner_idle_with_work_ns, idle);
+                self.state.runner_idle_with_work_ns.add(idle);
             }
-            metrics::histogram!("sieve_worker_runner_idle_seconds").record(idle as f64 / 1e9);
+            metrics::histogram!(m::RUNNER_IDLE_SECONDS).record(idle as f64 / 1e9);
             let t0 = Instant::now();
             self.execute(batch);
-            self.state.add(&self.state.runner_busy_ns, t0.elapsed().as_nanos() as u64);
+            self.state.runner_busy_ns.add(t0.elapsed().as_nanos() as u64);
             idle_since = Instant::now();
         }
     }
 
+    /// One batch: its passes one after another (each planned, run and settled), then the batch
+    /// settled (its prefix blocks committed or rolled back) and every call still waiting
+    /// answered.
     fn execute(&mut self, batch: PreparedBatch) {
-        let epoch = batch.epoch;
-        let jobs = &batch.jobs;
-        let state = self.state.clone();
-        state.add(&state.batches, 1);
-        let progress: Mutex<Vec<Progress>> = Mutex::new(
-            jobs.iter()
-                .map(|j| Progress {
-                    scores: vec![None; j.tj.call.prompts.len()],
-                    computed_tokens: 0,
-                    compute_s: 0.0,
-                    started: None,
-                    // Answered while it waited for the runner (its ticket at the deadline): skip.
-                    alive: j.tj.job.slot.start_running(),
-                })
-                .collect(),
-        );
-        let prefix_slots: Vec<Vec<u32>> = jobs
-            .iter()
-            .map(|j| match &j.lease {
-                Some(l) => segment_slots(&l.blocks, self.block_size, j.prefix_len).collect(),
-                None => vec![],
-            })
-            .collect();
-        let everyone: Vec<usize> = (0..jobs.len()).collect();
-        // Items of each call before this one have had their pass.
-        let mut next_item = vec![0usize; jobs.len()];
+        self.state.batches.add(1);
+        let mut run = BatchRun::new(&batch, self.block_size);
+        let end = self.run_passes(&mut run);
+        self.settle_batch(&run, &end);
+        self.reply(run, end);
+    }
 
-        let mut failure: Option<ApiError> = None;
-        // Stopped before the end because no call wanted the rest.
-        let mut stopped = false;
-        for pi in 0.. {
-            let now = Instant::now();
-            let pass = {
-                let mut prog = lock(&progress);
-                if !reap(&state, jobs, &mut prog, now, &everyone) {
-                    stopped = true;
-                    break;
-                }
-                // Planned now, from this moment's time and throughput; the first pass of the
-                // plan runs. Prefix segments go in the first pass even for a call that died:
-                // another call of the batch may be matched to its pending blocks.
-                let plan: Vec<PlanJob> = jobs
-                    .iter()
-                    .enumerate()
-                    .map(|(j, job)| PlanJob {
-                        prefix_rows: if pi == 0 { job.prefix_to_compute().len() } else { 0 },
-                        first_item: next_item[j],
-                        item_rows: if prog[j].alive {
-                            (next_item[j]..job.tj.call.prompts.len()).map(|i| job.own_tokens(i).len()).collect()
-                        } else {
-                            vec![]
-                        },
-                        deadline: job.tj.job.deadline,
-                    })
-                    .collect();
-                match plan_passes(&plan, &self.budget, state.tokens_per_second(), now).into_iter().next() {
-                    Some(p) => p,
-                    None => break,
-                }
+    /// Runs the batch's passes until every item is scored, no live call wants the rest, or a
+    /// pass fails.
+    fn run_passes(&mut self, run: &mut BatchRun<'_>) -> BatchEnd {
+        let mut next_pass = 0usize;
+        loop {
+            let pi = next_pass;
+            next_pass += 1;
+            let pass = match self.plan(run, pi) {
+                Planned::Pass(p) => p,
+                Planned::Empty => continue,
+                Planned::Done => return BatchEnd::Done,
+                Planned::NobodyWaits => return BatchEnd::Stopped,
             };
-            for &(j, i) in &pass.items {
-                next_item[j] = next_item[j].max(i + 1);
-            }
-            let mut lb = LayoutBuilder::new();
-            if pi == 0 {
-                for &j in &pass.prefix_jobs {
-                    let job = &jobs[j];
-                    let r = job.prefix_to_compute();
-                    lb.push(&job.tj.call.prompts[0][r], &prefix_slots[j]);
-                }
-            }
-            let mut next_block = self.scratch.first_block;
-            let mut out_rows = vec![];
-            let mut targets = vec![];
-            {
-                let prog = lock(&progress);
-                for &(j, i) in &pass.items {
-                    if !prog[j].alive {
-                        continue;
-                    }
-                    let own = jobs[j].own_tokens(i);
-                    let n_blocks = own.len().div_ceil(self.block_size);
-                    let blocks: Vec<u32> = (next_block..next_block + n_blocks as u32).collect();
-                    next_block += n_blocks as u32;
-                    debug_assert!((next_block - self.scratch.first_block) as usize <= self.scratch.num_blocks);
-                    let ctx: Vec<u32> = prefix_slots[j]
-                        .iter()
-                        .copied()
-                        .chain(segment_slots(&blocks, self.block_size, own.len()))
-                        .collect();
-                    if let Some(row) = lb.push(own, &ctx) {
-                        out_rows.push(row);
-                        targets.push((j, i));
+            match self.forward(run, &pass) {
+                Ran::Scores { scores, secs } => self.settle_pass(run, &pass, scores, secs),
+                Ran::Abandoned => {
+                    self.state.passes_abandoned.add(1);
+                    self.state.rows_abandoned.add(pass.rows as u64);
+                    metrics::counter!(m::PASSES_ABANDONED).increment(1);
+                    metrics::counter!(m::ROWS_ABANDONED).increment(pass.rows as u64);
+                    if pi == 0 || !lock(&run.progress).iter().any(|p| p.alive) {
+                        return BatchEnd::Stopped;
                     }
                 }
-            }
-            let rows = lb.num_rows();
-            if rows == 0 {
-                continue;
-            }
-            // Whom the pass works for: the first pass computes prefix blocks any call of the
-            // batch may read, so it is needed while any call lives.
-            let owners: Vec<usize> = if pi == 0 {
-                everyone.clone()
-            } else {
-                let mut o: Vec<usize> = targets.iter().map(|&(j, _)| j).collect();
-                o.dedup();
-                o
-            };
-            let layout = lb.finish();
-            let t = Instant::now();
-            {
-                let mut prog = lock(&progress);
-                for &(j, _) in &targets {
-                    prog[j].started.get_or_insert(t);
-                }
-            }
-            let fault = self.fault.clone();
-            let abandoned = AtomicBool::new(false);
-            let hook = |layer: usize| -> Result<()> {
-                if let Some(f) = &fault {
-                    f(epoch, pi, layer)?;
-                }
-                if !reap(&state, jobs, &mut lock(&progress), Instant::now(), &owners) {
-                    abandoned.store(true, Ordering::Relaxed);
-                    return Err(WorkerError::Api(ApiError::deadline(format!("pass abandoned at layer {layer}"))));
-                }
-                Ok(())
-            };
-            state.pass_running.store(true, Ordering::Relaxed);
-            let result = catch_unwind(AssertUnwindSafe(|| -> Result<Vec<f32>> {
-                let hidden = self.model.forward(
-                    &self.backend,
-                    &layout,
-                    &mut self.kv,
-                    &out_rows,
-                    Some(&hook),
-                    &mut self.scratch_tensors,
-                )?;
-                self.model.head.scores(&self.backend, hidden)
-            }));
-            state.pass_running.store(false, Ordering::Relaxed);
-            let secs = t.elapsed().as_secs_f64();
-            if abandoned.load(Ordering::Relaxed) {
-                state.add(&state.passes_abandoned, 1);
-                state.add(&state.rows_abandoned, rows as u64);
-                metrics::counter!(m::PASSES_ABANDONED).increment(1);
-                metrics::counter!(m::ROWS_ABANDONED).increment(rows as u64);
-                if pi == 0 || !lock(&progress).iter().any(|p| p.alive) {
-                    stopped = true;
-                    break;
-                }
-                continue;
-            }
-            let scores = match result {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    failure = Some(ApiError::internal(format!("forward pass failed: {e}")));
-                    break;
-                }
-                Err(panic) => {
-                    let msg = panic
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| panic.downcast_ref::<String>().cloned());
-                    failure = Some(ApiError::internal(format!("forward pass panicked: {}", msg.unwrap_or_default())));
-                    break;
-                }
-            };
-            if self.model.config.moe.is_some() {
-                state.moe.record_pass(&self.scratch_tensors.moe.pass, secs);
-            }
-            state.add(&state.forward_passes, 1);
-            state.add(&state.tokens_computed, rows as u64);
-            state.observe_pass(rows as u64, secs);
-            metrics::histogram!(m::FORWARD_SECONDS).record(secs);
-            metrics::histogram!(m::BATCH_TOKENS).record(rows as f64);
-            let mut prog = lock(&progress);
-            if pi == 0 {
-                let mut cache = lock(&self.cache);
-                for job in jobs {
-                    if let Some(l) = &job.lease {
-                        cache.mark_written(l);
-                    }
-                }
-                for &j in &pass.prefix_jobs {
-                    prog[j].computed_tokens += jobs[j].prefix_to_compute().len() as u64;
-                }
-            }
-            let mut in_pass = vec![false; prog.len()];
-            for (&(j, i), s) in targets.iter().zip(scores) {
-                prog[j].scores[i] = Some(s);
-                prog[j].computed_tokens += jobs[j].own_tokens(i).len() as u64;
-                in_pass[j] = true;
-            }
-            for (j, p) in prog.iter_mut().enumerate() {
-                if in_pass[j] {
-                    p.compute_s += secs;
-                }
-            }
-        }
-
-        let mut prog = progress.into_inner().unwrap_or_else(|e| e.into_inner());
-        // A non-finite score may come from the prefix's KV: never keep it for later calls.
-        let nonfinite = prog.iter().any(|p| p.scores.iter().any(|s| matches!(s, Some(v) if !v.is_finite())));
-        {
-            let mut cache = lock(&self.cache);
-            if failure.is_some() || stopped || nonfinite {
-                cache.rollback(epoch);
-            } else {
-                cache.commit(epoch);
-            }
-            for job in jobs {
-                if let Some(l) = &job.lease {
-                    cache.release(l);
-                }
-            }
-        }
-        if let Some(err) = failure {
-            state.add(&state.batch_failures, 1);
-            tracing::error!(epoch, "batch failed: {}", err.message);
-            for job in jobs {
-                job.tj.job.answer(&state, Err(err.clone()));
-            }
-            return;
-        }
-        // Calls that died after the last check are answered as dead (partial where scored).
-        reap(&state, jobs, &mut prog, Instant::now(), &[]);
-        for (job, p) in jobs.iter().zip(&prog) {
-            if p.alive {
-                job.tj.job.answer(&state, output(&state, job, p));
+                Ran::Failed(e) => return BatchEnd::Failed(e),
             }
         }
     }
+
+    /// Plan: answers calls found dead, sizes the next pass from this moment's time and
+    /// throughput, and lays out its rows (prefix segments, then the items of live calls, each
+    /// item's own KV in the scratch region).
+    fn plan(&self, run: &mut BatchRun<'_>, pi: usize) -> Planned {
+        let jobs = run.jobs;
+        let now = Instant::now();
+        let planned = {
+            let mut prog = lock(&run.progress);
+            if !reap(&self.state, jobs, &mut prog, now, &run.everyone) {
+                return Planned::NobodyWaits;
+            }
+            // Planned now, from this moment's time and throughput; the first pass of the
+            // plan runs. Prefix segments go in the first pass even for a call that died:
+            // another call of the batch may be matched to its pending blocks.
+            let plan: Vec<PlanJob> = jobs
+                .iter()
+                .enumerate()
+                .map(|(j, job)| PlanJob {
+                    prefix_rows: if pi == 0 { job.prefix_to_compute().len() } else { 0 },
+                    first_item: run.next_item[j],
+                    item_rows: if prog[j].alive {
+                        (run.next_item[j]..job.tj.call.prompts.len()).map(|i| job.own_tokens(i).len()).collect()
+                    } else {
+                        vec![]
+                    },
+                    deadline: job.tj.job.deadline,
+                })
+                .collect();
+            match plan_passes(&plan, &self.budget, self.state.tokens_per_second(), now).into_iter().next() {
+                Some(p) => p,
+                None => return Planned::Done,
+            }
+        };
+        for &(j, i) in &planned.items {
+            run.next_item[j] = run.next_item[j].max(i + 1);
+        }
+        let mut lb = LayoutBuilder::new();
+        if pi == 0 {
+            for &j in &planned.prefix_jobs {
+                let job = &jobs[j];
+                let r = job.prefix_to_compute();
+                lb.push(&job.tj.call.prompts[0][r], &run.prefix_slots[j]);
+            }
+        }
+        let mut next_block = self.scratch.first_block;
+        let mut out_rows = vec![];
+        let mut targets = vec![];
+        {
+            let prog = lock(&run.progress);
+            for &(j, i) in &planned.items {
+                if !prog[j].alive {
+                    continue;
+                }
+                let own = jobs[j].own_tokens(i);
+                let n_blocks = own.len().div_ceil(self.block_size);
+                let blocks: Vec<u32> = (next_block..next_block + n_blocks as u32).collect();
+                next_block += n_blocks as u32;
+                debug_assert!((next_block - self.scratch.first_block) as usize <= self.scratch.num_blocks);
+                let ctx: Vec<u32> = run.prefix_slots[j]
+                    .iter()
+                    .copied()
+                    .chain(segment_slots(&blocks, self.block_size, own.len()))
+                    .collect();
+                if let Some(row) = lb.push(own, &ctx) {
+                    out_rows.push(row);
+                    targets.push((j, i));
+                }
+            }
+        }
+        let rows = lb.num_rows();
+        if rows == 0 {
+            return Planned::Empty;
+        }
+        // Whom the pass works for: the first pass computes prefix blocks any call of the
+        // batch may read, so it is needed while any call lives.
+        let owners: Vec<usize> = if pi == 0 {
+            run.everyone.clone()
+        } else {
+            let mut o: Vec<usize> = targets.iter().map(|&(j, _)| j).collect();
+            o.dedup();
+            o
+        };
+        Planned::Pass(Box::new(Pass {
+            index: pi,
+            layout: lb.finish(),
+            out_rows,
+            targets,
+            owners,
+            prefix_jobs: planned.prefix_jobs,
+            rows,
+        }))
+    }
+
+    /// Run: the forward pass and the score head, a panic caught as a failure; at every layer the
+    /// fault hook (tests) runs and dead calls are answered, and the pass is abandoned once none
+    /// of its owners lives.
+    fn forward(&mut self, run: &BatchRun<'_>, pass: &Pass) -> Ran {
+        let t = Instant::now();
+        {
+            let mut prog = lock(&run.progress);
+            for &(j, _) in &pass.targets {
+                prog[j].started.get_or_insert(t);
+            }
+        }
+        let (state, epoch, pi) = (&self.state, run.epoch, pass.index);
+        let fault = self.fault.clone();
+        let abandoned = AtomicBool::new(false);
+        let hook = |layer: usize| -> Result<()> {
+            if let Some(f) = &fault {
+                f(epoch, pi, layer)?;
+            }
+            if !reap(state, run.jobs, &mut lock(&run.progress), Instant::now(), &pass.owners) {
+                abandoned.store(true, Ordering::Relaxed);
+                return Err(WorkerError::Api(ApiError::deadline(format!("pass abandoned at layer {layer}"))));
+            }
+            Ok(())
+        };
+        state.pass_running.store(true, Ordering::Relaxed);
+        let result = catch_unwind(AssertUnwindSafe(|| -> Result<Vec<f32>> {
+            let hidden = self.model.forward(
+                &self.backend,
+                &pass.layout,
+                &mut self.kv,
+                &pass.out_rows,
+                Some(&hook),
+                &mut self.scratch_tensors,
+            )?;
+            self.model.head.scores(&self.backend, hidden)
+        }));
+        state.pass_running.store(false, Ordering::Relaxed);
+        let secs = t.elapsed().as_secs_f64();
+        if abandoned.load(Ordering::Relaxed) {
+            return Ran::Abandoned;
+        }
+        match result {
+            Ok(Ok(scores)) => Ran::Scores { scores, secs },
+            Ok(Err(e)) => Ran::Failed(ApiError::internal(format!("forward pass failed: {e}"))),
+            Err(panic) => {
+                let msg = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned());
+                Ran::Failed(ApiError::internal(format!("forward pass panicked: {}", msg.unwrap_or_default())))
+            }
+        }
+    }
+
+    /// Settle a pass: MoE and throughput figures, the first pass's prefix blocks marked
+    /// written, the scores and computed tokens credited to their calls.
+    fn settle_pass(&self, run: &BatchRun<'_>, pass: &Pass, scores: Vec<f32>, secs: f64) {
+        let (state, jobs) = (&self.state, run.jobs);
+        if self.model.config.moe.is_some() {
+            state.moe.record_pass(&self.scratch_tensors.moe.pass, secs);
+        }
+        state.forward_passes.add(1);
+        state.tokens_computed.add(pass.rows as u64);
+        state.observe_pass(pass.rows as u64, secs);
+        metrics::histogram!(m::FORWARD_SECONDS).record(secs);
+        metrics::histogram!(m::BATCH_TOKENS).record(pass.rows as f64);
+        let mut prog = lock(&run.progress);
+        if pass.index == 0 {
+            let mut cache = lock(&self.cache);
+            for job in jobs {
+                if let Some(l) = &job.lease {
+                    cache.mark_written(l);
+                }
+            }
+            for &j in &pass.prefix_jobs {
+                prog[j].computed_tokens += jobs[j].prefix_to_compute().len() as u64;
+            }
+        }
+        let mut in_pass = vec![false; prog.len()];
+        for (&(j, i), s) in pass.targets.iter().zip(scores) {
+            prog[j].scores[i] = Some(s);
+            prog[j].computed_tokens += jobs[j].own_tokens(i).len() as u64;
+            in_pass[j] = true;
+        }
+        for (j, p) in prog.iter_mut().enumerate() {
+            if in_pass[j] {
+                p.compute_s += secs;
+            }
+        }
+    }
+
+    /// Settle the batch: its pending prefix blocks committed when every pass ran and every
+    /// score is finite, else rolled back; the batch's leases released.
+    fn settle_batch(&self, run: &BatchRun<'_>, end: &BatchEnd) {
+        // A non-finite score may come from the prefix's KV: never keep it for later calls.
+        let nonfinite =
+            lock(&run.progress).iter().any(|p| p.scores.iter().any(|s| matches!(s, Some(v) if !v.is_finite())));
+        let mut cache = lock(&self.cache);
+        if !matches!(end, BatchEnd::Done) || nonfinite {
+            cache.rollback(run.epoch);
+        } else {
+            cache.commit(run.epoch);
+        }
+        for job in run.jobs {
+            if let Some(l) = &job.lease {
+                cache.release(l);
+            }
+        }
+    }
+
+    /// Reply: a failed batch answers every call with its error; otherwise calls that died after
+    /// the last check are answered as dead (partial where scored), and the others with their
+    /// scores and usage.
+    fn reply(&self, run: BatchRun<'_>, end: BatchEnd) {
+        let state = &self.state;
+        let jobs = run.jobs;
+        if let BatchEnd::Failed(err) = end {
+            state.batch_failures.add(1);
+            tracing::error!(epoch = run.epoch, "batch failed: {}", err.message);
+            for job in jobs {
+                job.tj.job.answer(state, Err(err.clone()));
+            }
+            return;
+        }
+        let mut prog = run.progress.into_inner().unwrap_or_else(|e| e.into_inner());
+        reap(state, jobs, &mut prog, Instant::now(), &[]);
+        for (job, p) in jobs.iter().zip(&prog) {
+            if p.alive {
+                job.tj.job.answer(state, output(state, job, p));
+            }
+        }
+    }
+}
+
+/// One batch on the runner: its calls, their progress, and where each call's prefix KV lives.
+struct BatchRun<'a> {
+    epoch: Epoch,
+    jobs: &'a [BatchJob],
+    /// Shared with the layer hook, which answers calls found dead mid-forward.
+    progress: Mutex<Vec<Progress>>,
+    prefix_slots: Vec<Vec<u32>>,
+    /// Every call's index: the owners of a first pass, and the calls checked between passes.
+    everyone: Vec<usize>,
+    /// Per call, the first item not yet given a pass.
+    next_item: Vec<usize>,
+}
+
+impl<'a> BatchRun<'a> {
+    fn new(batch: &'a PreparedBatch, block_size: usize) -> Self {
+        let jobs = &batch.jobs;
+        let progress = jobs
+            .iter()
+            .map(|j| Progress {
+                scores: vec![None; j.tj.call.prompts.len()],
+                computed_tokens: 0,
+                compute_s: 0.0,
+                started: None,
+                // Answered while it waited for the runner (its ticket at the deadline): skip.
+                alive: j.tj.job.slot.start_running(),
+            })
+            .collect();
+        let prefix_slots = jobs
+            .iter()
+            .map(|j| match &j.lease {
+                Some(l) => segment_slots(&l.blocks, block_size, j.prefix_len).collect(),
+                None => vec![],
+            })
+            .collect();
+        BatchRun {
+            epoch: batch.epoch,
+            jobs,
+            progress: Mutex::new(progress),
+            prefix_slots,
+            everyone: (0..jobs.len()).collect(),
+            next_item: vec![0; jobs.len()],
+        }
+    }
+}
+
+/// One planned pass: its rows and, per output row, the (call, item) it scores.
+struct Pass {
+    index: usize,
+    layout: BatchLayout,
+    out_rows: Vec<u32>,
+    targets: Vec<(usize, usize)>,
+    /// The calls the pass works for: it is abandoned once none of them lives.
+    owners: Vec<usize>,
+    /// Calls whose prefix segment this (first) pass computes.
+    prefix_jobs: Vec<usize>,
+    rows: usize,
+}
+
+enum Planned {
+    Pass(Box<Pass>),
+    /// Nothing to compute in this pass (its items' calls died): plan the next.
+    Empty,
+    /// Every item has had its pass.
+    Done,
+    /// No live call is left.
+    NobodyWaits,
+}
+
+enum Ran {
+    Scores {
+        scores: Vec<f32>,
+        secs: f64,
+    },
+    /// Stopped between layers: none of the pass's owners lives.
+    Abandoned,
+    Failed(ApiError),
+}
+
+/// How a batch ended: every pass ran, it stopped early (nobody wanted the rest), or it failed.
+enum BatchEnd {
+    Done,
+    Stopped,
+    Failed(ApiError),
 }

@@ -158,8 +158,8 @@ fn a_failed_batch_rolls_back_and_leaks_nothing() {
     assert_eq!(again.usage.cached_prefix_tokens, 0);
     let fresh = engine(cfg(true));
     assert_eq!(again.scores, score(&fresh, "green hat", items(6, 4)).unwrap().scores);
-    assert_eq!(e.state.queued_pairs.load(Ordering::Relaxed), 0);
-    assert_eq!(e.state.in_flight_requests.load(Ordering::Relaxed), 0);
+    assert_eq!(e.state.queued_pairs.get(), 0);
+    assert_eq!(e.state.in_flight_requests.get(), 0);
     e.cache.lock().unwrap().check_invariants().unwrap();
     e.shutdown();
     fresh.shutdown();
@@ -219,7 +219,7 @@ fn too_long_prompts_and_overload_are_refused_cleanly() {
     assert!(err.message.contains("items[1]") && err.message.contains("max_seq_tokens 128"), "{}", err.message);
     // A good call still works afterwards.
     assert_eq!(score(&e, "q", vec!["ok".into()]).unwrap().scores.len(), 1);
-    assert_eq!(e.state.queued_pairs.load(Ordering::Relaxed), 0);
+    assert_eq!(e.state.queued_pairs.get(), 0);
     e.shutdown();
 }
 
@@ -296,14 +296,14 @@ fn a_call_expiring_behind_a_long_batch_is_answered_at_its_deadline() {
     let err = answer.expect("answered while the batch still runs").unwrap_err();
     assert_eq!(err.status(), 504, "{}", err.message);
     // Its place in the queue is free at once; only the long call is still counted.
-    assert_eq!(e.state.queued_pairs.load(Ordering::Relaxed), 4);
-    assert_eq!(e.state.in_flight_requests.load(Ordering::Relaxed), 1);
-    assert_eq!(e.state.calls_expired_queued.load(Ordering::Relaxed), 1);
+    assert_eq!(e.state.queued_pairs.get(), 4);
+    assert_eq!(e.state.in_flight_requests.get(), 1);
+    assert_eq!(e.state.calls_expired_queued.get(), 1);
     gate.open();
     assert_eq!(long.blocking_recv().unwrap().unwrap().scores.len(), 4);
-    wait_for("the engine to empty", || e.state.in_flight_requests.load(Ordering::Relaxed) == 0);
-    assert_eq!(e.state.queued_tokens.load(Ordering::Relaxed), 0);
-    assert_eq!(e.state.pairs_processed.load(Ordering::Relaxed), 4, "the expired call was never computed");
+    wait_for("the engine to empty", || e.state.in_flight_requests.get() == 0);
+    assert_eq!(e.state.queued_tokens.get(), 0);
+    assert_eq!(e.state.pairs_processed.get(), 4, "the expired call was never computed");
     e.shutdown();
 }
 
@@ -413,7 +413,7 @@ fn a_non_finite_score_is_a_500_naming_the_items_and_nothing_is_cached() {
         .unwrap_err();
     assert_eq!(err.status(), 500);
     assert!(err.message.contains("items[1], items[3]") && !err.message.contains("items[0]"), "{}", err.message);
-    assert_eq!(e.state.nonfinite_scores.load(Ordering::Relaxed), 2);
+    assert_eq!(e.state.nonfinite_scores.get(), 2);
     let snap = e.prefix_snapshot();
     assert_eq!((snap.blocks_pending, snap.blocks_committed, snap.counters.rollbacks), (0, 0, 1));
     // Finite scores still come back as numbers.

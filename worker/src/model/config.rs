@@ -4,6 +4,7 @@
 use serde_json::Value;
 use sieve_kernels::{QkvLayout, RopeConfig, RopeLayout};
 
+use super::arch::{self, ArchSpec};
 use crate::{Result, WorkerError};
 
 /// Most experts a MoE layer may have (the largest released models have 512 or fewer). Also
@@ -58,40 +59,55 @@ impl KeyStyle<'_> {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Arch {
-    Llama,
-    Qwen2,
-    Qwen3,
-    Qwen3Moe,
-    Qwen2Moe,
+/// A model architecture: an entry of the registry in `model/arch/mod.rs` (its name, how its
+/// config is read, its default prompt template).
+#[derive(Clone, Copy)]
+pub struct Arch(&'static ArchSpec);
+
+/// The built-in architectures by name, for code and tests that name one. A new architecture
+/// needs none of these: its file and its registry line are enough.
+#[allow(non_upper_case_globals)]
+impl Arch {
+    pub const Llama: Arch = Arch(&arch::llama::SPEC);
+    pub const Qwen2: Arch = Arch(&arch::qwen2::SPEC);
+    pub const Qwen3: Arch = Arch(&arch::qwen3::SPEC);
+    pub const Qwen3Moe: Arch = Arch(&arch::qwen3_moe::SPEC);
+    pub const Qwen2Moe: Arch = Arch(&arch::qwen2_moe::SPEC);
 }
 
 impl Arch {
-    /// From an HF `model_type` or a GGUF `general.architecture`.
+    pub const fn of(spec: &'static ArchSpec) -> Arch {
+        Arch(spec)
+    }
+
+    /// From an HF `model_type` or a GGUF `general.architecture`, looked up in the registry.
     pub fn parse(name: &str) -> Result<Arch> {
-        Ok(match name {
-            "llama" | "mistral" => Arch::Llama,
-            "qwen2" => Arch::Qwen2,
-            "qwen3" => Arch::Qwen3,
-            "qwen3_moe" | "qwen3moe" => Arch::Qwen3Moe,
-            "qwen2_moe" | "qwen2moe" => Arch::Qwen2Moe,
-            other => {
-                return Err(WorkerError::Unsupported(format!(
-                    "architecture '{other}' (supported: llama, qwen2, qwen3, qwen3_moe, qwen2_moe)"
-                )))
-            }
+        arch::REGISTRY.iter().find(|s| s.name == name || s.aliases.contains(&name)).map(Arch).ok_or_else(|| {
+            let names: Vec<&str> = arch::REGISTRY.iter().map(|s| s.name).collect();
+            WorkerError::Unsupported(format!("architecture '{name}' (supported: {})", names.join(", ")))
         })
     }
 
     pub fn name(self) -> &'static str {
-        match self {
-            Arch::Llama => "llama",
-            Arch::Qwen2 => "qwen2",
-            Arch::Qwen3 => "qwen3",
-            Arch::Qwen3Moe => "qwen3_moe",
-            Arch::Qwen2Moe => "qwen2_moe",
-        }
+        self.0.name
+    }
+
+    pub fn spec(self) -> &'static ArchSpec {
+        self.0
+    }
+}
+
+impl PartialEq for Arch {
+    fn eq(&self, other: &Arch) -> bool {
+        self.0.name == other.0.name
+    }
+}
+
+impl Eq for Arch {}
+
+impl std::fmt::Debug for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0.name)
     }
 }
 
@@ -238,41 +254,43 @@ impl ModelConfig {
     }
 }
 
-/// Typed reads of an HF `config.json`, with errors that name the key.
+/// Typed reads of an HF `config.json`, with errors that name the key: the one reader of that
+/// file's values (the checkpoint, the architecture files and the loader all read through it).
 pub struct HfConfig<'a>(pub &'a Value);
 
-impl HfConfig<'_> {
+impl<'a> HfConfig<'a> {
+    /// `model_type` (e.g. "qwen3", "qwen3_moe", "llama"): which architecture file reads the rest.
+    pub fn model_type(&self) -> Result<&'a str> {
+        self.0
+            .get("model_type")
+            .and_then(Value::as_str)
+            .ok_or_else(|| WorkerError::ModelFile("config.json: missing 'model_type'".into()))
+    }
+
     pub fn usize(&self, key: &str) -> Result<usize> {
         self.opt_usize(key)?.ok_or_else(|| WorkerError::ModelFile(format!("config.json: missing '{key}'")))
     }
 
     pub fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
-        match self.0.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .map(|x| Some(x as usize))
-                .ok_or_else(|| WorkerError::ModelFile(format!("config.json: '{key}' is not a non-negative integer"))),
-        }
+        self.opt(key, "a non-negative integer", |v| v.as_u64().map(|x| x as usize))
     }
 
     pub fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
-        match self.0.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .map(Some)
-                .ok_or_else(|| WorkerError::ModelFile(format!("config.json: '{key}' is not a number"))),
-        }
+        self.opt(key, "a number", Value::as_f64)
     }
 
     pub fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
+        self.opt(key, "a boolean", Value::as_bool)
+    }
+
+    /// `None` when absent or null; an error naming the key and what it should be when `read`
+    /// finds another type.
+    fn opt<T>(&self, key: &str, what: &str, read: impl Fn(&Value) -> Option<T>) -> Result<Option<T>> {
         match self.0.get(key) {
             None | Some(Value::Null) => Ok(None),
-            Some(v) => v
-                .as_bool()
-                .map(Some)
-                .ok_or_else(|| WorkerError::ModelFile(format!("config.json: '{key}' is not a boolean"))),
+            Some(v) => {
+                read(v).map(Some).ok_or_else(|| WorkerError::ModelFile(format!("config.json: '{key}' is not {what}")))
+            }
         }
     }
 

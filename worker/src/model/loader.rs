@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
 use sieve_kernels::Backend;
 
 use super::config::{Arch, ModelConfig};
@@ -12,24 +13,15 @@ use crate::prompt::{PromptBuilder, PromptTemplate};
 use crate::tokenizer::Tokenizer;
 use crate::{Result, WorkerError};
 
-/// How the score head is chosen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How the score head is chosen (`model.head`: `auto`, `yes_no` or `classifier`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum HeadChoice {
     /// A classifier when the checkpoint has `score.weight`, else yes/no.
+    #[default]
     Auto,
     YesNo,
     Classifier,
-}
-
-impl HeadChoice {
-    pub fn parse(s: &str) -> Result<Self> {
-        match s {
-            "auto" => Ok(HeadChoice::Auto),
-            "yes_no" => Ok(HeadChoice::YesNo),
-            "classifier" => Ok(HeadChoice::Classifier),
-            other => Err(WorkerError::Config(format!("model.head '{other}' (auto | yes_no | classifier)"))),
-        }
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -58,10 +50,7 @@ pub struct LoadedModel<B: Backend> {
 /// The template a model gets unless configured: Qwen3 models are trained with the empty think
 /// block of the Qwen3-Reranker template; other ChatML models get it without.
 pub fn default_template(arch: Arch) -> PromptTemplate {
-    match arch {
-        Arch::Qwen3 | Arch::Qwen3Moe => PromptTemplate::default(),
-        _ => PromptTemplate::chatml(),
-    }
+    (arch.spec().default_template)()
 }
 
 /// The id of a token that must encode to exactly one id.

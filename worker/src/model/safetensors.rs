@@ -16,6 +16,7 @@ use half::{bf16, f16};
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 
+use super::config::HfConfig;
 use super::source::{missing_tensor, HostWeight, WeightSource};
 use crate::error::{Result, WorkerError};
 
@@ -170,7 +171,7 @@ impl HfCheckpoint {
 
     /// `model_type` from config.json (e.g. "qwen3", "qwen3_moe", "llama").
     pub fn model_type(&self) -> Result<&str> {
-        self.config_str("model_type")?.ok_or_else(|| self.config_err("model_type", "missing"))
+        HfConfig(&self.config).model_type()
     }
 
     /// `architectures` from config.json (e.g. ["Qwen3ForCausalLM"]); empty when absent.
@@ -180,50 +181,6 @@ impl HfCheckpoint {
             .and_then(|v| v.as_array())
             .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect())
             .unwrap_or_default()
-    }
-
-    /// A non-negative integer config value; `None` when absent or null.
-    pub fn config_usize(&self, key: &str) -> Result<Option<usize>> {
-        match self.config.get(key) {
-            None | Some(serde_json::Value::Null) => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .and_then(|x| usize::try_from(x).ok())
-                .map(Some)
-                .ok_or_else(|| self.config_err(key, "expected a non-negative integer")),
-        }
-    }
-
-    /// A numeric config value; `None` when absent or null.
-    pub fn config_f64(&self, key: &str) -> Result<Option<f64>> {
-        match self.config.get(key) {
-            None | Some(serde_json::Value::Null) => Ok(None),
-            Some(v) => v.as_f64().map(Some).ok_or_else(|| self.config_err(key, "expected a number")),
-        }
-    }
-
-    pub fn config_bool(&self, key: &str) -> Result<Option<bool>> {
-        match self.config.get(key) {
-            None | Some(serde_json::Value::Null) => Ok(None),
-            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.config_err(key, "expected a bool")),
-        }
-    }
-
-    pub fn config_str(&self, key: &str) -> Result<Option<&str>> {
-        match self.config.get(key) {
-            None | Some(serde_json::Value::Null) => Ok(None),
-            Some(v) => v.as_str().map(Some).ok_or_else(|| self.config_err(key, "expected a string")),
-        }
-    }
-
-    /// A required integer (error naming the key when missing).
-    pub fn require_usize(&self, key: &str) -> Result<usize> {
-        self.config_usize(key)?.ok_or_else(|| self.config_err(key, "missing"))
-    }
-
-    /// A required number (error naming the key when missing).
-    pub fn require_f64(&self, key: &str) -> Result<f64> {
-        self.config_f64(key)?.ok_or_else(|| self.config_err(key, "missing"))
     }
 
     /// tokenizer.json in the checkpoint directory, when present.
@@ -239,10 +196,6 @@ impl HfCheckpoint {
     /// The stored dtype and shape of a tensor, without converting it.
     pub fn tensor_meta(&self, name: &str) -> Option<(Dtype, &[usize])> {
         self.tensors.get(name).map(|e| (e.tensor.dtype, e.tensor.shape.as_slice()))
-    }
-
-    fn config_err(&self, key: &str, why: &str) -> WorkerError {
-        WorkerError::ModelFile(format!("{}: {key}: {why}", self.dir.join(CONFIG_FILE).display()))
     }
 }
 
@@ -374,12 +327,13 @@ mod tests {
         );
         let ck = HfCheckpoint::open(dir.path()).unwrap();
         assert_eq!(ck.model_type().unwrap(), "qwen3");
-        assert_eq!(ck.require_usize("hidden_size").unwrap(), 8);
-        assert_eq!(ck.config_f64("rms_norm_eps").unwrap(), Some(1e-6));
-        assert_eq!(ck.config_bool("tie_word_embeddings").unwrap(), Some(true));
-        assert_eq!(ck.config_f64("rope_scaling").unwrap(), None);
-        assert!(ck.config_usize("model_type").is_err());
-        assert!(ck.require_usize("num_hidden_layers").unwrap_err().to_string().contains("num_hidden_layers"));
+        let c = HfConfig(ck.config());
+        assert_eq!(c.usize("hidden_size").unwrap(), 8);
+        assert_eq!(c.opt_f64("rms_norm_eps").unwrap(), Some(1e-6));
+        assert_eq!(c.opt_bool("tie_word_embeddings").unwrap(), Some(true));
+        assert_eq!(c.opt_f64("rope_scaling").unwrap(), None);
+        assert!(c.opt_usize("model_type").is_err());
+        assert!(c.usize("num_hidden_layers").unwrap_err().to_string().contains("num_hidden_layers"));
         assert_eq!(ck.names(), vec!["a", "b", "c", "ids"]);
         assert_eq!(ck.get("a").unwrap(), HostWeight { data: vec![1.0, 2.0, 3.0, 4.0], shape: vec![2, 2] });
         assert_eq!(ck.get("b").unwrap().data, vec![1.5, -2.0]);

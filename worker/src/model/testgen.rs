@@ -675,10 +675,11 @@ mod tests {
         let ck = HfCheckpoint::open(a.path()).unwrap();
         assert_eq!(ck.model_type().unwrap(), "qwen2_moe");
         assert_eq!(ck.architectures(), vec!["Qwen2MoeForCausalLM".to_string()]);
-        assert_eq!(ck.require_usize("num_experts").unwrap(), 32);
-        assert_eq!(ck.require_usize("num_experts_per_tok").unwrap(), 4);
-        assert_eq!(ck.require_usize("shared_expert_intermediate_size").unwrap(), 256);
-        assert_eq!(ck.config_bool("norm_topk_prob").unwrap(), Some(false));
+        let c = crate::model::config::HfConfig(ck.config());
+        assert_eq!(c.usize("num_experts").unwrap(), 32);
+        assert_eq!(c.usize("num_experts_per_tok").unwrap(), 4);
+        assert_eq!(c.usize("shared_expert_intermediate_size").unwrap(), 256);
+        assert_eq!(c.opt_bool("norm_topk_prob").unwrap(), Some(false));
         assert_eq!(ck.names().len(), info.n_tensors);
         // Per-expert HF names, router, shared expert and its gate.
         let e = ck.get("model.layers.3.mlp.experts.31.down_proj.weight").unwrap();

@@ -77,35 +77,24 @@ pub(crate) fn random_source(c: &ModelConfig, seed: u64) -> MemorySource {
                 let (e, im) = (m.num_experts, m.expert_intermediate);
                 s.insert(format!("{p}.mlp.gate.weight"), r.vec(e * h, 2.0 * sc), vec![e, h]);
                 for x in 0..e {
-                    s.insert(format!("{p}.mlp.experts.{x}.gate_proj.weight"), r.vec(im * h, sc), vec![im, h]);
-                    s.insert(format!("{p}.mlp.experts.{x}.up_proj.weight"), r.vec(im * h, sc), vec![im, h]);
-                    s.insert(
-                        format!("{p}.mlp.experts.{x}.down_proj.weight"),
-                        r.vec(h * im, 1.0 / (im as f32).sqrt()),
-                        vec![h, im],
-                    );
+                    swiglu(&mut s, &mut r, &format!("{p}.mlp.experts.{x}"), h, im, sc);
                 }
                 if m.shared_expert_intermediate > 0 {
-                    let si = m.shared_expert_intermediate;
-                    s.insert(format!("{p}.mlp.shared_expert.gate_proj.weight"), r.vec(si * h, sc), vec![si, h]);
-                    s.insert(format!("{p}.mlp.shared_expert.up_proj.weight"), r.vec(si * h, sc), vec![si, h]);
-                    s.insert(
-                        format!("{p}.mlp.shared_expert.down_proj.weight"),
-                        r.vec(h * si, 1.0 / (si as f32).sqrt()),
-                        vec![h, si],
-                    );
+                    swiglu(&mut s, &mut r, &format!("{p}.mlp.shared_expert"), h, m.shared_expert_intermediate, sc);
                     s.insert(format!("{p}.mlp.shared_expert_gate.weight"), r.vec(h, sc), vec![1, h]);
                 }
             }
-            _ => {
-                let im = c.intermediate;
-                s.insert(format!("{p}.mlp.gate_proj.weight"), r.vec(im * h, sc), vec![im, h]);
-                s.insert(format!("{p}.mlp.up_proj.weight"), r.vec(im * h, sc), vec![im, h]);
-                s.insert(format!("{p}.mlp.down_proj.weight"), r.vec(h * im, 1.0 / (im as f32).sqrt()), vec![h, im]);
-            }
+            _ => swiglu(&mut s, &mut r, &format!("{p}.mlp"), h, c.intermediate, sc),
         }
     }
     s
+}
+
+/// A SwiGLU MLP's three projections under `p` (width `im`), drawn in the order gate, up, down.
+fn swiglu(s: &mut MemorySource, r: &mut Rng, p: &str, h: usize, im: usize, sc: f32) {
+    s.insert(format!("{p}.gate_proj.weight"), r.vec(im * h, sc), vec![im, h]);
+    s.insert(format!("{p}.up_proj.weight"), r.vec(im * h, sc), vec![im, h]);
+    s.insert(format!("{p}.down_proj.weight"), r.vec(h * im, 1.0 / (im as f32).sqrt()), vec![h, im]);
 }
 
 /// A tiny MoE config: 3 layers, the middle one dense (`mlp_only_layers`), 12 experts.

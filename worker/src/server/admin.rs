@@ -16,7 +16,6 @@ use sieve_shared::{ApiError, ErrorKind, WorkerStats};
 use sieve_shared::http::{self, HttpResponse};
 
 use super::AppState;
-use crate::engine::EngineState;
 
 pub async fn handle(app: Arc<AppState>, req: Request<Incoming>) -> HttpResponse {
     let path = req.uri().path();
@@ -68,18 +67,17 @@ fn ready(app: &AppState) -> HttpResponse {
 
 pub fn stats(app: &AppState) -> WorkerStats {
     let st = &app.state;
-    let g = EngineState::get;
     let mut s = WorkerStats {
         model: app.model_name.get().cloned().unwrap_or_default(),
         device: app.device.clone(),
         ready: st.is_ready() && app.engine.get().is_some(),
         draining: st.draining.load(Ordering::Acquire),
-        in_flight_requests: g(&st.in_flight_requests),
-        queued_pairs: g(&st.queued_pairs),
-        queued_tokens: g(&st.queued_tokens),
-        tokens_processed: g(&st.tokens_computed),
-        pairs_processed: g(&st.pairs_processed),
-        requests_processed: g(&st.requests_processed),
+        in_flight_requests: st.in_flight_requests.get(),
+        queued_pairs: st.queued_pairs.get(),
+        queued_tokens: st.queued_tokens.get(),
+        tokens_processed: st.tokens_computed.get(),
+        pairs_processed: st.pairs_processed.get(),
+        requests_processed: st.requests_processed.get(),
         tokens_per_second: st.tokens_per_second(),
         ..Default::default()
     };
@@ -126,26 +124,24 @@ fn prometheus(app: &AppState) -> HttpResponse {
     metrics::gauge!(m::QUEUED_PAIRS).set(s.queued_pairs as f64);
     metrics::gauge!(m::KV_BLOCKS_USED).set(s.kv_blocks_used as f64);
     metrics::gauge!(m::KV_BLOCKS_FREE).set(s.kv_blocks_free as f64);
-    metrics::gauge!("sieve_worker_ready").set(if s.ready { 1.0 } else { 0.0 });
+    metrics::gauge!(m::READY).set(if s.ready { 1.0 } else { 0.0 });
     if let Some(engine) = app.engine.get() {
         let p = engine.prefix_snapshot();
-        metrics::gauge!("sieve_worker_prefix_blocks_pending").set(p.blocks_pending as f64);
-        metrics::gauge!("sieve_worker_prefix_blocks_committed").set(p.blocks_committed as f64);
-        metrics::gauge!("sieve_worker_prefix_blocks_free").set(p.blocks_free as f64);
-        metrics::counter!("sieve_worker_prefix_lookups_total").absolute(p.counters.lookups);
-        metrics::counter!("sieve_worker_prefix_hits_total").absolute(p.counters.hits);
-        metrics::counter!("sieve_worker_prefix_rollbacks_total").absolute(p.counters.rollbacks);
-        metrics::counter!("sieve_worker_prefix_evicted_blocks_total").absolute(p.counters.evicted_blocks);
+        metrics::gauge!(m::PREFIX_BLOCKS_PENDING).set(p.blocks_pending as f64);
+        metrics::gauge!(m::PREFIX_BLOCKS_COMMITTED).set(p.blocks_committed as f64);
+        metrics::gauge!(m::PREFIX_BLOCKS_FREE).set(p.blocks_free as f64);
+        metrics::counter!(m::PREFIX_LOOKUPS).absolute(p.counters.lookups);
+        metrics::counter!(m::PREFIX_HITS).absolute(p.counters.hits);
+        metrics::counter!(m::PREFIX_ROLLBACKS).absolute(p.counters.rollbacks);
+        metrics::counter!(m::PREFIX_EVICTED_BLOCKS).absolute(p.counters.evicted_blocks);
     }
     let pl = app.state.pipeline();
-    metrics::counter!("sieve_worker_prefix_tokens_computed_total").absolute(pl.prefix_tokens_computed);
-    metrics::counter!("sieve_worker_prefix_tokens_reused_total", "scope" => "in_batch")
-        .absolute(pl.prefix_tokens_reused_in_batch);
-    metrics::counter!("sieve_worker_prefix_tokens_reused_total", "scope" => "cross_batch")
-        .absolute(pl.prefix_tokens_reused_cross_batch);
-    metrics::gauge!("sieve_worker_runner_busy_seconds_total").set(pl.runner_busy_seconds);
-    metrics::gauge!("sieve_worker_runner_idle_with_work_seconds_total").set(pl.runner_idle_with_work_seconds);
-    metrics::counter!("sieve_worker_batch_failures_total").absolute(pl.batch_failures);
+    metrics::counter!(m::PREFIX_TOKENS_COMPUTED).absolute(pl.prefix_tokens_computed);
+    metrics::counter!(m::PREFIX_TOKENS_REUSED, "scope" => "in_batch").absolute(pl.prefix_tokens_reused_in_batch);
+    metrics::counter!(m::PREFIX_TOKENS_REUSED, "scope" => "cross_batch").absolute(pl.prefix_tokens_reused_cross_batch);
+    metrics::gauge!(m::RUNNER_BUSY_SECONDS).set(pl.runner_busy_seconds);
+    metrics::gauge!(m::RUNNER_IDLE_WITH_WORK_SECONDS).set(pl.runner_idle_with_work_seconds);
+    metrics::counter!(m::BATCH_FAILURES).absolute(pl.batch_failures);
     let mut r = Response::new(Full::new(Bytes::from(handle.render())));
     r.headers_mut()
         .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"));

@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod api;
+pub mod start;
 #[cfg(test)]
 mod tests;
 

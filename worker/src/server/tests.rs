@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use sieve_kernels::reference::ReferenceBackend;
-use sieve_shared::http::{bind, serve, HttpConfig};
+use sieve_shared::http::HttpConfig;
 use sieve_shared::Limits;
 
 use super::*;
+use crate::config::ServerConfig;
 use crate::engine::{EngineConfig, EngineHandle, EngineParts, FaultHook};
 use crate::model::tests::{random_source, tiny_config};
 use crate::model::{Arch, HeadSpec, Model};
@@ -23,6 +24,8 @@ struct Server {
     api: SocketAddr,
     admin: SocketAddr,
     app: Arc<AppState>,
+    /// Keeps both ports serving.
+    _running: start::RunningWorker,
     _rt: tokio::runtime::Runtime,
 }
 
@@ -49,16 +52,9 @@ fn server_of(engine: bool, c: crate::model::ModelConfig, cfg: EngineConfig) -> S
         let _ = app.engine.set(e);
         let _ = app.model_name.set("tiny".into());
     }
-    let (api, admin) = rt.block_on(async {
-        let (l1, a1) = bind("127.0.0.1", 0).await.unwrap();
-        let (l2, a2) = bind("127.0.0.1", 0).await.unwrap();
-        let a = app.clone();
-        tokio::spawn(serve(l1, HttpConfig::default(), move |r| api::handle(a.clone(), r), std::future::pending()));
-        let a = app.clone();
-        tokio::spawn(serve(l2, HttpConfig::default(), move |r| admin::handle(a.clone(), r), std::future::pending()));
-        (a1, a2)
-    });
-    Server { api, admin, app, _rt: rt }
+    let server = ServerConfig { port: 0, admin_port: 0, ..ServerConfig::default() };
+    let running = rt.block_on(start::serve(app.clone(), &server, &HttpConfig::default())).unwrap();
+    Server { api: running.api_addr, admin: running.admin_addr, app, _running: running, _rt: rt }
 }
 
 fn engine_cfg() -> EngineConfig {
@@ -151,7 +147,7 @@ fn bad_input_gets_the_right_code_and_never_disturbs_a_good_call() {
     let (code, during) = concurrent.join().unwrap();
     assert_eq!(code, 200);
     assert_eq!(during["scores"], alone["scores"], "the good call is unaffected");
-    assert_eq!(s.app.state.in_flight_requests.load(Ordering::Relaxed), 0);
+    assert_eq!(s.app.state.in_flight_requests.get(), 0);
 }
 
 #[test]
@@ -216,7 +212,7 @@ fn deadline_is_504_and_a_gone_client_cancels_its_work() {
     // Queue a call behind a slow one, then hang up: its work is dropped, never computed.
     let first = std::thread::spawn(move || post(api, "/v1/score", &json!({"query": "q", "items": ["a", "b"]})));
     std::thread::sleep(Duration::from_millis(50));
-    let before = s.app.state.pairs_processed.load(Ordering::SeqCst);
+    let before = s.app.state.pairs_processed.get();
     {
         let mut c = TcpStream::connect(s.api).unwrap();
         let body = json!({"query": "zzz", "items": vec!["x"; 5]}).to_string();
@@ -226,10 +222,10 @@ fn deadline_is_504_and_a_gone_client_cancels_its_work() {
     assert_eq!(first.join().unwrap().0, 200);
     gate.store(false, Ordering::SeqCst);
     let t0 = std::time::Instant::now();
-    while s.app.state.in_flight_requests.load(Ordering::SeqCst) > 0 && t0.elapsed() < Duration::from_secs(10) {
+    while s.app.state.in_flight_requests.get() > 0 && t0.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(10));
     }
-    let after = s.app.state.pairs_processed.load(Ordering::SeqCst);
+    let after = s.app.state.pairs_processed.get();
     assert_eq!(after - before, 2, "only the first call's pairs were scored");
 }
 
@@ -279,13 +275,9 @@ fn stats_show_the_moe_section_of_a_moe_model() {
     let e =
         EngineHandle::start(EngineParts { backend, model, encoder, builder }, engine_cfg(), app.state.clone()).unwrap();
     let _ = app.engine.set(e);
-    let admin = rt.block_on(async {
-        let (l, a) = bind("127.0.0.1", 0).await.unwrap();
-        let st = app.clone();
-        tokio::spawn(serve(l, HttpConfig::default(), move |r| admin::handle(st.clone(), r), std::future::pending()));
-        a
-    });
-    let s = Server { api: admin, admin, app, _rt: rt };
+    let server = ServerConfig { port: 0, admin_port: 0, ..ServerConfig::default() };
+    let running = rt.block_on(start::serve(app.clone(), &server, &HttpConfig::default())).unwrap();
+    let s = Server { api: running.api_addr, admin: running.admin_addr, app, _running: running, _rt: rt };
     let (_, before) = http(s.admin, "GET", "/stats", b"", "");
     assert_eq!(before["moe"]["policy"], "padding_ratio");
     assert_eq!(before["moe"]["passes"], 0);
@@ -345,7 +337,7 @@ fn a_client_that_hangs_up_mid_pass_stops_the_pass_at_the_next_layer() {
     } // hang up during layer 1 (of 8)
     let st = &s.app.state;
     let t0 = std::time::Instant::now();
-    while st.in_flight_requests.load(Ordering::SeqCst) > 0 || st.pass_running.load(Ordering::SeqCst) {
+    while st.in_flight_requests.get() > 0 || st.pass_running.load(Ordering::SeqCst) {
         assert!(t0.elapsed() < Duration::from_secs(10), "the work went on");
         std::thread::sleep(Duration::from_millis(5));
     }

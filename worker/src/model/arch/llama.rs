@@ -3,12 +3,22 @@
 use serde_json::Value;
 use sieve_kernels::RopeLayout;
 
+use super::ArchSpec;
 use crate::model::config::{base_from_gguf, base_from_hf, Arch, HfConfig, ModelConfig};
 use crate::model::{GgufFile, WeightSource};
+use crate::prompt::PromptTemplate;
 use crate::Result;
 
+pub const SPEC: ArchSpec = ArchSpec {
+    name: "llama",
+    aliases: &["mistral"],
+    from_hf: config_from_hf,
+    from_gguf: Some(config_from_gguf),
+    default_template: PromptTemplate::chatml,
+};
+
 pub fn config_from_hf(v: &Value) -> Result<ModelConfig> {
-    let mut c = base_from_hf(v, Arch::Llama)?;
+    let mut c = base_from_hf(v, Arch::of(&SPEC))?;
     // Llama's `attention_bias` puts a bias on all four projections.
     let bias = HfConfig(v).opt_bool("attention_bias")?.unwrap_or(false);
     c.qkv_bias = bias;
@@ -17,7 +27,7 @@ pub fn config_from_hf(v: &Value) -> Result<ModelConfig> {
 }
 
 pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig> {
-    let mut c = base_from_gguf(g, Arch::Llama)?;
+    let mut c = base_from_gguf(g, Arch::of(&SPEC))?;
     // llama.cpp permutes llama's Q/K rows at conversion so that RoPE rotates adjacent pairs.
     c.rope.layout = RopeLayout::Interleaved;
     c.qkv_bias = g.has("model.layers.0.self_attn.q_proj.bias");

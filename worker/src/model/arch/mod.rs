@@ -1,4 +1,6 @@
-//! One file per architecture: how its config is read and what sets it apart.
+//! One file per architecture: how its config is read and what sets it apart. A new one is a
+//! file here defining its `SPEC` plus one entry in [`REGISTRY`]; the weights load by HF tensor
+//! names (`model/layers.rs`), so nothing else changes unless its graph does.
 
 pub mod llama;
 pub mod qwen2;
@@ -9,37 +11,46 @@ pub mod qwen3_moe;
 use serde_json::Value;
 
 use crate::model::config::{Arch, HfConfig, KeyStyle, ModelConfig, MoeConfig};
+use crate::model::GgufFile;
+use crate::prompt::PromptTemplate;
 use crate::{Result, WorkerError};
+
+/// What the loader needs to know of an architecture. Each file here defines one as `SPEC`.
+pub struct ArchSpec {
+    /// The HF `model_type` (and the name in errors, logs and `/stats`).
+    pub name: &'static str,
+    /// Other names it is known by: HF `model_type`s read the same way, GGUF
+    /// `general.architecture` spellings.
+    pub aliases: &'static [&'static str],
+    /// Reads an HF `config.json`.
+    pub from_hf: fn(&Value) -> Result<ModelConfig>,
+    /// Reads a GGUF file's metadata; `None`: not loadable from GGUF.
+    pub from_gguf: Option<fn(&GgufFile) -> Result<ModelConfig>>,
+    /// The prompt template when the config sets none.
+    pub default_template: fn() -> PromptTemplate,
+}
+
+/// Every supported architecture, one line each; the order is the one errors list them in.
+pub const REGISTRY: &[ArchSpec] = &[llama::SPEC, qwen2::SPEC, qwen3::SPEC, qwen3_moe::SPEC, qwen2_moe::SPEC];
 
 /// Reads an HF `config.json` with the parser of its `model_type`.
 pub fn config_from_hf(v: &Value) -> Result<ModelConfig> {
-    let model_type = v
-        .get("model_type")
-        .and_then(Value::as_str)
-        .ok_or_else(|| WorkerError::ModelFile("config.json: missing 'model_type'".into()))?;
-    let c = match Arch::parse(model_type)? {
-        Arch::Llama => llama::config_from_hf(v),
-        Arch::Qwen2 => qwen2::config_from_hf(v),
-        Arch::Qwen3 => qwen3::config_from_hf(v),
-        Arch::Qwen3Moe => qwen3_moe::config_from_hf(v),
-        Arch::Qwen2Moe => qwen2_moe::config_from_hf(v),
-    }?;
+    let arch = Arch::parse(HfConfig(v).model_type()?)?;
+    let c = (arch.spec().from_hf)(v)?;
     // Checked here, at load, with errors naming the config.json key.
     c.validate_as("config.json", KeyStyle::Hf)?;
     Ok(c)
 }
 
 /// Reads a GGUF file's metadata with the parser of its `general.architecture`.
-pub fn config_from_gguf(g: &crate::model::GgufFile) -> Result<ModelConfig> {
-    let arch = g.architecture()?;
-    let c = match Arch::parse(arch)? {
-        Arch::Llama => llama::config_from_gguf(g),
-        Arch::Qwen2 => qwen2::config_from_gguf(g),
-        Arch::Qwen3 => qwen3::config_from_gguf(g),
-        a => Err(WorkerError::Unsupported(format!("{} from GGUF", a.name()))),
-    }?;
+pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig> {
+    let name = g.architecture()?;
+    let arch = Arch::parse(name)?;
+    let from_gguf =
+        arch.spec().from_gguf.ok_or_else(|| WorkerError::Unsupported(format!("{} from GGUF", arch.name())))?;
+    let c = from_gguf(g)?;
     // Checked here, at load, with errors naming the file and the metadata key.
-    c.validate_as(&g.path().display().to_string(), KeyStyle::Gguf(arch))?;
+    c.validate_as(&g.path().display().to_string(), KeyStyle::Gguf(name))?;
     Ok(c)
 }
 

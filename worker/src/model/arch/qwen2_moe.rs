@@ -4,11 +4,21 @@
 
 use serde_json::Value;
 
+use super::ArchSpec;
 use crate::model::config::{base_from_hf, Arch, HfConfig, ModelConfig};
+use crate::prompt::PromptTemplate;
 use crate::{Result, WorkerError};
 
+pub const SPEC: ArchSpec = ArchSpec {
+    name: "qwen2_moe",
+    aliases: &["qwen2moe"],
+    from_hf: config_from_hf,
+    from_gguf: None,
+    default_template: PromptTemplate::chatml,
+};
+
 pub fn config_from_hf(v: &Value) -> Result<ModelConfig> {
-    let mut c = base_from_hf(v, Arch::Qwen2Moe)?;
+    let mut c = base_from_hf(v, Arch::of(&SPEC))?;
     c.qkv_bias = HfConfig(v).opt_bool("qkv_bias")?.unwrap_or(true);
     let moe = super::moe_config_from_hf(v, true)?;
     if moe.shared_expert_intermediate == 0 {

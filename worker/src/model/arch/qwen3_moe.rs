@@ -4,15 +4,22 @@
 
 use serde_json::Value;
 
-use crate::model::config::{base_from_hf, Arch, HfConfig, ModelConfig};
+use super::ArchSpec;
+use crate::model::config::{Arch, ModelConfig};
+use crate::prompt::PromptTemplate;
 use crate::Result;
 
+pub const SPEC: ArchSpec = ArchSpec {
+    name: "qwen3_moe",
+    aliases: &["qwen3moe"],
+    from_hf: config_from_hf,
+    from_gguf: None,
+    // Trained with the empty think block of the Qwen3-Reranker template.
+    default_template: PromptTemplate::default,
+};
+
 pub fn config_from_hf(v: &Value) -> Result<ModelConfig> {
-    let mut c = base_from_hf(v, Arch::Qwen3Moe)?;
-    let bias = HfConfig(v).opt_bool("attention_bias")?.unwrap_or(false);
-    c.qkv_bias = bias;
-    c.o_bias = bias;
-    c.qk_norm = true;
+    let mut c = super::qwen3::attention_from_hf(v, Arch::of(&SPEC))?;
     c.moe = Some(super::moe_config_from_hf(v, false)?);
     Ok(c)
 }
