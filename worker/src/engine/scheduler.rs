@@ -1,6 +1,6 @@
-//! The scheduler stage: tokenizes queued calls, groups them into batches, matches and allocates
-//! their prefix blocks, and plans the forward passes — all while the runner executes the
-//! previous batch.
+//! The scheduler stage: tokenizes queued calls, groups them into batches, and matches and
+//! allocates their prefix blocks — all while the runner executes the previous batch (the runner
+//! plans each batch's passes just before running them, when it knows the time left).
 //!
 //! A batch is one epoch of the prefix cache. It holds either several small calls (one forward
 //! pass) or one call larger than a pass (several passes). Every prefix segment a batch computes
