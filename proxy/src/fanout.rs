@@ -8,6 +8,7 @@ use sieve_shared::proxy_config::SplitMode;
 use sieve_shared::{ApiError, ScoreRequest, ScoreResponse};
 use tokio::task::JoinSet;
 
+use crate::admission;
 use crate::dispatcher::{run_shard, RequestCtx, ShardJob};
 use crate::merger::{merge, MergeStats, ShardResult};
 use crate::metrics as m;
@@ -47,25 +48,34 @@ pub async fn score(
         time_factor: views[i].time_factor,
         max_batch_tokens: views[i].max_batch_tokens,
     };
-    // Plans index candidates; `workers[c]` is candidate c's worker.
-    let (plan, workers): (Plan, Vec<usize>) = match cfg.split.mode {
+    // Plans index candidates `cands`; `workers[c]` is candidate c's worker.
+    let (mut plan, workers, cands): (Plan, Vec<usize>, Vec<Candidate>) = match cfg.split.mode {
         SplitMode::Cost => {
             let rank = policy.rank(&views);
             let cands: Vec<Candidate> = rank.iter().map(|&i| candidate(i)).collect();
-            (splitter::split_by_cost(&plan_req, &cands, cfg.split.max_shards, cfg.split.tolerance), rank)
+            (splitter::split_by_cost(&plan_req, &cands, cfg.split.max_shards, cfg.split.tolerance), rank, cands)
         }
         SplitMode::Fixed => {
             let k = req.items.len().div_ceil(cfg.split.fixed_items);
             let assignment = policy.assign(&views, k);
             let cands: Vec<Candidate> = (0..views.len()).map(candidate).collect();
-            (splitter::split_fixed(&plan_req, &cands, cfg.split.fixed_items, &assignment), (0..views.len()).collect())
+            let plan = splitter::split_fixed(&plan_req, &cands, cfg.split.fixed_items, &assignment);
+            (plan, (0..views.len()).collect(), cands)
         }
         SplitMode::None => {
             let rank = policy.rank(&views);
             let cands: Vec<Candidate> = rank.iter().map(|&i| candidate(i)).collect();
-            (splitter::split_whole(&plan_req, &cands, 0), rank)
+            (splitter::split_whole(&plan_req, &cands, 0), rank, cands)
         }
     };
+    // Admission: refuse (or trim) a plan the deadline would cut, before anything is queued.
+    let left_ms = deadline.saturating_duration_since(now).as_secs_f64() * 1e3;
+    let best = || {
+        (cfg.split.mode == SplitMode::Cost && cfg.split.tolerance > 0.0)
+            .then(|| splitter::split_by_cost(&plan_req, &cands, cfg.split.max_shards, 0.0))
+    };
+    let policy_on_overload = req.on_overload.unwrap_or_default();
+    let dropped = admission::admit(&cfg.admission, policy_on_overload, left_ms, &mut plan, &plan_req, &cands, best)?;
 
     metrics::histogram!(m::REQUEST_ITEMS).record(req.items.len() as f64);
     metrics::histogram!(m::SHARDS_PER_REQUEST).record(plan.shards.len() as f64);
@@ -114,7 +124,7 @@ pub async fn score(
             Err(e) => return Err(ApiError::internal(format!("shard task failed: {e}"))),
         }
     }
-    let results = shard_items
+    let mut results: Vec<ShardResult> = shard_items
         .into_iter()
         .zip(outcomes)
         .map(|(items, outcome)| ShardResult {
@@ -122,6 +132,10 @@ pub async fn score(
             outcome: outcome.unwrap_or(crate::dispatcher::ShardOutcome::Missed),
         })
         .collect();
+    if !dropped.is_empty() {
+        // Left out by admission: never sent, answered as missing.
+        results.push(ShardResult { items: dropped, outcome: crate::dispatcher::ShardOutcome::Missed });
+    }
     let (resp, stats) = merge(n_items, ids, budget_ms, results, arrival)?;
     if stats.missing > 0 {
         metrics::counter!(m::PARTIAL_RESPONSES).increment(1);

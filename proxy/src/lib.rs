@@ -5,6 +5,7 @@
 //! Start one in-process with [`start`], or run `sieve-proxy`.
 
 pub mod admin;
+pub mod admission;
 pub mod balancer;
 pub mod breaker;
 pub mod budget;

@@ -14,6 +14,9 @@ pub struct Strategy {
     pub split: SplitMode,
     pub policy: PolicyKind,
     pub hedge: bool,
+    /// Admission control (a request no plan can finish in time is refused at once); the
+    /// baselines model proxies that have none.
+    pub admission: bool,
 }
 
 pub const STRATEGIES: [Strategy; 5] = [
@@ -23,6 +26,7 @@ pub const STRATEGIES: [Strategy; 5] = [
         split: SplitMode::None,
         policy: PolicyKind::Random,
         hedge: false,
+        admission: false,
     },
     Strategy {
         key: "fixed-random",
@@ -30,6 +34,7 @@ pub const STRATEGIES: [Strategy; 5] = [
         split: SplitMode::Fixed,
         policy: PolicyKind::Random,
         hedge: false,
+        admission: false,
     },
     Strategy {
         key: "fixed-least",
@@ -37,6 +42,7 @@ pub const STRATEGIES: [Strategy; 5] = [
         split: SplitMode::Fixed,
         policy: PolicyKind::LeastLoaded,
         hedge: false,
+        admission: false,
     },
     Strategy {
         key: "ours",
@@ -44,6 +50,7 @@ pub const STRATEGIES: [Strategy; 5] = [
         split: SplitMode::Cost,
         policy: PolicyKind::LeastLoaded,
         hedge: false,
+        admission: true,
     },
     Strategy {
         key: "ours-hedge",
@@ -51,6 +58,7 @@ pub const STRATEGIES: [Strategy; 5] = [
         split: SplitMode::Cost,
         policy: PolicyKind::LeastLoaded,
         hedge: true,
+        admission: true,
     },
 ];
 
@@ -98,6 +106,7 @@ impl Strategy {
         c.split.fixed_items = base.fixed_items.max(1);
         c.balance.policy = self.policy;
         c.hedge.enabled = self.hedge;
+        c.admission.enabled = self.admission;
         c.health.interval_ms = 250;
         c.cost = base.cost;
         c.workers = base.workers.clone();

@@ -393,6 +393,7 @@ mod tests {
             items: items.iter().map(|&s| Item::from(s)).collect(),
             instruction: None,
             deadline_ms,
+            on_overload: None,
         }
     }
 
