@@ -19,7 +19,7 @@ pub struct Strategy {
     pub admission: bool,
 }
 
-pub const STRATEGIES: [Strategy; 5] = [
+pub const STRATEGIES: [Strategy; 6] = [
     Strategy {
         key: "whole-random",
         name: "1 whole request, random worker",
@@ -60,9 +60,19 @@ pub const STRATEGIES: [Strategy; 5] = [
         hedge: true,
         admission: true,
     },
+    // What a rerank server behind nginx `least_conn`, or a KV-aware LLM router, does: no
+    // split, the whole request to the worker with the least predicted backlog.
+    Strategy {
+        key: "whole-least",
+        name: "6 whole request, least-loaded",
+        split: SplitMode::None,
+        policy: PolicyKind::LeastLoaded,
+        hedge: false,
+        admission: false,
+    },
 ];
 
-/// Parses `all` or a comma-separated list of keys or numbers (1-5).
+/// Parses `all` or a comma-separated list of keys or numbers (1-6).
 pub fn parse_strategies(s: &str) -> Result<Vec<Strategy>, String> {
     if s.trim() == "all" {
         return Ok(STRATEGIES.to_vec());
@@ -75,7 +85,7 @@ pub fn parse_strategies(s: &str) -> Result<Vec<Strategy>, String> {
                 .enumerate()
                 .find(|(i, st)| st.key == p || (i + 1).to_string() == p)
                 .map(|(_, st)| *st)
-                .ok_or_else(|| format!("unknown strategy '{p}' (expected all, 1-5 or one of {})", keys()))
+                .ok_or_else(|| format!("unknown strategy '{p}' (expected all, 1-6 or one of {})", keys()))
         })
         .collect()
 }
@@ -120,7 +130,13 @@ mod tests {
 
     #[test]
     fn strategies_parse_and_configure() {
-        assert_eq!(parse_strategies("all").unwrap().len(), 5);
+        assert_eq!(parse_strategies("all").unwrap().len(), 6);
+        let six = parse_strategies("6").unwrap()[0];
+        assert_eq!(
+            (six.key, six.split, six.policy, six.hedge),
+            ("whole-least", SplitMode::None, PolicyKind::LeastLoaded, false)
+        );
+        assert!(!six.admission && STRATEGIES[3].admission, "admission only in ours");
         let s = parse_strategies("1,ours-hedge").unwrap();
         assert_eq!(s[0].key, "whole-random");
         assert!(s[1].hedge);
