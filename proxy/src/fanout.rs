@@ -10,6 +10,7 @@ use tokio::task::JoinSet;
 
 use crate::admission;
 use crate::dispatcher::{run_shard, RequestCtx, ShardJob};
+use crate::load_price;
 use crate::merger::{merge, MergeStats, ShardResult};
 use crate::metrics as m;
 use crate::splitter::{self, Candidate, Plan};
@@ -53,7 +54,10 @@ pub async fn score(
         SplitMode::Cost => {
             let rank = policy.rank(&views);
             let cands: Vec<Candidate> = rank.iter().map(|&i| candidate(i)).collect();
-            (splitter::split_by_cost(&plan_req, &cands, cfg.split.max_shards, cfg.split.tolerance), rank, cands)
+            let price = if cfg.split.load_aware { load_price::price(&cands) } else { 0.0 };
+            let plan =
+                splitter::split_by_cost_priced(&plan_req, &cands, cfg.split.max_shards, cfg.split.tolerance, price);
+            (plan, rank, cands)
         }
         SplitMode::Fixed => {
             let k = req.items.len().div_ceil(cfg.split.fixed_items);
@@ -70,8 +74,9 @@ pub async fn score(
     };
     // Admission: refuse (or trim) a plan the deadline would cut, before anything is queued.
     let left_ms = deadline.saturating_duration_since(now).as_secs_f64() * 1e3;
+    // The fastest plan (no tolerance, no price of work), tried before refusing a late one.
     let best = || {
-        (cfg.split.mode == SplitMode::Cost && cfg.split.tolerance > 0.0)
+        (cfg.split.mode == SplitMode::Cost)
             .then(|| splitter::split_by_cost(&plan_req, &cands, cfg.split.max_shards, 0.0))
     };
     let policy_on_overload = req.on_overload.unwrap_or_default();

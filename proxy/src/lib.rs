@@ -20,6 +20,7 @@ pub mod fanout;
 pub mod health;
 pub mod http_api;
 pub mod latency_ratio;
+pub mod load_price;
 pub mod local_cluster;
 pub mod merger;
 pub mod metrics;

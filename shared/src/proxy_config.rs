@@ -179,6 +179,10 @@ pub struct SplitConfig {
     pub tolerance: f64,
     /// Shard token limit used for a worker that does not report `max_batch_tokens`; 0: none.
     pub default_max_batch_tokens: u64,
+    /// Cost mode: price each plan's total work by what it adds to everyone's queueing at the
+    /// cluster's utilisation, so the shard count falls toward one as the cluster fills (the
+    /// proxy's `load_price` module). False: minimise this request's makespan alone.
+    pub load_aware: bool,
 }
 
 impl Default for SplitConfig {
@@ -189,6 +193,7 @@ impl Default for SplitConfig {
             max_shards: 64,
             tolerance: 0.02,
             default_max_batch_tokens: 0,
+            load_aware: true,
         }
     }
 }
