@@ -225,6 +225,9 @@ struct CompareArgs {
     /// Items per shard of the fixed split (default: mean items per request / workers).
     #[arg(long)]
     fixed_items: Option<usize>,
+    /// Run ours with the load-aware split (`[split] load_aware = true`).
+    #[arg(long)]
+    load_aware: bool,
     #[command(flatten)]
     workload: WorkloadArgs,
     #[arg(long, default_value_t = 1)]
@@ -468,6 +471,7 @@ async fn compare_strategies(a: CompareArgs) -> anyhow::Result<()> {
         scenarios: compare::parse_scenarios(&a.scenarios).map_err(|e| anyhow::anyhow!("{e}"))?,
         fault_load: a.fault_load,
         fault_duration: secs(a.fault_duration, "fault-duration")?,
+        load_aware: a.load_aware,
         workload: {
             let mut w = a.workload.spec()?;
             if a.workload.deadline_ms.is_none() && !a.workload.no_deadline && a.workload.workload.is_none() {

@@ -105,6 +105,8 @@ pub struct CompareSpec {
     pub workload: WorkloadSpec,
     /// Items per shard of the fixed split (default: mean items per request / workers).
     pub fixed_items: Option<usize>,
+    /// Ours with the load-aware split (`[split] load_aware`).
+    pub load_aware: bool,
     pub seed: u64,
     pub out: PathBuf,
     pub proxy_bin: PathBuf,
@@ -374,6 +376,7 @@ pub async fn compare(spec: &CompareSpec) -> Result<CompareReport, String> {
         cost: CostModel::from_array(spec.sim.cost.as_array().map(|v| v / spec.sim.speed)),
         fixed_items,
         default_deadline_ms: spec.workload.deadline_ms.unwrap_or(500),
+        load_aware: spec.load_aware,
     };
     let cfg_dir = spec.out.join("proxy-configs");
     std::fs::create_dir_all(&cfg_dir).map_err(|e| format!("{}: {e}", cfg_dir.display()))?;

@@ -104,6 +104,8 @@ pub struct ProxyBase {
     pub fixed_items: usize,
     /// Budget of requests without a deadline.
     pub default_deadline_ms: u64,
+    /// The cost split priced by the cluster's load (`[split] load_aware`).
+    pub load_aware: bool,
 }
 
 impl Strategy {
@@ -117,6 +119,7 @@ impl Strategy {
         c.balance.policy = self.policy;
         c.hedge.enabled = self.hedge;
         c.admission.enabled = self.admission;
+        c.split.load_aware = base.load_aware;
         c.health.interval_ms = 250;
         c.cost = base.cost;
         c.workers = base.workers.clone();
@@ -146,12 +149,14 @@ mod tests {
             cost: CostModel::default(),
             fixed_items: 13,
             default_deadline_ms: 500,
+            load_aware: true,
         };
         let c = STRATEGIES[1].proxy_config(&base);
         assert_eq!(
             (c.split.mode, c.split.fixed_items, c.balance.policy, c.hedge.enabled),
             (SplitMode::Fixed, 13, PolicyKind::Random, false)
         );
+        assert!(c.split.load_aware, "the switch reaches the proxy config");
         // Every configuration is one the proxy accepts.
         for st in STRATEGIES {
             ProxyConfig::from_toml(&st.proxy_config(&base).to_toml()).unwrap();
