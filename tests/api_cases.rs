@@ -243,6 +243,13 @@ fn error_cases() -> Vec<Case> {
             422,
             "max_deadline_ms 600000",
         ),
+        case(
+            "on_overload not reject or partial",
+            "/v1/score",
+            j(json!({"query": "x", "items": ["a"], "on_overload": "drop"})),
+            422,
+            "unknown variant `drop`, expected `reject` or `partial`",
+        ),
         case("body over max_body_bytes", "/v1/score", vec![b' '; 5000], 413, "max_body_bytes 4096"),
         Case { method: "GET", ..case("GET on /v1/score", "/v1/score", Vec::new(), 405, "/v1/score needs POST") },
         Case { method: "PUT", ..case("PUT on /v1/rerank", "/v1/rerank", Vec::new(), 405, "/v1/rerank needs POST") },
@@ -281,7 +288,7 @@ fn close(a: f64, b: f64) -> bool {
 }
 
 /// The successful cases, checked against one server: scores in input order with ids, rerank
-/// sorted, truncated and with documents, the deadline header accepted.
+/// sorted, truncated and with documents, the deadline header accepted, `on_overload` accepted.
 async fn check_successes(name: &str, addr: SocketAddr) {
     let query = "red shoes";
     let fwd = json!({"query": query, "items": items()});
@@ -345,6 +352,14 @@ async fn check_successes(name: &str, addr: SocketAddr) {
     let both = json!({"query": query, "items": ["red leather shoes"], "deadline_ms": 60000}).to_string();
     let d = exchange(addr, "POST", "/v1/score", &[("x-sieve-deadline-ms", "0")], both.as_bytes()).await;
     assert_eq!(d.status, 200, "{name}: the body's deadline_ms wins: {}", d.raw_body);
+
+    // Either overload policy is accepted (a worker ignores it; the proxy uses it only when the
+    // deadline cannot be met, which a one-item request with a minute is not).
+    for policy in ["reject", "partial"] {
+        let body = json!({"query": query, "documents": ["red leather shoes"], "on_overload": policy}).to_string();
+        let d = exchange(addr, "POST", "/v1/rerank", &[], body.as_bytes()).await;
+        assert_eq!(d.status, 200, "{name}: on_overload {policy}: {}", d.raw_body);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

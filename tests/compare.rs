@@ -40,6 +40,7 @@ fn a_short_comparison_runs_end_to_end() {
         "3 fixed split, least-loaded",
         "4 cost split, least-loaded (ours)",
         "5 ours + hedging",
+        "6 whole request, least-loaded",
     ] {
         assert_eq!(stdout.matches(name).count(), 4, "{name}: a progress line and a table row per run\n{stdout}");
     }
@@ -47,7 +48,7 @@ fn a_short_comparison_runs_end_to_end() {
 
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("compare.json")).unwrap()).unwrap();
     let cells = report["cells"].as_array().unwrap();
-    assert_eq!(cells.len(), 10, "5 strategies x (one load + one fault)");
+    assert_eq!(cells.len(), 12, "6 strategies x (one load + one fault)");
     for c in cells {
         let s = &c["summary"];
         let what = format!("{} {}", c["strategy_key"], c["scenario"]);

@@ -501,3 +501,71 @@ async fn estimates_recalibrate_to_what_workers_report() {
     assert!((m.token_ms - truth.token_ms).abs() / truth.token_ms < 0.2, "{m:?} vs {truth:?}");
     p.stop().await;
 }
+
+/// A proxy whose cost prior predicts ~10 ms per token: a 100-item request cannot finish in 3 s
+/// on two workers, though the sim-workers themselves are fast.
+fn pessimistic(ws: &[SimWorker]) -> ProxyConfig {
+    let mut cfg = no_hedge(test_config(endpoints(ws)));
+    cfg.cost = sieve_shared::CostModel { request_ms: 1.0, token_ms: 10.0, token_context_ms: 0.0 };
+    cfg
+}
+
+fn metric(name: &str) -> f64 {
+    let text = sieve_proxy::metrics::handle().render();
+    text.lines().find_map(|l| l.strip_prefix(name)?.trim().parse().ok()).unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_refuses_at_once_or_answers_the_part_that_fits() {
+    let http = Http::new();
+    let ws = sims(2, SimConfig::default()).await;
+    let items = catalogue(100, 8);
+    let want = direct(&http, &ws[0], &score_body(QUERY, &items, None)).await;
+    let sent_before: u64 = ws.iter().map(requests).sum();
+    let p = proxy(pessimistic(&ws), 2).await;
+
+    // Reject (the default): 429 with Retry-After, long before the deadline, nothing sent.
+    let rejected = metric("sieve_proxy_admission_rejected_total");
+    let start = Instant::now();
+    let r = through(&http, &p, &score_body(QUERY, &items, Some(3000))).await;
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert!(start.elapsed() < Duration::from_millis(1500), "answered at once, not at the deadline");
+    assert!(r.text().contains("deadline cannot be met"), "{}", r.text());
+    assert_eq!(r.header("retry-after"), Some("1"));
+    let rr = json!({"query": QUERY, "documents": &items, "deadline_ms": 3000, "on_overload": "reject"});
+    assert_eq!(http.post_json(&format!("{}/v1/rerank", p.api_url()), &rr).await.status, 429);
+    assert_eq!(ws.iter().map(requests).sum::<u64>(), sent_before, "no shard was queued");
+    assert!(metric("sieve_proxy_admission_rejected_total") >= rejected + 2.0);
+
+    // Partial: 200 with what fits, the rest listed missing and never sent.
+    let partial = metric("sieve_proxy_admission_partial_total");
+    let pairs_before: u64 = ws.iter().map(|w| w.engine().counters().pairs.load(Ordering::Relaxed)).sum();
+    let mut body = score_body(QUERY, &items, Some(3000));
+    body["on_overload"] = json!("partial");
+    let r = through(&http, &p, &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let got: ScoreResponse = r.json();
+    assert!(!got.missing.is_empty() && got.missing.len() < items.len(), "{} missing", got.missing.len());
+    assert_eq!(r.header("x-sieve-missing"), Some(got.missing.len().to_string().as_str()));
+    for (i, s) in got.scores.iter().enumerate() {
+        let expect = if got.missing.contains(&i) { None } else { want.scores[i] };
+        assert_eq!(*s, expect, "item {i}");
+    }
+    let pairs: u64 = ws.iter().map(|w| w.engine().counters().pairs.load(Ordering::Relaxed)).sum();
+    assert_eq!(pairs - pairs_before, (items.len() - got.missing.len()) as u64, "the missing items were never sent");
+    assert!(metric("sieve_proxy_admission_partial_total") > partial);
+    p.stop().await;
+
+    // Switched off: the old behaviour, everything sent (and, the workers being fast, answered).
+    let mut cfg = pessimistic(&ws);
+    cfg.admission.enabled = false;
+    let p = proxy(cfg, 2).await;
+    let r = through(&http, &p, &score_body(QUERY, &items, Some(3000))).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let got: ScoreResponse = r.json();
+    assert!(got.missing.is_empty());
+    assert_eq!(got.scores, want.scores);
+    let pairs_after: u64 = ws.iter().map(|w| w.engine().counters().pairs.load(Ordering::Relaxed)).sum();
+    assert_eq!(pairs_after - pairs, items.len() as u64, "every item sent");
+    p.stop().await;
+}

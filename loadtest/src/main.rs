@@ -16,7 +16,7 @@ use sieve_loadtest::dist::Dist;
 use sieve_loadtest::monitor::{self, Monitor};
 use sieve_loadtest::report::{self, RunData, RunInfo};
 use sieve_loadtest::run::{self, LoadMode, RunSpec};
-use sieve_loadtest::sim::{SimConfig, SimFileConfig, SimWorker, Slowdown};
+use sieve_loadtest::sim::{SimConfig, SimFileConfig, SimWorker, Slowdown, Stall};
 use sieve_loadtest::workload::WorkloadSpec;
 use sieve_shared::CostModel;
 
@@ -207,10 +207,11 @@ struct CompareArgs {
     /// Seconds of unmeasured load per proxy before the first run.
     #[arg(long, default_value_t = 3.0)]
     warmup: f64,
-    /// all, or a comma-separated list of 1-5 / whole-random, fixed-random, fixed-least, ours, ours-hedge.
+    /// all, or a comma-separated list of 1-6 / whole-random, fixed-random, fixed-least, ours, ours-hedge,
+    /// whole-least.
     #[arg(long, default_value = "all")]
     strategies: String,
-    /// all, none, or a comma-separated list of slow, kill, burst.
+    /// all, none, or a comma-separated list of slow, kill, burst, stall.
     #[arg(long, default_value = "all")]
     scenarios: String,
     /// Load of the fault scenarios, percent of capacity. 50 by default: the split strategies
@@ -224,6 +225,9 @@ struct CompareArgs {
     /// Items per shard of the fixed split (default: mean items per request / workers).
     #[arg(long)]
     fixed_items: Option<usize>,
+    /// Run ours with the load-aware split (`[split] load_aware = true`).
+    #[arg(long)]
+    load_aware: bool,
     #[command(flatten)]
     workload: WorkloadArgs,
     #[arg(long, default_value_t = 1)]
@@ -267,6 +271,18 @@ struct SimWorkerArgs {
     /// Slow down by FACTOR from START_S for DURATION_S: FACTOR[@START_S[+DURATION_S]]. Repeatable.
     #[arg(long)]
     slowdown: Vec<Slowdown>,
+    /// Fraction of calls held up by a stall (GC pause, throttling, noisy neighbour).
+    #[arg(long, default_value_t = 0.0)]
+    stall_rate: f64,
+    /// Shortest stall, ms of simulated time (the Pareto's scale).
+    #[arg(long, default_value_t = 50.0)]
+    stall_ms: f64,
+    /// Pareto shape of stall lengths: smaller is heavier-tailed.
+    #[arg(long, default_value_t = 1.5)]
+    stall_alpha: f64,
+    /// Longest stall, ms of simulated time.
+    #[arg(long, default_value_t = 2000.0)]
+    stall_max_ms: f64,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Calls waiting for a slot beyond which new calls get 429 (0: unbounded).
@@ -455,6 +471,7 @@ async fn compare_strategies(a: CompareArgs) -> anyhow::Result<()> {
         scenarios: compare::parse_scenarios(&a.scenarios).map_err(|e| anyhow::anyhow!("{e}"))?,
         fault_load: a.fault_load,
         fault_duration: secs(a.fault_duration, "fault-duration")?,
+        load_aware: a.load_aware,
         workload: {
             let mut w = a.workload.spec()?;
             if a.workload.deadline_ms.is_none() && !a.workload.no_deadline && a.workload.workload.is_none() {
@@ -500,6 +517,7 @@ async fn sim_worker(a: SimWorkerArgs) -> anyhow::Result<()> {
         jitter: a.jitter,
         fail_rate: a.fail_rate,
         slowdowns: a.slowdown,
+        stall: Stall { rate: a.stall_rate, min_ms: a.stall_ms, alpha: a.stall_alpha, max_ms: a.stall_max_ms },
         seed: a.seed,
         max_queue: a.max_queue,
         max_batch_tokens: a.max_batch_tokens,

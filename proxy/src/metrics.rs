@@ -32,6 +32,12 @@ pub const WORKER_READY: &str = "sieve_proxy_worker_ready";
 pub const WORKER_TIME_FACTOR: &str = "sieve_proxy_worker_time_factor";
 pub const WORKERS_ELIGIBLE: &str = "sieve_proxy_workers_eligible";
 pub const TOKEN_ESTIMATE_ERROR: &str = "sieve_proxy_token_estimate_relative_error";
+/// Requests refused at once (429) because no plan could meet their deadline.
+pub const ADMISSION_REJECTED: &str = "sieve_proxy_admission_rejected_total";
+/// Requests answered in part (`on_overload: partial`) because no plan could meet the deadline.
+pub const ADMISSION_PARTIAL: &str = "sieve_proxy_admission_partial_total";
+/// Items left out of those partial plans (never sent).
+pub const ADMISSION_DROPPED_ITEMS: &str = "sieve_proxy_admission_dropped_items_total";
 pub const CONFIG_RELOADS: &str = "sieve_proxy_config_reloads_total";
 
 const SECONDS_BUCKETS: &[f64] =

@@ -140,6 +140,7 @@ mod tests {
             items: vec!["low".into(), Item::Object { id: Some("sku-9".into()), text: "high".into() }, "gone".into()],
             instruction: None,
             deadline_ms: None,
+            on_overload: None,
         };
         let response = ScoreResponse {
             scores: vec![Some(0.1), Some(0.9), None],

@@ -99,6 +99,24 @@ pub struct ScoreRequest {
     /// in time is dropped (worker: 504; proxy: partial answer with `missing`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_ms: Option<u64>,
+    /// What the proxy does when even its best plan cannot finish the request within the
+    /// deadline: `reject` (429 with `Retry-After`, at once) or `partial` (score what can finish
+    /// in time, list the rest in `missing`). Default `reject`. A worker accepts the field and
+    /// ignores it: it already answers what its deadline allows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_overload: Option<OnOverload>,
+}
+
+/// The per-request overload policy (`on_overload`): what the proxy answers when admission
+/// control predicts the deadline cannot be met.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnOverload {
+    /// 429 with `Retry-After`, before any shard is sent.
+    #[default]
+    Reject,
+    /// 200 with the items that can finish in time; the others listed in `missing`.
+    Partial,
 }
 
 /// Token accounting for a call. `item_tokens` lets the proxy recalibrate its token estimator.
@@ -162,6 +180,9 @@ pub struct RerankRequest {
     pub instruction: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_ms: Option<u64>,
+    /// As [`ScoreRequest::on_overload`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_overload: Option<OnOverload>,
     /// Accepted for client compatibility; the served model is fixed per process.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
@@ -175,6 +196,7 @@ impl RerankRequest {
             items: self.documents.clone(),
             instruction: self.instruction.clone(),
             deadline_ms: self.deadline_ms,
+            on_overload: self.on_overload,
         }
     }
 }
@@ -271,6 +293,17 @@ mod tests {
     }
 
     #[test]
+    fn on_overload_is_reject_or_partial_and_nothing_else() {
+        let req: ScoreRequest = serde_json::from_str(r#"{"query":"q","items":["a"],"on_overload":"partial"}"#).unwrap();
+        assert_eq!(req.on_overload, Some(OnOverload::Partial));
+        let req: ScoreRequest = serde_json::from_str(r#"{"query":"q","items":["a"]}"#).unwrap();
+        assert_eq!(req.on_overload.unwrap_or_default(), OnOverload::Reject);
+        let e = serde_json::from_str::<RerankRequest>(r#"{"query":"q","documents":["a"],"on_overload":"drop"}"#)
+            .unwrap_err();
+        assert!(e.to_string().contains("unknown variant `drop`, expected `reject` or `partial`"), "{e}");
+    }
+
+    #[test]
     fn items_serialize_back_to_the_shape_they_came_in() {
         let items: Vec<Item> = serde_json::from_str(r#"["a",{"id":"x","text":"b"},{"text":"c"}]"#).unwrap();
         assert_eq!(serde_json::to_string(&items).unwrap(), r#"["a",{"id":"x","text":"b"},{"text":"c"}]"#);
@@ -285,6 +318,7 @@ mod tests {
             return_documents: true,
             instruction: None,
             deadline_ms: None,
+            on_overload: None,
             model: None,
         };
         let resp = ScoreResponse {

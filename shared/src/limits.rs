@@ -110,6 +110,7 @@ mod tests {
             items: items.into_iter().map(Into::into).collect(),
             instruction: None,
             deadline_ms: None,
+            on_overload: None,
         }
     }
 

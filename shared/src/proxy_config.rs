@@ -19,6 +19,7 @@ pub struct ProxyConfig {
     pub limits: Limits,
     pub deadline: DeadlineConfig,
     pub split: SplitConfig,
+    pub admission: AdmissionConfig,
     pub balance: BalanceConfig,
     pub retry: RetryConfig,
     pub hedge: HedgeConfig,
@@ -65,6 +66,10 @@ impl ProxyConfig {
         check(self.deadline.default_ms > 0, "deadline.default_ms must be positive")?;
         check(self.split.fixed_items > 0, "split.fixed_items must be positive")?;
         check(self.split.max_shards > 0, "split.max_shards must be positive")?;
+        check(
+            self.admission.margin >= 0.0 && self.admission.margin.is_finite(),
+            "admission.margin must be a finite number >= 0",
+        )?;
         check(self.split.tolerance >= 0.0 && self.split.tolerance.is_finite(), "split.tolerance must be >= 0")?;
         check(self.balance.choices >= 2, "balance.choices must be at least 2")?;
         check(
@@ -174,6 +179,12 @@ pub struct SplitConfig {
     pub tolerance: f64,
     /// Shard token limit used for a worker that does not report `max_batch_tokens`; 0: none.
     pub default_max_batch_tokens: u64,
+    /// Cost mode: price each plan's total work by what it adds to everyone's queueing at the
+    /// cluster's utilisation, so the shard count falls toward one as the cluster fills (the
+    /// proxy's `load_price` module). False (the default until a full comparison run shows it
+    /// helps at every load: a short one helped at 90% and hurt at 50%): minimise this request's
+    /// makespan alone.
+    pub load_aware: bool,
 }
 
 impl Default for SplitConfig {
@@ -184,7 +195,27 @@ impl Default for SplitConfig {
             max_shards: 64,
             tolerance: 0.02,
             default_max_batch_tokens: 0,
+            load_aware: false,
         }
+    }
+}
+
+/// Admission control: a request whose best plan is predicted to finish after its deadline is
+/// answered at once (429 with `Retry-After`, or the part that fits when the request says
+/// `"on_overload": "partial"`) instead of being queued to be thrown away.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdmissionConfig {
+    /// Off: every request is sent and the deadline cuts what is late (the old behaviour).
+    pub enabled: bool,
+    /// A plan is refused only when its predicted finish exceeds the time left by more than
+    /// this fraction of it (predictions are estimates; 0: refuse anything predicted late).
+    pub margin: f64,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        AdmissionConfig { enabled: true, margin: 0.0 }
     }
 }
 

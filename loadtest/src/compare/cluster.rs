@@ -91,6 +91,7 @@ impl SimCluster {
                     jitter: Some(s.config.jitter),
                     fail_rate: Some(s.config.fail_rate),
                     slowdown: Some(1.0),
+                    stall: Some(s.config.stall),
                 });
             }
         }

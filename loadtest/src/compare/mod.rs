@@ -26,7 +26,7 @@ use crate::monitor::Monitor;
 use crate::plot::{self, CdfChart, LoadChart};
 use crate::report::{self, RunData, RunInfo, RunReport};
 use crate::run::{self, LoadMode, RunSpec};
-use crate::sim::{SimConfig, SimSettingsUpdate};
+use crate::sim::{SimConfig, SimSettingsUpdate, Stall};
 use crate::summary::Summary;
 use crate::workload::WorkloadSpec;
 use cluster::{ProxyCounters, ProxyProc, SimCluster};
@@ -41,7 +41,14 @@ pub enum Scenario {
     KillRestart,
     /// Traffic to 150% of capacity for 10 s (at most a third of the run) from a third on.
     Burst,
+    /// Every worker stalls on [`STALL`]'s share of its calls, for heavy-tailed pauses, all run.
+    Stall,
 }
+
+/// The `stall` scenario's stall model (simulated ms): 3% of calls pause for at least 25 ms,
+/// Pareto tail of shape 1.2 (median ~45 ms, 1 in 100 stalls past 1 s), capped at 1 s (twice
+/// the 500 ms budget).
+pub const STALL: Stall = Stall { rate: 0.03, min_ms: 25.0, alpha: 1.2, max_ms: 1000.0 };
 
 impl Scenario {
     pub fn key(&self) -> &'static str {
@@ -49,6 +56,7 @@ impl Scenario {
             Scenario::SlowWorker => "slow",
             Scenario::KillRestart => "kill",
             Scenario::Burst => "burst",
+            Scenario::Stall => "stall",
         }
     }
 
@@ -57,13 +65,14 @@ impl Scenario {
             Scenario::SlowWorker => "one worker 3x slower (from 1/4 of the run)",
             Scenario::KillRestart => "a worker killed at 1/3 of the run, restarted at 2/3",
             Scenario::Burst => "traffic burst to 150% of capacity for 10 s (from 1/3 of the run)",
+            Scenario::Stall => "3% of calls on every worker stall (Pareto, 25 ms to 1 s of simulated time)",
         }
     }
 }
 
 pub fn parse_scenarios(s: &str) -> Result<Vec<Scenario>, String> {
     match s.trim() {
-        "all" => return Ok(vec![Scenario::SlowWorker, Scenario::KillRestart, Scenario::Burst]),
+        "all" => return Ok(vec![Scenario::SlowWorker, Scenario::KillRestart, Scenario::Burst, Scenario::Stall]),
         "none" | "" => return Ok(Vec::new()),
         _ => {}
     }
@@ -72,7 +81,8 @@ pub fn parse_scenarios(s: &str) -> Result<Vec<Scenario>, String> {
             "slow" => Ok(Scenario::SlowWorker),
             "kill" => Ok(Scenario::KillRestart),
             "burst" => Ok(Scenario::Burst),
-            o => Err(format!("unknown scenario '{o}' (expected all, none, or a list of slow, kill, burst)")),
+            "stall" => Ok(Scenario::Stall),
+            o => Err(format!("unknown scenario '{o}' (expected all, none, or a list of slow, kill, burst, stall)")),
         })
         .collect()
 }
@@ -95,6 +105,8 @@ pub struct CompareSpec {
     pub workload: WorkloadSpec,
     /// Items per shard of the fixed split (default: mean items per request / workers).
     pub fixed_items: Option<usize>,
+    /// Ours with the load-aware split (`[split] load_aware`).
+    pub load_aware: bool,
     pub seed: u64,
     pub out: PathBuf,
     pub proxy_bin: PathBuf,
@@ -190,6 +202,13 @@ async fn inject(cluster: SimCluster, scenario: Scenario, d: f64) {
             }
         }
         Scenario::Burst => {}
+        Scenario::Stall => {
+            for i in 0..cluster.len() {
+                if let Err(e) = cluster.update(i, &SimSettingsUpdate { stall: Some(STALL), ..Default::default() }) {
+                    eprintln!("compare: stalls on worker {i}: {e}");
+                }
+            }
+        }
     }
 }
 
@@ -200,6 +219,7 @@ fn scenario_marks(scenario: Option<Scenario>, d: f64, burst: Option<Burst>) -> V
         Some(Scenario::Burst) => {
             burst.map(|b| vec![(b.start_s, b.start_s + b.duration_s, "150% burst".into())]).unwrap_or_default()
         }
+        Some(Scenario::Stall) => vec![(0.0, d, "stalls on every worker".into())],
         None => Vec::new(),
     }
 }
@@ -356,6 +376,7 @@ pub async fn compare(spec: &CompareSpec) -> Result<CompareReport, String> {
         cost: CostModel::from_array(spec.sim.cost.as_array().map(|v| v / spec.sim.speed)),
         fixed_items,
         default_deadline_ms: spec.workload.deadline_ms.unwrap_or(500),
+        load_aware: spec.load_aware,
     };
     let cfg_dir = spec.out.join("proxy-configs");
     std::fs::create_dir_all(&cfg_dir).map_err(|e| format!("{}: {e}", cfg_dir.display()))?;

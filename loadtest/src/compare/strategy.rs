@@ -14,15 +14,19 @@ pub struct Strategy {
     pub split: SplitMode,
     pub policy: PolicyKind,
     pub hedge: bool,
+    /// Admission control (a request no plan can finish in time is refused at once); the
+    /// baselines model proxies that have none.
+    pub admission: bool,
 }
 
-pub const STRATEGIES: [Strategy; 5] = [
+pub const STRATEGIES: [Strategy; 6] = [
     Strategy {
         key: "whole-random",
         name: "1 whole request, random worker",
         split: SplitMode::None,
         policy: PolicyKind::Random,
         hedge: false,
+        admission: false,
     },
     Strategy {
         key: "fixed-random",
@@ -30,6 +34,7 @@ pub const STRATEGIES: [Strategy; 5] = [
         split: SplitMode::Fixed,
         policy: PolicyKind::Random,
         hedge: false,
+        admission: false,
     },
     Strategy {
         key: "fixed-least",
@@ -37,6 +42,7 @@ pub const STRATEGIES: [Strategy; 5] = [
         split: SplitMode::Fixed,
         policy: PolicyKind::LeastLoaded,
         hedge: false,
+        admission: false,
     },
     Strategy {
         key: "ours",
@@ -44,6 +50,7 @@ pub const STRATEGIES: [Strategy; 5] = [
         split: SplitMode::Cost,
         policy: PolicyKind::LeastLoaded,
         hedge: false,
+        admission: true,
     },
     Strategy {
         key: "ours-hedge",
@@ -51,10 +58,21 @@ pub const STRATEGIES: [Strategy; 5] = [
         split: SplitMode::Cost,
         policy: PolicyKind::LeastLoaded,
         hedge: true,
+        admission: true,
+    },
+    // What a rerank server behind nginx `least_conn`, or a KV-aware LLM router, does: no
+    // split, the whole request to the worker with the least predicted backlog.
+    Strategy {
+        key: "whole-least",
+        name: "6 whole request, least-loaded",
+        split: SplitMode::None,
+        policy: PolicyKind::LeastLoaded,
+        hedge: false,
+        admission: false,
     },
 ];
 
-/// Parses `all` or a comma-separated list of keys or numbers (1-5).
+/// Parses `all` or a comma-separated list of keys or numbers (1-6).
 pub fn parse_strategies(s: &str) -> Result<Vec<Strategy>, String> {
     if s.trim() == "all" {
         return Ok(STRATEGIES.to_vec());
@@ -67,7 +85,7 @@ pub fn parse_strategies(s: &str) -> Result<Vec<Strategy>, String> {
                 .enumerate()
                 .find(|(i, st)| st.key == p || (i + 1).to_string() == p)
                 .map(|(_, st)| *st)
-                .ok_or_else(|| format!("unknown strategy '{p}' (expected all, 1-5 or one of {})", keys()))
+                .ok_or_else(|| format!("unknown strategy '{p}' (expected all, 1-6 or one of {})", keys()))
         })
         .collect()
 }
@@ -86,6 +104,8 @@ pub struct ProxyBase {
     pub fixed_items: usize,
     /// Budget of requests without a deadline.
     pub default_deadline_ms: u64,
+    /// The cost split priced by the cluster's load (`[split] load_aware`).
+    pub load_aware: bool,
 }
 
 impl Strategy {
@@ -98,6 +118,8 @@ impl Strategy {
         c.split.fixed_items = base.fixed_items.max(1);
         c.balance.policy = self.policy;
         c.hedge.enabled = self.hedge;
+        c.admission.enabled = self.admission;
+        c.split.load_aware = base.load_aware;
         c.health.interval_ms = 250;
         c.cost = base.cost;
         c.workers = base.workers.clone();
@@ -111,7 +133,13 @@ mod tests {
 
     #[test]
     fn strategies_parse_and_configure() {
-        assert_eq!(parse_strategies("all").unwrap().len(), 5);
+        assert_eq!(parse_strategies("all").unwrap().len(), 6);
+        let six = parse_strategies("6").unwrap()[0];
+        assert_eq!(
+            (six.key, six.split, six.policy, six.hedge),
+            ("whole-least", SplitMode::None, PolicyKind::LeastLoaded, false)
+        );
+        assert!(!six.admission && STRATEGIES[3].admission, "admission only in ours");
         let s = parse_strategies("1,ours-hedge").unwrap();
         assert_eq!(s[0].key, "whole-random");
         assert!(s[1].hedge);
@@ -121,12 +149,14 @@ mod tests {
             cost: CostModel::default(),
             fixed_items: 13,
             default_deadline_ms: 500,
+            load_aware: true,
         };
         let c = STRATEGIES[1].proxy_config(&base);
         assert_eq!(
             (c.split.mode, c.split.fixed_items, c.balance.policy, c.hedge.enabled),
             (SplitMode::Fixed, 13, PolicyKind::Random, false)
         );
+        assert!(c.split.load_aware, "the switch reaches the proxy config");
         // Every configuration is one the proxy accepts.
         for st in STRATEGIES {
             ProxyConfig::from_toml(&st.proxy_config(&base).to_toml()).unwrap();

@@ -23,6 +23,8 @@ pub struct SimConfig {
     pub fail_rate: f64,
     /// Scheduled slowdowns, relative to start-up.
     pub slowdowns: Vec<Slowdown>,
+    /// Rare heavy-tailed pauses added to a call's compute (GC, throttling, a noisy neighbour).
+    pub stall: Stall,
     /// Seed of the noise and failure draws.
     pub seed: u64,
     /// Calls waiting for a slot beyond which new calls get 429; 0: unbounded.
@@ -52,6 +54,7 @@ impl Default for SimConfig {
             jitter: 0.0,
             fail_rate: 0.0,
             slowdowns: Vec::new(),
+            stall: Stall::default(),
             seed: 0,
             max_queue: 0,
             max_batch_tokens: 32_768,
@@ -80,6 +83,7 @@ impl SimConfig {
         if !(0.0..=1.0).contains(&self.fail_rate) {
             return Err(format!("fail-rate must be in [0, 1], got {}", self.fail_rate));
         }
+        self.stall.validate()?;
         self.http.validate()
     }
 }
@@ -165,6 +169,54 @@ impl FromStr for Slowdown {
     }
 }
 
+/// A stall: with probability `rate` per call, the call's compute is held up by a pause drawn
+/// from a Pareto distribution (minimum `min_ms`, shape `alpha`: the smaller, the heavier the
+/// tail; alpha <= 1 has no finite mean), capped at `max_ms`. Pauses are in simulated time (the
+/// worker's `speed` stretches them as it stretches compute). Drawn from the worker's seeded
+/// generator, so a seed gives the same stalls; `rate` 0 draws nothing (other draws unchanged).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Stall {
+    pub rate: f64,
+    pub min_ms: f64,
+    pub alpha: f64,
+    pub max_ms: f64,
+}
+
+impl Default for Stall {
+    fn default() -> Self {
+        Stall { rate: 0.0, min_ms: 50.0, alpha: 1.5, max_ms: 2000.0 }
+    }
+}
+
+impl Stall {
+    pub fn validate(&self) -> Result<(), String> {
+        if !(0.0..=1.0).contains(&self.rate) {
+            return Err(format!("stall rate must be in [0, 1], got {}", self.rate));
+        }
+        if !(self.min_ms.is_finite() && self.min_ms >= 0.0) {
+            return Err(format!("stall min_ms must be >= 0, got {}", self.min_ms));
+        }
+        if !(self.alpha.is_finite() && self.alpha > 0.0) {
+            return Err(format!("stall alpha must be positive, got {}", self.alpha));
+        }
+        if !(self.max_ms.is_finite() && self.max_ms >= self.min_ms) {
+            return Err(format!("stall max_ms must be >= min_ms ({}), got {}", self.min_ms, self.max_ms));
+        }
+        Ok(())
+    }
+
+    /// The pause of one call, in simulated ms (0: no stall).
+    pub fn draw<R: rand::Rng + ?Sized>(&self, rng: &mut R) -> f64 {
+        if self.rate <= 0.0 || rng.random::<f64>() >= self.rate {
+            return 0.0;
+        }
+        // Inverse CDF of the Pareto: u in (0, 1] gives min_ms * u^(-1/alpha) >= min_ms.
+        let u = 1.0 - rng.random::<f64>();
+        (self.min_ms * u.powf(-1.0 / self.alpha)).min(self.max_ms)
+    }
+}
+
 /// The settings that can be changed while running (`PUT /sim` on the admin port).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SimSettings {
@@ -173,6 +225,8 @@ pub struct SimSettings {
     pub fail_rate: f64,
     /// Extra compute-time multiplier on top of the scheduled slowdowns.
     pub slowdown: f64,
+    #[serde(default)]
+    pub stall: Stall,
 }
 
 /// A partial update of [`SimSettings`]; absent fields are left alone.
@@ -187,6 +241,10 @@ pub struct SimSettingsUpdate {
     pub fail_rate: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slowdown: Option<f64>,
+    /// The whole stall model (`{"rate": .., "min_ms": .., "alpha": .., "max_ms": ..}`; absent
+    /// keys take [`Stall`]'s defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stall: Option<Stall>,
 }
 
 impl SimSettings {
@@ -196,7 +254,9 @@ impl SimSettings {
             jitter: u.jitter.unwrap_or(self.jitter),
             fail_rate: u.fail_rate.unwrap_or(self.fail_rate),
             slowdown: u.slowdown.unwrap_or(self.slowdown),
+            stall: u.stall.unwrap_or(self.stall),
         };
+        next.stall.validate()?;
         if !(next.speed.is_finite() && next.speed > 0.0) {
             return Err(format!("speed must be positive, got {}", next.speed));
         }
@@ -244,10 +304,54 @@ mod tests {
 
     #[test]
     fn settings_updates_are_checked() {
-        let s = SimSettings { speed: 1.0, jitter: 0.0, fail_rate: 0.0, slowdown: 1.0 };
+        let s = SimSettings { speed: 1.0, jitter: 0.0, fail_rate: 0.0, slowdown: 1.0, stall: Stall::default() };
         let n = s.apply(&SimSettingsUpdate { fail_rate: Some(0.5), ..Default::default() }).unwrap();
         assert_eq!(n.fail_rate, 0.5);
         assert_eq!(n.speed, 1.0);
         assert!(s.apply(&SimSettingsUpdate { speed: Some(0.0), ..Default::default() }).is_err());
+        let stall = Stall { rate: 0.1, ..Stall::default() };
+        assert_eq!(s.apply(&SimSettingsUpdate { stall: Some(stall), ..Default::default() }).unwrap().stall, stall);
+        for bad in [
+            Stall { rate: 1.5, ..stall },
+            Stall { alpha: 0.0, ..stall },
+            Stall { min_ms: -1.0, ..stall },
+            Stall { max_ms: 10.0, ..stall },
+        ] {
+            let e = s.apply(&SimSettingsUpdate { stall: Some(bad), ..Default::default() }).unwrap_err();
+            assert!(e.contains("stall"), "{e}");
+        }
+        let u: SimSettingsUpdate = serde_json::from_str(r#"{"stall": {"rate": 0.2}}"#).unwrap();
+        assert_eq!(u.stall, Some(Stall { rate: 0.2, ..Stall::default() }));
+    }
+
+    #[test]
+    fn stalls_are_pareto_capped_and_seeded() {
+        use rand::rngs::StdRng;
+        use rand::SeedableRng;
+        let st = Stall { rate: 0.25, min_ms: 10.0, alpha: 1.5, max_ms: 1000.0 };
+        let draws = |seed: u64| {
+            let mut rng = StdRng::seed_from_u64(seed);
+            (0..40_000).map(|_| st.draw(&mut rng)).collect::<Vec<f64>>()
+        };
+        let d = draws(3);
+        assert_eq!(d, draws(3), "the same seed, the same stalls");
+        assert_ne!(d, draws(4));
+        let stalls: Vec<f64> = d.iter().copied().filter(|&x| x > 0.0).collect();
+        let rate = stalls.len() as f64 / d.len() as f64;
+        assert!((rate - 0.25).abs() < 0.01, "stall rate {rate}");
+        assert!(stalls.iter().all(|&x| (10.0..=1000.0).contains(&x)));
+        // Pareto tail: P(X > x) = (min / x)^alpha, below the cap.
+        for x in [20.0, 50.0, 200.0] {
+            let p = stalls.iter().filter(|&&v| v > x).count() as f64 / stalls.len() as f64;
+            let want = (10.0f64 / x).powf(1.5);
+            assert!((p - want).abs() < 0.01 + 0.1 * want, "P(X > {x}) = {p}, Pareto {want}");
+        }
+        let capped = stalls.iter().filter(|&&v| v == 1000.0).count() as f64 / stalls.len() as f64;
+        assert!((capped - 0.01f64.powf(1.5)).abs() < 0.002, "the cap holds the tail: {capped}");
+        // Rate 0 draws nothing, so the rest of a worker's random stream is unchanged.
+        let mut a = StdRng::seed_from_u64(1);
+        let mut b = StdRng::seed_from_u64(1);
+        assert_eq!(Stall::default().draw(&mut a), 0.0);
+        assert_eq!(rand::Rng::random::<u64>(&mut a), rand::Rng::random::<u64>(&mut b));
     }
 }

@@ -44,6 +44,8 @@ pub struct Counters {
     pub deadline_drops: AtomicU64,
     pub rejected: AtomicU64,
     pub cancelled: AtomicU64,
+    /// Calls held up by a stall (see [`super::config::Stall`]).
+    pub stalls: AtomicU64,
     /// Slot time of finished computes (completed, failed, dropped or cancelled), in µs.
     pub busy_us: AtomicU64,
     /// Computes running now, and the sum of their start times (µs after start-up): with
@@ -99,8 +101,13 @@ impl Drop for Waiting<'_> {
 
 impl SimEngine {
     pub fn new(config: SimConfig) -> Self {
-        let settings =
-            SimSettings { speed: config.speed, jitter: config.jitter, fail_rate: config.fail_rate, slowdown: 1.0 };
+        let settings = SimSettings {
+            speed: config.speed,
+            jitter: config.jitter,
+            fail_rate: config.fail_rate,
+            slowdown: 1.0,
+            stall: config.stall,
+        };
         SimEngine {
             slots: Semaphore::new(config.slots),
             rng: Mutex::new(StdRng::seed_from_u64(config.seed)),
@@ -234,15 +241,20 @@ impl SimEngine {
         let queue_ms = (start - arrival).as_secs_f64() * 1e3;
 
         let settings = self.settings();
-        let (noise, fail_at) = {
+        let (noise, fail_at, stall_ms) = {
             let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
             let z: f64 = StandardNormal.sample(&mut *rng);
             let noise = (settings.jitter * z - settings.jitter * settings.jitter / 2.0).exp();
             let fail = rng.random::<f64>() < settings.fail_rate;
-            (noise, fail.then(|| rng.random::<f64>()))
+            let fail_at = fail.then(|| rng.random::<f64>());
+            (noise, fail_at, settings.stall.draw(&mut *rng))
         };
+        if stall_ms > 0.0 {
+            c.stalls.fetch_add(1, Ordering::Relaxed);
+        }
         let nominal_ms = self.nominal_compute_ms(prefix, &item_tokens);
-        let compute = Duration::from_secs_f64(nominal_ms * self.slowdown() * noise / 1e3);
+        // A stall holds the slot like compute does (the worker is paused, not idle).
+        let compute = Duration::from_secs_f64((nominal_ms * self.slowdown() * noise + stall_ms / settings.speed) / 1e3);
         if let Some(d) = deadline {
             if start + Duration::from_secs_f64(nominal_ms / 1e3) > d {
                 in_flight.finished = true;
@@ -332,6 +344,7 @@ impl SimEngine {
                 "deadline_drops": c.deadline_drops.load(Ordering::Relaxed),
                 "rejected": c.rejected.load(Ordering::Relaxed),
                 "cancelled": c.cancelled.load(Ordering::Relaxed),
+                "stalls": c.stalls.load(Ordering::Relaxed),
                 "busy_seconds": self.busy_seconds(),
             }),
         );
@@ -393,6 +406,7 @@ mod tests {
             items: items.iter().map(|&s| Item::from(s)).collect(),
             instruction: None,
             deadline_ms,
+            on_overload: None,
         }
     }
 
@@ -499,6 +513,37 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_call_is_slower_by_its_stall() {
+        use crate::sim::Stall;
+        let cost = CostModel { request_ms: 10.0, token_ms: 0.0, token_context_ms: 0.0 };
+        // Every call stalls; min = max pins the pause at 100 ms (at speed 2: 50 ms of wall time).
+        let stall = Stall { rate: 1.0, min_ms: 100.0, alpha: 1.5, max_ms: 100.0 };
+        let e = engine(SimConfig { cost, speed: 2.0, stall, ..SimConfig::default() });
+        let r = e.score(req(&["x"], None), Instant::now()).await.unwrap();
+        assert!((r.timing.compute_ms - 55.0).abs() < 0.5, "5 ms of compute + 50 ms stalled: {}", r.timing.compute_ms);
+        assert_eq!(e.counters().stalls.load(Ordering::Relaxed), 1);
+        // Switched off at run time: back to the cost model alone.
+        e.update(&SimSettingsUpdate { stall: Some(Stall::default()), ..Default::default() }).unwrap();
+        let r = e.score(req(&["x"], None), Instant::now()).await.unwrap();
+        assert!((r.timing.compute_ms - 5.0).abs() < 0.5, "{}", r.timing.compute_ms);
+        assert_eq!(e.counters().stalls.load(Ordering::Relaxed), 1);
+        // A rare stall: the same seed stalls the same calls.
+        let times = |seed: u64| async move {
+            let stall = Stall { rate: 0.1, min_ms: 50.0, alpha: 1.2, max_ms: 5000.0 };
+            let e = engine(SimConfig { cost, stall, seed, ..SimConfig::default() });
+            let mut t = Vec::new();
+            for _ in 0..200 {
+                t.push(e.score(req(&["x"], None), Instant::now()).await.unwrap().timing.compute_ms.round());
+            }
+            t
+        };
+        let a = times(5).await;
+        assert_eq!(a, times(5).await);
+        let slow = a.iter().filter(|&&t| t >= 60.0).count();
+        assert!((8..=35).contains(&slow), "{slow} of 200 calls stalled at rate 0.1");
     }
 
     #[tokio::test(start_paused = true)]

@@ -19,7 +19,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-pub use config::{SimConfig, SimFileConfig, SimSettings, SimSettingsUpdate, Slowdown};
+pub use config::{SimConfig, SimFileConfig, SimSettings, SimSettingsUpdate, Slowdown, Stall};
 pub use engine::SimEngine;
 use http::Stop;
 

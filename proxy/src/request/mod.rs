@@ -18,6 +18,7 @@ use crate::estimate::token_estimator::Features;
 use crate::metrics as m;
 use crate::state::AppState;
 
+pub mod admission;
 pub mod dispatch;
 pub mod feedback;
 pub mod merge;
@@ -58,8 +59,12 @@ pub async fn score(
         .any(|i| i.id().is_some())
         .then(|| req.items.iter().map(|i| i.id().map(String::from)).collect());
 
-    let (ctx, jobs) = plan::plan(state, cfg, req, arrival, deadline)?;
-    let results = dispatch::run(ctx, jobs).await?;
+    let plan::Planned { ctx, jobs, dropped } = plan::plan(state, cfg, req, arrival, deadline)?;
+    let mut results = dispatch::run(ctx, jobs).await?;
+    if !dropped.is_empty() {
+        // Left out by admission: never sent, answered as missing.
+        results.push(merge::ShardResult { items: dropped, outcome: dispatch::ShardOutcome::Missed });
+    }
     let (resp, stats) = merge::merge(n_items, ids, budget_ms, results, arrival)?;
     if stats.missing > 0 {
         metrics::counter!(m::PARTIAL_RESPONSES).increment(1);

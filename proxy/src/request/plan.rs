@@ -5,14 +5,15 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use sieve_shared::proxy_config::SplitMode;
 use sieve_shared::sync::lock;
 use sieve_shared::{ApiError, CostModel, ProxyConfig, ScoreRequest};
 
-use super::RequestCtx;
+use super::{admission, RequestCtx};
 use crate::cluster::worker::{Worker, WorkerView};
 use crate::estimate::token_estimator::features;
 use crate::metrics as m;
-use crate::split;
+use crate::split::{self, SplitPolicy};
 use crate::state::AppState;
 
 /// A shard as planned: where it goes first and what it is predicted to take.
@@ -41,6 +42,14 @@ impl Eligible {
     }
 }
 
+/// What the plan stage hands to dispatch.
+pub struct Planned {
+    pub ctx: Arc<RequestCtx>,
+    pub jobs: Vec<ShardJob>,
+    /// Items admission control left out (`on_overload: partial`): never sent, answered missing.
+    pub dropped: Vec<usize>,
+}
+
 /// The request's shared context and its shards, the budgets paid.
 pub fn plan(
     state: &Arc<AppState>,
@@ -48,7 +57,7 @@ pub fn plan(
     req: ScoreRequest,
     arrival: Instant,
     deadline: Instant,
-) -> Result<(Arc<RequestCtx>, Vec<ShardJob>), ApiError> {
+) -> Result<Planned, ApiError> {
     let weights = lock(&state.tokens).weights();
     let item_features: Vec<_> = req.items.iter().map(|i| features(i.text())).collect();
     let query_features = features(&req.query);
@@ -63,7 +72,21 @@ pub fn plan(
         return Err(ApiError::not_ready(format!("no worker is ready ({} configured)", state.pool.snapshot().len())));
     }
     let split_req = split::Request { item_tokens: &item_tokens, prefix: prefix_tokens, model: &model };
-    let plan = state.split().plan(&split_req, &eligible.views, state.policy().as_ref());
+    let balance = state.policy();
+    let mut plan = state.split().plan(&split_req, &eligible.views, balance.as_ref());
+    // Admission: refuse (or trim) a plan the deadline would cut, before anything is queued. The
+    // plan's shards index the views, so the candidates are the views in the same order.
+    let cands: Vec<split::Candidate> = eligible.views.iter().map(split::Candidate::from).collect();
+    let left_ms = deadline.saturating_duration_since(now).as_secs_f64() * 1e3;
+    // The fastest plan (no tolerance, no price of work), tried before refusing a late one.
+    let best = || {
+        (cfg.split.mode == SplitMode::Cost).then(|| {
+            let fastest = split::CostSplit { max_shards: cfg.split.max_shards, tolerance: 0.0, load_aware: false };
+            fastest.plan(&split_req, &eligible.views, balance.as_ref())
+        })
+    };
+    let on_overload = req.on_overload.unwrap_or_default();
+    let dropped = admission::admit(&cfg.admission, on_overload, left_ms, &mut plan, &split_req, &cands, best)?;
 
     metrics::histogram!(m::REQUEST_ITEMS).record(req.items.len() as f64);
     metrics::histogram!(m::SHARDS_PER_REQUEST).record(plan.shards.len() as f64);
@@ -93,5 +116,5 @@ pub fn plan(
         arrival,
         deadline,
     });
-    Ok((ctx, jobs))
+    Ok(Planned { ctx, jobs, dropped })
 }

@@ -6,6 +6,10 @@
 //! and the prefix). A shard never exceeds the worker's batch-token limit: an item that does not
 //! fit opens another shard on that worker. k is chosen to minimise the predicted finish of the
 //! slowest worker; a smaller k wins within `tolerance` of the best.
+//!
+//! With a price of work (load-aware split, [`super::load_price`]), k minimises the makespan
+//! plus the price times the plan's total work instead: as the cluster fills, the fixed costs
+//! of extra shards weigh more and k falls toward one shard on the least-loaded worker.
 
 use super::{ranked, Candidate, Plan, Request, ShardPlan, SplitPolicy};
 use crate::balancer::Policy;
@@ -15,6 +19,8 @@ use crate::cluster::worker::WorkerView;
 pub struct CostSplit {
     pub max_shards: usize,
     pub tolerance: f64,
+    /// Price each plan's total work by the cluster's load ([`super::load_price`]).
+    pub load_aware: bool,
 }
 
 impl SplitPolicy for CostSplit {
@@ -24,12 +30,26 @@ impl SplitPolicy for CostSplit {
 
     fn plan(&self, req: &Request<'_>, views: &[WorkerView], balance: &dyn Policy) -> Plan {
         let (cands, workers) = ranked(views, balance);
-        split_by_cost(req, &cands, self.max_shards, self.tolerance).on_workers(&workers)
+        let price = if self.load_aware { super::load_price::price(&cands) } else { 0.0 };
+        split_by_cost_priced(req, &cands, self.max_shards, self.tolerance, price).on_workers(&workers)
     }
 }
 
 /// Cost-balanced split over `candidates` (in preference order).
 pub fn split_by_cost(req: &Request<'_>, candidates: &[Candidate], max_shards: usize, tolerance: f64) -> Plan {
+    split_by_cost_priced(req, candidates, max_shards, tolerance, 0.0)
+}
+
+/// As [`split_by_cost`], choosing k by `makespan + price x total work` instead of the makespan
+/// alone: `price` is what each ms of work costs other requests' queueing
+/// ([`super::load_price`]), so extra shards must save this request more than they cost the rest.
+pub fn split_by_cost_priced(
+    req: &Request<'_>,
+    candidates: &[Candidate],
+    max_shards: usize,
+    tolerance: f64,
+    price: f64,
+) -> Plan {
     let m = req.item_tokens.len();
     let k_max = max_shards.min(candidates.len()).min(m).max(1);
     let mut order: Vec<usize> = (0..m).collect();
@@ -43,7 +63,8 @@ pub fn split_by_cost(req: &Request<'_>, candidates: &[Candidate], max_shards: us
         if let Some(&(_, ms)) = evaluated.iter().find(|e| e.0 == k) {
             return ms;
         }
-        let ms = packer.pack(&order, k, false);
+        let makespan = packer.pack(&order, k, false);
+        let ms = if price > 0.0 { makespan + price * packer.work() } else { makespan };
         evaluated.push((k, ms));
         ms
     };
@@ -155,6 +176,11 @@ impl<'a> Packer<'a> {
             }
         }
         self.shard_candidate.iter().map(|&j| self.finish[j]).fold(0.0, f64::max)
+    }
+
+    /// Total predicted compute of the last pack (every shard's fixed cost included).
+    fn work(&self) -> f64 {
+        self.shard_compute.iter().sum()
     }
 
     fn into_plan(self) -> Plan {

@@ -8,6 +8,7 @@
 
 mod cost;
 mod fixed;
+pub mod load_price;
 mod whole;
 
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use std::sync::Arc;
 use sieve_shared::proxy_config::{SplitConfig, SplitMode};
 use sieve_shared::CostModel;
 
-pub use cost::{split_by_cost, CostSplit};
+pub use cost::{split_by_cost, split_by_cost_priced, CostSplit};
 pub use fixed::{split_fixed, FixedSplit};
 pub use whole::{split_whole, WholeSplit};
 
@@ -34,7 +35,9 @@ pub trait SplitPolicy: Send + Sync {
 /// The policy `cfg.mode` names, with its parameters.
 pub fn build(cfg: &SplitConfig) -> Arc<dyn SplitPolicy> {
     match cfg.mode {
-        SplitMode::Cost => Arc::new(CostSplit { max_shards: cfg.max_shards, tolerance: cfg.tolerance }),
+        SplitMode::Cost => {
+            Arc::new(CostSplit { max_shards: cfg.max_shards, tolerance: cfg.tolerance, load_aware: cfg.load_aware })
+        }
         SplitMode::Fixed => Arc::new(FixedSplit { items: cfg.fixed_items }),
         SplitMode::None => Arc::new(WholeSplit),
     }
