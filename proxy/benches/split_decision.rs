@@ -6,24 +6,12 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use sieve_proxy::split::load_price;
-use sieve_proxy::split::{split_by_cost_priced, Candidate, Request};
+use sieve_proxy::split::{heavy_tailed_tokens, split_by_cost_priced, Candidate, Request};
 use sieve_shared::CostModel;
-
-/// 30-600 tokens, Pareto-like tail, deterministic.
-fn lengths(m: usize, seed: u64) -> Vec<f64> {
-    let mut x = seed;
-    (0..m)
-        .map(|_| {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            let u = ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-            (30.0 / u.powf(1.0 / 1.2)).min(600.0)
-        })
-        .collect()
-}
 
 fn main() {
     let model = CostModel::default();
-    let tokens = lengths(1000, 1);
+    let tokens = heavy_tailed_tokens(1000, 1);
     let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model };
     println!("split decision, 1,000 items per request (mean of the runs after one warm-up run)");
     println!("{:>8} {:>12} {:>8} {:>8} {:>12}", "workers", "split", "price", "shards", "µs/request");

@@ -130,6 +130,19 @@ pub(crate) fn plan_from_groups(req: &Request<'_>, candidates: &[Candidate], grou
     Plan { shards, makespan_ms }
 }
 
+/// Heavy-tailed item lengths between 30 and 600 tokens (a Pareto-like tail), deterministic for
+/// a seed: the workload the split's tests and its decision bench plan.
+pub fn heavy_tailed_tokens(m: usize, seed: u64) -> Vec<f64> {
+    let mut x = seed;
+    (0..m)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let u = ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+            (30.0 / u.powf(1.0 / 1.2)).min(600.0)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,16 +151,8 @@ mod tests {
         vec![Candidate { available_ms: 0.0, time_factor: 1.0, max_batch_tokens: 0 }; n]
     }
 
-    /// Heavy-tailed item lengths between 30 and 600 tokens (a Pareto-like tail), deterministic.
     fn skewed(m: usize, seed: u64) -> Vec<f64> {
-        let mut x = seed;
-        (0..m)
-            .map(|_| {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                let u = ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-                (30.0 / u.powf(1.0 / 1.2)).min(600.0)
-            })
-            .collect()
+        heavy_tailed_tokens(m, seed)
     }
 
     fn check_partition(plan: &Plan, m: usize) {
