@@ -1,4 +1,4 @@
-//! One scoring request end to end: [`score`] checks it against the limits, then runs four
+//! One scoring request end to end (already validated by the API handler): [`score`] runs four
 //! stages:
 //!
 //! 1. [`plan`]: estimate every item's tokens, take the eligible workers and their load, cut
@@ -48,8 +48,8 @@ pub async fn score(
     req: ScoreRequest,
     arrival: Instant,
 ) -> Result<(ScoreResponse, MergeStats), ApiError> {
+    // `req` was validated against these limits by the API handler (`sieve_shared::service`).
     let cfg = state.config();
-    cfg.limits.check(&req)?;
     let budget_ms = req.deadline_ms.unwrap_or(cfg.deadline.default_ms);
     let deadline = arrival + Duration::from_millis(budget_ms);
     let n_items = req.items.len();

@@ -49,9 +49,8 @@ impl ScoreService for AppState {
     }
 }
 
-/// Validates, queues and awaits one scoring call.
+/// Queues and awaits one scoring call (already validated by the shared API handler).
 async fn run(app: &AppState, r: &ScoreRequest, arrived: Instant) -> Result<ScoreResponse, ApiError> {
-    app.limits.check(r)?;
     if app.state.draining.load(Ordering::Acquire) {
         return Err(ApiError::not_ready("draining: not accepting new work"));
     }
