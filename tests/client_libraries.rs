@@ -112,7 +112,7 @@ async fn the_cohere_sdk_reranks_through_the_proxy_as_v1_rerank_does() {
         &json!({"base_url": p.api_url(), "query": query, "documents": documents, "top_n": top_n}),
     )
     .await;
-    for client in ["v1", "v2"] {
+    for client in ["v1", "v2", "v1_objects"] {
         // Scores go f32 → JSON → Python float → JSON unchanged: equal, not merely close.
         assert_eq!(ranking(&got[client]["results"]), want, "cohere {client} client: {got}");
         assert!(got[client]["id"].as_str().is_some_and(|id| id.starts_with("rerank-")), "{got}");

@@ -2,6 +2,7 @@
 
 Reads {"base_url", "query", "documents", "top_n"} as JSON on stdin; prints one JSON object:
   v1, v2:   what cohere.Client().rerank and cohere.ClientV2().rerank returned
+  v1_objects: cohere.Client().rerank with the documents as {"text"} objects and rank_fields
             ({"id", "results": [{"index", "relevance_score", "text"}]}, text null when not asked)
   refused:  {"status", "body"} of a v1 call with an option Sieve refuses (max_chunks_per_doc)
 """
@@ -37,6 +38,16 @@ def main():
     out = {
         "v1": results(v1.rerank(model="sieve", query=query, documents=docs, top_n=top_n, return_documents=True)),
         "v2": results(v2.rerank(model="sieve", query=query, documents=docs, top_n=top_n)),
+        # v1 also takes documents as objects, ranked on the fields rank_fields names.
+        "v1_objects": results(
+            v1.rerank(
+                model="sieve",
+                query=query,
+                documents=[{"text": d} for d in docs],
+                top_n=top_n,
+                rank_fields=["text"],
+            )
+        ),
     }
     try:
         v1.rerank(model="sieve", query=query, documents=docs, max_chunks_per_doc=4)
