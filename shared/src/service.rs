@@ -41,6 +41,9 @@ const ROUTES: [(&str, Route); 5] = [
 ];
 
 impl Route {
+    /// Every route (the fuzz target parses a body as each).
+    pub const ALL: [Route; 4] = [Route::Score, Route::Rerank, Route::TeiRerank, Route::VllmScore];
+
     /// The `route` label of the per-crate metrics.
     pub fn name(self) -> &'static str {
         match self {
