@@ -3,9 +3,11 @@
 //! Request fields ([`RerankRequest`]) and what Sieve does with them:
 //!
 //! - `query`, `documents` (strings, or `{"text": ..}` objects with an optional Sieve `id`),
-//!   `top_n` (at least 1; absent = every document), `return_documents` (default false: each
-//!   result then has no `document`), `model` (accepted; the served model is fixed per process,
-//!   and the answer names it): as Cohere, Jina and vLLM define them.
+//!   `top_n` (at least 1; absent = every document; vLLM's `0` for "all" is refused with 422, as
+//!   Cohere refuses it: leave it out instead), `return_documents` (default false, as Cohere's:
+//!   each result then has no `document`; Jina's API defaults to true, so a Jina client that wants
+//!   the texts back sends `true`), `model` (accepted; the served model is fixed per process, and
+//!   the answer names it): as Cohere, Jina and vLLM define them.
 //! - `rank_fields` (Cohere v1): only `["text"]`, the one field a Sieve document has.
 //! - Refused with 422, since Sieve cannot honour them: `max_chunks_per_doc` (Cohere v1),
 //!   `max_tokens_per_doc` (Cohere v2), `truncate_prompt_tokens` (vLLM) — Sieve never chunks or
