@@ -1,11 +1,14 @@
 //! Real client libraries against a real `sieve-proxy` process over two simulated-worker
-//! processes: the cohere Python SDK's `rerank` (v1 and v2 clients) returns the order and scores
-//! `/v1/rerank` gives, and a refusal reaches it as a 422 with Sieve's message.
+//! processes, each returning the order and scores `/v1/rerank` gives:
 //!
-//! The SDK lives in the venv `scripts/fetch-assets py` creates under the cache folder
-//! (`$SIEVE_CACHE/py`, pinned in `scripts/py-requirements.txt`); without it this test fails and
-//! says so. The other drop-in shapes (TEI, vLLM, Jina) have no client library on the package
-//! registries that speaks to a self-hosted server; `api_cases.rs` checks their JSON exactly.
+//! - the cohere Python SDK's `rerank` (v1 and v2 clients, `POST /v1/rerank`, `/v2/rerank`), and a
+//!   refusal reaching it as a 422 with Sieve's message;
+//! - LlamaIndex's text-embeddings-inference postprocessor (`POST /rerank`, TEI's shape) and its
+//!   Jina postprocessor (`POST /v1/rerank`, Jina's shape).
+//!
+//! The libraries live in the venv `scripts/fetch-assets py` creates under the cache folder
+//! (`$SIEVE_CACHE/py`, pinned in `scripts/py-requirements.txt`); without it these tests fail and
+//! say so. vLLM's shapes have no client library of their own; `api_cases.rs` checks their JSON.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -69,49 +72,58 @@ fn ranking(results: &Value) -> Vec<(u64, f64)> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_cohere_sdk_reranks_through_the_proxy_as_v1_rerank_does() {
-    let python = venv_python(); // first: a missing venv fails before anything starts
-    assert!(python.exists());
-    let http = Http::new();
+/// A proxy process over two simulated-worker processes (dropped: all three killed).
+struct Cluster {
+    proxy: Proc,
+    _workers: [Proc; 2],
+}
+
+async fn cluster(http: &Http) -> Cluster {
     let (a, b) = (sim(), sim());
-    let p = spawn(
+    let proxy = spawn(
         "sieve-proxy",
         &["--port", "0", "--admin-port", "0", "--worker", &a.worker_arg(), "--worker", &b.worker_arg()],
         START,
     );
-    assert!(wait_ready(&http, &p.admin_url(), START).await, "proxy never ready");
+    assert!(wait_ready(http, &proxy.admin_url(), START).await, "proxy never ready");
+    Cluster { proxy, _workers: [a, b] }
+}
 
-    let query = "waterproof trail running shoes";
-    let documents: Vec<String> = [
-        "trail running shoes, waterproof, men's",
-        "leather office shoes",
-        "waterproof hiking boots",
-        "cotton t-shirt",
-        "running socks, 3 pack",
-        "road running shoes, breathable mesh",
-        "rain jacket, waterproof",
-        "trail running shoes for women",
-    ]
-    .map(String::from)
-    .into();
-    let top_n = 5;
-    let direct = http
-        .post_json(
-            &format!("{}/v1/rerank", p.api_url()),
-            &json!({"query": query, "documents": documents, "top_n": top_n, "return_documents": true}),
-        )
-        .await;
+const QUERY: &str = "waterproof trail running shoes";
+const DOCUMENTS: [&str; 8] = [
+    "trail running shoes, waterproof, men's",
+    "leather office shoes",
+    "waterproof hiking boots",
+    "cotton t-shirt",
+    "running socks, 3 pack",
+    "road running shoes, breathable mesh",
+    "rain jacket, waterproof",
+    "trail running shoes for women",
+];
+const TOP_N: usize = 5;
+
+/// What `/v1/rerank` answers for the query, its documents and `TOP_N`: `(index, score)`.
+async fn sieve_ranking(http: &Http, c: &Cluster) -> Vec<(u64, f64)> {
+    let body = json!({"query": QUERY, "documents": DOCUMENTS, "top_n": TOP_N, "return_documents": true});
+    let direct = http.post_json(&format!("{}/v1/rerank", c.proxy.api_url()), &body).await;
     assert_eq!(direct.status, 200, "{}", direct.text());
-    let direct: Value = direct.json();
-    let want = ranking(&direct["results"]);
-    assert_eq!(want.len(), top_n);
+    let want = ranking(&direct.json::<Value>()["results"]);
+    assert_eq!(want.len(), TOP_N);
+    want
+}
 
-    let got = run_client(
-        "cohere_rerank.py",
-        &json!({"base_url": p.api_url(), "query": query, "documents": documents, "top_n": top_n}),
-    )
-    .await;
+/// The clients' input: the proxy's URL, the query, the documents, `TOP_N`.
+fn client_input(c: &Cluster) -> Value {
+    json!({"base_url": c.proxy.api_url(), "query": QUERY, "documents": DOCUMENTS, "top_n": TOP_N})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cohere_sdk_reranks_through_the_proxy_as_v1_rerank_does() {
+    venv_python(); // first: a missing venv fails before anything starts
+    let http = Http::new();
+    let c = cluster(&http).await;
+    let want = sieve_ranking(&http, &c).await;
+    let got = run_client("cohere_rerank.py", &client_input(&c)).await;
     for client in ["v1", "v2", "v1_objects"] {
         // Scores go f32 → JSON → Python float → JSON unchanged: equal, not merely close.
         assert_eq!(ranking(&got[client]["results"]), want, "cohere {client} client: {got}");
@@ -119,7 +131,7 @@ async fn the_cohere_sdk_reranks_through_the_proxy_as_v1_rerank_does() {
     }
     for r in got["v1"]["results"].as_array().unwrap() {
         let i = r["index"].as_u64().unwrap() as usize;
-        assert_eq!(r["text"], json!(documents[i]), "v1 return_documents: {r}");
+        assert_eq!(r["text"], json!(DOCUMENTS[i]), "v1 return_documents: {r}");
     }
     assert!(got["v2"]["results"].as_array().unwrap().iter().all(|r| r["text"].is_null()), "{got}");
 
@@ -127,4 +139,22 @@ async fn the_cohere_sdk_reranks_through_the_proxy_as_v1_rerank_does() {
     assert_eq!(refused["status"], 422, "max_chunks_per_doc: {got}");
     let msg = refused["body"]["error"]["message"].as_str().unwrap_or_default();
     assert!(msg.contains("max_chunks_per_doc is not supported"), "{msg:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llamaindex_s_tei_and_jina_rerankers_rank_through_the_proxy_as_v1_rerank_does() {
+    venv_python();
+    let http = Http::new();
+    let c = cluster(&http).await;
+    let want = sieve_ranking(&http, &c).await;
+    let got = run_client("llamaindex_rerank.py", &client_input(&c)).await;
+    for client in ["tei", "jina"] {
+        let ranked: Vec<(u64, f64)> = got[client]
+            .as_array()
+            .unwrap_or_else(|| panic!("{client}: {got}"))
+            .iter()
+            .map(|r| (r["index"].as_u64().unwrap(), r["score"].as_f64().unwrap()))
+            .collect();
+        assert_eq!(ranked, want, "LlamaIndex {client} postprocessor: {got}");
+    }
 }
