@@ -254,6 +254,80 @@ fn error_cases() -> Vec<Case> {
         Case { method: "GET", ..case("GET on /v1/score", "/v1/score", Vec::new(), 405, "/v1/score needs POST") },
         Case { method: "PUT", ..case("PUT on /v1/rerank", "/v1/rerank", Vec::new(), 405, "/v1/rerank needs POST") },
         case("unknown route", "/v1/scores", j(json!({"query": "x", "items": ["a"]})), 404, "no route /v1/scores"),
+        // The drop-in shapes (shared/src/compat): the same limits and errors, their own field names.
+        case(
+            "TEI raw_scores",
+            "/rerank",
+            j(json!({"query": "x", "texts": ["a"], "raw_scores": true})),
+            422,
+            "raw_scores: true is not supported",
+        ),
+        case(
+            "TEI truncate",
+            "/rerank",
+            j(json!({"query": "x", "texts": ["a"], "truncate": true})),
+            422,
+            "truncate: true is not supported",
+        ),
+        case(
+            "TEI documents",
+            "/rerank",
+            j(json!({"query": "x", "documents": ["a"]})),
+            422,
+            "unknown field `documents`",
+        ),
+        case(
+            "TEI too many texts",
+            "/rerank",
+            j(json!({"query": "x", "texts": vec!["a"; 9]})),
+            413,
+            "too many texts: 9 > max_items 8",
+        ),
+        case("TEI empty query", "/rerank", j(json!({"query": "", "texts": ["a"]})), 422, "query is empty"),
+        case(
+            "vLLM score: two queries",
+            "/score",
+            j(json!({"text_1": ["x", "y"], "text_2": ["a", "b"]})),
+            422,
+            "text_1[1] differs from text_1[0]",
+        ),
+        case(
+            "vLLM score: text too long",
+            "/score",
+            j(json!({"text_1": "x", "text_2": ["a", "b".repeat(201)]})),
+            413,
+            "text_2[1] too long: 201 characters > max_item_chars 200",
+        ),
+        case(
+            "vLLM score: truncation",
+            "/score",
+            j(json!({"text_1": "x", "text_2": "a", "truncate_prompt_tokens": 64})),
+            422,
+            "truncate_prompt_tokens is not supported",
+        ),
+        case(
+            "Cohere v1 max_chunks_per_doc",
+            "/v1/rerank",
+            j(json!({"query": "x", "documents": ["a"], "max_chunks_per_doc": 10})),
+            422,
+            "max_chunks_per_doc is not supported",
+        ),
+        case(
+            "Cohere v2 max_tokens_per_doc",
+            "/v2/rerank",
+            j(json!({"model": "m", "query": "x", "documents": ["a"], "max_tokens_per_doc": 512})),
+            422,
+            "max_tokens_per_doc is not supported",
+        ),
+        case(
+            "rank_fields other than text",
+            "/v1/rerank",
+            j(json!({"query": "x", "documents": [{"text": "a"}], "rank_fields": ["title"]})),
+            422,
+            "rank_fields other than",
+        ),
+        Case { method: "GET", ..case("GET on /rerank", "/rerank", Vec::new(), 405, "/rerank needs POST") },
+        Case { method: "GET", ..case("GET on /score", "/score", Vec::new(), 405, "/score needs POST") },
     ];
     // The deadline header counts when the body has none.
     let body = j(json!({"query": "x", "items": ["a"]}));
@@ -345,6 +419,8 @@ async fn check_successes(name: &str, addr: SocketAddr) {
         assert_eq!(x["document"]["text"], json!(texts[*want]), "{name}");
     }
 
+    check_drop_in_shapes(name, addr, &s).await;
+
     // A deadline from the header when the body has none; the body's wins over the header's.
     let one = json!({"query": query, "items": ["red leather shoes"]}).to_string();
     let d = exchange(addr, "POST", "/v1/score", &[("x-sieve-deadline-ms", "60000")], one.as_bytes()).await;
@@ -360,6 +436,55 @@ async fn check_successes(name: &str, addr: SocketAddr) {
         let d = exchange(addr, "POST", "/v1/rerank", &[], body.as_bytes()).await;
         assert_eq!(d.status, 200, "{name}: on_overload {policy}: {}", d.raw_body);
     }
+}
+
+/// The drop-in routes give the scores `/v1/score` gave (`s`, in input order), in their shapes.
+async fn check_drop_in_shapes(name: &str, addr: SocketAddr, s: &[f64]) {
+    let texts = ["red leather shoes", "blue felt hat", "running shoes, red", "a green umbrella"];
+    let query = "red shoes";
+
+    // TEI: an array best first, each with its index and score, texts when asked.
+    let body = json!({"query": query, "texts": texts, "return_text": true, "truncate": false});
+    let tei = exchange(addr, "POST", "/rerank", &[], body.to_string().as_bytes()).await;
+    assert_eq!(tei.status, 200, "{name}: TEI: {}", tei.raw_body);
+    let ranks = tei.body.as_array().unwrap_or_else(|| panic!("{name}: TEI answer not an array: {}", tei.body));
+    assert_eq!(ranks.len(), 4, "{name}: {}", tei.body);
+    let tei_scores: Vec<f64> = ranks.iter().map(|r| r["score"].as_f64().unwrap()).collect();
+    assert!(tei_scores.windows(2).all(|w| w[0] >= w[1]), "{name}: TEI not sorted: {tei_scores:?}");
+    for r in ranks {
+        let i = r["index"].as_u64().unwrap() as usize;
+        assert!(close(s[i], r["score"].as_f64().unwrap()), "{name}: TEI text {i}: {r} vs {}", s[i]);
+        assert_eq!(r["text"], json!(texts[i]), "{name}");
+    }
+    assert!(tei.header("x-sieve-total-ms").is_some(), "{name}: TEI timing header");
+
+    // vLLM score: data in input order.
+    let body = json!({"model": "any", "text_1": query, "text_2": texts});
+    let v = exchange(addr, "POST", "/score", &[], body.to_string().as_bytes()).await;
+    assert_eq!(v.status, 200, "{name}: vLLM score: {}", v.raw_body);
+    assert_eq!(v.body["object"], "list", "{name}: {}", v.body);
+    let data = v.body["data"].as_array().unwrap_or_else(|| panic!("{name}: {}", v.body));
+    assert_eq!(data.len(), 4, "{name}: {}", v.body);
+    for (i, d) in data.iter().enumerate() {
+        assert_eq!(d["index"].as_u64(), Some(i as u64), "{name}: {}", v.body);
+        assert_eq!(d["object"], "score", "{name}");
+        assert!(close(s[i], d["score"].as_f64().unwrap()), "{name}: vLLM text {i}: {d} vs {}", s[i]);
+    }
+    assert!(v.body["usage"]["total_tokens"].as_u64().is_some(), "{name}: {}", v.body);
+
+    // Cohere v2's route answers as /v1/rerank does, with the fields the clients read.
+    let body = json!({"model": "rerank-v3.5", "query": query, "documents": texts, "top_n": 3});
+    let c = exchange(addr, "POST", "/v2/rerank", &[], body.to_string().as_bytes()).await;
+    assert_eq!(c.status, 200, "{name}: /v2/rerank: {}", c.raw_body);
+    let results = c.body["results"].as_array().unwrap_or_else(|| panic!("{name}: {}", c.body));
+    assert_eq!(results.len(), 3, "{name}: {}", c.body);
+    for r in results {
+        let i = r["index"].as_u64().unwrap() as usize;
+        assert!(close(s[i], r["relevance_score"].as_f64().unwrap()), "{name}: /v2/rerank {i}: {r}");
+    }
+    assert!(c.body["id"].as_str().is_some_and(|id| !id.is_empty()), "{name}: {}", c.body);
+    assert!(c.body["usage"]["total_tokens"].as_u64().is_some(), "{name}: {}", c.body);
+    assert_eq!(c.body["meta"]["api_version"]["version"], "1", "{name}: {}", c.body);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -166,8 +166,9 @@ pub struct ScoreResponse {
     pub model: String,
 }
 
-/// `POST /v1/rerank`, in the Cohere / text-embeddings-inference shape.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// `POST /v1/rerank` (and `/v2/rerank`), in the shape Cohere, Jina and vLLM share. What Sieve
+/// does with each client field is in `compat::rerank`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RerankRequest {
     pub query: String,
@@ -186,6 +187,24 @@ pub struct RerankRequest {
     /// Accepted for client compatibility; the served model is fixed per process.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// Cohere v1: the document fields to rank on; only `["text"]` is accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank_fields: Option<Vec<String>>,
+    /// Cohere v1, refused when set: Sieve does not chunk documents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_chunks_per_doc: Option<u64>,
+    /// Cohere v2, refused when set: Sieve does not truncate documents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens_per_doc: Option<u64>,
+    /// vLLM, refused when set: Sieve does not truncate prompts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncate_prompt_tokens: Option<i64>,
+    /// Cohere v2 and vLLM, refused when set: Sieve orders work by deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i64>,
+    /// Cohere v2, refused when set: Sieve scores whole documents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relevant_spans: Option<serde_json::Value>,
 }
 
 impl RerankRequest {
@@ -259,6 +278,9 @@ pub mod headers {
     pub const TOTAL_MS: &str = "x-sieve-total-ms";
     /// Deadline as an absolute budget left, in ms, propagated proxy → worker.
     pub const DEADLINE_MS: &str = "x-sieve-deadline-ms";
+    /// Indices the deadline left unscored, comma-separated, on answers with any (the drop-in
+    /// shapes whose body cannot say so, a bare array, carry it only here).
+    pub const MISSING: &str = "x-sieve-missing";
 }
 
 #[cfg(test)]
@@ -316,10 +338,7 @@ mod tests {
             documents: vec!["a".into(), "b".into(), "c".into()],
             top_n: Some(2),
             return_documents: true,
-            instruction: None,
-            deadline_ms: None,
-            on_overload: None,
-            model: None,
+            ..RerankRequest::default()
         };
         let resp = ScoreResponse {
             scores: vec![Some(0.1), Some(0.9), Some(0.9)],

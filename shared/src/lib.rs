@@ -5,6 +5,7 @@
 pub mod api;
 pub mod child;
 pub mod cli;
+pub mod compat;
 pub mod cost;
 pub mod error;
 pub mod http;

@@ -9,29 +9,48 @@ use std::time::Duration;
 
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderValue, ALLOW, CONNECTION};
-use hyper::{Method, Request, StatusCode};
+use hyper::{Method, Request};
 // Tokio's clock, so the simulated worker's tests can run with time paused.
 use tokio::time::Instant;
 
 use crate::api::headers;
+use crate::compat::Shape;
 use crate::http::{self, read_body, HttpResponse};
-use crate::{ApiError, ErrorKind, Limits, RerankRequest, RerankResponse, ScoreRequest, ScoreResponse, Timing};
+use crate::{ApiError, ErrorKind, Limits, ScoreRequest, ScoreResponse, Timing};
 
-/// The two scoring routes.
+/// The scoring routes: Sieve's own and the drop-in shapes of other servers (`compat`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
     /// `POST /v1/score`
     Score,
-    /// `POST /v1/rerank`
+    /// `POST /v1/rerank`, `POST /v2/rerank` (Cohere, Jina, vLLM)
     Rerank,
+    /// `POST /rerank` (text-embeddings-inference)
+    TeiRerank,
+    /// `POST /score` (vLLM)
+    VllmScore,
 }
 
+/// Every API path with its route.
+const ROUTES: [(&str, Route); 5] = [
+    ("/v1/score", Route::Score),
+    ("/v1/rerank", Route::Rerank),
+    ("/v2/rerank", Route::Rerank),
+    ("/rerank", Route::TeiRerank),
+    ("/score", Route::VllmScore),
+];
+
 impl Route {
+    /// Every route (the fuzz target parses a body as each).
+    pub const ALL: [Route; 4] = [Route::Score, Route::Rerank, Route::TeiRerank, Route::VllmScore];
+
     /// The `route` label of the per-crate metrics.
     pub fn name(self) -> &'static str {
         match self {
             Route::Score => "score",
             Route::Rerank => "rerank",
+            Route::TeiRerank => "tei_rerank",
+            Route::VllmScore => "vllm_score",
         }
     }
 }
@@ -80,19 +99,19 @@ pub trait ScoreService: Send + Sync {
     fn observe(&self, _route: Route, _status: u16, _elapsed: Duration) {}
 }
 
-/// Serves one request of the API port: `POST /v1/score`, `POST /v1/rerank`.
+/// Serves one request of the API port: `POST /v1/score`, `POST /v1/rerank`, and the drop-in
+/// routes (`/v2/rerank`, `/rerank`, `/score`).
 pub async fn handle<S: ScoreService>(svc: &S, req: Request<Incoming>) -> HttpResponse {
     let arrival = Instant::now();
     let path = req.uri().path();
-    let route = match (req.method(), path) {
-        (&Method::POST, "/v1/score") => Route::Score,
-        (&Method::POST, "/v1/rerank") => Route::Rerank,
-        (_, "/v1/score" | "/v1/rerank") => {
+    let route = match (req.method(), ROUTES.iter().find(|(p, _)| *p == path)) {
+        (&Method::POST, Some(&(_, route))) => route,
+        (_, Some(_)) => {
             let mut r = http::error(&ApiError::new(ErrorKind::MethodNotAllowed, format!("{path} needs POST")));
             r.headers_mut().insert(ALLOW, HeaderValue::from_static("POST"));
             return r;
         }
-        _ => {
+        (_, None) => {
             let msg = format!("no route {path}; try POST /v1/score or POST /v1/rerank");
             return http::error(&ApiError::new(ErrorKind::NotFound, msg));
         }
@@ -129,27 +148,15 @@ async fn serve<S: ScoreService>(
     };
     // Admission only now: a body that never arrives holds no in-flight slot.
     let _admitted = svc.admit()?;
-    let (mut score_req, rerank) = match route {
-        Route::Score => (ApiError::parse_json::<ScoreRequest>(&body)?, None),
-        Route::Rerank => {
-            let r: RerankRequest = ApiError::parse_json(&body)?;
-            (r.to_score_request(), Some(r))
-        }
-    };
+    let (mut score_req, shape) = Shape::parse(route, &body)?;
     drop(body);
     if score_req.deadline_ms.is_none() {
         score_req.deadline_ms = header_deadline.transpose()?;
     }
-    limits.check_as(&score_req, if rerank.is_some() { "documents" } else { "items" })?;
-    if rerank.as_ref().is_some_and(|r| r.top_n == Some(0)) {
-        return Err(ApiError::invalid("top_n must be at least 1"));
-    }
+    limits.check_as(&score_req, shape.items_field())?;
     let Scored { response, headers: extra } = svc.score(score_req, Call { arrival }).await?;
     let timing = response.timing;
-    let mut r = match rerank {
-        None => http::json(StatusCode::OK, &response),
-        Some(req) => http::json(StatusCode::OK, &RerankResponse::from_scores(&req, response)),
-    };
+    let mut r = shape.respond(response);
     with_timing(r.headers_mut(), &timing);
     r.headers_mut().extend(extra);
     Ok(r)

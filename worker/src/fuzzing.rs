@@ -14,7 +14,9 @@ use std::sync::OnceLock;
 
 use arbitrary::Unstructured;
 use sieve_kernels::cpu::CpuBackend;
-use sieve_shared::{ApiError, Limits, RerankRequest, ScoreRequest};
+use sieve_shared::compat::Shape;
+use sieve_shared::service::Route;
+use sieve_shared::{ApiError, Limits};
 
 use crate::model::gguf::test_writer::{gguf_bytes, TestTensor};
 use crate::model::gguf::GgufValue;
@@ -86,18 +88,20 @@ pub fn hf_config(data: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// A request body as the API parses it: a score request and a rerank request, each parsed with
-/// [`ApiError::parse_json`] and checked against the default [`Limits`]. Every error is a client
-/// error with the status the API documents (400 malformed, 413 too large, 422 invalid).
+/// A request body as the API parses it on every route (Sieve's score and rerank, and the drop-in
+/// shapes of `sieve_shared::compat`), each checked against the default [`Limits`]. Every error is
+/// a client error with the status the API documents (400 malformed, 413 too large, 422 invalid).
 pub fn request_json(data: &[u8]) -> std::result::Result<(), ApiError> {
     let limits = Limits::default();
-    let score = ApiError::parse_json::<ScoreRequest>(data).and_then(|r| limits.check(&r));
-    let rerank = ApiError::parse_json::<RerankRequest>(data).and_then(|r| limits.check(&r.to_score_request()));
-    for e in [&score, &rerank].into_iter().filter_map(|r| r.as_ref().err()) {
+    let results: Vec<_> = Route::ALL
+        .into_iter()
+        .map(|route| Shape::parse(route, data).and_then(|(req, shape)| limits.check_as(&req, shape.items_field())))
+        .collect();
+    for e in results.iter().filter_map(|r| r.as_ref().err()) {
         assert!(matches!(e.status(), 400 | 413 | 422), "status {} for {e:?}", e.status());
         assert!(!e.message.is_empty(), "an error without a message");
     }
-    score.or(rerank)
+    results.into_iter().reduce(|a, b| a.or(b)).unwrap_or(Ok(()))
 }
 
 /// Caller text through the worker's tokenizer wrapper: ids inside the vocabulary, the same ids
@@ -265,13 +269,15 @@ pub mod seeds {
         vec![dense.into(), moe.into(), llama.into()]
     }
 
-    /// Valid score and rerank request bodies.
+    /// Valid request bodies of every route: score, rerank, TEI rerank, vLLM score.
     pub fn request_json() -> Vec<Vec<u8>> {
         [
             r#"{"query": "what is rust", "items": ["a systems language", "a fungus"]}"#,
             r#"{"query": "q", "items": [{"text": "t", "id": "x1"}, "plain"], "instruction": "Judge", "deadline_ms": 500}"#,
             r#"{"query": "q", "documents": ["d1", {"text": "d2"}], "top_n": 1, "return_documents": true, "model": "m"}"#,
             r#"{"query": "\u00e9t\u00e9 \ud83d\ude00", "items": ["\n\tx", "x"], "deadline_ms": 1}"#,
+            r#"{"query": "q", "texts": ["a", "b"], "return_text": true, "truncate": false, "truncation_direction": "Left"}"#,
+            r#"{"model": "m", "text_1": ["q", "q"], "text_2": ["a", "b"]}"#,
         ]
         .iter()
         .map(|s| s.as_bytes().to_vec())

@@ -1,0 +1,126 @@
+//! The request and response shapes of the rerank servers people already have clients for, as
+//! views of the one Sieve call: each shape parses into a [`ScoreRequest`] (so the same limits,
+//! validation, deadline and errors apply) and turns the [`ScoreResponse`] back into its own
+//! answer. The routes (`sieve_shared::service`):
+//!
+//! | route | shape | module |
+//! |---|---|---|
+//! | `POST /v1/score` | Sieve's own | (none) |
+//! | `POST /v1/rerank`, `POST /v2/rerank` | Cohere v1/v2, Jina, vLLM rerank | [`rerank`] |
+//! | `POST /rerank` | text-embeddings-inference | [`tei`] |
+//! | `POST /score` | vLLM score (`text_1`/`text_2`) | [`vllm`] |
+//!
+//! What no shape can express in its own body (the TEI answer is a bare array) is sent as the
+//! `x-sieve-missing` header: the indices the deadline left unscored, comma-separated. Object
+//! answers carry them as a `missing` field too, as Sieve's own do. Errors are Sieve's JSON error
+//! body on every route, with the same codes.
+
+pub mod rerank;
+pub mod tei;
+pub mod vllm;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use hyper::header::HeaderValue;
+use hyper::StatusCode;
+
+use crate::api::headers;
+use crate::http::{self, HttpResponse};
+use crate::service::Route;
+use crate::{ApiError, RerankRequest, ScoreRequest, ScoreResponse};
+
+/// A parsed request in the shape its route speaks, kept until the answer is built.
+#[derive(Debug)]
+pub enum Shape {
+    /// `POST /v1/score`: answered as is.
+    Score,
+    /// `POST /v1/rerank`, `/v2/rerank`.
+    Rerank(Box<RerankRequest>),
+    /// `POST /rerank` (text-embeddings-inference).
+    Tei(tei::Rerank),
+    /// `POST /score` (vLLM).
+    VllmScore(vllm::Score),
+}
+
+impl Shape {
+    /// Parses `body` as `route`'s shape into the equivalent Sieve call. Only what the JSON alone
+    /// can tell is refused here (unknown fields, wrong types, options Sieve cannot honour); the
+    /// limits are the caller's, through [`Limits::check_as`](crate::Limits::check_as) with
+    /// [`items_field`](Self::items_field).
+    pub fn parse(route: Route, body: &[u8]) -> Result<(ScoreRequest, Shape), ApiError> {
+        Ok(match route {
+            Route::Score => (ApiError::parse_json::<ScoreRequest>(body)?, Shape::Score),
+            Route::Rerank => {
+                let r: RerankRequest = ApiError::parse_json(body)?;
+                rerank::check(&r)?;
+                (r.to_score_request(), Shape::Rerank(Box::new(r)))
+            }
+            Route::TeiRerank => {
+                let (req, shape) = tei::Rerank::parse(body)?;
+                (req, Shape::Tei(shape))
+            }
+            Route::VllmScore => {
+                let (req, shape) = vllm::Score::parse(body)?;
+                (req, Shape::VllmScore(shape))
+            }
+        })
+    }
+
+    /// What the request calls its items, for limit messages (`too many texts: 9 > max_items 8`).
+    pub fn items_field(&self) -> &'static str {
+        match self {
+            Shape::Score => "items",
+            Shape::Rerank(_) => "documents",
+            Shape::Tei(_) => "texts",
+            Shape::VllmScore(_) => "text_2",
+        }
+    }
+
+    /// The answer, in this shape, to a scored request.
+    pub fn respond(self, resp: ScoreResponse) -> HttpResponse {
+        let missing = resp.missing.clone();
+        let mut r = match self {
+            Shape::Score => http::json(StatusCode::OK, &resp),
+            Shape::Rerank(req) => http::json(StatusCode::OK, &rerank::answer(&req, resp)),
+            Shape::Tei(req) => http::json(StatusCode::OK, &req.answer(resp)),
+            Shape::VllmScore(req) => http::json(StatusCode::OK, &req.answer(resp)),
+        };
+        if !missing.is_empty() {
+            let list = missing.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+            if let Ok(v) = HeaderValue::from_str(&list) {
+                r.headers_mut().insert(headers::MISSING, v);
+            }
+        }
+        r
+    }
+}
+
+/// Refuses an option Sieve cannot honour, naming it and saying why, instead of ignoring it.
+fn refuse_if(set: bool, field: &str, why: &str) -> Result<(), ApiError> {
+    if set {
+        return Err(ApiError::invalid(format!("{field} is not supported: {why}")));
+    }
+    Ok(())
+}
+
+/// A response id unique within this process and unlikely to repeat across processes (start
+/// time and process id in the high bits, a counter in the low ones): some clients log it.
+fn response_id(prefix: &str) -> String {
+    static BASE: OnceLock<u64> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let base = *BASE.get_or_init(|| {
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        nanos ^ (u64::from(std::process::id()) << 40)
+    });
+    format!("{prefix}-{base:016x}{:08x}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Seconds since the Unix epoch (vLLM's `created`).
+fn unix_seconds() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests;

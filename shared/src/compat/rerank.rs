@@ -1,0 +1,110 @@
+//! `POST /v1/rerank` (and `/v2/rerank`): the shape Cohere (v1 and v2), Jina and vLLM share.
+//!
+//! Request fields ([`RerankRequest`]) and what Sieve does with them:
+//!
+//! - `query`, `documents` (strings, or `{"text": ..}` objects with an optional Sieve `id`),
+//!   `top_n` (at least 1; absent = every document; vLLM's `0` for "all" is refused with 422, as
+//!   Cohere refuses it: leave it out instead), `return_documents` (default false, as Cohere's:
+//!   each result then has no `document`; Jina's API defaults to true, so a Jina client that wants
+//!   the texts back sends `true`), `model` (accepted; the served model is fixed per process, and
+//!   the answer names it): as Cohere, Jina and vLLM define them.
+//! - `rank_fields` (Cohere v1): only `["text"]`, the one field a Sieve document has.
+//! - Refused with 422, since Sieve cannot honour them: `max_chunks_per_doc` (Cohere v1),
+//!   `max_tokens_per_doc` (Cohere v2), `truncate_prompt_tokens` (vLLM) — Sieve never chunks or
+//!   truncates: an item over `max_item_chars` is refused (413), one over the model's context by
+//!   the worker; `priority` (Cohere v2, vLLM) — Sieve orders work by deadline;
+//!   `relevant_spans` (Cohere v2).
+//! - Sieve's own: `instruction`, `deadline_ms`, `on_overload`, as on `/v1/score`.
+//!
+//! The answer is Sieve's rerank answer (`results` best first, each `{index, relevance_score,
+//! document?: {text}}`; `missing`, `usage`, `timing`, `model`) plus what the clients read:
+//! `id` (Cohere, Jina, vLLM), `usage.total_tokens` (Jina, vLLM), `meta` (Cohere: `api_version`,
+//! `tokens.input_tokens`).
+
+use serde::Serialize;
+
+use super::{refuse_if, response_id};
+use crate::{ApiError, RerankRequest, RerankResponse, RerankResult, ScoreResponse, Timing, Usage};
+
+/// Refuses what the JSON asks for and Sieve cannot honour (after parsing, before the limits).
+pub fn check(r: &RerankRequest) -> Result<(), ApiError> {
+    let never = "Sieve never chunks or truncates a document: one over max_item_chars is refused (413), \
+                 one over the model's context by the worker";
+    refuse_if(r.max_chunks_per_doc.is_some(), "max_chunks_per_doc", never)?;
+    refuse_if(r.max_tokens_per_doc.is_some(), "max_tokens_per_doc", never)?;
+    refuse_if(r.truncate_prompt_tokens.is_some(), "truncate_prompt_tokens", never)?;
+    refuse_if(r.priority.is_some(), "priority", "Sieve orders work by deadline (deadline_ms)")?;
+    refuse_if(r.relevant_spans.is_some(), "relevant_spans", "Sieve scores whole documents")?;
+    if let Some(fields) = &r.rank_fields {
+        refuse_if(
+            fields.iter().any(|f| f != "text"),
+            "rank_fields other than [\"text\"]",
+            "a Sieve document has one field, `text`",
+        )?;
+    }
+    if r.top_n == Some(0) {
+        return Err(ApiError::invalid("top_n must be at least 1"));
+    }
+    Ok(())
+}
+
+/// The `/v1/rerank` answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct Answer {
+    /// Cohere's, Jina's and vLLM's response id.
+    pub id: String,
+    /// Scored documents, best first (ties: lower index first); at most `top_n`.
+    pub results: Vec<RerankResult>,
+    /// Indices the deadline left unscored.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub missing: Vec<usize>,
+    pub usage: AnswerUsage,
+    pub timing: Timing,
+    pub model: String,
+    /// Cohere's `meta`.
+    pub meta: Meta,
+}
+
+/// Sieve's usage plus `total_tokens`, the field Jina and vLLM clients read.
+#[derive(Debug, Clone, Serialize)]
+pub struct AnswerUsage {
+    #[serde(flatten)]
+    pub sieve: Usage,
+    /// The prompt tokens: a rerank call generates none.
+    pub total_tokens: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Meta {
+    pub api_version: ApiVersion,
+    pub tokens: MetaTokens,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ApiVersion {
+    pub version: &'static str,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct MetaTokens {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+/// Sorts a score answer into the rerank answer.
+pub fn answer(req: &RerankRequest, resp: ScoreResponse) -> Answer {
+    let RerankResponse { results, missing, usage, timing, model } = RerankResponse::from_scores(req, resp);
+    let tokens = usage.prompt_tokens;
+    Answer {
+        id: response_id("rerank"),
+        results,
+        missing,
+        usage: AnswerUsage { sieve: usage, total_tokens: tokens },
+        timing,
+        model,
+        meta: Meta {
+            api_version: ApiVersion { version: "1" },
+            tokens: MetaTokens { input_tokens: tokens, output_tokens: 0 },
+        },
+    }
+}
