@@ -80,20 +80,34 @@ pub fn split_by_cost_priced(
     }
 }
 
-/// Item indices, longest first (ties by index: the same order every time). Sorted as one
-/// integer key per item (the length's total-order bits above the index): several times faster
-/// than sorting indices through a comparison closure.
+/// Item indices, longest first (ties by index: the same order every time). A three-pass radix
+/// sort (8 bits a pass) on the top 24 bits of each length's order key (sign, exponent, 12 bits
+/// of mantissa): lengths within 0.03% of each other count as equal, which longest-first
+/// packing does not feel, and the sort costs O(m) instead of a comparison sort's O(m log m)
+/// (the largest single cost of the decision before).
 fn longest_first(tokens: &[f64]) -> Vec<usize> {
-    let mut keys: Vec<u128> = tokens
-        .iter()
-        .enumerate()
-        .map(|(i, &n)| {
-            // Inverted: longest first.
-            (u128::from(!order_key(n)) << 64) | i as u128
-        })
-        .collect();
-    keys.sort_unstable();
-    keys.into_iter().map(|k| k as u64 as usize).collect()
+    const BITS: u32 = 8;
+    const DIGITS: usize = 1 << BITS;
+    let keys: Vec<u32> = tokens.iter().map(|&n| ((!order_key(n)) >> (64 - 3 * BITS)) as u32).collect();
+    let mut order: Vec<usize> = (0..tokens.len()).collect();
+    let mut next = vec![0usize; tokens.len()];
+    for shift in [0, BITS, 2 * BITS] {
+        let digit = |i: usize| ((keys[i] >> shift) as usize) & (DIGITS - 1);
+        let mut at = [0u32; DIGITS + 1];
+        for &i in &order {
+            at[digit(i) + 1] += 1;
+        }
+        for d in 0..DIGITS {
+            at[d + 1] += at[d];
+        }
+        for &i in &order {
+            let d = digit(i);
+            next[at[d] as usize] = i;
+            at[d] += 1;
+        }
+        std::mem::swap(&mut order, &mut next);
+    }
+    order
 }
 
 /// Every k packed and scored (a coarse geometric scan first above 24 candidates): the choice for
