@@ -195,10 +195,44 @@ async fn a_lagging_shard_is_hedged_and_the_loser_cancelled() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hedge_denied_for_want_of_an_idle_worker_is_tried_again() {
+    let http = Http::new();
+    let ws = sims(3, SimConfig::default()).await;
+    let mut cfg = test_config(endpoints(&ws));
+    cfg.hedge.budget_ratio = 1.0;
+    // One shard per worker.
+    cfg.split.mode = SplitMode::Fixed;
+    cfg.split.fixed_items = 34;
+    let p = proxy(cfg, 3).await;
+    let body = score_body(QUERY, &catalogue(100, 8), None);
+    for _ in 0..30 {
+        assert_eq!(through(&http, &p, &body).await.status, 200);
+    }
+    let hedges = |p: &RunningProxy| {
+        p.state.pool.snapshot().iter().map(|w| w.counters.hedges.load(Ordering::Relaxed)).sum::<u64>()
+    };
+    let before = hedges(&p);
+    // Two shards lag at once; the one idle worker can take one copy at a time (hedges go only
+    // to idle workers), so the second must be tried again once the first copy is done.
+    slow_down(&ws[1], 200.0);
+    slow_down(&ws[2], 200.0);
+    let r = through(&http, &p, &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.json::<ScoreResponse>().missing.is_empty());
+    assert!(hedges(&p) - before >= 2, "both lagging shards were hedged: {}", hedges(&p) - before);
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_deadline_gives_a_partial_answer_with_missing_indices() {
     let http = Http::new();
     let ws = sims(2, SimConfig::default()).await;
-    let p = proxy(no_hedge(test_config(endpoints(&ws))), 2).await;
+    // Half the items on each worker, whatever the load price makes of the stats the direct
+    // call below leaves behind (a worker briefly reported busy).
+    let mut cfg = no_hedge(test_config(endpoints(&ws)));
+    cfg.split.mode = SplitMode::Fixed;
+    cfg.split.fixed_items = 50;
+    let p = proxy(cfg, 2).await;
     let items = catalogue(100, 6);
     let want = direct(&http, &ws[0], &score_body(QUERY, &items, None)).await;
     slow_down(&ws[1], 500.0);

@@ -225,8 +225,9 @@ struct CompareArgs {
     /// Items per shard of the fixed split (default: mean items per request / workers).
     #[arg(long)]
     fixed_items: Option<usize>,
-    /// Run ours with the load-aware split (`[split] load_aware = true`).
-    #[arg(long)]
+    /// Ours with the load-aware split (`[split] load_aware`, the proxy's default);
+    /// `--load-aware false`: makespan only.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     load_aware: bool,
     #[command(flatten)]
     workload: WorkloadArgs,

@@ -1,44 +1,67 @@
 //! What the split decision costs: µs per request of 1,000 items (heavy-tailed lengths), for
-//! the plain cost split and the load-aware one (price of work from the candidates' backlog),
-//! on 16 and 64 workers with half of them busy. `cargo bench -p sieve-proxy --bench split_decision`.
+//! the plain cost split and the load-aware one (load price θ from the workers' queues), on 16
+//! and 64 workers with half of them busy; beside it, the exhaustive search (every k packed)
+//! that requests this large used before, and the two plans' predicted makespans.
+//! `cargo bench -p sieve-proxy --bench split_decision`.
 
 use std::hint::black_box;
 use std::time::Instant;
 
-use sieve_proxy::split::load_price;
-use sieve_proxy::split::{heavy_tailed_tokens, split_by_cost_priced, Candidate, Request};
+use sieve_proxy::cluster::worker::WorkerView;
+use sieve_proxy::split::Request;
+use sieve_proxy::split::{heavy_tailed_tokens, load_price, split_by_cost_priced, split_exhaustive, Candidate, Plan};
 use sieve_shared::CostModel;
+
+/// Mean µs per call of `f` over `n` calls after a warm-up, and the last plan.
+fn time(n: usize, f: impl Fn() -> Plan) -> (f64, Plan) {
+    for _ in 0..n / 10 {
+        black_box(f());
+    }
+    let start = Instant::now();
+    let mut plan = f();
+    for _ in 1..n {
+        plan = black_box(f());
+    }
+    (start.elapsed().as_secs_f64() * 1e6 / n as f64, plan)
+}
 
 fn main() {
     let model = CostModel::default();
     let tokens = heavy_tailed_tokens(1000, 1);
     let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model };
-    println!("split decision, 1,000 items per request (mean of the runs after one warm-up run)");
-    println!("{:>8} {:>12} {:>8} {:>8} {:>12}", "workers", "split", "price", "shards", "µs/request");
+    println!("split decision, 1,000 items per request (mean of 500 runs after 50 warm-up runs)");
+    println!(
+        "{:>8} {:>11} {:>9} {:>7} {:>11} {:>12} {:>15} {:>15}",
+        "workers", "split", "θ (1/ms)", "shards", "µs/request", "exhaustive µs", "makespan ms", "exhaustive ms"
+    );
     for workers in [16usize, 64] {
-        let cands: Vec<Candidate> = (0..workers)
-            .map(|i| Candidate {
-                available_ms: if i % 2 == 1 { 20.0 + i as f64 } else { 0.0 },
+        // Half of the workers busy with two shards of ~20 ms.
+        let views: Vec<WorkerView> = (0..workers)
+            .map(|i| WorkerView {
+                backlog_ms: if i % 2 == 1 { 40.0 + i as f64 } else { 0.0 },
+                in_flight: if i % 2 == 1 { 2 } else { 0 },
                 time_factor: 1.0 + (i % 3) as f64 * 0.1,
                 max_batch_tokens: 0,
             })
             .collect();
+        let cands: Vec<Candidate> = views.iter().map(Candidate::from).collect();
         for load_aware in [false, true] {
-            let run = |n: usize| {
-                let start = Instant::now();
-                let mut shards = 0;
-                for _ in 0..n {
-                    let price = if load_aware { load_price::price(black_box(&cands)) } else { 0.0 };
-                    let plan = split_by_cost_priced(black_box(&req), black_box(&cands), 64, 0.02, price);
-                    shards = plan.shards.len();
-                }
-                (start.elapsed().as_secs_f64() * 1e6 / n as f64, shards)
-            };
-            run(50);
-            let (us, shards) = run(500);
-            let price = if load_aware { load_price::price(&cands) } else { 0.0 };
+            let theta = |v: &[WorkerView]| if load_aware { load_price::theta(v) } else { 0.0 };
+            let (us, plan) = time(500, || {
+                split_by_cost_priced(black_box(&req), black_box(&cands), 64, 0.02, theta(black_box(&views)))
+            });
+            let k_max = workers.min(64);
+            let (old_us, old) = time(50, || {
+                split_exhaustive(black_box(&req), black_box(&cands), k_max, 0.02, theta(black_box(&views)))
+            });
             let name = if load_aware { "load-aware" } else { "cost" };
-            println!("{workers:>8} {name:>12} {price:>8.2} {shards:>8} {us:>12.1}");
+            println!(
+                "{workers:>8} {name:>11} {:>9.4} {:>7} {us:>11.1} {old_us:>12.1} {:>15.1} {:>15.1}",
+                theta(&views),
+                plan.shards.len(),
+                plan.makespan_ms,
+                old.makespan_ms
+            );
         }
     }
 }

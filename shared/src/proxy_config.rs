@@ -179,11 +179,11 @@ pub struct SplitConfig {
     pub tolerance: f64,
     /// Shard token limit used for a worker that does not report `max_batch_tokens`; 0: none.
     pub default_max_batch_tokens: u64,
-    /// Cost mode: price each plan's total work by what it adds to everyone's queueing at the
-    /// cluster's utilisation, so the shard count falls toward one as the cluster fills (the
-    /// proxy's `load_price` module). False (the default until a full comparison run shows it
-    /// helps at every load: a short one helped at 90% and hurt at 50%): minimise this request's
-    /// makespan alone.
+    /// Cost mode: score each plan by its makespan plus what its shards add to the waiting of
+    /// requests arriving behind them, priced from the workers' queues (the proxy's `load_price`
+    /// module), so the shard count falls as the cluster fills and grows back as it empties.
+    /// True by default (the strategy comparison: lower p99 at 70-90% load and in a burst, the
+    /// same below); false: minimise this request's makespan alone.
     pub load_aware: bool,
 }
 
@@ -195,7 +195,7 @@ impl Default for SplitConfig {
             max_shards: 64,
             tolerance: 0.02,
             default_max_batch_tokens: 0,
-            load_aware: false,
+            load_aware: true,
         }
     }
 }

@@ -97,6 +97,18 @@ impl SimCluster {
         }
     }
 
+    /// Restarts every worker's random draws (noise, failures, stalls) from `seed` (worker i
+    /// from `seed + i`), a restarted worker's included: each strategy's run starts from here,
+    /// so every strategy meets the same noise and stalls.
+    pub fn reseed(&self, seed: u64) {
+        for (i, s) in self.slots().iter_mut().enumerate() {
+            s.config.seed = seed.wrapping_add(i as u64);
+            if let Some(w) = &s.worker {
+                w.engine().reseed(s.config.seed);
+            }
+        }
+    }
+
     /// Drops worker `i`'s connections and closes its ports at once, like a crash.
     pub fn kill(&self, i: usize) {
         let mut slots = self.slots();

@@ -261,6 +261,8 @@ impl Env<'_> {
             ),
         };
         self.cluster.wait_idle(Duration::from_secs(10)).await;
+        // The workload and arrivals come from `spec.seed` too: every strategy gets the same.
+        self.cluster.reseed(spec.seed);
         let before = proxy.counters(&self.http).await;
         let busy_before = self.cluster.busy_seconds();
         let monitor = Monitor::start(self.http.clone(), self.cluster.admin_urls().to_vec(), Duration::from_millis(500));

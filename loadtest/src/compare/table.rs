@@ -128,6 +128,7 @@ pub fn markdown(r: &CompareReport) -> String {
             "slow" => "One worker 3x slower (from 1/4 of the run)",
             "kill" => "A worker killed at 1/3 of the run, restarted at 2/3",
             "burst" => "Burst to 150% of capacity for 10 s",
+            "stall" => "Stalls: 3% of calls on every worker pause 25 ms to 1 s (Pareto, shape 1.2)",
             o => o,
         };
         s.push_str(&format!("\n**{what}, at {:.0}% load**\n\n", r.fault_load_pct));

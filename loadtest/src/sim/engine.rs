@@ -138,6 +138,12 @@ impl SimEngine {
         Ok(*s)
     }
 
+    /// Restarts the random draws (noise, failures, stalls) from `seed`: the comparison reseeds
+    /// every worker before each strategy's run, so each strategy meets the same sequence.
+    pub fn reseed(&self, seed: u64) {
+        *self.rng.lock().unwrap_or_else(|p| p.into_inner()) = StdRng::seed_from_u64(seed);
+    }
+
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::SeqCst);
     }
@@ -544,6 +550,27 @@ mod tests {
         assert_eq!(a, times(5).await);
         let slow = a.iter().filter(|&&t| t >= 60.0).count();
         assert!((8..=35).contains(&slow), "{slow} of 200 calls stalled at rate 0.1");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reseeding_replays_the_same_noise_and_stalls() {
+        use crate::sim::Stall;
+        let cost = CostModel { request_ms: 10.0, token_ms: 0.0, token_context_ms: 0.0 };
+        let stall = Stall { rate: 0.2, min_ms: 50.0, alpha: 1.2, max_ms: 5000.0 };
+        let e = engine(SimConfig { cost, jitter: 0.3, stall, seed: 1, ..SimConfig::default() });
+        let run = || async {
+            let mut t = Vec::new();
+            for _ in 0..50 {
+                t.push(e.score(req(&["x"], None), Instant::now()).await.unwrap().timing.compute_ms);
+            }
+            t
+        };
+        e.reseed(7);
+        let a = run().await;
+        let b = run().await;
+        assert_ne!(a, b, "the draws go on without a reseed");
+        e.reseed(7);
+        assert_eq!(a, run().await, "a reseed replays them");
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,57 +1,53 @@
-//! The price of work: what one more millisecond of compute sent to the cluster costs every
-//! other request, in milliseconds of their queueing. The cost split adds it to a plan's
-//! predicted makespan (`makespan + price x total work`), so a request is split only while the
-//! time it saves itself outweighs what its extra shards (each pays the call's fixed cost and
-//! the prefix again) add to everyone's waiting.
+//! The load price θ: how much a plan's shards add to the waiting of the requests that arrive
+//! behind them, per unit of the plan's externality. The cost split scores a plan by
+//! `makespan + θ · Σ over shards (start·compute + compute²/2)`, so a request is split only while
+//! the time it saves itself outweighs what its shards cost everyone else.
 //!
-//! Derivation: each worker is a single-server queue with utilisation ρ. For M/M/1 the total
-//! waiting per unit time is λ·W_q = λ·ρ·S/(1 − ρ) with ρ = λ·S; adding δ of work to every job
-//! (arrival rate λ fixed) changes it by λ·δ·ρ(2 − ρ)/(1 − ρ)², that is by
+//! Derivation. Each worker is a FIFO single-server queue with shard arrival rate λ and
+//! utilisation ρ. Work x placed on a worker whose queue already holds V ms delays by x every
+//! shard that arrives before that queue next empties: those arriving during the current busy
+//! period, whose remaining length is V/(1 − ρ) (a busy period stretches by 1/(1 − ρ) for the
+//! work arriving while it lasts), and on average by x/2 those arriving during x itself. The
+//! expected waiting it adds to others is therefore
 //!
 //! ```text
-//! price(ρ) = ρ(2 − ρ) / (1 − ρ)²     ms of others' waiting per ms of work added
+//! λ/(1 − ρ) · (V·x + x²/2)  =  θ · (V·x + x²/2),    θ = λ/(1 − ρ)
 //! ```
 //!
-//! 0 on an idle cluster (split freely: the extra work delays nobody), about 1 at ρ = 0.3, 3 at
-//! 0.5, 99 at 0.9, unbounded as ρ → 1 (one shard, on the least-loaded worker: the least work).
-//! ρ is read from the state the proxy already tracks: for any single-server queue the chance
-//! that it is busy is its utilisation, so ρ is estimated as the share of candidate workers
-//! with predicted backlog. No load threshold is set by hand; the only constant, [`MAX_PRICE`],
-//! keeps the arithmetic finite when every worker is busy.
+//! Summed over a plan's shards (V: a shard's predicted start) this is both sides of splitting
+//! at once. The linear term grows with every extra shard's fixed cost and prefix, weighted by
+//! the backlog it queues behind; the quadratic term falls as shards shrink (one whole request
+//! holds a worker, and everyone queued behind it, for its full length). On a quiet cluster θ is
+//! small and the plan of least makespan wins; as backlogs grow θ·V·(fixed cost) dominates and k
+//! falls toward one shard on the least-loaded worker; when the cluster empties it grows back.
 //!
-//! Off by default (`[split] load_aware`): in a short comparison run (16 sim-workers, 3 s per
-//! load) it removed the 90%-load misses but raised ours' p99 at 50% load from ~210 to ~670 ms.
-//! The M/M/1 price counts only what extra work adds to others' queueing; it ignores that
-//! smaller shards also shorten the residual service others wait behind (the E[S²] term of
-//! Pollaczek-Khinchine), so it overprices splitting at moderate load.
+//! θ comes from the state the proxy already tracks, averaged over the workers: L, the mean
+//! number of shards in flight per worker, and S = total backlog / total shards in flight, the
+//! mean predicted shard time. Shards of a cost-balanced split are close to equal, so each
+//! worker is taken as M/D/1, whose mean number in system is L = ρ(2 − ρ)/(2(1 − ρ)). Solved for
+//! ρ: 1 − ρ = 1/(L + √(L² + 1)); and λ = ρ/S, so θ = ρ(L + √(L² + 1))/S. θ is 0 on an idle
+//! cluster and grows without bound with the queues (≈ 2L/S); no threshold is set by hand.
 
-use super::Candidate;
+use crate::cluster::worker::WorkerView;
 
-/// Stands for an unbounded price: far above any makespan, so the plan of least work wins.
-pub const MAX_PRICE: f64 = 1e9;
-
-/// The cluster's utilisation as the share of candidates with work queued or running.
-pub fn utilisation(candidates: &[Candidate]) -> f64 {
-    if candidates.is_empty() {
+/// θ (per ms) for the cluster `views` describe: 0 when nothing is in flight.
+pub fn theta(views: &[WorkerView]) -> f64 {
+    let in_flight: f64 = views.iter().map(|v| v.in_flight as f64).sum();
+    let backlog: f64 = views.iter().map(|v| v.backlog_ms).filter(|b| b.is_finite() && *b > 0.0).sum();
+    if views.is_empty() || in_flight <= 0.0 || backlog <= 0.0 {
         return 0.0;
     }
-    candidates.iter().filter(|c| c.available_ms > 0.0).count() as f64 / candidates.len() as f64
+    theta_from(in_flight / views.len() as f64, backlog / in_flight)
 }
 
-/// Others' waiting per unit of work added at utilisation `rho` (M/M/1), at most [`MAX_PRICE`].
-pub fn price_at(rho: f64) -> f64 {
-    if rho.is_nan() || rho <= 0.0 {
+/// θ for a mean of `l` shards in flight per worker, of mean predicted time `s_ms` (M/D/1).
+pub fn theta_from(l: f64, s_ms: f64) -> f64 {
+    if !(l > 0.0 && s_ms > 0.0 && l.is_finite()) {
         return 0.0;
     }
-    if rho >= 1.0 {
-        return MAX_PRICE;
-    }
-    (rho * (2.0 - rho) / ((1.0 - rho) * (1.0 - rho))).min(MAX_PRICE)
-}
-
-/// The price of work on these candidates now.
-pub fn price(candidates: &[Candidate]) -> f64 {
-    price_at(utilisation(candidates))
+    let inv_idle = l + (l * l + 1.0).sqrt(); // 1/(1 − ρ)
+    let rho = 1.0 - 1.0 / inv_idle;
+    rho * inv_idle / s_ms
 }
 
 #[cfg(test)]
@@ -59,27 +55,40 @@ mod tests {
     use sieve_shared::CostModel;
 
     use super::*;
-    use crate::split::{split_by_cost, split_by_cost_priced, Request};
+    use crate::split::cost::externality;
+    use crate::split::{split_by_cost, split_by_cost_priced, Candidate, Request};
 
-    fn cands(backlogs: &[f64]) -> Vec<Candidate> {
-        backlogs.iter().map(|&b| Candidate { available_ms: b, time_factor: 1.0, max_batch_tokens: 0 }).collect()
+    fn view(backlog_ms: f64, in_flight: u64) -> WorkerView {
+        WorkerView { backlog_ms, in_flight, time_factor: 1.0, max_batch_tokens: 0 }
     }
 
     #[test]
-    fn the_price_grows_with_utilisation_without_bound() {
-        assert_eq!(price(&cands(&[0.0; 8])), 0.0);
-        assert_eq!(price(&[]), 0.0);
-        assert!((price_at(0.5) - 3.0).abs() < 1e-12);
-        assert!((price_at(0.9) - 99.0).abs() < 1e-9);
+    fn theta_is_zero_when_idle_and_grows_with_the_queues() {
+        assert_eq!(theta(&[]), 0.0);
+        assert_eq!(theta(&[view(0.0, 0); 8]), 0.0);
+        // M/D/1 at ρ = 0.5: L = 0.5 · 1.5 / 1 = 0.75; θ = λ/(1 − ρ) = (0.5/S)/0.5 = 1/S.
+        assert!((theta_from(0.75, 40.0) - 1.0 / 40.0).abs() < 1e-12);
+        // ρ = 0.9: L = 0.9 · 1.1 / 0.2 = 4.95; θ = (0.9/S)/0.1.
+        assert!((theta_from(4.95, 40.0) - 9.0 / 40.0).abs() < 1e-9);
         let mut last = 0.0;
-        for busy in 1..8 {
-            let mut b = vec![0.0; 8];
-            b[..busy].iter_mut().for_each(|x| *x = 10.0);
-            let p = price(&cands(&b));
-            assert!(p > last, "{busy} busy: {p}");
-            last = p;
+        for l in 1..40u64 {
+            let t = theta(&vec![view(40.0 * l as f64, l); 16]);
+            assert!(t > last && t.is_finite(), "L={l}: {t}");
+            last = t;
         }
-        assert_eq!(price(&cands(&[5.0; 8])), MAX_PRICE);
+        assert!((last / (2.0 * 39.0 / 40.0) - 1.0).abs() < 0.02, "≈ 2L/S for long queues: {last}");
+        assert_eq!(theta(&[view(f64::NAN, 3)]), 0.0, "no finite backlog: no price");
+    }
+
+    #[test]
+    fn the_externality_counts_start_and_length_of_every_shard() {
+        let model = CostModel { request_ms: 10.0, token_ms: 0.1, token_context_ms: 0.0 };
+        let tokens = vec![100.0; 4];
+        let req = Request { item_tokens: &tokens, prefix: 0.0, model: &model };
+        let c = vec![Candidate { available_ms: 5.0, time_factor: 1.0, max_batch_tokens: 0 }];
+        let plan = split_by_cost(&req, &c, 1, 0.0);
+        // One shard of 10 + 40 ms starting at 5 ms.
+        assert!((externality(&plan) - (5.0 * 50.0 + 50.0 * 50.0 / 2.0)).abs() < 1e-9);
     }
 
     #[test]
@@ -88,21 +97,22 @@ mod tests {
         let tokens: Vec<f64> = (0..200).map(|i| 40.0 + (i % 7) as f64 * 30.0).collect();
         let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model };
         let mut counts = Vec::new();
-        for busy in [0, 4, 8, 12, 16] {
-            // Ranked least-loaded first, as the policy gives them; the busy ones have 50 ms.
-            let backlog: Vec<f64> = (0..16).map(|i| if i >= 16 - busy { 50.0 } else { 0.0 }).collect();
-            let c = cands(&backlog);
-            let plan = split_by_cost_priced(&req, &c, 64, 0.02, price(&c));
-            if busy == 0 {
-                assert_eq!(plan, split_by_cost(&req, &c, 64, 0.02), "price 0 is the plain cost split");
+        for queued in [0u64, 1, 2, 4, 8, 16] {
+            // Every worker has `queued` shards of 40 ms; the first-ranked has one fewer.
+            let views: Vec<WorkerView> =
+                (0..16).map(|i| view(40.0 * queued.saturating_sub(u64::from(i == 0)) as f64, queued)).collect();
+            let cands: Vec<Candidate> = views.iter().map(Candidate::from).collect();
+            let th = theta(&views);
+            let plan = split_by_cost_priced(&req, &cands, 64, 0.02, th);
+            if queued == 0 {
+                assert_eq!(plan, split_by_cost(&req, &cands, 64, 0.02), "θ 0 is the plain cost split");
             }
             counts.push(plan.shards.len());
-            if busy == 16 {
-                assert_eq!(plan.shards.len(), 1, "a full cluster gets the least work");
-                assert_eq!(plan.shards[0].candidate, 0, "on the least-loaded worker");
+            if queued == 16 {
+                assert!(plan.shards.iter().any(|s| s.candidate == 0), "the least-loaded worker is used");
             }
         }
-        assert!(counts.windows(2).all(|w| w[0] >= w[1]), "shard counts fall as load rises: {counts:?}");
-        assert!(counts[0] >= 4 * counts[4], "{counts:?}");
+        assert!(counts.windows(2).all(|w| w[0] >= w[1]), "shard counts fall as the queues grow: {counts:?}");
+        assert!(counts[0] >= 4 * counts[5], "{counts:?}");
     }
 }

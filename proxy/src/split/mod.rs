@@ -16,7 +16,7 @@ use std::sync::Arc;
 use sieve_shared::proxy_config::{SplitConfig, SplitMode};
 use sieve_shared::CostModel;
 
-pub use cost::{split_by_cost, split_by_cost_priced, CostSplit};
+pub use cost::{externality, split_by_cost, split_by_cost_priced, split_exhaustive, CostSplit};
 pub use fixed::{split_fixed, FixedSplit};
 pub use whole::{split_whole, WholeSplit};
 
@@ -253,6 +253,43 @@ mod tests {
             best = best.min(p.makespan_ms);
         }
         assert!(plan.makespan_ms <= best * 1.03, "{} vs exhaustive {best}", plan.makespan_ms);
+    }
+
+    #[test]
+    fn the_fluid_choice_plans_as_well_as_packing_every_k() {
+        // Large requests choose k from the fluid model and pack once; small ones pack every k.
+        // On random clusters the one must not plan worse than the other.
+        let model = CostModel::default();
+        let mut x = 42u64;
+        let mut next = || {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+        };
+        for case in 0..40u64 {
+            let m = [300, 600, 1000, 1000][case as usize % 4];
+            let workers = [16, 24, 48][case as usize % 3];
+            let tokens = skewed(m, 100 + case);
+            let cands: Vec<Candidate> = (0..workers)
+                .map(|_| Candidate {
+                    available_ms: if next() < 0.5 { 0.0 } else { next() * 60.0 },
+                    time_factor: 0.7 + next() * 0.8,
+                    max_batch_tokens: if case % 5 == 0 { 20_000 } else { 0 },
+                })
+                .collect();
+            let req = Request { item_tokens: &tokens, prefix: 20.0 + next() * 100.0, model: &model };
+            let k_max = workers.min(m);
+            assert!(m * k_max * (k_max + 1) / 2 > cost::EXHAUSTIVE_STEPS, "case {case} takes the fluid path");
+            let fluid = split_by_cost(&req, &cands, 64, 0.02);
+            check_partition(&fluid, m);
+            let exhaustive = split_exhaustive(&req, &cands, k_max, 0.02, 0.0);
+            let ratio = fluid.makespan_ms / exhaustive.makespan_ms;
+            assert!(
+                ratio <= 1.02,
+                "case {case}: makespan {} vs {} packing every k",
+                fluid.makespan_ms,
+                exhaustive.makespan_ms
+            );
+        }
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! The hedge decision: when a shard has lagged long enough to send a copy elsewhere (past the
 //! configured quantile of actual over predicted shard time), and to which worker. Hedges are
 //! paid from a token bucket in milliseconds of predicted work, so a slow cluster is not doubled.
+//! A shard is looked at again after each hedge decision ([`next_at`]): a copy can stall too,
+//! and a hedge denied for want of an idle worker may find one a little later.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,6 +20,19 @@ pub fn hedge_at(ctx: &RequestCtx, finish_ms: f64, start: Instant) -> Option<toki
         let delay_ms = (q * finish_ms).max(cfg.min_delay_ms);
         tokio::time::Instant::from_std(start + Duration::from_secs_f64(delay_ms / 1e3))
     })
+}
+
+/// When to look at the shard again after the hedge timer fired at `now`: after a copy was sent
+/// (`sent`: its predicted compute), by the same rule as for the first attempt; when none could
+/// be, once the shard's predicted compute has passed (about when a busy worker frees up).
+pub fn next_at(ctx: &RequestCtx, sent: Option<f64>, compute_ms: f64, now: Instant) -> Option<tokio::time::Instant> {
+    match sent {
+        Some(predicted_ms) => hedge_at(ctx, predicted_ms, now),
+        None => {
+            let wait_ms = compute_ms.max(ctx.cfg.hedge.min_delay_ms).max(1.0);
+            Some(tokio::time::Instant::from_std(now + Duration::from_secs_f64(wait_ms / 1e3)))
+        }
+    }
 }
 
 /// The first worker in the policy's order not yet tried, not too busy, and predicted to finish

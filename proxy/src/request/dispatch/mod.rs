@@ -118,15 +118,20 @@ impl Shard {
     }
 
     /// The hedge timer fired: a copy to another worker, if one qualifies and the budget pays.
-    fn on_hedge_timer(&mut self) {
+    /// Returns the copy's predicted compute when one was sent.
+    fn on_hedge_timer(&mut self) -> Option<f64> {
         match hedge::pick(&self.ctx, &self.items, &self.tried) {
             Some((w, predicted)) => {
                 self.hedged = true;
                 metrics::counter!(m::HEDGES).increment(1);
                 w.counters.hedges.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 self.send(w, AttemptKind::Hedge, predicted);
+                Some(predicted)
             }
-            None => metrics::counter!(m::HEDGES_DENIED).increment(1),
+            None => {
+                metrics::counter!(m::HEDGES_DENIED).increment(1);
+                None
+            }
         }
     }
 }
@@ -146,8 +151,7 @@ pub async fn run_shard(ctx: Arc<RequestCtx>, job: ShardJob) -> ShardOutcome {
         last_error: None,
     };
     shard.send(job.worker, AttemptKind::Primary, job.compute_ms);
-    let hedge_at = hedge::hedge_at(&ctx, job.finish_ms, shard_start);
-    let mut hedge_armed = hedge_at.is_some();
+    let mut hedge_at = hedge::hedge_at(&ctx, job.finish_ms, shard_start);
 
     loop {
         tokio::select! {
@@ -181,9 +185,9 @@ pub async fn run_shard(ctx: Arc<RequestCtx>, job: ShardJob) -> ShardOutcome {
                     }
                 }
             }
-            _ = tokio::time::sleep_until(hedge_at.unwrap_or(deadline)), if hedge_armed => {
-                hedge_armed = false;
-                shard.on_hedge_timer();
+            _ = tokio::time::sleep_until(hedge_at.unwrap_or(deadline)), if hedge_at.is_some() => {
+                let sent = shard.on_hedge_timer();
+                hedge_at = hedge::next_at(&ctx, sent, job.compute_ms, Instant::now());
             }
             _ = tokio::time::sleep_until(deadline) => {
                 // Dropping the set aborts the attempts: their connections close.
