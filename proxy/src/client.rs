@@ -56,11 +56,11 @@ impl HttpClient {
         &self,
         uri: &Uri,
         body: Bytes,
-        headers: &[(&'static str, String)],
+        headers: &[(&'static str, HeaderValue)],
     ) -> Result<Reply, ClientError> {
         let mut req = Request::builder().method(Method::POST).uri(uri.clone());
         for (name, value) in headers {
-            req = req.header(*name, value.as_str());
+            req = req.header(*name, value.clone());
         }
         let req = req
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))

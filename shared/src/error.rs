@@ -108,7 +108,7 @@ impl ApiError {
 
     /// Parses a JSON request body: syntax errors are 400, shape errors (missing field, wrong
     /// type, unknown field) are 422, each with serde's message naming the place.
-    pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    pub fn parse_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
         serde_json::from_slice(body).map_err(|e| match e.classify() {
             serde_json::error::Category::Data => ApiError::invalid(format!("invalid request: {e}")),
             _ => ApiError::malformed(format!("malformed JSON: {e}")),

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ApiError, ScoreRequest};
+use crate::{ApiError, Item, ItemRef, ScoreRequest, ScoreRequestRef};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -46,27 +46,45 @@ impl Limits {
     /// [`check`](Self::check), naming the items `field` in messages (`documents` for a rerank
     /// call).
     pub fn check_as(&self, req: &ScoreRequest, field: &str) -> Result<(), ApiError> {
-        if req.query.trim().is_empty() {
+        let items = req.items.iter().map(Item::text);
+        self.check_parts(&req.query, req.instruction.as_deref(), items, req.deadline_ms, field)
+    }
+
+    /// [`check_as`](Self::check_as) on a request parsed in place (the API handler's form).
+    pub fn check_ref(&self, req: &ScoreRequestRef<'_>, field: &str) -> Result<(), ApiError> {
+        let items = req.items.iter().map(ItemRef::text);
+        self.check_parts(&req.query, req.instruction.as_deref(), items, req.deadline_ms, field)
+    }
+
+    fn check_parts<'t>(
+        &self,
+        query: &str,
+        instruction: Option<&str>,
+        items: impl ExactSizeIterator<Item = &'t str>,
+        deadline_ms: Option<u64>,
+        field: &str,
+    ) -> Result<(), ApiError> {
+        if query.trim().is_empty() {
             return Err(ApiError::invalid("query is empty"));
         }
-        if req.items.is_empty() {
+        if items.len() == 0 {
             return Err(ApiError::invalid(format!("{field} is empty: at least one item is required")));
         }
-        if req.items.len() > self.max_items {
+        if items.len() > self.max_items {
             return Err(ApiError::too_large(format!(
                 "too many {field}: {} > max_items {}",
-                req.items.len(),
+                items.len(),
                 self.max_items
             )));
         }
-        let qc = req.query.chars().count();
+        let qc = query.chars().count();
         if qc > self.max_query_chars {
             return Err(ApiError::too_large(format!(
                 "query too long: {qc} characters > max_query_chars {}",
                 self.max_query_chars
             )));
         }
-        if let Some(instr) = &req.instruction {
+        if let Some(instr) = instruction {
             let ic = instr.chars().count();
             if ic > self.max_instruction_chars {
                 return Err(ApiError::too_large(format!(
@@ -75,8 +93,7 @@ impl Limits {
                 )));
             }
         }
-        for (i, item) in req.items.iter().enumerate() {
-            let text = item.text();
+        for (i, text) in items.enumerate() {
             if text.trim().is_empty() {
                 return Err(ApiError::invalid(format!("{field}[{i}] is empty")));
             }
@@ -88,7 +105,7 @@ impl Limits {
                 )));
             }
         }
-        if let Some(d) = req.deadline_ms {
+        if let Some(d) = deadline_ms {
             if d == 0 {
                 return Err(ApiError::invalid("deadline_ms must be positive"));
             }

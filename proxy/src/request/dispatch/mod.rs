@@ -8,6 +8,7 @@
 pub mod attempt;
 mod hedge;
 mod retry;
+pub mod shard_body;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
