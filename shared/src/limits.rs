@@ -77,16 +77,17 @@ impl Limits {
                 self.max_items
             )));
         }
-        let qc = query.chars().count();
-        if qc > self.max_query_chars {
+        // The character count of a text over `max` characters. A text has no more characters
+        // than bytes, so only one of more than `max` bytes is counted.
+        let too_long = |t: &str, max: usize| (t.len() > max).then(|| t.chars().count()).filter(|&c| c > max);
+        if let Some(qc) = too_long(query, self.max_query_chars) {
             return Err(ApiError::too_large(format!(
                 "query too long: {qc} characters > max_query_chars {}",
                 self.max_query_chars
             )));
         }
         if let Some(instr) = instruction {
-            let ic = instr.chars().count();
-            if ic > self.max_instruction_chars {
+            if let Some(ic) = too_long(instr, self.max_instruction_chars) {
                 return Err(ApiError::too_large(format!(
                     "instruction too long: {ic} characters > max_instruction_chars {}",
                     self.max_instruction_chars
@@ -94,11 +95,11 @@ impl Limits {
             }
         }
         for (i, text) in items.enumerate() {
-            if text.trim().is_empty() {
+            // `trim().is_empty()`, without trimming the end of every item.
+            if text.chars().all(char::is_whitespace) {
                 return Err(ApiError::invalid(format!("{field}[{i}] is empty")));
             }
-            let c = text.chars().count();
-            if c > self.max_item_chars {
+            if let Some(c) = too_long(text, self.max_item_chars) {
                 return Err(ApiError::too_large(format!(
                     "{field}[{i}] too long: {c} characters > max_item_chars {}",
                     self.max_item_chars
@@ -142,5 +143,9 @@ mod tests {
         assert_eq!(e.status(), 413);
         assert!(e.message.contains("items[1]") && e.message.contains("max_item_chars 5"), "{}", e.message);
         assert_eq!(l.check(&req("q", vec!["a", ""])).unwrap_err().status(), 422);
+        // Characters, not bytes: five two-byte characters fit, six do not.
+        assert!(l.check(&req("q", vec!["ééééé"])).is_ok());
+        let e = l.check(&req("q", vec!["éééééé"])).unwrap_err();
+        assert!(e.message.contains("6 characters"), "{}", e.message);
     }
 }

@@ -28,9 +28,7 @@ const PREFIX_BIAS_SMOOTHING: f64 = 0.1;
 pub fn features(text: &str) -> Features {
     let mut counts = [0u32; FEATURES];
     counts[0] = 1;
-    if text.is_ascii() {
-        ascii_counts(text.as_bytes(), &mut counts);
-    } else {
+    if !ascii_counts(text.as_bytes(), &mut counts) {
         let mut in_word = false;
         for c in text.chars() {
             let class = if c.is_ascii() {
@@ -68,46 +66,78 @@ const fn ascii_class(c: u8) -> usize {
     }
 }
 
-/// The ASCII path runs on every item of every request (the whole body's text), so it is
-/// written for the compiler to vectorise: branch-free per-byte class tests summed into `u8`
-/// lanes over blocks of at most 255 bytes (no lane can overflow), widened once per block. A word
-/// starts where an alphanumeric byte follows a non-alphanumeric one (or starts the text),
-/// counted over the byte pairs in a second pass.
-fn ascii_counts(bytes: &[u8], counts: &mut [u32; FEATURES]) {
-    const BLOCK: usize = 255;
-    let letter = |b: u8| (b | 0x20).wrapping_sub(b'a') < 26;
-    let digit = |b: u8| b.wrapping_sub(b'0') < 10;
-    let (mut letters, mut digits, mut graphic, mut space) = (0u32, 0u32, 0u32, 0u32);
-    for block in bytes.chunks(BLOCK) {
-        let (mut l, mut d, mut g, mut s) = (0u8, 0u8, 0u8, 0u8);
-        for &b in block {
-            l += u8::from(letter(b));
-            d += u8::from(digit(b));
-            // Graphic: 0x21..=0x7e; whitespace: \t \n \x0b \x0c \r and space.
-            g += u8::from(b.wrapping_sub(0x21) < 0x5e);
-            s += u8::from((b.wrapping_sub(0x09) < 5) | (b == b' '));
+/// Bytes per step of [`ascii_counts`]: one SSE2 register.
+const LANES: usize = 16;
+type Lanes = [u8; LANES];
+
+/// The class counts of an all-ASCII text, added to `counts`; `false` (and `counts` untouched)
+/// when a byte is not ASCII. This runs on every item of every request (the whole body's text),
+/// so it is written for the compiler to vectorise: 16 bytes per step through fixed-size arrays
+/// (no scalar remainder loop: the last bytes are a zero-padded step, and a zero byte is in no
+/// class), per-lane `u8` counters flushed before they can overflow, the ASCII check folded in.
+/// A word starts where an alphanumeric byte follows a non-alphanumeric one (or starts the text).
+fn ascii_counts(bytes: &[u8], counts: &mut [u32; FEATURES]) -> bool {
+    // Letters, digits, graphic (0x21..=0x7e), whitespace, word starts. One loop body (no
+    // closure or helper per step), so the counters stay in registers.
+    let mut lanes = [[0u8; LANES]; 5];
+    let mut totals = [0u32; 5];
+    let mut high: Lanes = [0; LANES];
+    let mut prev_alnum = 0u8;
+    let mut steps = 0u8;
+    let chunks = bytes.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    let last = (!rest.is_empty()).then(|| {
+        let mut c: Lanes = [0; LANES];
+        c[..rest.len()].copy_from_slice(rest);
+        c
+    });
+    let whole = chunks.map(|c| <Lanes>::try_from(c).expect("chunks_exact gives whole chunks"));
+    for c in whole.chain(last) {
+        let mut alnum: Lanes = [0; LANES];
+        for i in 0..LANES {
+            let b = c[i];
+            let letter = u8::from((b | 0x20).wrapping_sub(b'a') < 26);
+            let digit = u8::from(b.wrapping_sub(b'0') < 10);
+            lanes[0][i] += letter;
+            lanes[1][i] += digit;
+            lanes[2][i] += u8::from(b.wrapping_sub(0x21) < 0x5e);
+            // \t \n \x0b \x0c \r and space.
+            lanes[3][i] += u8::from((b.wrapping_sub(0x09) < 5) | (b == b' '));
+            alnum[i] = letter | digit;
+            high[i] |= b;
         }
-        letters += u32::from(l);
-        digits += u32::from(d);
-        graphic += u32::from(g);
-        space += u32::from(s);
-    }
-    let alnum = |b: u8| letter(b) | digit(b);
-    let mut words = u32::from(bytes.first().is_some_and(|&b| alnum(b)));
-    let pairs = bytes.get(1..).unwrap_or_default();
-    for (prev, next) in bytes.chunks(BLOCK).zip(pairs.chunks(BLOCK)) {
-        let mut w = 0u8;
-        for (&p, &n) in prev.iter().zip(next) {
-            w += u8::from(alnum(n) & !alnum(p));
+        for i in 0..LANES {
+            let before = if i == 0 { prev_alnum } else { alnum[i - 1] };
+            lanes[4][i] += alnum[i] & (before ^ 1);
         }
-        words += u32::from(w);
+        prev_alnum = alnum[LANES - 1];
+        steps += 1;
+        if steps == u8::MAX {
+            flush(&mut lanes, &mut totals);
+            steps = 0;
+        }
     }
+    flush(&mut lanes, &mut totals);
+    if high.iter().fold(0, |a, &h| a | h) >= 0x80 {
+        return false;
+    }
+    let [letters, digits, graphic, space, words] = totals;
     counts[1] += letters;
     counts[2] += digits;
     counts[3] += graphic - letters - digits;
     counts[4] += space;
     counts[5] += words;
     counts[8] += bytes.len() as u32 - graphic - space;
+    true
+}
+
+/// Adds the per-lane counters into the totals and clears them.
+#[inline(always)]
+fn flush(lanes: &mut [Lanes; 5], totals: &mut [u32; 5]) {
+    for (t, l) in totals.iter_mut().zip(lanes.iter_mut()) {
+        *t += l.iter().map(|&x| u32::from(x)).sum::<u32>();
+        *l = [0; LANES];
+    }
 }
 
 fn is_cjk(c: char) -> bool {
@@ -238,7 +268,7 @@ mod tests {
     #[test]
     fn vectorised_ascii_counts_match_a_byte_by_byte_count() {
         let mut x = 0x2545_f491_4f6c_dd1du64;
-        for len in (0..300).chain([509, 510, 511, 1021]) {
+        for len in (0..300).chain([4079, 4080, 4081, 4096, 9000]) {
             let text: String = (0..len)
                 .map(|_| {
                     x ^= x << 13;
@@ -249,7 +279,7 @@ mod tests {
                 })
                 .collect();
             let mut fast = [0u32; FEATURES];
-            ascii_counts(text.as_bytes(), &mut fast);
+            assert!(ascii_counts(text.as_bytes(), &mut fast));
             let mut slow = [0u32; FEATURES];
             let mut in_word = false;
             for b in text.bytes() {
@@ -260,6 +290,12 @@ mod tests {
                 slow[class] += 1;
             }
             assert_eq!(fast, slow, "{text:?}");
+        }
+        // A byte past ASCII, anywhere (the padded last step included): no counts at all.
+        for text in ["abc\u{e9}", &format!("{}\u{e9}x", "a".repeat(40)), "\u{7f}\u{80}"] {
+            let mut counts = [0u32; FEATURES];
+            assert!(!ascii_counts(text.as_bytes(), &mut counts), "{text:?}");
+            assert_eq!(counts, [0; FEATURES]);
         }
     }
 
