@@ -1,6 +1,6 @@
 //! The proxy's added latency and throughput, next to nginx, measured in the same run.
 //!
-//!     cargo build --release -p sieve-proxy -p sieve-loadtest
+//!     cargo build --release -p sieve-proxy -p sieve-loadtest -p sieve-e2e --bins --bench proxy_overhead
 //!     cargo bench -p sieve-e2e --bench proxy_overhead [-- --quick]
 //!
 //! Four `sieve-loadtest sim-worker` processes serve the worker API on loopback. The same
