@@ -6,7 +6,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
 use hyper::header::HeaderValue;
 use sieve_shared::api::headers;
 use sieve_shared::{ApiError, ErrorKind, ScoreResponse};
@@ -120,7 +119,7 @@ async fn attempt(
     let deadline_ms = remaining_ms(ctx.deadline).max(1);
     let body = ctx.wire.shard(&items, deadline_ms);
     let hdrs = [(headers::DEADLINE_MS, HeaderValue::from(deadline_ms))];
-    let result = match ctx.state.client.post_json(&worker.score_uri, Bytes::from(body), &hdrs).await {
+    let result = match ctx.state.client.post_json(&worker.score_uri, body, &hdrs).await {
         Err(e) => Err(AttemptError::Client(e)),
         Ok(reply) if reply.status.is_success() => match serde_json::from_slice::<ScoreResponse>(&reply.body) {
             Ok(r) => check_shard_response(r, items.len()).map_err(AttemptError::BadResponse),

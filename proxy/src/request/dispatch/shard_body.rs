@@ -1,8 +1,11 @@
 //! A shard's request body, built by splicing. An item text that arrived as a JSON string with no
-//! escapes is its own encoding, so its bytes are copied from the caller's body as they came; the
+//! escapes is its own encoding, so its bytes are taken from the caller's body as they came; the
 //! query, the instruction, texts that had escapes and item objects (text and id) are encoded
 //! once per request, never once per shard. No item is parsed into an owned string and
-//! serialised again on the way through.
+//! serialised again on the way through. A shard whose items are one run of consecutive items
+//! all spliced (the whole request; a fixed split's chunks) is not even copied: it goes out as
+//! three chunks, the head, one slice of the caller's body (between two elements of a JSON array
+//! there is only a comma and whitespace) and the tail.
 
 use std::borrow::Cow;
 use std::io::Write as _;
@@ -25,7 +28,7 @@ enum Frag {
 pub struct ShardWire {
     body: Bytes,
     /// `{"query":…,"instruction":…,"items":[` then the encoded items.
-    own: Vec<u8>,
+    own: Bytes,
     head: usize,
     items: Vec<Frag>,
 }
@@ -53,7 +56,7 @@ impl ShardWire {
                 _ => own_item(&mut own, item),
             })
             .collect();
-        ShardWire { body, own, head, items }
+        ShardWire { body, own: Bytes::from(own), head, items }
     }
 
     fn item(&self, i: usize) -> &[u8] {
@@ -63,10 +66,17 @@ impl ShardWire {
         }
     }
 
-    /// The body of a shard of `items` (the caller's indices) with `deadline_ms` left: the
-    /// `ScoreRequest` shape.
-    pub fn shard(&self, items: &[usize], deadline_ms: u64) -> Vec<u8> {
-        let len = self.head + items.iter().map(|&i| self.item(i).len() + 1).sum::<usize>() + 40;
+    /// The body of a shard of `items` (the caller's indices) with `deadline_ms` left, in the
+    /// `ScoreRequest` shape, as the chunks to send: `[head, items, tail]` when the items are one
+    /// run of consecutive spliced items (no copy), else one buffer.
+    pub fn shard(&self, items: &[usize], deadline_ms: u64) -> Vec<Bytes> {
+        let mut tail = Vec::with_capacity(40);
+        // Writing into a Vec cannot fail.
+        let _ = write!(tail, "],\"deadline_ms\":{deadline_ms}}}");
+        if let Some(run) = self.run(items) {
+            return vec![self.own.slice(..self.head), self.body.slice(run), Bytes::from(tail)];
+        }
+        let len = self.head + items.iter().map(|&i| self.item(i).len() + 1).sum::<usize>() + tail.len();
         let mut out = Vec::with_capacity(len);
         out.extend_from_slice(&self.own[..self.head]);
         for (k, &i) in items.iter().enumerate() {
@@ -75,9 +85,20 @@ impl ShardWire {
             }
             out.extend_from_slice(self.item(i));
         }
-        // Writing into a Vec cannot fail.
-        let _ = write!(out, "],\"deadline_ms\":{deadline_ms}}}");
-        out
+        out.extend_from_slice(&tail);
+        vec![Bytes::from(out)]
+    }
+
+    /// The body range from the first item's literal to the last one's, when `items` are
+    /// consecutive and every one is in the body.
+    fn run(&self, items: &[usize]) -> Option<Range<usize>> {
+        let (&first, &last) = (items.first()?, items.last()?);
+        let consecutive = items.windows(2).all(|w| w[1] == w[0] + 1);
+        let spliced = || items.iter().all(|&i| matches!(self.items[i], Frag::Body(_)));
+        match (&self.items[first], &self.items[last]) {
+            (Frag::Body(a), Frag::Body(b)) if consecutive && spliced() => Some(a.start..b.end),
+            _ => None,
+        }
     }
 }
 
@@ -109,7 +130,7 @@ mod tests {
 
     /// The `ScoreRequest` a worker reads from the shard of `items`.
     fn shard_request(wire: &ShardWire, items: &[usize]) -> ScoreRequest {
-        serde_json::from_slice(&wire.shard(items, 77)).expect("a shard body is a ScoreRequest")
+        serde_json::from_slice(&wire.shard(items, 77).concat()).expect("a shard body is a ScoreRequest")
     }
 
     fn check(wire: &ShardWire, whole: &ScoreRequest, items: &[usize]) {
@@ -137,6 +158,23 @@ mod tests {
         let in_body: Vec<bool> = wire.items.iter().map(|f| matches!(f, Frag::Body(_))).collect();
         assert_eq!(in_body, [true, false, false, false, true]);
         assert_eq!(wire.item(0), br#""plain""#);
+        // A run of consecutive spliced items is one slice of the body, uncopied.
+        let body_json = r#"{"query": "q", "items": [ "a" ,"b",
+            "c", "d\u00e9", "e"], "deadline_ms": 5}"#;
+        let body = Bytes::from(body_json);
+        let req: ScoreRequestRef<'_> = ApiError::parse_json(&body).unwrap();
+        let wire = ShardWire::new(body.clone(), &req);
+        let whole = req.into_owned();
+        let chunks = wire.shard(&[0, 1, 2], 9);
+        assert_eq!(chunks.len(), 3);
+        assert_eq!(chunks[1].as_ptr(), body[body_json.find("\"a\"").unwrap()..].as_ptr());
+        assert_eq!(&chunks[1][..], &b"\"a\" ,\"b\",\n            \"c\""[..]);
+        // Not consecutive, or through an escaped item: copied into one buffer.
+        for items in [vec![0, 2], vec![2, 3, 4], vec![1, 0]] {
+            assert_eq!(wire.shard(&items, 9).len(), 1, "{items:?}");
+            check(&wire, &whole, &items);
+        }
+        check(&wire, &whole, &[0, 1, 2]);
     }
 
     #[test]
