@@ -2,10 +2,15 @@
 //! shards, bodies read whole with a size cap. Dropping a call's future closes its connection,
 //! which is how a hedge's loser (or a call past the deadline) is cancelled on the worker.
 
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::{Body, Frame, SizeHint};
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{HeaderMap, Method, Request, StatusCode, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -15,7 +20,7 @@ use sieve_shared::proxy_config::ClientConfig;
 
 #[derive(Clone)]
 pub struct HttpClient {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<HttpConnector, Chunks>,
     max_response_bytes: usize,
 }
 
@@ -55,16 +60,16 @@ impl HttpClient {
     pub async fn post_json(
         &self,
         uri: &Uri,
-        body: Bytes,
-        headers: &[(&'static str, String)],
+        body: impl Into<Chunks>,
+        headers: &[(&'static str, HeaderValue)],
     ) -> Result<Reply, ClientError> {
         let mut req = Request::builder().method(Method::POST).uri(uri.clone());
         for (name, value) in headers {
-            req = req.header(*name, value.as_str());
+            req = req.header(*name, value.clone());
         }
         let req = req
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
-            .body(Full::new(body))
+            .body(body.into())
             .map_err(|e| ClientError::Request(e.to_string()))?;
         self.send(req).await
     }
@@ -73,12 +78,12 @@ impl HttpClient {
         let req = Request::builder()
             .method(Method::GET)
             .uri(uri.clone())
-            .body(Full::new(Bytes::new()))
+            .body(Chunks::default())
             .map_err(|e| ClientError::Request(e.to_string()))?;
         self.send(req).await
     }
 
-    async fn send(&self, req: Request<Full<Bytes>>) -> Result<Reply, ClientError> {
+    async fn send(&self, req: Request<Chunks>) -> Result<Reply, ClientError> {
         let resp = self.client.request(req).await.map_err(|e| {
             if e.is_connect() {
                 ClientError::Connect(error_chain(&e))
@@ -95,6 +100,49 @@ impl HttpClient {
             }
         })?;
         Ok(Reply { status: parts.status, headers: parts.headers, body: body.to_bytes() })
+    }
+}
+
+/// A request body sent as the chunks it is made of, with its exact length (so a
+/// `content-length`): hyper queues them for one vectored write, so a shard's items can go out as
+/// a slice of the caller's body without being copied into a buffer of their own.
+#[derive(Debug, Default)]
+pub struct Chunks {
+    chunks: VecDeque<Bytes>,
+    remaining: u64,
+}
+
+impl From<Vec<Bytes>> for Chunks {
+    fn from(chunks: Vec<Bytes>) -> Self {
+        let remaining = chunks.iter().map(|c| c.len() as u64).sum();
+        Chunks { chunks: chunks.into_iter().filter(|c| !c.is_empty()).collect(), remaining }
+    }
+}
+
+impl From<Bytes> for Chunks {
+    fn from(body: Bytes) -> Self {
+        Chunks::from(vec![body])
+    }
+}
+
+impl Body for Chunks {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        Poll::Ready(this.chunks.pop_front().map(|c| {
+            this.remaining -= c.len() as u64;
+            Ok(Frame::data(c))
+        }))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.chunks.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.remaining)
     }
 }
 

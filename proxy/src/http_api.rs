@@ -1,16 +1,18 @@
 //! The scoring API port: the shared API ([`sieve_shared::service`]) over the proxy's fan-out,
 //! with the proxy's admission (drain, `max_in_flight_requests`), its metrics and its
-//! `x-sieve-shards` / `x-sieve-missing` headers.
+//! `x-sieve-shards` header.
 
 use std::sync::Arc;
 use std::time::Duration;
+
+use bytes::Bytes;
 
 use hyper::body::Incoming;
 use hyper::header::HeaderValue;
 use hyper::Request;
 use sieve_shared::http::HttpResponse;
 use sieve_shared::service::{self, Call, Route, ScoreService, Scored};
-use sieve_shared::{ApiError, Limits, ScoreRequest};
+use sieve_shared::{ApiError, Limits, ScoreRequest, ScoreRequestRef};
 
 use crate::drain::Admitted;
 use crate::metrics as m;
@@ -24,6 +26,18 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> HttpRespons
 /// The proxy as a [`ScoreService`].
 struct Api(Arc<AppState>);
 
+impl Api {
+    /// Both entry points: a request built from owned strings (the rerank route, in-process
+    /// callers) has an empty `body`; one parsed in place keeps the body its items point into.
+    async fn scored(&self, body: Bytes, req: ScoreRequestRef<'_>, call: Call) -> Result<Scored, ApiError> {
+        let (response, stats) = request::score(&self.0, body, req, call.arrival.into_std()).await?;
+        let mut scored = Scored::from(response);
+        scored.headers.insert("x-sieve-shards", HeaderValue::from(stats.shards));
+        // `x-sieve-missing` (the unscored indices) is the shared API's, on every route.
+        Ok(scored)
+    }
+}
+
 impl ScoreService for Api {
     type Admission<'a> = Admitted<'a>;
 
@@ -36,17 +50,20 @@ impl ScoreService for Api {
     }
 
     async fn score(&self, req: ScoreRequest, call: Call) -> Result<Scored, ApiError> {
-        let (response, stats) = request::score(&self.0, req, call.arrival.into_std()).await?;
-        let mut scored = Scored::from(response);
-        scored.headers.insert("x-sieve-shards", HeaderValue::from(stats.shards));
-        if stats.missing > 0 {
-            scored.headers.insert("x-sieve-missing", HeaderValue::from(stats.missing));
-        }
-        Ok(scored)
+        self.scored(Bytes::new(), req.into(), call).await
+    }
+
+    async fn score_in_place<'a>(
+        &'a self,
+        body: Bytes,
+        req: ScoreRequestRef<'a>,
+        call: Call,
+    ) -> Result<Scored, ApiError> {
+        self.scored(body, req, call).await
     }
 
     fn observe(&self, route: Route, status: u16, elapsed: Duration) {
-        metrics::counter!(m::REQUESTS, "route" => route.name(), "code" => status.to_string()).increment(1);
+        metrics::counter!(m::REQUESTS, "route" => route.name(), "code" => m::code_label(status)).increment(1);
         metrics::histogram!(m::REQUEST_SECONDS, "route" => route.name()).record(elapsed.as_secs_f64());
     }
 }

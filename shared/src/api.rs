@@ -1,6 +1,7 @@
 //! The scoring API on the wire. Worker and proxy serve exactly these shapes, so a worker can be
 //! called directly and the proxy is transparent.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use serde::de::{self, Deserializer, MapAccess, Visitor};
@@ -20,6 +21,9 @@ pub enum Item {
     },
 }
 
+/// What an item must be, in parse errors (the same for [`Item`] and [`ItemRef`]).
+const ITEM_EXPECTED: &str = "an item: a string, or an object with `text` and an optional `id`";
+
 /// The object form of an item, strict about its fields.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -37,7 +41,7 @@ impl<'de> Deserialize<'de> for Item {
             type Value = Item;
 
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("an item: a string, or an object with `text` and an optional `id`")
+                f.write_str(ITEM_EXPECTED)
             }
 
             fn visit_str<E: de::Error>(self, s: &str) -> Result<Item, E> {
@@ -105,6 +109,150 @@ pub struct ScoreRequest {
     /// ignores it: it already answers what its deadline allows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_overload: Option<OnOverload>,
+}
+
+/// [`Item`] as parsed in place ([`ScoreRequestRef`]): texts borrowed from the body when their
+/// JSON had no escapes. Same forms, same rules and messages as [`Item`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum ItemRef<'a> {
+    Text(Cow<'a, str>),
+    Object {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<Cow<'a, str>>,
+        text: Cow<'a, str>,
+    },
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for ItemRef<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct ItemRefVisitor<'a>(std::marker::PhantomData<&'a ()>);
+
+        impl<'de: 'a, 'a> Visitor<'de> for ItemRefVisitor<'a> {
+            type Value = ItemRef<'a>;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(ITEM_EXPECTED)
+            }
+
+            fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<ItemRef<'a>, E> {
+                Ok(ItemRef::Text(Cow::Borrowed(s)))
+            }
+
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<ItemRef<'a>, E> {
+                Ok(ItemRef::Text(Cow::Owned(s.to_string())))
+            }
+
+            fn visit_string<E: de::Error>(self, s: String) -> Result<ItemRef<'a>, E> {
+                Ok(ItemRef::Text(Cow::Owned(s)))
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ItemRef<'a>, A::Error> {
+                let o = in_place::ItemObject::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(ItemRef::Object { id: o.id, text: o.text })
+            }
+        }
+
+        d.deserialize_any(ItemRefVisitor(std::marker::PhantomData))
+    }
+}
+
+impl<'a> ItemRef<'a> {
+    pub fn text(&self) -> &str {
+        match self {
+            ItemRef::Text(t) => t,
+            ItemRef::Object { text, .. } => text,
+        }
+    }
+
+    pub fn id(&self) -> Option<&str> {
+        match self {
+            ItemRef::Text(_) => None,
+            ItemRef::Object { id, .. } => id.as_deref(),
+        }
+    }
+
+    pub fn into_owned(self) -> Item {
+        match self {
+            ItemRef::Text(t) => Item::Text(t.into_owned()),
+            ItemRef::Object { id, text } => Item::Object { id: id.map(Cow::into_owned), text: text.into_owned() },
+        }
+    }
+}
+
+impl From<Item> for ItemRef<'static> {
+    fn from(item: Item) -> Self {
+        match item {
+            Item::Text(t) => ItemRef::Text(Cow::Owned(t)),
+            Item::Object { id, text } => ItemRef::Object { id: id.map(Cow::Owned), text: Cow::Owned(text) },
+        }
+    }
+}
+
+/// The in-place forms, in a module of their own so that they carry the owned forms' type names:
+/// serde puts a struct's name in some of its messages, and the API's must not depend on the form.
+mod in_place {
+    use std::borrow::Cow;
+
+    use serde::Deserialize;
+
+    use super::{ItemRef, OnOverload};
+
+    /// The object form of an item, borrowed.
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct ItemObject<'a> {
+        #[serde(default, borrow)]
+        pub(super) id: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        pub(super) text: Cow<'a, str>,
+    }
+
+    /// [`ScoreRequest`](super::ScoreRequest) parsed in place: the query and item texts borrowed from the request body
+    /// wherever their JSON had no escapes, so a proxy can forward an item as the bytes it came in
+    /// rather than copy it into a `String` and encode it again. The same fields, rules and error
+    /// messages as [`ScoreRequest`](super::ScoreRequest) (the API handler parses every score call this way);
+    /// `into_owned` and `From<ScoreRequest>` convert between the two.
+    #[derive(Debug, Clone, PartialEq, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct ScoreRequest<'a> {
+        #[serde(borrow)]
+        pub query: Cow<'a, str>,
+        #[serde(borrow)]
+        pub items: Vec<ItemRef<'a>>,
+        #[serde(default, borrow)]
+        pub instruction: Option<Cow<'a, str>>,
+        #[serde(default)]
+        pub deadline_ms: Option<u64>,
+        #[serde(default)]
+        pub on_overload: Option<OnOverload>,
+    }
+}
+
+pub use in_place::ScoreRequest as ScoreRequestRef;
+
+impl ScoreRequestRef<'_> {
+    pub fn into_owned(self) -> ScoreRequest {
+        ScoreRequest {
+            query: self.query.into_owned(),
+            items: self.items.into_iter().map(ItemRef::into_owned).collect(),
+            instruction: self.instruction.map(Cow::into_owned),
+            deadline_ms: self.deadline_ms,
+            on_overload: self.on_overload,
+        }
+    }
+}
+
+impl From<ScoreRequest> for ScoreRequestRef<'static> {
+    fn from(r: ScoreRequest) -> Self {
+        ScoreRequestRef {
+            query: Cow::Owned(r.query),
+            items: r.items.into_iter().map(ItemRef::from).collect(),
+            instruction: r.instruction.map(Cow::Owned),
+            deadline_ms: r.deadline_ms,
+            on_overload: r.on_overload,
+        }
+    }
 }
 
 /// The per-request overload policy (`on_overload`): what the proxy answers when admission
@@ -312,6 +460,39 @@ mod tests {
         assert!(e.to_string().contains("missing field `text`"), "{e}");
         let e = serde_json::from_str::<ScoreRequest>(r#"{"query":"q","items":[3]}"#).unwrap_err();
         assert!(e.to_string().contains("expected an item: a string, or an object"), "{e}");
+    }
+
+    #[test]
+    fn the_in_place_parse_gives_the_owned_parse_and_the_same_messages() {
+        let cases = [
+            r#"{"query":"q","items":["a",{"id":"x","text":"b"},{"text":"c"}],"instruction":"i","deadline_ms":5}"#,
+            r#"{"query":"q \"x\"","items":["\u00e9t\u00e9","tab\there"],"on_overload":"partial"}"#,
+            r#"{"query":"q","items":["a"],"itmes":[]}"#,
+            r#"{"query":"q","items":["a",{"text":"b","idd":"1"}]}"#,
+            r#"{"query":"q","items":[{"id":"x"}]}"#,
+            r#"{"query":"q","items":[3]}"#,
+            r#"{"query":3,"items":[]}"#,
+            r#"{"items":["a"]}"#,
+            r#"["q"]"#,
+            r#"{"query":"q","items":["a"],"on_overload":"drop"}"#,
+            r#"{"query":"q","items":["a"],"deadline_ms":-1}"#,
+        ];
+        for json in cases {
+            match (serde_json::from_str::<ScoreRequest>(json), serde_json::from_str::<ScoreRequestRef>(json)) {
+                (Ok(owned), Ok(in_place)) => assert_eq!(owned, in_place.into_owned(), "{json}"),
+                (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "{json}"),
+                (a, b) => panic!("{json}: owned {a:?}, in place {b:?}"),
+            }
+        }
+        // Escape-free strings are borrowed from the body; the others are decoded.
+        let body = r#"{"query":"q","items":["plain","t\u00e9",{"id":"x","text":"obj"}]}"#;
+        let r: ScoreRequestRef = serde_json::from_str(body).unwrap();
+        assert!(matches!(r.query, Cow::Borrowed("q")));
+        assert!(matches!(r.items[0], ItemRef::Text(Cow::Borrowed("plain"))));
+        assert!(matches!(&r.items[1], ItemRef::Text(Cow::Owned(t)) if t == "t\u{e9}"));
+        assert_eq!((r.items[2].id(), r.items[2].text()), (Some("x"), "obj"));
+        let owned = r.clone().into_owned();
+        assert_eq!(ScoreRequestRef::from(owned), r, "owned strings convert back");
     }
 
     #[test]

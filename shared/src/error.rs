@@ -108,8 +108,15 @@ impl ApiError {
 
     /// Parses a JSON request body: syntax errors are 400, shape errors (missing field, wrong
     /// type, unknown field) are 422, each with serde's message naming the place.
-    pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-        serde_json::from_slice(body).map_err(|e| match e.classify() {
+    pub fn parse_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
+        // One UTF-8 check of the whole body, then the str parser, which checks no string again
+        // (the slice parser validates every string on its own: a call per item). A body that is
+        // not UTF-8 takes the slice parser, for its message and position.
+        let parsed = match std::str::from_utf8(body) {
+            Ok(text) => serde_json::from_str(text),
+            Err(_) => serde_json::from_slice(body),
+        };
+        parsed.map_err(|e| match e.classify() {
             serde_json::error::Category::Data => ApiError::invalid(format!("invalid request: {e}")),
             _ => ApiError::malformed(format!("malformed JSON: {e}")),
         })
@@ -156,6 +163,11 @@ mod tests {
     fn syntax_is_400_shape_is_422() {
         let e = ApiError::parse_json::<ScoreRequest>(b"{\"query\": ").unwrap_err();
         assert_eq!(e.status(), 400);
+        // A body that is not UTF-8 gets the slice parser's own message and position.
+        let bad = b"{\"query\": \"\xff\", \"items\": [\"a\"]}";
+        let e = ApiError::parse_json::<ScoreRequest>(bad).unwrap_err();
+        let want = serde_json::from_slice::<ScoreRequest>(bad).unwrap_err();
+        assert_eq!((e.status(), e.message), (400, format!("malformed JSON: {want}")));
         let e = ApiError::parse_json::<ScoreRequest>(b"{\"query\": 3, \"items\": []}").unwrap_err();
         assert_eq!(e.status(), 422);
         assert!(e.message.contains("query") || e.message.contains("integer"), "{}", e.message);

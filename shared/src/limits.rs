@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ApiError, ScoreRequest};
+use crate::{ApiError, Item, ItemRef, ScoreRequest, ScoreRequestRef};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -46,49 +46,67 @@ impl Limits {
     /// [`check`](Self::check), naming the items `field` in messages (`documents` for a rerank
     /// call).
     pub fn check_as(&self, req: &ScoreRequest, field: &str) -> Result<(), ApiError> {
-        if req.query.trim().is_empty() {
+        let items = req.items.iter().map(Item::text);
+        self.check_parts(&req.query, req.instruction.as_deref(), items, req.deadline_ms, field)
+    }
+
+    /// [`check_as`](Self::check_as) on a request parsed in place (the API handler's form).
+    pub fn check_ref(&self, req: &ScoreRequestRef<'_>, field: &str) -> Result<(), ApiError> {
+        let items = req.items.iter().map(ItemRef::text);
+        self.check_parts(&req.query, req.instruction.as_deref(), items, req.deadline_ms, field)
+    }
+
+    fn check_parts<'t>(
+        &self,
+        query: &str,
+        instruction: Option<&str>,
+        items: impl ExactSizeIterator<Item = &'t str>,
+        deadline_ms: Option<u64>,
+        field: &str,
+    ) -> Result<(), ApiError> {
+        if query.trim().is_empty() {
             return Err(ApiError::invalid("query is empty"));
         }
-        if req.items.is_empty() {
+        if items.len() == 0 {
             return Err(ApiError::invalid(format!("{field} is empty: at least one item is required")));
         }
-        if req.items.len() > self.max_items {
+        if items.len() > self.max_items {
             return Err(ApiError::too_large(format!(
                 "too many {field}: {} > max_items {}",
-                req.items.len(),
+                items.len(),
                 self.max_items
             )));
         }
-        let qc = req.query.chars().count();
-        if qc > self.max_query_chars {
+        // The character count of a text over `max` characters. A text has no more characters
+        // than bytes, so only one of more than `max` bytes is counted.
+        let too_long = |t: &str, max: usize| (t.len() > max).then(|| t.chars().count()).filter(|&c| c > max);
+        if let Some(qc) = too_long(query, self.max_query_chars) {
             return Err(ApiError::too_large(format!(
                 "query too long: {qc} characters > max_query_chars {}",
                 self.max_query_chars
             )));
         }
-        if let Some(instr) = &req.instruction {
-            let ic = instr.chars().count();
-            if ic > self.max_instruction_chars {
+        if let Some(instr) = instruction {
+            if let Some(ic) = too_long(instr, self.max_instruction_chars) {
                 return Err(ApiError::too_large(format!(
                     "instruction too long: {ic} characters > max_instruction_chars {}",
                     self.max_instruction_chars
                 )));
             }
         }
-        for (i, item) in req.items.iter().enumerate() {
-            let text = item.text();
-            if text.trim().is_empty() {
+        for (i, text) in items.enumerate() {
+            // `trim().is_empty()`, without trimming the end of every item.
+            if text.chars().all(char::is_whitespace) {
                 return Err(ApiError::invalid(format!("{field}[{i}] is empty")));
             }
-            let c = text.chars().count();
-            if c > self.max_item_chars {
+            if let Some(c) = too_long(text, self.max_item_chars) {
                 return Err(ApiError::too_large(format!(
                     "{field}[{i}] too long: {c} characters > max_item_chars {}",
                     self.max_item_chars
                 )));
             }
         }
-        if let Some(d) = req.deadline_ms {
+        if let Some(d) = deadline_ms {
             if d == 0 {
                 return Err(ApiError::invalid("deadline_ms must be positive"));
             }
@@ -125,5 +143,9 @@ mod tests {
         assert_eq!(e.status(), 413);
         assert!(e.message.contains("items[1]") && e.message.contains("max_item_chars 5"), "{}", e.message);
         assert_eq!(l.check(&req("q", vec!["a", ""])).unwrap_err().status(), 422);
+        // Characters, not bytes: five two-byte characters fit, six do not.
+        assert!(l.check(&req("q", vec!["ééééé"])).is_ok());
+        let e = l.check(&req("q", vec!["éééééé"])).unwrap_err();
+        assert!(e.message.contains("6 characters"), "{}", e.message);
     }
 }

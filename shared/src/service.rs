@@ -7,6 +7,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderValue, ALLOW, CONNECTION};
 use hyper::{Method, Request};
@@ -16,7 +17,7 @@ use tokio::time::Instant;
 use crate::api::headers;
 use crate::compat::Shape;
 use crate::http::{self, read_body, HttpResponse};
-use crate::{ApiError, ErrorKind, Limits, ScoreRequest, ScoreResponse, Timing};
+use crate::{ApiError, ErrorKind, Limits, ScoreRequest, ScoreRequestRef, ScoreResponse, Timing};
 
 /// The scoring routes: Sieve's own and the drop-in shapes of other servers (`compat`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +96,20 @@ pub trait ScoreService: Send + Sync {
     /// the body had none).
     fn score(&self, req: ScoreRequest, call: Call) -> impl Future<Output = Result<Scored, ApiError>> + Send;
 
+    /// Scores a `POST /v1/score` request as parsed in place: `req`'s borrowed strings point
+    /// into `body` (validated as for [`score`](Self::score)). The default makes the request
+    /// owned and calls `score`; the proxy overrides it to forward items as the bytes they came
+    /// in.
+    fn score_in_place<'a>(
+        &'a self,
+        body: Bytes,
+        req: ScoreRequestRef<'a>,
+        call: Call,
+    ) -> impl Future<Output = Result<Scored, ApiError>> + Send + 'a {
+        drop(body);
+        self.score(req.into_owned(), call)
+    }
+
     /// Records one answered request (not 404/405) in the service's metrics.
     fn observe(&self, _route: Route, _status: u16, _elapsed: Duration) {}
 }
@@ -148,13 +163,27 @@ async fn serve<S: ScoreService>(
     };
     // Admission only now: a body that never arrives holds no in-flight slot.
     let _admitted = svc.admit()?;
-    let (mut score_req, shape) = Shape::parse(route, &body)?;
-    drop(body);
-    if score_req.deadline_ms.is_none() {
-        score_req.deadline_ms = header_deadline.transpose()?;
-    }
-    limits.check_as(&score_req, shape.items_field())?;
-    let Scored { response, headers: extra } = svc.score(score_req, Call { arrival }).await?;
+    let (Scored { response, headers: extra }, shape) = match route {
+        // Sieve's own route, the hot path: parsed in place, strings borrowed from the body.
+        Route::Score => {
+            let mut req: ScoreRequestRef<'_> = ApiError::parse_json(&body)?;
+            if req.deadline_ms.is_none() {
+                req.deadline_ms = header_deadline.transpose()?;
+            }
+            limits.check_ref(&req, "items")?;
+            (svc.score_in_place(body.clone(), req, Call { arrival }).await?, Shape::Score)
+        }
+        // The drop-in shapes: converted to an owned call.
+        _ => {
+            let (mut score_req, shape) = Shape::parse(route, &body)?;
+            drop(body);
+            if score_req.deadline_ms.is_none() {
+                score_req.deadline_ms = header_deadline.transpose()?;
+            }
+            limits.check_as(&score_req, shape.items_field())?;
+            (svc.score(score_req, Call { arrival }).await?, shape)
+        }
+    };
     let timing = response.timing;
     let mut r = shape.respond(response);
     with_timing(r.headers_mut(), &timing);
@@ -177,10 +206,22 @@ fn deadline_header(h: &HeaderMap) -> Option<Result<u64, ApiError>> {
 }
 
 fn with_timing(h: &mut HeaderMap, t: &Timing) {
+    use std::io::Write as _;
     for (name, v) in
         [(headers::QUEUE_MS, t.queue_ms), (headers::COMPUTE_MS, t.compute_ms), (headers::TOTAL_MS, t.total_ms)]
     {
-        if let Ok(hv) = HeaderValue::from_str(&format!("{v:.3}")) {
+        // Formatted on the stack: no String per header per response (a value too long for the
+        // buffer, never a real time, takes the String).
+        let mut buf = [0u8; 32];
+        let mut w = std::io::Cursor::new(&mut buf[..]);
+        let hv = match write!(w, "{v:.3}") {
+            Ok(()) => {
+                let n = w.position() as usize;
+                HeaderValue::from_bytes(&buf[..n])
+            }
+            Err(_) => HeaderValue::from_str(&format!("{v:.3}")),
+        };
+        if let Ok(hv) = hv {
             h.insert(name, hv);
         }
     }

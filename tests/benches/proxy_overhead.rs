@@ -1,6 +1,6 @@
 //! The proxy's added latency and throughput, next to nginx, measured in the same run.
 //!
-//!     cargo build --release -p sieve-proxy -p sieve-loadtest
+//!     cargo build --release -p sieve-proxy -p sieve-loadtest -p sieve-e2e --bins --bench proxy_overhead
 //!     cargo bench -p sieve-e2e --bench proxy_overhead [-- --quick]
 //!
 //! Four `sieve-loadtest sim-worker` processes serve the worker API on loopback. The same
@@ -10,10 +10,12 @@
 //! to four shards and merging. Nginx and the proxy each run as a separate process started and
 //! stopped here, with a temporary config.
 //!
-//! Part 1 (overhead): workers with zero compute, one request at a time; added latency is the
-//! path's percentile minus the direct path's. Part 2 (throughput): zero compute, closed loop
-//! with 32 concurrent clients, and the CPU time the router process (nginx master and workers,
-//! or the proxy) spent per request, from /proc. Part 3: workers with the default cost model (a ~100-item call is
+//! Parts 1 and 2 run twice, with 100-item and with 1,000-item requests. Part 1 (overhead):
+//! workers with zero compute, one request at a time; added latency is the path's percentile
+//! minus the direct path's. Part 2 (throughput): zero compute, closed loop with 32 concurrent
+//! clients. Every router row of both parts gives the CPU time the router process (nginx master
+//! and workers, or the proxy) spent per request over that row's run, from /proc (utime + stime,
+//! the warm-up included). Part 3: workers with the default cost model (a ~100-item call is
 //! ~20 ms of compute), one request at a time: the whole request on one worker (nginx) against
 //! the proxy's cost-balanced split over four.
 //!
@@ -30,7 +32,10 @@ use std::time::{Duration, Instant};
 use sieve_e2e::{catalogue, score_body, spawn, wait_ready, Http, Proc};
 
 const WORKERS: usize = 4;
-const ITEMS: usize = 100;
+/// Items per request: parts 1 and 2 run for each size; part 3 with the first.
+const SIZES: [usize; 2] = [100, 1000];
+/// Requests `measure` sends before measuring (connections, pools, the proxy's estimators).
+const WARM_UP: usize = 50;
 const QUERY: &str = "waterproof trail running shoes for women";
 
 struct Args {
@@ -79,7 +84,7 @@ async fn measure(
 ) -> Figures {
     let body = Arc::new(serde_json::to_vec(body).expect("json"));
     // Warm-up: connections, pools, the proxy's estimators.
-    for _ in 0..50 {
+    for _ in 0..WARM_UP {
         let _ = http.send(hyper::Method::POST, url, body.as_ref().clone()).await;
     }
     let stop = Arc::new(AtomicBool::new(false));
@@ -243,27 +248,46 @@ fn start_proxy(workers: &[Proc], config: &str, name: &str) -> (Proc, PathBuf) {
     (spawn("sieve-proxy", &refs, Duration::from_secs(20)), path)
 }
 
-fn row(name: &str, f: &Figures, base: Option<&Figures>) {
+fn cpu_cell(cpu_us: Option<f64>) -> String {
+    cpu_us.map_or("       —".to_string(), |c| format!("{c:>8.0}"))
+}
+
+fn row(name: &str, f: &Figures, base: Option<&Figures>, cpu_us: Option<f64>) {
     let added = |v: f64, b: f64| format!("{:+8.3}", v - b);
     let (a50, a99) = match base {
         Some(b) => (added(f.p50_ms, b.p50_ms), added(f.p99_ms, b.p99_ms)),
         None => ("       —".into(), "       —".into()),
     };
     let err = if f.errors > 0 { format!("  ({} errors)", f.errors) } else { String::new() };
-    println!("  {name:<34} {:>8.3} {:>8.3}   {a50}  {a99}{err}", f.p50_ms, f.p99_ms);
+    println!("  {name:<34} {:>8.3} {:>8.3}   {a50}  {a99}  {}{err}", f.p50_ms, f.p99_ms, cpu_cell(cpu_us));
+}
+
+/// `measure`, with the CPU time the router process spent per request over the run (µs).
+async fn measure_with_cpu(
+    http: &Http,
+    url: &str,
+    body: &serde_json::Value,
+    clients: usize,
+    count: Option<usize>,
+    secs: f64,
+    router: Option<u32>,
+) -> (Figures, Option<f64>) {
+    let before = router.and_then(cpu_seconds);
+    let f = measure(http, url, body, clients, count, secs).await;
+    let after = router.and_then(cpu_seconds);
+    let served = (f.count + WARM_UP) as f64;
+    let cpu_us = before.zip(after).map(|(b, a)| (a - b) * 1e6 / served);
+    (f, cpu_us)
 }
 
 fn trow(name: &str, f: &Figures, cpu_us: Option<f64>) {
     let err = if f.errors > 0 { format!("  ({} errors)", f.errors) } else { String::new() };
-    let cpu = cpu_us.map_or("       —".to_string(), |c| format!("{c:>8.0}"));
-    println!("  {name:<34} {:>9.0} {:>8.3} {:>8.3}  {cpu}{err}", f.rps, f.p50_ms, f.p99_ms);
+    println!("  {name:<34} {:>9.0} {:>8.3} {:>8.3}  {}{err}", f.rps, f.p50_ms, f.p99_ms, cpu_cell(cpu_us));
 }
 
 async fn run(args: Args) {
     let http = Http::new();
-    let items = catalogue(ITEMS, 42);
-    let body = score_body(QUERY, &items, Some(10_000));
-    let bytes = serde_json::to_vec(&body).map(|b| b.len()).unwrap_or(0);
+    let items = catalogue(SIZES[0], 42);
 
     let zero_cost = std::env::temp_dir().join(format!("sieve-bench-{}-zero.toml", std::process::id()));
     std::fs::write(&zero_cost, "request_ms = 0.0\ntoken_ms = 0.0\ntoken_context_ms = 0.0\n").expect("cost file");
@@ -283,13 +307,19 @@ async fn run(args: Args) {
 
     let base_cfg = "[hedge]\nenabled = false\n[health]\ninterval_ms = 200\n[deadline]\ndefault_ms = 10000\n";
     let whole_cfg = format!("{base_cfg}[split]\nmode = \"none\"\n");
-    let four_cfg = format!("{base_cfg}[split]\nmode = \"fixed\"\nfixed_items = {}\n", ITEMS / WORKERS);
     let cost_cfg = base_cfg.to_string();
 
     let (proxy_whole, p1) = start_proxy(&sims_zero, &whole_cfg, "whole");
-    let (proxy_four, p2) = start_proxy(&sims_zero, &four_cfg, "four");
+    // Four shards of every request size: one proxy per size, fixed chunks of a quarter.
+    let proxies_four: Vec<(Proc, PathBuf)> = SIZES
+        .iter()
+        .map(|n| {
+            let cfg = format!("{base_cfg}[split]\nmode = \"fixed\"\nfixed_items = {}\n", n / WORKERS);
+            start_proxy(&sims_zero, &cfg, &format!("four{n}"))
+        })
+        .collect();
     let (proxy_cost, p3) = start_proxy(&sims_cost, &cost_cfg, "cost");
-    for p in [&proxy_whole, &proxy_four, &proxy_cost] {
+    for p in [&proxy_whole, &proxy_cost].into_iter().chain(proxies_four.iter().map(|(p, _)| p)) {
         assert!(wait_ready(&http, &p.admin_url(), Duration::from_secs(20)).await, "proxy not ready");
     }
     // Every worker must be eligible before measuring.
@@ -300,60 +330,65 @@ async fn run(args: Args) {
         println!("nginx not found or failed to start (Debian: apt-get install nginx); its rows are skipped");
     }
 
-    println!(
-        "Sieve proxy overhead: {WORKERS} sim workers, {ITEMS}-item requests ({:.1} KB), loopback.",
-        bytes as f64 / 1024.0
-    );
-    println!("One machine runs the load generator, nginx, the proxy and the workers: compare rows, not runs.\n");
+    println!("Sieve proxy overhead: {WORKERS} sim workers, loopback.");
+    println!("One machine runs the load generator, nginx, the proxy and the workers: compare rows, not runs.");
 
-    // (name, url, the router process whose CPU time is counted)
-    let paths_zero: Vec<(&str, String, Option<u32>)> = {
-        let mut v = vec![("direct to one worker", format!("{}/v1/score", sims_zero[0].api_url()), None)];
-        if let Some(n) = &nginx_zero {
+    for (size, (proxy_four, _)) in SIZES.iter().zip(&proxies_four) {
+        let body = score_body(QUERY, &catalogue(*size, 42), Some(10_000));
+        let bytes = serde_json::to_vec(&body).map(|b| b.len()).unwrap_or(0);
+        // (name, url, the router process whose CPU time is counted)
+        let paths_zero: Vec<(&str, String, Option<u32>)> = {
+            let mut v = vec![("direct to one worker", format!("{}/v1/score", sims_zero[0].api_url()), None)];
+            if let Some(n) = &nginx_zero {
+                v.push((
+                    "nginx least_conn (whole request)",
+                    format!("http://127.0.0.1:{}/v1/score", n.port),
+                    Some(n.child.id()),
+                ));
+            }
             v.push((
-                "nginx least_conn (whole request)",
-                format!("http://127.0.0.1:{}/v1/score", n.port),
-                Some(n.child.id()),
+                "sieve-proxy (whole request)",
+                format!("{}/v1/score", proxy_whole.api_url()),
+                Some(proxy_whole.pid()),
             ));
-        }
-        v.push(("sieve-proxy (whole request)", format!("{}/v1/score", proxy_whole.api_url()), Some(proxy_whole.pid())));
-        v.push((
-            "sieve-proxy (4 shards, merged)",
-            format!("{}/v1/score", proxy_four.api_url()),
-            Some(proxy_four.pid()),
-        ));
-        v
-    };
+            v.push((
+                "sieve-proxy (4 shards, merged)",
+                format!("{}/v1/score", proxy_four.api_url()),
+                Some(proxy_four.pid()),
+            ));
+            v
+        };
 
-    println!(
-        "1. Added latency, zero-compute workers, one request at a time ({} requests per path), ms:",
-        args.latency_requests
-    );
-    println!("  {:<34} {:>8} {:>8}   {:>8}  {:>8}", "path", "p50", "p99", "+p50", "+p99");
-    let mut base = None;
-    for (name, url, _) in &paths_zero {
-        let f = measure(&http, url, &body, 1, Some(args.latency_requests), 0.0).await;
-        row(name, &f, base.as_ref());
-        if base.is_none() {
-            base = Some(f);
+        println!("\n== {size}-item requests ({:.1} KB) ==", bytes as f64 / 1024.0);
+        println!(
+            "1. Added latency, zero-compute workers, one request at a time ({} requests per path), ms:",
+            args.latency_requests
+        );
+        println!(
+            "  {:<34} {:>8} {:>8}   {:>8}  {:>8}  {:>8}",
+            "path", "p50", "p99", "+p50", "+p99", "router CPU µs/req"
+        );
+        let mut base = None;
+        for (name, url, router) in &paths_zero {
+            let (f, cpu) = measure_with_cpu(&http, url, &body, 1, Some(args.latency_requests), 0.0, *router).await;
+            row(name, &f, base.as_ref(), cpu);
+            if base.is_none() {
+                base = Some(f);
+            }
+        }
+
+        println!(
+            "2. Throughput, zero-compute workers, {} concurrent clients, {:.0} s per path:",
+            args.clients, args.throughput_secs
+        );
+        println!("  {:<34} {:>9} {:>8} {:>8}  {:>8}", "path", "req/s", "p50 ms", "p99 ms", "router CPU µs/req");
+        for (name, url, router) in &paths_zero {
+            let (f, cpu) = measure_with_cpu(&http, url, &body, args.clients, None, args.throughput_secs, *router).await;
+            trow(name, &f, cpu);
         }
     }
 
-    println!(
-        "\n2. Throughput, zero-compute workers, {} concurrent clients, {:.0} s per path:",
-        args.clients, args.throughput_secs
-    );
-    println!("  {:<34} {:>9} {:>8} {:>8}  {:>8}", "path", "req/s", "p50 ms", "p99 ms", "router CPU µs/req");
-    for (name, url, router) in &paths_zero {
-        let before = router.and_then(cpu_seconds);
-        let f = measure(&http, url, &body, args.clients, None, args.throughput_secs).await;
-        let after = router.and_then(cpu_seconds);
-        // Includes the 50 warm-up requests `measure` sends first.
-        let served = (f.count + 50) as f64;
-        let cpu_us = before.zip(after).map(|(b, a)| (a - b) * 1e6 / served);
-        trow(name, &f, cpu_us);
-    }
-
+    let body = score_body(QUERY, &items, Some(10_000));
     println!(
         "\n3. Workers with the default cost model (this request: ~{:.0} ms of compute on one worker), one at a time, ms:",
         sieve_shared::CostModel::default().call_ms(
@@ -361,22 +396,30 @@ async fn run(args: Args) {
             items.iter().map(|t| f64::from(sieve_loadtest::sim::tokens::item_tokens(t)))
         )
     );
-    println!("  {:<34} {:>8} {:>8}", "path", "p50", "p99");
+    println!("  {:<34} {:>8} {:>8}  {:>8}", "path", "p50", "p99", "router CPU µs/req");
     let n = (args.latency_requests / 4).max(100);
-    let mut paths_cost: Vec<(&str, String)> = Vec::new();
+    let mut paths_cost: Vec<(&str, String, u32)> = Vec::new();
     if let Some(ng) = &nginx_cost {
-        paths_cost.push(("nginx least_conn (whole request)", format!("http://127.0.0.1:{}/v1/score", ng.port)));
+        paths_cost.push((
+            "nginx least_conn (whole request)",
+            format!("http://127.0.0.1:{}/v1/score", ng.port),
+            ng.child.id(),
+        ));
     }
-    paths_cost.push(("sieve-proxy (cost-balanced split)", format!("{}/v1/score", proxy_cost.api_url())));
-    for (name, url) in &paths_cost {
-        let f = measure(&http, url, &body, 1, Some(n), 0.0).await;
+    paths_cost.push((
+        "sieve-proxy (cost-balanced split)",
+        format!("{}/v1/score", proxy_cost.api_url()),
+        proxy_cost.pid(),
+    ));
+    for (name, url, router) in &paths_cost {
+        let (f, cpu) = measure_with_cpu(&http, url, &body, 1, Some(n), 0.0, Some(*router)).await;
         let err = if f.errors > 0 { format!("  ({} errors)", f.errors) } else { String::new() };
-        println!("  {name:<34} {:>8.3} {:>8.3}{err}", f.p50_ms, f.p99_ms);
+        println!("  {name:<34} {:>8.3} {:>8.3}  {}{err}", f.p50_ms, f.p99_ms, cpu_cell(cpu));
     }
 
     drop(nginx_zero);
     drop(nginx_cost);
-    for p in [p1, p2, p3, zero_cost] {
+    for p in [p1, p3, zero_cost].into_iter().chain(proxies_four.into_iter().map(|(_, p)| p)) {
         let _ = std::fs::remove_file(p);
     }
 }

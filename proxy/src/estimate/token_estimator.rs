@@ -28,9 +28,7 @@ const PREFIX_BIAS_SMOOTHING: f64 = 0.1;
 pub fn features(text: &str) -> Features {
     let mut counts = [0u32; FEATURES];
     counts[0] = 1;
-    if text.is_ascii() {
-        ascii_counts(text.as_bytes(), &mut counts);
-    } else {
+    if !ascii_counts(text.as_bytes(), &mut counts) {
         let mut in_word = false;
         for c in text.chars() {
             let class = if c.is_ascii() {
@@ -68,51 +66,78 @@ const fn ascii_class(c: u8) -> usize {
     }
 }
 
-/// The ASCII path runs on every item of every request, so it works on eight bytes at a time
-/// (SWAR): per-byte class masks from range tests on the high bit of each byte, counted by a
-/// multiply; a word starts where an alphanumeric byte follows a non-alphanumeric one.
-fn ascii_counts(bytes: &[u8], counts: &mut [u32; FEATURES]) {
-    const L: u64 = 0x0101_0101_0101_0101;
-    const H: u64 = 0x8080_8080_8080_8080;
-    // High bit of each byte set where that byte is >= n (bytes < 0x80, 1 <= n <= 0x80).
-    let ge = |x: u64, n: u64| (x | H).wrapping_sub(n * L) & H;
-    let within = |x: u64, lo: u64, hi: u64| ge(x, lo) & !ge(x, hi + 1);
-    // Bytes marked in a mask: the byte sum of (mask >> 7) (no popcount instruction needed).
-    let marked = |m: u64| ((m >> 7).wrapping_mul(L) >> 56) as u32;
-    let (mut letters, mut digits, mut graphic, mut space, mut words) = (0u32, 0u32, 0u32, 0u32, 0u32);
-    let mut prev_alnum_top = 0u64; // the previous word's last byte's mark, at bit 7
-    let mut add = |x: u64| {
-        let l = within(x | 0x2020_2020_2020_2020, 0x61, 0x7a);
-        let d = within(x, 0x30, 0x39);
-        let alnum = l | d;
-        letters += marked(l);
-        digits += marked(d);
-        graphic += marked(within(x, 0x21, 0x7e));
-        space += marked(within(x, 0x09, 0x0d) | within(x, 0x20, 0x20));
-        // Byte i's predecessor is byte i-1 (little endian: the next lower byte).
-        let prev = (alnum << 8) | prev_alnum_top;
-        words += marked(alnum & !prev);
-        prev_alnum_top = alnum >> 56;
-    };
-    let mut chunks = bytes.chunks_exact(8);
-    for c in &mut chunks {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(c);
-        add(u64::from_le_bytes(w));
+/// Bytes per step of [`ascii_counts`]: one SSE2 register.
+const LANES: usize = 16;
+type Lanes = [u8; LANES];
+
+/// The class counts of an all-ASCII text, added to `counts`; `false` (and `counts` untouched)
+/// when a byte is not ASCII. This runs on every item of every request (the whole body's text),
+/// so it is written for the compiler to vectorise: 16 bytes per step through fixed-size arrays
+/// (no scalar remainder loop: the last bytes are a zero-padded step, and a zero byte is in no
+/// class), per-lane `u8` counters flushed before they can overflow, the ASCII check folded in.
+/// A word starts where an alphanumeric byte follows a non-alphanumeric one (or starts the text).
+fn ascii_counts(bytes: &[u8], counts: &mut [u32; FEATURES]) -> bool {
+    // Letters, digits, graphic (0x21..=0x7e), whitespace, word starts. One loop body (no
+    // closure or helper per step), so the counters stay in registers.
+    let mut lanes = [[0u8; LANES]; 5];
+    let mut totals = [0u32; 5];
+    let mut high: Lanes = [0; LANES];
+    let mut prev_alnum = 0u8;
+    let mut steps = 0u8;
+    let chunks = bytes.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    let last = (!rest.is_empty()).then(|| {
+        let mut c: Lanes = [0; LANES];
+        c[..rest.len()].copy_from_slice(rest);
+        c
+    });
+    let whole = chunks.map(|c| <Lanes>::try_from(c).expect("chunks_exact gives whole chunks"));
+    for c in whole.chain(last) {
+        let mut alnum: Lanes = [0; LANES];
+        for i in 0..LANES {
+            let b = c[i];
+            let letter = u8::from((b | 0x20).wrapping_sub(b'a') < 26);
+            let digit = u8::from(b.wrapping_sub(b'0') < 10);
+            lanes[0][i] += letter;
+            lanes[1][i] += digit;
+            lanes[2][i] += u8::from(b.wrapping_sub(0x21) < 0x5e);
+            // \t \n \x0b \x0c \r and space.
+            lanes[3][i] += u8::from((b.wrapping_sub(0x09) < 5) | (b == b' '));
+            alnum[i] = letter | digit;
+            high[i] |= b;
+        }
+        for i in 0..LANES {
+            let before = if i == 0 { prev_alnum } else { alnum[i - 1] };
+            lanes[4][i] += alnum[i] & (before ^ 1);
+        }
+        prev_alnum = alnum[LANES - 1];
+        steps += 1;
+        if steps == u8::MAX {
+            flush(&mut lanes, &mut totals);
+            steps = 0;
+        }
     }
-    let rem = chunks.remainder();
-    if !rem.is_empty() {
-        let mut w = [0u8; 8];
-        w[..rem.len()].copy_from_slice(rem);
-        add(u64::from_le_bytes(w));
+    flush(&mut lanes, &mut totals);
+    if high.iter().fold(0, |a, &h| a | h) >= 0x80 {
+        return false;
     }
-    // The zero padding of the last word is "other", never a letter, digit, symbol or space.
+    let [letters, digits, graphic, space, words] = totals;
     counts[1] += letters;
     counts[2] += digits;
     counts[3] += graphic - letters - digits;
     counts[4] += space;
     counts[5] += words;
     counts[8] += bytes.len() as u32 - graphic - space;
+    true
+}
+
+/// Adds the per-lane counters into the totals and clears them.
+#[inline(always)]
+fn flush(lanes: &mut [Lanes; 5], totals: &mut [u32; 5]) {
+    for (t, l) in totals.iter_mut().zip(lanes.iter_mut()) {
+        *t += l.iter().map(|&x| u32::from(x)).sum::<u32>();
+        *l = [0; LANES];
+    }
 }
 
 fn is_cjk(c: char) -> bool {
@@ -241,9 +266,9 @@ mod tests {
     }
 
     #[test]
-    fn swar_ascii_counts_match_a_byte_by_byte_count() {
+    fn vectorised_ascii_counts_match_a_byte_by_byte_count() {
         let mut x = 0x2545_f491_4f6c_dd1du64;
-        for len in 0..300 {
+        for len in (0..300).chain([4079, 4080, 4081, 4096, 9000]) {
             let text: String = (0..len)
                 .map(|_| {
                     x ^= x << 13;
@@ -254,7 +279,7 @@ mod tests {
                 })
                 .collect();
             let mut fast = [0u32; FEATURES];
-            ascii_counts(text.as_bytes(), &mut fast);
+            assert!(ascii_counts(text.as_bytes(), &mut fast));
             let mut slow = [0u32; FEATURES];
             let mut in_word = false;
             for b in text.bytes() {
@@ -265,6 +290,12 @@ mod tests {
                 slow[class] += 1;
             }
             assert_eq!(fast, slow, "{text:?}");
+        }
+        // A byte past ASCII, anywhere (the padded last step included): no counts at all.
+        for text in ["abc\u{e9}", &format!("{}\u{e9}x", "a".repeat(40)), "\u{7f}\u{80}"] {
+            let mut counts = [0u32; FEATURES];
+            assert!(!ascii_counts(text.as_bytes(), &mut counts), "{text:?}");
+            assert_eq!(counts, [0; FEATURES]);
         }
     }
 

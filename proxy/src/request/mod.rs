@@ -12,7 +12,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sieve_shared::{ApiError, Item, ProxyConfig, ScoreRequest, ScoreResponse};
+use bytes::Bytes;
+use sieve_shared::{ApiError, ProxyConfig, ScoreRequestRef, ScoreResponse};
 
 use crate::estimate::token_estimator::Features;
 use crate::metrics as m;
@@ -24,15 +25,15 @@ pub mod feedback;
 pub mod merge;
 pub mod plan;
 
+use dispatch::shard_body::ShardWire;
 use merge::MergeStats;
 
 /// What every shard of one request shares.
 pub struct RequestCtx {
     pub state: Arc<AppState>,
     pub cfg: Arc<ProxyConfig>,
-    pub query: String,
-    pub instruction: Option<String>,
-    pub items: Vec<Item>,
+    /// What every shard body is spliced from.
+    pub wire: ShardWire,
     pub item_features: Vec<Features>,
     pub query_features: Features,
     pub instruction_features: Option<Features>,
@@ -43,9 +44,12 @@ pub struct RequestCtx {
     pub deadline: Instant,
 }
 
+/// Scores `req`, whose borrowed strings (if any) point into `body` (the request as it arrived;
+/// empty for a request built from owned strings).
 pub async fn score(
     state: &Arc<AppState>,
-    req: ScoreRequest,
+    body: Bytes,
+    req: ScoreRequestRef<'_>,
     arrival: Instant,
 ) -> Result<(ScoreResponse, MergeStats), ApiError> {
     // `req` was validated against these limits by the API handler (`sieve_shared::service`).
@@ -59,7 +63,8 @@ pub async fn score(
         .any(|i| i.id().is_some())
         .then(|| req.items.iter().map(|i| i.id().map(String::from)).collect());
 
-    let plan::Planned { ctx, jobs, dropped } = plan::plan(state, cfg, req, arrival, deadline)?;
+    let plan::Planned { ctx, jobs, dropped } = plan::plan(state, cfg, body, &req, arrival, deadline)?;
+    drop(req);
     let mut results = dispatch::run(ctx, jobs).await?;
     if !dropped.is_empty() {
         // Left out by admission: never sent, answered as missing.

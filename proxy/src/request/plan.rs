@@ -5,10 +5,12 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::Bytes;
 use sieve_shared::proxy_config::SplitMode;
 use sieve_shared::sync::lock;
-use sieve_shared::{ApiError, CostModel, ProxyConfig, ScoreRequest};
+use sieve_shared::{ApiError, CostModel, ProxyConfig, ScoreRequestRef};
 
+use super::dispatch::shard_body::ShardWire;
 use super::{admission, RequestCtx};
 use crate::cluster::worker::{Worker, WorkerView};
 use crate::estimate::token_estimator::features;
@@ -54,7 +56,8 @@ pub struct Planned {
 pub fn plan(
     state: &Arc<AppState>,
     cfg: Arc<ProxyConfig>,
-    req: ScoreRequest,
+    body: Bytes,
+    req: &ScoreRequestRef<'_>,
     arrival: Instant,
     deadline: Instant,
 ) -> Result<Planned, ApiError> {
@@ -105,9 +108,7 @@ pub fn plan(
     let ctx = Arc::new(RequestCtx {
         state: state.clone(),
         cfg,
-        query: req.query,
-        instruction: req.instruction,
-        items: req.items,
+        wire: ShardWire::new(body, req),
         item_features,
         query_features,
         instruction_features,

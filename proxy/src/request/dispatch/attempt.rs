@@ -6,10 +6,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
-use serde::Serialize;
+use hyper::header::HeaderValue;
 use sieve_shared::api::headers;
-use sieve_shared::{ApiError, ErrorKind, Item, ScoreResponse};
+use sieve_shared::{ApiError, ErrorKind, ScoreResponse};
 use tokio::task::JoinSet;
 
 use crate::client::ClientError;
@@ -102,16 +101,6 @@ pub struct AttemptResult {
     pub result: Result<ScoreResponse, AttemptError>,
 }
 
-/// The shard's request body: the `ScoreRequest` shape, borrowing the caller's items.
-#[derive(Serialize)]
-struct ShardBody<'a> {
-    query: &'a str,
-    items: Vec<&'a Item>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    instruction: Option<&'a str>,
-    deadline_ms: u64,
-}
-
 fn remaining_ms(deadline: Instant) -> u64 {
     let left = deadline.saturating_duration_since(Instant::now());
     // Round up: a worker given 0 would refuse outright.
@@ -128,28 +117,15 @@ async fn attempt(
     let guard = worker.begin(predicted_ms);
     let sent = Instant::now();
     let deadline_ms = remaining_ms(ctx.deadline).max(1);
-    let body = ShardBody {
-        query: &ctx.query,
-        items: items.iter().map(|&i| &ctx.items[i]).collect(),
-        instruction: ctx.instruction.as_deref(),
-        deadline_ms,
-    };
-    // Sized up front: growing a large body by doubling copies it several times.
-    let size_hint = 64 + ctx.query.len() + body.items.iter().map(|i| i.text().len() + 16).sum::<usize>();
-    let mut bytes = Vec::with_capacity(size_hint);
-    let result = match serde_json::to_writer(&mut bytes, &body) {
-        Err(e) => Err(AttemptError::BadResponse(format!("encoding the shard: {e}"))),
-        Ok(()) => {
-            let hdrs = [(headers::DEADLINE_MS, deadline_ms.to_string())];
-            match ctx.state.client.post_json(&worker.score_uri, Bytes::from(bytes), &hdrs).await {
-                Err(e) => Err(AttemptError::Client(e)),
-                Ok(reply) if reply.status.is_success() => match serde_json::from_slice::<ScoreResponse>(&reply.body) {
-                    Ok(r) => check_shard_response(r, items.len()).map_err(AttemptError::BadResponse),
-                    Err(e) => Err(AttemptError::BadResponse(format!("unreadable score response: {e}"))),
-                },
-                Ok(reply) => Err(AttemptError::Api(ApiError::from_response(reply.status.as_u16(), &reply.body))),
-            }
-        }
+    let body = ctx.wire.shard(&items, deadline_ms);
+    let hdrs = [(headers::DEADLINE_MS, HeaderValue::from(deadline_ms))];
+    let result = match ctx.state.client.post_json(&worker.score_uri, body, &hdrs).await {
+        Err(e) => Err(AttemptError::Client(e)),
+        Ok(reply) if reply.status.is_success() => match serde_json::from_slice::<ScoreResponse>(&reply.body) {
+            Ok(r) => check_shard_response(r, items.len()).map_err(AttemptError::BadResponse),
+            Err(e) => Err(AttemptError::BadResponse(format!("unreadable score response: {e}"))),
+        },
+        Ok(reply) => Err(AttemptError::Api(ApiError::from_response(reply.status.as_u16(), &reply.body))),
     };
     // The worker's load is released only now that the body is read.
     drop(guard);

@@ -8,6 +8,7 @@
 pub mod attempt;
 mod hedge;
 mod retry;
+pub mod shard_body;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,7 +41,15 @@ pub struct ShardDone {
 }
 
 /// Runs every shard concurrently; the outcomes in plan order, with each shard's items.
-pub async fn run(ctx: Arc<RequestCtx>, jobs: Vec<ShardJob>) -> Result<Vec<ShardResult>, ApiError> {
+pub async fn run(ctx: Arc<RequestCtx>, mut jobs: Vec<ShardJob>) -> Result<Vec<ShardResult>, ApiError> {
+    if jobs.len() == 1 {
+        // The whole request on one worker: nothing to run beside it, so the shard runs in the
+        // request's own task (no task spawned and joined per request). Its attempts still run
+        // as their own tasks.
+        let job = jobs.remove(0);
+        let items = job.items.clone();
+        return Ok(vec![ShardResult { items, outcome: run_shard(ctx, job).await }]);
+    }
     let mut set = JoinSet::new();
     let shard_items: Vec<Vec<usize>> = jobs.iter().map(|j| j.items.clone()).collect();
     for (idx, job) in jobs.into_iter().enumerate() {

@@ -1,0 +1,223 @@
+//! A shard's request body, built by splicing. An item text that arrived as a JSON string with no
+//! escapes is its own encoding, so its bytes are taken from the caller's body as they came; the
+//! query, the instruction, texts that had escapes and item objects (text and id) are encoded
+//! once per request, never once per shard. No item is parsed into an owned string and
+//! serialised again on the way through. A shard whose items are one run of consecutive items
+//! all spliced (the whole request; a fixed split's chunks) is not even copied: it goes out as
+//! three chunks, the head, one slice of the caller's body (between two elements of a JSON array
+//! there is only a comma and whitespace) and the tail.
+
+use std::borrow::Cow;
+use std::io::Write as _;
+use std::ops::Range;
+
+use bytes::Bytes;
+use sieve_shared::api::{ItemRef, ScoreRequestRef};
+
+/// Where an item's JSON lies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Frag {
+    /// In the caller's body: the string literal, quotes included.
+    Body(Range<usize>),
+    /// In the request's own encoded bytes.
+    Own(Range<usize>),
+}
+
+/// Everything a shard body is made of, for one request.
+#[derive(Debug)]
+pub struct ShardWire {
+    body: Bytes,
+    /// `{"query":…,"instruction":…,"items":[` then the encoded items.
+    own: Bytes,
+    head: usize,
+    items: Vec<Frag>,
+}
+
+impl ShardWire {
+    /// The pieces of `req`, whose borrowed strings (if any) point into `body`.
+    pub fn new(body: Bytes, req: &ScoreRequestRef<'_>) -> Self {
+        let mut own = Vec::with_capacity(64 + req.query.len());
+        own.extend_from_slice(b"{\"query\":");
+        encode(&mut own, req.query.as_ref());
+        if let Some(i) = &req.instruction {
+            own.extend_from_slice(b",\"instruction\":");
+            encode(&mut own, i.as_ref());
+        }
+        own.extend_from_slice(b",\"items\":[");
+        let head = own.len();
+        let items = req
+            .items
+            .iter()
+            .map(|item| match item {
+                ItemRef::Text(Cow::Borrowed(t)) => match literal_in(&body, t) {
+                    Some(r) => Frag::Body(r),
+                    None => own_item(&mut own, item),
+                },
+                _ => own_item(&mut own, item),
+            })
+            .collect();
+        ShardWire { body, own: Bytes::from(own), head, items }
+    }
+
+    fn item(&self, i: usize) -> &[u8] {
+        match &self.items[i] {
+            Frag::Body(r) => &self.body[r.clone()],
+            Frag::Own(r) => &self.own[r.clone()],
+        }
+    }
+
+    /// The body of a shard of `items` (the caller's indices) with `deadline_ms` left, in the
+    /// `ScoreRequest` shape, as the chunks to send: `[head, items, tail]` when the items are one
+    /// run of consecutive spliced items (no copy), else one buffer.
+    pub fn shard(&self, items: &[usize], deadline_ms: u64) -> Vec<Bytes> {
+        let mut tail = Vec::with_capacity(40);
+        // Writing into a Vec cannot fail.
+        let _ = write!(tail, "],\"deadline_ms\":{deadline_ms}}}");
+        if let Some(run) = self.run(items) {
+            return vec![self.own.slice(..self.head), self.body.slice(run), Bytes::from(tail)];
+        }
+        let len = self.head + items.iter().map(|&i| self.item(i).len() + 1).sum::<usize>() + tail.len();
+        let mut out = Vec::with_capacity(len);
+        out.extend_from_slice(&self.own[..self.head]);
+        for (k, &i) in items.iter().enumerate() {
+            if k > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(self.item(i));
+        }
+        out.extend_from_slice(&tail);
+        vec![Bytes::from(out)]
+    }
+
+    /// The body range from the first item's literal to the last one's, when `items` are
+    /// consecutive and every one is in the body.
+    fn run(&self, items: &[usize]) -> Option<Range<usize>> {
+        let (&first, &last) = (items.first()?, items.last()?);
+        let consecutive = items.windows(2).all(|w| w[1] == w[0] + 1);
+        let spliced = || items.iter().all(|&i| matches!(self.items[i], Frag::Body(_)));
+        match (&self.items[first], &self.items[last]) {
+            (Frag::Body(a), Frag::Body(b)) if consecutive && spliced() => Some(a.start..b.end),
+            _ => None,
+        }
+    }
+}
+
+/// The range of `text`'s JSON string literal in `body`, when `text` is a slice of `body` between
+/// two quotes: serde_json borrows a string only when it had no escapes, so those bytes are
+/// exactly its encoding. `None` for anything else (then it is encoded).
+fn literal_in(body: &[u8], text: &str) -> Option<Range<usize>> {
+    let start = (text.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
+    let end = start.checked_add(text.len())?;
+    (start >= 1 && end < body.len() && body[start - 1] == b'"' && body[end] == b'"').then(|| start - 1..end + 1)
+}
+
+fn encode(out: &mut Vec<u8>, s: &str) {
+    // A str always encodes: serde_json fails only on writer errors and non-string map keys.
+    let _ = serde_json::to_writer(&mut *out, s);
+}
+
+fn own_item(own: &mut Vec<u8>, item: &ItemRef<'_>) -> Frag {
+    let start = own.len();
+    let _ = serde_json::to_writer(&mut *own, item);
+    Frag::Own(start..own.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use sieve_shared::{ApiError, Item, ScoreRequest};
+
+    /// The `ScoreRequest` a worker reads from the shard of `items`.
+    fn shard_request(wire: &ShardWire, items: &[usize]) -> ScoreRequest {
+        serde_json::from_slice(&wire.shard(items, 77).concat()).expect("a shard body is a ScoreRequest")
+    }
+
+    fn check(wire: &ShardWire, whole: &ScoreRequest, items: &[usize]) {
+        let shard = shard_request(wire, items);
+        assert_eq!(shard.query, whole.query);
+        assert_eq!(shard.instruction, whole.instruction);
+        assert_eq!(shard.deadline_ms, Some(77));
+        assert_eq!(shard.on_overload, None);
+        assert_eq!(shard.items, items.iter().map(|&i| whole.items[i].clone()).collect::<Vec<Item>>());
+    }
+
+    #[test]
+    fn plain_texts_are_spliced_and_the_rest_encoded_once() {
+        let json = r#"{"items": ["plain", "esc\"aped \u00e9", {"id": "x", "text": "obj"}, {"text":"t\nn"}, "ünï"],
+                       "query": "q \"1\"", "instruction": "be brief", "deadline_ms": 500, "on_overload": "partial"}"#;
+        let body = Bytes::from(json);
+        let req: ScoreRequestRef<'_> = ApiError::parse_json(&body).unwrap();
+        let wire = ShardWire::new(body.clone(), &req);
+        let whole = req.into_owned();
+        for items in [vec![0, 1, 2, 3, 4], vec![4, 0], vec![2], vec![3, 1]] {
+            check(&wire, &whole, &items);
+        }
+        // Escape-free strings (ASCII or not) are the body's bytes; escaped ones and objects are
+        // encoded into the request's own bytes.
+        let in_body: Vec<bool> = wire.items.iter().map(|f| matches!(f, Frag::Body(_))).collect();
+        assert_eq!(in_body, [true, false, false, false, true]);
+        assert_eq!(wire.item(0), br#""plain""#);
+        // A run of consecutive spliced items is one slice of the body, uncopied.
+        let body_json = r#"{"query": "q", "items": [ "a" ,"b",
+            "c", "d\u00e9", "e"], "deadline_ms": 5}"#;
+        let body = Bytes::from(body_json);
+        let req: ScoreRequestRef<'_> = ApiError::parse_json(&body).unwrap();
+        let wire = ShardWire::new(body.clone(), &req);
+        let whole = req.into_owned();
+        let chunks = wire.shard(&[0, 1, 2], 9);
+        assert_eq!(chunks.len(), 3);
+        assert_eq!(chunks[1].as_ptr(), body[body_json.find("\"a\"").unwrap()..].as_ptr());
+        assert_eq!(&chunks[1][..], &b"\"a\" ,\"b\",\n            \"c\""[..]);
+        // Not consecutive, or through an escaped item: copied into one buffer.
+        for items in [vec![0, 2], vec![2, 3, 4], vec![1, 0]] {
+            assert_eq!(wire.shard(&items, 9).len(), 1, "{items:?}");
+            check(&wire, &whole, &items);
+        }
+        check(&wire, &whole, &[0, 1, 2]);
+    }
+
+    #[test]
+    fn a_request_of_owned_strings_is_encoded() {
+        let whole = ScoreRequest {
+            query: "q".into(),
+            items: vec!["a\u{1}b".into(), Item::Object { id: Some("7".into()), text: "c".into() }, "d".into()],
+            instruction: None,
+            deadline_ms: None,
+            on_overload: None,
+        };
+        let wire = ShardWire::new(Bytes::new(), &ScoreRequestRef::from(whole.clone()));
+        assert!(wire.items.iter().all(|f| matches!(f, Frag::Own(_))));
+        check(&wire, &whole, &[2, 0, 1]);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// Any texts (quotes, backslashes, control characters, any script), sent in any JSON a
+        /// client may write: every shard carries exactly its items.
+        #[test]
+        fn any_shard_carries_exactly_its_items(
+            texts in prop::collection::vec(any::<String>(), 1..12),
+            query in any::<String>(),
+            pretty in any::<bool>(),
+            pick in prop::collection::vec(any::<prop::sample::Index>(), 1..12),
+        ) {
+            let whole = ScoreRequest {
+                query,
+                items: texts.into_iter().map(Item::from).collect(),
+                instruction: Some("i".into()),
+                deadline_ms: None,
+                on_overload: None,
+            };
+            let json = if pretty { serde_json::to_vec_pretty(&whole) } else { serde_json::to_vec(&whole) };
+            let body = Bytes::from(json.unwrap());
+            let req: ScoreRequestRef<'_> = ApiError::parse_json(&body).unwrap();
+            let wire = ShardWire::new(body.clone(), &req);
+            let items: Vec<usize> = pick.iter().map(|p| p.index(whole.items.len())).collect();
+            let shard = shard_request(&wire, &items);
+            prop_assert_eq!(&shard.query, &whole.query);
+            prop_assert_eq!(shard.items, items.iter().map(|&i| whole.items[i].clone()).collect::<Vec<Item>>());
+        }
+    }
+}
