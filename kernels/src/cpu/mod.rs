@@ -19,6 +19,7 @@ mod moe;
 mod moe_tile;
 mod norm_rope;
 mod pack;
+pub mod schedstat;
 mod scratch;
 mod shared_out;
 
