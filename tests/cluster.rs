@@ -89,16 +89,7 @@ async fn scores_through_the_proxy_equal_a_worker_called_directly_for_any_split()
 
 #[test]
 fn sieve_up_runs_the_demo_on_the_embedded_model_and_leaves_nothing_running() {
-    let out = std::process::Command::new(sieve_e2e::bin("sieve"))
-        .args(["up", "--workers", "2"])
-        .env("RUST_LOG", "warn")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    for i in 1001..=1020 {
-        assert!(stdout.contains(&format!("sku-{i}")), "sku-{i} not ranked:\n{stdout}");
-    }
+    let stdout = sieve_e2e::sieve_up_demo(&["up", "--workers", "2"]);
     assert!(stdout.contains("model SmolLM2"), "{stdout}");
     let ranked: Vec<f32> = stdout
         .lines()
@@ -107,13 +98,7 @@ fn sieve_up_runs_the_demo_on_the_embedded_model_and_leaves_nothing_running() {
         .collect();
     assert_eq!(ranked.len(), 20);
     assert!(ranked.windows(2).all(|w| w[0] >= w[1]), "best first: {ranked:?}");
-    let addrs: Vec<std::net::SocketAddr> = stdout
-        .split(|c: char| c.is_whitespace() || c == '(' || c == ')')
-        .filter_map(|w| w.strip_prefix("http://")?.parse().ok())
-        .collect();
+    let addrs = sieve_e2e::printed_addresses(&stdout);
     assert_eq!(addrs.len(), 6, "{stdout}");
-    assert!(
-        addrs.iter().all(|a| std::net::TcpStream::connect_timeout(a, Duration::from_millis(200)).is_err()),
-        "a process of the cluster is still listening"
-    );
+    assert!(sieve_e2e::all_closed(&addrs), "a process of the cluster is still listening");
 }

@@ -3,8 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use sieve_e2e::{catalogue, score_body, spawn, wait_ready, Http, Proc};
+use sieve_e2e::{all_closed, catalogue, printed_addresses, score_body, sieve_up_demo, spawn, wait_ready, Http, Proc};
 use sieve_proxy::metrics as m;
+use sieve_shared::child;
 use sieve_shared::ScoreResponse;
 
 const QUERY: &str = "waterproof trail running shoes";
@@ -153,35 +154,13 @@ async fn sigterm_drains_the_proxy_without_failing_requests_in_flight() {
     std::fs::remove_dir_all(cfg.parent().unwrap()).ok();
 }
 
-/// The addresses `sieve up` printed (proxy and workers).
-fn printed_addresses(out: &str) -> Vec<std::net::SocketAddr> {
-    out.split(|c: char| c.is_whitespace() || c == '(' || c == ')')
-        .filter_map(|w| w.strip_prefix("http://"))
-        .filter_map(|a| a.parse().ok())
-        .collect()
-}
-
-fn closed(addrs: &[std::net::SocketAddr]) -> bool {
-    addrs.iter().all(|a| std::net::TcpStream::connect_timeout(a, Duration::from_millis(200)).is_err())
-}
-
 #[test]
 fn sieve_up_scores_the_demo_request_and_leaves_nothing_running() {
-    let out = std::process::Command::new(sieve_e2e::bin("sieve"))
-        .args(["up", "--sim", "--workers", "3"])
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-        .env("RUST_LOG", "warn")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    for i in 1001..=1020 {
-        assert!(stdout.contains(&format!("sku-{i}")), "sku-{i} not ranked:\n{stdout}");
-    }
+    let stdout = sieve_up_demo(&["up", "--sim", "--workers", "3"]);
     assert!(stdout.contains("timing:") && stdout.contains("over "), "{stdout}");
     let addrs = printed_addresses(&stdout);
     assert_eq!(addrs.len(), 8, "proxy api+admin and 3 workers' api+admin: {addrs:?}");
-    assert!(closed(&addrs), "a process of the cluster is still listening");
+    assert!(all_closed(&addrs), "a process of the cluster is still listening");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -217,18 +196,8 @@ async fn sieve_up_keep_running_serves_until_interrupted_and_sieve_score_ranks() 
     let rows =
         text.lines().filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()) && l.contains("sku-")).count();
     assert_eq!(rows, 5, "{text}");
-    // SAFETY: signalling our own child.
-    unsafe {
-        libc::kill(child.id() as libc::pid_t, libc::SIGINT);
-    }
-    let end = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < end, "sieve up did not stop on Ctrl-C");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    child::signal(&child, libc::SIGINT);
+    let status = child::wait_exit(&mut child, Duration::from_secs(20)).expect("sieve up stops on Ctrl-C");
     assert!(status.success(), "{status:?}");
-    assert!(closed(&printed_addresses(&printed)), "a process of the cluster is still listening");
+    assert!(all_closed(&printed_addresses(&printed)), "a process of the cluster is still listening");
 }

@@ -4,17 +4,15 @@
 pub mod abuse;
 pub mod soak;
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::{HeaderMap, Method, Request};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper::{HeaderMap, Method};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use sieve_loadtest::client;
 use sieve_loadtest::sim::{SimConfig, SimWorker};
 use sieve_proxy::{Launch, RunningProxy};
 use sieve_shared::{ProxyConfig, WorkerEndpoint};
@@ -22,16 +20,27 @@ use sieve_shared::{ProxyConfig, WorkerEndpoint};
 // ---------------------------------------------------------------------------------------------
 // HTTP
 
-#[derive(Clone)]
-pub struct Http {
-    client: Client<HttpConnector, Full<Bytes>>,
-}
+/// The tests' HTTP client: the load tester's ([`sieve_loadtest::client::Http`], one keep-alive
+/// pool), with calls that panic with the URL on a transport error (a test's failure) and a
+/// bound on every call, so a server that never answers fails the test instead of hanging it.
+#[derive(Clone, Default)]
+pub struct Http(client::Http);
 
+/// Every call's bound: far above any answer a test waits for (its own deadlines are seconds).
+const CALL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// An answer, with the tests' accessors (`json` panics with the status and body).
 #[derive(Debug)]
 pub struct Reply {
     pub status: u16,
     pub headers: HeaderMap,
     pub body: Bytes,
+}
+
+impl From<client::Reply> for Reply {
+    fn from(r: client::Reply) -> Self {
+        Reply { status: r.status, headers: r.headers, body: r.body }
+    }
 }
 
 impl Reply {
@@ -49,31 +58,13 @@ impl Reply {
     }
 }
 
-impl Default for Http {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl Http {
     pub fn new() -> Self {
-        let mut c = HttpConnector::new();
-        c.set_nodelay(true);
-        Http { client: Client::builder(TokioExecutor::new()).build(c) }
+        Self::default()
     }
 
     pub async fn send(&self, method: Method, url: &str, body: impl Into<Bytes>) -> Result<Reply, String> {
-        let req = Request::builder()
-            .method(method)
-            .uri(url)
-            .header("content-type", "application/json")
-            .body(Full::new(body.into()))
-            .map_err(|e| e.to_string())?;
-        let resp = self.client.request(req).await.map_err(|e| format!("{url}: {e:?}"))?;
-        let status = resp.status().as_u16();
-        let headers = resp.headers().clone();
-        let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
-        Ok(Reply { status, headers, body })
+        self.0.send(method, url, body.into(), CALL_TIMEOUT).await.map(Reply::from).map_err(|e| format!("{url}: {e}"))
     }
 
     pub async fn post(&self, url: &str, body: impl Into<Bytes>) -> Reply {
@@ -138,6 +129,36 @@ pub use sieve_loadtest::process::{parse_listening, Proc};
 /// listening line; panics if it does not come.
 pub fn spawn(bin_name: &str, args: &[&str], timeout: Duration) -> Proc {
     Proc::start(&bin(bin_name), args, timeout).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Runs `sieve ARGS` (an `up` that scores the demo request) to its end from the repo root, with
+/// quiet logs; asserts that it succeeded and ranked the demo's 20 items (`sku-1001`..`sku-1020`),
+/// and returns what it printed.
+pub fn sieve_up_demo(args: &[&str]) -> String {
+    let out = std::process::Command::new(bin("sieve"))
+        .args(args)
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    for i in 1001..=1020 {
+        assert!(stdout.contains(&format!("sku-{i}")), "sku-{i} not ranked:\n{stdout}");
+    }
+    stdout
+}
+
+/// The addresses `sieve up` printed (proxy and workers, API and admin).
+pub fn printed_addresses(out: &str) -> Vec<SocketAddr> {
+    out.split(|c: char| c.is_whitespace() || c == '(' || c == ')')
+        .filter_map(|w| w.strip_prefix("http://")?.parse().ok())
+        .collect()
+}
+
+/// Whether nothing listens at any of `addrs` any more.
+pub fn all_closed(addrs: &[SocketAddr]) -> bool {
+    addrs.iter().all(|a| std::net::TcpStream::connect_timeout(a, Duration::from_millis(200)).is_err())
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -16,11 +16,7 @@ use sieve_kernels::{Backend, CpuBackend, MoeLayerHost};
 
 /// CPU time of every thread of this process so far (Linux schedstat; 0 elsewhere).
 fn process_cpu_ns() -> u64 {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0 };
-    tasks
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .sum()
+    sieve_kernels::cpu::schedstat::process_schedstat().running_ns
 }
 
 fn main() {

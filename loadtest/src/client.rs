@@ -1,11 +1,12 @@
 //! The load generator's HTTP client: HTTP/1.1 keep-alive over a pool, one connection per
-//! concurrent request, with a per-request timeout.
+//! concurrent request, with a per-request timeout. The end-to-end tests and benches use it too
+//! (`sieve_e2e::Http` wraps it); the proxy keeps its own hot-path worker client.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper::{Method, Request};
+use hyper::{HeaderMap, Method, Request};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -19,6 +20,7 @@ pub struct Http {
 #[derive(Debug)]
 pub struct Reply {
     pub status: u16,
+    pub headers: HeaderMap,
     pub body: Bytes,
 }
 
@@ -56,9 +58,9 @@ impl Http {
             .map_err(|e| HttpError::Request(e.to_string()))?;
         let fut = async {
             let resp = self.client.request(req).await.map_err(|e| HttpError::Connection(format!("{e:?}")))?;
-            let status = resp.status().as_u16();
-            let body = resp.into_body().collect().await.map_err(|e| HttpError::Connection(e.to_string()))?.to_bytes();
-            Ok(Reply { status, body })
+            let (head, body) = resp.into_parts();
+            let body = body.collect().await.map_err(|e| HttpError::Connection(e.to_string()))?.to_bytes();
+            Ok(Reply { status: head.status.as_u16(), headers: head.headers, body })
         };
         match tokio::time::timeout(timeout, fut).await {
             Ok(r) => r,

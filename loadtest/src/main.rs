@@ -308,17 +308,11 @@ struct SimWorkerArgs {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .init();
+    sieve_shared::cli::init_tracing("info");
     let cli = Cli::parse();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match sieve_shared::cli::runtime("sieve-loadtest") {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("sieve-loadtest: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     let result = match cli.command {
         Command::Run(args) => rt.block_on(run_load(args)),
@@ -527,7 +521,7 @@ async fn sim_worker(a: SimWorkerArgs) -> anyhow::Result<()> {
     };
     let worker = SimWorker::start(config, &a.host, a.port, a.admin_port).await?;
     println!("{}", worker.listening_line());
-    wait_for_signal().await;
+    sieve_shared::cli::shutdown_signal().await;
     // Drain like the real worker: refuse new calls, finish running ones, close the connections;
     // all within the drain timeout.
     worker.drain();
@@ -537,26 +531,4 @@ async fn sim_worker(a: SimWorkerArgs) -> anyhow::Result<()> {
     }
     worker.shutdown_within(deadline.saturating_duration_since(tokio::time::Instant::now())).await;
     Ok(())
-}
-
-async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
-            (Ok(mut term), Ok(mut int)) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = int.recv() => {}
-                }
-            }
-            _ => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }

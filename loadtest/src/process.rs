@@ -4,15 +4,13 @@
 //! killed when its handle drops, so no process outlives the run that started it.
 
 use std::ffi::OsStr;
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::process::{Child, Command, ExitStatus};
+use std::time::Duration;
 
-use sieve_shared::child::die_with_parent;
 pub use sieve_shared::child::parse_listening;
+use sieve_shared::child::{self, spawn_listening, Listening, SpawnError};
 
 /// A child process that printed its listening line. Killed when dropped.
 pub struct Proc {
@@ -45,42 +43,13 @@ impl Proc {
     pub fn start<S: AsRef<OsStr>>(program: &Path, args: &[S], timeout: Duration) -> Result<Proc, String> {
         let name =
             program.file_name().map_or_else(|| program.display().to_string(), |n| n.to_string_lossy().into_owned());
-        let mut cmd = Command::new(program);
-        cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
-        if std::env::var_os("RUST_LOG").is_none() {
-            cmd.env("RUST_LOG", "warn");
-        }
         // SIGKILL: a load-test child is worthless without the run that started it.
-        die_with_parent(&mut cmd, libc::SIGKILL);
-        let mut child = cmd.spawn().map_err(|e| format!("starting {}: {e}", program.display()))?;
-        let Some(stdout) = child.stdout.take() else {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(format!("{name}: no stdout"));
-        };
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            // Keep reading so the child never blocks on a full pipe.
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let end = Instant::now() + timeout;
-        loop {
-            let left = end.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok(line) => {
-                    if let Some((api, admin)) = parse_listening(&line) {
-                        return Ok(Proc { child, api, admin, line });
-                    }
-                }
-                Err(_) => {
-                    let _ = child.kill();
-                    let status = child.wait().ok();
-                    return Err(format!("{name} printed no listening line within {timeout:?} (exit: {status:?})"));
-                }
-            }
-        }
+        let Listening { child, api, admin, line } =
+            spawn_listening(Command::new(program).args(args), libc::SIGKILL, timeout).map_err(|e| match e {
+                SpawnError::Spawn(e) => format!("starting {}: {e}", program.display()),
+                e => format!("{name}: {e}"),
+            })?;
+        Ok(Proc { child, api, admin, line })
     }
 
     pub fn api_url(&self) -> String {
@@ -101,10 +70,7 @@ impl Proc {
     }
 
     pub fn signal(&self, sig: i32) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, sig);
-        }
+        child::signal(&self.child, sig);
     }
 
     pub fn terminate(&self) {
@@ -117,14 +83,7 @@ impl Proc {
     }
 
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let end = Instant::now() + timeout;
-        while Instant::now() < end {
-            if let Ok(Some(s)) = self.child.try_wait() {
-                return Some(s);
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        None
+        child::wait_exit(&mut self.child, timeout)
     }
 }
 

@@ -311,7 +311,7 @@ mod tests {
     }
 
     fn reply(status: u16, body: &str) -> Result<Reply, HttpError> {
-        Ok(Reply { status, body: Bytes::from(body.to_string()) })
+        Ok(Reply { status, headers: Default::default(), body: Bytes::from(body.to_string()) })
     }
 
     #[test]

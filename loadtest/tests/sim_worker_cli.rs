@@ -1,31 +1,31 @@
 //! The `sieve-loadtest sim-worker` command line. (Being an integration test also makes
 //! `cargo test` build the binary the end-to-end tests start.)
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
+use std::process::Command;
+use std::time::Duration;
+
+use sieve_shared::child::{spawn_listening, KillOnDrop};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sieve-loadtest");
 
 #[test]
 fn serves_the_worker_api_and_prints_the_workers_listening_line() {
-    let mut child = Command::new(BIN)
-        .args(["sim-worker", "--port", "0", "--admin-port", "0", "--speed", "4", "--slots", "2"])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let l = spawn_listening(
+        Command::new(BIN).args(["sim-worker", "--port", "0", "--admin-port", "0", "--speed", "4", "--slots", "2"]),
+        libc::SIGKILL,
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    let (line, api, child) = (l.line, l.api, KillOnDrop(l.child));
     assert!(line.starts_with("sieve-worker listening api=127.0.0.1:"), "{line}");
-    let api = line.split_whitespace().find_map(|p| p.strip_prefix("api=")).unwrap().to_string();
     let body = r#"{"query":"red shoes","items":["red running shoe","blue hat"]}"#;
-    let mut s = TcpStream::connect(&api).unwrap();
+    let mut s = TcpStream::connect(api).unwrap();
     write!(s, "POST /v1/score HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len()).unwrap();
     let mut resp = String::new();
     s.read_to_string(&mut resp).unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(child);
     assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
     assert!(resp.contains("\"scores\":[") && resp.contains("\"item_tokens\":["), "{resp}");
 }

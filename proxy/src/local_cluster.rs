@@ -2,14 +2,12 @@
 //! the binaries next to the running one, torn down in every case (drop, error, Ctrl-C; and,
 //! on Linux, if the launcher itself is killed).
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use sieve_shared::child::{die_with_parent, parse_listening};
+use sieve_shared::child::{self, spawn_listening, Listening, SpawnError};
 
 use crate::client::HttpClient;
 
@@ -58,17 +56,9 @@ impl Service {
         if let Ok(Some(_)) = self.child.try_wait() {
             return;
         }
-        #[cfg(unix)]
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
-        }
-        let end = Instant::now() + grace;
-        while Instant::now() < end {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        child::signal(&self.child, libc::SIGTERM);
+        if child::wait_exit(&mut self.child, grace).is_some() {
+            return;
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -118,47 +108,15 @@ pub fn sibling(name: &str, package: &'static str) -> Result<PathBuf, ClusterErro
 
 /// Starts a process and waits for its listening line.
 pub fn spawn_service(name: &str, program: &Path, args: &[String], timeout: Duration) -> Result<Service, ClusterError> {
-    let mut cmd = Command::new(program);
-    cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
-    if std::env::var_os("RUST_LOG").is_none() {
-        // The launcher's output is the ranking; children speak up only about problems.
-        cmd.env("RUST_LOG", "warn");
-    }
-    // SIGTERM: a worker whose launcher died drains instead of vanishing mid-call.
-    die_with_parent(&mut cmd, libc::SIGTERM);
-    let mut child = cmd.spawn().map_err(|e| ClusterError::Spawn(name.into(), e))?;
-    let Some(stdout) = child.stdout.take() else {
-        let _ = child.kill();
-        return Err(ClusterError::EarlyExit(name.into(), "no stdout".into()));
-    };
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        // Keep draining stdout so the child never blocks writing to it.
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let end = Instant::now() + timeout;
-    loop {
-        match rx.recv_timeout(end.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))) {
-            Ok(line) => {
-                if let Some((api, admin)) = parse_listening(&line) {
-                    return Ok(Service { name: name.into(), api, admin, child });
-                }
-            }
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                let status = child.wait().map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
-                return Err(ClusterError::EarlyExit(name.into(), status));
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                if Instant::now() >= end {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(ClusterError::NoListeningLine(name.into(), timeout));
-                }
-            }
-        }
-    }
+    // SIGTERM: a worker whose launcher died drains instead of vanishing mid-call. A child's
+    // `RUST_LOG` defaults to `warn`: the launcher's output is the ranking.
+    let Listening { child, api, admin, .. } = spawn_listening(Command::new(program).args(args), libc::SIGTERM, timeout)
+        .map_err(|e| match e {
+            SpawnError::Spawn(e) => ClusterError::Spawn(name.into(), e),
+            SpawnError::EarlyExit(status) => ClusterError::EarlyExit(name.into(), status),
+            SpawnError::NoListeningLine(t) => ClusterError::NoListeningLine(name.into(), t),
+        })?;
+    Ok(Service { name: name.into(), api, admin, child })
 }
 
 /// Polls `GET {admin}/ready` until 200.

@@ -2,8 +2,10 @@
 //! (Being an integration test also makes `cargo test` build the binaries the end-to-end
 //! tests start.)
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
+use std::time::Duration;
+
+use sieve_shared::child::{spawn_listening, KillOnDrop};
 
 const PROXY: &str = env!("CARGO_BIN_EXE_sieve-proxy");
 
@@ -34,20 +36,15 @@ fn a_bad_config_or_worker_is_refused_with_its_name() {
 
 #[test]
 fn prints_the_listening_line_and_serves_its_admin_port() {
-    let mut child = Command::new(PROXY)
-        .args(["--port", "0", "--admin-port", "0"])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
-    let parts: Vec<&str> = line.split_whitespace().collect();
-    assert_eq!(parts.len(), 4, "{line}");
+    let l = spawn_listening(
+        Command::new(PROXY).args(["--port", "0", "--admin-port", "0"]),
+        libc::SIGKILL,
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    drop(KillOnDrop(l.child));
+    let parts: Vec<&str> = l.line.split_whitespace().collect();
+    assert_eq!(parts.len(), 4, "{}", l.line);
     assert_eq!(&parts[..2], &["sieve-proxy", "listening"]);
-    let api: std::net::SocketAddr = parts[2].strip_prefix("api=").unwrap().parse().unwrap();
-    let admin: std::net::SocketAddr = parts[3].strip_prefix("admin=").unwrap().parse().unwrap();
-    assert!(api.port() != 0 && admin.port() != 0 && api != admin);
+    assert!(l.api.port() != 0 && l.admin.port() != 0 && l.api != l.admin);
 }

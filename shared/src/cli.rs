@@ -1,25 +1,99 @@
-//! What a Sieve binary sets up before anything else: logs on stderr, filtered by `RUST_LOG`
-//! (else a default level), and the tokio runtime, whose failure to start is a message and an
-//! exit code rather than a panic.
+//! What every Sieve binary (`sieve-proxy`, `sieve`, `sieve-worker`, `sieve-loadtest`) sets up
+//! before anything else, and how it waits to stop: logs on stderr, filtered by `RUST_LOG` (else
+//! a default level); the tokio runtime, whose failure to start is a message and an exit code
+//! rather than a panic; and the wait for SIGTERM or SIGINT.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use tokio::runtime::Runtime;
 use tracing_subscriber::EnvFilter;
 
-/// Logs to stderr, filtered by `RUST_LOG`, else by `default_filter` (e.g. `"info"`).
+/// Logs to stderr, filtered by `RUST_LOG`, else by `default_filter` (e.g. `"info"`); colours
+/// only on a terminal, so a log file or a launcher's pipe gets plain text.
 pub fn init_tracing(default_filter: &str) {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into()))
         .init();
 }
 
-/// A multi-threaded runtime with every driver enabled; when it cannot start, says so as
-/// `prog: cannot start the runtime: …` and gives the exit code to return.
+/// A multi-threaded runtime with every driver enabled and a thread per core; when it cannot
+/// start, says so as `prog: cannot start the runtime: …` and gives the exit code to return.
 pub fn runtime(prog: &str) -> Result<Runtime, ExitCode> {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| {
+    build(prog, tokio::runtime::Builder::new_multi_thread().enable_all())
+}
+
+/// [`runtime`] with `threads` runtime threads: for a binary whose heavy work runs on a pool of
+/// its own (the worker's compute threads), so the runtime only moves bytes.
+pub fn runtime_with_threads(prog: &str, threads: usize) -> Result<Runtime, ExitCode> {
+    build(prog, tokio::runtime::Builder::new_multi_thread().worker_threads(threads.max(1)).enable_all())
+}
+
+fn build(prog: &str, builder: &mut tokio::runtime::Builder) -> Result<Runtime, ExitCode> {
+    builder.build().map_err(|e| {
         eprintln!("{prog}: cannot start the runtime: {e}");
         ExitCode::FAILURE
     })
+}
+
+/// Returns on the first SIGTERM or SIGINT (Ctrl-C); where the signal handlers cannot be set
+/// up (or off Unix), on Ctrl-C alone.
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+            }
+            _ => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runtimes_start_with_the_threads_asked_for() {
+        let rt = runtime_with_threads("test", 2).unwrap();
+        assert_eq!(rt.metrics().num_workers(), 2);
+        let rt = runtime_with_threads("test", 0).unwrap();
+        assert_eq!(rt.metrics().num_workers(), 1, "zero threads is one, not a panic");
+        assert!(runtime("test").unwrap().metrics().num_workers() >= 1);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn sigterm_ends_the_wait() {
+        use std::time::Duration;
+        use tokio::signal::unix::{signal, SignalKind};
+        let rt = runtime_with_threads("test", 1).unwrap();
+        rt.block_on(async {
+            // A listener of our own first: from then on SIGTERM is tokio's for this process, so
+            // a signal sent before the wait is listening is missed (and sent again), never fatal.
+            let _ours = signal(SignalKind::terminate()).unwrap();
+            let mut wait = tokio::spawn(shutdown_signal());
+            for _ in 0..50 {
+                // SAFETY: a signal to this process, whose SIGTERM handler tokio installed above.
+                unsafe { libc::raise(libc::SIGTERM) };
+                if let Ok(r) = tokio::time::timeout(Duration::from_millis(200), &mut wait).await {
+                    return r.unwrap();
+                }
+            }
+            panic!("SIGTERM did not end the wait");
+        });
+    }
 }

@@ -51,11 +51,7 @@ const QUERIES: &[&str] = &[
 
 /// CPU time of every thread of this process so far (Linux schedstat; 0 elsewhere).
 fn process_cpu_ns() -> u64 {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0 };
-    tasks
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .sum()
+    sieve_kernels::cpu::schedstat::process_schedstat().running_ns
 }
 
 fn bench_model(seed: u64) -> PathBuf {

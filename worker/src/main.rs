@@ -91,11 +91,7 @@ fn config_from(cli: &Cli) -> Result<WorkerConfig, WorkerError> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    sieve_shared::cli::init_tracing("info");
     let cfg = match config_from(&cli) {
         Ok(c) => c,
         Err(e) => {
@@ -110,12 +106,10 @@ fn main() -> ExitCode {
             None
         }
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+    // Two runtime threads: the model runs on its own compute pool; the runtime only moves bytes.
+    let rt = match sieve_shared::cli::runtime_with_threads("sieve-worker", 2) {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("sieve-worker: starting the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     rt.block_on(serve(cfg, prometheus))
 }
@@ -134,7 +128,7 @@ async fn serve(cfg: WorkerConfig, prometheus: Option<metrics_exporter_prometheus
     let app = worker.app.clone();
     let shutdown = async {
         tokio::select! {
-            _ = shutdown_signal() => tracing::info!("signal: draining"),
+            _ = sieve_shared::cli::shutdown_signal() => tracing::info!("signal: draining"),
             _ = app.drain_requested.notified() => tracing::info!("POST /drain: draining"),
         }
     };
@@ -149,26 +143,4 @@ async fn serve(cfg: WorkerConfig, prometheus: Option<metrics_exporter_prometheus
     (&mut shutdown).await;
     worker.drain_and_stop().await;
     ExitCode::SUCCESS
-}
-
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }

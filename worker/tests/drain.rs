@@ -2,11 +2,12 @@
 //! loopback when the API binds 0.0.0.0, `POST /drain` needs the admin token, and a drain ends
 //! within `server.drain_timeout_ms` even with a client stalled mid-body and one mid-head.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use sieve_shared::child::{self, spawn_listening, KillOnDrop};
 use sieve_worker::assets;
 
 /// One exchange on a fresh connection: (status, body).
@@ -19,15 +20,6 @@ fn call(addr: &str, method: &str, path: &str, token: Option<&str>) -> (u16, Stri
     let _ = s.read_to_string(&mut out);
     let status = out.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     (status, out.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string())
-}
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[test]
@@ -43,32 +35,31 @@ fn drain_needs_the_token_and_ends_within_its_timeout_despite_stalled_clients() {
         "[server]\ndrain_timeout_ms = 800\n[http]\nheader_read_timeout_ms = 60000\nbody_read_timeout_ms = 60000\n",
     )
     .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_sieve-worker"))
-        .args([
-            "--model",
-            model.to_str().unwrap(),
-            "--threads",
-            "1",
-            "--no-autotune",
-            "--host",
-            "0.0.0.0",
-            "--port",
-            "0",
-            "--admin-port",
-            "0",
-            "--config",
-        ])
-        .arg(&cfg)
-        .env("SIEVE_ADMIN_TOKEN", "tok")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut child = Killed(child);
-    let mut line = String::new();
-    BufReader::new(child.0.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let field = |k: &str| line.split_whitespace().find_map(|p| p.strip_prefix(k)).unwrap().to_string();
-    let (api, admin) = (field("api="), field("admin="));
+    let l = spawn_listening(
+        Command::new(env!("CARGO_BIN_EXE_sieve-worker"))
+            .args([
+                "--model",
+                model.to_str().unwrap(),
+                "--threads",
+                "1",
+                "--no-autotune",
+                "--host",
+                "0.0.0.0",
+                "--port",
+                "0",
+                "--admin-port",
+                "0",
+                "--config",
+            ])
+            .arg(&cfg)
+            .env("SIEVE_ADMIN_TOKEN", "tok"),
+        libc::SIGKILL,
+        Duration::from_secs(120),
+    )
+    .unwrap();
+    let line = l.line;
+    let mut child = KillOnDrop(l.child);
+    let (api, admin) = (l.api.to_string(), l.admin.to_string());
     assert!(api.starts_with("0.0.0.0:"), "{line}");
     assert!(admin.starts_with("127.0.0.1:"), "the admin port stays on loopback: {line}");
     let api = api.replace("0.0.0.0", "127.0.0.1");
@@ -93,13 +84,8 @@ fn drain_needs_the_token_and_ends_within_its_timeout_despite_stalled_clients() {
     let t0 = Instant::now();
     let (code, body) = call(&admin, "POST", "/drain", Some("tok"));
     assert_eq!(code, 202, "{body}");
-    let status = loop {
-        if let Some(s) = child.0.try_wait().unwrap() {
-            break s;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(10), "still running 10 s after POST /drain (drain timeout 800 ms)");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = child::wait_exit(&mut child.0, Duration::from_secs(10))
+        .expect("still running 10 s after POST /drain (drain timeout 800 ms)");
     let took = t0.elapsed();
     let _ = std::fs::remove_dir_all(&dir);
     assert!(status.success(), "{status:?}");

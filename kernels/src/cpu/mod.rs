@@ -19,6 +19,7 @@ mod moe;
 mod moe_tile;
 mod norm_rope;
 mod pack;
+pub mod schedstat;
 mod scratch;
 mod shared_out;
 
@@ -167,6 +168,12 @@ impl CpuBackend {
                 x.rows, x.cols, w.out_features, w.in_features, out.rows, out.cols
             )
         })
+    }
+
+    /// The one call into the tiled GEMM (`matmul`, `matmul_add`, `lm_logits`): this backend's
+    /// pool, scratch, thread count and ISA; the caller has run `check_gemm`.
+    fn run_gemm(&self, x: &HostTensor, w: &PackedWeight, epi: Epilogue, out: &mut HostTensor) {
+        gemm::gemm(&self.pool, &self.gemm_scratch, self.threads, self.isa, &x.data, x.rows, w, epi, &mut out.data);
     }
 
     fn check_qkv(&self, qkv: &HostTensor, layout: QkvLayout, batch: &CpuBatch, op: &str) -> Result<()> {
@@ -337,24 +344,13 @@ impl Backend for CpuBackend {
         if let Some(b) = bias {
             check(b.len() == w.out_features, || format!("matmul: bias of {} for {} outputs", b.len(), w.out_features))?;
         }
-        let epi = Epilogue::Store { bias: bias.map(|b| b.as_slice()) };
-        gemm::gemm(&self.pool, &self.gemm_scratch, self.threads, self.isa, &x.data, x.rows, w, epi, &mut out.data);
+        self.run_gemm(x, w, Epilogue::Store { bias: bias.map(|b| b.as_slice()) }, out);
         Ok(())
     }
 
     fn matmul_add(&self, x: &HostTensor, w: &PackedWeight, acc: &mut HostTensor) -> Result<()> {
         self.check_gemm(x, w, acc, "matmul_add")?;
-        gemm::gemm(
-            &self.pool,
-            &self.gemm_scratch,
-            self.threads,
-            self.isa,
-            &x.data,
-            x.rows,
-            w,
-            Epilogue::Accumulate,
-            &mut acc.data,
-        );
+        self.run_gemm(x, w, Epilogue::Accumulate, acc);
         Ok(())
     }
 
@@ -516,17 +512,7 @@ impl Backend for CpuBackend {
 
     fn lm_logits(&self, x: &HostTensor, table: &CpuEmbedding, out: &mut HostTensor) -> Result<()> {
         self.check_gemm(x, &table.packed, out, "lm_logits")?;
-        gemm::gemm(
-            &self.pool,
-            &self.gemm_scratch,
-            self.threads,
-            self.isa,
-            &x.data,
-            x.rows,
-            &table.packed,
-            Epilogue::Store { bias: None },
-            &mut out.data,
-        );
+        self.run_gemm(x, &table.packed, Epilogue::Store { bias: None }, out);
         Ok(())
     }
 

@@ -649,13 +649,9 @@ impl CpuBackend {
 }
 
 /// Nanoseconds the threads of this process have spent runnable but not running, waiting for a
-/// core (Linux `schedstat`, second field); 0 where that is not readable.
+/// core; 0 where that is not readable.
 fn run_queue_delay() -> u64 {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0 };
-    tasks
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .sum()
+    super::schedstat::process_schedstat().waiting_ns
 }
 
 /// The cost model before calibration: per-expert costs from FMA and weight-streaming rates

@@ -181,39 +181,17 @@ async fn up(a: UpArgs) -> Result<(), String> {
         print!("{}", ranking::render(&request, &scored, None));
         if a.keep_running {
             println!("\nserving on {proxy_url} — POST /v1/score, /v1/rerank; Ctrl-C to stop");
-            wait_for_interrupt().await;
+            sieve_shared::cli::shutdown_signal().await;
         }
         cluster.shutdown();
         Ok::<(), String>(())
     };
     tokio::select! {
         r = work => r,
-        _ = wait_for_interrupt() => {
+        _ = sieve_shared::cli::shutdown_signal() => {
             eprintln!("sieve: stopping");
             Ok(())
         }
-    }
-}
-
-async fn wait_for_interrupt() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
-            (Ok(mut int), Ok(mut term)) => {
-                tokio::select! {
-                    _ = int.recv() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            _ => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
     }
 }
 
