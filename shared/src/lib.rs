@@ -7,6 +7,7 @@ pub mod child;
 pub mod cli;
 pub mod cost;
 pub mod error;
+pub mod grpc;
 pub mod http;
 pub mod limits;
 pub mod metrics_names;
