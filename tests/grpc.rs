@@ -301,3 +301,24 @@ async fn a_client_that_cancels_cancels_the_work() {
     }
     assert_eq!(counters.completed.load(std::sync::atomic::Ordering::Relaxed), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_process_answers_grpc_as_it_answers_http() {
+    let args = ["--model", "default", "--port", "0", "--admin-port", "0", "--grpc-port", "0", "--no-autotune"];
+    let w = spawn("sieve-worker", &args, Duration::from_secs(60));
+    assert!(w.line.starts_with("sieve-worker listening api=") && w.line.contains(" grpc=127.0.0.1:"), "{}", w.line);
+    let http = Http::new();
+    assert!(wait_ready(&http, &w.admin_url(), Duration::from_secs(120)).await, "the worker never loaded its model");
+    let texts = short(5);
+    let h: ScoreResponse = http
+        .post_json(&format!("{}/v1/score", w.api_url()), &json!({"query": QUERY, "items": json_items(&texts)}))
+        .await
+        .json();
+    let mut c = client(&grpc_url(&w)).await;
+    let g = score(&mut c, score_req(&texts)).await.expect("a score answer");
+    // Scores depend on the pair alone (the determinism contract): equal to the bit.
+    assert_same_scores(&g, &h, "worker");
+    assert!(g.usage.as_ref().is_some_and(|u| u.computed_tokens > 0), "{g:?}");
+    let empty = pb::ScoreRequest { query: String::new(), ..score_req(&texts) };
+    expect_err(score(&mut c, empty).await, Code::InvalidArgument, "query is empty", "invalid", false);
+}
