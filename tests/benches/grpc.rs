@@ -6,13 +6,14 @@
 //! Part 1 (how the proxy could talk to its workers): calls of one shard (32 items) to a
 //! zero-compute `sieve-loadtest sim-worker` process, one at a time and 16 at once: HTTP/1.1 with
 //! JSON on pooled keep-alive connections (hyper-util's client, as `proxy/src/client.rs` uses)
-//! against gRPC with protobuf on one multiplexed HTTP/2 connection (a tonic channel). Per call:
+//! against gRPC with protobuf on one multiplexed HTTP/2 connection, through a tonic channel and
+//! through hyper's HTTP/2 client directly (tonic's generated client on it). Per call:
 //! latency p50/p99, and the client process's CPU time (`getrusage`: the worker is another
 //! process), body encoding and answer decoding included.
 //!
-//! Part 2 (the front end): the same 100-item call as gRPC `Score` and as `POST /v1/score`
-//! through a `sieve-proxy` process over four zero-compute sim-workers, one call at a time, the two
-//! paths interleaved call by call so both see the same machine; p50 and p99 of each.
+//! Part 2 (the front end): the same 100-item call as gRPC `Score` (both clients) and as
+//! `POST /v1/score` through a `sieve-proxy` process over four zero-compute sim-workers, one call
+//! at a time, the paths interleaved call by call so all see the same machine; p50 and p99 of each.
 //!
 //! Everything runs on one machine, the load generator included: compare rows of the same run.
 
@@ -20,6 +21,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hyper::Method;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
 use sieve_e2e::{catalogue, spawn, wait_ready, Http, Proc};
 use sieve_shared::grpc::pb;
 use sieve_shared::grpc::pb::sieve_client::SieveClient;
@@ -79,10 +83,15 @@ fn pct(sorted: &[Duration], p: f64) -> f64 {
     sorted[i].as_secs_f64() * 1e3
 }
 
+/// A gRPC client straight on hyper's pooled HTTP/2 client: no tonic channel (whose tower
+/// buffer adds a task hop and CPU per call), to tell the protocol's cost from that client stack's.
+type LeanClient = SieveClient<Client<HttpConnector, tonic::body::Body>>;
+
 #[derive(Clone)]
 enum Path {
     Http { http: Http, url: String, body: serde_json::Value },
     Grpc { client: SieveClient<Channel>, req: pb::ScoreRequest },
+    Lean { client: LeanClient, req: pb::ScoreRequest },
 }
 
 impl Path {
@@ -98,6 +107,14 @@ impl Path {
         }
     }
 
+    async fn lean(url: &str, items: &[String]) -> Self {
+        let Path::Grpc { req, .. } = Self::grpc(url, items).await else { unreachable!("a gRPC path") };
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new()).http2_only(true).build(connector);
+        Path::Lean { client: SieveClient::with_origin(client, url.parse().expect("uri")), req }
+    }
+
     /// One call, the request encoded and the answer decoded as a client must; its latency.
     async fn call(&mut self, n: usize) -> Duration {
         let t0 = Instant::now();
@@ -110,6 +127,10 @@ impl Path {
                 assert_eq!(s.scores.len(), n);
             }
             Path::Grpc { client, req } => {
+                let r = client.score(req.clone()).await.expect("grpc call").into_inner();
+                assert_eq!(r.scores.len(), n);
+            }
+            Path::Lean { client, req } => {
                 let r = client.score(req.clone()).await.expect("grpc call").into_inner();
                 assert_eq!(r.scores.len(), n);
             }
@@ -175,8 +196,10 @@ async fn run(calls: usize) {
     let items = catalogue(SHARD_ITEMS, 11);
     let h = Path::http(format!("{}/v1/score", w.api_url()), &items);
     let g = Path::grpc(&grpc_url(&w), &items).await;
+    let l = Path::lean(&grpc_url(&w), &items).await;
     for concurrency in [1, 16] {
-        for (name, path) in [("HTTP/1.1 JSON, pooled", &h), ("gRPC HTTP/2 protobuf", &g)] {
+        for (name, path) in [("HTTP/1.1 JSON, pooled", &h), ("gRPC, tonic channel", &g), ("gRPC, hyper h2 client", &l)]
+        {
             let r = measure(path, SHARD_ITEMS, calls, concurrency).await;
             println!(
                 "{name:<28} {concurrency:>5} {:>9.3} {:>9.3} {:>10.0} {:>12.1} us",
@@ -196,32 +219,31 @@ async fn run(calls: usize) {
     let p = spawn("sieve-proxy", &refs, START);
     assert!(wait_ready(&http, &p.admin_url(), START).await, "proxy not ready");
     let items = catalogue(REQUEST_ITEMS, 12);
-    let mut h = Path::http(format!("{}/v1/score", p.api_url()), &items);
-    let mut g = Path::grpc(&grpc_url(&p), &items).await;
+    let h = Path::http(format!("{}/v1/score", p.api_url()), &items);
+    let g = Path::grpc(&grpc_url(&p), &items).await;
+    let l = Path::lean(&grpc_url(&p), &items).await;
+    let mut paths =
+        [("POST /v1/score (HTTP/1.1)", h), ("gRPC Score, tonic channel", g), ("gRPC Score, hyper h2 client", l)];
     for _ in 0..100 {
-        h.call(REQUEST_ITEMS).await;
-        g.call(REQUEST_ITEMS).await;
-    }
-    let (mut hl, mut gl) = (Vec::with_capacity(calls), Vec::with_capacity(calls));
-    for i in 0..calls {
-        // Alternate which goes first, so neither always follows the other.
-        if i % 2 == 0 {
-            hl.push(h.call(REQUEST_ITEMS).await);
-            gl.push(g.call(REQUEST_ITEMS).await);
-        } else {
-            gl.push(g.call(REQUEST_ITEMS).await);
-            hl.push(h.call(REQUEST_ITEMS).await);
+        for (_, p) in paths.iter_mut() {
+            p.call(REQUEST_ITEMS).await;
         }
     }
-    hl.sort_unstable();
-    gl.sort_unstable();
-    println!("{:<28} {:>9} {:>9}", "path", "p50 ms", "p99 ms");
-    println!("{:<28} {:>9.3} {:>9.3}", "POST /v1/score (HTTP/1.1)", pct(&hl, 0.5), pct(&hl, 0.99));
-    println!("{:<28} {:>9.3} {:>9.3}", "gRPC Score (HTTP/2)", pct(&gl, 0.5), pct(&gl, 0.99));
-    println!(
-        "gRPC - HTTP: p50 {:+.3} ms, p99 {:+.3} ms",
-        pct(&gl, 0.5) - pct(&hl, 0.5),
-        pct(&gl, 0.99) - pct(&hl, 0.99)
-    );
+    let mut lat: Vec<Vec<Duration>> = paths.iter().map(|_| Vec::with_capacity(calls)).collect();
+    for i in 0..calls {
+        // Rotate which goes first, so none always follows another.
+        for k in 0..paths.len() {
+            let j = (i + k) % paths.len();
+            lat[j].push(paths[j].1.call(REQUEST_ITEMS).await);
+        }
+    }
+    println!("{:<30} {:>9} {:>9} {:>14}", "path", "p50 ms", "p99 ms", "vs HTTP p50/p99");
+    for l in lat.iter_mut() {
+        l.sort_unstable();
+    }
+    for ((name, _), l) in paths.iter().zip(&lat) {
+        let (d50, d99) = (pct(l, 0.5) - pct(&lat[0], 0.5), pct(l, 0.99) - pct(&lat[0], 0.99));
+        println!("{name:<30} {:>9.3} {:>9.3} {d50:>+7.3} {d99:>+7.3}", pct(l, 0.5), pct(l, 0.99));
+    }
     let _ = std::fs::remove_file(ZERO_COST.as_str());
 }
