@@ -13,7 +13,8 @@
 //!
 //! Part 2 (the front end): the same 100-item call as gRPC `Score` (both clients) and as
 //! `POST /v1/score` through a `sieve-proxy` process over four zero-compute sim-workers, one call
-//! at a time, the paths interleaved call by call so all see the same machine; p50 and p99 of each.
+//! at a time, the paths interleaved call by call so all see the same machine; p50 and p99 of each;
+//! then the proxy process's CPU time per call of each path, run one path at a time.
 //!
 //! Everything runs on one machine, the load generator included: compare rows of the same run.
 
@@ -73,6 +74,17 @@ fn cpu_time() -> Duration {
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
     let tv = |t: libc::timeval| Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64);
     tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+/// User plus system CPU time of another process (Linux `/proc`), in seconds.
+fn process_cpu(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // After the parenthesised command name: state ppid ... utime (14th field) stime (15th).
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(f64::NAN);
+    // SAFETY: sysconf reads a constant.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (ticks(11) + ticks(12)) / hz
 }
 
 fn pct(sorted: &[Duration], p: f64) -> f64 {
@@ -244,6 +256,17 @@ async fn run(calls: usize) {
     for ((name, _), l) in paths.iter().zip(&lat) {
         let (d50, d99) = (pct(l, 0.5) - pct(&lat[0], 0.5), pct(l, 0.99) - pct(&lat[0], 0.99));
         println!("{name:<30} {:>9.3} {:>9.3} {d50:>+7.3} {d99:>+7.3}", pct(l, 0.5), pct(l, 0.99));
+    }
+    // The server's side alone: the proxy process's CPU per call, each path run on its own.
+    // SAFETY: sysconf reads a constant.
+    let tick_us = 1e6 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    println!("{:<30} {:>18}   (clock ticks: +-{:.0} us per call)", "path", "proxy CPU/call", tick_us / calls as f64);
+    for (name, path) in paths.iter_mut() {
+        let cpu0 = process_cpu(p.pid());
+        for _ in 0..calls {
+            path.call(REQUEST_ITEMS).await;
+        }
+        println!("{name:<30} {:>15.1} us", (process_cpu(p.pid()) - cpu0) * 1e6 / calls as f64);
     }
     let _ = std::fs::remove_file(ZERO_COST.as_str());
 }

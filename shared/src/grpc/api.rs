@@ -16,7 +16,7 @@ use tonic::{Request, Response, Status};
 
 use super::{convert, deadline, pb, status};
 use crate::service::{Call, Route, ScoreService, Scored};
-use crate::{ApiError, ErrorKind, RerankResponse, ScoreRequest};
+use crate::{ApiError, ErrorKind, RerankResponse, ScoreRequest, ScoreResponse};
 
 /// The gRPC API of one process: its [`ScoreService`] and the margin taken off gRPC deadlines.
 pub struct GrpcApi<S> {
@@ -62,7 +62,7 @@ impl<S: ScoreService + 'static> GrpcApi<S> {
         route: Route,
         arrival: Instant,
         out: Result<Scored, ApiError>,
-        to_message: impl FnOnce(Scored) -> T,
+        to_message: impl FnOnce(ScoreResponse) -> T,
     ) -> Result<Response<T>, Status> {
         let code = match &out {
             Ok(_) => 200,
@@ -70,10 +70,9 @@ impl<S: ScoreService + 'static> GrpcApi<S> {
         };
         self.svc.observe(route, code, arrival.elapsed());
         match out {
-            Ok(scored) => {
-                let meta = MetadataMap::from_headers(scored.headers.clone());
-                let mut r = Response::new(to_message(scored));
-                *r.metadata_mut() = meta;
+            Ok(Scored { response, headers }) => {
+                let mut r = Response::new(to_message(response));
+                *r.metadata_mut() = MetadataMap::from_headers(headers);
                 Ok(r)
             }
             Err(e) => {
@@ -92,7 +91,7 @@ impl<S: ScoreService + 'static> pb::sieve_server::Sieve for GrpcApi<S> {
         let arrival = Instant::now();
         let (meta, _, msg) = request.into_parts();
         let out = self.run(&meta, convert::score_request(msg), "items", None, arrival).await;
-        self.finish(Route::Score, arrival, out, |s| convert::score_response(s.response))
+        self.finish(Route::Score, arrival, out, convert::score_response)
     }
 
     async fn rerank(&self, request: Request<pb::RerankRequest>) -> Result<Response<pb::RerankResponse>, Status> {
@@ -103,8 +102,6 @@ impl<S: ScoreService + 'static> pb::sieve_server::Sieve for GrpcApi<S> {
             Err(e) => return self.finish(Route::Rerank, arrival, Err(e), |_| pb::RerankResponse::default()),
         };
         let out = self.run(&meta, Ok(rerank.to_score_request()), "documents", rerank.top_n, arrival).await;
-        self.finish(Route::Rerank, arrival, out, |s| {
-            convert::rerank_response(RerankResponse::from_scores(&rerank, s.response))
-        })
+        self.finish(Route::Rerank, arrival, out, |s| convert::rerank_response(RerankResponse::from_scores(&rerank, s)))
     }
 }
