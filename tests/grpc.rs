@@ -322,3 +322,52 @@ async fn a_worker_process_answers_grpc_as_it_answers_http() {
     let empty = pb::ScoreRequest { query: String::new(), ..score_req(&texts) };
     expect_err(score(&mut c, empty).await, Code::InvalidArgument, "query is empty", "invalid", false);
 }
+
+/// A request body fed by hand: what the test sends, when it sends it, and never an end.
+struct Trickle(tokio::sync::mpsc::Receiver<bytes::Bytes>);
+
+impl hyper::body::Body for Trickle {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, Self::Error>>> {
+        self.0.poll_recv(cx).map(|b| b.map(|b| Ok(hyper::body::Frame::data(b))))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_never_arrives_whole_ends_at_the_body_read_timeout() {
+    let mut cfg = SimConfig { cost: fast(), ..SimConfig::default() };
+    cfg.grpc.port = Some(0);
+    cfg.http.body_read_timeout_ms = 300;
+    let w = SimWorker::start_local(cfg).await.expect("sim worker");
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Trickle>();
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let req = hyper::Request::post(format!("{}/sieve.v1.Sieve/Score", w.grpc_url().unwrap()))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(Trickle(rx))
+        .unwrap();
+    // A gRPC frame header announcing 1000 bytes, then 10 of them, then silence.
+    tx.send(bytes::Bytes::from_static(&[0, 0, 0, 3, 232])).await.unwrap();
+    tx.send(bytes::Bytes::from_static(b"0123456789")).await.unwrap();
+    let t0 = Instant::now();
+    let resp = tokio::time::timeout(Duration::from_secs(10), client.request(req)).await.expect("an answer").unwrap();
+    let head = resp.headers().clone();
+    let collected = tokio::time::timeout(Duration::from_secs(10), http_body_util::BodyExt::collect(resp.into_body()))
+        .await
+        .unwrap();
+    let trailers = collected.ok().and_then(|c| c.trailers().cloned()).unwrap_or_default();
+    let status =
+        |name: &str| head.get(name).or_else(|| trailers.get(name)).and_then(|v| v.to_str().ok()).map(str::to_string);
+    assert_eq!(status("grpc-status").as_deref(), Some("4"), "DEADLINE_EXCEEDED; head {head:?} trailers {trailers:?}");
+    let message = status("grpc-message").unwrap_or_default();
+    assert!(message.contains("body_read_timeout_ms"), "{message:?}");
+    assert!(t0.elapsed() < Duration::from_secs(5), "ended after {:?}", t0.elapsed());
+    drop(tx);
+}
