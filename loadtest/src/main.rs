@@ -18,6 +18,7 @@ use sieve_loadtest::report::{self, RunData, RunInfo};
 use sieve_loadtest::run::{self, LoadMode, RunSpec};
 use sieve_loadtest::sim::{SimConfig, SimFileConfig, SimWorker, Slowdown, Stall};
 use sieve_loadtest::workload::WorkloadSpec;
+use sieve_shared::grpc::GrpcConfig;
 use sieve_shared::CostModel;
 
 #[derive(Parser)]
@@ -254,6 +255,9 @@ struct SimWorkerArgs {
     /// Admin port; 0 picks a free port.
     #[arg(long, default_value_t = 9081)]
     admin_port: u16,
+    /// gRPC API port (0 picks a free port); default the config file's `[grpc] port`, off when unset.
+    #[arg(long)]
+    grpc_port: Option<u16>,
     /// Cost model file (TOML or JSON: request_ms, token_ms, token_context_ms).
     #[arg(long)]
     cost_model: Option<PathBuf>,
@@ -302,7 +306,7 @@ struct SimWorkerArgs {
     /// SIGTERM: finish running calls and close every connection within this many ms.
     #[arg(long, default_value_t = 30_000)]
     drain_timeout_ms: u64,
-    /// A TOML file with `[http]` and `[admin]` sections (the worker's keys and defaults).
+    /// A TOML file with `[http]`, `[grpc]` and `[admin]` sections (the worker's keys and defaults).
     #[arg(long)]
     config: Option<PathBuf>,
 }
@@ -502,6 +506,7 @@ async fn sim_worker(a: SimWorkerArgs) -> anyhow::Result<()> {
     };
     let config = SimConfig {
         http: file.http,
+        grpc: GrpcConfig { port: a.grpc_port.or(file.grpc.port), ..file.grpc },
         admin: file.admin,
         admin_host: a.admin_host,
         drain_timeout_ms: a.drain_timeout_ms,

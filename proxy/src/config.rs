@@ -12,6 +12,8 @@ pub struct Overrides {
     pub port: Option<u16>,
     pub admin_host: Option<String>,
     pub admin_port: Option<u16>,
+    /// `--grpc-port`: serve the gRPC API on this port.
+    pub grpc_port: Option<u16>,
 }
 
 impl Overrides {
@@ -27,6 +29,9 @@ impl Overrides {
         }
         if let Some(p) = self.admin_port {
             cfg.server.admin_port = p;
+        }
+        if let Some(p) = self.grpc_port {
+            cfg.grpc.port = Some(p);
         }
     }
 }

@@ -23,8 +23,8 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> HttpRespons
     service::handle(&Api(state), req).await
 }
 
-/// The proxy as a [`ScoreService`].
-struct Api(Arc<AppState>);
+/// The proxy as a [`ScoreService`] (also served over gRPC, `sieve_shared::grpc`).
+pub(crate) struct Api(pub(crate) Arc<AppState>);
 
 impl Api {
     /// Both entry points: a request built from owned strings (the rerank route, in-process

@@ -56,15 +56,18 @@ pub struct Launch {
 pub struct RunningProxy {
     pub api_addr: SocketAddr,
     pub admin_addr: SocketAddr,
+    /// The gRPC API's address, when `[grpc] port` is set.
+    pub grpc_addr: Option<SocketAddr>,
     pub state: Arc<AppState>,
     pub discovery: Arc<Discovery>,
     stop: watch::Sender<bool>,
-    /// Ends the two servers (after the drain, within what is left of its timeout).
+    /// Ends the servers, gRPC included (after the drain, within what is left of its timeout).
     servers: Stopper,
     tasks: Vec<JoinHandle<()>>,
 }
 
-/// Binds both ports and starts serving, health checking and discovery.
+/// Binds its ports (API, admin, and gRPC when `[grpc] port` is set) and starts serving, health
+/// checking and discovery.
 pub async fn start(launch: Launch) -> Result<RunningProxy> {
     launch.config.validate().map_err(ProxyError::Config)?;
     let cfg = launch.config;
@@ -74,8 +77,13 @@ pub async fn start(launch: Launch) -> Result<RunningProxy> {
     };
     let api = TcpListener::bind((cfg.server.host.as_str(), cfg.server.port)).await?;
     let admin = TcpListener::bind((cfg.server.admin_host.as_str(), cfg.server.admin_port)).await?;
+    let grpc = match cfg.grpc.port {
+        Some(port) => Some(TcpListener::bind((cfg.server.host.as_str(), port)).await?),
+        None => None,
+    };
     let (api_addr, admin_addr) = (api.local_addr()?, admin.local_addr()?);
-    let http_cfg = cfg.http.clone();
+    let grpc_addr = grpc.as_ref().map(TcpListener::local_addr).transpose()?;
+    let (http_cfg, grpc_cfg) = (cfg.http.clone(), cfg.grpc.clone());
     let state = Arc::new(AppState::new(cfg, metrics::handle()));
     let (stop, stop_rx) = watch::channel(false);
     let discovery =
@@ -90,6 +98,16 @@ pub async fn start(launch: Launch) -> Result<RunningProxy> {
         move |r| http_api::handle(s.clone(), r),
         servers.signal(),
     )));
+    if let Some(listener) = grpc {
+        let api = Arc::new(http_api::Api(state.clone()));
+        tasks.push(tokio::spawn(sieve_shared::grpc::serve(
+            listener,
+            api,
+            grpc_cfg,
+            http_cfg.clone(),
+            servers.signal(),
+        )));
+    }
     let (s, d, auth) = (state.clone(), discovery.clone(), Arc::new(auth));
     tasks.push(tokio::spawn(http::serve(
         admin,
@@ -109,7 +127,7 @@ pub async fn start(launch: Launch) -> Result<RunningProxy> {
             }
         }
     }));
-    Ok(RunningProxy { api_addr, admin_addr, state, discovery, stop, servers, tasks })
+    Ok(RunningProxy { api_addr, admin_addr, grpc_addr, state, discovery, stop, servers, tasks })
 }
 
 impl RunningProxy {
@@ -121,9 +139,15 @@ impl RunningProxy {
         format!("http://{}", self.admin_addr)
     }
 
-    /// The line `sieve-proxy` prints on start-up.
+    /// The gRPC API's URL (`http://HOST:PORT`), when it is served.
+    pub fn grpc_url(&self) -> Option<String> {
+        self.grpc_addr.map(|a| format!("http://{a}"))
+    }
+
+    /// The line `sieve-proxy` prints on start-up (`grpc=` only when the gRPC port is on).
     pub fn listening_line(&self) -> String {
-        format!("sieve-proxy listening api={} admin={}", self.api_addr, self.admin_addr)
+        let grpc = self.grpc_addr.map(|a| format!(" grpc={a}")).unwrap_or_default();
+        format!("sieve-proxy listening api={} admin={}{grpc}", self.api_addr, self.admin_addr)
     }
 
     /// Graceful drain: refuse new requests (503), wait for those in flight, then close the

@@ -1,6 +1,7 @@
 //! `sieve-proxy [--host H] [--port 8080] [--admin-host 127.0.0.1] [--admin-port 9080]
 //! [--worker URL[,admin=URL]]... [--config FILE]`. Prints
-//! `sieve-proxy listening api=HOST:PORT admin=HOST:PORT` once both ports are bound.
+//! `sieve-proxy listening api=HOST:PORT admin=HOST:PORT [grpc=HOST:PORT]` once its ports are
+//! bound (`--grpc-port` or `[grpc] port` adds the gRPC API).
 //! SIGTERM/SIGINT or an authorised `POST /drain`: drain (finish in flight, refuse new) and exit,
 //! within `drain.timeout_ms`; SIGHUP: reload the config file.
 
@@ -26,6 +27,9 @@ struct Cli {
     /// Admin port (0: a free port). Default 9080, or the config's.
     #[arg(long)]
     admin_port: Option<u16>,
+    /// gRPC API port (0: a free port). Default: the config's `[grpc] port`, off when unset.
+    #[arg(long)]
+    grpc_port: Option<u16>,
     /// A worker: its API base URL, optionally with its admin base URL,
     /// e.g. http://10.0.0.5:8081,admin=http://10.0.0.5:9081. Repeatable.
     #[arg(long = "worker", value_name = "URL[,admin=URL]")]
@@ -38,8 +42,13 @@ struct Cli {
 fn main() -> ExitCode {
     sieve_shared::cli::init_tracing("info");
     let cli = Cli::parse();
-    let overrides =
-        Overrides { host: cli.host, port: cli.port, admin_host: cli.admin_host, admin_port: cli.admin_port };
+    let overrides = Overrides {
+        host: cli.host,
+        port: cli.port,
+        admin_host: cli.admin_host,
+        admin_port: cli.admin_port,
+        grpc_port: cli.grpc_port,
+    };
     let config = match sieve_proxy::config::load(cli.config.as_deref(), &overrides) {
         Ok(c) => c,
         Err(e) => {

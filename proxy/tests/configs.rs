@@ -44,6 +44,15 @@ fn the_kubernetes_proxy_config_discovers_workers_by_dns() {
     assert_eq!(cfg.balance.policy, PolicyKind::PowerOfTwo);
     assert_eq!(cfg.split.mode, SplitMode::Cost);
     assert_eq!(cfg.server.host, "0.0.0.0");
+    // The gRPC API is on, on the port the Deployment, Service and NetworkPolicy expose.
+    let port = cfg.grpc.port.expect("[grpc] port");
+    for exposed in [
+        format!("containerPort: {port}"),
+        format!("port: {port}, targetPort: grpc"),
+        format!("port: {port}, protocol: TCP"),
+    ] {
+        assert!(yaml.contains(&exposed), "k8s/proxy.yaml lacks {exposed:?}");
+    }
 }
 
 #[test]

@@ -8,6 +8,7 @@ pub mod cli;
 pub mod compat;
 pub mod cost;
 pub mod error;
+pub mod grpc;
 pub mod http;
 pub mod limits;
 pub mod metrics_names;

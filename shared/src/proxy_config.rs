@@ -33,6 +33,8 @@ pub struct ProxyConfig {
     pub drain: DrainConfig,
     /// Transport timeouts and the connection cap of both ports (a restart applies changes).
     pub http: HttpConfig,
+    /// The gRPC API port (off unless `port` is set; a restart applies changes).
+    pub grpc: crate::grpc::GrpcConfig,
     /// Who may use the admin routes (`POST /reload`, `POST /drain` always need the token).
     pub admin: AdminConfig,
     /// The static worker list (`[[workers]]` tables). Hot-reloaded when the file changes.
@@ -62,6 +64,7 @@ impl ProxyConfig {
         }
         self.cost.validate()?;
         self.http.validate()?;
+        self.grpc.validate()?;
         check(self.server.max_in_flight_requests > 0, "server.max_in_flight_requests must be positive")?;
         check(self.deadline.default_ms > 0, "deadline.default_ms must be positive")?;
         check(self.split.fixed_items > 0, "split.fixed_items must be positive")?;

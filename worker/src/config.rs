@@ -23,6 +23,8 @@ pub struct WorkerConfig {
     pub limits: Limits,
     /// Transport timeouts and the connection cap of both ports.
     pub http: HttpConfig,
+    /// The gRPC API port (off unless `port` is set).
+    pub grpc: sieve_shared::grpc::GrpcConfig,
     /// Who may use the admin port's routes (`POST /drain` always needs the token).
     pub admin: AdminConfig,
     /// Overrides the model's default prompt template.
@@ -184,6 +186,7 @@ impl WorkerConfig {
         }
         self.moe.validate()?;
         self.http.validate().map_err(WorkerError::Config)?;
+        self.grpc.validate().map_err(WorkerError::Config)?;
         Ok(())
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! sieve-worker --model default|PATH [--device cpu|cuda:N] [--host H] [--port 8081]
-//!              [--admin-host 127.0.0.1] [--admin-port 9081]
+//!              [--admin-host 127.0.0.1] [--admin-port 9081] [--grpc-port 50051]
 //!              [--no-prefix-reuse] [--no-autotune] [--config FILE]
 //! ```
 //!
@@ -38,6 +38,9 @@ struct Cli {
     /// Admin port: /health /ready /metrics /stats (0 picks a free one).
     #[arg(long)]
     admin_port: Option<u16>,
+    /// gRPC API port (0 picks a free one). Default: the config's `[grpc] port`, off when unset.
+    #[arg(long)]
+    grpc_port: Option<u16>,
     /// Compute every pair's whole prompt (no shared prefix, no prefix cache).
     #[arg(long)]
     no_prefix_reuse: bool,
@@ -75,6 +78,9 @@ fn config_from(cli: &Cli) -> Result<WorkerConfig, WorkerError> {
     }
     if let Some(p) = cli.admin_port {
         c.server.admin_port = p;
+    }
+    if let Some(p) = cli.grpc_port {
+        c.grpc.port = Some(p);
     }
     if let Some(t) = cli.threads {
         c.model.threads = t;
@@ -124,7 +130,7 @@ async fn serve(cfg: WorkerConfig, prometheus: Option<metrics_exporter_prometheus
         }
     };
     // The one machine-readable line launchers wait for.
-    println!("sieve-worker listening api={} admin={}", worker.api_addr, worker.admin_addr);
+    println!("{}", worker.listening_line());
     let app = worker.app.clone();
     let shutdown = async {
         tokio::select! {

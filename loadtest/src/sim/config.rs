@@ -4,6 +4,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use sieve_shared::grpc::GrpcConfig;
 use sieve_shared::http::{AdminConfig, HttpConfig};
 use sieve_shared::{CostModel, Limits};
 
@@ -36,6 +37,8 @@ pub struct SimConfig {
     pub limits: Limits,
     /// Transport timeouts and the connection cap of both ports (`[http]`, as the worker's).
     pub http: HttpConfig,
+    /// The gRPC API port on the API's host (`[grpc]`, as the worker's; off unless `port` is set).
+    pub grpc: GrpcConfig,
     /// Address of the admin port (the API's is given to [`super::SimWorker::start`]).
     pub admin_host: String,
     /// Who may use the admin routes: `PUT /sim` needs the token (`[admin]`, as the worker's).
@@ -61,6 +64,7 @@ impl Default for SimConfig {
             max_seq_tokens: 8192,
             limits: Limits::default(),
             http: HttpConfig::default(),
+            grpc: GrpcConfig::default(),
             admin_host: "127.0.0.1".into(),
             admin: AdminConfig::default(),
             drain_timeout_ms: 30_000,
@@ -84,6 +88,7 @@ impl SimConfig {
             return Err(format!("fail-rate must be in [0, 1], got {}", self.fail_rate));
         }
         self.stall.validate()?;
+        self.grpc.validate()?;
         self.http.validate()
     }
 }
@@ -99,6 +104,9 @@ impl SimConfig {
 /// max_connections = 4096
 /// max_header_bytes = 65536
 ///
+/// [grpc]
+/// port = 50052           # absent = no gRPC port
+///
 /// [admin]
 /// token_file = ""        # "" = read env SIEVE_ADMIN_TOKEN; PUT /sim needs the token
 /// protect_reads = false
@@ -107,6 +115,7 @@ impl SimConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct SimFileConfig {
     pub http: HttpConfig,
+    pub grpc: GrpcConfig,
     pub admin: AdminConfig,
 }
 
@@ -114,6 +123,7 @@ impl SimFileConfig {
     pub fn parse(text: &str) -> Result<Self, String> {
         let c: SimFileConfig = toml::from_str(text).map_err(|e| e.to_string())?;
         c.http.validate()?;
+        c.grpc.validate()?;
         Ok(c)
     }
 }

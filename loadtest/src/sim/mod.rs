@@ -29,21 +29,28 @@ use crate::LoadtestError;
 pub struct SimWorker {
     pub api_addr: SocketAddr,
     pub admin_addr: SocketAddr,
+    /// The gRPC API's address, when `config.grpc.port` is set.
+    pub grpc_addr: Option<SocketAddr>,
     engine: Arc<SimEngine>,
     stop: watch::Sender<Stop>,
     tasks: Vec<JoinHandle<()>>,
 }
 
 impl SimWorker {
-    /// Binds the API port on `host` and the admin port on `config.admin_host` (0: a free
-    /// port) and starts serving.
+    /// Binds the API port (and the gRPC port when `config.grpc.port` is set) on `host` and the
+    /// admin port on `config.admin_host` (0: a free port) and starts serving.
     pub async fn start(config: SimConfig, host: &str, port: u16, admin_port: u16) -> Result<SimWorker, LoadtestError> {
         config.validate().map_err(LoadtestError::Config)?;
         let auth = Arc::new(AdminAuth::load(&config.admin).map_err(LoadtestError::Config)?);
         let api = TcpListener::bind((host, port)).await?;
         let admin = TcpListener::bind((config.admin_host.as_str(), admin_port)).await?;
+        let grpc = match config.grpc.port {
+            Some(p) => Some(TcpListener::bind((host, p)).await?),
+            None => None,
+        };
         let (api_addr, admin_addr) = (api.local_addr()?, admin.local_addr()?);
-        let http_cfg = config.http.clone();
+        let grpc_addr = grpc.as_ref().map(TcpListener::local_addr).transpose()?;
+        let (http_cfg, grpc_cfg) = (config.http.clone(), config.grpc.clone());
         let engine = Arc::new(SimEngine::new(config));
         let (stop, stop_rx) = watch::channel(Stop::Running);
         let e = engine.clone();
@@ -53,6 +60,17 @@ impl SimWorker {
             move |r| http::api(e.clone(), r),
             http::stopped(stop_rx.clone()),
         ));
+        let mut tasks = vec![api_task];
+        if let Some(l) = grpc {
+            let serve = sieve_shared::grpc::serve(
+                l,
+                engine.clone(),
+                grpc_cfg,
+                http_cfg.clone(),
+                http::stopped(stop_rx.clone()),
+            );
+            tasks.push(tokio::spawn(serve));
+        }
         let e = engine.clone();
         let admin_task = tokio::spawn(sieve_shared::http::serve(
             admin,
@@ -60,7 +78,8 @@ impl SimWorker {
             move |r| http::admin(e.clone(), auth.clone(), r),
             http::stopped(stop_rx),
         ));
-        Ok(SimWorker { api_addr, admin_addr, engine, stop, tasks: vec![api_task, admin_task] })
+        tasks.push(admin_task);
+        Ok(SimWorker { api_addr, admin_addr, grpc_addr, engine, stop, tasks })
     }
 
     /// Starts on loopback with free ports.
@@ -81,9 +100,15 @@ impl SimWorker {
         WorkerEndpoint::new(self.api_url(), Some(self.admin_url()))
     }
 
-    /// The line a worker prints on start-up.
+    /// The gRPC API's URL (`http://HOST:PORT`), when it is served.
+    pub fn grpc_url(&self) -> Option<String> {
+        self.grpc_addr.map(|a| format!("http://{a}"))
+    }
+
+    /// The line a worker prints on start-up (`grpc=` only when the gRPC port is on).
     pub fn listening_line(&self) -> String {
-        format!("sieve-worker listening api={} admin={}", self.api_addr, self.admin_addr)
+        let grpc = self.grpc_addr.map(|a| format!(" grpc={a}")).unwrap_or_default();
+        format!("sieve-worker listening api={} admin={}{grpc}", self.api_addr, self.admin_addr)
     }
 
     pub fn engine(&self) -> &Arc<SimEngine> {

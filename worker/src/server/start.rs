@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use metrics_exporter_prometheus::PrometheusHandle;
+use sieve_shared::grpc::{self, GrpcConfig};
 use sieve_shared::http::{self, bind, AdminAuth, HttpConfig, StopMode, Stopper};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -27,6 +28,8 @@ pub enum StartError {
     BindApi { host: String, err: std::io::Error },
     #[error("binding the admin port on {host}: {err}")]
     BindAdmin { host: String, err: std::io::Error },
+    #[error("binding the gRPC port on {host}: {err}")]
+    BindGrpc { host: String, err: std::io::Error },
 }
 
 impl StartError {
@@ -43,6 +46,8 @@ impl StartError {
 pub struct RunningWorker {
     pub api_addr: SocketAddr,
     pub admin_addr: SocketAddr,
+    /// The gRPC API's address, when `[grpc] port` is set.
+    pub grpc_addr: Option<SocketAddr>,
     pub app: Arc<AppState>,
     drain_timeout: Duration,
     servers: Stopper,
@@ -58,6 +63,9 @@ pub async fn start(cfg: WorkerConfig, prometheus: Option<PrometheusHandle>) -> R
     let admin_auth = AdminAuth::load(&cfg.admin).map_err(StartError::Config)?;
     let app = Arc::new(AppState::new(cfg.limits.clone(), dev.to_string(), prometheus).with_admin(admin_auth));
     let mut running = serve(app.clone(), &cfg.server, &cfg.http).await?;
+    if cfg.grpc.port.is_some() {
+        running.serve_grpc(&cfg.server.host, &cfg.grpc, &cfg.http).await?;
+    }
 
     let (loaded_tx, loaded_rx) = oneshot::channel();
     std::thread::spawn(move || {
@@ -96,6 +104,7 @@ pub async fn serve(app: Arc<AppState>, server: &ServerConfig, http: &HttpConfig)
     Ok(RunningWorker {
         api_addr,
         admin_addr,
+        grpc_addr: None,
         app,
         drain_timeout: Duration::from_millis(server.drain_timeout_ms),
         servers,
@@ -105,6 +114,23 @@ pub async fn serve(app: Arc<AppState>, server: &ServerConfig, http: &HttpConfig)
 }
 
 impl RunningWorker {
+    /// Adds the gRPC API on `host` at `grpc.port` (0: a free port; none: nothing to do), served
+    /// and stopped with the HTTP ports.
+    pub async fn serve_grpc(&mut self, host: &str, grpc: &GrpcConfig, http: &HttpConfig) -> Result<(), StartError> {
+        let Some(port) = grpc.port else { return Ok(()) };
+        let (l, addr) = bind(host, port).await.map_err(|err| StartError::BindGrpc { host: host.to_string(), err })?;
+        let task = grpc::serve(l, self.app.clone(), grpc.clone(), http.clone(), self.servers.signal());
+        self.tasks.push(tokio::spawn(task));
+        self.grpc_addr = Some(addr);
+        Ok(())
+    }
+
+    /// The one machine-readable line launchers wait for (`grpc=` only when it is served).
+    pub fn listening_line(&self) -> String {
+        let grpc = self.grpc_addr.map(|a| format!(" grpc={a}")).unwrap_or_default();
+        format!("sieve-worker listening api={} admin={}{grpc}", self.api_addr, self.admin_addr)
+    }
+
     /// Waits until the model is loaded (at once when this worker loads none); the load's error
     /// otherwise, also shown by `/ready`.
     pub async fn loaded(&mut self) -> Result<(), WorkerError> {

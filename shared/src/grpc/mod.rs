@@ -1,0 +1,32 @@
+//! The scoring API over gRPC (`proto/sieve.proto`, package `sieve.v1`): the same calls with the
+//! HTTP API's semantics, served by the proxy, the worker and the simulated worker on their own
+//! `[grpc] port`. One implementation over [`ScoreService`](crate::service::ScoreService), as
+//! [`service::handle`](crate::service::handle) is for HTTP, so every process answers a gRPC call
+//! as it answers the same JSON.
+//!
+//! - `api.rs`: the `Sieve` service (admission, limits, deadline, scoring, metrics);
+//! - `convert.rs`: messages to and from the JSON API's types;
+//! - `deadline.rs`: the `grpc-timeout` header as the request's deadline;
+//! - `status.rs`: API errors as gRPC status codes with rich details;
+//! - `server.rs`: the accept loop (hyper's HTTP/2 under the `[http]` and `[grpc]` limits);
+//! - `config.rs`: `[grpc]`.
+
+mod api;
+mod config;
+mod convert;
+mod deadline;
+mod server;
+mod status;
+
+pub use api::GrpcApi;
+pub use config::GrpcConfig;
+pub use deadline::parse_grpc_timeout;
+pub use server::serve;
+pub use status::{to_status, GRPC_ERROR_DOMAIN};
+
+/// The messages and the service generated from `proto/sieve.proto` (by `shared/build.rs`):
+/// `pb::sieve_server::SieveServer` serves, `pb::sieve_client::SieveClient` calls.
+#[allow(unused_qualifications, clippy::all, clippy::pedantic, missing_docs)]
+pub mod pb {
+    tonic::include_proto!("sieve.v1");
+}

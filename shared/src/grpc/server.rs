@@ -1,0 +1,159 @@
+//! The gRPC port's accept loop: hyper's HTTP/2 per connection under the `[http]` connection cap
+//! and head size, the `[grpc]` stream cap and keep-alive, a read deadline on every request
+//! message, and a stop that is graceful within a bound (or abrupt) — the HTTP ports' behaviour
+//! (`http/serve.rs`) for HTTP/2.
+//!
+//! Why not tonic's `transport::Server`: it has no connection cap, a client's `grpc-timeout`
+//! would end a call with CANCELLED at the very moment our deadline returns its partial answer,
+//! and an abrupt stop leaves its connection tasks running. The generated `SieveServer` is a
+//! plain tower service, so it runs on hyper directly.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::server::conn::http2;
+use hyper::service::service_fn;
+use hyper::Request;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio::time::Sleep;
+use tonic::codegen::Service;
+use tonic::Status;
+
+use super::pb::sieve_server::SieveServer;
+use super::{status, GrpcApi, GrpcConfig};
+use crate::http::{HttpConfig, StopMode};
+use crate::service::ScoreService;
+use crate::{ApiError, ErrorKind};
+
+/// Serves the gRPC API of `svc` on `listener` until `stop` resolves, then ends as it says; with
+/// `StopMode::Graceful(Some(grace))` within `grace` whatever the clients do. The largest
+/// message is `svc`'s `max_body_bytes` at start (a reloaded limit applies after a restart).
+pub async fn serve<S, F>(listener: TcpListener, svc: Arc<S>, grpc: GrpcConfig, http: HttpConfig, stop: F)
+where
+    S: ScoreService + 'static,
+    F: Future<Output = StopMode>,
+{
+    let max_message = svc.limits().max_body_bytes;
+    let server = SieveServer::new(GrpcApi::new(svc, grpc.deadline_margin()))
+        .max_decoding_message_size(max_message)
+        .max_encoding_message_size(usize::MAX);
+    let mut builder = http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(grpc.max_concurrent_streams)
+        .keep_alive_interval(grpc.keepalive_interval())
+        .keep_alive_timeout(grpc.keepalive_timeout())
+        .max_header_list_size(u32::try_from(http.max_header_bytes).unwrap_or(u32::MAX));
+    let body_timeout = http.body_read_timeout();
+    let graceful = GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(http.max_connections));
+    let mut conns = JoinSet::new();
+    tokio::pin!(stop);
+    let mode = loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((s, _)) => s,
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off instead of spinning.
+                        tracing::warn!("gRPC accept: {e}");
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        continue;
+                    }
+                };
+                // Over the cap the connection is closed unserved; a gRPC client sees UNAVAILABLE
+                // and may retry.
+                let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
+                let _ = stream.set_nodelay(true);
+                let server = server.clone();
+                let handler = service_fn(move |req: Request<Incoming>| {
+                    let mut s = server.clone();
+                    s.call(req.map(|b| Timed::new(b, body_timeout)))
+                });
+                let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), handler));
+                conns.spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!("gRPC connection: {e}");
+                    }
+                    drop(slot);
+                });
+            }
+            // Reap finished tasks so the set does not grow with every client.
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            mode = &mut stop => break mode,
+        }
+    };
+    drop(listener);
+    match mode {
+        StopMode::Kill => conns.abort_all(),
+        StopMode::Graceful(grace) => {
+            // GOAWAY to every connection: calls in progress finish, no new ones start.
+            let shutdown = graceful.shutdown();
+            match grace {
+                Some(g) => {
+                    if tokio::time::timeout(g, shutdown).await.is_err() {
+                        tracing::warn!("gRPC connections still open after {g:?}; closing");
+                        conns.abort_all();
+                    }
+                }
+                None => shutdown.await,
+            }
+        }
+    }
+    while conns.join_next().await.is_some() {}
+}
+
+/// A request body that must arrive whole within the `[http]` body read timeout (a call's message
+/// trickled in, or never ended, would hold its stream forever): then it fails, and the call
+/// ends with DEADLINE_EXCEEDED, as an HTTP body ends with 408.
+struct Timed {
+    inner: Incoming,
+    deadline: Pin<Box<Sleep>>,
+    timeout: Duration,
+}
+
+impl Timed {
+    fn new(inner: Incoming, timeout: Duration) -> Self {
+        Timed { inner, deadline: Box::pin(tokio::time::sleep(timeout)), timeout }
+    }
+}
+
+impl Body for Timed {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let this = &mut *self;
+        if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            return Poll::Ready(frame.map(|f| f.map_err(|e| Status::from_error(Box::new(e)))));
+        }
+        if this.deadline.as_mut().poll(cx).is_ready() {
+            let e = ApiError::new(
+                ErrorKind::RequestTimeout,
+                format!(
+                    "the request message did not arrive within {} ms (body_read_timeout_ms)",
+                    this.timeout.as_millis()
+                ),
+            );
+            return Poll::Ready(Some(Err(status::to_status(&e))));
+        }
+        Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

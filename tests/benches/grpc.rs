@@ -1,0 +1,272 @@
+//! gRPC against HTTP, measured in the same run.
+//!
+//!     cargo build --release -p sieve-proxy -p sieve-loadtest
+//!     cargo bench -p sieve-e2e --bench grpc [-- --quick]
+//!
+//! Part 1 (how the proxy could talk to its workers): calls of one shard (32 items) to a
+//! zero-compute `sieve-loadtest sim-worker` process, one at a time and 16 at once: HTTP/1.1 with
+//! JSON on pooled keep-alive connections (hyper-util's client, as `proxy/src/client.rs` uses)
+//! against gRPC with protobuf on one multiplexed HTTP/2 connection, through a tonic channel and
+//! through hyper's HTTP/2 client directly (tonic's generated client on it). Per call:
+//! latency p50/p99, and the client process's CPU time (`getrusage`: the worker is another
+//! process), body encoding and answer decoding included.
+//!
+//! Part 2 (the front end): the same 100-item call as gRPC `Score` (both clients) and as
+//! `POST /v1/score` through a `sieve-proxy` process over four zero-compute sim-workers, one call
+//! at a time, the paths interleaved call by call so all see the same machine; p50 and p99 of each;
+//! then the proxy process's CPU time per call of each path, run one path at a time.
+//!
+//! Everything runs on one machine, the load generator included: compare rows of the same run.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hyper::Method;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use sieve_e2e::{catalogue, spawn, wait_ready, Http, Proc};
+use sieve_shared::grpc::pb;
+use sieve_shared::grpc::pb::sieve_client::SieveClient;
+use sieve_shared::ScoreResponse;
+use tonic::transport::Channel;
+
+const QUERY: &str = "waterproof trail running shoes for women";
+const SHARD_ITEMS: usize = 32;
+const REQUEST_ITEMS: usize = 100;
+const WORKERS: usize = 4;
+const START: Duration = Duration::from_secs(30);
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let calls = if quick { 400 } else { 4000 };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    rt.block_on(run(calls));
+}
+
+/// A zero-compute simulated worker process with a gRPC port.
+fn zero_sim() -> Proc {
+    let args =
+        ["sim-worker", "--port", "0", "--admin-port", "0", "--grpc-port", "0", "--cost-model", ZERO_COST.as_str()];
+    spawn("sieve-loadtest", &args, START)
+}
+
+static ZERO_COST: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let p = std::env::temp_dir().join(format!("sieve-grpc-bench-cost-{}.json", std::process::id()));
+    std::fs::write(&p, r#"{"request_ms": 0.0, "token_ms": 0.0, "token_context_ms": 0.0}"#).expect("cost file");
+    p.display().to_string()
+});
+
+fn grpc_url(p: &Proc) -> String {
+    let addr = p.line.split_whitespace().find_map(|w| w.strip_prefix("grpc=")).expect("a grpc= address");
+    format!("http://{addr}")
+}
+
+async fn channel(url: &str) -> SieveClient<Channel> {
+    let ch = tonic::transport::Endpoint::from_shared(url.to_string()).expect("url").connect().await.expect("connect");
+    SieveClient::new(ch)
+}
+
+/// User plus system CPU time of this process.
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage writes into the struct we pass and nothing else.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let tv = |t: libc::timeval| Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64);
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+/// User plus system CPU time of another process (Linux `/proc`), in seconds.
+fn process_cpu(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // After the parenthesised command name: state ppid ... utime (14th field) stime (15th).
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(f64::NAN);
+    // SAFETY: sysconf reads a constant.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (ticks(11) + ticks(12)) / hz
+}
+
+fn pct(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i].as_secs_f64() * 1e3
+}
+
+/// A gRPC client straight on hyper's pooled HTTP/2 client: no tonic channel (whose tower
+/// buffer adds a task hop and CPU per call), to tell the protocol's cost from that client stack's.
+type LeanClient = SieveClient<Client<HttpConnector, tonic::body::Body>>;
+
+#[derive(Clone)]
+enum Path {
+    Http { http: Http, url: String, body: serde_json::Value },
+    Grpc { client: SieveClient<Channel>, req: pb::ScoreRequest },
+    Lean { client: LeanClient, req: pb::ScoreRequest },
+}
+
+impl Path {
+    fn http(url: String, items: &[String]) -> Self {
+        Path::Http { http: Http::new(), url, body: serde_json::json!({"query": QUERY, "items": items}) }
+    }
+
+    async fn grpc(url: &str, items: &[String]) -> Self {
+        let items = items.iter().map(|t| pb::Item { text: t.clone(), id: None }).collect();
+        Path::Grpc {
+            client: channel(url).await,
+            req: pb::ScoreRequest { query: QUERY.into(), items, ..Default::default() },
+        }
+    }
+
+    async fn lean(url: &str, items: &[String]) -> Self {
+        let Path::Grpc { req, .. } = Self::grpc(url, items).await else { unreachable!("a gRPC path") };
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new()).http2_only(true).build(connector);
+        Path::Lean { client: SieveClient::with_origin(client, url.parse().expect("uri")), req }
+    }
+
+    /// One call, the request encoded and the answer decoded as a client must; its latency.
+    async fn call(&mut self, n: usize) -> Duration {
+        let t0 = Instant::now();
+        match self {
+            Path::Http { http, url, body } => {
+                let bytes = Bytes::from(serde_json::to_vec(body).expect("json"));
+                let r = http.send(Method::POST, url, bytes).await.expect("http call");
+                assert_eq!(r.status, 200, "{}", r.text());
+                let s: ScoreResponse = serde_json::from_slice(&r.body).expect("a score answer");
+                assert_eq!(s.scores.len(), n);
+            }
+            Path::Grpc { client, req } => {
+                let r = client.score(req.clone()).await.expect("grpc call").into_inner();
+                assert_eq!(r.scores.len(), n);
+            }
+            Path::Lean { client, req } => {
+                let r = client.score(req.clone()).await.expect("grpc call").into_inner();
+                assert_eq!(r.scores.len(), n);
+            }
+        }
+        t0.elapsed()
+    }
+}
+
+struct Row {
+    p50: f64,
+    p99: f64,
+    calls_per_s: f64,
+    cpu_us_per_call: f64,
+}
+
+/// `calls` calls over `concurrency` clients of `path` (each its own clone: its own HTTP pool, or
+/// the same gRPC channel, multiplexed).
+async fn measure(path: &Path, n: usize, calls: usize, concurrency: usize) -> Row {
+    // Warm-up: connections open, caches warm.
+    let mut warm = path.clone();
+    for _ in 0..50 {
+        warm.call(n).await;
+    }
+    let (cpu0, t0) = (cpu_time(), Instant::now());
+    let per = calls / concurrency;
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let mut p = path.clone();
+            tokio::spawn(async move {
+                let mut lat = Vec::with_capacity(per);
+                for _ in 0..per {
+                    lat.push(p.call(n).await);
+                }
+                lat
+            })
+        })
+        .collect();
+    let mut lat = Vec::with_capacity(calls);
+    for t in tasks {
+        lat.extend(t.await.expect("client task"));
+    }
+    let (wall, cpu) = (t0.elapsed(), cpu_time() - cpu0);
+    lat.sort_unstable();
+    Row {
+        p50: pct(&lat, 0.5),
+        p99: pct(&lat, 0.99),
+        calls_per_s: lat.len() as f64 / wall.as_secs_f64(),
+        cpu_us_per_call: cpu.as_secs_f64() * 1e6 / lat.len() as f64,
+    }
+}
+
+async fn run(calls: usize) {
+    let http = Http::new();
+    println!("gRPC vs HTTP, {calls} calls per row (one machine: compare rows of this run)\n");
+
+    println!("Part 1: proxy -> worker transport, {SHARD_ITEMS}-item shard to a zero-compute sim-worker process");
+    println!(
+        "{:<28} {:>5} {:>9} {:>9} {:>10} {:>14}",
+        "path", "conc", "p50 ms", "p99 ms", "calls/s", "client CPU/call"
+    );
+    let w = zero_sim();
+    assert!(wait_ready(&http, &w.admin_url(), START).await, "sim-worker not ready");
+    let items = catalogue(SHARD_ITEMS, 11);
+    let h = Path::http(format!("{}/v1/score", w.api_url()), &items);
+    let g = Path::grpc(&grpc_url(&w), &items).await;
+    let l = Path::lean(&grpc_url(&w), &items).await;
+    for concurrency in [1, 16] {
+        for (name, path) in [("HTTP/1.1 JSON, pooled", &h), ("gRPC, tonic channel", &g), ("gRPC, hyper h2 client", &l)]
+        {
+            let r = measure(path, SHARD_ITEMS, calls, concurrency).await;
+            println!(
+                "{name:<28} {concurrency:>5} {:>9.3} {:>9.3} {:>10.0} {:>12.1} us",
+                r.p50, r.p99, r.calls_per_s, r.cpu_us_per_call
+            );
+        }
+    }
+    drop(w);
+
+    println!("\nPart 2: client -> proxy, a {REQUEST_ITEMS}-item call through sieve-proxy over {WORKERS} zero-compute sim-workers, interleaved");
+    let sims: Vec<Proc> = (0..WORKERS).map(|_| zero_sim()).collect();
+    let mut args: Vec<String> = ["--port", "0", "--admin-port", "0", "--grpc-port", "0"].map(String::from).to_vec();
+    for s in &sims {
+        args.extend(["--worker".to_string(), s.worker_arg()]);
+    }
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let p = spawn("sieve-proxy", &refs, START);
+    assert!(wait_ready(&http, &p.admin_url(), START).await, "proxy not ready");
+    let items = catalogue(REQUEST_ITEMS, 12);
+    let h = Path::http(format!("{}/v1/score", p.api_url()), &items);
+    let g = Path::grpc(&grpc_url(&p), &items).await;
+    let l = Path::lean(&grpc_url(&p), &items).await;
+    let mut paths =
+        [("POST /v1/score (HTTP/1.1)", h), ("gRPC Score, tonic channel", g), ("gRPC Score, hyper h2 client", l)];
+    for _ in 0..100 {
+        for (_, p) in paths.iter_mut() {
+            p.call(REQUEST_ITEMS).await;
+        }
+    }
+    let mut lat: Vec<Vec<Duration>> = paths.iter().map(|_| Vec::with_capacity(calls)).collect();
+    for i in 0..calls {
+        // Rotate which goes first, so none always follows another.
+        for k in 0..paths.len() {
+            let j = (i + k) % paths.len();
+            lat[j].push(paths[j].1.call(REQUEST_ITEMS).await);
+        }
+    }
+    println!("{:<30} {:>9} {:>9} {:>14}", "path", "p50 ms", "p99 ms", "vs HTTP p50/p99");
+    for l in lat.iter_mut() {
+        l.sort_unstable();
+    }
+    for ((name, _), l) in paths.iter().zip(&lat) {
+        let (d50, d99) = (pct(l, 0.5) - pct(&lat[0], 0.5), pct(l, 0.99) - pct(&lat[0], 0.99));
+        println!("{name:<30} {:>9.3} {:>9.3} {d50:>+7.3} {d99:>+7.3}", pct(l, 0.5), pct(l, 0.99));
+    }
+    // The server's side alone: the proxy process's CPU per call, each path run on its own.
+    // SAFETY: sysconf reads a constant.
+    let tick_us = 1e6 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    println!("{:<30} {:>18}   (clock ticks: +-{:.0} us per call)", "path", "proxy CPU/call", tick_us / calls as f64);
+    for (name, path) in paths.iter_mut() {
+        let cpu0 = process_cpu(p.pid());
+        for _ in 0..calls {
+            path.call(REQUEST_ITEMS).await;
+        }
+        println!("{name:<30} {:>15.1} us", (process_cpu(p.pid()) - cpu0) * 1e6 / calls as f64);
+    }
+    let _ = std::fs::remove_file(ZERO_COST.as_str());
+}
