@@ -45,6 +45,8 @@ pub(super) fn rerank_request(r: pb::RerankRequest) -> Result<RerankRequest, ApiE
         instruction: r.instruction,
         deadline_ms: r.deadline_ms,
         model: r.model,
+        // The HTTP clients' extra options (`compat::rerank`) have no field in the message.
+        ..RerankRequest::default()
     })
 }
 
