@@ -3,37 +3,20 @@
 
 use std::path::Path;
 
+use sieve_shared::cli::PortTargets;
 use sieve_shared::ProxyConfig;
 
-/// Command-line values that override the file.
-#[derive(Debug, Clone, Default)]
-pub struct Overrides {
-    pub host: Option<String>,
-    pub port: Option<u16>,
-    pub admin_host: Option<String>,
-    pub admin_port: Option<u16>,
-    /// `--grpc-port`: serve the gRPC API on this port.
-    pub grpc_port: Option<u16>,
-}
+/// Command-line values that override the file: the listening flags every server takes.
+pub type Overrides = sieve_shared::cli::PortFlags;
 
-impl Overrides {
-    pub fn apply(&self, cfg: &mut ProxyConfig) {
-        if let Some(h) = &self.host {
-            cfg.server.host = h.clone();
-        }
-        if let Some(p) = self.port {
-            cfg.server.port = p;
-        }
-        if let Some(h) = &self.admin_host {
-            cfg.server.admin_host = h.clone();
-        }
-        if let Some(p) = self.admin_port {
-            cfg.server.admin_port = p;
-        }
-        if let Some(p) = self.grpc_port {
-            cfg.grpc.port = Some(p);
-        }
-    }
+fn apply(overrides: &Overrides, cfg: &mut ProxyConfig) {
+    overrides.apply(PortTargets {
+        host: &mut cfg.server.host,
+        port: &mut cfg.server.port,
+        admin_host: &mut cfg.server.admin_host,
+        admin_port: &mut cfg.server.admin_port,
+        grpc_port: &mut cfg.grpc.port,
+    });
 }
 
 pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<ProxyConfig, String> {
@@ -44,6 +27,6 @@ pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<ProxyConfig, S
         }
         None => ProxyConfig::default(),
     };
-    overrides.apply(&mut cfg);
+    apply(overrides, &mut cfg);
     Ok(cfg)
 }

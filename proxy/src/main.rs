@@ -10,26 +10,14 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use sieve_proxy::{Launch, Overrides};
+use sieve_shared::cli::PortFlags;
 use sieve_shared::WorkerEndpoint;
 
 #[derive(Parser)]
 #[command(name = "sieve-proxy", version, about = "Sieve proxy: cost-balanced fan-out of scoring calls over workers")]
 struct Cli {
-    /// Address of the API port.
-    #[arg(long)]
-    host: Option<String>,
-    /// Address of the admin port (default 127.0.0.1, whatever --host says).
-    #[arg(long)]
-    admin_host: Option<String>,
-    /// API port (0: a free port). Default 8080, or the config's.
-    #[arg(long)]
-    port: Option<u16>,
-    /// Admin port (0: a free port). Default 9080, or the config's.
-    #[arg(long)]
-    admin_port: Option<u16>,
-    /// gRPC API port (0: a free port). Default: the config's `[grpc] port`, off when unset.
-    #[arg(long)]
-    grpc_port: Option<u16>,
+    #[command(flatten)]
+    ports: PortFlags,
     /// A worker: its API base URL, optionally with its admin base URL,
     /// e.g. http://10.0.0.5:8081,admin=http://10.0.0.5:9081. Repeatable.
     #[arg(long = "worker", value_name = "URL[,admin=URL]")]
@@ -42,13 +30,7 @@ struct Cli {
 fn main() -> ExitCode {
     sieve_shared::cli::init_tracing("info");
     let cli = Cli::parse();
-    let overrides = Overrides {
-        host: cli.host,
-        port: cli.port,
-        admin_host: cli.admin_host,
-        admin_port: cli.admin_port,
-        grpc_port: cli.grpc_port,
-    };
+    let overrides: Overrides = cli.ports;
     let config = match sieve_proxy::config::load(cli.config.as_deref(), &overrides) {
         Ok(c) => c,
         Err(e) => {

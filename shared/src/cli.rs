@@ -62,6 +62,58 @@ pub async fn shutdown_signal() {
     }
 }
 
+/// The listening flags every server binary takes (`sieve-proxy`, `sieve-worker`), defined once.
+/// Each is optional: unset, the config file's value (or its default) stands.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct PortFlags {
+    /// Address of the API port.
+    #[arg(long)]
+    pub host: Option<String>,
+    /// Address of the admin port (default 127.0.0.1, whatever --host says).
+    #[arg(long)]
+    pub admin_host: Option<String>,
+    /// API port (0: a free port). Default: the config's.
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Admin port: /health /ready /metrics /stats (0: a free port). Default: the config's.
+    #[arg(long)]
+    pub admin_port: Option<u16>,
+    /// gRPC API port (0: a free port). Default: the config's `[grpc] port`, off when unset.
+    #[arg(long)]
+    pub grpc_port: Option<u16>,
+}
+
+/// Where [`PortFlags`] land in a config: its `[server]` addresses and ports and `[grpc] port`
+/// (the proxy's and the worker's config types differ, these fields do not).
+pub struct PortTargets<'a> {
+    pub host: &'a mut String,
+    pub port: &'a mut u16,
+    pub admin_host: &'a mut String,
+    pub admin_port: &'a mut u16,
+    pub grpc_port: &'a mut Option<u16>,
+}
+
+impl PortFlags {
+    /// Overrides each target whose flag was given.
+    pub fn apply(&self, t: PortTargets<'_>) {
+        if let Some(h) = &self.host {
+            t.host.clone_from(h);
+        }
+        if let Some(p) = self.port {
+            *t.port = p;
+        }
+        if let Some(h) = &self.admin_host {
+            t.admin_host.clone_from(h);
+        }
+        if let Some(p) = self.admin_port {
+            *t.admin_port = p;
+        }
+        if let Some(p) = self.grpc_port {
+            *t.grpc_port = Some(p);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,5 +147,23 @@ mod tests {
             }
             panic!("SIGTERM did not end the wait");
         });
+    }
+
+    #[test]
+    fn a_port_flag_overrides_only_what_was_given() {
+        let (mut host, mut port, mut admin_host, mut admin_port, mut grpc) =
+            ("0.0.0.0".to_string(), 8080u16, "127.0.0.1".to_string(), 9080u16, None);
+        let flags = PortFlags { port: Some(0), grpc_port: Some(50051), ..PortFlags::default() };
+        flags.apply(PortTargets {
+            host: &mut host,
+            port: &mut port,
+            admin_host: &mut admin_host,
+            admin_port: &mut admin_port,
+            grpc_port: &mut grpc,
+        });
+        assert_eq!(
+            (host.as_str(), port, admin_host.as_str(), admin_port, grpc),
+            ("0.0.0.0", 0, "127.0.0.1", 9080, Some(50051))
+        );
     }
 }

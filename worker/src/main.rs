@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use sieve_shared::cli::{PortFlags, PortTargets};
 use sieve_worker::config::WorkerConfig;
 use sieve_worker::WorkerError;
 
@@ -26,21 +27,8 @@ struct Cli {
     /// `cpu` or `cuda:N`.
     #[arg(long)]
     device: Option<String>,
-    /// Address of the scoring API (default 127.0.0.1). The admin port has its own.
-    #[arg(long)]
-    host: Option<String>,
-    /// Address of the admin port (default 127.0.0.1, whatever --host says).
-    #[arg(long)]
-    admin_host: Option<String>,
-    /// Scoring API port (0 picks a free one).
-    #[arg(long)]
-    port: Option<u16>,
-    /// Admin port: /health /ready /metrics /stats (0 picks a free one).
-    #[arg(long)]
-    admin_port: Option<u16>,
-    /// gRPC API port (0 picks a free one). Default: the config's `[grpc] port`, off when unset.
-    #[arg(long)]
-    grpc_port: Option<u16>,
+    #[command(flatten)]
+    ports: PortFlags,
     /// Compute every pair's whole prompt (no shared prefix, no prefix cache).
     #[arg(long)]
     no_prefix_reuse: bool,
@@ -67,21 +55,13 @@ fn config_from(cli: &Cli) -> Result<WorkerConfig, WorkerError> {
     if let Some(d) = &cli.device {
         c.model.device = d.parse().map_err(|e| WorkerError::Config(format!("--device: {e}")))?;
     }
-    if let Some(h) = &cli.host {
-        c.server.host = h.clone();
-    }
-    if let Some(h) = &cli.admin_host {
-        c.server.admin_host = h.clone();
-    }
-    if let Some(p) = cli.port {
-        c.server.port = p;
-    }
-    if let Some(p) = cli.admin_port {
-        c.server.admin_port = p;
-    }
-    if let Some(p) = cli.grpc_port {
-        c.grpc.port = Some(p);
-    }
+    cli.ports.apply(PortTargets {
+        host: &mut c.server.host,
+        port: &mut c.server.port,
+        admin_host: &mut c.server.admin_host,
+        admin_port: &mut c.server.admin_port,
+        grpc_port: &mut c.grpc.port,
+    });
     if let Some(t) = cli.threads {
         c.model.threads = t;
     }
