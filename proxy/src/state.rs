@@ -19,6 +19,7 @@ use crate::drain::Drain;
 use crate::estimate::cost_estimator::CostEstimator;
 use crate::estimate::latency_ratio::RatioTracker;
 use crate::estimate::token_estimator::TokenEstimator;
+use crate::request::cache::PairCache;
 use crate::split::{self, SplitPolicy};
 
 /// Most retries saved up; and the hedge allowance cap, in ms of predicted work.
@@ -36,6 +37,8 @@ pub struct AppState {
     pub retry_budget: TokenBucket,
     pub hedge_budget: TokenBucket,
     pub ratios: RatioTracker,
+    /// Scores of pairs already answered (`[cache]`).
+    pub pair_cache: PairCache,
     pub drain: Drain,
     /// Wakes the health checker at once (workers were added).
     pub health_wake: Notify,
@@ -59,6 +62,7 @@ impl AppState {
             ),
             hedge_budget: TokenBucket::new(HEDGE_BUCKET_CAPACITY_MS, 0.0, 0.0),
             ratios: RatioTracker::new(config.hedge.quantile),
+            pair_cache: PairCache::new(&config.cache),
             drain: Drain::default(),
             health_wake: Notify::new(),
             metrics,

@@ -31,6 +31,8 @@ pub struct ProxyConfig {
     pub estimator: EstimatorConfig,
     pub discovery: DiscoveryConfig,
     pub drain: DrainConfig,
+    /// The pair-score cache (`[cache]`).
+    pub cache: CacheConfig,
     /// Transport timeouts and the connection cap of both ports (a restart applies changes).
     pub http: HttpConfig,
     /// Who may use the admin routes (`POST /reload`, `POST /drain` always need the token).
@@ -98,6 +100,7 @@ impl ProxyConfig {
             self.estimator.speed_smoothing > 0.0 && self.estimator.speed_smoothing <= 1.0,
             "estimator.speed_smoothing must be in (0, 1]",
         )?;
+        check(self.cache.ttl_ms > 0, "cache.ttl_ms must be positive")?;
         check(self.discovery.reload_interval_ms > 0, "discovery.reload_interval_ms must be positive")?;
         for (i, d) in self.discovery.dns.iter().enumerate() {
             if d.name.trim().is_empty() {
@@ -308,6 +311,28 @@ pub struct BreakerConfig {
 impl Default for BreakerConfig {
     fn default() -> Self {
         BreakerConfig { failure_threshold: 5, open_ms: 1000, max_open_ms: 30_000 }
+    }
+}
+
+/// The proxy's pair-score cache: (model, instruction, query, item) → score, so a repeated pair
+/// is answered without a worker. Entries live at most `ttl_ms`; the cache holds at most
+/// `max_bytes` (each entry weighed at a fixed estimate of its key, value and bookkeeping) and
+/// admits by frequency (TinyLFU), so one-off pairs do not push out the repeated ones. Emptied
+/// when the workers report another model. A request opts out with `"cache": false`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CacheConfig {
+    /// Answer repeated pairs from the cache (default true); false: every pair goes to a worker.
+    pub enabled: bool,
+    /// Most memory the entries take, in bytes (default 64 MiB); 0 holds nothing.
+    pub max_bytes: u64,
+    /// An entry is dropped this long after it was stored (default 600,000 ms: ten minutes).
+    pub ttl_ms: u64,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig { enabled: true, max_bytes: 64 << 20, ttl_ms: 600_000 }
     }
 }
 
