@@ -318,7 +318,8 @@ impl Default for BreakerConfig {
 /// is answered without a worker. Entries live at most `ttl_ms`; the cache holds at most
 /// `max_bytes` (each entry weighed at a fixed estimate of its key, value and bookkeeping) and
 /// admits by frequency (TinyLFU), so one-off pairs do not push out the repeated ones. Emptied
-/// when the workers report another model. A request opts out with `"cache": false`.
+/// when the workers report another model. A request opts out with `"cache": false`. A reload
+/// applies `enabled`; `max_bytes` and `ttl_ms` take a restart.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CacheConfig {

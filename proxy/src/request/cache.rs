@@ -28,9 +28,10 @@ use super::dispatch::ShardOutcome;
 use super::merge::ShardResult;
 use crate::metrics as m;
 
-/// What one entry is taken to weigh, in bytes: its 16-byte key and 8-byte value plus moka's
-/// per-entry bookkeeping (hash-table slot, access-order and write-order nodes, frequency sketch
-/// share; measured around 100 bytes), rounded up.
+/// What one entry is taken to weigh, in bytes: its 16-byte key and 8-byte value plus an
+/// estimate (not a measurement) of moka's per-entry bookkeeping (hash-table slot, access-order
+/// and write-order nodes, its share of the frequency sketch), rounded up. Every entry weighs the
+/// same, so `max_bytes` is in effect `max_bytes / ENTRY_BYTES` entries.
 pub const ENTRY_BYTES: u32 = 128;
 
 /// A stored answer for one pair.
