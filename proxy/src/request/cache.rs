@@ -6,8 +6,8 @@
 //! The entries live in a `moka` cache: bounded in bytes (every entry weighs [`ENTRY_BYTES`]),
 //! dropped after the TTL, admitted by frequency (TinyLFU: a pair seen once does not push out
 //! pairs that repeat). The key is a 128-bit XXH3 digest, never the texts: per item, one digest
-//! of (instruction, query, item text) hashed over the borrowed strings (no copy), then mixed
-//! with the digest of the model the answering worker reported. A worker reporting another model
+//! of the item text and one of (instruction, query), hashed over the borrowed strings (no copy),
+//! mixed with the digest of the model the answering worker reported. A worker reporting another model
 //! than the last one seen empties the cache; the model in the key keeps a late answer of the old
 //! model from ever being served for the new one.
 //!
@@ -49,7 +49,7 @@ struct Model {
 }
 
 pub struct PairCache {
-    entries: Cache<u128, Entry>,
+    entries: Cache<u128, Entry, BuildDigestHasher>,
     model: ArcSwapOption<Model>,
 }
 
@@ -57,7 +57,9 @@ pub struct PairCache {
 /// the items still to send.
 #[derive(Debug)]
 pub struct Lookup {
-    /// Per item, in input order: the digest of (instruction, query, item text), model excluded.
+    /// The digest of (instruction, query).
+    prefix: u128,
+    /// Per item, in input order: the digest of its text.
     digests: Vec<u128>,
     /// Per item, in input order: the stored answer, if any.
     pub found: Vec<Option<Entry>>,
@@ -82,7 +84,7 @@ impl PairCache {
                     metrics::counter!(m::CACHE_EVICTIONS).increment(1);
                 }
             })
-            .build();
+            .build_with_hasher(BuildDigestHasher::default());
         PairCache { entries, model: ArcSwapOption::empty() }
     }
 
@@ -107,17 +109,17 @@ impl PairCache {
     /// Looks every item of `req` up under the current model.
     pub fn lookup(&self, req: &ScoreRequestRef<'_>) -> Lookup {
         let prefix = digest_of_prefix(req.instruction.as_deref(), &req.query);
-        let digests: Vec<u128> = req.items.iter().map(|i| digest_of_item(prefix, i.text())).collect();
+        let digests: Vec<u128> = req.items.iter().map(|i| xxh3_128(i.text().as_bytes())).collect();
         let model = self.model.load_full();
         let found: Vec<Option<Entry>> = match &model {
-            Some(model) => digests.iter().map(|&d| self.entries.get(&key(model.digest, d))).collect(),
+            Some(model) => digests.iter().map(|&d| self.entries.get(&key(model.digest, prefix, d))).collect(),
             None => vec![None; digests.len()],
         };
         let todo: Vec<usize> = (0..found.len()).filter(|&i| found[i].is_none()).collect();
         let hits = found.len() - todo.len();
         metrics::counter!(m::CACHE_HITS).increment(hits as u64);
         metrics::counter!(m::CACHE_MISSES).increment(todo.len() as u64);
-        Lookup { digests, found, hits, todo, model: model.map(|m| m.name.clone()) }
+        Lookup { prefix, digests, found, hits, todo, model: model.map(|m| m.name.clone()) }
     }
 
     /// Stores what the workers answered for `lookup`'s request: every finite score of a shard
@@ -137,7 +139,7 @@ impl PairCache {
                 let Some(score) = score.filter(|s| s.is_finite()) else { continue };
                 let (Some(&digest), false) = (lookup.digests.get(i), resp.missing.contains(&k)) else { continue };
                 let item_tokens = resp.usage.item_tokens.get(k).copied().unwrap_or(0);
-                self.entries.insert(key(model.digest, digest), Entry { score, item_tokens });
+                self.entries.insert(key(model.digest, lookup.prefix, digest), Entry { score, item_tokens });
                 inserted += 1;
             }
         }
@@ -179,20 +181,37 @@ fn digest_of_prefix(instruction: Option<&str>, query: &str) -> u128 {
     h.digest128()
 }
 
-fn digest_of_item(prefix: u128, text: &str) -> u128 {
-    let mut h = Xxh3::new();
-    h.update(&prefix.to_le_bytes());
-    put(&mut h, text);
-    h.digest128()
+/// The cache key of a pair under a model: the digest of the three digests (model, instruction
+/// and query, item text), one short one-shot hash per item.
+fn key(model: u128, prefix: u128, item: u128) -> u128 {
+    let mut all = [0u8; 48];
+    all[..16].copy_from_slice(&model.to_le_bytes());
+    all[16..32].copy_from_slice(&prefix.to_le_bytes());
+    all[32..].copy_from_slice(&item.to_le_bytes());
+    xxh3_128(&all)
 }
 
-/// The cache key of a pair under a model.
-fn key(model: u128, pair: u128) -> u128 {
-    let mut both = [0u8; 32];
-    both[..16].copy_from_slice(&model.to_le_bytes());
-    both[16..].copy_from_slice(&pair.to_le_bytes());
-    xxh3_128(&both)
+/// The keys are XXH3 digests already: moka's table and frequency sketch take their low 64 bits
+/// rather than hash them again with SipHash.
+#[derive(Clone, Default)]
+struct DigestHasher(u64);
+
+impl std::hash::Hasher for DigestHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u128` is called for a u128 key; any other input is folded in, not lost.
+        self.0 = xxh3_128(bytes) as u64 ^ self.0.rotate_left(5);
+    }
+
+    fn write_u128(&mut self, k: u128) {
+        self.0 ^= k as u64;
+    }
 }
+
+type BuildDigestHasher = std::hash::BuildHasherDefault<DigestHasher>;
 
 #[cfg(test)]
 mod tests {
