@@ -130,3 +130,36 @@ async fn workers_reporting_another_model_empty_the_cache() {
     assert_eq!(again.model, "sim-v2");
     p.stop().await;
 }
+
+/// Admission with part of a request cached: the split and admission see only the items not
+/// cached, and what they leave out maps back to the caller's indices. The proxy's cost prior
+/// (~10 ms a token) makes a 100-item request too slow for its deadline, so admission sends part.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partial_answer_caches_only_what_was_scored_and_the_rest_is_sent_again() {
+    let http = Http::new();
+    let ws = sims(2, SimConfig::default()).await;
+    let items = catalogue(100, 8);
+    let want: ScoreResponse =
+        http.post_json(&format!("{}/v1/score", ws[0].api_url()), &score_body(QUERY, &items, None)).await.json();
+    let mut cfg = cached(&ws);
+    cfg.hedge.enabled = false;
+    cfg.cost = sieve_shared::CostModel { request_ms: 1.0, token_ms: 10.0, token_context_ms: 0.0 };
+    let p = proxy(cfg, 2).await;
+    let mut body = score_body(QUERY, &items, Some(3000));
+    body["on_overload"] = json!("partial");
+
+    let (first, _) = score(&http, &p, &body).await;
+    assert!(!first.missing.is_empty() && first.missing.len() < items.len(), "{} missing", first.missing.len());
+    let before = pairs(&ws);
+    let (second, _) = score(&http, &p, &body).await;
+    assert_eq!(second.usage.cached_items as usize, items.len() - first.missing.len(), "only scored items were stored");
+    assert!(second.missing.iter().all(|i| first.missing.contains(i)), "a cached item is never missing");
+    for (i, s) in second.scores.iter().enumerate() {
+        let expect = if second.missing.contains(&i) { None } else { want.scores[i] };
+        assert_eq!(s.map(f32::to_bits), expect.map(f32::to_bits), "item {i}");
+    }
+    let sent = pairs(&ws) - before;
+    assert!(sent > 0 && !second.missing.is_empty(), "admission sent part of the uncached rest and left out part");
+    assert_eq!(sent as usize, first.missing.len() - second.missing.len(), "only the first answer's missing were sent");
+    p.stop().await;
+}
