@@ -19,6 +19,7 @@ pub mod ranking;
 pub mod request;
 pub mod split;
 pub mod state;
+pub mod trace;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -76,7 +77,10 @@ pub async fn start(launch: Launch) -> Result<RunningProxy> {
     let admin = TcpListener::bind((cfg.server.admin_host.as_str(), cfg.server.admin_port)).await?;
     let (api_addr, admin_addr) = (api.local_addr()?, admin.local_addr()?);
     let http_cfg = cfg.http.clone();
-    let state = Arc::new(AppState::new(cfg, metrics::handle()));
+    let trace = trace::Trace::open(&cfg.trace).map_err(ProxyError::Config)?;
+    let mut state = AppState::new(cfg, metrics::handle());
+    state.trace = trace;
+    let state = Arc::new(state);
     let (stop, stop_rx) = watch::channel(false);
     let discovery =
         Discovery::new(state.clone(), launch.config_path, launch.overrides, launch.workers, stop_rx.clone());

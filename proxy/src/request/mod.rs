@@ -20,6 +20,7 @@ use sieve_shared::{ApiError, ProxyConfig, ScoreRequestRef, ScoreResponse};
 use crate::estimate::token_estimator::Features;
 use crate::metrics as m;
 use crate::state::AppState;
+use crate::trace;
 
 pub mod admission;
 pub mod cache;
@@ -48,8 +49,22 @@ pub struct RequestCtx {
 }
 
 /// Scores `req`, whose borrowed strings (if any) point into `body` (the request as it arrived;
-/// empty for a request built from owned strings).
+/// empty for a request built from owned strings). A sampled request is recorded in the trace.
 pub async fn score(
+    state: &Arc<AppState>,
+    body: Bytes,
+    req: ScoreRequestRef<'_>,
+    arrival: Instant,
+) -> Result<(ScoreResponse, MergeStats), ApiError> {
+    let traced = state.trace.sampled().then(|| trace::Pending::new(&req, arrival));
+    let r = score_untraced(state, body, req, arrival).await;
+    if let Some(t) = traced {
+        state.trace.send(t.finish(r.as_ref().map(|(resp, _)| resp)));
+    }
+    r
+}
+
+async fn score_untraced(
     state: &Arc<AppState>,
     body: Bytes,
     req: ScoreRequestRef<'_>,
