@@ -208,8 +208,8 @@ struct CompareArgs {
     /// Seconds of unmeasured load per proxy before the first run.
     #[arg(long, default_value_t = 3.0)]
     warmup: f64,
-    /// all, or a comma-separated list of 1-6 / whole-random, fixed-random, fixed-least, ours, ours-hedge,
-    /// whole-least.
+    /// all (1-6), or a comma-separated list of 1-7 / whole-random, fixed-random, fixed-least, ours,
+    /// ours-hedge, whole-least, ours-cache (7, only when named: ours with the pair-score cache).
     #[arg(long, default_value = "all")]
     strategies: String,
     /// all, none, or a comma-separated list of slow, kill, burst, stall.

@@ -19,6 +19,7 @@ pub mod ranking;
 pub mod request;
 pub mod split;
 pub mod state;
+pub mod trace;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -84,7 +85,10 @@ pub async fn start(launch: Launch) -> Result<RunningProxy> {
     let (api_addr, admin_addr) = (api.local_addr()?, admin.local_addr()?);
     let grpc_addr = grpc.as_ref().map(TcpListener::local_addr).transpose()?;
     let (http_cfg, grpc_cfg) = (cfg.http.clone(), cfg.grpc.clone());
-    let state = Arc::new(AppState::new(cfg, metrics::handle()));
+    let trace = trace::Trace::open(&cfg.trace).map_err(ProxyError::Config)?;
+    let mut state = AppState::new(cfg, metrics::handle());
+    state.trace = trace;
+    let state = Arc::new(state);
     let (stop, stop_rx) = watch::channel(false);
     let discovery =
         Discovery::new(state.clone(), launch.config_path, launch.overrides, launch.workers, stop_rx.clone());

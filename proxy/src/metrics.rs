@@ -40,6 +40,16 @@ pub const ADMISSION_PARTIAL: &str = "sieve_proxy_admission_partial_total";
 /// Items left out of those partial plans (never sent).
 pub const ADMISSION_DROPPED_ITEMS: &str = "sieve_proxy_admission_dropped_items_total";
 pub const CONFIG_RELOADS: &str = "sieve_proxy_config_reloads_total";
+/// Pair-score cache: items answered from it, items looked up and not found, scores stored,
+/// entries evicted (by size or TTL; a model change empties it without counting here), and the
+/// times a model change emptied it.
+pub const CACHE_HITS: &str = "sieve_proxy_cache_hits_total";
+pub const CACHE_MISSES: &str = "sieve_proxy_cache_misses_total";
+pub const CACHE_INSERTS: &str = "sieve_proxy_cache_inserts_total";
+pub const CACHE_EVICTIONS: &str = "sieve_proxy_cache_evictions_total";
+pub const CACHE_INVALIDATIONS: &str = "sieve_proxy_cache_invalidations_total";
+/// Sampled trace records not written (the writer's queue full, or one line over the file bound).
+pub const TRACE_DROPPED: &str = "sieve_proxy_trace_dropped_total";
 
 const SECONDS_BUCKETS: &[f64] =
     &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0];
@@ -134,6 +144,12 @@ fn describe() {
     describe_gauge!(WORKERS_ELIGIBLE, "Workers that can take shards");
     describe_histogram!(TOKEN_ESTIMATE_ERROR, "(estimated - reported) / reported tokens per item");
     describe_counter!(CONFIG_RELOADS, "Config reloads by outcome");
+    describe_counter!(CACHE_HITS, "Items answered from the pair-score cache");
+    describe_counter!(CACHE_MISSES, "Items looked up in the pair-score cache and not found");
+    describe_counter!(CACHE_INSERTS, "Scores stored in the pair-score cache");
+    describe_counter!(CACHE_EVICTIONS, "Pair-score cache entries evicted by size or TTL");
+    describe_counter!(CACHE_INVALIDATIONS, "Times the pair-score cache was emptied by a change of model");
+    describe_counter!(TRACE_DROPPED, "Sampled request-trace records not written");
 }
 
 #[cfg(test)]

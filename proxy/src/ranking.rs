@@ -141,6 +141,7 @@ mod tests {
             instruction: None,
             deadline_ms: None,
             on_overload: None,
+            cache: None,
         };
         let response = ScoreResponse {
             scores: vec![Some(0.1), Some(0.9), None],

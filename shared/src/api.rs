@@ -109,6 +109,11 @@ pub struct ScoreRequest {
     /// ignores it: it already answers what its deadline allows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_overload: Option<OnOverload>,
+    /// `false`: the proxy neither answers this call from its pair-score cache nor stores its
+    /// scores there (default: the cache is used when the proxy's `[cache] enabled`). A worker
+    /// accepts the field and ignores it: it has no such cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<bool>,
 }
 
 /// [`Item`] as parsed in place ([`ScoreRequestRef`]): texts borrowed from the body when their
@@ -226,6 +231,8 @@ mod in_place {
         pub deadline_ms: Option<u64>,
         #[serde(default)]
         pub on_overload: Option<OnOverload>,
+        #[serde(default)]
+        pub cache: Option<bool>,
     }
 }
 
@@ -239,6 +246,7 @@ impl ScoreRequestRef<'_> {
             instruction: self.instruction.map(Cow::into_owned),
             deadline_ms: self.deadline_ms,
             on_overload: self.on_overload,
+            cache: self.cache,
         }
     }
 }
@@ -251,6 +259,7 @@ impl From<ScoreRequest> for ScoreRequestRef<'static> {
             instruction: r.instruction.map(Cow::Owned),
             deadline_ms: r.deadline_ms,
             on_overload: r.on_overload,
+            cache: r.cache,
         }
     }
 }
@@ -281,6 +290,10 @@ pub struct Usage {
     /// Prefix tokens served from the cross-batch prefix cache instead of being computed.
     #[serde(default)]
     pub cached_prefix_tokens: u32,
+    /// Items answered from the proxy's pair-score cache instead of being sent to a worker (not
+    /// counted in `pairs`, `prompt_tokens` or `computed_tokens`; always 0 from a worker).
+    #[serde(default)]
+    pub cached_items: u32,
     /// Per item, in input order: tokens of the item's own segment (its prompt minus the prefix).
     #[serde(default)]
     pub item_tokens: Vec<u32>,
@@ -364,6 +377,7 @@ impl RerankRequest {
             instruction: self.instruction.clone(),
             deadline_ms: self.deadline_ms,
             on_overload: self.on_overload,
+            cache: None,
         }
     }
 }
@@ -466,7 +480,8 @@ mod tests {
     fn the_in_place_parse_gives_the_owned_parse_and_the_same_messages() {
         let cases = [
             r#"{"query":"q","items":["a",{"id":"x","text":"b"},{"text":"c"}],"instruction":"i","deadline_ms":5}"#,
-            r#"{"query":"q \"x\"","items":["\u00e9t\u00e9","tab\there"],"on_overload":"partial"}"#,
+            r#"{"query":"q \"x\"","items":["\u00e9t\u00e9","tab\there"],"on_overload":"partial","cache":false}"#,
+            r#"{"query":"q","items":["a"],"cache":"no"}"#,
             r#"{"query":"q","items":["a"],"itmes":[]}"#,
             r#"{"query":"q","items":["a",{"text":"b","idd":"1"}]}"#,
             r#"{"query":"q","items":[{"id":"x"}]}"#,

@@ -129,6 +129,7 @@ mod tests {
             instruction: None,
             deadline_ms: None,
             on_overload: None,
+            cache: None,
         }
     }
 

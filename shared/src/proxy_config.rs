@@ -31,6 +31,10 @@ pub struct ProxyConfig {
     pub estimator: EstimatorConfig,
     pub discovery: DiscoveryConfig,
     pub drain: DrainConfig,
+    /// The pair-score cache (`[cache]`).
+    pub cache: CacheConfig,
+    /// The sampled request trace (`[trace]`).
+    pub trace: TraceConfig,
     /// Transport timeouts and the connection cap of both ports (a restart applies changes).
     pub http: HttpConfig,
     /// The gRPC API port (off unless `port` is set; a restart applies changes).
@@ -101,6 +105,10 @@ impl ProxyConfig {
             self.estimator.speed_smoothing > 0.0 && self.estimator.speed_smoothing <= 1.0,
             "estimator.speed_smoothing must be in (0, 1]",
         )?;
+        check(self.cache.ttl_ms > 0, "cache.ttl_ms must be positive")?;
+        check((0.0..=1.0).contains(&self.trace.sample), "trace.sample must be in [0, 1]")?;
+        check(self.trace.max_bytes >= 4096, "trace.max_bytes must be at least 4096")?;
+        check(self.trace.keep >= 1, "trace.keep must be at least 1")?;
         check(self.discovery.reload_interval_ms > 0, "discovery.reload_interval_ms must be positive")?;
         for (i, d) in self.discovery.dns.iter().enumerate() {
             if d.name.trim().is_empty() {
@@ -311,6 +319,51 @@ pub struct BreakerConfig {
 impl Default for BreakerConfig {
     fn default() -> Self {
         BreakerConfig { failure_threshold: 5, open_ms: 1000, max_open_ms: 30_000 }
+    }
+}
+
+/// The proxy's pair-score cache: (model, instruction, query, item) → score, so a repeated pair
+/// is answered without a worker. Entries live at most `ttl_ms`; the cache holds at most
+/// `max_bytes` (each entry weighed at a fixed estimate of its key, value and bookkeeping) and
+/// admits by frequency (TinyLFU), so one-off pairs do not push out the repeated ones. Emptied
+/// when the workers report another model. A request opts out with `"cache": false`. A reload
+/// applies `enabled`; `max_bytes` and `ttl_ms` take a restart.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CacheConfig {
+    /// Answer repeated pairs from the cache (default true); false: every pair goes to a worker.
+    pub enabled: bool,
+    /// Most memory the entries take, in bytes (default 64 MiB); 0 holds nothing.
+    pub max_bytes: u64,
+    /// An entry is dropped this long after it was stored (default 600,000 ms: ten minutes).
+    pub ttl_ms: u64,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig { enabled: true, max_bytes: 64 << 20, ttl_ms: 600_000 }
+    }
+}
+
+/// The sampled request trace: a JSON line per sampled score request with hashes of its texts,
+/// token counts, timestamps and outcome (never any text), rotated at `max_bytes` into
+/// `PATH.1` … `PATH.keep`. Read at start-up (a restart applies changes).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TraceConfig {
+    /// The trace file (appended to); empty (the default): no trace.
+    pub path: String,
+    /// Fraction of requests traced, in [0, 1] (default 0.01).
+    pub sample: f64,
+    /// Size of one file before it is rotated, in bytes (default 64 MiB; at least 4096).
+    pub max_bytes: u64,
+    /// Rotated files kept (default 3): the trace takes at most (keep + 1) x max_bytes.
+    pub keep: u32,
+}
+
+impl Default for TraceConfig {
+    fn default() -> Self {
+        TraceConfig { path: String::new(), sample: 0.01, max_bytes: 64 << 20, keep: 3 }
     }
 }
 

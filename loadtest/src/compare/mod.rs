@@ -128,8 +128,9 @@ pub struct Cell {
     pub proxy: CellProxy,
     /// Worker compute (slot-ms) per request sent, hedge losers and failed calls included.
     pub work_ms_per_request: f64,
-    /// Hedging only: worker compute per request over that of the same strategy without
-    /// hedging ("ours") in the same run conditions, minus one (the extra work hedges cost).
+    /// Hedging and cache only: worker compute per request over that of the same strategy
+    /// without them ("ours") in the same run conditions, minus one (the extra work hedges cost;
+    /// negative for the cache: the work it saves).
     pub extra_work_vs_ours: Option<f64>,
     /// Mean worker utilisation over the run.
     pub utilisation: f64,
@@ -460,14 +461,14 @@ pub async fn compare(spec: &CompareSpec) -> Result<CompareReport, String> {
 /// One latency CDF chart: its file name and a histogram per strategy.
 type CdfGroup = (String, Vec<(String, Histogram<u64>)>);
 
-/// Fills `extra_work_vs_ours` of the hedging cells of one load or scenario.
+/// Fills `extra_work_vs_ours` of the hedging and cache cells of one load or scenario.
 fn set_extra_work<'a>(cells: impl Iterator<Item = &'a mut Cell>) {
     let group: Vec<&mut Cell> = cells.collect();
     let Some(base) = group.iter().find(|c| c.strategy_key == "ours").map(|c| c.work_ms_per_request) else {
         return;
     };
     for c in group {
-        if c.strategy_key == "ours-hedge" && base > 0.0 {
+        if matches!(c.strategy_key.as_str(), "ours-hedge" | "ours-cache") && base > 0.0 {
             c.extra_work_vs_ours = Some(c.work_ms_per_request / base - 1.0);
         }
     }

@@ -1,5 +1,5 @@
 //! The strategies compared, each a proxy configuration (split mode, balancing policy,
-//! hedging); everything else (retries, breaker, health checks, the cost-model prior) is the
+//! hedging, the pair-score cache); everything else (retries, breaker, health checks, the cost-model prior) is the
 //! same for all.
 
 use sieve_shared::proxy_config::{PolicyKind, SplitMode};
@@ -17,6 +17,9 @@ pub struct Strategy {
     /// Admission control (a request no plan can finish in time is refused at once); the
     /// baselines model proxies that have none.
     pub admission: bool,
+    /// The proxy's pair-score cache (`[cache] enabled`): off in the routing strategies, so
+    /// they are compared on the same work.
+    pub cache: bool,
 }
 
 pub const STRATEGIES: [Strategy; 6] = [
@@ -27,6 +30,7 @@ pub const STRATEGIES: [Strategy; 6] = [
         policy: PolicyKind::Random,
         hedge: false,
         admission: false,
+        cache: false,
     },
     Strategy {
         key: "fixed-random",
@@ -35,6 +39,7 @@ pub const STRATEGIES: [Strategy; 6] = [
         policy: PolicyKind::Random,
         hedge: false,
         admission: false,
+        cache: false,
     },
     Strategy {
         key: "fixed-least",
@@ -43,6 +48,7 @@ pub const STRATEGIES: [Strategy; 6] = [
         policy: PolicyKind::LeastLoaded,
         hedge: false,
         admission: false,
+        cache: false,
     },
     Strategy {
         key: "ours",
@@ -51,6 +57,7 @@ pub const STRATEGIES: [Strategy; 6] = [
         policy: PolicyKind::LeastLoaded,
         hedge: false,
         admission: true,
+        cache: false,
     },
     Strategy {
         key: "ours-hedge",
@@ -59,6 +66,7 @@ pub const STRATEGIES: [Strategy; 6] = [
         policy: PolicyKind::LeastLoaded,
         hedge: true,
         admission: true,
+        cache: false,
     },
     // What a rerank server behind nginx `least_conn`, or a KV-aware LLM router, does: no
     // split, the whole request to the worker with the least predicted backlog.
@@ -69,10 +77,23 @@ pub const STRATEGIES: [Strategy; 6] = [
         policy: PolicyKind::LeastLoaded,
         hedge: false,
         admission: false,
+        cache: false,
     },
 ];
 
-/// Parses `all` or a comma-separated list of keys or numbers (1-6).
+/// Strategy 7, run only when named (not in `all`, which compares routing): ours with the
+/// pair-score cache, against `ours` for what the cache saves on the same workload.
+pub const CACHE_STRATEGY: Strategy = Strategy {
+    key: "ours-cache",
+    name: "7 ours + pair-score cache",
+    split: SplitMode::Cost,
+    policy: PolicyKind::LeastLoaded,
+    hedge: false,
+    admission: true,
+    cache: true,
+};
+
+/// Parses `all` (strategies 1-6) or a comma-separated list of keys or numbers (1-7).
 pub fn parse_strategies(s: &str) -> Result<Vec<Strategy>, String> {
     if s.trim() == "all" {
         return Ok(STRATEGIES.to_vec());
@@ -82,16 +103,17 @@ pub fn parse_strategies(s: &str) -> Result<Vec<Strategy>, String> {
             let p = p.trim();
             STRATEGIES
                 .iter()
+                .chain([&CACHE_STRATEGY])
                 .enumerate()
                 .find(|(i, st)| st.key == p || (i + 1).to_string() == p)
                 .map(|(_, st)| *st)
-                .ok_or_else(|| format!("unknown strategy '{p}' (expected all, 1-6 or one of {})", keys()))
+                .ok_or_else(|| format!("unknown strategy '{p}' (expected all, 1-7 or one of {})", keys()))
         })
         .collect()
 }
 
 fn keys() -> String {
-    STRATEGIES.iter().map(|s| s.key).collect::<Vec<_>>().join(", ")
+    STRATEGIES.iter().chain([&CACHE_STRATEGY]).map(|s| s.key).collect::<Vec<_>>().join(", ")
 }
 
 /// What every strategy's proxy shares.
@@ -119,6 +141,7 @@ impl Strategy {
         c.balance.policy = self.policy;
         c.hedge.enabled = self.hedge;
         c.admission.enabled = self.admission;
+        c.cache.enabled = self.cache;
         c.split.load_aware = base.load_aware;
         c.health.interval_ms = 250;
         c.cost = base.cost;
@@ -144,6 +167,9 @@ mod tests {
         assert_eq!(s[0].key, "whole-random");
         assert!(s[1].hedge);
         assert!(parse_strategies("best").unwrap_err().contains("ours"));
+        let cached = parse_strategies("ours,7").unwrap();
+        assert_eq!((cached[1].key, cached[1].cache), ("ours-cache", true));
+        assert!(STRATEGIES.iter().all(|s| !s.cache), "the routing strategies compare the same work");
         let base = ProxyBase {
             workers: vec![WorkerEndpoint::new("http://127.0.0.1:1", None)],
             cost: CostModel::default(),
@@ -158,8 +184,9 @@ mod tests {
         );
         assert!(c.split.load_aware, "the switch reaches the proxy config");
         // Every configuration is one the proxy accepts.
-        for st in STRATEGIES {
-            ProxyConfig::from_toml(&st.proxy_config(&base).to_toml()).unwrap();
+        for st in STRATEGIES.iter().chain([&CACHE_STRATEGY]) {
+            let c = ProxyConfig::from_toml(&st.proxy_config(&base).to_toml()).unwrap();
+            assert_eq!(c.cache.enabled, st.cache);
         }
     }
 }

@@ -313,6 +313,7 @@ impl SimEngine {
                 computed_tokens: total_tokens,
                 prefix_tokens: prefix,
                 cached_prefix_tokens: 0,
+                cached_items: 0,
                 item_tokens,
             },
             timing: Timing {
@@ -413,6 +414,7 @@ mod tests {
             instruction: None,
             deadline_ms,
             on_overload: None,
+            cache: None,
         }
     }
 

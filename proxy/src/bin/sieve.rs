@@ -132,7 +132,7 @@ fn read_request(path: &Path) -> Result<ScoreRequest, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let (query, items) = ranking::parse_items_file(&text).map_err(|e| format!("{}: {e}", path.display()))?;
     let query = query.ok_or_else(|| format!("{}: no query", path.display()))?;
-    Ok(ScoreRequest { query, items, instruction: None, deadline_ms: None, on_overload: None })
+    Ok(ScoreRequest { query, items, instruction: None, deadline_ms: None, on_overload: None, cache: None })
 }
 
 async fn up(a: UpArgs) -> Result<(), String> {
@@ -199,8 +199,14 @@ async fn score(a: ScoreArgs) -> Result<(), String> {
     let text = std::fs::read_to_string(&a.items_file).map_err(|e| format!("{}: {e}", a.items_file.display()))?;
     let (file_query, items) = ranking::parse_items_file(&text)?;
     let query = a.query.or(file_query).ok_or("--query is required (the items file has none)")?;
-    let request =
-        ScoreRequest { query, items, instruction: a.instruction, deadline_ms: a.deadline_ms, on_overload: None };
+    let request = ScoreRequest {
+        query,
+        items,
+        instruction: a.instruction,
+        deadline_ms: a.deadline_ms,
+        on_overload: None,
+        cache: None,
+    };
     let scored = ranking::score(&client(), &a.target, &request).await?;
     print!("{}", ranking::render(&request, &scored, a.top));
     Ok(())

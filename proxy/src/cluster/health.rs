@@ -1,6 +1,7 @@
 //! Active health checks: every `health.interval_ms`, each worker's admin `GET /ready` (can it
 //! take work?) and `GET /stats` (its queue, limits and whether it is draining). Runs at once
-//! when workers are added, so a new worker takes shards as soon as it is ready.
+//! when workers are added, so a new worker takes shards as soon as it is ready. The model a
+//! worker reports keeps the pair-score cache to that model.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,8 +22,14 @@ pub async fn run(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
         let mut checks = JoinSet::new();
         for w in state.pool.snapshot().iter() {
             if w.ready_uri.is_some() {
-                let (client, w) = (state.client.clone(), w.clone());
-                checks.spawn(async move { check(&client, &w, timeout).await });
+                let (client, w, state) = (state.client.clone(), w.clone(), state.clone());
+                checks.spawn(async move {
+                    // The model a worker reports: another one than before empties the
+                    // pair-score cache before any request is answered from it.
+                    if let Some(model) = check(&client, &w, timeout).await {
+                        state.pair_cache.observe_model(&model);
+                    }
+                });
             }
         }
         while checks.join_next().await.is_some() {}
@@ -35,8 +42,10 @@ pub async fn run(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
     }
 }
 
-pub async fn check(client: &HttpClient, w: &Worker, timeout: Duration) {
-    let (Some(ready_uri), Some(stats_uri)) = (&w.ready_uri, &w.stats_uri) else { return };
+/// Checks `w` and records what it found; returns the model the worker reports, if it answered
+/// `/stats`.
+pub async fn check(client: &HttpClient, w: &Worker, timeout: Duration) -> Option<String> {
+    let (Some(ready_uri), Some(stats_uri)) = (&w.ready_uri, &w.stats_uri) else { return None };
     let (mut health, detail) = match tokio::time::timeout(timeout, client.get(ready_uri)).await {
         Err(_) => (Health::Unreachable, Some(format!("/ready did not answer in {timeout:?}"))),
         Ok(Err(e)) => (Health::Unreachable, Some(e.to_string())),
@@ -62,5 +71,7 @@ pub async fn check(client: &HttpClient, w: &Worker, timeout: Duration) {
     if before != health {
         tracing::info!(worker = w.url(), ?before, now = ?health, detail = detail.as_deref().unwrap_or(""), "worker health");
     }
+    let model = stats.as_ref().map(|s| s.model.clone());
     w.record_health(Instant::now(), health, detail, stats);
+    model
 }

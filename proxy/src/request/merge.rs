@@ -1,11 +1,13 @@
 //! Putting shard answers back together: scores by original index, usage summed, the indices
 //! the deadline left unscored listed in `missing` (never silently absent). A failed shard
 //! fails the request with its error, item indices in the message mapped back to the caller's.
+//! Items answered from the pair-score cache take their stored score and token count.
 
 use std::time::Instant;
 
 use sieve_shared::{ApiError, ScoreResponse, Timing, Usage};
 
+use crate::request::cache::Lookup;
 use crate::request::dispatch::ShardOutcome;
 
 pub struct ShardResult {
@@ -29,6 +31,7 @@ pub fn merge(
     budget_ms: u64,
     results: Vec<ShardResult>,
     arrival: Instant,
+    cached: Option<&Lookup>,
 ) -> Result<(ScoreResponse, MergeStats), ApiError> {
     let mut scores: Vec<Option<f32>> = vec![None; n_items];
     let mut item_tokens = vec![0u32; n_items];
@@ -40,6 +43,17 @@ pub fn merge(
     let mut model = String::new();
     let mut stats = MergeStats { shards: results.len(), ..MergeStats::default() };
     let mut done_any = false;
+    if let Some(c) = cached.filter(|c| c.hits > 0) {
+        done_any = true;
+        usage.cached_items = c.hits as u32;
+        for (i, e) in c.found.iter().enumerate() {
+            if let Some(e) = e {
+                scores[i] = Some(e.score);
+                item_tokens[i] = e.item_tokens;
+            }
+        }
+        model = c.model.clone().unwrap_or_default();
+    }
 
     for r in results {
         match r.outcome {
@@ -128,6 +142,7 @@ mod tests {
                 computed_tokens: u64::from(prefix) + tokens.iter().map(|&t| u64::from(t)).sum::<u64>(),
                 prefix_tokens: prefix,
                 cached_prefix_tokens: 0,
+                cached_items: 0,
                 item_tokens: tokens.to_vec(),
             },
             timing: Timing { queue_ms: 1.0, compute_ms: 10.0, total_ms: 11.0 },
@@ -148,6 +163,7 @@ mod tests {
             500,
             vec![done(&[4, 0], &[0.4, 0.0], &[14, 10], 50), done(&[1, 2, 3], &[0.1, 0.2, 0.3], &[11, 12, 13], 50)],
             t0,
+            None,
         )
         .unwrap();
         assert_eq!(r.scores, vec![Some(0.0), Some(0.1), Some(0.2), Some(0.3), Some(0.4)]);
@@ -165,12 +181,12 @@ mod tests {
     fn the_deadline_leaves_missing_indices_never_silent_gaps() {
         let missed = ShardResult { items: vec![1, 3], outcome: ShardOutcome::Missed };
         let (r, stats) =
-            merge(4, None, 100, vec![done(&[0, 2], &[0.5, 0.6], &[1, 1], 5), missed], Instant::now()).unwrap();
+            merge(4, None, 100, vec![done(&[0, 2], &[0.5, 0.6], &[1, 1], 5), missed], Instant::now(), None).unwrap();
         assert_eq!(r.missing, vec![1, 3]);
         assert_eq!(r.scores, vec![Some(0.5), None, Some(0.6), None]);
         assert_eq!(stats.missing, 2);
         let all_missed = vec![ShardResult { items: vec![0, 1], outcome: ShardOutcome::Missed }];
-        assert_eq!(merge(2, None, 100, all_missed, Instant::now()).unwrap_err().status(), 504);
+        assert_eq!(merge(2, None, 100, all_missed, Instant::now(), None).unwrap_err().status(), 504);
     }
 
     #[test]
@@ -182,7 +198,8 @@ mod tests {
             d.response.missing = vec![1, 2];
         }
         let (r, stats) =
-            merge(8, None, 100, vec![done(&[0, 1, 3, 4, 6], &[0.1; 5], &[1; 5], 5), partial], Instant::now()).unwrap();
+            merge(8, None, 100, vec![done(&[0, 1, 3, 4, 6], &[0.1; 5], &[1; 5], 5), partial], Instant::now(), None)
+                .unwrap();
         assert_eq!(r.missing, vec![2, 7]);
         assert_eq!((r.scores[5], r.scores[2], r.scores[7]), (Some(0.5), None, None));
         assert_eq!(stats.missing, 2);
@@ -196,7 +213,7 @@ mod tests {
                 "items[2] too long: 9000 tokens; see items[0] too and items[x]",
             )),
         };
-        let e = merge(13, None, 100, vec![done(&[0], &[0.1], &[1], 1), failed], Instant::now()).unwrap_err();
+        let e = merge(13, None, 100, vec![done(&[0], &[0.1], &[1], 1), failed], Instant::now(), None).unwrap_err();
         assert_eq!(e.status(), 413);
         assert_eq!(e.message, "items[12] too long: 9000 tokens; see items[7] too and items[x]");
     }
@@ -279,7 +296,7 @@ mod tests {
                 want_missing.sort_unstable();
                 let any_done = shards.iter().any(|(_, k)| matches!(k, Kind::Done(_)));
                 let results = shards.iter().map(|(items, kind)| shard(items, kind)).collect();
-                let merged = merge(n, ids.clone(), 100, results, Instant::now());
+                let merged = merge(n, ids.clone(), 100, results, Instant::now(), None);
                 if !any_done {
                     prop_assert_eq!(merged.unwrap_err().status(), 504);
                     return Ok(());
@@ -319,7 +336,7 @@ mod tests {
                         }
                     })
                     .collect();
-                let e = merge(n, None, 100, results, Instant::now()).unwrap_err();
+                let e = merge(n, None, 100, results, Instant::now(), None).unwrap_err();
                 prop_assert_eq!(e.status(), 422);
                 let last = *shards[failed].0.last().unwrap();
                 prop_assert_eq!(e.message, format!("items[{last}] is empty"));

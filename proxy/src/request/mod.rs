@@ -1,13 +1,15 @@
 //! One scoring request end to end (already validated by the API handler): [`score`] runs four
 //! stages:
 //!
+//! 0. [`cache`]: items whose pair was answered before are answered from the pair-score cache
+//!    (a request with nothing else left sends nothing);
 //! 1. [`plan`]: estimate every item's tokens, take the eligible workers and their load, cut
 //!    the shards with the split policy, pay the retry and hedge budgets;
 //! 2. [`dispatch`]: send the shards concurrently, each with its attempts, retries and hedges
 //!    under the deadline;
 //! 3. [`merge`]: put the answers back in the caller's order;
 //! 4. [`feedback`]: what each answer teaches the estimators and the worker's breaker, recorded
-//!    by the dispatcher as answers arrive.
+//!    by the dispatcher as answers arrive; the answered scores are stored in the cache.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,8 +20,10 @@ use sieve_shared::{ApiError, ProxyConfig, ScoreRequestRef, ScoreResponse};
 use crate::estimate::token_estimator::Features;
 use crate::metrics as m;
 use crate::state::AppState;
+use crate::trace;
 
 pub mod admission;
+pub mod cache;
 pub mod dispatch;
 pub mod feedback;
 pub mod merge;
@@ -45,8 +49,22 @@ pub struct RequestCtx {
 }
 
 /// Scores `req`, whose borrowed strings (if any) point into `body` (the request as it arrived;
-/// empty for a request built from owned strings).
+/// empty for a request built from owned strings). A sampled request is recorded in the trace.
 pub async fn score(
+    state: &Arc<AppState>,
+    body: Bytes,
+    req: ScoreRequestRef<'_>,
+    arrival: Instant,
+) -> Result<(ScoreResponse, MergeStats), ApiError> {
+    let traced = state.trace.sampled().then(|| trace::Pending::new(&req, arrival));
+    let r = score_untraced(state, body, req, arrival).await;
+    if let Some(t) = traced {
+        state.trace.send(t.finish(r.as_ref().map(|(resp, _)| resp)));
+    }
+    r
+}
+
+async fn score_untraced(
     state: &Arc<AppState>,
     body: Bytes,
     req: ScoreRequestRef<'_>,
@@ -63,14 +81,24 @@ pub async fn score(
         .any(|i| i.id().is_some())
         .then(|| req.items.iter().map(|i| i.id().map(String::from)).collect());
 
-    let plan::Planned { ctx, jobs, dropped } = plan::plan(state, cfg, body, &req, arrival, deadline)?;
-    drop(req);
-    let mut results = dispatch::run(ctx, jobs).await?;
-    if !dropped.is_empty() {
-        // Left out by admission: never sent, answered as missing.
-        results.push(merge::ShardResult { items: dropped, outcome: dispatch::ShardOutcome::Missed });
+    // The cache: pairs answered before are not sent again (unless the caller opted out).
+    let use_cache = cfg.cache.enabled && req.cache != Some(false);
+    let lookup = use_cache.then(|| state.pair_cache.lookup(&req));
+    let mut results = Vec::new();
+    let todo = lookup.as_ref().map(|l| l.todo.as_slice());
+    if todo.is_none_or(|t| !t.is_empty()) {
+        let plan::Planned { ctx, jobs, dropped } = plan::plan(state, cfg, body, &req, todo, arrival, deadline)?;
+        drop(req);
+        results = dispatch::run(ctx, jobs).await?;
+        if let Some(l) = &lookup {
+            state.pair_cache.store(l, &results);
+        }
+        if !dropped.is_empty() {
+            // Left out by admission: never sent, answered as missing.
+            results.push(merge::ShardResult { items: dropped, outcome: dispatch::ShardOutcome::Missed });
+        }
     }
-    let (resp, stats) = merge::merge(n_items, ids, budget_ms, results, arrival)?;
+    let (resp, stats) = merge::merge(n_items, ids, budget_ms, results, arrival, lookup.as_ref())?;
     if stats.missing > 0 {
         metrics::counter!(m::PARTIAL_RESPONSES).increment(1);
         metrics::counter!(m::MISSING_ITEMS).increment(stats.missing as u64);

@@ -52,12 +52,14 @@ pub struct Planned {
     pub dropped: Vec<usize>,
 }
 
-/// The request's shared context and its shards, the budgets paid.
+/// The request's shared context and its shards, the budgets paid. `todo`: the caller's indices
+/// of the items to send, ascending (the others were answered from the cache); none: all.
 pub fn plan(
     state: &Arc<AppState>,
     cfg: Arc<ProxyConfig>,
     body: Bytes,
     req: &ScoreRequestRef<'_>,
+    todo: Option<&[usize]>,
     arrival: Instant,
     deadline: Instant,
 ) -> Result<Planned, ApiError> {
@@ -74,7 +76,17 @@ pub fn plan(
     if eligible.workers.is_empty() {
         return Err(ApiError::not_ready(format!("no worker is ready ({} configured)", state.pool.snapshot().len())));
     }
-    let split_req = split::Request { item_tokens: &item_tokens, prefix: prefix_tokens, model: &model };
+    // The split sees only the items to send, as 0..k; `caller` maps its indices back.
+    let todo_tokens: Vec<f64>;
+    let split_tokens = match todo {
+        Some(t) => {
+            todo_tokens = t.iter().map(|&i| item_tokens[i]).collect();
+            &todo_tokens
+        }
+        None => &item_tokens,
+    };
+    let caller = |k: usize| todo.map_or(k, |t| t[k]);
+    let split_req = split::Request { item_tokens: split_tokens, prefix: prefix_tokens, model: &model };
     let balance = state.policy();
     let mut plan = state.split().plan(&split_req, &eligible.views, balance.as_ref());
     // Admission: refuse (or trim) a plan the deadline would cut, before anything is queued. The
@@ -89,12 +101,18 @@ pub fn plan(
         })
     };
     let on_overload = req.on_overload.unwrap_or_default();
-    let dropped = admission::admit(&cfg.admission, on_overload, left_ms, &mut plan, &split_req, &cands, best)?;
+    let mut dropped = admission::admit(&cfg.admission, on_overload, left_ms, &mut plan, &split_req, &cands, best)?;
+    if todo.is_some() {
+        dropped.iter_mut().for_each(|k| *k = caller(*k));
+    }
 
     metrics::histogram!(m::REQUEST_ITEMS).record(req.items.len() as f64);
     metrics::histogram!(m::SHARDS_PER_REQUEST).record(plan.shards.len() as f64);
     let mut jobs = Vec::with_capacity(plan.shards.len());
-    for s in plan.shards {
+    for mut s in plan.shards {
+        if todo.is_some() {
+            s.items.iter_mut().for_each(|k| *k = caller(*k));
+        }
         metrics::histogram!(m::SHARD_ITEMS).record(s.items.len() as f64);
         metrics::histogram!(m::SHARD_TOKENS).record(s.tokens);
         metrics::histogram!(m::SHARD_PREDICTED_SECONDS).record(s.finish_ms / 1e3);

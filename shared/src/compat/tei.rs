@@ -77,7 +77,14 @@ impl Rerank {
         )?;
         let texts = b.return_text.then(|| b.texts.clone());
         let items = b.texts.into_iter().map(Item::Text).collect();
-        let req = ScoreRequest { query: b.query, items, instruction: None, deadline_ms: None, on_overload: None };
+        let req = ScoreRequest {
+            query: b.query,
+            items,
+            instruction: None,
+            deadline_ms: None,
+            on_overload: None,
+            cache: None,
+        };
         Ok((req, Rerank { texts }))
     }
 

@@ -108,7 +108,7 @@ impl Score {
                 )));
             }
         }
-        Ok((ScoreRequest { query, items, instruction: None, deadline_ms: None, on_overload: None }, Score))
+        Ok((ScoreRequest { query, items, instruction: None, deadline_ms: None, on_overload: None, cache: None }, Score))
     }
 
     pub fn answer(self, resp: ScoreResponse) -> Answer {

@@ -132,6 +132,7 @@ fn output(state: &EngineState, job: &BatchJob, p: &Progress) -> JobResult {
         computed_tokens: p.computed_tokens,
         prefix_tokens: call.prefix_len as u32,
         cached_prefix_tokens: reused_committed as u32,
+        cached_items: 0,
         item_tokens: call.prompts.iter().map(|q| (q.len() - call.prefix_len) as u32).collect(),
     };
     let arrived = job.tj.job.arrived;

@@ -185,6 +185,7 @@ mod tests {
             instruction: None,
             deadline_ms: None,
             on_overload: None,
+            cache: None,
         };
         let wire = ShardWire::new(Bytes::new(), &ScoreRequestRef::from(whole.clone()));
         assert!(wire.items.iter().all(|f| matches!(f, Frag::Own(_))));
@@ -209,6 +210,7 @@ mod tests {
                 instruction: Some("i".into()),
                 deadline_ms: None,
                 on_overload: None,
+                cache: None,
             };
             let json = if pretty { serde_json::to_vec_pretty(&whole) } else { serde_json::to_vec(&whole) };
             let body = Bytes::from(json.unwrap());
