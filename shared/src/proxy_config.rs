@@ -35,6 +35,10 @@ pub struct ProxyConfig {
     pub http: HttpConfig,
     /// Who may use the admin routes (`POST /reload`, `POST /drain` always need the token).
     pub admin: AdminConfig,
+    /// Span export over OTLP (off by default; read at start-up, a restart applies changes).
+    pub tracing: crate::trace::TracingConfig,
+    /// The log format (read at start-up).
+    pub log: crate::trace::LogConfig,
     /// The static worker list (`[[workers]]` tables). Hot-reloaded when the file changes.
     pub workers: Vec<WorkerEndpoint>,
 }
@@ -62,6 +66,7 @@ impl ProxyConfig {
         }
         self.cost.validate()?;
         self.http.validate()?;
+        self.tracing.validate()?;
         check(self.server.max_in_flight_requests > 0, "server.max_in_flight_requests must be positive")?;
         check(self.deadline.default_ms > 0, "deadline.default_ms must be positive")?;
         check(self.split.fixed_items > 0, "split.fixed_items must be positive")?;

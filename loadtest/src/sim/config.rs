@@ -108,12 +108,17 @@ impl SimConfig {
 pub struct SimFileConfig {
     pub http: HttpConfig,
     pub admin: AdminConfig,
+    /// Span export over OTLP, as the worker's (off by default).
+    pub tracing: sieve_shared::trace::TracingConfig,
+    /// The log format, as the worker's.
+    pub log: sieve_shared::trace::LogConfig,
 }
 
 impl SimFileConfig {
     pub fn parse(text: &str) -> Result<Self, String> {
         let c: SimFileConfig = toml::from_str(text).map_err(|e| e.to_string())?;
         c.http.validate()?;
+        c.tracing.validate()?;
         Ok(c)
     }
 }

@@ -42,6 +42,9 @@ pub struct RequestCtx {
     pub prefix_tokens: f64,
     pub arrival: Instant,
     pub deadline: Instant,
+    /// The request's span: every shard attempt's span is its child (`Span::none()` when
+    /// tracing is off).
+    pub span: tracing::Span,
 }
 
 /// Scores `req`, whose borrowed strings (if any) point into `body` (the request as it arrived;
