@@ -264,3 +264,35 @@ async fn a_worker_s_queue_and_forward_pass_spans_are_children_of_its_request() {
         assert_eq!(s.parent, request.id, "{} under the request span", s.name);
     }
 }
+
+/// `[log] format = "json"`: the log is one JSON object a line (the proxy's first line says it
+/// added its worker).
+#[test]
+fn the_json_log_format_writes_one_object_a_line() {
+    use std::io::BufRead as _;
+    use std::process::{Command, Stdio};
+    let cfg = config_file("json-log.toml", "[log]\nformat = \"json\"\n");
+    let mut child = Command::new(sieve_e2e::bin("sieve-proxy"))
+        .args(["--port", "0", "--admin-port", "0", "--worker", "http://127.0.0.1:1", "--config"])
+        .arg(&cfg)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(stderr).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx.recv_timeout(Duration::from_secs(10)).unwrap_or_default();
+    let _ = child.kill();
+    let _ = child.wait();
+    let v: serde_json::Value =
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("not a JSON log line ({e}): {line:?}"));
+    assert_eq!(v["level"], "INFO", "{line}");
+    assert_eq!(v["fields"]["message"], "worker added", "{line}");
+    assert_eq!(v["fields"]["worker"], "http://127.0.0.1:1", "{line}");
+}
