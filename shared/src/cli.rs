@@ -1,6 +1,7 @@
 //! What every Sieve binary (`sieve-proxy`, `sieve`, `sieve-worker`, `sieve-loadtest`) sets up
-//! before anything else, and how it waits to stop: logs on stderr, filtered by `RUST_LOG` (else
-//! a default level); the tokio runtime, whose failure to start is a message and an exit code
+//! before anything else, and how it waits to stop: logs on stderr (text or JSON), filtered by
+//! `RUST_LOG` (else a default level), and span export when the config asks for it
+//! ([`crate::trace`]); the tokio runtime, whose failure to start is a message and an exit code
 //! rather than a panic; and the wait for SIGTERM or SIGINT.
 
 use std::io::IsTerminal;
@@ -16,10 +17,8 @@ use crate::trace::{self, LogConfig, LogFormat, TraceGuard, TracingConfig};
 /// Logs to stderr as text, filtered by `RUST_LOG`, else by `default_filter` (e.g. `"info"`);
 /// no span export. For the binaries without a config file of their own.
 pub fn init_tracing(default_filter: &str) {
-    // Tracing off cannot fail to start.
-    if let Ok(guard) = init_tracing_with(default_filter, "sieve", &LogConfig::default(), &TracingConfig::default()) {
-        std::mem::forget(guard);
-    }
+    // With tracing off the guard holds no exporter: dropping it stops nothing.
+    let _ = init_tracing_with(default_filter, "sieve", &LogConfig::default(), &TracingConfig::default());
 }
 
 /// Logs to stderr (text, colours only on a terminal so a log file or a launcher's pipe gets
