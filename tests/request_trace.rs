@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use sieve_e2e::{catalogue, proxy, score_body, sims, test_config, Http};
 use sieve_loadtest::sim::SimConfig;
-use sieve_proxy::trace::Record;
+use sieve_proxy::request_trace::Record;
 use sieve_shared::ScoreResponse;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -18,8 +18,8 @@ async fn traced_requests_are_lines_of_hashes_and_counts() {
     let ws = sims(1, SimConfig::default()).await;
     let mut cfg = test_config(ws.iter().map(|w| w.endpoint()).collect());
     cfg.cache.enabled = true;
-    cfg.trace.path = path.display().to_string();
-    cfg.trace.sample = 1.0;
+    cfg.request_trace.path = path.display().to_string();
+    cfg.request_trace.sample = 1.0;
     let p = proxy(cfg, 1).await;
 
     let items: Vec<String> = catalogue(20, 5).into_iter().map(|t| format!("confidential {t}")).collect();

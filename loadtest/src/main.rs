@@ -306,21 +306,44 @@ struct SimWorkerArgs {
     /// SIGTERM: finish running calls and close every connection within this many ms.
     #[arg(long, default_value_t = 30_000)]
     drain_timeout_ms: u64,
-    /// A TOML file with `[http]`, `[grpc]` and `[admin]` sections (the worker's keys and defaults).
+    /// A TOML file with `[http]`, `[grpc]`, `[admin]`, `[tracing]` and `[log]` sections (the
+    /// worker's keys and defaults).
     #[arg(long)]
     config: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
-    sieve_shared::cli::init_tracing("info");
     let cli = Cli::parse();
+    // The sim-worker's config file may ask for JSON logs and span export; it is read first.
+    let mut sim_file = None;
+    let _trace = match &cli.command {
+        Command::SimWorker(a) => {
+            let started = sim_file_config(a.config.as_deref()).and_then(|f| {
+                let guard = sieve_shared::cli::init_tracing_with("info", "sieve-sim-worker", &f.log, &f.tracing)
+                    .map_err(|e| anyhow::anyhow!(e))?;
+                sim_file = Some(f);
+                Ok(guard)
+            });
+            match started {
+                Ok(g) => Some(g),
+                Err(e) => {
+                    eprintln!("sieve-loadtest: {e:#}");
+                    return ExitCode::from(2);
+                }
+            }
+        }
+        _ => {
+            sieve_shared::cli::init_tracing("info");
+            None
+        }
+    };
     let rt = match sieve_shared::cli::runtime("sieve-loadtest") {
         Ok(rt) => rt,
         Err(code) => return code,
     };
     let result = match cli.command {
         Command::Run(args) => rt.block_on(run_load(args)),
-        Command::SimWorker(args) => rt.block_on(sim_worker(args)),
+        Command::SimWorker(args) => rt.block_on(sim_worker(args, sim_file.take().unwrap_or_default())),
         Command::Calibrate(args) => rt.block_on(calibrate_worker(args)),
         // On this thread: the proxies it starts die with the thread that started them.
         Command::Compare(args) => rt.block_on(compare_strategies(args)),
@@ -489,20 +512,24 @@ async fn compare_strategies(a: CompareArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn sim_worker(a: SimWorkerArgs) -> anyhow::Result<()> {
+/// The sim-worker's `--config` file, or the defaults without one.
+fn sim_file_config(path: Option<&Path>) -> anyhow::Result<SimFileConfig> {
+    match path {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+            SimFileConfig::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
+        }
+        None => Ok(SimFileConfig::default()),
+    }
+}
+
+async fn sim_worker(a: SimWorkerArgs, file: SimFileConfig) -> anyhow::Result<()> {
     let cost = match &a.cost_model {
         Some(p) => {
             let text = std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
             CostModel::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?
         }
         None => CostModel::default(),
-    };
-    let file = match &a.config {
-        Some(p) => {
-            let text = std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
-            SimFileConfig::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?
-        }
-        None => SimFileConfig::default(),
     };
     let config = SimConfig {
         http: file.http,

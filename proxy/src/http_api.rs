@@ -41,6 +41,10 @@ impl Api {
 impl ScoreService for Api {
     type Admission<'a> = Admitted<'a>;
 
+    fn span_name(&self) -> &'static str {
+        "proxy"
+    }
+
     fn limits(&self) -> Limits {
         self.0.config().limits.clone()
     }

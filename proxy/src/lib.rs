@@ -17,9 +17,9 @@ pub mod local_cluster;
 pub mod metrics;
 pub mod ranking;
 pub mod request;
+pub mod request_trace;
 pub mod split;
 pub mod state;
-pub mod trace;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -85,9 +85,9 @@ pub async fn start(launch: Launch) -> Result<RunningProxy> {
     let (api_addr, admin_addr) = (api.local_addr()?, admin.local_addr()?);
     let grpc_addr = grpc.as_ref().map(TcpListener::local_addr).transpose()?;
     let (http_cfg, grpc_cfg) = (cfg.http.clone(), cfg.grpc.clone());
-    let trace = trace::Trace::open(&cfg.trace).map_err(ProxyError::Config)?;
+    let request_trace = request_trace::Trace::open(&cfg.request_trace).map_err(ProxyError::Config)?;
     let mut state = AppState::new(cfg, metrics::handle());
-    state.trace = trace;
+    state.request_trace = request_trace;
     let state = Arc::new(state);
     let (stop, stop_rx) = watch::channel(false);
     let discovery =

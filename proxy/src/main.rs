@@ -28,13 +28,21 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    sieve_shared::cli::init_tracing("info");
     let cli = Cli::parse();
     let overrides: Overrides = cli.ports;
     let config = match sieve_proxy::config::load(cli.config.as_deref(), &overrides) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("sieve-proxy: config: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    // After the config: it says the log format and where spans go. Held until exit, when the
+    // spans still buffered are sent.
+    let _trace = match sieve_shared::cli::init_tracing_with("info", "sieve-proxy", &config.log, &config.tracing) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("sieve-proxy: {e}");
             return ExitCode::from(2);
         }
     };

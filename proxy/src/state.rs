@@ -20,8 +20,8 @@ use crate::estimate::cost_estimator::CostEstimator;
 use crate::estimate::latency_ratio::RatioTracker;
 use crate::estimate::token_estimator::TokenEstimator;
 use crate::request::cache::PairCache;
+use crate::request_trace::Trace;
 use crate::split::{self, SplitPolicy};
-use crate::trace::Trace;
 
 /// Most retries saved up; and the hedge allowance cap, in ms of predicted work.
 const RETRY_BUCKET_CAPACITY: f64 = 100.0;
@@ -40,8 +40,8 @@ pub struct AppState {
     pub ratios: RatioTracker,
     /// Scores of pairs already answered (`[cache]`).
     pub pair_cache: PairCache,
-    /// The sampled request trace (`[trace]`; off until `start` opens it).
-    pub trace: Trace,
+    /// The sampled request trace (`[request_trace]`; off until `start` opens it).
+    pub request_trace: Trace,
     pub drain: Drain,
     /// Wakes the health checker at once (workers were added).
     pub health_wake: Notify,
@@ -66,7 +66,7 @@ impl AppState {
             hedge_budget: TokenBucket::new(HEDGE_BUCKET_CAPACITY_MS, 0.0, 0.0),
             ratios: RatioTracker::new(config.hedge.quantile),
             pair_cache: PairCache::new(&config.cache),
-            trace: Trace::off(),
+            request_trace: Trace::off(),
             drain: Drain::default(),
             health_wake: Notify::new(),
             metrics,

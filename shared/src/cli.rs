@@ -1,22 +1,51 @@
 //! What every Sieve binary (`sieve-proxy`, `sieve`, `sieve-worker`, `sieve-loadtest`) sets up
-//! before anything else, and how it waits to stop: logs on stderr, filtered by `RUST_LOG` (else
-//! a default level); the tokio runtime, whose failure to start is a message and an exit code
+//! before anything else, and how it waits to stop: logs on stderr (text or JSON), filtered by
+//! `RUST_LOG` (else a default level), and span export when the config asks for it
+//! ([`crate::trace`]); the tokio runtime, whose failure to start is a message and an exit code
 //! rather than a panic; and the wait for SIGTERM or SIGINT.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use tokio::runtime::Runtime;
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{filter::LevelFilter, EnvFilter, Layer};
 
-/// Logs to stderr, filtered by `RUST_LOG`, else by `default_filter` (e.g. `"info"`); colours
-/// only on a terminal, so a log file or a launcher's pipe gets plain text.
+use crate::trace::{self, LogConfig, LogFormat, TraceGuard, TracingConfig};
+
+/// Logs to stderr as text, filtered by `RUST_LOG`, else by `default_filter` (e.g. `"info"`);
+/// no span export. For the binaries without a config file of their own.
 pub fn init_tracing(default_filter: &str) {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into()))
-        .init();
+    // With tracing off the guard holds no exporter: dropping it stops nothing.
+    let _ = init_tracing_with(default_filter, "sieve", &LogConfig::default(), &TracingConfig::default());
+}
+
+/// Logs to stderr (text, colours only on a terminal so a log file or a launcher's pipe gets
+/// plain text; or one JSON object a line), filtered by `RUST_LOG`, else by `default_filter`;
+/// and, when `tracing.otlp_endpoint` is set, spans exported over OTLP as `service` (unless
+/// `tracing.service_name` names it). Keep the guard until exit: dropping it flushes the spans.
+pub fn init_tracing_with(
+    default_filter: &str,
+    service: &str,
+    log: &LogConfig,
+    tracing: &TracingConfig,
+) -> Result<TraceGuard, String> {
+    let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into());
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // The level filter is the log's own, so `RUST_LOG=warn` quiets the log, not the spans.
+    let fmt = match log.format {
+        LogFormat::Text => fmt.with_ansi(std::io::stderr().is_terminal()).with_filter(filter()).boxed(),
+        LogFormat::Json => fmt.json().with_ansi(false).with_filter(filter()).boxed(),
+    };
+    let provider = trace::provider(tracing, service)?;
+    let otel = provider.as_ref().map(|p| trace::layer(p).with_filter(LevelFilter::INFO));
+    tracing_subscriber::registry()
+        .with(fmt)
+        .with(otel)
+        .try_init()
+        .map_err(|e| format!("cannot install the log subscriber: {e}"))?;
+    Ok(trace::started(provider))
 }
 
 /// A multi-threaded runtime with every driver enabled and a thread per core; when it cannot

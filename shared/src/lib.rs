@@ -16,6 +16,7 @@ pub mod proxy_config;
 pub mod service;
 pub mod stats;
 pub mod sync;
+pub mod trace;
 
 pub use api::*;
 pub use cost::{CostFeatures, CostModel};

@@ -33,14 +33,18 @@ pub struct ProxyConfig {
     pub drain: DrainConfig,
     /// The pair-score cache (`[cache]`).
     pub cache: CacheConfig,
-    /// The sampled request trace (`[trace]`).
-    pub trace: TraceConfig,
+    /// The sampled request trace (`[request_trace]`).
+    pub request_trace: RequestTraceConfig,
     /// Transport timeouts and the connection cap of both ports (a restart applies changes).
     pub http: HttpConfig,
     /// The gRPC API port (off unless `port` is set; a restart applies changes).
     pub grpc: crate::grpc::GrpcConfig,
     /// Who may use the admin routes (`POST /reload`, `POST /drain` always need the token).
     pub admin: AdminConfig,
+    /// Span export over OTLP (off by default; read at start-up, a restart applies changes).
+    pub tracing: crate::trace::TracingConfig,
+    /// The log format (read at start-up).
+    pub log: crate::trace::LogConfig,
     /// The static worker list (`[[workers]]` tables). Hot-reloaded when the file changes.
     pub workers: Vec<WorkerEndpoint>,
 }
@@ -69,6 +73,7 @@ impl ProxyConfig {
         self.cost.validate()?;
         self.http.validate()?;
         self.grpc.validate()?;
+        self.tracing.validate()?;
         check(self.server.max_in_flight_requests > 0, "server.max_in_flight_requests must be positive")?;
         check(self.deadline.default_ms > 0, "deadline.default_ms must be positive")?;
         check(self.split.fixed_items > 0, "split.fixed_items must be positive")?;
@@ -106,9 +111,9 @@ impl ProxyConfig {
             "estimator.speed_smoothing must be in (0, 1]",
         )?;
         check(self.cache.ttl_ms > 0, "cache.ttl_ms must be positive")?;
-        check((0.0..=1.0).contains(&self.trace.sample), "trace.sample must be in [0, 1]")?;
-        check(self.trace.max_bytes >= 4096, "trace.max_bytes must be at least 4096")?;
-        check(self.trace.keep >= 1, "trace.keep must be at least 1")?;
+        check((0.0..=1.0).contains(&self.request_trace.sample), "request_trace.sample must be in [0, 1]")?;
+        check(self.request_trace.max_bytes >= 4096, "request_trace.max_bytes must be at least 4096")?;
+        check(self.request_trace.keep >= 1, "request_trace.keep must be at least 1")?;
         check(self.discovery.reload_interval_ms > 0, "discovery.reload_interval_ms must be positive")?;
         for (i, d) in self.discovery.dns.iter().enumerate() {
             if d.name.trim().is_empty() {
@@ -350,7 +355,7 @@ impl Default for CacheConfig {
 /// `PATH.1` … `PATH.keep`. Read at start-up (a restart applies changes).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct TraceConfig {
+pub struct RequestTraceConfig {
     /// The trace file (appended to); empty (the default): no trace.
     pub path: String,
     /// Fraction of requests traced, in [0, 1] (default 0.01).
@@ -361,9 +366,9 @@ pub struct TraceConfig {
     pub keep: u32,
 }
 
-impl Default for TraceConfig {
+impl Default for RequestTraceConfig {
     fn default() -> Self {
-        TraceConfig { path: String::new(), sample: 0.01, max_bytes: 64 << 20, keep: 3 }
+        RequestTraceConfig { path: String::new(), sample: 0.01, max_bytes: 64 << 20, keep: 3 }
     }
 }
 

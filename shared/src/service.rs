@@ -13,6 +13,7 @@ use hyper::header::{HeaderMap, HeaderValue, ALLOW, CONNECTION};
 use hyper::{Method, Request};
 // Tokio's clock, so the simulated worker's tests can run with time paused.
 use tokio::time::Instant;
+use tracing::Instrument as _;
 
 use crate::api::headers;
 use crate::compat::Shape;
@@ -112,6 +113,11 @@ pub trait ScoreService: Send + Sync {
 
     /// Records one answered request (not 404/405) in the service's metrics.
     fn observe(&self, _route: Route, _status: u16, _elapsed: Duration) {}
+
+    /// The name of the span a request runs in when tracing is on (`proxy`, `worker`, ...).
+    fn span_name(&self) -> &'static str {
+        "request"
+    }
 }
 
 /// Serves one request of the API port: `POST /v1/score`, `POST /v1/rerank`, and the drop-in
@@ -131,7 +137,10 @@ pub async fn handle<S: ScoreService>(svc: &S, req: Request<Incoming>) -> HttpRes
             return http::error(&ApiError::new(ErrorKind::NotFound, msg));
         }
     };
-    let resp = match serve(svc, route, req, arrival).await {
+    // The request's span (the caller's `traceparent` its parent): `score` runs in it, so a
+    // service finds it as `Span::current()`. `Span::none()`, free, when tracing is off.
+    let span = crate::trace::server_span(req.headers(), svc.span_name(), route.name());
+    let resp = match serve(svc, route, req, arrival).instrument(span).await {
         Ok(r) => r,
         Err(e) => {
             if e.kind == ErrorKind::Internal {

@@ -108,6 +108,7 @@ fn call(e: &EngineHandle, query: &str, items: &[String]) -> (f64, sieve_shared::
             arrived: t,
             deadline: None,
             cancel: CancellationToken::new(),
+            span: tracing::Span::none(),
         })
         .expect("submit");
     let out = rx.blocking_recv().expect("reply").expect("scores");
@@ -220,6 +221,7 @@ fn pipeline_section() {
                 arrived: Instant::now(),
                 deadline: None,
                 cancel: CancellationToken::new(),
+                span: tracing::Span::none(),
             })
             .expect("submit")
         })

@@ -29,6 +29,10 @@ pub struct WorkerConfig {
     pub admin: AdminConfig,
     /// Overrides the model's default prompt template.
     pub template: Option<PromptTemplate>,
+    /// Span export over OTLP (off by default).
+    pub tracing: sieve_shared::trace::TracingConfig,
+    /// The log format.
+    pub log: sieve_shared::trace::LogConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -157,6 +161,7 @@ impl WorkerConfig {
     pub fn validate(&self) -> Result<()> {
         let e = &self.engine;
         let bad = |m: String| Err(WorkerError::Config(m));
+        self.tracing.validate().map_err(WorkerError::Config)?;
         if e.kv_block_size == 0 || e.max_batch_tokens == 0 || e.max_seqs_per_pass == 0 {
             return bad("engine: kv_block_size, max_batch_tokens and max_seqs_per_pass must be positive".into());
         }
@@ -205,6 +210,9 @@ mod tests {
         assert_eq!(c.moe, MoeSection::default());
         assert_eq!(c.http, HttpConfig::default());
         assert_eq!(c.admin, AdminConfig::default());
+        assert_eq!(c.tracing, sieve_shared::trace::TracingConfig::default());
+        assert_eq!(c.log, sieve_shared::trace::LogConfig::default());
+        assert!(c.tracing.otlp_endpoint.is_empty(), "tracing is off by default");
         assert_eq!(c.server.admin_host, "127.0.0.1");
     }
 

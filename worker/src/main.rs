@@ -77,9 +77,17 @@ fn config_from(cli: &Cli) -> Result<WorkerConfig, WorkerError> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    sieve_shared::cli::init_tracing("info");
     let cfg = match config_from(&cli) {
         Ok(c) => c,
+        Err(e) => {
+            eprintln!("sieve-worker: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    // After the config: it says the log format and where spans go. Held until exit, when the
+    // spans still buffered are sent.
+    let _trace = match sieve_shared::cli::init_tracing_with("info", "sieve-worker", &cfg.log, &cfg.tracing) {
+        Ok(g) => g,
         Err(e) => {
             eprintln!("sieve-worker: {e}");
             return ExitCode::from(2);

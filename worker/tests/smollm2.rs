@@ -92,6 +92,7 @@ fn score(e: &EngineHandle, query: &str, items: &[&str]) -> (Vec<f32>, sieve_shar
             arrived: Instant::now(),
             deadline: None,
             cancel: CancellationToken::new(),
+            span: tracing::Span::none(),
         })
         .unwrap();
     let out = rx.blocking_recv().unwrap().unwrap();

@@ -117,6 +117,10 @@ pub struct SimFileConfig {
     pub http: HttpConfig,
     pub grpc: GrpcConfig,
     pub admin: AdminConfig,
+    /// Span export over OTLP, as the worker's (off by default).
+    pub tracing: sieve_shared::trace::TracingConfig,
+    /// The log format, as the worker's.
+    pub log: sieve_shared::trace::LogConfig,
 }
 
 impl SimFileConfig {
@@ -124,6 +128,7 @@ impl SimFileConfig {
         let c: SimFileConfig = toml::from_str(text).map_err(|e| e.to_string())?;
         c.http.validate()?;
         c.grpc.validate()?;
+        c.tracing.validate()?;
         Ok(c)
     }
 }

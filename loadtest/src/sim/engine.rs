@@ -226,6 +226,8 @@ impl SimEngine {
 
         c.waiting.fetch_add(1, Ordering::Relaxed);
         let waiting = Waiting(&c.waiting);
+        // The simulated queue and compute as spans under the request's (tracing on only).
+        let queue_span = sieve_shared::span!("queue", items = pairs);
         let permit = match deadline {
             Some(d) => match tokio::time::timeout_at(d, self.slots.acquire()).await {
                 Ok(p) => p,
@@ -239,6 +241,8 @@ impl SimEngine {
         }
         .map_err(|_| ApiError::internal("sim worker is shutting down"))?;
         drop(waiting);
+        drop(queue_span);
+        let _compute_span = sieve_shared::span!("compute", items = pairs, tokens = total_tokens);
         let start = Instant::now();
         let start_us = (start - self.started).as_micros() as u64;
         c.computing.fetch_add(1, Ordering::Relaxed);

@@ -44,6 +44,10 @@ impl ScoreService for SimEngine {
     // The engine's queue bound does the overload refusal (429), inside `score`.
     type Admission<'a> = ();
 
+    fn span_name(&self) -> &'static str {
+        "sim-worker"
+    }
+
     fn limits(&self) -> Limits {
         self.config().limits.clone()
     }

@@ -19,8 +19,8 @@ use sieve_shared::{ApiError, ProxyConfig, ScoreRequestRef, ScoreResponse};
 
 use crate::estimate::token_estimator::Features;
 use crate::metrics as m;
+use crate::request_trace;
 use crate::state::AppState;
-use crate::trace;
 
 pub mod admission;
 pub mod cache;
@@ -46,6 +46,9 @@ pub struct RequestCtx {
     pub prefix_tokens: f64,
     pub arrival: Instant,
     pub deadline: Instant,
+    /// The request's span: every shard attempt's span is its child (`Span::none()` when
+    /// tracing is off).
+    pub span: tracing::Span,
 }
 
 /// Scores `req`, whose borrowed strings (if any) point into `body` (the request as it arrived;
@@ -56,10 +59,10 @@ pub async fn score(
     req: ScoreRequestRef<'_>,
     arrival: Instant,
 ) -> Result<(ScoreResponse, MergeStats), ApiError> {
-    let traced = state.trace.sampled().then(|| trace::Pending::new(&req, arrival));
+    let traced = state.request_trace.sampled().then(|| request_trace::Pending::new(&req, arrival));
     let r = score_untraced(state, body, req, arrival).await;
     if let Some(t) = traced {
-        state.trace.send(t.finish(r.as_ref().map(|(resp, _)| resp)));
+        state.request_trace.send(t.finish(r.as_ref().map(|(resp, _)| resp)));
     }
     r
 }

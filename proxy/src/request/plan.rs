@@ -63,6 +63,12 @@ pub fn plan(
     arrival: Instant,
     deadline: Instant,
 ) -> Result<Planned, ApiError> {
+    // The request's span (the API handler's, current here): the plan's span and, later, every
+    // shard attempt's are its children. Both `Span::none()` when tracing is off.
+    let request_span = if sieve_shared::trace::enabled() { tracing::Span::current() } else { tracing::Span::none() };
+    let plan_span =
+        sieve_shared::span!(parent: &request_span, "plan", items = req.items.len(), shards = tracing::field::Empty);
+    let _in_plan = plan_span.enter();
     let weights = lock(&state.tokens).weights();
     let item_features: Vec<_> = req.items.iter().map(|i| features(i.text())).collect();
     let query_features = features(&req.query);
@@ -123,6 +129,7 @@ pub fn plan(
         jobs.push(ShardJob { worker, items: s.items, compute_ms: s.compute_ms, finish_ms: s.finish_ms });
     }
 
+    plan_span.record("shards", jobs.len());
     let ctx = Arc::new(RequestCtx {
         state: state.clone(),
         cfg,
@@ -134,6 +141,7 @@ pub fn plan(
         prefix_tokens,
         arrival,
         deadline,
+        span: request_span,
     });
     Ok(Planned { ctx, jobs, dropped })
 }

@@ -31,6 +31,7 @@ pub(super) fn score_request(r: pb::ScoreRequest) -> Result<ScoreRequest, ApiErro
         items: r.items.into_iter().map(item).collect(),
         instruction: r.instruction,
         deadline_ms: r.deadline_ms,
+        cache: r.cache,
     })
 }
 
@@ -63,6 +64,7 @@ fn usage(u: Usage) -> pb::Usage {
         prefix_tokens: u.prefix_tokens,
         cached_prefix_tokens: u.cached_prefix_tokens,
         item_tokens: u.item_tokens,
+        cached_items: u.cached_items,
     }
 }
 
@@ -111,8 +113,10 @@ mod tests {
             instruction: Some("i".into()),
             deadline_ms: Some(40),
             on_overload: pb::OnOverload::Partial as i32,
+            cache: Some(false),
         })
         .unwrap();
+        assert_eq!(r.cache, Some(false), "the cache opt-out reaches the call");
         assert_eq!(r.items, vec![Item::Text("a".into()), Item::Object { id: Some("x".into()), text: "b".into() }]);
         assert_eq!(
             (r.instruction.as_deref(), r.deadline_ms, r.on_overload),

@@ -121,9 +121,27 @@ pub struct ScoreJob {
     /// Cancelled when the caller goes away (the HTTP handler holds its drop guard).
     pub cancel: CancellationToken,
     pub slot: Arc<CallSlot>,
+    /// The call's spans when it is traced (`None`, nothing allocated, when tracing is off).
+    pub trace: Option<Box<CallSpans>>,
+}
+
+/// A traced call's spans, carried to the runner thread (which has no span context of its own).
+pub struct CallSpans {
+    /// The call's request span: its queue and forward-pass spans are children of it.
+    pub span: tracing::Span,
+    /// Open from submission until the runner takes the call's batch: the queue wait.
+    pub queue: Mutex<tracing::Span>,
 }
 
 impl ScoreJob {
+    /// Ends the queue-wait span: the runner has taken the call.
+    pub fn end_queue_wait(&self) {
+        if let Some(t) = &self.trace {
+            let mut q = t.queue.lock().unwrap_or_else(|e| e.into_inner());
+            drop(std::mem::replace(&mut *q, tracing::Span::none()));
+        }
+    }
+
     /// Why the job should not run any more, if so.
     pub fn dead_reason(&self, now: Instant) -> Option<Dead> {
         if self.slot.is_answered() {

@@ -34,7 +34,7 @@ pub use tokio_util::sync::CancellationToken;
 
 use crate::model::Model;
 use crate::prompt::{PromptBuilder, TextEncoder};
-pub use job::{CallSlot, JobOutput, JobResult, ScoreJob, Ticket};
+pub use job::{CallSlot, CallSpans, JobOutput, JobResult, ScoreJob, Ticket};
 pub use prefix_cache::{PrefixCache, PrefixCacheConfig, PrefixCacheSnapshot};
 pub use runner::FaultHook;
 use runner::{Runner, ScratchRegion};
@@ -129,6 +129,9 @@ pub struct Submission {
     /// Cancelled when the caller goes away; the engine then drops the call's work, at the next
     /// layer if it is running.
     pub cancel: CancellationToken,
+    /// The call's span (its request's), parent of its queue and forward-pass spans;
+    /// `Span::none()` when tracing is off or the call is not traced.
+    pub span: tracing::Span,
 }
 
 impl EngineHandle {
@@ -225,6 +228,11 @@ impl EngineHandle {
         }
         let deadline = s.deadline.map(|d| s.arrived + d);
         let (ticket, slot) = Ticket::new(st.clone(), pairs, s.arrived, deadline);
+        // Opened before the job is built (it takes the items); no span, no box, when off.
+        let trace = (!s.span.is_none()).then(|| {
+            let queue = sieve_shared::span!(parent: &s.span, "queue", items = s.items.len());
+            Box::new(CallSpans { queue: Mutex::new(queue), span: s.span })
+        });
         let job = ScoreJob {
             instruction: s.instruction,
             query: s.query,
@@ -233,6 +241,7 @@ impl EngineHandle {
             deadline,
             cancel: s.cancel,
             slot,
+            trace,
         };
         st.queued_pairs.add(pairs);
         st.in_flight_requests.add(1);

@@ -304,6 +304,16 @@ impl<B: Backend> Runner<B> {
                 prog[j].started.get_or_insert(t);
             }
         }
+        // One span per call in the pass, each under its call's span (carried in the job: this
+        // thread has no span context of its own). No allocation when tracing is off.
+        let _pass_spans: Vec<tracing::Span> = if sieve_shared::trace::enabled() {
+            let traced = pass.owners.iter().filter_map(|&j| run.jobs[j].tj.job.trace.as_deref());
+            traced
+                .map(|t| sieve_shared::span!(parent: &t.span, "forward_pass", pass = pass.index, rows = pass.rows))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let (state, epoch, pi) = (&self.state, run.epoch, pass.index);
         let fault = self.fault.clone();
         let abandoned = AtomicBool::new(false);
@@ -451,7 +461,10 @@ impl<'a> BatchRun<'a> {
                 compute_s: 0.0,
                 started: None,
                 // Answered while it waited for the runner (its ticket at the deadline): skip.
-                alive: j.tj.job.slot.start_running(),
+                alive: {
+                    j.tj.job.end_queue_wait();
+                    j.tj.job.slot.start_running()
+                },
             })
             .collect();
         let prefix_slots = jobs

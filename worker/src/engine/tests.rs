@@ -65,6 +65,7 @@ fn submit(e: &EngineHandle, query: &str, items: Vec<String>) -> Ticket {
         arrived: Instant::now(),
         deadline: None,
         cancel: CancellationToken::new(),
+        span: tracing::Span::none(),
     })
     .unwrap()
 }
@@ -76,8 +77,16 @@ fn submit_with(
     deadline: Option<Duration>,
     cancel: CancellationToken,
 ) -> Ticket {
-    e.submit(Submission { query: query.into(), items, instruction: None, arrived: Instant::now(), deadline, cancel })
-        .unwrap()
+    e.submit(Submission {
+        query: query.into(),
+        items,
+        instruction: None,
+        arrived: Instant::now(),
+        deadline,
+        cancel,
+        span: tracing::Span::none(),
+    })
+    .unwrap()
 }
 
 fn score(e: &EngineHandle, query: &str, items: Vec<String>) -> JobResult {
@@ -234,6 +243,7 @@ fn expired_calls_get_504_and_others_are_unaffected() {
             arrived: Instant::now() - Duration::from_secs(5),
             deadline: Some(Duration::from_millis(1)),
             cancel: CancellationToken::new(),
+            span: tracing::Span::none(),
         })
         .unwrap();
     let ok = submit(&e, "q", items(3, 0));

@@ -24,6 +24,10 @@ impl ScoreService for AppState {
     // The engine's own queue bounds do the overload refusal (429), inside `run`.
     type Admission<'a> = ();
 
+    fn span_name(&self) -> &'static str {
+        "worker"
+    }
+
     fn limits(&self) -> Limits {
         self.limits.clone()
     }
@@ -73,6 +77,8 @@ async fn run(app: &AppState, r: &ScoreRequest, arrived: Instant) -> Result<Score
         arrived,
         deadline: r.deadline_ms.map(Duration::from_millis),
         cancel,
+        // The request's span (the API handler's), for the engine's spans.
+        span: if sieve_shared::trace::enabled() { tracing::Span::current() } else { tracing::Span::none() },
     })?;
     // 504 at the deadline if the call has not started; partial scores (with `missing`) if it
     // was running.

@@ -292,6 +292,7 @@ fn stats_show_the_moe_section_of_a_moe_model() {
             arrived: std::time::Instant::now(),
             deadline: None,
             cancel: Default::default(),
+            span: tracing::Span::none(),
         })
         .unwrap();
     rx.blocking_recv().unwrap().unwrap();

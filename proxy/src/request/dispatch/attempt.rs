@@ -10,6 +10,7 @@ use hyper::header::HeaderValue;
 use sieve_shared::api::headers;
 use sieve_shared::{ApiError, ErrorKind, ScoreResponse};
 use tokio::task::JoinSet;
+use tracing::Instrument as _;
 
 use crate::client::ClientError;
 use crate::cluster::worker::Worker;
@@ -20,6 +21,17 @@ pub enum AttemptKind {
     Primary,
     Retry,
     Hedge,
+}
+
+impl AttemptKind {
+    /// The `kind` of the attempt's span.
+    pub fn name(self) -> &'static str {
+        match self {
+            AttemptKind::Primary => "primary",
+            AttemptKind::Retry => "retry",
+            AttemptKind::Hedge => "hedge",
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -118,8 +130,25 @@ async fn attempt(
     let sent = Instant::now();
     let deadline_ms = remaining_ms(ctx.deadline).max(1);
     let body = ctx.wire.shard(&items, deadline_ms);
-    let hdrs = [(headers::DEADLINE_MS, HeaderValue::from(deadline_ms))];
-    let result = match ctx.state.client.post_json(&worker.score_uri, body, &hdrs).await {
+    // The attempt's span (a child of the request's); the worker's spans are its children
+    // through the `traceparent` header. Neither exists when tracing is off.
+    let span = sieve_shared::span!(
+        parent: &ctx.span,
+        "shard_attempt",
+        worker = worker.url(),
+        items = items.len(),
+        kind = kind.name(),
+        outcome = tracing::field::Empty,
+    );
+    let deadline_hdr = (headers::DEADLINE_MS, HeaderValue::from(deadline_ms));
+    let sending = match sieve_shared::trace::traceparent(&span) {
+        None => ctx.state.client.post_json(&worker.score_uri, body, &[deadline_hdr]).await,
+        Some(tp) => {
+            let hdrs = [deadline_hdr, (sieve_shared::trace::TRACEPARENT, tp)];
+            ctx.state.client.post_json(&worker.score_uri, body, &hdrs).instrument(span.clone()).await
+        }
+    };
+    let result = match sending {
         Err(e) => Err(AttemptError::Client(e)),
         Ok(reply) if reply.status.is_success() => match serde_json::from_slice::<ScoreResponse>(&reply.body) {
             Ok(r) => check_shard_response(r, items.len()).map_err(AttemptError::BadResponse),
@@ -129,6 +158,9 @@ async fn attempt(
     };
     // The worker's load is released only now that the body is read.
     drop(guard);
+    if !span.is_none() {
+        span.record("outcome", result.as_ref().map_or_else(AttemptError::label, |_| "ok"));
+    }
     AttemptResult { worker, kind, sent, result }
 }
 

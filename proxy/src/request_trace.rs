@@ -1,4 +1,4 @@
-//! The sampled request trace (`[trace]`): one JSON line per sampled score request, for replaying
+//! The sampled request trace (`[request_trace]`): one JSON line per sampled score request, for replaying
 //! the traffic's shape (cache sizing, capacity planning) without its content. A line holds
 //! hashes (XXH3-64 of the query, the instruction and each item text), token counts, timestamps
 //! and the outcome; never any text. The file is rotated at `max_bytes` into `PATH.1` …
@@ -14,7 +14,7 @@ use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
-use sieve_shared::proxy_config::TraceConfig;
+use sieve_shared::proxy_config::RequestTraceConfig;
 use sieve_shared::{ApiError, ScoreRequestRef, ScoreResponse};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -110,7 +110,7 @@ impl Trace {
 
     /// Opens `cfg.path` (appending) and starts the writer thread; off when the path is empty.
     /// A file that cannot be opened is an error at start-up, not a trace silently missing.
-    pub fn open(cfg: &TraceConfig) -> Result<Self, String> {
+    pub fn open(cfg: &RequestTraceConfig) -> Result<Self, String> {
         if cfg.path.is_empty() || cfg.sample <= 0.0 {
             return Ok(Trace::off());
         }
@@ -154,7 +154,7 @@ struct Writer {
 }
 
 impl Writer {
-    fn open(cfg: &TraceConfig) -> Result<Self, String> {
+    fn open(cfg: &RequestTraceConfig) -> Result<Self, String> {
         let path = PathBuf::from(&cfg.path);
         let file = append(&path)?;
         let written = file.metadata().map(|m| m.len()).unwrap_or(0);
@@ -245,7 +245,7 @@ mod tests {
     fn the_files_rotate_and_stay_within_the_bound() {
         let d = dir("rotate");
         let path = d.join("trace.jsonl");
-        let cfg = TraceConfig { path: path.display().to_string(), sample: 1.0, max_bytes: 1000, keep: 2 };
+        let cfg = RequestTraceConfig { path: path.display().to_string(), sample: 1.0, max_bytes: 1000, keep: 2 };
         let mut w = Writer::open(&cfg).unwrap();
         for i in 0..100 {
             w.write(&record(&format!(r#"{{"query":"q{i}","items":["a","b","c"]}}"#))).unwrap();
@@ -266,7 +266,7 @@ mod tests {
         let newest: Record = serde_json::from_str(last.lines().last().unwrap()).unwrap();
         assert_eq!(newest.query, xxh3_64(b"q99"));
         // An unwritable path is refused at start-up.
-        let bad = TraceConfig { path: d.join("no/such/dir/t").display().to_string(), ..cfg };
+        let bad = RequestTraceConfig { path: d.join("no/such/dir/t").display().to_string(), ..cfg };
         assert!(Trace::open(&bad).unwrap_err().contains("no/such/dir"));
         let _ = std::fs::remove_dir_all(&d);
     }

@@ -1,0 +1,249 @@
+//! Distributed tracing: the `[tracing]` and `[log]` config sections, W3C `traceparent` in and
+//! out, and the span helper every hot path uses.
+//!
+//! Off by default (`otlp_endpoint = ""`): then [`enabled`] is false, [`span!`](crate::span)
+//! gives `Span::none()` without evaluating its fields, and no request pays for tracing beyond
+//! one relaxed atomic load per span site. On, spans go through `tracing-opentelemetry` to a
+//! batch exporter that posts OTLP/protobuf over HTTP from its own thread.
+//!
+//! Spans cross threads by value, never by thread-local context: a worker's call carries its
+//! request span into the engine's runner thread, which opens the forward-pass spans under it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use hyper::header::{HeaderMap, HeaderValue};
+use opentelemetry::propagation::{Extractor, TextMapPropagator};
+use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider};
+use serde::{Deserialize, Serialize};
+use tracing::Span;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+/// The W3C trace-context request header.
+pub const TRACEPARENT: &str = "traceparent";
+
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// Whether spans are exported: false unless an OTLP endpoint was configured and its exporter
+/// started. Every span site checks this first.
+#[inline]
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+/// `[tracing]`: span export over OTLP.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TracingConfig {
+    /// The collector's OTLP/HTTP traces URL, e.g. `http://127.0.0.1:4318/v1/traces`; empty
+    /// (the default) turns tracing off.
+    pub otlp_endpoint: String,
+    /// `service.name` of the exported spans (default: the binary's name).
+    pub service_name: String,
+    /// Fraction of new traces sampled, in [0, 1] (default 1); a request that arrives with a
+    /// `traceparent` follows its caller's sampling decision.
+    pub sample_ratio: f64,
+    /// How often finished spans are sent, in ms (default 5000).
+    pub export_interval_ms: u64,
+    /// How long one export may take before it is dropped, in ms (default 10000).
+    pub export_timeout_ms: u64,
+}
+
+impl Default for TracingConfig {
+    fn default() -> Self {
+        TracingConfig {
+            otlp_endpoint: String::new(),
+            service_name: String::new(),
+            sample_ratio: 1.0,
+            export_interval_ms: 5000,
+            export_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl TracingConfig {
+    /// Refuses values that cannot work, naming the key.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(0.0..=1.0).contains(&self.sample_ratio) {
+            return Err(format!("tracing.sample_ratio {} must be in [0, 1]", self.sample_ratio));
+        }
+        if self.export_interval_ms == 0 || self.export_timeout_ms == 0 {
+            return Err("tracing.export_interval_ms and tracing.export_timeout_ms must be > 0".into());
+        }
+        let e = self.otlp_endpoint.trim();
+        if !(e.is_empty() || e.starts_with("http://") || e.starts_with("https://")) {
+            return Err(format!("tracing.otlp_endpoint {e:?} must be an http:// or https:// URL (or empty: off)"));
+        }
+        Ok(())
+    }
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines (the default).
+    #[default]
+    Text,
+    /// One JSON object per line, for a log pipeline.
+    Json,
+}
+
+/// `[log]`: the log format (the level stays `RUST_LOG`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// `"text"` (default) or `"json"`.
+    pub format: LogFormat,
+}
+
+/// Keeps the span exporter alive; dropping it sends the spans still buffered and stops it.
+#[must_use = "dropping the guard stops span export"]
+pub struct TraceGuard(Option<SdkTracerProvider>);
+
+impl Drop for TraceGuard {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            ENABLED.store(false, Ordering::Relaxed);
+            if let Err(e) = p.shutdown() {
+                eprintln!("tracing: flushing spans at exit failed: {e}");
+            }
+        }
+    }
+}
+
+/// Builds the OTLP exporter and its tracer provider for `cfg` (`None` when tracing is off).
+pub(crate) fn provider(cfg: &TracingConfig, default_service: &str) -> Result<Option<SdkTracerProvider>, String> {
+    cfg.validate()?;
+    let endpoint = cfg.otlp_endpoint.trim();
+    if endpoint.is_empty() {
+        return Ok(None);
+    }
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_endpoint(endpoint)
+        .with_timeout(Duration::from_millis(cfg.export_timeout_ms))
+        .build()
+        .map_err(|e| format!("tracing: cannot build the OTLP exporter for {endpoint}: {e}"))?;
+    let batch =
+        BatchConfigBuilder::default().with_scheduled_delay(Duration::from_millis(cfg.export_interval_ms)).build();
+    let service = if cfg.service_name.is_empty() { default_service } else { &cfg.service_name };
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(BatchSpanProcessor::builder(exporter).with_batch_config(batch).build())
+        .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(cfg.sample_ratio))))
+        .with_resource(opentelemetry_sdk::Resource::builder().with_service_name(service.to_string()).build())
+        .build();
+    Ok(Some(provider))
+}
+
+/// The `tracing` layer that turns spans into OpenTelemetry spans of `provider`.
+pub(crate) fn layer<S>(provider: &SdkTracerProvider) -> impl tracing_subscriber::Layer<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    tracing_opentelemetry::layer().with_tracer(provider.tracer("sieve"))
+}
+
+/// Marks tracing on and returns the guard that keeps `provider` exporting.
+pub(crate) fn started(provider: Option<SdkTracerProvider>) -> TraceGuard {
+    if provider.is_some() {
+        ENABLED.store(true, Ordering::Relaxed);
+    }
+    TraceGuard(provider)
+}
+
+/// An INFO span when tracing is on, else `Span::none()` with its fields never evaluated; the
+/// arguments are `tracing::info_span!`'s (`parent: &span, "name", field = value, ...`).
+#[macro_export]
+macro_rules! span {
+    ($($arg:tt)*) => {
+        if $crate::trace::enabled() { ::tracing::info_span!($($arg)*) } else { ::tracing::Span::none() }
+    };
+}
+
+/// The span a served request runs in: `name` (with the route), the child of the caller's
+/// `traceparent` when it sent a valid one, else a new trace's root. `Span::none()` when tracing
+/// is off. A malformed `traceparent` is ignored, as the W3C spec asks.
+pub fn server_span(headers: &HeaderMap, name: &'static str, route: &'static str) -> Span {
+    if !enabled() {
+        return Span::none();
+    }
+    let span = tracing::info_span!(parent: None, "request", otel.name = name, route = route);
+    if headers.contains_key(TRACEPARENT) {
+        let cx = TraceContextPropagator::new().extract(&Headers(headers));
+        if cx.span().span_context().is_valid() {
+            let _ = span.set_parent(cx);
+        }
+    }
+    span
+}
+
+/// The `traceparent` that makes a callee's spans children of `span`; `None` when tracing is
+/// off or `span` is not recorded.
+pub fn traceparent(span: &Span) -> Option<HeaderValue> {
+    if !enabled() || span.is_none() {
+        return None;
+    }
+    let cx = span.context();
+    let sc = cx.span().span_context().clone();
+    if !sc.is_valid() {
+        return None;
+    }
+    HeaderValue::from_str(&format!("00-{}-{}-{:02x}", sc.trace_id(), sc.span_id(), sc.trace_flags().to_u8())).ok()
+}
+
+/// Reads W3C trace-context headers out of a hyper header map.
+struct Headers<'a>(&'a HeaderMap);
+
+impl Extractor for Headers<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(|k| k.as_str()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_defaults_are_off_and_bad_values_are_named() {
+        let c: TracingConfig = toml::from_str("").unwrap();
+        assert_eq!(c, TracingConfig::default());
+        assert!(c.otlp_endpoint.is_empty());
+        assert!(provider(&c, "x").unwrap().is_none(), "an empty endpoint is off");
+        let bad: TracingConfig = toml::from_str("sample_ratio = 1.5").unwrap();
+        assert!(bad.validate().unwrap_err().contains("sample_ratio"));
+        let bad: TracingConfig = toml::from_str("otlp_endpoint = \"collector:4318\"").unwrap();
+        assert!(bad.validate().unwrap_err().contains("otlp_endpoint"));
+        assert!(toml::from_str::<TracingConfig>("endpoint = \"x\"").is_err(), "a misspelt key is refused");
+        let l: LogConfig = toml::from_str("format = \"json\"").unwrap();
+        assert_eq!(l.format, LogFormat::Json);
+        assert!(toml::from_str::<LogConfig>("format = \"xml\"").is_err());
+    }
+
+    #[test]
+    fn off_means_no_span_and_no_header() {
+        // Nothing in this test process turns tracing on.
+        let mut evaluated = 0;
+        let s = crate::span!(
+            "x",
+            field = {
+                evaluated += 1;
+                evaluated
+            }
+        );
+        assert!(s.is_none());
+        assert_eq!(evaluated, 0, "a span's fields are not evaluated when tracing is off");
+        let mut h = HeaderMap::new();
+        h.insert(TRACEPARENT, HeaderValue::from_static("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"));
+        assert!(server_span(&h, "proxy", "score").is_none());
+        assert!(traceparent(&Span::none()).is_none());
+    }
+}

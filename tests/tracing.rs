@@ -1,0 +1,298 @@
+//! Distributed tracing end to end: a `sieve-proxy` process and two `sieve-loadtest sim-worker`
+//! processes export their spans over OTLP/HTTP to a receiver this test runs, and one split
+//! request's spans form one tree: the proxy's request span (the root, or the child of the
+//! client's `traceparent`), its plan and shard-attempt spans, each worker's request span under
+//! an attempt, and the worker's queue and compute spans under that.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
+use opentelemetry_proto::tonic::common::v1::any_value::Value;
+use prost::Message;
+use sieve_e2e::{catalogue, score_body, spawn, wait_ready, Http, Proc};
+
+const START: Duration = Duration::from_secs(20);
+
+/// One received span, flattened.
+#[derive(Debug, Clone)]
+struct Got {
+    service: String,
+    name: String,
+    trace: Vec<u8>,
+    id: Vec<u8>,
+    parent: Vec<u8>,
+}
+
+type Received = Arc<Mutex<Vec<Got>>>;
+
+/// An OTLP/HTTP trace receiver on loopback: decodes every `POST /v1/traces` into `Got`s.
+async fn receiver() -> (SocketAddr, Received) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let got: Received = Arc::default();
+    let store = got.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                    let store = store.clone();
+                    async move {
+                        let path_ok = req.uri().path() == "/v1/traces";
+                        let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                        let status = match ExportTraceServiceRequest::decode(body) {
+                            Ok(r) if path_ok => {
+                                store.lock().unwrap().extend(flatten(r));
+                                200
+                            }
+                            _ => 400,
+                        };
+                        let reply = ExportTraceServiceResponse::default().encode_to_vec();
+                        Response::builder()
+                            .status(status)
+                            .header("content-type", "application/x-protobuf")
+                            .body(Full::new(Bytes::from(reply)))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+            });
+        }
+    });
+    (addr, got)
+}
+
+fn flatten(r: ExportTraceServiceRequest) -> Vec<Got> {
+    let mut out = Vec::new();
+    for rs in r.resource_spans {
+        let service = rs
+            .resource
+            .iter()
+            .flat_map(|r| &r.attributes)
+            .find(|kv| kv.key == "service.name")
+            .and_then(|kv| match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                Some(Value::StringValue(s)) => Some(s.clone()),
+                _ => None,
+            })
+            .unwrap_or_default();
+        for ss in rs.scope_spans {
+            for s in ss.spans {
+                out.push(Got {
+                    service: service.clone(),
+                    name: s.name,
+                    trace: s.trace_id,
+                    id: s.span_id,
+                    parent: s.parent_span_id,
+                });
+            }
+        }
+    }
+    out
+}
+
+fn config_file(name: &str, text: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("sieve-e2e-{}-tracing", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// `POST {api}/v1/score` with an optional `traceparent`; the status and the shard count.
+async fn score(api: SocketAddr, body: &serde_json::Value, traceparent: Option<&str>) -> (u16, String) {
+    let stream = tokio::net::TcpStream::connect(api).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+    tokio::spawn(conn);
+    let mut req = Request::post("/v1/score").header("host", api.to_string()).header("content-type", "application/json");
+    if let Some(tp) = traceparent {
+        req = req.header("traceparent", tp);
+    }
+    let req = req.body(Full::new(Bytes::from(serde_json::to_vec(body).unwrap()))).unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(10), send.send_request(req)).await.unwrap().unwrap();
+    let shards = resp.headers().get("x-sieve-shards").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    (resp.status().as_u16(), shards)
+}
+
+/// The spans of `trace` once every expected one has arrived (or what came within 10 s).
+async fn spans_of(got: &Received, trace: &[u8], expect: impl Fn(&[Got]) -> bool) -> Vec<Got> {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let spans: Vec<Got> = got.lock().unwrap().iter().filter(|s| s.trace == trace).cloned().collect();
+        if expect(&spans) || Instant::now() > until {
+            return spans;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn count(spans: &[Got], service: &str, name: &str) -> usize {
+    spans.iter().filter(|s| s.service == service && s.name == name).count()
+}
+
+/// Everything a complete two-shard trace holds.
+fn complete(spans: &[Got]) -> bool {
+    count(spans, "sieve-proxy", "proxy") == 1
+        && count(spans, "sieve-proxy", "shard_attempt") >= 2
+        && count(spans, "sieve-sim-worker", "sim-worker") >= 2
+        && count(spans, "sieve-sim-worker", "compute") >= 2
+}
+
+/// Checks the tree of one request's spans; `client_parent` is the span id the client sent.
+fn check_tree(spans: &[Got], client_parent: &[u8]) {
+    let names: Vec<_> = spans.iter().map(|s| format!("{}/{}", s.service, s.name)).collect();
+    assert!(complete(spans), "incomplete trace: {names:?}");
+    let by_id: HashMap<&[u8], &Got> = spans.iter().map(|s| (s.id.as_slice(), s)).collect();
+    let parent_of = |s: &Got| by_id.get(s.parent.as_slice()).copied();
+    let root = spans.iter().find(|s| s.name == "proxy").unwrap();
+    assert_eq!(root.parent, client_parent, "the proxy's request span's parent");
+    for s in spans {
+        let p = parent_of(s);
+        match (s.service.as_str(), s.name.as_str()) {
+            ("sieve-proxy", "proxy") => {}
+            ("sieve-proxy", "plan" | "shard_attempt") => {
+                assert_eq!(p.map(|p| p.id.as_slice()), Some(root.id.as_slice()), "{} under the request", s.name)
+            }
+            ("sieve-sim-worker", "sim-worker") => {
+                assert_eq!(p.map(|p| p.name.as_str()), Some("shard_attempt"), "a worker's request under an attempt")
+            }
+            ("sieve-sim-worker", "queue" | "compute") => {
+                assert_eq!(p.map(|p| p.name.as_str()), Some("sim-worker"), "{} under the worker's request", s.name)
+            }
+            other => panic!("unexpected span {other:?} in {names:?}"),
+        }
+    }
+    assert_eq!(count(spans, "sieve-proxy", "plan"), 1, "{names:?}");
+    // Each attempt reached its own worker: as many worker request spans under distinct attempts.
+    let attempts_reached: HashSet<&[u8]> =
+        spans.iter().filter(|s| s.name == "sim-worker").map(|s| s.parent.as_slice()).collect();
+    assert!(attempts_reached.len() >= 2, "{names:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_split_request_is_one_trace_from_proxy_to_workers() {
+    let (otlp, got) = receiver().await;
+    let tracing = format!("[tracing]\notlp_endpoint = \"http://{otlp}/v1/traces\"\nexport_interval_ms = 100\n");
+    let sim_cfg = config_file("sim.toml", &tracing);
+    let sim_cfg = sim_cfg.to_str().unwrap();
+    let sim =
+        || spawn("sieve-loadtest", &["sim-worker", "--port", "0", "--admin-port", "0", "--config", sim_cfg], START);
+    let (a, b) = (sim(), sim());
+    // Fixed shards of 10: a request of 20 items is cut in two, one per worker.
+    let proxy_cfg = config_file("proxy.toml", &format!("{tracing}\n[split]\nmode = \"fixed\"\nfixed_items = 10\n"));
+    let mut args = vec!["--port".to_string(), "0".into(), "--admin-port".into(), "0".into()];
+    for w in [&a, &b] {
+        args.extend(["--worker".to_string(), w.worker_arg()]);
+    }
+    args.extend(["--config".to_string(), proxy_cfg.display().to_string()]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let p: Proc = spawn("sieve-proxy", &refs, START);
+    assert!(wait_ready(&Http::new(), &p.admin_url(), START).await, "proxy never ready");
+    let api: SocketAddr = p.api_url().trim_start_matches("http://").parse().unwrap();
+    let body = score_body("waterproof trail running shoes", &catalogue(20, 1), None);
+
+    // No traceparent: the proxy starts the trace.
+    let (status, shards) = score(api, &body, None).await;
+    assert_eq!((status, shards.as_str()), (200, "2"));
+    let root_trace = {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let root = got.lock().unwrap().iter().find(|s| s.name == "proxy" && s.parent.is_empty()).cloned();
+            match root {
+                Some(r) => break r.trace,
+                None if Instant::now() > until => panic!("no root span from the proxy arrived"),
+                None => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    };
+    check_tree(&spans_of(&got, &root_trace, complete).await, &[]);
+
+    // The client's traceparent: the same trace id, the proxy's span its child.
+    let (trace_hex, parent_hex) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
+    let (status, shards) = score(api, &body, Some(&format!("00-{trace_hex}-{parent_hex}-01"))).await;
+    assert_eq!((status, shards.as_str()), (200, "2"));
+    let spans = spans_of(&got, &hex(trace_hex), complete).await;
+    check_tree(&spans, &hex(parent_hex));
+
+    // Every span received belongs to one of the two requests' traces: none was orphaned into a
+    // trace of its own (a worker that ignored the traceparent would start one).
+    let traces: HashSet<Vec<u8>> = got.lock().unwrap().iter().map(|s| s.trace.clone()).collect();
+    assert_eq!(traces, HashSet::from([root_trace, hex(trace_hex)]));
+}
+
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+}
+
+/// A real `sieve-worker` (the embedded model) called with a `traceparent`: its request span is
+/// the caller's child, and the engine's spans (the queue wait on the scheduler side, each
+/// forward pass opened by the runner thread) are children of that request span.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_s_queue_and_forward_pass_spans_are_children_of_its_request() {
+    let (otlp, got) = receiver().await;
+    let cfg = config_file(
+        "worker.toml",
+        &format!("[tracing]\notlp_endpoint = \"http://{otlp}/v1/traces\"\nexport_interval_ms = 100\n"),
+    );
+    let args = ["--model", "default", "--port", "0", "--admin-port", "0", "--no-autotune", "--threads", "1"];
+    let mut args: Vec<&str> = args.to_vec();
+    args.extend(["--config", cfg.to_str().unwrap()]);
+    let w: Proc = spawn("sieve-worker", &args, Duration::from_secs(60));
+    assert!(wait_ready(&Http::new(), &w.admin_url(), Duration::from_secs(60)).await, "the worker never loaded");
+    let api: SocketAddr = w.api_url().trim_start_matches("http://").parse().unwrap();
+    let (trace_hex, parent_hex) = ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331");
+    let body = score_body("trail shoes", &catalogue(3, 2), None);
+    let (status, _) = score(api, &body, Some(&format!("00-{trace_hex}-{parent_hex}-01"))).await;
+    assert_eq!(status, 200);
+    let done = |s: &[Got]| {
+        count(s, "sieve-worker", "worker") == 1
+            && count(s, "sieve-worker", "queue") == 1
+            && count(s, "sieve-worker", "forward_pass") >= 1
+    };
+    let spans = spans_of(&got, &hex(trace_hex), done).await;
+    let names: Vec<_> = spans.iter().map(|s| format!("{}/{}", s.service, s.name)).collect();
+    assert!(done(&spans), "incomplete trace: {names:?}");
+    let request = spans.iter().find(|s| s.name == "worker").unwrap();
+    assert_eq!(request.parent, hex(parent_hex), "the worker's request span is the caller's child");
+    for s in spans.iter().filter(|s| s.name != "worker") {
+        assert!(matches!(s.name.as_str(), "queue" | "forward_pass"), "unexpected span {names:?}");
+        assert_eq!(s.parent, request.id, "{} under the request span", s.name);
+    }
+}
+
+/// `[log] format = "json"`: the log is one JSON object a line (the proxy's first line says it
+/// added its worker).
+#[test]
+fn the_json_log_format_writes_one_object_a_line() {
+    use std::io::BufRead as _;
+    use std::process::{Command, Stdio};
+    let cfg = config_file("json-log.toml", "[log]\nformat = \"json\"\n");
+    let mut child = Command::new(sieve_e2e::bin("sieve-proxy"))
+        .args(["--port", "0", "--admin-port", "0", "--worker", "http://127.0.0.1:1", "--config"])
+        .arg(&cfg)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(stderr).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx.recv_timeout(Duration::from_secs(10)).unwrap_or_default();
+    let _ = child.kill();
+    let _ = child.wait();
+    let v: serde_json::Value =
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("not a JSON log line ({e}): {line:?}"));
+    assert_eq!(v["level"], "INFO", "{line}");
+    assert_eq!(v["fields"]["message"], "worker added", "{line}");
+    assert_eq!(v["fields"]["worker"], "http://127.0.0.1:1", "{line}");
+}
