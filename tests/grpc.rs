@@ -104,11 +104,16 @@ async fn score_and_rerank_over_grpc_answer_what_http_answers() {
     for (name, proc_) in [("proxy", &p), ("sim-worker", &a)] {
         let h: ScoreResponse = http.post_json(&format!("{}/v1/score", proc_.api_url()), &body).await.json();
         let mut c = client(&grpc_url(proc_)).await;
-        let r = tokio::time::timeout(CALL, c.score(score_req(&texts))).await.unwrap().unwrap();
+        // The same call again: `cache: false`, so the proxy computes it rather than answering
+        // from its pair cache (which the HTTP call just filled).
+        let req = pb::ScoreRequest { cache: Some(false), ..score_req(&texts) };
+        let r = tokio::time::timeout(CALL, c.score(req)).await.unwrap().unwrap();
         if name == "proxy" {
             let shards =
                 r.metadata().get("x-sieve-shards").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u32>().ok());
             assert!(shards.is_some_and(|n| n >= 1), "the proxy's shard count as metadata: {:?}", r.metadata());
+            let cached = r.get_ref().usage.as_ref().map(|u| u.cached_items);
+            assert_eq!(cached, Some(0), "the opt-out reaches the proxy over gRPC");
         }
         assert_same_scores(r.get_ref(), &h, name);
 
