@@ -183,8 +183,12 @@ async fn one_split_request_is_one_trace_from_proxy_to_workers() {
     let sim =
         || spawn("sieve-loadtest", &["sim-worker", "--port", "0", "--admin-port", "0", "--config", sim_cfg], START);
     let (a, b) = (sim(), sim());
-    // Fixed shards of 10: a request of 20 items is cut in two, one per worker.
-    let proxy_cfg = config_file("proxy.toml", &format!("{tracing}\n[split]\nmode = \"fixed\"\nfixed_items = 10\n"));
+    // Fixed shards of 10: a request of 20 items is cut in two, one per worker. The pair cache is
+    // off: the second request repeats the first and must be computed again to be traced again.
+    let proxy_cfg = config_file(
+        "proxy.toml",
+        &format!("{tracing}\n[split]\nmode = \"fixed\"\nfixed_items = 10\n\n[cache]\nenabled = false\n"),
+    );
     let mut args = vec!["--port".to_string(), "0".into(), "--admin-port".into(), "0".into()];
     for w in [&a, &b] {
         args.extend(["--worker".to_string(), w.worker_arg()]);
