@@ -30,7 +30,7 @@ use tonic::Status;
 
 use super::pb::sieve_server::SieveServer;
 use super::{status, GrpcApi, GrpcConfig};
-use crate::http::{HttpConfig, StopMode};
+use crate::http::{stop_connections, HttpConfig, StopMode};
 use crate::service::ScoreService;
 use crate::{ApiError, ErrorKind};
 
@@ -93,23 +93,7 @@ where
         }
     };
     drop(listener);
-    match mode {
-        StopMode::Kill => conns.abort_all(),
-        StopMode::Graceful(grace) => {
-            // GOAWAY to every connection: calls in progress finish, no new ones start.
-            let shutdown = graceful.shutdown();
-            match grace {
-                Some(g) => {
-                    if tokio::time::timeout(g, shutdown).await.is_err() {
-                        tracing::warn!("gRPC connections still open after {g:?}; closing");
-                        conns.abort_all();
-                    }
-                }
-                None => shutdown.await,
-            }
-        }
-    }
-    while conns.join_next().await.is_some() {}
+    stop_connections(mode, graceful, conns, "gRPC connections").await;
 }
 
 /// A request body that must arrive whole within the `[http]` body read timeout (a call's message

@@ -29,6 +29,7 @@ pub use admin::{AdminAuth, AdminConfig, TOKEN_ENV};
 pub use body::{collect, read_body, BodyDeadline};
 pub use config::HttpConfig;
 pub use serve::serve;
+pub(crate) use serve::stop_connections;
 
 use crate::{ApiError, ErrorKind};
 

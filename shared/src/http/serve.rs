@@ -103,6 +103,15 @@ where
     };
     drop(listener);
     refused.abort_all();
+    stop_connections(mode, graceful, conns, "connections").await;
+    while refused.join_next().await.is_some() {}
+}
+
+/// Ends a port's connections as `mode` says: at once, or gracefully (hyper's shutdown: calls in
+/// progress finish, no new ones start; HTTP/2 connections get GOAWAY) cut off at the grace by
+/// aborting what is left; returns once every connection task has ended. Shared by the HTTP and
+/// gRPC ports.
+pub(crate) async fn stop_connections(mode: StopMode, graceful: GracefulShutdown, mut conns: JoinSet<()>, what: &str) {
     match mode {
         StopMode::Kill => conns.abort_all(),
         StopMode::Graceful(grace) => {
@@ -110,7 +119,7 @@ where
             match grace {
                 Some(g) => {
                     if tokio::time::timeout(g, shutdown).await.is_err() {
-                        tracing::warn!("connections still open after {g:?}; closing");
+                        tracing::warn!("{what} still open after {g:?}; closing");
                         conns.abort_all();
                     }
                 }
@@ -119,7 +128,6 @@ where
         }
     }
     while conns.join_next().await.is_some() {}
-    while refused.join_next().await.is_some() {}
 }
 
 /// One connection: hyper's http1 with the head/idle timer, on the JSON-error socket wrapper;
