@@ -30,7 +30,7 @@ use tonic::Status;
 
 use super::pb::sieve_server::SieveServer;
 use super::{status, GrpcApi, GrpcConfig};
-use crate::http::{stop_connections, HttpConfig, StopMode};
+use crate::http::{accepted_or_back_off, stop_connections, HttpConfig, StopMode};
 use crate::service::ScoreService;
 use crate::{ApiError, ErrorKind};
 
@@ -61,15 +61,7 @@ where
     let mode = loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((s, _)) => s,
-                    Err(e) => {
-                        // Out of file descriptors and the like: back off instead of spinning.
-                        tracing::warn!("gRPC accept: {e}");
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                        continue;
-                    }
-                };
+                let Some(stream) = accepted_or_back_off(accepted, "gRPC accept").await else { continue };
                 // Over the cap the connection is closed unserved; a gRPC client sees UNAVAILABLE
                 // and may retry.
                 let Ok(slot) = slots.clone().try_acquire_owned() else { continue };

@@ -29,7 +29,7 @@ pub use admin::{AdminAuth, AdminConfig, TOKEN_ENV};
 pub use body::{collect, read_body, BodyDeadline};
 pub use config::HttpConfig;
 pub use serve::serve;
-pub(crate) use serve::stop_connections;
+pub(crate) use serve::{accepted_or_back_off, stop_connections};
 
 use crate::{ApiError, ErrorKind};
 

@@ -62,15 +62,7 @@ where
     let mode = loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((s, _)) => s,
-                    Err(e) => {
-                        // Out of file descriptors and the like: back off instead of spinning.
-                        tracing::warn!("accept: {e}");
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                        continue;
-                    }
-                };
+                let Some(stream) = accepted_or_back_off(accepted, "accept").await else { continue };
                 let _ = stream.set_nodelay(true);
                 let Ok(slot) = slots.clone().try_acquire_owned() else {
                     match refusals.clone().try_acquire_owned() {
@@ -105,6 +97,22 @@ where
     refused.abort_all();
     stop_connections(mode, graceful, conns, "connections").await;
     while refused.join_next().await.is_some() {}
+}
+
+/// The accepted stream, or `None` after a short back-off when accepting failed (out of file
+/// descriptors and the like), so the accept loop does not spin. Shared by the HTTP and gRPC ports.
+pub(crate) async fn accepted_or_back_off(
+    accepted: std::io::Result<(TcpStream, std::net::SocketAddr)>,
+    what: &str,
+) -> Option<TcpStream> {
+    match accepted {
+        Ok((s, _)) => Some(s),
+        Err(e) => {
+            tracing::warn!("{what}: {e}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            None
+        }
+    }
 }
 
 /// Ends a port's connections as `mode` says: at once, or gracefully (hyper's shutdown: calls in
