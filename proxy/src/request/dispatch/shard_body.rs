@@ -5,7 +5,9 @@
 //! serialised again on the way through. A shard whose items are one run of consecutive items
 //! all spliced (the whole request; a fixed split's chunks) is not even copied: it goes out as
 //! three chunks, the head, one slice of the caller's body (between two elements of a JSON array
-//! there is only a comma and whitespace) and the tail.
+//! there is only a comma and whitespace) and the tail. Encoded items are written one after the
+//! other with a comma between them, so a run of consecutive encoded items (every shard of a
+//! gRPC call, whose texts are all encoded) is one slice of the request's own bytes, uncopied too.
 
 use std::borrow::Cow;
 use std::io::Write as _;
@@ -61,9 +63,9 @@ impl ShardWire {
             .map(|item| match item {
                 ItemRef::Text(Cow::Borrowed(t)) => match literal_in(&body, t) {
                     Some(r) => Frag::Body(r),
-                    None => own_item(&mut own, item),
+                    None => own_item(&mut own, head, item),
                 },
-                _ => own_item(&mut own, item),
+                _ => own_item(&mut own, head, item),
             })
             .collect();
         ShardWire { body, own: Bytes::from(own), head, items }
@@ -84,7 +86,7 @@ impl ShardWire {
         // Writing into a Vec cannot fail.
         let _ = write!(tail, "],\"deadline_ms\":{deadline_ms}}}");
         if let Some(run) = self.run(items) {
-            return vec![self.own.slice(..self.head), self.body.slice(run), Bytes::from(tail)];
+            return vec![self.own.slice(..self.head), run, Bytes::from(tail)];
         }
         let len = self.head + items.iter().map(|&i| self.item(i).len() + 1).sum::<usize>() + tail.len();
         let mut out = Vec::with_capacity(len);
@@ -99,14 +101,23 @@ impl ShardWire {
         vec![Bytes::from(out)]
     }
 
-    /// The body range from the first item's literal to the last one's, when `items` are
-    /// consecutive and every one is in the body.
-    fn run(&self, items: &[usize]) -> Option<Range<usize>> {
+    /// The slice from the first item's JSON to the last one's, when `items` are consecutive and
+    /// all in the body, or all encoded one after the other (each one comma after the last).
+    fn run(&self, items: &[usize]) -> Option<Bytes> {
         let (&first, &last) = (items.first()?, items.last()?);
-        let consecutive = items.windows(2).all(|w| w[1] == w[0] + 1);
-        let spliced = || items.iter().all(|&i| matches!(self.items[i], Frag::Body(_)));
-        match (&self.items[first], &self.items[last]) {
-            (Frag::Body(a), Frag::Body(b)) if consecutive && spliced() => Some(a.start..b.end),
+        if !items.windows(2).all(|w| w[1] == w[0] + 1) {
+            return None;
+        }
+        let frags = &self.items[first..=last];
+        match (&frags[0], &frags[frags.len() - 1]) {
+            (Frag::Body(a), Frag::Body(b)) if frags.iter().all(|f| matches!(f, Frag::Body(_))) => {
+                Some(self.body.slice(a.start..b.end))
+            }
+            (Frag::Own(a), Frag::Own(b))
+                if frags.windows(2).all(|w| matches!(w, [Frag::Own(x), Frag::Own(y)] if y.start == x.end + 1)) =>
+            {
+                Some(self.own.slice(a.start..b.end))
+            }
             _ => None,
         }
     }
@@ -147,21 +158,24 @@ fn needs_escape(b: &[u8]) -> bool {
     // `n` (n ≤ 0x80); a byte ≥ 0x80 never sets its own high bit there.
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
-    let below = |x: u64, n: u8| x.wrapping_sub(ONES * u64::from(n)) & !x;
-    let mut words = b.chunks_exact(8);
+    const QUOTES: u64 = ONES * b'"' as u64;
+    const BACKSLASHES: u64 = ONES * b'\\' as u64;
+    let (words, rest) = b.as_chunks::<8>();
     let mut found = 0u64;
-    for w in &mut words {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(w);
-        let x = u64::from_le_bytes(word);
-        found |= below(x, 0x20) | below(x ^ (ONES * u64::from(b'"')), 1) | below(x ^ (ONES * u64::from(b'\\')), 1);
+    for w in words {
+        let x = u64::from_le_bytes(*w);
+        let (q, s) = (x ^ QUOTES, x ^ BACKSLASHES);
+        found |= (x.wrapping_sub(ONES * 0x20) & !x) | (q.wrapping_sub(ONES) & !q) | (s.wrapping_sub(ONES) & !s);
     }
-    found & HIGH != 0 || words.remainder().iter().any(|&c| c < 0x20 || c == b'"' || c == b'\\')
+    found & HIGH != 0 || rest.iter().any(|&c| c < 0x20 || c == b'"' || c == b'\\')
 }
 
 /// An item's JSON (`ItemRef`'s serde form: a string, or `{"id":…,"text":…}` without an absent
-/// id) into the request's own bytes.
-fn own_item(own: &mut Vec<u8>, item: &ItemRef<'_>) -> Frag {
+/// id) into the request's own bytes, after a comma unless it is the first thing past `head`.
+fn own_item(own: &mut Vec<u8>, head: usize, item: &ItemRef<'_>) -> Frag {
+    if own.len() > head {
+        own.push(b',');
+    }
     let start = own.len();
     match item {
         ItemRef::Text(t) => encode(own, t),
@@ -254,6 +268,14 @@ mod tests {
         assert!(!needs_escape("ünï 中文 ~".as_bytes()) && !needs_escape(b""));
     }
 
+    /// Where item `i`'s encoding starts, past the head.
+    fn own_start(wire: &ShardWire, i: usize) -> usize {
+        match &wire.items[i] {
+            Frag::Own(r) => r.start - wire.head,
+            Frag::Body(_) => panic!("item {i} is in the body"),
+        }
+    }
+
     #[test]
     fn a_request_of_owned_strings_is_encoded() {
         let whole = ScoreRequest {
@@ -267,6 +289,15 @@ mod tests {
         let wire = ShardWire::new(Bytes::new(), &ScoreRequestRef::from(whole.clone()));
         assert!(wire.items.iter().all(|f| matches!(f, Frag::Own(_))));
         check(&wire, &whole, &[2, 0, 1]);
+        // Consecutive encoded items are one slice of the request's own bytes, uncopied.
+        for items in [vec![0, 1, 2], vec![1, 2], vec![2]] {
+            let chunks = wire.shard(&items, 9);
+            assert_eq!(chunks.len(), 3, "{items:?}");
+            assert_eq!(chunks[1].as_ptr(), wire.own[wire.head..].as_ptr().wrapping_add(own_start(&wire, items[0])));
+            check(&wire, &whole, &items);
+        }
+        assert_eq!(wire.shard(&[0, 2], 9).len(), 1, "not consecutive: copied");
+        check(&wire, &whole, &[0, 2]);
     }
 
     proptest! {
@@ -314,7 +345,7 @@ mod tests {
                 }];
                 for item in items {
                     let mut own = b"xy".to_vec();
-                    let Frag::Own(r) = own_item(&mut own, &item) else { unreachable!("encoded") };
+                    let Frag::Own(r) = own_item(&mut own, 2, &item) else { unreachable!("encoded") };
                     let serde = serde_json::to_vec(&item).unwrap();
                     prop_assert_eq!(&own[r], serde.as_slice());
                 }
