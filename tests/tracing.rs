@@ -1,7 +1,7 @@
 //! Distributed tracing end to end: a `sieve-proxy` process and two `sieve-loadtest sim-worker`
 //! processes export their spans over OTLP/HTTP to a receiver this test runs, and one split
 //! request's spans form one tree: the proxy's request span (the root, or the child of the
-//! client's `traceparent`), its plan and shard-attempt spans, each worker's request span under
+//! client's `traceparent`, sent as an HTTP header or as gRPC call metadata), its plan and shard-attempt spans, each worker's request span under
 //! an attempt, and the worker's queue and compute spans under that.
 
 use std::collections::{HashMap, HashSet};
@@ -189,7 +189,7 @@ async fn one_split_request_is_one_trace_from_proxy_to_workers() {
         "proxy.toml",
         &format!("{tracing}\n[split]\nmode = \"fixed\"\nfixed_items = 10\n\n[cache]\nenabled = false\n"),
     );
-    let mut args = vec!["--port".to_string(), "0".into(), "--admin-port".into(), "0".into()];
+    let mut args: Vec<String> = ["--port", "0", "--admin-port", "0", "--grpc-port", "0"].map(String::from).to_vec();
     for w in [&a, &b] {
         args.extend(["--worker".to_string(), w.worker_arg()]);
     }
@@ -223,10 +223,38 @@ async fn one_split_request_is_one_trace_from_proxy_to_workers() {
     let spans = spans_of(&got, &hex(trace_hex), complete).await;
     check_tree(&spans, &hex(parent_hex));
 
-    // Every span received belongs to one of the two requests' traces: none was orphaned into a
-    // trace of its own (a worker that ignored the traceparent would start one).
+    // The same request as a gRPC `Score` call, its traceparent in the call's metadata: the
+    // proxy's request span is the caller's child, and the same tree hangs under it.
+    let (grpc_trace, grpc_parent) = ("5cf92f3577b34da6a3ce929d0e0e4737", "11f067aa0ba902b8");
+    let n = grpc_score(&p, &body, &format!("00-{grpc_trace}-{grpc_parent}-01")).await;
+    assert_eq!(n, 20, "every item scored over gRPC");
+    let spans = spans_of(&got, &hex(grpc_trace), complete).await;
+    check_tree(&spans, &hex(grpc_parent));
+
+    // Every span received belongs to one of the three requests' traces: none was orphaned into
+    // a trace of its own (a worker that ignored the traceparent would start one).
     let traces: HashSet<Vec<u8>> = got.lock().unwrap().iter().map(|s| s.trace.clone()).collect();
-    assert_eq!(traces, HashSet::from([root_trace, hex(trace_hex)]));
+    assert_eq!(traces, HashSet::from([root_trace, hex(trace_hex), hex(grpc_trace)]));
+}
+
+/// A gRPC `Score` call to `p`'s gRPC port of the JSON `body`'s query and items, with
+/// `traceparent` as call metadata; how many scores came back.
+async fn grpc_score(p: &Proc, body: &serde_json::Value, traceparent: &str) -> usize {
+    use sieve_shared::grpc::pb;
+    let addr = p.line.split_whitespace().find_map(|w| w.strip_prefix("grpc=")).expect("a grpc= address");
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
+    let mut client = pb::sieve_client::SieveClient::new(ch);
+    let items =
+        body["items"].as_array().unwrap().iter().map(|t| pb::Item { text: t.as_str().unwrap().into(), id: None });
+    let msg = pb::ScoreRequest {
+        query: body["query"].as_str().unwrap().into(),
+        items: items.collect(),
+        ..Default::default()
+    };
+    let mut req = tonic::Request::new(msg);
+    req.metadata_mut().insert("traceparent", traceparent.parse().unwrap());
+    let call = tokio::time::timeout(Duration::from_secs(10), client.score(req)).await.expect("an answer in time");
+    call.expect("a gRPC answer").into_inner().scores.len()
 }
 
 fn hex(s: &str) -> Vec<u8> {

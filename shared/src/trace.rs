@@ -19,6 +19,7 @@ use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider};
 use serde::{Deserialize, Serialize};
+use tonic::metadata::{KeyRef, MetadataMap};
 use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
@@ -171,9 +172,23 @@ pub fn server_span(headers: &HeaderMap, name: &'static str, route: &'static str)
     if !enabled() {
         return Span::none();
     }
+    request_span(headers.contains_key(TRACEPARENT).then_some(&Headers(headers)), name, route)
+}
+
+/// [`server_span`] for a gRPC call: the caller's `traceparent` is read from its metadata (gRPC
+/// clients send trace context as ordinary ASCII metadata, under the same key).
+pub fn grpc_server_span(meta: &MetadataMap, name: &'static str, route: &'static str) -> Span {
+    if !enabled() {
+        return Span::none();
+    }
+    request_span(meta.contains_key(TRACEPARENT).then_some(&Metadata(meta)), name, route)
+}
+
+/// A request span, the child of the trace context in `carrier` when it holds a valid one.
+fn request_span(carrier: Option<&dyn Extractor>, name: &'static str, route: &'static str) -> Span {
     let span = tracing::info_span!(parent: None, "request", otel.name = name, route = route);
-    if headers.contains_key(TRACEPARENT) {
-        let cx = TraceContextPropagator::new().extract(&Headers(headers));
+    if let Some(carrier) = carrier {
+        let cx = TraceContextPropagator::new().extract(carrier);
         if cx.span().span_context().is_valid() {
             let _ = span.set_parent(cx);
         }
@@ -205,6 +220,26 @@ impl Extractor for Headers<'_> {
 
     fn keys(&self) -> Vec<&str> {
         self.0.keys().map(|k| k.as_str()).collect()
+    }
+}
+
+/// Reads W3C trace-context keys out of a gRPC call's metadata (binary `-bin` keys never carry
+/// them).
+struct Metadata<'a>(&'a MetadataMap);
+
+impl Extractor for Metadata<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0
+            .keys()
+            .filter_map(|k| match k {
+                KeyRef::Ascii(k) => Some(k.as_str()),
+                KeyRef::Binary(_) => None,
+            })
+            .collect()
     }
 }
 
@@ -244,6 +279,7 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(TRACEPARENT, HeaderValue::from_static("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"));
         assert!(server_span(&h, "proxy", "score").is_none());
+        assert!(grpc_server_span(&MetadataMap::from_headers(h), "proxy", "score").is_none());
         assert!(traceparent(&Span::none()).is_none());
     }
 }

@@ -1,7 +1,7 @@
 //! gRPC against HTTP, measured in the same run.
 //!
 //!     cargo build --release -p sieve-proxy -p sieve-loadtest
-//!     cargo bench -p sieve-e2e --bench grpc [-- --quick]
+//!     cargo bench -p sieve-e2e --bench grpc [-- --quick] [-- --only HTTP|tonic|hyper]
 //!
 //! Part 1 (how the proxy could talk to its workers): calls of one shard (32 items) to a
 //! zero-compute `sieve-loadtest sim-worker` process, one at a time and 16 at once: HTTP/1.1 with
@@ -15,6 +15,9 @@
 //! `POST /v1/score` through a `sieve-proxy` process over four zero-compute sim-workers, one call
 //! at a time, the paths interleaved call by call so all see the same machine; p50 and p99 of each;
 //! then the proxy process's CPU time per call of each path, run one path at a time.
+//!
+//! Every call opts out of the proxy's pair-score cache (`cache: false`): the same request
+//! repeated would otherwise be answered from the cache, and no shard would reach a worker.
 //!
 //! Everything runs on one machine, the load generator included: compare rows of the same run.
 
@@ -38,10 +41,14 @@ const WORKERS: usize = 4;
 const START: Duration = Duration::from_secs(30);
 
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    // `--only WORD`: Part 2 alone, with only the paths whose name holds WORD (`HTTP`, `tonic`,
+    // `hyper`), and the proxy's pid printed: a profiler attached to the proxy sees one path.
+    let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).cloned();
     let calls = if quick { 400 } else { 4000 };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-    rt.block_on(run(calls));
+    rt.block_on(run(calls, only));
 }
 
 /// A zero-compute simulated worker process with a gRPC port.
@@ -108,14 +115,14 @@ enum Path {
 
 impl Path {
     fn http(url: String, items: &[String]) -> Self {
-        Path::Http { http: Http::new(), url, body: serde_json::json!({"query": QUERY, "items": items}) }
+        Path::Http { http: Http::new(), url, body: serde_json::json!({"query": QUERY, "items": items, "cache": false}) }
     }
 
     async fn grpc(url: &str, items: &[String]) -> Self {
         let items = items.iter().map(|t| pb::Item { text: t.clone(), id: None }).collect();
         Path::Grpc {
             client: channel(url).await,
-            req: pb::ScoreRequest { query: QUERY.into(), items, ..Default::default() },
+            req: pb::ScoreRequest { query: QUERY.into(), items, cache: Some(false), ..Default::default() },
         }
     }
 
@@ -194,17 +201,25 @@ async fn measure(path: &Path, n: usize, calls: usize, concurrency: usize) -> Row
     }
 }
 
-async fn run(calls: usize) {
+async fn run(calls: usize, only: Option<String>) {
     let http = Http::new();
     println!("gRPC vs HTTP, {calls} calls per row (one machine: compare rows of this run)\n");
+    if only.is_none() {
+        transport(&http, calls).await;
+    }
+    front_end(&http, calls, only.as_deref()).await;
+    let _ = std::fs::remove_file(ZERO_COST.as_str());
+}
 
+/// Part 1: how the proxy could talk to its workers.
+async fn transport(http: &Http, calls: usize) {
     println!("Part 1: proxy -> worker transport, {SHARD_ITEMS}-item shard to a zero-compute sim-worker process");
     println!(
         "{:<28} {:>5} {:>9} {:>9} {:>10} {:>14}",
         "path", "conc", "p50 ms", "p99 ms", "calls/s", "client CPU/call"
     );
     let w = zero_sim();
-    assert!(wait_ready(&http, &w.admin_url(), START).await, "sim-worker not ready");
+    assert!(wait_ready(http, &w.admin_url(), START).await, "sim-worker not ready");
     let items = catalogue(SHARD_ITEMS, 11);
     let h = Path::http(format!("{}/v1/score", w.api_url()), &items);
     let g = Path::grpc(&grpc_url(&w), &items).await;
@@ -220,7 +235,11 @@ async fn run(calls: usize) {
         }
     }
     drop(w);
+}
 
+/// Part 2: the client's call through the proxy, as HTTP and as gRPC (`only`: the paths whose
+/// name holds it).
+async fn front_end(http: &Http, calls: usize, only: Option<&str>) {
     println!("\nPart 2: client -> proxy, a {REQUEST_ITEMS}-item call through sieve-proxy over {WORKERS} zero-compute sim-workers, interleaved");
     let sims: Vec<Proc> = (0..WORKERS).map(|_| zero_sim()).collect();
     let mut args: Vec<String> = ["--port", "0", "--admin-port", "0", "--grpc-port", "0"].map(String::from).to_vec();
@@ -229,13 +248,18 @@ async fn run(calls: usize) {
     }
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let p = spawn("sieve-proxy", &refs, START);
-    assert!(wait_ready(&http, &p.admin_url(), START).await, "proxy not ready");
+    assert!(wait_ready(http, &p.admin_url(), START).await, "proxy not ready");
     let items = catalogue(REQUEST_ITEMS, 12);
     let h = Path::http(format!("{}/v1/score", p.api_url()), &items);
     let g = Path::grpc(&grpc_url(&p), &items).await;
     let l = Path::lean(&grpc_url(&p), &items).await;
-    let mut paths =
-        [("POST /v1/score (HTTP/1.1)", h), ("gRPC Score, tonic channel", g), ("gRPC Score, hyper h2 client", l)];
+    let mut paths: Vec<(&str, Path)> =
+        vec![("POST /v1/score (HTTP/1.1)", h), ("gRPC Score, tonic channel", g), ("gRPC Score, hyper h2 client", l)];
+    if let Some(word) = only {
+        paths.retain(|(name, _)| name.contains(word));
+        assert!(!paths.is_empty(), "--only {word}: no path's name holds it");
+        println!("the proxy's pid: {}", p.pid());
+    }
     for _ in 0..100 {
         for (_, p) in paths.iter_mut() {
             p.call(REQUEST_ITEMS).await;
@@ -268,5 +292,4 @@ async fn run(calls: usize) {
         }
         println!("{name:<30} {:>15.1} us", (process_cpu(p.pid()) - cpu0) * 1e6 / calls as f64);
     }
-    let _ = std::fs::remove_file(ZERO_COST.as_str());
 }

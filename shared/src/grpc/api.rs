@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
+use tracing::Instrument as _;
 
 use super::{convert, deadline, pb, status};
 use crate::service::{Call, Route, ScoreService, Scored};
@@ -54,6 +55,13 @@ impl<S: ScoreService + 'static> GrpcApi<S> {
         svc.score(req, Call { arrival }).await
     }
 
+    /// The call's span, as `service::handle` opens one for an HTTP request: the caller's
+    /// `traceparent` metadata its parent; the service finds it as `Span::current()` (the
+    /// proxy's plan and shard attempts hang under it). `Span::none()` when tracing is off.
+    fn span(&self, meta: &MetadataMap, route: Route) -> tracing::Span {
+        crate::trace::grpc_server_span(meta, self.svc.span_name(), route.name())
+    }
+
     /// Records the call as the HTTP path does (its HTTP status as the code) and turns the
     /// outcome into the gRPC answer, the service's own headers (the proxy's shard count) as
     /// response metadata.
@@ -90,18 +98,30 @@ impl<S: ScoreService + 'static> pb::sieve_server::Sieve for GrpcApi<S> {
     async fn score(&self, request: Request<pb::ScoreRequest>) -> Result<Response<pb::ScoreResponse>, Status> {
         let arrival = Instant::now();
         let (meta, _, msg) = request.into_parts();
-        let out = self.run(&meta, convert::score_request(msg), "items", None, arrival).await;
-        self.finish(Route::Score, arrival, out, convert::score_response)
+        let span = self.span(&meta, Route::Score);
+        async {
+            let out = self.run(&meta, convert::score_request(msg), "items", None, arrival).await;
+            self.finish(Route::Score, arrival, out, convert::score_response)
+        }
+        .instrument(span)
+        .await
     }
 
     async fn rerank(&self, request: Request<pb::RerankRequest>) -> Result<Response<pb::RerankResponse>, Status> {
         let arrival = Instant::now();
         let (meta, _, msg) = request.into_parts();
-        let rerank = match convert::rerank_request(msg) {
-            Ok(r) => r,
-            Err(e) => return self.finish(Route::Rerank, arrival, Err(e), |_| pb::RerankResponse::default()),
-        };
-        let out = self.run(&meta, Ok(rerank.to_score_request()), "documents", rerank.top_n, arrival).await;
-        self.finish(Route::Rerank, arrival, out, |s| convert::rerank_response(RerankResponse::from_scores(&rerank, s)))
+        let span = self.span(&meta, Route::Rerank);
+        async {
+            let rerank = match convert::rerank_request(msg) {
+                Ok(r) => r,
+                Err(e) => return self.finish(Route::Rerank, arrival, Err(e), |_| pb::RerankResponse::default()),
+            };
+            let out = self.run(&meta, Ok(rerank.to_score_request()), "documents", rerank.top_n, arrival).await;
+            self.finish(Route::Rerank, arrival, out, |s| {
+                convert::rerank_response(RerankResponse::from_scores(&rerank, s))
+            })
+        }
+        .instrument(span)
+        .await
     }
 }
