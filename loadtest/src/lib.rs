@@ -17,6 +17,7 @@ pub mod compare;
 pub mod dist;
 pub mod error;
 pub mod monitor;
+pub mod plan;
 pub mod plot;
 pub mod process;
 pub mod report;
