@@ -182,8 +182,10 @@ pub async fn plan(spec: &PlanSpec) -> Result<PlanReport, String> {
             "  {:>12} {:>10} {:>10} {:>10} {:>12} {:>10}",
             "max_bytes", "predicted", "measured", "diff pp", "lookups", "complete"
         );
+        // The prediction over what the run sends: the trace's first `duration` seconds.
+        let sent = replay.truncated(env.duration.as_secs_f64());
         for &b in sizes {
-            let predicted = pair::hit_rate(&replay, b, spec.ttl_ms).hit_rate;
+            let predicted = pair::hit_rate(&sent, b, spec.ttl_ms).hit_rate;
             let (trial, counts) = capacity::replay_on_cluster(&replay, env, workers, Some(b)).await?;
             let m = MeasuredPoint {
                 max_bytes: b,

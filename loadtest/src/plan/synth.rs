@@ -133,6 +133,12 @@ impl Replay {
         }
     }
 
+    /// The requests arriving in the first `span_s` seconds (what a run of that length sends).
+    pub fn truncated(&self, span_s: f64) -> Replay {
+        let n = (0..self.records.len()).take_while(|&i| self.t_s(i) < span_s).count();
+        Replay::new(self.records[..n].to_vec())
+    }
+
     pub fn records(&self) -> &[TraceRecord] {
         &self.records
     }
