@@ -377,7 +377,7 @@ impl Chart for CurveChart {
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
             chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 4, c.filled()))).map_err(err)?;
         }
-        draw_legend(&mut chart, SeriesLabelPosition::LowerRight)
+        draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)
     }
 }
 

@@ -16,6 +16,9 @@
 //!   least-loaded balancer knows nothing of prefixes); `affine`: to the same workers for the
 //!   same query (the top of a rendezvous hash of the query), what prefix-aware routing aims at.
 //! - Arrival order only: a call in flight does not hold its blocks earlier than its arrival.
+//! - Only what reached the workers when the trace was taken: items the proxy answered from its
+//!   pair cache are left out of the fan-out, and a request answered wholly from it made no
+//!   call (its traced `prefix_tokens` is 0).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -105,6 +108,12 @@ pub fn hit_rate(replay: &Replay, workers: usize, blocks: usize, routing: Routing
     let mut rng = StdRng::seed_from_u64(seed);
     let (mut hits, mut lookups) = (0u64, 0u64);
     for r in replay.records() {
+        // Items the proxy answered from its pair cache went to no worker; a request answered
+        // wholly from it made no call at all.
+        let sent_items = r.items.len().saturating_sub(r.cached_items as usize);
+        if sent_items == 0 {
+            continue;
+        }
         let prefix = if r.prefix_tokens > 0 {
             r.prefix_tokens
         } else {
@@ -123,7 +132,7 @@ pub fn hit_rate(replay: &Replay, workers: usize, blocks: usize, routing: Routing
             b[17..].copy_from_slice(&j.to_le_bytes());
             xxh3_64(&b)
         };
-        let shards = r.items.len().div_ceil(ITEMS_PER_SHARD).clamp(1, workers);
+        let shards = sent_items.div_ceil(ITEMS_PER_SHARD).clamp(1, workers);
         let chosen: Vec<usize> = match routing {
             Routing::Spread => sample(&mut rng, workers, shards).into_vec(),
             Routing::Affine => {
@@ -200,6 +209,16 @@ mod tests {
         let p = hit_rate(&replay, 1, 2, Routing::Spread, 1);
         assert_eq!(p.hits, 4);
         assert_eq!(hit_rate(&replay, 1, 0, Routing::Spread, 1).hits, 0, "no cache, no hits");
+    }
+
+    #[test]
+    fn a_request_answered_from_the_pair_cache_makes_no_call() {
+        let mut cached = rec(1, 10, 80);
+        cached.cached_items = 10;
+        cached.prefix_tokens = 0;
+        let replay = Replay::new(vec![rec(1, 10, 80), cached, rec(1, 10, 80)]);
+        let p = hit_rate(&replay, 1, 100, Routing::Spread, 1);
+        assert_eq!((p.hits, p.lookups), (5, 10));
     }
 
     #[test]
