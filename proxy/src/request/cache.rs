@@ -3,9 +3,10 @@
 //! (the determinism contract in ARCHITECTURE.md), so a stored score is the score a worker would
 //! compute again, bit for bit.
 //!
-//! The entries live in a `moka` cache (its key, weight and shape in `sieve_shared::pair_key`): bounded in bytes (every entry weighs [`ENTRY_BYTES`]),
-//! dropped after the TTL, admitted by frequency (TinyLFU: a pair seen once does not push out
-//! pairs that repeat). The key is a 128-bit XXH3 digest, never the texts: per item, one digest
+//! The entries live in a `moka` cache (its key, weight and shape in `sieve_shared::pair_key`,
+//! which the capacity planner replays traces through): bounded in bytes (every entry weighs
+//! [`ENTRY_BYTES`]), dropped after the TTL, admitted by frequency (TinyLFU: a pair seen once
+//! does not push out pairs that repeat). The key is a 128-bit XXH3 digest, never the texts: per item, one digest
 //! of the item text and one of (instruction, query), hashed over the borrowed strings (no copy),
 //! mixed with the digest of the model the answering worker reported. A worker reporting another model
 //! than the last one seen empties the cache; the model in the key keeps a late answer of the old
