@@ -28,7 +28,7 @@ use rand::SeedableRng;
 use serde::Serialize;
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::synth::{Replay, INSTRUCTION_WORDS};
+use super::synth::{Replay, INSTRUCTION_WORDS, MAX_WORDS};
 use crate::sim::tokens::TEMPLATE_HEAD_TOKENS;
 
 /// Tokens per cached block (the worker's `kv_block_size`).
@@ -120,7 +120,8 @@ pub fn hit_rate(replay: &Replay, workers: usize, blocks: usize, routing: Routing
             let own = if r.instruction.is_some() { INSTRUCTION_WORDS } else { 0 };
             TEMPLATE_HEAD_TOKENS + own + replay.lengths().query_words(r.query, r.instruction)
         };
-        let n_blocks = prefix / BLOCK_TOKENS;
+        // Bounded as the replayed texts are: an absurd traced count costs no more than that.
+        let n_blocks = prefix.min(TEMPLATE_HEAD_TOKENS + MAX_WORDS) / BLOCK_TOKENS;
         let head_blocks = TEMPLATE_HEAD_TOKENS / BLOCK_TOKENS;
         let block = |j: u32| {
             let mut b = [0u8; 21];

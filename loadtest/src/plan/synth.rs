@@ -24,9 +24,13 @@ use crate::workload::{GenRequest, WORDS};
 /// Words of a synthesised instruction (its hash, spelled).
 pub const INSTRUCTION_WORDS: u32 = 3;
 
-/// A text of `words` words (at least one) made from `hash`.
+/// Longest text made, in words: a trace is input like any other, and a count of billions must
+/// not become gigabytes (a worker's sequence limit is far below this).
+pub const MAX_WORDS: u32 = 65_536;
+
+/// A text of `words` words (at least one, at most [`MAX_WORDS`]) made from `hash`.
 pub fn text(hash: u64, words: u32) -> String {
-    let words = words.max(1);
+    let words = words.clamp(1, MAX_WORDS);
     let mut out = String::with_capacity(words as usize * 7);
     for k in 0..words.min(3) {
         if k > 0 {
@@ -194,6 +198,7 @@ mod tests {
             assert_eq!(tokens::count_tokens(&a), words, "{a}");
         }
         assert_eq!(tokens::count_tokens(&text(7, 0)), 1, "never empty");
+        assert_eq!(tokens::count_tokens(&text(7, u32::MAX)), MAX_WORDS, "bounded");
         // Different hashes, different texts, even when they differ in one high bit only.
         let mut seen = std::collections::HashSet::new();
         let hashes: std::collections::BTreeSet<u64> =
