@@ -161,6 +161,27 @@ async fn a_replayed_trace_hits_the_cache_as_the_planner_predicts() {
     for f in ["pair_cache.svg", "pair_cache.png", "prefix_cache.svg", "prefix_cache.png"] {
         assert!(out.join(f).is_file(), "{f} missing");
     }
+    // `run --trace` from the command line: the same replay, every score checked.
+    let third = proxy(traced("third.jsonl"), 2).await;
+    let report_dir = dir.join("run");
+    let run = Command::new(bin("sieve-loadtest"))
+        .args(["run", "--target", &third.api_url(), "--verify-sim-scores", "--quiet", "--trace"])
+        .arg(dir.join("first.jsonl"))
+        .arg("--out")
+        .arg(&report_dir)
+        .env("RUST_LOG", "error")
+        .output()
+        .expect("runs sieve-loadtest run");
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(report_dir.join("report.json")).unwrap()).unwrap();
+    assert_eq!(report["summary"]["ok"].as_u64(), Some(REQUESTS as u64), "{}", report["summary"]);
+    assert_eq!(report["load"]["mode"], "trace", "{}", report["load"]);
+    let via_cli: u64 =
+        trace_of(&dir.join("third.jsonl"), REQUESTS).await.iter().map(|r| u64::from(r.cached_items)).sum();
+    third.stop().await;
+    assert!(pp(via_cli) <= 2.0, "run --trace: {via_cli} items from cache, predicted {}", predicted.hits);
+
     // A bad line is refused, named by file and line.
     let bad = dir.join("bad.jsonl");
     let first_line = std::fs::read_to_string(dir.join("first.jsonl")).unwrap().lines().next().unwrap().to_string();
