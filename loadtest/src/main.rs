@@ -628,6 +628,9 @@ async fn plan_trace(a: PlanArgs) -> anyhow::Result<()> {
         }
         cache_sizes.push((m * f64::from(1 << 20)).round() as u64);
     }
+    if let Some(p) = a.p99_ms.filter(|p| !(p.is_finite() && *p > 0.0)) {
+        anyhow::bail!("--p99-ms must be a positive number of ms, got {p}");
+    }
     if !(0.0..=1.0).contains(&a.min_complete) {
         anyhow::bail!("--min-complete must be in [0, 1], got {}", a.min_complete);
     }
