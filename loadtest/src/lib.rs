@@ -9,6 +9,8 @@
 //!   in-process or as `sieve-loadtest sim-worker`.
 //! - [`calibrate`]: fits a cost model to a real worker, for sim-workers to load.
 //! - [`compare`]: sim cluster + one proxy per strategy, the same seeded load for each.
+//! - [`plan`]: the trace-replay capacity planner (pair-cache and prefix-cache hit rates, the
+//!   workers for a p99 target) and the texts `run` replays a trace with.
 
 pub mod arrivals;
 pub mod calibrate;
@@ -17,6 +19,7 @@ pub mod compare;
 pub mod dist;
 pub mod error;
 pub mod monitor;
+pub mod plan;
 pub mod plot;
 pub mod process;
 pub mod report;

@@ -1,10 +1,12 @@
 //! `sieve-loadtest`: load tests for Sieve. Subcommands: `run` (load against any deployment),
 //! `sim-worker` (a simulated worker), `calibrate` (fit a sim cost model to a real worker),
-//! `compare` (the strategy comparison on a simulated cluster).
+//! `compare` (the strategy comparison on a simulated cluster), `plan` (cache sizes and workers
+//! for a request trace).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -14,8 +16,11 @@ use sieve_loadtest::client::Http;
 use sieve_loadtest::compare::{self, CompareSpec};
 use sieve_loadtest::dist::Dist;
 use sieve_loadtest::monitor::{self, Monitor};
+use sieve_loadtest::plan::capacity::CapacitySpec;
+use sieve_loadtest::plan::synth::Replay;
+use sieve_loadtest::plan::{self, trace, PlanSpec};
 use sieve_loadtest::report::{self, RunData, RunInfo};
-use sieve_loadtest::run::{self, LoadMode, RunSpec};
+use sieve_loadtest::run::{self, LoadMode, RunSpec, TraceSource};
 use sieve_loadtest::sim::{SimConfig, SimFileConfig, SimWorker, Slowdown, Stall};
 use sieve_loadtest::workload::WorkloadSpec;
 use sieve_shared::grpc::GrpcConfig;
@@ -39,6 +44,10 @@ enum Command {
     /// Simulated cluster + one proxy per strategy: the same seeded load at several fractions of
     /// capacity, then fault scenarios; tables, plots, JSON.
     Compare(CompareArgs),
+    /// From a proxy request trace ([request_trace]): pair-cache hit rate against its size,
+    /// prefix-cache hit rate against worker cache blocks, and (--p99-ms) the workers needed for
+    /// a p99 target on sim-workers; tables, plots, JSON.
+    Plan(PlanArgs),
 }
 
 /// What the requests look like (a workload file, then flags over it).
@@ -119,6 +128,14 @@ struct RunArgs {
     /// Closed loop: this many clients, each sending its next request when answered.
     #[arg(long)]
     concurrency: Option<usize>,
+    /// Replay a proxy request trace (JSON lines of [request_trace]; repeatable for rotated
+    /// files): its requests at its arrival times, texts made from its hashes and token counts,
+    /// its instructions and deadlines (--deadline-ms / --no-deadline override them).
+    #[arg(long, conflicts_with_all = ["qps", "concurrency"])]
+    trace: Vec<PathBuf>,
+    /// Trace replay speed: arrival times are divided by it (2: twice as fast).
+    #[arg(long, default_value_t = 1.0)]
+    speed: f64,
     /// Open loop: rate multiplied by FACTOR from START_S for DURATION_S (FACTOR@START_S+DURATION_S). Repeatable.
     #[arg(long)]
     burst: Vec<Burst>,
@@ -246,6 +263,76 @@ struct CompareArgs {
 }
 
 #[derive(Args)]
+struct PlanArgs {
+    /// The proxy's request trace (repeatable: rotated files, in any order).
+    #[arg(long, required = true)]
+    trace: Vec<PathBuf>,
+    /// Pair-cache sizes of the hit-rate curve, MiB ([cache] max_bytes).
+    #[arg(long, value_delimiter = ',', default_value = "0.25,0.5,1,2,4,8,16,32,64")]
+    cache_mib: Vec<f64>,
+    /// The pair cache's TTL, ms ([cache] ttl_ms).
+    #[arg(long, default_value_t = 600_000)]
+    ttl_ms: u64,
+    /// Prefix-cache blocks per worker of the hit-rate curve (16 tokens each).
+    #[arg(long, value_delimiter = ',', default_value = "2,4,8,16,64,256,1024")]
+    prefix_blocks: Vec<usize>,
+    /// Workers of the prefix-cache model (default: the worker count found, else 4).
+    #[arg(long)]
+    prefix_workers: Option<usize>,
+    /// Find the fewest sim-workers whose p99 (ms of trace time) is at most this when the trace
+    /// is replayed against them.
+    #[arg(long)]
+    p99_ms: Option<f64>,
+    /// Fewest complete answers (fraction of requests) for a cluster size to meet the target.
+    #[arg(long, default_value_t = 0.99)]
+    min_complete: f64,
+    /// First cluster size of the search (default: the workers the traced work keeps busy).
+    #[arg(long)]
+    workers: Option<usize>,
+    /// Largest cluster size tried.
+    #[arg(long, default_value_t = 32)]
+    max_workers: usize,
+    /// Seconds of the trace replayed per cluster size (from its start).
+    #[arg(long, default_value_t = 30.0)]
+    duration: f64,
+    /// Seconds of untraced load before each size's run.
+    #[arg(long, default_value_t = 2.0)]
+    warmup: f64,
+    /// Speed of the sim-workers; the trace is replayed at the same speed (below 1 stretches
+    /// time, so a machine with few cores keeps up); latencies are reported on the trace's clock.
+    #[arg(long, default_value_t = 0.25)]
+    speed: f64,
+    /// Batch slots per sim-worker.
+    #[arg(long, default_value_t = 1)]
+    slots: usize,
+    /// Log-normal noise on compute time.
+    #[arg(long, default_value_t = 0.1)]
+    jitter: f64,
+    /// Cost model of the sim-workers (default: the built-in GPU-like one).
+    #[arg(long)]
+    cost_model: Option<PathBuf>,
+    /// The proxies of the search run without the pair-score cache.
+    #[arg(long)]
+    no_cache: bool,
+    /// Check the pair-cache prediction: replay the trace against a real proxy with a cache of
+    /// each of these sizes (MiB) on sim-workers (--prefix-workers of them, else the count found,
+    /// else 4) and print predicted against measured hit rates.
+    #[arg(long, value_delimiter = ',')]
+    measure_cache_mib: Vec<f64>,
+    /// The sieve-proxy binary (default: next to this one).
+    #[arg(long)]
+    proxy_bin: Option<PathBuf>,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Results folder (plan.json, pair_cache and prefix_cache .svg/.png).
+    #[arg(long, default_value = "loadtest-plan")]
+    out: PathBuf,
+    /// No progress bars.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Args)]
 struct SimWorkerArgs {
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -347,6 +434,8 @@ fn main() -> ExitCode {
         Command::Calibrate(args) => rt.block_on(calibrate_worker(args)),
         // On this thread: the proxies it starts die with the thread that started them.
         Command::Compare(args) => rt.block_on(compare_strategies(args)),
+        // On this thread too: the proxies of the capacity search.
+        Command::Plan(args) => rt.block_on(plan_trace(args)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -366,7 +455,25 @@ fn secs(v: f64, name: &str) -> anyhow::Result<Duration> {
 
 async fn run_load(a: RunArgs) -> anyhow::Result<()> {
     let workload = a.workload.spec()?;
+    let mut trace = None;
     let mode = match (a.qps, a.concurrency) {
+        _ if !a.trace.is_empty() => {
+            if !(a.speed.is_finite() && a.speed > 0.0) {
+                anyhow::bail!("--speed must be positive, got {}", a.speed);
+            }
+            if !a.burst.is_empty() {
+                anyhow::bail!("--burst needs open loop (--qps), not a trace");
+            }
+            let records = trace::read(&a.trace).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let mut replay = Replay::new(records);
+            // A deadline flag replaces the traced deadlines.
+            if a.workload.deadline_ms.is_some() || a.workload.no_deadline {
+                replay.set_deadlines(workload.deadline_ms);
+            }
+            trace = Some(TraceSource { replay: Arc::new(replay), speed: a.speed, deadline_scale: 1.0 });
+            let file = a.trace.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(",");
+            LoadMode::Trace { file, speed: a.speed }
+        }
         (Some(q), _) if q.is_finite() && q > 0.0 => {
             LoadMode::Open { profile: RateProfile { base_qps: q, bursts: a.burst.clone() } }
         }
@@ -398,6 +505,7 @@ async fn run_load(a: RunArgs) -> anyhow::Result<()> {
         verify_sim_scores: a.verify_sim_scores,
         progress: !a.quiet,
         label: "run".into(),
+        trace,
     };
     let mon = (!admins.is_empty()).then(|| Monitor::start(http.clone(), admins.clone(), Duration::from_millis(500)));
     let out = run::run(&http, &spec).await;
@@ -408,7 +516,7 @@ async fn run_load(a: RunArgs) -> anyhow::Result<()> {
             .iter()
             .map(|b| (b.start_s, b.start_s + b.duration_s, format!("x{} burst", b.factor)))
             .collect(),
-        LoadMode::Closed { .. } => Vec::new(),
+        LoadMode::Closed { .. } | LoadMode::Trace { .. } => Vec::new(),
     };
     let (rep, hist) = RunData {
         info: RunInfo {
@@ -509,6 +617,76 @@ async fn compare_strategies(a: CompareArgs) -> anyhow::Result<()> {
         progress: !a.quiet,
     };
     compare::compare(&spec).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(())
+}
+
+async fn plan_trace(a: PlanArgs) -> anyhow::Result<()> {
+    let mut cache_sizes = Vec::new();
+    for &m in &a.cache_mib {
+        if !(m.is_finite() && m >= 0.0) {
+            anyhow::bail!("--cache-mib must be non-negative sizes, got {m}");
+        }
+        cache_sizes.push((m * f64::from(1 << 20)).round() as u64);
+    }
+    if let Some(p) = a.p99_ms.filter(|p| !(p.is_finite() && *p > 0.0)) {
+        anyhow::bail!("--p99-ms must be a positive number of ms, got {p}");
+    }
+    if !(0.0..=1.0).contains(&a.min_complete) {
+        anyhow::bail!("--min-complete must be in [0, 1], got {}", a.min_complete);
+    }
+    let mut measure_sizes = Vec::new();
+    for &m in &a.measure_cache_mib {
+        if !(m.is_finite() && m >= 0.0) {
+            anyhow::bail!("--measure-cache-mib must be non-negative sizes, got {m}");
+        }
+        measure_sizes.push((m * f64::from(1 << 20)).round() as u64);
+    }
+    // The sim cluster both the search and the measurement run on.
+    let env = if a.p99_ms.is_some() || !measure_sizes.is_empty() {
+        let cost = match &a.cost_model {
+            Some(p) => CostModel::parse(&read(p)?).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?,
+            None => CostModel::default(),
+        };
+        let sim =
+            SimConfig { cost, slots: a.slots, speed: a.speed, jitter: a.jitter, seed: a.seed, ..SimConfig::default() };
+        sim.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+        let proxy_bin = match &a.proxy_bin {
+            Some(p) => p.clone(),
+            None => sieve_loadtest::process::locate_binary("sieve-proxy").ok_or_else(|| {
+                anyhow::anyhow!("sieve-proxy not found next to sieve-loadtest: build it (cargo build -p sieve-proxy) or pass --proxy-bin")
+            })?,
+        };
+        Some(CapacitySpec {
+            p99_ms: a.p99_ms.unwrap_or(f64::INFINITY),
+            min_complete: a.min_complete,
+            sim,
+            start: a.workers,
+            max_workers: a.max_workers,
+            duration: secs(a.duration, "duration")?,
+            warmup: secs(a.warmup, "warmup")?,
+            cache: !a.no_cache,
+            proxy_bin,
+            out: a.out.join("proxy-configs"),
+            progress: !a.quiet,
+            seed: a.seed,
+        })
+    } else {
+        None
+    };
+    let capacity = env.clone().filter(|_| a.p99_ms.is_some());
+    let measure = env.filter(|_| !measure_sizes.is_empty()).map(|e| (e, measure_sizes));
+    let spec = PlanSpec {
+        traces: a.trace,
+        cache_sizes,
+        ttl_ms: a.ttl_ms,
+        prefix_blocks: a.prefix_blocks,
+        prefix_workers: a.prefix_workers,
+        capacity,
+        measure,
+        out: a.out,
+        seed: a.seed,
+    };
+    plan::plan(&spec).await.map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(())
 }
 

@@ -1,5 +1,6 @@
 //! Charts as SVG and PNG: latency CDF, latency over time, per-worker utilisation over time,
-//! and latency against load for a strategy comparison.
+//! latency against load for a strategy comparison, and hit rate against cache size for the
+//! capacity planner.
 //!
 //! SVG leaves text to the viewer. PNG is drawn into memory by plotters' bitmap backend and
 //! encoded with `png`; its text is drawn with a built-in 8×8 bitmap font ([`TextBitmap`]), so
@@ -321,6 +322,54 @@ impl Chart for LoadChart {
         for (i, (name, pts)) in self.series.iter().enumerate() {
             let c = color(i);
             let pts: Vec<(f64, f64)> = pts.iter().copied().filter(|p| p.1 > 0.0).collect();
+            chart
+                .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
+                .map_err(err)?
+                .label(name.clone())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+            chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 4, c.filled()))).map_err(err)?;
+        }
+        draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)
+    }
+}
+
+/// A fraction (y, 0-100%) against a size (x, log scale), one line per series: the planner's
+/// cache hit-rate curves.
+pub struct CurveChart {
+    pub title: String,
+    pub x_desc: String,
+    pub y_desc: String,
+    /// (series, [(size, fraction in 0..=1)]).
+    pub series: Vec<(String, Vec<(f64, f64)>)>,
+}
+
+impl Chart for CurveChart {
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), String> {
+        root.fill(&WHITE).map_err(err)?;
+        let xs = || self.series.iter().flat_map(|s| s.1.iter().map(|p| p.0)).filter(|x| *x > 0.0);
+        let xmin = xs().fold(f64::INFINITY, f64::min);
+        let xmax = xs().fold(0.0, f64::max);
+        let (xmin, xmax) = if xmin.is_finite() && xmax > xmin { (xmin / 1.5, xmax * 1.5) } else { (1.0, 1e6) };
+        let ymax = self.series.iter().flat_map(|s| s.1.iter().map(|p| p.1 * 100.0)).fold(0.0, f64::max);
+        let ymax = if ymax > 0.0 { (ymax * 1.2).min(100.0) } else { 100.0 };
+        let mut chart = ChartBuilder::on(root)
+            .caption(&self.title, ("sans-serif", 24))
+            .margin(16)
+            .x_label_area_size(44)
+            .y_label_area_size(76)
+            .build_cartesian_2d((xmin..xmax).log_scale(), 0.0..ymax)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc(self.x_desc.clone())
+            .y_desc(self.y_desc.clone())
+            .x_label_formatter(&|x| format!("{}", x.round()))
+            .y_label_formatter(&|y| format!("{y:.0}%"))
+            .draw()
+            .map_err(err)?;
+        for (i, (name, pts)) in self.series.iter().enumerate() {
+            let c = color(i);
+            let pts: Vec<(f64, f64)> = pts.iter().filter(|p| p.0 > 0.0).map(|p| (p.0, p.1 * 100.0)).collect();
             chart
                 .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
                 .map_err(err)?

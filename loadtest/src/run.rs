@@ -1,6 +1,8 @@
 //! Driving load at a target: open loop (Poisson arrivals at a rate, sent whatever the target
-//! does, latency counted from the arrival) or closed loop (N clients, each sending its next
-//! request when the last one is answered), bounded by duration and request count. Each
+//! does, latency counted from the arrival), a replayed trace (open loop at the trace's own
+//! arrival times, texts made from its hashes by `plan::synth`) or closed loop (N clients, each
+//! sending its next request when the last one is answered), bounded by duration and request
+//! count. Each
 //! answer is classified (complete, partial, error, wrong scores) into a [`Record`].
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,6 +18,7 @@ use tokio::time::Instant;
 
 use crate::arrivals::{PoissonArrivals, RateProfile};
 use crate::client::{Http, HttpError};
+use crate::plan::synth::Replay;
 use crate::sim::scores;
 use crate::summary::{new_histogram, Outcome, Record};
 use crate::workload::{GenRequest, WorkloadGen, WorkloadSpec};
@@ -23,8 +26,27 @@ use crate::workload::{GenRequest, WorkloadGen, WorkloadSpec};
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "mode", rename_all = "snake_case")]
 pub enum LoadMode {
-    Open { profile: RateProfile },
-    Closed { concurrency: usize },
+    Open {
+        profile: RateProfile,
+    },
+    Closed {
+        concurrency: usize,
+    },
+    /// The requests of a trace at its arrival times divided by `speed`.
+    Trace {
+        file: String,
+        speed: f64,
+    },
+}
+
+/// A trace to replay (`LoadMode::Trace`).
+#[derive(Debug, Clone)]
+pub struct TraceSource {
+    pub replay: Arc<Replay>,
+    /// Arrival times are divided by it (2: twice as fast).
+    pub speed: f64,
+    /// Traced deadlines are multiplied by it (workers stretched in time need longer ones).
+    pub deadline_scale: f64,
 }
 
 #[derive(Debug, Clone)]
@@ -46,6 +68,9 @@ pub struct RunSpec {
     pub progress: bool,
     /// Progress bar prefix.
     pub label: String,
+    /// The trace of `LoadMode::Trace` (its requests, instructions and deadlines replace the
+    /// workload's).
+    pub trace: Option<TraceSource>,
 }
 
 pub struct RunOutput {
@@ -138,19 +163,25 @@ struct Sender {
 }
 
 impl Sender {
-    /// Sends `req`, due at `due` (latency counts from there), and records the outcome.
+    /// Sends `req` with the workload's instruction and deadline.
     async fn send(&self, req: GenRequest, due: Instant) -> Record {
-        let body = Bytes::from(req.body(self.instruction.as_deref(), self.deadline_ms));
+        self.send_job(Job { req, instruction: self.instruction.clone(), deadline_ms: self.deadline_ms }, due).await
+    }
+
+    /// Sends `job`, due at `due` (latency counts from there), and records the outcome.
+    async fn send_job(&self, job: Job, due: Instant) -> Record {
+        let Job { req, instruction, deadline_ms } = job;
+        let body = Bytes::from(req.body(instruction.as_deref(), deadline_ms));
         let result = self.http.post(&self.url, body, self.timeout).await;
         let latency = due.elapsed();
-        let (outcome, missing) = classify(result, &req, self.instruction.as_deref(), self.verify);
+        let (outcome, missing) = classify(result, &req, instruction.as_deref(), self.verify);
         let r = Record {
             sent_s: due.saturating_duration_since(self.start).as_secs_f64(),
             latency_us: latency.as_micros() as u64,
             outcome,
             items: req.items.len() as u32,
             missing,
-            deadline_ms: self.deadline_ms,
+            deadline_ms,
         };
         self.live.record(&r);
         r
@@ -183,19 +214,19 @@ pub async fn run(http: &Http, spec: &RunSpec) -> RunOutput {
     let mut records = Vec::new();
 
     let out = match &spec.mode {
-        LoadMode::Open { profile } => {
+        LoadMode::Open { .. } | LoadMode::Trace { .. } => {
             let mut gen = WorkloadGen::new(spec.workload.clone(), spec.seed);
             let mut set = JoinSet::new();
-            for (i, t) in PoissonArrivals::new(profile.clone(), spec.seed).enumerate() {
+            for (i, (t, source)) in open_loop_arrivals(spec).enumerate() {
                 let due = start + Duration::from_secs_f64(t);
                 if i as u64 >= max || due >= end {
                     break;
                 }
-                let req = gen.next_request();
+                let Some(job) = make_job(spec, &mut gen, source) else { break };
                 tokio::time::sleep_until(due).await;
                 live.sent.fetch_add(1, Ordering::Relaxed);
                 let s = sender.clone();
-                set.spawn(async move { s.send(req, due).await });
+                set.spawn(async move { s.send_job(job, due).await });
                 while let Some(done) = set.try_join_next() {
                     records.extend(done.ok());
                 }
@@ -235,6 +266,57 @@ pub async fn run(http: &Http, spec: &RunSpec) -> RunOutput {
         }
     };
     out.sorted()
+}
+
+/// One request to send: its texts, instruction and deadline.
+pub struct Job {
+    pub req: GenRequest,
+    pub instruction: Option<String>,
+    pub deadline_ms: Option<u64>,
+}
+
+/// Where an open-loop request comes from.
+enum Source {
+    /// The next request of the workload generator.
+    Generated,
+    /// Request `i` of the trace.
+    Traced(usize),
+}
+
+/// The open-loop arrivals in order: seconds after the start, and where the request comes from
+/// (made only when it is sent, so the workload generator's sequence is the one it always was).
+fn open_loop_arrivals(spec: &RunSpec) -> Box<dyn Iterator<Item = (f64, Source)> + Send + '_> {
+    match (&spec.mode, &spec.trace) {
+        (LoadMode::Trace { .. }, Some(src)) => {
+            let speed = if src.speed > 0.0 { src.speed } else { 1.0 };
+            Box::new((0..src.replay.len()).map(move |i| (src.replay.t_s(i) / speed, Source::Traced(i))))
+        }
+        (LoadMode::Open { profile }, _) => {
+            Box::new(PoissonArrivals::new(profile.clone(), spec.seed).map(|t| (t, Source::Generated)))
+        }
+        // A trace mode without its trace, or closed loop: nothing to send open loop.
+        _ => Box::new(std::iter::empty()),
+    }
+}
+
+/// The request of `source`.
+fn make_job(spec: &RunSpec, gen: &mut WorkloadGen, source: Source) -> Option<Job> {
+    match (source, &spec.trace) {
+        (Source::Generated, _) => Some(Job {
+            req: gen.next_request(),
+            instruction: spec.workload.instruction.clone(),
+            deadline_ms: spec.workload.deadline_ms,
+        }),
+        (Source::Traced(i), Some(src)) => {
+            let r = src.replay.request(i)?;
+            Some(Job {
+                req: r.req,
+                instruction: r.instruction,
+                deadline_ms: r.deadline_ms.map(|d| ((d as f64 * src.deadline_scale).round() as u64).max(1)),
+            })
+        }
+        (Source::Traced(_), None) => None,
+    }
 }
 
 impl RunOutput {

@@ -144,7 +144,7 @@ impl GenRequest {
 }
 
 /// Short words (one simulated token each) for item and query texts.
-const WORDS: &[&str] = &[
+pub const WORDS: &[&str] = &[
     "trail", "run", "shoe", "shoes", "men", "women", "kids", "red", "blue", "black", "white", "green", "grey", "size",
     "light", "mesh", "grip", "sole", "heel", "toe", "road", "ultra", "race", "fit", "wide", "narrow", "soft", "firm",
     "foam", "carbon", "plate", "knit", "lace", "zip", "boot", "sock", "jacket", "rain", "wind", "warm", "cool", "dry",

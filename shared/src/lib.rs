@@ -12,6 +12,7 @@ pub mod grpc;
 pub mod http;
 pub mod limits;
 pub mod metrics_names;
+pub mod pair_key;
 pub mod proxy_config;
 pub mod service;
 pub mod stats;

@@ -260,6 +260,7 @@ impl Env<'_> {
                 st.key,
                 scenario.map_or_else(|| format!("{load_pct:.0}%"), |s| s.key().to_string())
             ),
+            trace: None,
         };
         self.cluster.wait_idle(Duration::from_secs(10)).await;
         // The workload and arrivals come from `spec.seed` too: every strategy gets the same.
@@ -340,6 +341,7 @@ impl Env<'_> {
             verify_sim_scores: false,
             progress: false,
             label: "settle".into(),
+            trace: None,
         };
         let _ = run::run(&self.http, &spec).await;
         self.cluster.wait_idle(Duration::from_secs(10)).await;

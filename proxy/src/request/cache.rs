@@ -3,9 +3,10 @@
 //! (the determinism contract in ARCHITECTURE.md), so a stored score is the score a worker would
 //! compute again, bit for bit.
 //!
-//! The entries live in a `moka` cache: bounded in bytes (every entry weighs [`ENTRY_BYTES`]),
-//! dropped after the TTL, admitted by frequency (TinyLFU: a pair seen once does not push out
-//! pairs that repeat). The key is a 128-bit XXH3 digest, never the texts: per item, one digest
+//! The entries live in a `moka` cache (its key, weight and shape in `sieve_shared::pair_key`,
+//! which the capacity planner replays traces through): bounded in bytes (every entry weighs
+//! [`ENTRY_BYTES`]), dropped after the TTL, admitted by frequency (TinyLFU: a pair seen once
+//! does not push out pairs that repeat). The key is a 128-bit XXH3 digest, never the texts: per item, one digest
 //! of the item text and one of (instruction, query), hashed over the borrowed strings (no copy),
 //! mixed with the digest of the model the answering worker reported. A worker reporting another model
 //! than the last one seen empties the cache; the model in the key keeps a late answer of the old
@@ -20,19 +21,15 @@ use std::time::Duration;
 use arc_swap::ArcSwapOption;
 use moka::notification::RemovalCause;
 use moka::sync::Cache;
+use sieve_shared::pair_key::{self, digest_of_item, digest_of_model, digest_of_prefix, key, BuildDigestHasher};
 use sieve_shared::proxy_config::CacheConfig;
 use sieve_shared::ScoreRequestRef;
-use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
 use super::dispatch::ShardOutcome;
 use super::merge::ShardResult;
 use crate::metrics as m;
 
-/// What one entry is taken to weigh, in bytes: its 16-byte key and 8-byte value plus an
-/// estimate (not a measurement) of moka's per-entry bookkeeping (hash-table slot, access-order
-/// and write-order nodes, its share of the frequency sketch), rounded up. Every entry weighs the
-/// same, so `max_bytes` is in effect `max_bytes / ENTRY_BYTES` entries.
-pub const ENTRY_BYTES: u32 = 128;
+pub use sieve_shared::pair_key::ENTRY_BYTES;
 
 /// A stored answer for one pair.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -74,10 +71,9 @@ impl PairCache {
     /// An empty cache sized by `cfg` (`max_bytes` and `ttl_ms` are read once: a restart
     /// applies changes to them; `enabled` is read per request).
     pub fn new(cfg: &CacheConfig) -> Self {
-        let entries = Cache::builder()
-            .max_capacity(cfg.max_bytes)
-            .weigher(|_: &u128, _: &Entry| ENTRY_BYTES)
-            .time_to_live(Duration::from_millis(cfg.ttl_ms))
+        // The key, weight, TTL and hasher are `sieve_shared::pair_key`'s: the capacity
+        // planner replays traces through the same cache.
+        let entries = pair_key::builder::<Entry>(cfg.max_bytes, Duration::from_millis(cfg.ttl_ms))
             .eviction_listener(|_, _, cause| {
                 // A model change (invalidate_all, `Explicit`) is counted as an invalidation.
                 if matches!(cause, RemovalCause::Size | RemovalCause::Expired) {
@@ -109,7 +105,7 @@ impl PairCache {
     /// Looks every item of `req` up under the current model.
     pub fn lookup(&self, req: &ScoreRequestRef<'_>) -> Lookup {
         let prefix = digest_of_prefix(req.instruction.as_deref(), &req.query);
-        let digests: Vec<u128> = req.items.iter().map(|i| xxh3_128(i.text().as_bytes())).collect();
+        let digests: Vec<u128> = req.items.iter().map(|i| digest_of_item(i.text())).collect();
         let model = self.model.load_full();
         let found: Vec<Option<Entry>> = match &model {
             Some(model) => digests.iter().map(|&d| self.entries.get(&key(model.digest, prefix, d))).collect(),
@@ -152,66 +148,6 @@ impl PairCache {
         self.entries.entry_count()
     }
 }
-
-/// Every string is hashed with its length first, so no two different tuples hash the same
-/// bytes ("ab" + "c" differs from "a" + "bc"); the tags keep an absent instruction apart from an
-/// empty one.
-fn put(h: &mut Xxh3, s: &str) {
-    h.update(&(s.len() as u64).to_le_bytes());
-    h.update(s.as_bytes());
-}
-
-fn digest_of_model(name: &str) -> u128 {
-    let mut h = Xxh3::new();
-    h.update(b"model");
-    put(&mut h, name);
-    h.digest128()
-}
-
-fn digest_of_prefix(instruction: Option<&str>, query: &str) -> u128 {
-    let mut h = Xxh3::new();
-    match instruction {
-        Some(i) => {
-            h.update(b"I");
-            put(&mut h, i);
-        }
-        None => h.update(b"-"),
-    }
-    put(&mut h, query);
-    h.digest128()
-}
-
-/// The cache key of a pair under a model: the digest of the three digests (model, instruction
-/// and query, item text), one short one-shot hash per item.
-fn key(model: u128, prefix: u128, item: u128) -> u128 {
-    let mut all = [0u8; 48];
-    all[..16].copy_from_slice(&model.to_le_bytes());
-    all[16..32].copy_from_slice(&prefix.to_le_bytes());
-    all[32..].copy_from_slice(&item.to_le_bytes());
-    xxh3_128(&all)
-}
-
-/// The keys are XXH3 digests already: moka's table and frequency sketch take their low 64 bits
-/// rather than hash them again with SipHash.
-#[derive(Clone, Default)]
-struct DigestHasher(u64);
-
-impl std::hash::Hasher for DigestHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Only `write_u128` is called for a u128 key; any other input is folded in, not lost.
-        self.0 = xxh3_128(bytes) as u64 ^ self.0.rotate_left(5);
-    }
-
-    fn write_u128(&mut self, k: u128) {
-        self.0 ^= k as u64;
-    }
-}
-
-type BuildDigestHasher = std::hash::BuildHasherDefault<DigestHasher>;
 
 #[cfg(test)]
 mod tests {
