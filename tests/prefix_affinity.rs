@@ -1,6 +1,8 @@
 //! Cache-aware routing against simulated workers with prefix caches, in-process on loopback: a
 //! query sent again lands on the worker that answered it first, which serves its prefix from its
-//! prefix cache (`cached_prefix_tokens`), learnt from the first answer alone.
+//! prefix cache (`cached_prefix_tokens`), learnt from the first answer alone. (Without the
+//! routing, least-loaded breaks ties between idle workers at random: six repeats would all find
+//! their holders by chance once in 4,096 runs.)
 
 use std::sync::atomic::Ordering;
 
@@ -35,6 +37,16 @@ async fn a_repeated_query_lands_on_the_worker_holding_its_prefix() {
     let p = proxy(cfg, 4).await;
     let url = format!("{}/v1/score", p.api_url());
     let items = catalogue(40, 5);
+    // Every worker answers a few calls first: from its second on, each shows a prefix-cache hit
+    // (the template head's blocks), which tells the proxy it has a prefix cache at all.
+    for n in 0..200 {
+        if calls(&ws).iter().all(|&c| c >= 2) {
+            break;
+        }
+        let r = http.post_json(&url, &score_body(&format!("warm {n}"), &items[..1], None)).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    assert!(calls(&ws).iter().all(|&c| c >= 2), "every worker warmed: {:?}", calls(&ws));
 
     let mut first_on = Vec::new();
     for q in 0..6 {

@@ -11,8 +11,10 @@
 //! What is forgotten: a worker's every holding when it may have lost its cache (restart, model or
 //! template change: `Worker::forget_prefixes` bumps its generation, and entries of an older
 //! generation no longer count), and one holding when the worker answered a call expected to hit
-//! with less than the whole prefix cached (it evicted sooner than the TTL guessed, or runs
-//! without a prefix cache).
+//! with less than the whole prefix cached (it evicted sooner than the TTL guessed). A worker
+//! counts as a holder only once one of its answers has shown a prefix-cache hit (a real
+//! worker's calls share the template's blocks, so that is its second call): one without a
+//! prefix cache never does, and is planned as it was before.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -56,7 +58,8 @@ impl PrefixHolders {
     }
 
     fn live(&self, h: &Holder, w: &Worker, now: Instant) -> bool {
-        h.worker == worker_key(w)
+        w.has_prefix_cache()
+            && h.worker == worker_key(w)
             && h.generation == w.prefix_generation()
             && now.saturating_duration_since(h.at) < self.ttl
     }
@@ -81,6 +84,9 @@ impl PrefixHolders {
     pub fn observe(&self, prefix: u128, w: &Worker, prefix_tokens: u32, cached_prefix_tokens: u32, now: Instant) {
         if prefix_tokens == 0 {
             return;
+        }
+        if cached_prefix_tokens > 0 {
+            w.note_prefix_hit();
         }
         let expected = self.holds(prefix, w, now);
         if expected {
@@ -147,13 +153,18 @@ mod tests {
     use super::*;
     use crate::cluster::worker::Health;
 
+    /// A worker whose answers have shown a prefix cache.
     fn worker(port: u16) -> Arc<Worker> {
-        let url = format!("http://127.0.0.1:{port}");
-        Arc::new(
-            Worker::new(WorkerEndpoint::new(url, Some("http://127.0.0.1:1".into())), BreakerConfig::default()).unwrap(),
-        )
+        let w = fresh(port);
+        w.note_prefix_hit();
+        w
     }
 
+    fn fresh(port: u16) -> Arc<Worker> {
+        let url = format!("http://127.0.0.1:{port}");
+        let endpoint = WorkerEndpoint::new(url, Some("http://127.0.0.1:1".into()));
+        Arc::new(Worker::new(endpoint, BreakerConfig::default()).unwrap())
+    }
     fn map(entries: u64, ttl_ms: u64) -> PrefixHolders {
         PrefixHolders::new(&SplitConfig {
             prefix_holders_entries: entries,
@@ -175,6 +186,12 @@ mod tests {
         // Expected to hit, answered with the head blocks only: forgotten, not renewed.
         h.observe(1, &a, 45, 32, now);
         assert!(!h.holds(1, &a, now) && h.holds(1, &b, now));
+        // A worker whose answers never show a prefix-cache hit has none: never a holder.
+        let c = fresh(12);
+        h.observe(1, &c, 45, 0, now);
+        assert!(!h.holds(1, &c, now));
+        h.observe(2, &c, 45, 32, now);
+        assert!(h.holds(1, &c, now) && h.holds(2, &c, now), "a hit shows its cache: its holdings count");
         // A call without a prefix teaches nothing.
         h.observe(3, &a, 0, 0, now);
         assert!(!h.holds(3, &a, now));
@@ -232,22 +249,28 @@ mod tests {
         };
         a.record_health(now, Health::Ready, None, Some(stats(10, "m", "t")));
         h.record(1, &a, now);
+        a.note_prefix_hit();
         a.record_health(now, Health::Ready, None, Some(stats(12, "m", "t")));
         assert!(h.holds(1, &a, now), "a check that finds nothing new keeps it");
         a.record_health(now, Health::Ready, None, Some(stats(3, "m", "t")));
         assert!(!h.holds(1, &a, now), "fewer requests processed: restarted between checks");
         h.record(1, &a, now);
+        a.note_prefix_hit();
         a.record_health(now, Health::Unreachable, None, None);
         a.record_health(now, Health::Ready, None, Some(stats(4, "m", "t")));
         assert!(!h.holds(1, &a, now), "came back from unreachable");
         h.record(1, &a, now);
+        a.note_prefix_hit();
         a.record_health(now, Health::Ready, None, Some(stats(5, "m", "t2")));
         assert!(!h.holds(1, &a, now), "another template");
         h.record(1, &a, now);
+        a.note_prefix_hit();
         a.record_health(now, Health::Ready, None, Some(stats(6, "m2", "t2")));
         assert!(!h.holds(1, &a, now), "another model");
-        // Learnt again from the next answer.
+        // Learnt again from the next answers, once one shows its prefix cache again.
         h.observe(1, &a, 45, 0, now);
-        assert!(h.holds(1, &a, now));
+        assert!(!h.holds(1, &a, now), "no hit seen since the restart");
+        h.observe(2, &a, 45, 32, now);
+        assert!(h.holds(1, &a, now) && h.holds(2, &a, now));
     }
 }

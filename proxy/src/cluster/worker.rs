@@ -2,7 +2,7 @@
 //! predicted cost, held until the response body is read), what it last reported, its health,
 //! its breaker and its measured speed.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -82,6 +82,9 @@ pub struct Worker {
     /// change): what the proxy learnt of the prefixes it held before is void
     /// (`crate::prefix_holders`).
     prefix_generation: AtomicU64,
+    /// One of its answers showed a prefix-cache hit since the last generation bump: it has a
+    /// prefix cache worth routing to (a worker without one never reports a cached token).
+    prefix_cache_seen: AtomicBool,
     pub counters: WorkerCounters,
     state: Mutex<WorkerState>,
 }
@@ -142,6 +145,7 @@ impl Worker {
             in_flight: AtomicU64::new(0),
             in_flight_cost_us: AtomicU64::new(0),
             prefix_generation: AtomicU64::new(0),
+            prefix_cache_seen: AtomicBool::new(false),
             counters: WorkerCounters::default(),
             state: Mutex::new(WorkerState {
                 health: Health::Unknown,
@@ -268,9 +272,21 @@ impl Worker {
         self.prefix_generation.load(Ordering::Relaxed)
     }
 
-    /// Voids what the proxy learnt of the prefixes this worker holds.
+    /// Voids what the proxy learnt of the prefixes this worker holds, and whether it has a
+    /// prefix cache at all.
     pub fn forget_prefixes(&self) {
         self.prefix_generation.fetch_add(1, Ordering::Relaxed);
+        self.prefix_cache_seen.store(false, Ordering::Relaxed);
+    }
+
+    /// One of its answers came (partly) from its prefix cache.
+    pub fn note_prefix_hit(&self) {
+        self.prefix_cache_seen.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether its answers have shown a prefix cache (since the last [`Self::forget_prefixes`]).
+    pub fn has_prefix_cache(&self) -> bool {
+        self.prefix_cache_seen.load(Ordering::Relaxed)
     }
 
     /// Records a health check: the `/ready` verdict and, when it answered, `/stats`. A worker
