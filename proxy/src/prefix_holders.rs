@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 
 use moka::sync::Cache;
 use sieve_shared::proxy_config::SplitConfig;
-use xxhash_rust::xxh3::xxh3_64;
 
 use crate::cluster::worker::{Worker, WorkerView};
 use crate::metrics as m;
@@ -32,7 +31,7 @@ pub const MAX_HOLDERS: usize = 4;
 /// One worker's holding of one prefix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Holder {
-    /// The worker's URL digest.
+    /// The worker's [`Worker::prefix_key`].
     worker: u64,
     /// Its prefix generation when it answered.
     generation: u64,
@@ -45,10 +44,6 @@ pub struct PrefixHolders {
     ttl: Duration,
 }
 
-fn worker_key(w: &Worker) -> u64 {
-    xxh3_64(w.url().as_bytes())
-}
-
 impl PrefixHolders {
     /// An empty map sized by `cfg` (read once: a restart applies changes).
     pub fn new(cfg: &SplitConfig) -> Self {
@@ -59,7 +54,7 @@ impl PrefixHolders {
 
     fn live(&self, h: &Holder, w: &Worker, now: Instant) -> bool {
         w.has_prefix_cache()
-            && h.worker == worker_key(w)
+            && h.worker == w.prefix_key()
             && h.generation == w.prefix_generation()
             && now.saturating_duration_since(h.at) < self.ttl
     }
@@ -79,8 +74,9 @@ impl PrefixHolders {
     }
 
     /// What one complete answer of `w` for a call with `prefix` teaches: it holds the prefix
-    /// now, unless it was expected to hold it and answered with less than all of it cached (then
-    /// the stale holding is forgotten, not renewed: it may run without a prefix cache).
+    /// now, unless it was expected to hold it and answered with less than all of it cached (its
+    /// LRU evicted the prefix sooner than the TTL guessed): then the stale holding is forgotten,
+    /// not renewed.
     pub fn observe(&self, prefix: u128, w: &Worker, prefix_tokens: u32, cached_prefix_tokens: u32, now: Instant) {
         if prefix_tokens == 0 {
             return;
@@ -103,7 +99,7 @@ impl PrefixHolders {
     /// `w` holds `prefix` from `now`: it becomes the most recent holder; the oldest holders
     /// past [`MAX_HOLDERS`] (and any no longer live) are dropped.
     pub fn record(&self, prefix: u128, w: &Worker, now: Instant) {
-        let me = Holder { worker: worker_key(w), generation: w.prefix_generation(), at: now };
+        let me = Holder { worker: w.prefix_key(), generation: w.prefix_generation(), at: now };
         let ttl = self.ttl;
         self.entries.entry(prefix).and_upsert_with(|old| {
             let mut hs: Vec<Holder> = vec![me];
@@ -121,7 +117,7 @@ impl PrefixHolders {
 
     /// `w` no longer counts as holding `prefix`.
     pub fn forget(&self, prefix: u128, w: &Worker) {
-        let key = worker_key(w);
+        let key = w.prefix_key();
         let _ = self.entries.entry(prefix).and_compute_with(|old| {
             use moka::ops::compute::Op;
             match old {

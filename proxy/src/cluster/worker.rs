@@ -82,6 +82,8 @@ pub struct Worker {
     /// change): what the proxy learnt of the prefixes it held before is void
     /// (`crate::prefix_holders`).
     prefix_generation: AtomicU64,
+    /// The digest of its URL: how `crate::prefix_holders` names it.
+    prefix_key: u64,
     /// One of its answers showed a prefix-cache hit since the last generation bump: it has a
     /// prefix cache worth routing to (a worker without one never reports a cached token).
     prefix_cache_seen: AtomicBool,
@@ -137,6 +139,7 @@ impl Worker {
             Some(a) => (Some(uri(a, "/ready")?), Some(uri(a, "/stats")?)),
             None => (None, None),
         };
+        let prefix_key = xxhash_rust::xxh3::xxh3_64(endpoint.url.as_bytes());
         Ok(Worker {
             endpoint,
             score_uri,
@@ -145,6 +148,7 @@ impl Worker {
             in_flight: AtomicU64::new(0),
             in_flight_cost_us: AtomicU64::new(0),
             prefix_generation: AtomicU64::new(0),
+            prefix_key,
             prefix_cache_seen: AtomicBool::new(false),
             counters: WorkerCounters::default(),
             state: Mutex::new(WorkerState {
@@ -265,6 +269,11 @@ impl Worker {
     pub fn calibrated_time_factor(&self) -> Option<f64> {
         let st = self.state();
         (st.time_samples >= CALIBRATION_SHARDS).then_some(st.time_factor)
+    }
+
+    /// The digest of its URL, computed once: how the prefix holders name it.
+    pub fn prefix_key(&self) -> u64 {
+        self.prefix_key
     }
 
     /// The prefix-cache generation: bumped whenever the worker may have lost its prefix cache.
