@@ -55,8 +55,12 @@ async fn scores_through_the_proxy_equal_a_worker_called_directly_for_any_split()
     let want = direct(&workers[0]).await;
     assert_eq!(want.scores.len(), 5);
     assert!(want.scores.iter().all(|s| s.is_some_and(|s| (0.0..=1.0).contains(&s))));
-    // Another worker process gives the same answer.
-    assert_eq!(direct(&workers[1]).await.scores, want.scores);
+    // Another worker process gives the same answer, under the same template identity (a
+    // digest of its prompt template and score head: the proxy's pair cache keys on it).
+    let other = direct(&workers[1]).await;
+    assert_eq!(other.scores, want.scores);
+    assert_eq!(want.template.len(), 16, "template identity {:?}", want.template);
+    assert_eq!(other.template, want.template);
 
     let endpoints: Vec<WorkerEndpoint> =
         workers.iter().map(|w| WorkerEndpoint::new(w.api_url(), Some(w.admin_url()))).collect();

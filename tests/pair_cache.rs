@@ -1,7 +1,7 @@
 //! The proxy's pair-score cache against simulated workers, in-process on loopback: a repeated
 //! request is answered from the cache (nothing sent, the same scores bit for bit, `usage` says
 //! so), an overlapping one sends only its new items, `"cache": false` sends everything again,
-//! and workers reporting another model empty the cache.
+//! and workers reporting another model or template identity empty the cache.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -95,6 +95,22 @@ async fn repeats_are_answered_from_the_cache_bit_for_bit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_reporting_another_model_empty_the_cache() {
+    another_identity_empties_the_cache(SimConfig { model: "sim-v2".into(), ..SimConfig::default() }).await;
+}
+
+/// The same model with another prompt template (or score head) scores differently: its
+/// template identity is in the key, and a change empties the cache as a model change does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_reporting_another_template_empty_the_cache() {
+    let new = SimConfig { template: "sim-template-v2".into(), ..SimConfig::default() };
+    assert_eq!(new.model, SimConfig::default().model, "the same model");
+    another_identity_empties_the_cache(new).await;
+}
+
+/// Scores cached from workers of the default identity; the worker list then holds only a
+/// worker of `new`'s model and template: the cache is emptied within a health interval.
+async fn another_identity_empties_the_cache(new: SimConfig) {
+    let (new_model, new_template) = (new.model.clone(), new.template.clone());
     let http = Http::new();
     let old = sims(1, SimConfig::default()).await;
     let cfg = cached(&old);
@@ -104,7 +120,7 @@ async fn workers_reporting_another_model_empty_the_cache() {
     assert_eq!(score(&http, &p, &body).await.0.usage.cached_items, 40);
 
     // The worker list now holds only workers of another model.
-    let new = sims(1, SimConfig { model: "sim-v2".into(), ..SimConfig::default() }).await;
+    let new = sims(1, new).await;
     p.state.pool.replace(&[new[0].endpoint()], &cfg.breaker);
     p.state.health_wake.notify_one();
     let end = Instant::now() + Duration::from_secs(10);
@@ -120,14 +136,16 @@ async fn workers_reporting_another_model_empty_the_cache() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    assert_eq!(r.usage.cached_items, 0, "the old model's scores are not served");
+    assert_eq!(r.usage.cached_items, 0, "the old identity's scores are not served");
     assert!(shards >= 1);
-    assert_eq!(r.model, "sim-v2");
-    assert_eq!(new[0].engine().counters().pairs.load(Ordering::Relaxed), 40);
-    // And the new model's answers are cached in their turn.
+    assert_eq!(r.model, new_model);
+    let direct: ScoreResponse = http.post_json(&format!("{}/v1/score", new[0].api_url()), &body).await.json();
+    assert_eq!(direct.template, new_template, "the worker reports its template identity in answers");
+    assert_eq!(new[0].engine().counters().pairs.load(Ordering::Relaxed), 80, "the proxy's 40 and the direct 40");
+    // And the new identity's answers are cached in their turn.
     let (again, shards) = score(&http, &p, &body).await;
     assert_eq!((again.usage.cached_items, shards), (40, 0));
-    assert_eq!(again.model, "sim-v2");
+    assert_eq!(again.model, new_model);
     p.stop().await;
 }
 

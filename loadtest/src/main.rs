@@ -205,6 +205,9 @@ struct CompareArgs {
     /// Batch slots per worker (calls computed at once).
     #[arg(long, default_value_t = 1)]
     slots: usize,
+    /// Prefix-cache capacity of every simulated worker, in 16-token blocks (0: none).
+    #[arg(long, default_value_t = 0)]
+    prefix_cache_blocks: usize,
     /// Cost model of the simulated workers (default: the built-in GPU-like one).
     #[arg(long)]
     cost_model: Option<PathBuf>,
@@ -225,8 +228,9 @@ struct CompareArgs {
     /// Seconds of unmeasured load per proxy before the first run.
     #[arg(long, default_value_t = 3.0)]
     warmup: f64,
-    /// all (1-6), or a comma-separated list of 1-7 / whole-random, fixed-random, fixed-least, ours,
-    /// ours-hedge, whole-least, ours-cache (7, only when named: ours with the pair-score cache).
+    /// all (1-6), or a comma-separated list of 1-8 / whole-random, fixed-random, fixed-least, ours,
+    /// ours-hedge, whole-least, ours-cache (7, only when named: ours with the pair-score cache),
+    /// ours-affinity (8, only when named: ours with cache-aware routing).
     #[arg(long, default_value = "all")]
     strategies: String,
     /// all, none, or a comma-separated list of slow, kill, burst, stall.
@@ -384,9 +388,16 @@ struct SimWorkerArgs {
     max_batch_tokens: u64,
     #[arg(long, default_value_t = 8192)]
     max_seq_tokens: u64,
+    /// Prefix-cache capacity in 16-token blocks (LRU): a held prefix is not computed again and
+    /// is reported in `cached_prefix_tokens`; 0: no prefix cache.
+    #[arg(long, default_value_t = 0)]
+    prefix_cache_blocks: usize,
     /// Model name reported in responses.
     #[arg(long, default_value = "sim")]
     model: String,
+    /// Template identity reported in responses and `/stats` (the proxy's pair cache keys on it).
+    #[arg(long, default_value = "sim-template-v1")]
+    template: String,
     /// Address of the admin port (default 127.0.0.1, whatever --host says).
     #[arg(long, default_value = "127.0.0.1")]
     admin_host: String,
@@ -583,8 +594,15 @@ async fn compare_strategies(a: CompareArgs) -> anyhow::Result<()> {
         None => sieve_loadtest::process::locate_binary("sieve-proxy")
             .ok_or_else(|| anyhow::anyhow!("sieve-proxy not found next to sieve-loadtest: build it (cargo build -p sieve-proxy) or pass --proxy-bin"))?,
     };
-    let sim =
-        SimConfig { cost, slots: a.slots, speed: a.speed, jitter: a.jitter, seed: a.seed, ..SimConfig::default() };
+    let sim = SimConfig {
+        cost,
+        slots: a.slots,
+        speed: a.speed,
+        jitter: a.jitter,
+        seed: a.seed,
+        prefix_cache_blocks: a.prefix_cache_blocks,
+        ..SimConfig::default()
+    };
     sim.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
     for &l in &a.loads {
         if !(l.is_finite() && l > 0.0) {
@@ -727,6 +745,8 @@ async fn sim_worker(a: SimWorkerArgs, file: SimFileConfig) -> anyhow::Result<()>
         max_queue: a.max_queue,
         max_batch_tokens: a.max_batch_tokens,
         max_seq_tokens: a.max_seq_tokens,
+        prefix_cache_blocks: a.prefix_cache_blocks,
+        template: a.template,
         ..SimConfig::default()
     };
     let worker = SimWorker::start(config, &a.host, a.port, a.admin_port).await?;

@@ -42,6 +42,8 @@ fn main() {
                 in_flight: if i % 2 == 1 { 2 } else { 0 },
                 time_factor: 1.0 + (i % 3) as f64 * 0.1,
                 max_batch_tokens: 0,
+                // A few workers hold the prefix (cache-aware routing's case).
+                holds_prefix: i % 5 == 2,
             })
             .collect();
         let cands: Vec<Candidate> = views.iter().map(Candidate::from).collect();

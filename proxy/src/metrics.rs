@@ -44,6 +44,9 @@ pub const CONFIG_RELOADS: &str = "sieve_proxy_config_reloads_total";
 /// entries evicted (by size or TTL; a model change empties it without counting here), and the
 /// times a model change emptied it.
 pub const CACHE_HITS: &str = "sieve_proxy_cache_hits_total";
+/// Answers from a worker the proxy took to hold the call's prefix, by outcome (`hit`: the
+/// whole prefix came from its prefix cache; `miss`: it did not, and the holding is forgotten).
+pub const PREFIX_AFFINITY_CHECKS: &str = "sieve_proxy_prefix_affinity_checks_total";
 pub const CACHE_MISSES: &str = "sieve_proxy_cache_misses_total";
 pub const CACHE_INSERTS: &str = "sieve_proxy_cache_inserts_total";
 pub const CACHE_EVICTIONS: &str = "sieve_proxy_cache_evictions_total";
@@ -145,6 +148,7 @@ fn describe() {
     describe_histogram!(TOKEN_ESTIMATE_ERROR, "(estimated - reported) / reported tokens per item");
     describe_counter!(CONFIG_RELOADS, "Config reloads by outcome");
     describe_counter!(CACHE_HITS, "Items answered from the pair-score cache");
+    describe_counter!(PREFIX_AFFINITY_CHECKS, "Answers of workers expected to hold the prefix, by outcome");
     describe_counter!(CACHE_MISSES, "Items looked up in the pair-score cache and not found");
     describe_counter!(CACHE_INSERTS, "Scores stored in the pair-score cache");
     describe_counter!(CACHE_EVICTIONS, "Pair-score cache entries evicted by size or TTL");

@@ -150,6 +150,7 @@ mod tests {
             usage: Usage { pairs: 2, ..Usage::default() },
             timing: Timing { queue_ms: 1.0, compute_ms: 5.0, total_ms: 7.0 },
             model: "m".into(),
+            template: String::new(),
         };
         let out = render(&req, &Scored { response, wall_ms: 8.0, shards: Some(2) }, None);
         let lines: Vec<&str> =

@@ -219,6 +219,7 @@ mod tests {
             usage: sieve_shared::Usage { item_tokens: vec![7; r.items.len()], prefix_tokens: 9, ..Default::default() },
             timing: Default::default(),
             model: "m".into(),
+            template: String::new(),
         };
         Pending::new(&r, Instant::now()).finish(Ok(&resp))
     }

@@ -19,6 +19,7 @@ use crate::drain::Drain;
 use crate::estimate::cost_estimator::CostEstimator;
 use crate::estimate::latency_ratio::RatioTracker;
 use crate::estimate::token_estimator::TokenEstimator;
+use crate::prefix_holders::PrefixHolders;
 use crate::request::cache::PairCache;
 use crate::request_trace::Trace;
 use crate::split::{self, SplitPolicy};
@@ -40,6 +41,8 @@ pub struct AppState {
     pub ratios: RatioTracker,
     /// Scores of pairs already answered (`[cache]`).
     pub pair_cache: PairCache,
+    /// Which workers hold which prefixes, learnt from their answers (`[split] prefix_affinity`).
+    pub prefix_holders: PrefixHolders,
     /// The sampled request trace (`[request_trace]`; off until `start` opens it).
     pub request_trace: Trace,
     pub drain: Drain,
@@ -66,6 +69,7 @@ impl AppState {
             hedge_budget: TokenBucket::new(HEDGE_BUCKET_CAPACITY_MS, 0.0, 0.0),
             ratios: RatioTracker::new(config.hedge.quantile),
             pair_cache: PairCache::new(&config.cache),
+            prefix_holders: PrefixHolders::new(&config.split),
             request_trace: Trace::off(),
             drain: Drain::default(),
             health_wake: Notify::new(),

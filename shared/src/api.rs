@@ -325,6 +325,10 @@ pub struct ScoreResponse {
     pub timing: Timing,
     #[serde(default)]
     pub model: String,
+    /// The answering worker's template identity (as in its `/stats`); absent from the proxy's
+    /// own answers and from workers that predate it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub template: String,
 }
 
 /// `POST /v1/rerank` (and `/v2/rerank`), in the shape Cohere, Jina and vLLM share. What Sieve
@@ -543,6 +547,7 @@ mod tests {
             usage: Usage::default(),
             timing: Timing::default(),
             model: "m".into(),
+            template: String::new(),
         };
         let r = RerankResponse::from_scores(&req, resp);
         assert_eq!(r.results.iter().map(|r| r.index).collect::<Vec<_>>(), vec![1, 2]);

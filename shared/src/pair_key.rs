@@ -33,11 +33,13 @@ fn put(h: &mut Xxh3, s: &str) {
     h.update(s.as_bytes());
 }
 
-/// The digest of the model name the workers report (mixed into every key).
-pub fn digest_of_model(name: &str) -> u128 {
+/// The digest of the model name and template identity (prompt template and score head) the
+/// workers report, mixed into every key.
+pub fn digest_of_model(name: &str, template: &str) -> u128 {
     let mut h = Xxh3::new();
     h.update(b"model");
     put(&mut h, name);
+    put(&mut h, template);
     h.digest128()
 }
 
@@ -98,11 +100,11 @@ mod tests {
 
     #[test]
     fn the_key_covers_every_part_and_its_boundaries() {
-        let m = digest_of_model("m");
+        let m = digest_of_model("m", "t");
         let base = key(m, digest_of_prefix(None, "q"), digest_of_item("ab"));
-        assert_eq!(base, key(digest_of_model("m"), digest_of_prefix(None, "q"), digest_of_item("ab")));
+        assert_eq!(base, key(digest_of_model("m", "t"), digest_of_prefix(None, "q"), digest_of_item("ab")));
         for other in [
-            key(digest_of_model("m2"), digest_of_prefix(None, "q"), digest_of_item("ab")),
+            key(digest_of_model("m2", "t"), digest_of_prefix(None, "q"), digest_of_item("ab")),
             key(m, digest_of_prefix(Some(""), "q"), digest_of_item("ab")),
             key(m, digest_of_prefix(None, "qa"), digest_of_item("b")),
             key(m, digest_of_prefix(None, "q"), digest_of_item("ab ")),

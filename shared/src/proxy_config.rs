@@ -78,6 +78,7 @@ impl ProxyConfig {
         check(self.deadline.default_ms > 0, "deadline.default_ms must be positive")?;
         check(self.split.fixed_items > 0, "split.fixed_items must be positive")?;
         check(self.split.max_shards > 0, "split.max_shards must be positive")?;
+        check(self.split.prefix_holders_ttl_ms > 0, "split.prefix_holders_ttl_ms must be positive")?;
         check(
             self.admission.margin >= 0.0 && self.admission.margin.is_finite(),
             "admission.margin must be a finite number >= 0",
@@ -201,6 +202,16 @@ pub struct SplitConfig {
     /// True by default (the strategy comparison: lower p99 at 70-90% load and in a burst, the
     /// same below); false: minimise this request's makespan alone.
     pub load_aware: bool,
+    /// Cost mode: a worker known to hold the request's shared prefix in its prefix cache (it
+    /// answered a call with that prefix lately) is planned without the prefix's compute, and
+    /// is moved up the ranking when that makes it start earliest; the makespan and load price
+    /// trade the saving against its queue. False: every worker is planned as paying the prefix.
+    pub prefix_affinity: bool,
+    /// Most prefixes whose holders the proxy remembers (each holds up to 4 workers).
+    pub prefix_holders_entries: u64,
+    /// A worker counts as holding a prefix for this long after its last answer for it: the
+    /// proxy's guess of how long the worker's LRU keeps a prefix (ms).
+    pub prefix_holders_ttl_ms: u64,
 }
 
 impl Default for SplitConfig {
@@ -212,6 +223,9 @@ impl Default for SplitConfig {
             tolerance: 0.02,
             default_max_batch_tokens: 0,
             load_aware: true,
+            prefix_affinity: true,
+            prefix_holders_entries: 100_000,
+            prefix_holders_ttl_ms: 30_000,
         }
     }
 }

@@ -7,6 +7,11 @@ use serde::{Deserialize, Serialize};
 #[serde(default)]
 pub struct WorkerStats {
     pub model: String,
+    /// The worker's template identity: a digest of its prompt template and score head (empty
+    /// from a worker that has not loaded its model, or predates it). Two workers of one model
+    /// with different templates score differently; the proxy's pair cache keys on both.
+    #[serde(default)]
+    pub template: String,
     /// `cpu`, `cuda:0`, `sim`, ...
     pub device: String,
     pub ready: bool,

@@ -89,7 +89,7 @@ fn start_on<B: Backend>(
     backend: B,
     cfg: &WorkerConfig,
     state: Arc<EngineState>,
-) -> Result<(Arc<EngineHandle>, String)> {
+) -> Result<(Arc<EngineHandle>, String, String)> {
     let path = assets::resolve_model(&cfg.model.path)?;
     let opts = LoadOptions { head: cfg.model.head, template: cfg.template.clone(), keep_lm_head: false };
     let mut loaded = loader::load(&backend, &path, &opts)?;
@@ -100,15 +100,16 @@ fn start_on<B: Backend>(
     let ecfg = engine_config(cfg, loaded.model.config.max_position);
     let parts = EngineParts { backend, model: loaded.model, encoder: loaded.tokenizer, builder: loaded.builder };
     let engine = EngineHandle::start(parts, ecfg, state)?;
-    Ok((engine, loaded.name))
+    Ok((engine, loaded.name, loaded.template_id))
 }
 
-/// Loads the configured model on `device` and starts the engine.
+/// Loads the configured model on `device` and starts the engine; returns it with the model's
+/// name and template identity.
 pub fn start_engine(
     cfg: &WorkerConfig,
     device: Device,
     state: Arc<EngineState>,
-) -> Result<(Arc<EngineHandle>, String)> {
+) -> Result<(Arc<EngineHandle>, String, String)> {
     match device {
         Device::Cpu => start_on(sieve_kernels::CpuBackend::new(cfg.model.threads)?, cfg, state),
         Device::Cuda(n) => {

@@ -145,6 +145,14 @@ impl SimCluster {
         }
     }
 
+    /// Prefix tokens the live workers' prefix caches were asked for, and of them found held.
+    pub fn prefix_tokens(&self) -> (u64, u64) {
+        self.slots().iter().filter_map(|s| s.worker.as_ref()).fold((0, 0), |(l, h), w| {
+            let st = w.engine().prefix_cache().stats();
+            (l + st.lookup_tokens, h + st.hit_tokens)
+        })
+    }
+
     /// Slot-seconds of compute so far, all workers and incarnations.
     pub fn busy_seconds(&self) -> f64 {
         self.slots().iter().map(|s| s.busy_before + s.worker.as_ref().map_or(0.0, |w| w.engine().busy_seconds())).sum()

@@ -132,6 +132,9 @@ pub struct Cell {
     /// without them ("ours") in the same run conditions, minus one (the extra work hedges cost;
     /// negative for the cache: the work it saves).
     pub extra_work_vs_ours: Option<f64>,
+    /// Prefix tokens the workers' prefix caches held over those looked up (none: the workers
+    /// have no prefix cache).
+    pub prefix_hit_rate: Option<f64>,
     /// Mean worker utilisation over the run.
     pub utilisation: f64,
     pub dir: String,
@@ -267,6 +270,7 @@ impl Env<'_> {
         self.cluster.reseed(spec.seed);
         let before = proxy.counters(&self.http).await;
         let busy_before = self.cluster.busy_seconds();
+        let prefix_before = self.cluster.prefix_tokens();
         let monitor = Monitor::start(self.http.clone(), self.cluster.admin_urls().to_vec(), Duration::from_millis(500));
         let faults = scenario.map(|s| tokio::spawn(inject(self.cluster.clone(), s, d)));
         let out = run::run(&self.http, &run_spec).await;
@@ -276,6 +280,10 @@ impl Env<'_> {
         let util = monitor.stop();
         self.cluster.wait_idle(Duration::from_secs(10)).await;
         let busy = self.cluster.busy_seconds() - busy_before;
+        let prefix_after = self.cluster.prefix_tokens();
+        let looked_up = prefix_after.0.saturating_sub(prefix_before.0);
+        let prefix_hit_rate =
+            (looked_up > 0).then(|| prefix_after.1.saturating_sub(prefix_before.1) as f64 / looked_up as f64);
         let counters = proxy.counters(&self.http).await - before;
         self.cluster.reset_settings();
         if let Some(Scenario::KillRestart) = scenario {
@@ -319,6 +327,7 @@ impl Env<'_> {
             sent: out.records.len() as u64,
             work_ms_per_request: busy * 1e3 / sent,
             extra_work_vs_ours: None,
+            prefix_hit_rate,
             utilisation: rep.info.utilisation.as_ref().map_or(0.0, |u| u.mean()),
             summary: rep.summary,
             proxy: counters.into(),
@@ -470,7 +479,7 @@ fn set_extra_work<'a>(cells: impl Iterator<Item = &'a mut Cell>) {
         return;
     };
     for c in group {
-        if matches!(c.strategy_key.as_str(), "ours-hedge" | "ours-cache") && base > 0.0 {
+        if matches!(c.strategy_key.as_str(), "ours-hedge" | "ours-cache" | "ours-affinity") && base > 0.0 {
             c.extra_work_vs_ours = Some(c.work_ms_per_request / base - 1.0);
         }
     }

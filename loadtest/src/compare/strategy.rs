@@ -1,5 +1,5 @@
 //! The strategies compared, each a proxy configuration (split mode, balancing policy,
-//! hedging, the pair-score cache); everything else (retries, breaker, health checks, the cost-model prior) is the
+//! hedging, the pair-score cache, cache-aware routing); everything else (retries, breaker, health checks, the cost-model prior) is the
 //! same for all.
 
 use sieve_shared::proxy_config::{PolicyKind, SplitMode};
@@ -20,6 +20,9 @@ pub struct Strategy {
     /// The proxy's pair-score cache (`[cache] enabled`): off in the routing strategies, so
     /// they are compared on the same work.
     pub cache: bool,
+    /// Cache-aware routing (`[split] prefix_affinity`): off in strategies 1-7, so `ours` is
+    /// the baseline of `ours-affinity`.
+    pub prefix_affinity: bool,
 }
 
 pub const STRATEGIES: [Strategy; 6] = [
@@ -31,6 +34,7 @@ pub const STRATEGIES: [Strategy; 6] = [
         hedge: false,
         admission: false,
         cache: false,
+        prefix_affinity: false,
     },
     Strategy {
         key: "fixed-random",
@@ -40,6 +44,7 @@ pub const STRATEGIES: [Strategy; 6] = [
         hedge: false,
         admission: false,
         cache: false,
+        prefix_affinity: false,
     },
     Strategy {
         key: "fixed-least",
@@ -49,6 +54,7 @@ pub const STRATEGIES: [Strategy; 6] = [
         hedge: false,
         admission: false,
         cache: false,
+        prefix_affinity: false,
     },
     Strategy {
         key: "ours",
@@ -58,6 +64,7 @@ pub const STRATEGIES: [Strategy; 6] = [
         hedge: false,
         admission: true,
         cache: false,
+        prefix_affinity: false,
     },
     Strategy {
         key: "ours-hedge",
@@ -67,6 +74,7 @@ pub const STRATEGIES: [Strategy; 6] = [
         hedge: true,
         admission: true,
         cache: false,
+        prefix_affinity: false,
     },
     // What a rerank server behind nginx `least_conn`, or a KV-aware LLM router, does: no
     // split, the whole request to the worker with the least predicted backlog.
@@ -78,6 +86,7 @@ pub const STRATEGIES: [Strategy; 6] = [
         hedge: false,
         admission: false,
         cache: false,
+        prefix_affinity: false,
     },
 ];
 
@@ -91,9 +100,27 @@ pub const CACHE_STRATEGY: Strategy = Strategy {
     hedge: false,
     admission: true,
     cache: true,
+    prefix_affinity: false,
 };
 
-/// Parses `all` (strategies 1-6) or a comma-separated list of keys or numbers (1-7).
+/// Strategy 8, run only when named: ours with cache-aware routing (a query's shards prefer
+/// workers that answered its prefix lately), against `ours` on the same workload. It measures
+/// something only when the workers have prefix caches (`--prefix-cache-blocks`).
+pub const AFFINITY_STRATEGY: Strategy = Strategy {
+    key: "ours-affinity",
+    name: "8 ours + prefix affinity",
+    split: SplitMode::Cost,
+    policy: PolicyKind::LeastLoaded,
+    hedge: false,
+    admission: true,
+    cache: false,
+    prefix_affinity: true,
+};
+
+/// Strategies run only when named, numbered after the six of `all`.
+const NAMED_ONLY: [&Strategy; 2] = [&CACHE_STRATEGY, &AFFINITY_STRATEGY];
+
+/// Parses `all` (strategies 1-6) or a comma-separated list of keys or numbers (1-8).
 pub fn parse_strategies(s: &str) -> Result<Vec<Strategy>, String> {
     if s.trim() == "all" {
         return Ok(STRATEGIES.to_vec());
@@ -103,17 +130,17 @@ pub fn parse_strategies(s: &str) -> Result<Vec<Strategy>, String> {
             let p = p.trim();
             STRATEGIES
                 .iter()
-                .chain([&CACHE_STRATEGY])
+                .chain(NAMED_ONLY)
                 .enumerate()
                 .find(|(i, st)| st.key == p || (i + 1).to_string() == p)
                 .map(|(_, st)| *st)
-                .ok_or_else(|| format!("unknown strategy '{p}' (expected all, 1-7 or one of {})", keys()))
+                .ok_or_else(|| format!("unknown strategy '{p}' (expected all, 1-8 or one of {})", keys()))
         })
         .collect()
 }
 
 fn keys() -> String {
-    STRATEGIES.iter().chain([&CACHE_STRATEGY]).map(|s| s.key).collect::<Vec<_>>().join(", ")
+    STRATEGIES.iter().chain(NAMED_ONLY).map(|s| s.key).collect::<Vec<_>>().join(", ")
 }
 
 /// What every strategy's proxy shares.
@@ -142,6 +169,7 @@ impl Strategy {
         c.hedge.enabled = self.hedge;
         c.admission.enabled = self.admission;
         c.cache.enabled = self.cache;
+        c.split.prefix_affinity = self.prefix_affinity;
         c.split.load_aware = base.load_aware;
         c.health.interval_ms = 250;
         c.cost = base.cost;
@@ -184,9 +212,12 @@ mod tests {
         );
         assert!(c.split.load_aware, "the switch reaches the proxy config");
         // Every configuration is one the proxy accepts.
-        for st in STRATEGIES.iter().chain([&CACHE_STRATEGY]) {
+        for st in STRATEGIES.iter().chain(NAMED_ONLY) {
             let c = ProxyConfig::from_toml(&st.proxy_config(&base).to_toml()).unwrap();
-            assert_eq!(c.cache.enabled, st.cache);
+            assert_eq!((c.cache.enabled, c.split.prefix_affinity), (st.cache, st.prefix_affinity));
         }
+        let affinity = parse_strategies("ours,8").unwrap();
+        assert_eq!((affinity[1].key, affinity[1].prefix_affinity), ("ours-affinity", true));
+        assert!(!affinity[0].prefix_affinity, "ours is the baseline");
     }
 }

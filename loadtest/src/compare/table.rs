@@ -39,7 +39,7 @@ fn row(c: &Cell) -> [String; 11] {
 pub fn print_progress_row(c: &Cell) {
     let s = &c.summary;
     println!(
-        "  [{} {}] {}: p50 {:.1} ms, p99 {:.1} ms, {} requests, {} errors, {} missing",
+        "  [{} {}] {}: p50 {:.1} ms, p99 {:.1} ms, {} requests, {} errors, {} missing, {:.2} work ms/req{}",
         c.scenario,
         format_args!("{:.0}%", c.load_pct),
         c.strategy,
@@ -47,7 +47,9 @@ pub fn print_progress_row(c: &Cell) {
         s.latency_ms.p99,
         s.requests,
         s.errors,
-        s.missing_items
+        s.missing_items,
+        c.work_ms_per_request,
+        c.prefix_hit_rate.map_or_else(String::new, |h| format!(", prefix hit {:.1}%", 100.0 * h)),
     );
 }
 

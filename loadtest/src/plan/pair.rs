@@ -36,7 +36,7 @@ pub fn hit_rate(replay: &Replay, max_bytes: u64, ttl_ms: u64) -> PairPoint {
     // The value: when the entry was stored, in trace ms (the TTL on the trace's clock).
     let cache = pair_key::builder::<u64>(max_bytes, Duration::from_millis(ttl_ms.max(1)))
         .build_with_hasher(BuildDigestHasher::default());
-    let model = digest_of_model("trace");
+    let model = digest_of_model("trace", "");
     let mut digests = Digests::default();
     // Stores waiting for their request's answer: (due trace ms, request index).
     let mut due: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();

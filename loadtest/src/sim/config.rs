@@ -12,6 +12,9 @@ use sieve_shared::{CostModel, Limits};
 pub struct SimConfig {
     /// Reported in responses and `/stats`.
     pub model: String,
+    /// The template identity reported in responses and `/stats` (a real worker's is a digest of
+    /// its prompt template and score head): the proxy's pair cache keys on it with the model.
+    pub template: String,
     /// Compute time of a call at speed 1 (prefix once per call, then every item).
     pub cost: CostModel,
     /// Throughput multiplier: 2 computes twice as fast.
@@ -34,6 +37,10 @@ pub struct SimConfig {
     pub max_batch_tokens: u64,
     /// Longest prompt accepted, in simulated tokens; longer items get 413.
     pub max_seq_tokens: u64,
+    /// Prefix-cache capacity in 16-token blocks (an LRU, [`super::prefix`]): a call whose
+    /// prefix is held pays no compute for it and reports `cached_prefix_tokens`; 0: no cache
+    /// (every prefix computed, the default).
+    pub prefix_cache_blocks: usize,
     pub limits: Limits,
     /// Transport timeouts and the connection cap of both ports (`[http]`, as the worker's).
     pub http: HttpConfig,
@@ -51,6 +58,7 @@ impl Default for SimConfig {
     fn default() -> Self {
         SimConfig {
             model: "sim".into(),
+            template: "sim-template-v1".into(),
             cost: CostModel::default(),
             speed: 1.0,
             slots: 1,
@@ -62,6 +70,7 @@ impl Default for SimConfig {
             max_queue: 0,
             max_batch_tokens: 32_768,
             max_seq_tokens: 8192,
+            prefix_cache_blocks: 0,
             limits: Limits::default(),
             http: HttpConfig::default(),
             grpc: GrpcConfig::default(),

@@ -10,12 +10,13 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, StandardNormal};
-use sieve_shared::{ApiError, ScoreRequest, ScoreResponse, Timing, Usage, WorkerStats};
+use sieve_shared::{ApiError, CostFeatures, ScoreRequest, ScoreResponse, Timing, Usage, WorkerStats};
 use tokio::sync::Semaphore;
 // Tokio's clock, so tests can run with time paused.
 use tokio::time::Instant;
 
 use super::config::{SimConfig, SimSettings, SimSettingsUpdate};
+use super::prefix::{PrefixBlocks, PrefixCache};
 use super::{scores, tokens};
 
 pub struct SimEngine {
@@ -27,6 +28,7 @@ pub struct SimEngine {
     ready: AtomicBool,
     draining: AtomicBool,
     counters: Counters,
+    prefix_cache: PrefixCache,
 }
 
 /// Live and cumulative counts, read by `/stats`, `/metrics` and tests.
@@ -116,6 +118,7 @@ impl SimEngine {
             ready: AtomicBool::new(true),
             draining: AtomicBool::new(false),
             counters: Counters::default(),
+            prefix_cache: PrefixCache::new(config.prefix_cache_blocks),
             config,
         }
     }
@@ -138,10 +141,16 @@ impl SimEngine {
         Ok(*s)
     }
 
-    /// Restarts the random draws (noise, failures, stalls) from `seed`: the comparison reseeds
-    /// every worker before each strategy's run, so each strategy meets the same sequence.
+    /// Restarts the random draws (noise, failures, stalls) from `seed` and empties the prefix
+    /// cache: the comparison reseeds every worker before each strategy's run, so each strategy
+    /// meets the same sequence and starts with cold prefix caches.
     pub fn reseed(&self, seed: u64) {
         *self.rng.lock().unwrap_or_else(|p| p.into_inner()) = StdRng::seed_from_u64(seed);
+        self.prefix_cache.clear();
+    }
+
+    pub fn prefix_cache(&self) -> &PrefixCache {
+        &self.prefix_cache
     }
 
     pub fn set_ready(&self, ready: bool) {
@@ -165,8 +174,15 @@ impl SimEngine {
     /// checks deadlines against. Slowdowns (scheduled or set) are not part of it: a throttled
     /// worker does not know it is throttled.
     pub fn nominal_compute_ms(&self, prefix: u32, items: &[u32]) -> f64 {
+        self.nominal_compute_ms_cached(prefix, 0, items)
+    }
+
+    /// As [`Self::nominal_compute_ms`] when `cached` of the prefix tokens come from the prefix
+    /// cache (not computed).
+    pub fn nominal_compute_ms_cached(&self, prefix: u32, cached: u32, items: &[u32]) -> f64 {
         let passes = self.passes(prefix, items);
-        let one_pass = self.config.cost.call_ms(f64::from(prefix), items.iter().map(|&n| f64::from(n)));
+        let features = CostFeatures::of_call(f64::from(prefix), f64::from(cached), items.iter().map(|&n| f64::from(n)));
+        let one_pass = self.config.cost.predict(&features);
         // A call over the batch limit runs as several passes, each paying the fixed cost.
         (one_pass + (passes - 1) as f64 * self.config.cost.request_ms) / self.settings().speed
     }
@@ -262,7 +278,11 @@ impl SimEngine {
         if stall_ms > 0.0 {
             c.stalls.fetch_add(1, Ordering::Relaxed);
         }
-        let nominal_ms = self.nominal_compute_ms(prefix, &item_tokens);
+        // The prefix blocks this worker holds are not computed again (looked up as the call
+        // starts computing, committed when it succeeds, as the worker's batches do).
+        let blocks = (self.config.prefix_cache_blocks > 0).then(|| PrefixBlocks::of(&req.query, instruction));
+        let cached_prefix = blocks.as_ref().map_or(0, |b| self.prefix_cache.lookup(b)).min(prefix);
+        let nominal_ms = self.nominal_compute_ms_cached(prefix, cached_prefix, &item_tokens);
         // A stall holds the slot like compute does (the worker is paused, not idle).
         let compute = Duration::from_secs_f64((nominal_ms * self.slowdown() * noise + stall_ms / settings.speed) / 1e3);
         if let Some(d) = deadline {
@@ -296,9 +316,13 @@ impl SimEngine {
         }
         drop(computing);
         drop(permit);
+        if let Some(b) = &blocks {
+            self.prefix_cache.commit(b);
+        }
+        let computed_tokens = total_tokens - u64::from(cached_prefix);
         c.completed.fetch_add(1, Ordering::Relaxed);
         c.pairs.fetch_add(pairs, Ordering::Relaxed);
-        c.tokens.fetch_add(total_tokens, Ordering::Relaxed);
+        c.tokens.fetch_add(computed_tokens, Ordering::Relaxed);
         in_flight.finished = true;
 
         let scores = req.items.iter().map(|i| Some(scores::score(instruction, &req.query, i.text()))).collect();
@@ -314,9 +338,9 @@ impl SimEngine {
             usage: Usage {
                 pairs: pairs as u32,
                 prompt_tokens: item_tokens.iter().map(|&n| u64::from(prefix + n)).sum(),
-                computed_tokens: total_tokens,
+                computed_tokens,
                 prefix_tokens: prefix,
-                cached_prefix_tokens: 0,
+                cached_prefix_tokens: cached_prefix,
                 cached_items: 0,
                 item_tokens,
             },
@@ -326,6 +350,7 @@ impl SimEngine {
                 total_ms: arrival.elapsed().as_secs_f64() * 1e3,
             },
             model: self.config.model.clone(),
+            template: self.config.template.clone(),
         })
     }
 
@@ -359,8 +384,10 @@ impl SimEngine {
                 "busy_seconds": self.busy_seconds(),
             }),
         );
+        extra.insert("prefix_cache".into(), serde_json::to_value(self.prefix_cache.stats()).unwrap_or_default());
         WorkerStats {
             model: self.config.model.clone(),
+            template: self.config.template.clone(),
             device: "sim".into(),
             ready: self.is_ready(),
             draining: self.is_draining(),
@@ -441,6 +468,32 @@ mod tests {
             u64::from(r.usage.prefix_tokens) + r.usage.item_tokens.iter().map(|&n| u64::from(n)).sum::<u64>()
         );
         assert_eq!(r.scores[1], Some(scores::score(None, "trail running shoes", "d")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_held_prefix_is_not_computed_again() {
+        let cost = CostModel { request_ms: 5.0, token_ms: 0.5, token_context_ms: 0.0 };
+        let e = engine(SimConfig { cost, prefix_cache_blocks: 64, ..SimConfig::default() });
+        let t0 = Instant::now();
+        let cold = e.score(req(&["a b c"], None), t0).await.unwrap();
+        assert_eq!(cold.usage.cached_prefix_tokens, 0, "nothing held yet");
+        let t1 = Instant::now();
+        let warm = e.score(req(&["d e"], None), t1).await.unwrap();
+        let p = warm.usage.prefix_tokens;
+        assert_eq!(warm.usage.cached_prefix_tokens, p, "the same query: the whole prefix held");
+        assert_eq!(warm.usage.computed_tokens, u64::from(warm.usage.item_tokens[0]), "only the item computed");
+        let took = t1.elapsed().as_secs_f64() * 1e3;
+        let expect = 5.0 + 0.5 * f64::from(warm.usage.item_tokens[0]);
+        assert!((took - expect).abs() < 1.0, "took {took} ms, expected {expect} ms without the prefix");
+        // Another query shares the template head's full blocks only.
+        let other = ScoreRequest { query: "wool socks".into(), ..req(&["x"], None) };
+        let r = e.score(other, Instant::now()).await.unwrap();
+        assert_eq!(r.usage.cached_prefix_tokens, 32);
+        assert_eq!(e.stats().extra["prefix_cache"]["blocks"], 4);
+        // Without a cache (the default) every prefix is computed.
+        let plain = engine(SimConfig { cost, ..SimConfig::default() });
+        plain.score(req(&["a"], None), Instant::now()).await.unwrap();
+        assert_eq!(plain.score(req(&["a"], None), Instant::now()).await.unwrap().usage.cached_prefix_tokens, 0);
     }
 
     #[tokio::test(start_paused = true)]

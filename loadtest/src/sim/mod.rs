@@ -5,6 +5,7 @@
 pub mod config;
 pub mod engine;
 pub mod http;
+pub mod prefix;
 pub mod scores;
 pub mod tokens;
 

@@ -55,7 +55,7 @@ mod tests {
     use super::*;
 
     fn view(backlog_ms: f64, in_flight: u64) -> WorkerView {
-        WorkerView { backlog_ms, in_flight, time_factor: 1.0, max_batch_tokens: 0 }
+        WorkerView { backlog_ms, in_flight, time_factor: 1.0, max_batch_tokens: 0, holds_prefix: false }
     }
 
     fn is_permutation(r: &[usize], n: usize) -> bool {

@@ -1,7 +1,7 @@
 //! Active health checks: every `health.interval_ms`, each worker's admin `GET /ready` (can it
 //! take work?) and `GET /stats` (its queue, limits and whether it is draining). Runs at once
-//! when workers are added, so a new worker takes shards as soon as it is ready. The model a
-//! worker reports keeps the pair-score cache to that model.
+//! when workers are added, so a new worker takes shards as soon as it is ready. The model and
+//! template identity a worker reports keep the pair-score cache to them.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,8 +26,8 @@ pub async fn run(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
                 checks.spawn(async move {
                     // The model a worker reports: another one than before empties the
                     // pair-score cache before any request is answered from it.
-                    if let Some(model) = check(&client, &w, timeout).await {
-                        state.pair_cache.observe_model(&model);
+                    if let Some((model, template)) = check(&client, &w, timeout).await {
+                        state.pair_cache.observe_model(&model, &template);
                     }
                 });
             }
@@ -42,9 +42,9 @@ pub async fn run(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
     }
 }
 
-/// Checks `w` and records what it found; returns the model the worker reports, if it answered
-/// `/stats`.
-pub async fn check(client: &HttpClient, w: &Worker, timeout: Duration) -> Option<String> {
+/// Checks `w` and records what it found; returns the model and template identity the worker
+/// reports, if it answered `/stats`.
+pub async fn check(client: &HttpClient, w: &Worker, timeout: Duration) -> Option<(String, String)> {
     let (Some(ready_uri), Some(stats_uri)) = (&w.ready_uri, &w.stats_uri) else { return None };
     let (mut health, detail) = match tokio::time::timeout(timeout, client.get(ready_uri)).await {
         Err(_) => (Health::Unreachable, Some(format!("/ready did not answer in {timeout:?}"))),
@@ -71,7 +71,7 @@ pub async fn check(client: &HttpClient, w: &Worker, timeout: Duration) -> Option
     if before != health {
         tracing::info!(worker = w.url(), ?before, now = ?health, detail = detail.as_deref().unwrap_or(""), "worker health");
     }
-    let model = stats.as_ref().map(|s| s.model.clone());
+    let model = stats.as_ref().map(|s| (s.model.clone(), s.template.clone()));
     w.record_health(Instant::now(), health, detail, stats);
     model
 }

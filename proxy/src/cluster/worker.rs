@@ -2,7 +2,7 @@
 //! predicted cost, held until the response body is read), what it last reported, its health,
 //! its breaker and its measured speed.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -78,6 +78,15 @@ pub struct Worker {
     pub stats_uri: Option<Uri>,
     in_flight: AtomicU64,
     in_flight_cost_us: AtomicU64,
+    /// Bumped when the worker may have lost its prefix cache (restart, model or template
+    /// change): what the proxy learnt of the prefixes it held before is void
+    /// (`crate::prefix_holders`).
+    prefix_generation: AtomicU64,
+    /// The digest of its URL: how `crate::prefix_holders` names it.
+    prefix_key: u64,
+    /// One of its answers showed a prefix-cache hit since the last generation bump: it has a
+    /// prefix cache worth routing to (a worker without one never reports a cached token).
+    prefix_cache_seen: AtomicBool,
     pub counters: WorkerCounters,
     state: Mutex<WorkerState>,
 }
@@ -92,6 +101,9 @@ pub struct WorkerView {
     pub time_factor: f64,
     /// Shard token limit; 0: none.
     pub max_batch_tokens: u64,
+    /// The worker holds this request's shared prefix in its prefix cache, as far as the proxy
+    /// knows (set per request by the plan when `[split] prefix_affinity` is on; false here).
+    pub holds_prefix: bool,
 }
 
 /// Holds one shard's load on a worker; dropped when the response body has been read (or the
@@ -127,6 +139,7 @@ impl Worker {
             Some(a) => (Some(uri(a, "/ready")?), Some(uri(a, "/stats")?)),
             None => (None, None),
         };
+        let prefix_key = xxhash_rust::xxh3::xxh3_64(endpoint.url.as_bytes());
         Ok(Worker {
             endpoint,
             score_uri,
@@ -134,6 +147,9 @@ impl Worker {
             stats_uri,
             in_flight: AtomicU64::new(0),
             in_flight_cost_us: AtomicU64::new(0),
+            prefix_generation: AtomicU64::new(0),
+            prefix_key,
+            prefix_cache_seen: AtomicBool::new(false),
             counters: WorkerCounters::default(),
             state: Mutex::new(WorkerState {
                 health: Health::Unknown,
@@ -207,7 +223,13 @@ impl Worker {
                 in_flight += (others * weight).round() as u64;
             }
         }
-        WorkerView { backlog_ms: backlog / p.parallelism, in_flight, time_factor: tf, max_batch_tokens: max_batch }
+        WorkerView {
+            backlog_ms: backlog / p.parallelism,
+            in_flight,
+            time_factor: tf,
+            max_batch_tokens: max_batch,
+            holds_prefix: false,
+        }
     }
 
     pub fn on_success(&self, now: Instant) -> Option<BreakerState> {
@@ -249,11 +271,53 @@ impl Worker {
         (st.time_samples >= CALIBRATION_SHARDS).then_some(st.time_factor)
     }
 
-    /// Records a health check: the `/ready` verdict and, when it answered, `/stats`.
+    /// The digest of its URL, computed once: how the prefix holders name it.
+    pub fn prefix_key(&self) -> u64 {
+        self.prefix_key
+    }
+
+    /// The prefix-cache generation: bumped whenever the worker may have lost its prefix cache.
+    pub fn prefix_generation(&self) -> u64 {
+        self.prefix_generation.load(Ordering::Relaxed)
+    }
+
+    /// Voids what the proxy learnt of the prefixes this worker holds, and whether it has a
+    /// prefix cache at all.
+    pub fn forget_prefixes(&self) {
+        self.prefix_generation.fetch_add(1, Ordering::Relaxed);
+        self.prefix_cache_seen.store(false, Ordering::Relaxed);
+    }
+
+    /// One of its answers came (partly) from its prefix cache.
+    pub fn note_prefix_hit(&self) {
+        self.prefix_cache_seen.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether its answers have shown a prefix cache (since the last [`Self::forget_prefixes`]).
+    pub fn has_prefix_cache(&self) -> bool {
+        self.prefix_cache_seen.load(Ordering::Relaxed)
+    }
+
+    /// Records a health check: the `/ready` verdict and, when it answered, `/stats`. A worker
+    /// that came back (from unreachable or loading), or reports another model or template, or
+    /// fewer requests processed than before (a restart between two checks) has lost its
+    /// prefix cache: what the proxy learnt of it is forgotten.
     pub fn record_health(&self, now: Instant, health: Health, detail: Option<String>, stats: Option<WorkerStats>) {
         let own_backlog_ms = self.own_backlog_ms();
         let own_in_flight = self.in_flight();
         let mut st = self.state();
+        let came_back = health == Health::Ready && matches!(st.health, Health::Unreachable | Health::NotReady);
+        let restarted = match (&st.reported, &stats) {
+            (Some(before), Some(now)) => {
+                now.requests_processed < before.stats.requests_processed
+                    || now.model != before.stats.model
+                    || now.template != before.stats.template
+            }
+            _ => false,
+        };
+        if came_back || restarted {
+            self.forget_prefixes();
+        }
         st.health = health;
         st.health_detail = detail;
         st.last_check = Some(now);

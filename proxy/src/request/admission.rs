@@ -116,7 +116,10 @@ mod tests {
     const MODEL: CostModel = CostModel { request_ms: 10.0, token_ms: 0.1, token_context_ms: 0.0 };
 
     fn busy(backlog: &[f64]) -> Vec<Candidate> {
-        backlog.iter().map(|&b| Candidate { available_ms: b, time_factor: 1.0, max_batch_tokens: 0 }).collect()
+        backlog
+            .iter()
+            .map(|&b| Candidate { available_ms: b, time_factor: 1.0, max_batch_tokens: 0, holds_prefix: false })
+            .collect()
     }
 
     fn on() -> AdmissionConfig {

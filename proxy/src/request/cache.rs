@@ -8,9 +8,10 @@
 //! [`ENTRY_BYTES`]), dropped after the TTL, admitted by frequency (TinyLFU: a pair seen once
 //! does not push out pairs that repeat). The key is a 128-bit XXH3 digest, never the texts: per item, one digest
 //! of the item text and one of (instruction, query), hashed over the borrowed strings (no copy),
-//! mixed with the digest of the model the answering worker reported. A worker reporting another model
-//! than the last one seen empties the cache; the model in the key keeps a late answer of the old
-//! model from ever being served for the new one.
+//! mixed with the digest of the model and template identity (prompt template and score head) the
+//! answering worker reported. A worker reporting another model or template than the last one seen
+//! empties the cache; the model and template in the key keep a late answer of the old ones from
+//! ever being served for the new ones.
 //!
 //! Only scores a worker returned are stored: never an item it listed in `missing`, nor one from
 //! a failed or missed shard.
@@ -39,9 +40,11 @@ pub struct Entry {
     pub item_tokens: u32,
 }
 
-/// The model the workers report, with its digest (mixed into every key).
+/// The model and template identity the workers report, with their digest (mixed into every
+/// key).
 struct Model {
     name: String,
+    template: String,
     digest: u128,
 }
 
@@ -84,21 +87,28 @@ impl PairCache {
         PairCache { entries, model: ArcSwapOption::empty() }
     }
 
-    /// Notes the model a worker reported; another model than the last one empties the cache.
-    /// An empty name (a worker that has not loaded its model) is ignored.
-    pub fn observe_model(&self, name: &str) {
+    /// Notes the model and template identity a worker reported; another pair than the last
+    /// one empties the cache (two workers of one model with different prompt templates or score
+    /// heads score differently). An empty name (a worker that has not loaded its model) is
+    /// ignored.
+    pub fn observe_model(&self, name: &str, template: &str) {
         if name.is_empty() {
             return;
         }
         let current = self.model.load();
-        if current.as_ref().is_some_and(|m| m.name == name) {
+        if current.as_ref().is_some_and(|m| m.name == name && m.template == template) {
             return;
         }
-        self.model.store(Some(Arc::new(Model { name: name.to_string(), digest: digest_of_model(name) })));
+        let digest = digest_of_model(name, template);
+        self.model.store(Some(Arc::new(Model { name: name.to_string(), template: template.to_string(), digest })));
         if current.is_some() {
             self.entries.invalidate_all();
             metrics::counter!(m::CACHE_INVALIDATIONS).increment(1);
-            tracing::info!(model = name, "workers report another model: pair-score cache emptied");
+            tracing::info!(
+                model = name,
+                template,
+                "workers report another model or template: pair-score cache emptied"
+            );
         }
     }
 
@@ -125,9 +135,11 @@ impl PairCache {
         for r in results {
             let ShardOutcome::Done(d) = &r.outcome else { continue };
             let resp = &d.response;
-            self.observe_model(&resp.model);
+            self.observe_model(&resp.model, &resp.template);
             let model = self.model.load();
-            let Some(model) = model.as_ref().filter(|m| m.name == resp.model) else { continue };
+            let Some(model) = model.as_ref().filter(|m| m.name == resp.model && m.template == resp.template) else {
+                continue;
+            };
             if resp.scores.len() != r.items.len() {
                 continue; // not an answer to this shard: store nothing from it
             }
@@ -165,6 +177,17 @@ mod tests {
 
     /// A completed shard of `items` with `scores`, from a worker serving `model`.
     fn done(model: &str, items: &[usize], scores: &[Option<f32>], missing: &[usize]) -> ShardResult {
+        done_with(model, "t", items, scores, missing)
+    }
+
+    /// As [`done`], from a worker reporting `template`.
+    fn done_with(
+        model: &str,
+        template: &str,
+        items: &[usize],
+        scores: &[Option<f32>],
+        missing: &[usize],
+    ) -> ShardResult {
         let response = ScoreResponse {
             scores: scores.to_vec(),
             ids: None,
@@ -172,6 +195,7 @@ mod tests {
             usage: Usage { item_tokens: items.iter().map(|&i| i as u32 + 10).collect(), ..Usage::default() },
             timing: Timing::default(),
             model: model.into(),
+            template: template.into(),
         };
         ShardResult {
             items: items.to_vec(),
@@ -237,9 +261,11 @@ mod tests {
         let l = c.lookup(&req(REQ));
         c.store(&l, &[done("m1", &[0, 1, 2, 3], &[Some(1.0); 4], &[])]);
         assert_eq!(c.lookup(&req(REQ)).hits, 4);
-        c.observe_model("");
+        c.observe_model("", "");
         assert_eq!(c.lookup(&req(REQ)).hits, 4, "a worker still loading changes nothing");
-        c.observe_model("m2");
+        c.observe_model("m1", "t");
+        assert_eq!(c.lookup(&req(REQ)).hits, 4, "the same model and template change nothing");
+        c.observe_model("m2", "t");
         assert_eq!(c.lookup(&req(REQ)).hits, 0, "emptied");
         assert_eq!(c.entry_count(), 0);
         // Answers of the new model are stored under it.
@@ -247,6 +273,21 @@ mod tests {
         c.store(&l, &[done("m2", &[0], &[Some(2.0)], &[])]);
         let under_m2 = c.lookup(&req(REQ));
         assert_eq!((under_m2.hits, under_m2.found[0].unwrap().score), (1, 2.0));
+    }
+
+    #[test]
+    fn another_template_of_the_same_model_empties_the_cache() {
+        let c = cache();
+        let l = c.lookup(&req(REQ));
+        c.store(&l, &[done_with("m", "t1", &[0, 1], &[Some(1.0); 2], &[])]);
+        assert_eq!(c.lookup(&req(REQ)).hits, 2);
+        c.observe_model("m", "t2");
+        assert_eq!(c.lookup(&req(REQ)).hits, 0, "another template scores differently: emptied");
+        // The new template's answers are stored under it, apart from the old one's.
+        c.store(&l, &[done_with("m", "t2", &[0], &[Some(2.0)], &[])]);
+        let now = c.lookup(&req(REQ));
+        assert_eq!((now.hits, now.found[0].map(|e| e.score)), (1, Some(2.0)));
+        assert_ne!(digest_of_model("m", "t1"), digest_of_model("m", "t2"), "the template is in the key");
     }
 
     #[test]

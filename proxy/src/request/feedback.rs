@@ -1,6 +1,7 @@
 //! Stage 4, feedback: what each attempt's answer teaches. A success closes the worker's
 //! breaker and updates the shard-time ratios (for hedging), the token estimator, the cost
-//! model and the worker's speed; a failure feeds the breaker, or holds back a worker that
+//! model and the worker's speed, and (a complete answer) that the worker holds the call's prefix
+//! in its prefix cache; a failure feeds the breaker, or holds back a worker that
 //! refused for now (draining or loading). Called by the dispatcher as answers arrive.
 
 use std::time::{Duration, Instant};
@@ -45,11 +46,16 @@ pub fn on_success(
         metrics::histogram!(m::SHARD_TIME_RATIO).record(ratio);
     }
     // A partial answer's compute covers only some of its items: it would teach the cost model
-    // that items are cheaper than they are.
-    if !ctx.cfg.estimator.recalibrate || !response.missing.is_empty() {
+    // that items are cheaper than they are (and its batch may not have committed the prefix).
+    if !response.missing.is_empty() {
         return;
     }
+    // A complete answer committed the call's prefix on the worker: it holds it for a while.
     let usage = &response.usage;
+    ctx.state.prefix_holders.observe(ctx.prefix_digest, worker, usage.prefix_tokens, usage.cached_prefix_tokens, now);
+    if !ctx.cfg.estimator.recalibrate {
+        return;
+    }
     if usage.item_tokens.len() == items.len() {
         let estimated: f64 = items.iter().map(|&i| ctx.item_tokens[i]).sum();
         let reported: f64 = usage.item_tokens.iter().map(|&n| f64::from(n)).sum();

@@ -100,7 +100,7 @@ pub fn merge(
         compute_ms,
         total_ms: arrival.elapsed().as_secs_f64() * 1e3,
     };
-    Ok((ScoreResponse { scores, ids, missing, usage, timing, model }, stats))
+    Ok((ScoreResponse { scores, ids, missing, usage, timing, model, template: String::new() }, stats))
 }
 
 /// Rewrites `items[k]` (the shard's index) in a worker's error message to the caller's index.
@@ -147,6 +147,7 @@ mod tests {
             },
             timing: Timing { queue_ms: 1.0, compute_ms: 10.0, total_ms: 11.0 },
             model: "m".into(),
+            template: String::new(),
         };
         ShardResult {
             items: items.to_vec(),

@@ -44,6 +44,8 @@ pub struct RequestCtx {
     /// Estimated own-segment tokens per item.
     pub item_tokens: Vec<f64>,
     pub prefix_tokens: f64,
+    /// The digest of (instruction, query): the key of the prefix in `prefix_holders`.
+    pub prefix_digest: u128,
     pub arrival: Instant,
     pub deadline: Instant,
     /// The request's span: every shard attempt's span is its child (`Span::none()` when

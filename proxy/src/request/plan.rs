@@ -10,6 +10,7 @@ use sieve_shared::proxy_config::SplitMode;
 use sieve_shared::sync::lock;
 use sieve_shared::{ApiError, CostModel, ProxyConfig, ScoreRequestRef};
 
+use sieve_shared::pair_key::digest_of_prefix;
 use super::dispatch::shard_body::ShardWire;
 use super::{admission, RequestCtx};
 use crate::cluster::worker::{Worker, WorkerView};
@@ -78,7 +79,7 @@ pub fn plan(
 
     let now = Instant::now();
     let model = state.cost_model();
-    let eligible = Eligible::at(state, &cfg, now, &model, &[]);
+    let mut eligible = Eligible::at(state, &cfg, now, &model, &[]);
     if eligible.workers.is_empty() {
         return Err(ApiError::not_ready(format!("no worker is ready ({} configured)", state.pool.snapshot().len())));
     }
@@ -92,6 +93,11 @@ pub fn plan(
         None => &item_tokens,
     };
     let caller = |k: usize| todo.map_or(k, |t| t[k]);
+    // Cache-aware routing: the workers that answered this prefix lately plan without its compute.
+    let prefix_digest = digest_of_prefix(req.instruction.as_deref(), &req.query);
+    if cfg.split.prefix_affinity {
+        state.prefix_holders.mark(prefix_digest, &eligible.workers, &mut eligible.views, now);
+    }
     let split_req = split::Request { item_tokens: split_tokens, prefix: prefix_tokens, model: &model };
     let balance = state.policy();
     let mut plan = state.split().plan(&split_req, &eligible.views, balance.as_ref());
@@ -139,6 +145,7 @@ pub fn plan(
         instruction_features,
         item_tokens,
         prefix_tokens,
+        prefix_digest,
         arrival,
         deadline,
         span: request_span,

@@ -21,6 +21,12 @@
 //! With a load price θ (load-aware split, [`super::load_price`]), k minimises the makespan plus
 //! θ times the plan's externality Σ over shards of (start·compute + compute²/2): what its
 //! shards add to the waiting of requests that arrive behind them.
+//!
+//! Cache-aware routing: a candidate that holds the request's prefix in its prefix cache
+//! ([`super::Candidate::holds_prefix`]) pays no prefix on its shards, so its b_j is earlier and
+//! its shards cheaper; [`holders_first`] moves such a holder to the front of the ranking when it
+//! could start before the first-ranked worker. Nothing else changes: the makespan and the load
+//! price decide whether the saving is worth the holder's queue, with no threshold of its own.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -47,10 +53,32 @@ impl SplitPolicy for CostSplit {
     }
 
     fn plan(&self, req: &Request<'_>, views: &[WorkerView], balance: &dyn Policy) -> Plan {
-        let (cands, workers) = ranked(views, balance);
+        let (mut cands, mut workers) = ranked(views, balance);
+        holders_first(req, &mut cands, &mut workers);
         let theta = if self.load_aware { super::load_price::theta(views) } else { 0.0 };
         split_by_cost_priced(req, &cands, self.max_shards, self.tolerance, theta).on_workers(&workers)
     }
+}
+
+/// Moves the candidates that hold the request's prefix and could start on its items before
+/// the first-ranked one to the front of the ranking (in their order): the split considers the
+/// first k of the ranking, and a small request only the first. A holder that is busier than the
+/// prefix saves stays where the balancing policy put it.
+pub fn holders_first(req: &Request<'_>, cands: &mut Vec<Candidate>, workers: &mut Vec<usize>) {
+    let Some(lead) = cands.first() else { return };
+    if !cands.iter().any(|c| c.holds_prefix) {
+        return;
+    }
+    let start = |c: &Candidate| c.available_ms + c.time_factor * req.first_shard_ms(c);
+    let lead = start(lead);
+    let ahead = |c: &Candidate| c.holds_prefix && start(c) < lead;
+    if !cands.iter().any(ahead) {
+        return;
+    }
+    let order: Vec<usize> =
+        (0..cands.len()).filter(|&i| ahead(&cands[i])).chain((0..cands.len()).filter(|&i| !ahead(&cands[i]))).collect();
+    *cands = order.iter().map(|&i| cands[i]).collect();
+    *workers = order.iter().map(|&i| workers[i]).collect();
 }
 
 /// Cost-balanced split over `candidates` (in preference order).
@@ -166,11 +194,10 @@ pub fn externality(plan: &Plan) -> f64 {
 
 /// k from the fluid model, then one heap packing of it (see the module doc).
 fn split_fluid(req: &Request<'_>, candidates: &[Candidate], k_max: usize, tolerance: f64, theta: f64) -> Plan {
-    let first = req.first_shard_ms();
     let pairs: Vec<f64> = req.item_tokens.iter().map(|&n| req.model.pair_ms(n, req.prefix)).collect();
     let total: f64 = pairs.iter().sum();
     let longest = pairs.iter().copied().fold(0.0, f64::max);
-    let start = |c: &Candidate| c.available_ms + c.time_factor * first;
+    let start = |c: &Candidate| c.available_ms + c.time_factor * req.first_shard_ms(c);
 
     // Candidates 0..k sorted by when they could start on items; scores per k.
     let mut by_start: Vec<(f64, usize)> = Vec::with_capacity(k_max);
@@ -229,10 +256,11 @@ fn order_key(x: f64) -> u64 {
 /// earliest; an item past a worker's token limit opens another shard there. Empty shards are
 /// left out of the plan.
 fn pack_earliest(req: &Request<'_>, pairs: &[f64], candidates: &[Candidate], slots: &[(f64, usize)]) -> Plan {
-    let first = req.first_shard_ms();
     // Shards in the order they were opened: candidate, tokens, compute, item count.
-    let mut shards: Vec<(usize, f64, f64, usize)> =
-        slots.iter().map(|&(_, j)| (j, req.prefix, candidates[j].time_factor * first, 0)).collect();
+    let mut shards: Vec<(usize, f64, f64, usize)> = slots
+        .iter()
+        .map(|&(_, j)| (j, req.prefix, candidates[j].time_factor * req.first_shard_ms(&candidates[j]), 0))
+        .collect();
     // Per slot: its open shard. Per item: its shard.
     let mut open: Vec<usize> = (0..slots.len()).collect();
     let mut shard_of = vec![0u32; pairs.len()];
@@ -248,9 +276,10 @@ fn pack_earliest(req: &Request<'_>, pairs: &[f64], candidates: &[Candidate], slo
         let n = req.item_tokens[i];
         let s = &shards[open[slot]];
         if c.max_batch_tokens > 0 && s.3 > 0 && s.1 + n > c.max_batch_tokens as f64 {
+            let first = c.time_factor * req.first_shard_ms(c);
             open[slot] = shards.len();
-            shards.push((slots[slot].1, req.prefix, c.time_factor * first, 0));
-            finish[slot] += c.time_factor * first;
+            shards.push((slots[slot].1, req.prefix, first, 0));
+            finish[slot] += first;
         }
         let s = &mut shards[open[slot]];
         let delta = c.time_factor * pairs[i];
@@ -284,6 +313,8 @@ struct Packer<'a> {
     req: &'a Request<'a>,
     pairs: &'a [f64],
     candidates: &'a [Candidate],
+    /// Per candidate of the current pack: a new shard's fixed cost there.
+    first: Vec<f64>,
     finish: Vec<f64>,
     /// Per candidate: the shard still open for more items.
     open: Vec<Option<usize>>,
@@ -300,6 +331,7 @@ impl<'a> Packer<'a> {
             req,
             pairs,
             candidates,
+            first: Vec::new(),
             finish: Vec::new(),
             open: Vec::new(),
             shard_candidate: Vec::new(),
@@ -311,7 +343,9 @@ impl<'a> Packer<'a> {
 
     /// Packs onto k candidates; returns the makespan. `keep_items` records the assignment.
     fn pack(&mut self, order: &[usize], k: usize, keep_items: bool) -> f64 {
-        let first = self.req.first_shard_ms();
+        // Per candidate: a shard's fixed cost there (the prefix is free on a holder).
+        self.first.clear();
+        self.first.extend(self.candidates[..k].iter().map(|c| self.req.first_shard_ms(c)));
         self.finish.clear();
         self.finish.extend(self.candidates[..k].iter().map(|c| c.available_ms));
         self.open.clear();
@@ -328,7 +362,7 @@ impl<'a> Packer<'a> {
                 let c = &self.candidates[j];
                 let fits = self.open[j]
                     .is_some_and(|s| c.max_batch_tokens == 0 || self.shard_tokens[s] + n <= c.max_batch_tokens as f64);
-                let delta = c.time_factor * if fits { pair } else { first + pair };
+                let delta = c.time_factor * if fits { pair } else { self.first[j] + pair };
                 let f = self.finish[j] + delta;
                 if f < best.0 {
                     best = (f, j, fits);
@@ -341,7 +375,7 @@ impl<'a> Packer<'a> {
                     let s = self.shard_candidate.len();
                     self.shard_candidate.push(j);
                     self.shard_tokens.push(self.req.prefix);
-                    self.shard_compute.push(self.candidates[j].time_factor * first);
+                    self.shard_compute.push(self.candidates[j].time_factor * self.first[j]);
                     if keep_items {
                         self.shard_items.push(Vec::new());
                     }

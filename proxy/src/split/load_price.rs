@@ -59,7 +59,7 @@ mod tests {
     use crate::split::{split_by_cost, split_by_cost_priced, Candidate, Request};
 
     fn view(backlog_ms: f64, in_flight: u64) -> WorkerView {
-        WorkerView { backlog_ms, in_flight, time_factor: 1.0, max_batch_tokens: 0 }
+        WorkerView { backlog_ms, in_flight, time_factor: 1.0, max_batch_tokens: 0, holds_prefix: false }
     }
 
     #[test]
@@ -85,7 +85,7 @@ mod tests {
         let model = CostModel { request_ms: 10.0, token_ms: 0.1, token_context_ms: 0.0 };
         let tokens = vec![100.0; 4];
         let req = Request { item_tokens: &tokens, prefix: 0.0, model: &model };
-        let c = vec![Candidate { available_ms: 5.0, time_factor: 1.0, max_batch_tokens: 0 }];
+        let c = vec![Candidate { available_ms: 5.0, time_factor: 1.0, max_batch_tokens: 0, holds_prefix: false }];
         let plan = split_by_cost(&req, &c, 1, 0.0);
         // One shard of 10 + 40 ms starting at 5 ms.
         assert!((externality(&plan) - (5.0 * 50.0 + 50.0 * 50.0 / 2.0)).abs() < 1e-9);

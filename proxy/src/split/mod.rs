@@ -14,7 +14,7 @@ mod whole;
 use std::sync::Arc;
 
 use sieve_shared::proxy_config::{SplitConfig, SplitMode};
-use sieve_shared::CostModel;
+use sieve_shared::{CostFeatures, CostModel};
 
 pub use cost::{externality, split_by_cost, split_by_cost_priced, split_exhaustive, CostSplit};
 pub use fixed::{split_fixed, FixedSplit};
@@ -52,6 +52,9 @@ pub struct Candidate {
     pub time_factor: f64,
     /// Shard token limit (prefix + items); 0: none.
     pub max_batch_tokens: u64,
+    /// Holds the request's shared prefix in its prefix cache: its shards do not pay the
+    /// prefix's compute ([`crate::prefix_holders`]).
+    pub holds_prefix: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -88,14 +91,31 @@ pub struct Request<'a> {
 }
 
 impl Request<'_> {
-    fn first_shard_ms(&self) -> f64 {
-        self.model.request_ms + self.model.prefix_ms(self.prefix)
+    /// The fixed cost of a shard on `c` before its items: the call's, and the prefix's unless
+    /// `c` holds it.
+    fn first_shard_ms(&self, c: &Candidate) -> f64 {
+        if c.holds_prefix {
+            self.model.request_ms
+        } else {
+            self.model.request_ms + self.model.prefix_ms(self.prefix)
+        }
+    }
+
+    /// Predicted compute of a shard of `items` on `c` (time factor 1).
+    fn shard_ms(&self, c: &Candidate, items: impl IntoIterator<Item = f64>) -> f64 {
+        let cached = if c.holds_prefix { self.prefix } else { 0.0 };
+        self.model.predict(&CostFeatures::of_call(self.prefix, cached, items))
     }
 }
 
 impl From<&WorkerView> for Candidate {
     fn from(v: &WorkerView) -> Self {
-        Candidate { available_ms: v.backlog_ms, time_factor: v.time_factor, max_batch_tokens: v.max_batch_tokens }
+        Candidate {
+            available_ms: v.backlog_ms,
+            time_factor: v.time_factor,
+            max_batch_tokens: v.max_batch_tokens,
+            holds_prefix: v.holds_prefix,
+        }
     }
 }
 
@@ -122,7 +142,7 @@ pub(crate) fn plan_from_groups(req: &Request<'_>, candidates: &[Candidate], grou
     for (c, items) in groups {
         let Some(cand) = candidates.get(c) else { continue };
         let tokens = req.prefix + items.iter().map(|&i| req.item_tokens[i]).sum::<f64>();
-        let compute_ms = cand.time_factor * req.model.call_ms(req.prefix, items.iter().map(|&i| req.item_tokens[i]));
+        let compute_ms = cand.time_factor * req.shard_ms(cand, items.iter().map(|&i| req.item_tokens[i]));
         finish[c] += compute_ms;
         shards.push(ShardPlan { candidate: c, items, tokens, compute_ms, finish_ms: finish[c] });
     }
@@ -148,7 +168,7 @@ mod tests {
     use super::*;
 
     fn idle(n: usize) -> Vec<Candidate> {
-        vec![Candidate { available_ms: 0.0, time_factor: 1.0, max_batch_tokens: 0 }; n]
+        vec![Candidate { available_ms: 0.0, time_factor: 1.0, max_batch_tokens: 0, holds_prefix: false }; n]
     }
 
     fn skewed(m: usize, seed: u64) -> Vec<f64> {
@@ -229,7 +249,8 @@ mod tests {
         let tokens = skewed(300, 9);
         let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model };
         let limit = 4000u64;
-        let cands = vec![Candidate { available_ms: 0.0, time_factor: 1.0, max_batch_tokens: limit }; 2];
+        let cands =
+            vec![Candidate { available_ms: 0.0, time_factor: 1.0, max_batch_tokens: limit, holds_prefix: false }; 2];
         let plan = split_by_cost(&req, &cands, 64, 0.02);
         check_partition(&plan, 300);
         let total: f64 = tokens.iter().sum();
@@ -274,6 +295,7 @@ mod tests {
                     available_ms: if next() < 0.5 { 0.0 } else { next() * 60.0 },
                     time_factor: 0.7 + next() * 0.8,
                     max_batch_tokens: if case % 5 == 0 { 20_000 } else { 0 },
+                    holds_prefix: next() < 0.2,
                 })
                 .collect();
             let req = Request { item_tokens: &tokens, prefix: 20.0 + next() * 100.0, model: &model };
@@ -312,7 +334,13 @@ mod tests {
     #[test]
     fn policies_come_from_the_config_and_plan_onto_worker_indices() {
         use crate::balancer::LeastLoaded;
-        let view = |backlog_ms| WorkerView { backlog_ms, in_flight: 0, time_factor: 1.0, max_batch_tokens: 0 };
+        let view = |backlog_ms| WorkerView {
+            backlog_ms,
+            in_flight: 0,
+            time_factor: 1.0,
+            max_batch_tokens: 0,
+            holds_prefix: false,
+        };
         // Distinct loads: least loaded ranks workers 2, 0, 1 every time.
         let views = [view(10.0), view(30.0), view(0.0)];
         let ranking = [2usize, 0, 1];
@@ -345,6 +373,46 @@ mod tests {
         assert_eq!(plan.shards.iter().map(|s| s.items.len()).collect::<Vec<_>>(), vec![64, 64, 64, 8]);
     }
 
+    #[test]
+    fn a_prefix_holder_is_preferred_when_idle_and_not_when_busy() {
+        use crate::balancer::LeastLoaded;
+        // A long shared prefix (a document as the query), a few short items: the prefix is most
+        // of a shard's compute.
+        let model = CostModel { request_ms: 2.0, token_ms: 0.005, token_context_ms: 5e-6 };
+        let tokens = vec![40.0; 4];
+        let req = Request { item_tokens: &tokens, prefix: 1500.0, model: &model };
+        let view = |backlog_ms, holds_prefix| WorkerView {
+            backlog_ms,
+            in_flight: u64::from(backlog_ms > 0.0),
+            time_factor: 1.0,
+            max_batch_tokens: 0,
+            holds_prefix,
+        };
+        let split = build(&SplitConfig::default());
+        let on = |plan: &Plan| plan.shards.iter().map(|s| s.candidate).collect::<Vec<_>>();
+        // All idle; worker 3 holds the prefix and is ranked last by least-loaded (ties by index):
+        // the whole request goes to it, predicted without the prefix's compute.
+        let idle = [view(0.0, false), view(0.0, false), view(0.0, false), view(0.0, true)];
+        let warm = split.plan(&req, &idle, &LeastLoaded);
+        assert_eq!(on(&warm), vec![3], "the idle holder takes it all");
+        let cold = model.call_ms(req.prefix, tokens.iter().copied());
+        assert!((warm.shards[0].compute_ms - (cold - model.prefix_ms(req.prefix))).abs() < 1e-9);
+        // Without the holding every shard pays the prefix, and the request finishes later
+        // however it is cut.
+        let plain = [view(0.0, false); 4];
+        let plan = split.plan(&req, &plain, &LeastLoaded);
+        assert!(plan.shards.iter().all(|s| s.compute_ms >= model.prefix_ms(req.prefix)), "{plan:?}");
+        assert!(plan.makespan_ms > 2.0 * warm.makespan_ms, "{} vs {}", plan.makespan_ms, warm.makespan_ms);
+        // The holder queued behind more work than the prefix saves: another worker takes it.
+        let busy = [view(0.0, false), view(0.0, false), view(0.0, false), view(40.0, true)];
+        let plan = split.plan(&req, &busy, &LeastLoaded);
+        assert!(!on(&plan).contains(&3), "the busy holder is passed over: {plan:?}");
+        // Queued behind less than the prefix saves: still worth waiting for.
+        let saves = model.prefix_ms(req.prefix);
+        let short = [view(0.0, false), view(0.0, false), view(0.0, false), view(saves / 2.0, true)];
+        assert_eq!(on(&split.plan(&req, &short, &LeastLoaded)), vec![3]);
+    }
+
     mod properties {
         //! Invariants of every plan, over generated requests: every item in exactly one
         //! shard, no empty shard, shard limits (token limit, max_shards, fixed chunk size)
@@ -354,11 +422,12 @@ mod tests {
 
         fn candidates() -> impl Strategy<Value = Vec<Candidate>> {
             prop::collection::vec(
-                (0.0..200.0f64, 0.2..5.0f64, prop_oneof![Just(0u64), 200..20_000u64]).prop_map(
-                    |(available_ms, time_factor, max_batch_tokens)| Candidate {
+                (0.0..200.0f64, 0.2..5.0f64, prop_oneof![Just(0u64), 200..20_000u64], any::<bool>()).prop_map(
+                    |(available_ms, time_factor, max_batch_tokens, holds_prefix)| Candidate {
                         available_ms,
                         time_factor,
                         max_batch_tokens,
+                        holds_prefix,
                     },
                 ),
                 1..12,

@@ -22,6 +22,7 @@ fn scored(scores: &[Option<f32>]) -> ScoreResponse {
         usage: Usage { pairs: 3, prompt_tokens: 42, computed_tokens: 30, ..Usage::default() },
         timing: Timing::default(),
         model: "m".into(),
+        template: String::new(),
     }
 }
 

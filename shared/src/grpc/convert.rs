@@ -139,6 +139,7 @@ mod tests {
             usage: Usage { pairs: 1, ..Usage::default() },
             timing: Timing::default(),
             model: "m".into(),
+            template: String::new(),
         });
         assert_eq!(r.scores[0], 0.5);
         assert!(r.scores[1].is_nan());

@@ -45,6 +45,27 @@ pub struct LoadedModel<B: Backend> {
     pub builder: PromptBuilder,
     /// A display name: the file or directory name.
     pub name: String,
+    /// The template identity: a digest of the prompt template and the score head, reported
+    /// in answers and `/stats` (see [`template_identity`]).
+    pub template_id: String,
+}
+
+/// A digest of what, besides the weights, decides a pair's score: the prompt template (every
+/// field, the yes/no tokens included) and the score head. Two workers of one model with
+/// different templates report different identities, so the proxy's pair cache keeps their
+/// scores apart. XXH3, so every build and machine computes the same identity.
+pub fn template_identity(template: &PromptTemplate, head: &HeadSpec) -> String {
+    let text = serde_json::to_string(template).unwrap_or_default();
+    let head = match head {
+        HeadSpec::YesNo { yes, no } => format!("yes_no:{yes}:{no}"),
+        HeadSpec::Classifier => "classifier".to_string(),
+    };
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for part in [text.as_bytes(), head.as_bytes()] {
+        h.update(&(part.len() as u64).to_le_bytes());
+        h.update(part);
+    }
+    format!("{:016x}", h.digest())
 }
 
 /// The template a model gets unless configured: Qwen3 models are trained with the empty think
@@ -106,6 +127,25 @@ pub fn load<B: Backend>(backend: &B, path: &Path, opts: &LoadOptions) -> Result<
         ?head,
         "loading {name}"
     );
+    let template_id = template_identity(&builder.template, &head);
     let model = Model::load(backend, src.as_ref(), config, head, opts.keep_lm_head)?;
-    Ok(LoadedModel { model, tokenizer: Arc::new(tokenizer), builder, name })
+    Ok(LoadedModel { model, tokenizer: Arc::new(tokenizer), builder, name, template_id })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_template_identity_follows_the_template_and_the_head() {
+        let yes_no = HeadSpec::YesNo { yes: 9693, no: 2152 };
+        let base = template_identity(&PromptTemplate::default(), &yes_no);
+        assert_eq!(base, template_identity(&PromptTemplate::default(), &yes_no), "stable");
+        assert_eq!(base.len(), 16);
+        assert_ne!(base, template_identity(&PromptTemplate::chatml(), &yes_no), "another suffix");
+        let instruction = PromptTemplate { default_instruction: "Rank products".into(), ..PromptTemplate::default() };
+        assert_ne!(base, template_identity(&instruction, &yes_no), "another default instruction");
+        assert_ne!(base, template_identity(&PromptTemplate::default(), &HeadSpec::Classifier), "another head");
+        assert_ne!(base, template_identity(&PromptTemplate::default(), &HeadSpec::YesNo { yes: 9693, no: 1 }));
+    }
 }

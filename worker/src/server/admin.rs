@@ -69,6 +69,7 @@ pub fn stats(app: &AppState) -> WorkerStats {
     let st = &app.state;
     let mut s = WorkerStats {
         model: app.model_name.get().cloned().unwrap_or_default(),
+        template: app.template_id.get().cloned().unwrap_or_default(),
         device: app.device.clone(),
         ready: st.is_ready() && app.engine.get().is_some(),
         draining: st.draining.load(Ordering::Acquire),

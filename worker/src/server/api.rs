@@ -100,5 +100,6 @@ async fn run(app: &AppState, r: &ScoreRequest, arrived: Instant) -> Result<Score
             total_ms: arrived.elapsed().as_secs_f64() * 1e3,
         },
         model: app.model_name.get().cloned().unwrap_or_default(),
+        template: app.template_id.get().cloned().unwrap_or_default(),
     })
 }

@@ -22,6 +22,8 @@ pub struct AppState {
     pub state: Arc<EngineState>,
     pub limits: Limits,
     pub model_name: OnceLock<String>,
+    /// Set with the model: a digest of its prompt template and score head.
+    pub template_id: OnceLock<String>,
     pub device: String,
     pub prometheus: Option<PrometheusHandle>,
     /// Who may use the admin routes (no token by default: `POST /drain` answers 403).
@@ -37,6 +39,7 @@ impl AppState {
             state: Arc::new(EngineState::default()),
             limits,
             model_name: OnceLock::new(),
+            template_id: OnceLock::new(),
             device,
             prometheus,
             admin: AdminAuth::default(),

@@ -70,9 +70,10 @@ pub async fn start(cfg: WorkerConfig, prometheus: Option<PrometheusHandle>) -> R
     let (loaded_tx, loaded_rx) = oneshot::channel();
     std::thread::spawn(move || {
         let t0 = Instant::now();
-        let r = device::start_engine(&cfg, dev, app.state.clone()).map(|(engine, name)| {
+        let r = device::start_engine(&cfg, dev, app.state.clone()).map(|(engine, name, template)| {
             tracing::info!("{name} ready on {dev} in {:.1} s", t0.elapsed().as_secs_f64());
             let _ = app.model_name.set(name);
+            let _ = app.template_id.set(template);
             let _ = app.engine.set(engine);
         });
         if let Err(e) = &r {

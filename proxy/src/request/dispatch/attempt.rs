@@ -213,6 +213,7 @@ mod tests {
             usage: Usage::default(),
             timing: Timing::default(),
             model: "m".into(),
+            template: String::new(),
         }
     }
 
