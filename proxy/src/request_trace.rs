@@ -13,7 +13,6 @@ use std::path::PathBuf;
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use serde::{Deserialize, Serialize};
 use sieve_shared::proxy_config::RequestTraceConfig;
 use sieve_shared::{ApiError, ScoreRequestRef, ScoreResponse};
 use xxhash_rust::xxh3::xxh3_64;
@@ -23,32 +22,8 @@ use crate::metrics as m;
 /// Records waiting for the writer beyond which new ones are dropped.
 const QUEUE: usize = 4096;
 
-/// One sampled request.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Record {
-    /// Arrival, in milliseconds since the Unix epoch.
-    pub t_ms: u64,
-    /// XXH3-64 of the query text.
-    pub query: u64,
-    /// XXH3-64 of the instruction text, when the request had one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub instruction: Option<u64>,
-    /// XXH3-64 of each item text, in input order.
-    pub items: Vec<u64>,
-    /// Tokens of each item's own segment as the workers counted them (0 for an unscored item);
-    /// empty when the request failed.
-    pub item_tokens: Vec<u32>,
-    /// Tokens of the prefix the prompts share (template head, instruction, query).
-    pub prefix_tokens: u32,
-    /// Items answered from the pair-score cache.
-    pub cached_items: u32,
-    pub missing: u32,
-    pub deadline_ms: Option<u64>,
-    /// HTTP status of the answer.
-    pub status: u16,
-    /// Arrival to answer.
-    pub latency_ms: f64,
-}
+/// One sampled request (the line the capacity planner reads).
+pub use sieve_shared::trace_record::TraceRecord as Record;
 
 /// A request being traced: what is known at arrival.
 pub struct Pending {
@@ -226,9 +201,12 @@ mod tests {
 
     #[test]
     fn lines_hold_hashes_and_counts_never_text() {
-        let r = record(
+        let mut r = record(
             r#"{"query":"secret query","items":["secret item",{"id":"x","text":"secret item"}],"instruction":"secret"}"#,
         );
+        // A measured latency need not survive serde_json's default float parsing bit for bit
+        // (it is not built with `float_roundtrip`); one exact in binary does.
+        r.latency_ms = 1.5;
         let line = serde_json::to_string(&r).unwrap();
         assert!(!line.contains("secret"), "{line}");
         assert_eq!(r.items.len(), 2);

@@ -18,6 +18,7 @@ pub mod service;
 pub mod stats;
 pub mod sync;
 pub mod trace;
+pub mod trace_record;
 
 pub use api::*;
 pub use cost::{CostFeatures, CostModel};

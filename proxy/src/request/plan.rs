@@ -10,7 +10,6 @@ use sieve_shared::proxy_config::SplitMode;
 use sieve_shared::sync::lock;
 use sieve_shared::{ApiError, CostModel, ProxyConfig, ScoreRequestRef};
 
-use sieve_shared::pair_key::digest_of_prefix;
 use super::dispatch::shard_body::ShardWire;
 use super::{admission, RequestCtx};
 use crate::cluster::worker::{Worker, WorkerView};
@@ -18,6 +17,7 @@ use crate::estimate::token_estimator::features;
 use crate::metrics as m;
 use crate::split::{self, SplitPolicy};
 use crate::state::AppState;
+use sieve_shared::pair_key::digest_of_prefix;
 
 /// A shard as planned: where it goes first and what it is predicted to take.
 pub struct ShardJob {
