@@ -13,8 +13,11 @@
 //!
 //! Part 2 (the front end): the same 100-item call as gRPC `Score` (both clients) and as
 //! `POST /v1/score` through a `sieve-proxy` process over four zero-compute sim-workers, one call
-//! at a time, the paths interleaved call by call so all see the same machine; p50 and p99 of each;
-//! then the proxy process's CPU time per call of each path, run one path at a time.
+//! at a time, the paths interleaved call by call so all see the same machine; p50 and p99 of each.
+//! The same call, with the same clients, is also made directly on one more sim-worker of the same
+//! kind (interleaved with the others): via-proxy less direct is the latency the proxy adds, the
+//! client's own protocol stack left out. Then the proxy process's CPU time per call of each
+//! protocol, run one at a time.
 //!
 //! Every call opts out of the proxy's pair-score cache (`cache: false`): the same request
 //! repeated would otherwise be answered from the cache, and no shard would reach a worker.
@@ -237,8 +240,9 @@ async fn transport(http: &Http, calls: usize) {
     drop(w);
 }
 
-/// Part 2: the client's call through the proxy, as HTTP and as gRPC (`only`: the paths whose
-/// name holds it).
+/// Part 2: the client's call through the proxy, as HTTP and as gRPC (`only`: the protocols whose
+/// name holds it), and the same call made directly on one sim-worker of the kind the proxy uses:
+/// the difference is what the proxy adds, the client's own protocol stack left out.
 async fn front_end(http: &Http, calls: usize, only: Option<&str>) {
     println!("\nPart 2: client -> proxy, a {REQUEST_ITEMS}-item call through sieve-proxy over {WORKERS} zero-compute sim-workers, interleaved");
     let sims: Vec<Proc> = (0..WORKERS).map(|_| zero_sim()).collect();
@@ -248,48 +252,93 @@ async fn front_end(http: &Http, calls: usize, only: Option<&str>) {
     }
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let p = spawn("sieve-proxy", &refs, START);
+    // The direct target: one more sim-worker of the same kind, outside the proxy's pool (its
+    // calls do not touch the proxy's view of its workers).
+    let d = zero_sim();
     assert!(wait_ready(http, &p.admin_url(), START).await, "proxy not ready");
+    assert!(wait_ready(http, &d.admin_url(), START).await, "direct sim-worker not ready");
     let items = catalogue(REQUEST_ITEMS, 12);
-    let h = Path::http(format!("{}/v1/score", p.api_url()), &items);
-    let g = Path::grpc(&grpc_url(&p), &items).await;
-    let l = Path::lean(&grpc_url(&p), &items).await;
-    let mut paths: Vec<(&str, Path)> =
-        vec![("POST /v1/score (HTTP/1.1)", h), ("gRPC Score, tonic channel", g), ("gRPC Score, hyper h2 client", l)];
+    // Each protocol as (name, via the proxy, directly on the sim-worker): the same request.
+    let mut protocols: Vec<(&str, Path, Path)> = vec![
+        (
+            "POST /v1/score (HTTP/1.1)",
+            Path::http(format!("{}/v1/score", p.api_url()), &items),
+            Path::http(format!("{}/v1/score", d.api_url()), &items),
+        ),
+        ("gRPC Score, tonic channel", Path::grpc(&grpc_url(&p), &items).await, Path::grpc(&grpc_url(&d), &items).await),
+        (
+            "gRPC Score, hyper h2 client",
+            Path::lean(&grpc_url(&p), &items).await,
+            Path::lean(&grpc_url(&d), &items).await,
+        ),
+    ];
     if let Some(word) = only {
-        paths.retain(|(name, _)| name.contains(word));
-        assert!(!paths.is_empty(), "--only {word}: no path's name holds it");
+        protocols.retain(|(name, ..)| name.contains(word));
+        assert!(!protocols.is_empty(), "--only {word}: no path's name holds it");
         println!("the proxy's pid: {}", p.pid());
     }
+    // Every path, proxied and direct, in one list: path 2k is protocol k via the proxy, 2k+1 the
+    // same protocol direct.
+    let mut paths: Vec<Path> = protocols.iter().flat_map(|(_, via, direct)| [via.clone(), direct.clone()]).collect();
     for _ in 0..100 {
-        for (_, p) in paths.iter_mut() {
+        for p in paths.iter_mut() {
             p.call(REQUEST_ITEMS).await;
         }
     }
     let mut lat: Vec<Vec<Duration>> = paths.iter().map(|_| Vec::with_capacity(calls)).collect();
     for i in 0..calls {
-        // Rotate which goes first, so none always follows another.
+        // Rotate which goes first, so none always follows another and machine noise hits every
+        // path alike.
         for k in 0..paths.len() {
             let j = (i + k) % paths.len();
-            lat[j].push(paths[j].1.call(REQUEST_ITEMS).await);
+            lat[j].push(paths[j].call(REQUEST_ITEMS).await);
         }
     }
-    println!("{:<30} {:>9} {:>9} {:>14}", "path", "p50 ms", "p99 ms", "vs HTTP p50/p99");
     for l in lat.iter_mut() {
         l.sort_unstable();
     }
-    for ((name, _), l) in paths.iter().zip(&lat) {
-        let (d50, d99) = (pct(l, 0.5) - pct(&lat[0], 0.5), pct(l, 0.99) - pct(&lat[0], 0.99));
+    let (via, direct): (Vec<&[Duration]>, Vec<&[Duration]>) = (
+        lat.iter().step_by(2).map(Vec::as_slice).collect(),
+        lat.iter().skip(1).step_by(2).map(Vec::as_slice).collect(),
+    );
+    println!("{:<30} {:>9} {:>9} {:>14}", "path (via the proxy)", "p50 ms", "p99 ms", "vs HTTP p50/p99");
+    for ((name, ..), l) in protocols.iter().zip(&via) {
+        let (d50, d99) = (pct(l, 0.5) - pct(via[0], 0.5), pct(l, 0.99) - pct(via[0], 0.99));
         println!("{name:<30} {:>9.3} {:>9.3} {d50:>+7.3} {d99:>+7.3}", pct(l, 0.5), pct(l, 0.99));
     }
-    // The server's side alone: the proxy process's CPU per call, each path run on its own.
+    // The server's side alone: the proxy process's CPU per call, each protocol run on its own.
     // SAFETY: sysconf reads a constant.
     let tick_us = 1e6 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    println!("{:<30} {:>18}   (clock ticks: +-{:.0} us per call)", "path", "proxy CPU/call", tick_us / calls as f64);
-    for (name, path) in paths.iter_mut() {
+    let mut cpu_us = Vec::with_capacity(protocols.len());
+    for (_, path, _) in protocols.iter_mut() {
         let cpu0 = process_cpu(p.pid());
         for _ in 0..calls {
             path.call(REQUEST_ITEMS).await;
         }
-        println!("{name:<30} {:>15.1} us", (process_cpu(p.pid()) - cpu0) * 1e6 / calls as f64);
+        cpu_us.push((process_cpu(p.pid()) - cpu0) * 1e6 / calls as f64);
+    }
+    // What the proxy adds: the same call and client, via the proxy less direct on one
+    // sim-worker (a difference of percentiles of the same run; the direct call's worker scores
+    // all items where the proxy's four score a shard each).
+    println!(
+        "\nWhat the proxy adds (same call, same client, direct on one sim-worker; proxy CPU clock ticks: +-{:.0} us per call)",
+        tick_us / calls as f64
+    );
+    println!(
+        "{:<30} {:>15} {:>15} {:>17} {:>15}",
+        "protocol", "direct p50/p99", "proxy p50/p99", "added p50/p99", "proxy CPU/call"
+    );
+    for (k, (name, ..)) in protocols.iter().enumerate() {
+        let (v, d) = (via[k], direct[k]);
+        println!(
+            "{name:<30} {:>7.3} {:>7.3} {:>7.3} {:>7.3} {:>+8.3} {:>+8.3} {:>12.1} us",
+            pct(d, 0.5),
+            pct(d, 0.99),
+            pct(v, 0.5),
+            pct(v, 0.99),
+            pct(v, 0.5) - pct(d, 0.5),
+            pct(v, 0.99) - pct(d, 0.99),
+            cpu_us[k]
+        );
     }
 }
