@@ -71,7 +71,7 @@ const fn ascii_class(c: u8) -> usize {
 /// so where the CPU has AVX2 (checked at run time) it takes 32 bytes a step, else 16 (SSE2, or
 /// whatever the target's baseline vectorises). Both run the same integer code
 /// ([`ascii_counts_in`]), so the counts are identical whichever runs (`every_width_counts_the_same`
-/// holds them equal). Measured on product texts of 100-280 bytes (a Xeon with AVX-512): 32
+/// holds them equal). Measured on product texts of 100-280 bytes (an AMD EPYC with AVX-512): 32
 /// bytes a step with AVX2 is ~2x the 16-byte path; 64 bytes a step (AVX-512BW, or two AVX2
 /// registers) was no faster than 16, the compiler's code for the wider word-start shift being
 /// poor, so there is no AVX-512 path.
