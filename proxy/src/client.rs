@@ -1,10 +1,17 @@
 //! The HTTP client to workers: hyper's pooled client, keep-alive connections reused across
 //! shards, bodies read whole with a size cap. Dropping a call's future closes its connection,
 //! which is how a hedge's loser (or a call past the deadline) is cancelled on the worker.
+//!
+//! A thread that runs a runtime of its own (the API's per-thread runtimes, `api_threads.rs`)
+//! calls [`use_own_pool_on_this_thread`]: its calls then go through a pool of that thread's
+//! own, so a worker connection is only ever driven by the thread whose requests use it (no
+//! wake-up crosses threads).
 
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -18,10 +25,31 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use sieve_shared::proxy_config::ClientConfig;
 
+type Pool = Client<HttpConnector, Chunks>;
+
 #[derive(Clone)]
 pub struct HttpClient {
-    client: Client<HttpConnector, Chunks>,
+    client: Pool,
     max_response_bytes: usize,
+    /// What a thread's own pool is built from.
+    cfg: ClientConfig,
+    /// Tells this client's per-thread pools from another's (tests run several proxies in one
+    /// process).
+    id: u64,
+}
+
+thread_local! {
+    /// Whether this thread's calls use pools of its own ([`use_own_pool_on_this_thread`]).
+    static OWN_POOL: Cell<bool> = const { Cell::new(false) };
+    /// This thread's own pools, one per client (by id) that has called from it.
+    static POOLS: RefCell<Vec<(u64, Pool)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// From now on, calls made on this thread (by any [`HttpClient`]) go through connection pools of
+/// this thread's own, whose connections are driven by this thread's runtime. For a thread that
+/// runs a current-thread runtime for as long as it lives.
+pub fn use_own_pool_on_this_thread() {
+    OWN_POOL.with(|o| o.set(true));
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -47,14 +75,13 @@ pub struct Reply {
 
 impl HttpClient {
     pub fn new(cfg: &ClientConfig) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_millis(cfg.connect_timeout_ms)));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_millis(cfg.pool_idle_timeout_ms))
-            .pool_timer(TokioTimer::new())
-            .build(connector);
-        HttpClient { client, max_response_bytes: cfg.max_response_bytes }
+        static IDS: AtomicU64 = AtomicU64::new(0);
+        HttpClient {
+            client: pool(cfg),
+            max_response_bytes: cfg.max_response_bytes,
+            cfg: cfg.clone(),
+            id: IDS.fetch_add(1, Ordering::Relaxed),
+        }
     }
 
     pub async fn post_json(
@@ -84,7 +111,22 @@ impl HttpClient {
     }
 
     async fn send(&self, req: Request<Chunks>) -> Result<Reply, ClientError> {
-        let resp = self.client.request(req).await.map_err(|e| {
+        let sending = if OWN_POOL.with(Cell::get) {
+            POOLS.with(|pools| {
+                let mut pools = pools.borrow_mut();
+                let k = match pools.iter().position(|(id, _)| *id == self.id) {
+                    Some(k) => k,
+                    None => {
+                        pools.push((self.id, pool(&self.cfg)));
+                        pools.len() - 1
+                    }
+                };
+                pools[k].1.request(req)
+            })
+        } else {
+            self.client.request(req)
+        };
+        let resp = sending.await.map_err(|e| {
             if e.is_connect() {
                 ClientError::Connect(error_chain(&e))
             } else {
@@ -101,6 +143,18 @@ impl HttpClient {
         })?;
         Ok(Reply { status: parts.status, headers: parts.headers, body: body.to_bytes() })
     }
+}
+
+/// hyper's pooled keep-alive client as the config says; its connection tasks run on the runtime
+/// of the call that opened them.
+fn pool(cfg: &ClientConfig) -> Pool {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(Duration::from_millis(cfg.connect_timeout_ms)));
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_millis(cfg.pool_idle_timeout_ms))
+        .pool_timer(TokioTimer::new())
+        .build(connector)
 }
 
 /// A request body sent as the chunks it is made of, with its exact length (so a

@@ -75,6 +75,7 @@ impl ProxyConfig {
         self.grpc.validate()?;
         self.tracing.validate()?;
         check(self.server.max_in_flight_requests > 0, "server.max_in_flight_requests must be positive")?;
+        check(self.server.api_threads <= 1024, "server.api_threads must be at most 1024")?;
         check(self.deadline.default_ms > 0, "deadline.default_ms must be positive")?;
         check(self.split.fixed_items > 0, "split.fixed_items must be positive")?;
         check(self.split.max_shards > 0, "split.max_shards must be positive")?;
@@ -144,6 +145,12 @@ pub struct ServerConfig {
     pub admin_port: u16,
     /// Requests in progress at once; more get 429.
     pub max_in_flight_requests: usize,
+    /// Threads that serve the API port, each running a single-threaded runtime of its own with
+    /// its own listener on the port (`SO_REUSEPORT`: the kernel spreads connections over them)
+    /// and its own worker connections, so a request, its shards' calls and their answers stay
+    /// on one thread. 0: the API is served by the process's shared multi-thread runtime (the
+    /// admin and gRPC ports, health checks and discovery always are).
+    pub api_threads: usize,
 }
 
 impl Default for ServerConfig {
@@ -154,6 +161,7 @@ impl Default for ServerConfig {
             admin_host: "127.0.0.1".into(),
             admin_port: 9080,
             max_in_flight_requests: 4096,
+            api_threads: 0,
         }
     }
 }
@@ -579,6 +587,7 @@ mod tests {
         assert_eq!(c, ProxyConfig::default());
         assert_eq!(c.server.admin_host, "127.0.0.1", "admin stays on loopback unless asked");
         assert!(ProxyConfig::from_toml("[http]\nmax_connections = 0\n").unwrap_err().contains("http.max_connections"));
+        assert!(ProxyConfig::from_toml("[server]\napi_threads = 5000\n").unwrap_err().contains("server.api_threads"));
     }
 
     #[test]

@@ -19,6 +19,12 @@
 //! ~20 ms of compute), one request at a time: the whole request on one worker (nginx) against
 //! the proxy's cost-balanced split over four.
 //!
+//! Every proxy row is run for this tree's proxy as configured by default and again with the
+//! API's runtime layout switched (`[server] api_threads`: the shared multi-thread runtime
+//! against one single-threaded runtime per core); `SIEVE_BENCH_BASELINE_PROXY=PATH` adds the
+//! rows of another `sieve-proxy` build (say, the branch point's) to the same run. The proxies'
+//! pair-score cache is off (every request is the same one).
+//!
 //! Everything runs on one machine, the load generator included, so the figures are relative:
 //! compare rows of the same run. Hedging is off in the proxy (nginx does not hedge).
 
@@ -29,7 +35,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sieve_e2e::{catalogue, score_body, spawn, wait_ready, Http, Proc};
+use sieve_e2e::{bin, catalogue, score_body, spawn, wait_ready, Http, Proc};
 
 const WORKERS: usize = 4;
 /// Items per request: parts 1 and 2 run for each size; part 3 with the first.
@@ -229,9 +235,19 @@ impl Drop for Nginx {
     }
 }
 
-fn start_proxy(workers: &[Proc], config: &str, name: &str) -> (Proc, PathBuf) {
+/// A `sieve-proxy` build the bench runs: this tree's, or another's given by path.
+#[derive(Clone)]
+struct ProxyBuild {
+    /// How its rows are named ("" for this tree's default config).
+    label: String,
+    exe: PathBuf,
+    /// Config lines added to every proxy of this build (a `[server]` section).
+    server: String,
+}
+
+fn start_proxy(build: &ProxyBuild, workers: &[Proc], config: &str, name: &str) -> (Proc, PathBuf) {
     let path = std::env::temp_dir().join(format!("sieve-bench-{}-{name}.toml", std::process::id()));
-    std::fs::write(&path, config).expect("proxy config");
+    std::fs::write(&path, format!("{}{config}", build.server)).expect("proxy config");
     let mut args = vec![
         "--port".to_string(),
         "0".into(),
@@ -245,7 +261,8 @@ fn start_proxy(workers: &[Proc], config: &str, name: &str) -> (Proc, PathBuf) {
         args.push(w.worker_arg());
     }
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    (spawn("sieve-proxy", &refs, Duration::from_secs(20)), path)
+    let proc = Proc::start(&build.exe, &refs, Duration::from_secs(20)).unwrap_or_else(|e| panic!("{e}"));
+    (proc, path)
 }
 
 fn cpu_cell(cpu_us: Option<f64>) -> String {
@@ -305,21 +322,55 @@ async fn run(args: Args) {
         .map(|_| spawn("sieve-loadtest", &["sim-worker", "--port", "0", "--admin-port", "0"], Duration::from_secs(20)))
         .collect();
 
-    let base_cfg = "[hedge]\nenabled = false\n[health]\ninterval_ms = 200\n[deadline]\ndefault_ms = 10000\n";
+    // The pair-score cache off: every request is the same, and the bench measures forwarding.
+    let base_cfg =
+        "[hedge]\nenabled = false\n[health]\ninterval_ms = 200\n[deadline]\ndefault_ms = 10000\n[cache]\nenabled = false\n";
     let whole_cfg = format!("{base_cfg}[split]\nmode = \"none\"\n");
     let cost_cfg = base_cfg.to_string();
 
-    let (proxy_whole, p1) = start_proxy(&sims_zero, &whole_cfg, "whole");
-    // Four shards of every request size: one proxy per size, fixed chunks of a quarter.
-    let proxies_four: Vec<(Proc, PathBuf)> = SIZES
+    // The proxy as configured by default; the same binary with the API's runtime layout
+    // switched (`[server] api_threads`: the shared multi-thread runtime against one
+    // single-threaded runtime per core); and, with SIEVE_BENCH_BASELINE_PROXY=PATH, another
+    // build of the proxy (say, the branch point's) for a before/after in one run.
+    let default_threads = sieve_shared::ProxyConfig::default().server.api_threads;
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let other_threads = if default_threads == 0 { cores } else { 0 };
+    let this = bin("sieve-proxy");
+    let mut builds = vec![
+        ProxyBuild { label: String::new(), exe: this.clone(), server: String::new() },
+        ProxyBuild {
+            label: format!("api_threads={other_threads}"),
+            exe: this,
+            server: format!("[server]\napi_threads = {other_threads}\n"),
+        },
+    ];
+    if let Some(exe) = std::env::var_os("SIEVE_BENCH_BASELINE_PROXY") {
+        builds.push(ProxyBuild { label: "baseline".into(), exe: exe.into(), server: String::new() });
+    }
+    // Per build: the whole-request proxy, then four shards of every request size (one proxy per
+    // size, fixed chunks of a quarter).
+    let mut configs = Vec::new();
+    let proxies: Vec<(Proc, Vec<Proc>)> = builds
         .iter()
-        .map(|n| {
-            let cfg = format!("{base_cfg}[split]\nmode = \"fixed\"\nfixed_items = {}\n", n / WORKERS);
-            start_proxy(&sims_zero, &cfg, &format!("four{n}"))
+        .enumerate()
+        .map(|(b, build)| {
+            let (whole, p) = start_proxy(build, &sims_zero, &whole_cfg, &format!("whole{b}"));
+            configs.push(p);
+            let four = SIZES
+                .iter()
+                .map(|n| {
+                    let cfg = format!("{base_cfg}[split]\nmode = \"fixed\"\nfixed_items = {}\n", n / WORKERS);
+                    let (proc, p) = start_proxy(build, &sims_zero, &cfg, &format!("four{n}-{b}"));
+                    configs.push(p);
+                    proc
+                })
+                .collect();
+            (whole, four)
         })
         .collect();
-    let (proxy_cost, p3) = start_proxy(&sims_cost, &cost_cfg, "cost");
-    for p in [&proxy_whole, &proxy_cost].into_iter().chain(proxies_four.iter().map(|(p, _)| p)) {
+    let (proxy_cost, p3) = start_proxy(&builds[0], &sims_cost, &cost_cfg, "cost");
+    configs.push(p3);
+    for p in proxies.iter().flat_map(|(w, f)| std::iter::once(w).chain(f)).chain([&proxy_cost]) {
         assert!(wait_ready(&http, &p.admin_url(), Duration::from_secs(20)).await, "proxy not ready");
     }
     // Every worker must be eligible before measuring.
@@ -333,29 +384,28 @@ async fn run(args: Args) {
     println!("Sieve proxy overhead: {WORKERS} sim workers, loopback.");
     println!("One machine runs the load generator, nginx, the proxy and the workers: compare rows, not runs.");
 
-    for (size, (proxy_four, _)) in SIZES.iter().zip(&proxies_four) {
+    for (k, size) in SIZES.iter().enumerate() {
         let body = score_body(QUERY, &catalogue(*size, 42), Some(10_000));
         let bytes = serde_json::to_vec(&body).map(|b| b.len()).unwrap_or(0);
         // (name, url, the router process whose CPU time is counted)
-        let paths_zero: Vec<(&str, String, Option<u32>)> = {
-            let mut v = vec![("direct to one worker", format!("{}/v1/score", sims_zero[0].api_url()), None)];
+        let paths_zero: Vec<(String, String, Option<u32>)> = {
+            let mut v =
+                vec![("direct to one worker".to_string(), format!("{}/v1/score", sims_zero[0].api_url()), None)];
             if let Some(n) = &nginx_zero {
                 v.push((
-                    "nginx least_conn (whole request)",
+                    "nginx least_conn (whole request)".to_string(),
                     format!("http://127.0.0.1:{}/v1/score", n.port),
                     Some(n.child.id()),
                 ));
             }
-            v.push((
-                "sieve-proxy (whole request)",
-                format!("{}/v1/score", proxy_whole.api_url()),
-                Some(proxy_whole.pid()),
-            ));
-            v.push((
-                "sieve-proxy (4 shards, merged)",
-                format!("{}/v1/score", proxy_four.api_url()),
-                Some(proxy_four.pid()),
-            ));
+            for (build, (whole, four)) in builds.iter().zip(&proxies) {
+                let name = |what: &str| match build.label.as_str() {
+                    "" => format!("sieve-proxy ({what})"),
+                    l => format!("  {l} ({what})"),
+                };
+                v.push((name("whole request"), format!("{}/v1/score", whole.api_url()), Some(whole.pid())));
+                v.push((name("4 shards, merged"), format!("{}/v1/score", four[k].api_url()), Some(four[k].pid())));
+            }
             v
         };
 
@@ -419,7 +469,7 @@ async fn run(args: Args) {
 
     drop(nginx_zero);
     drop(nginx_cost);
-    for p in [p1, p3, zero_cost].into_iter().chain(proxies_four.into_iter().map(|(_, p)| p)) {
+    for p in configs.into_iter().chain([zero_cost]) {
         let _ = std::fs::remove_file(p);
     }
 }

@@ -5,6 +5,9 @@
 //! r_j = prior_weight · scale_j² makes the prior worth `prior_weight` typical samples. A feature
 //! that is never seen (say, CJK characters in an English catalogue) keeps its prior weight.
 
+/// Samples summed apart before being folded into the fit ([`OnlineFit::observe_many`]).
+const BLOCK: usize = 64;
+
 #[derive(Debug, Clone)]
 pub struct OnlineFit<const N: usize> {
     xtx: [[f64; N]; N],
@@ -28,16 +31,65 @@ impl<const N: usize> OnlineFit<N> {
     }
 
     pub fn observe(&mut self, x: &[f64; N], y: f64) {
-        if !y.is_finite() || x.iter().any(|v| !v.is_finite()) {
-            return;
-        }
-        for i in 0..N {
-            for j in 0..N {
-                self.xtx[i][j] = self.decay * self.xtx[i][j] + x[i] * x[j];
+        self.observe_many([(x, y)]);
+    }
+
+    /// [`observe`](Self::observe) for each sample in order, with the same result up to
+    /// rounding, at a fraction of the cost: the token estimator learns from every item of every
+    /// shard, so this is on the proxy's per-item path. Instead of decaying the whole matrix once
+    /// per sample, samples are taken in blocks of [`BLOCK`]: a block's samples are summed with
+    /// their own decay weights (`decay^(later samples in the block)`, at most 1, so nothing can
+    /// overflow), then the block is folded in with one decay of the sums. Only the upper
+    /// triangle of the symmetric `xᵀx` is summed (45 products for 9 features, not 81).
+    pub fn observe_many<'a>(&mut self, samples: impl IntoIterator<Item = (&'a [f64; N], f64)>) {
+        let unused = [0.0; N];
+        let mut block: [(&[f64; N], f64); BLOCK] = [(&unused, 0.0); BLOCK];
+        let mut len = 0;
+        for (x, y) in samples {
+            if !y.is_finite() || x.iter().any(|v| !v.is_finite()) {
+                continue;
             }
-            self.xty[i] = self.decay * self.xty[i] + x[i] * y;
+            block[len] = (x, y);
+            len += 1;
+            if len == BLOCK {
+                self.fold(&block);
+                len = 0;
+            }
         }
-        self.samples = self.decay * self.samples + 1.0;
+        if len > 0 {
+            self.fold(&block[..len]);
+        }
+    }
+
+    /// Folds one block of samples (in arrival order) into the sums.
+    // Index loops: the upper triangle is written to both [i][j] and [j][i].
+    #[allow(clippy::needless_range_loop)]
+    fn fold(&mut self, block: &[(&[f64; N], f64)]) {
+        let mut xtx = [[0.0; N]; N];
+        let mut xty = [0.0; N];
+        let (mut w, mut weight_sum) = (1.0, 0.0);
+        // The last sample has weight 1, each earlier one `decay` times the next.
+        for &(x, y) in block.iter().rev() {
+            for i in 0..N {
+                let wx = w * x[i];
+                for j in i..N {
+                    xtx[i][j] += wx * x[j];
+                }
+                xty[i] += wx * y;
+            }
+            weight_sum += w;
+            w *= self.decay;
+        }
+        // `w` is now decay^len: how much the block fades what came before it.
+        for i in 0..N {
+            for j in i..N {
+                let v = w * self.xtx[i][j] + xtx[i][j];
+                self.xtx[i][j] = v;
+                self.xtx[j][i] = v;
+            }
+            self.xty[i] = w * self.xty[i] + xty[i];
+        }
+        self.samples = w * self.samples + weight_sum;
     }
 
     /// Re-solves for the weights from everything observed, with non-negative weights only
@@ -154,6 +206,45 @@ mod tests {
         let w = f.solve();
         assert_eq!(w[1], 0.0);
         assert!((w[0] - 1.5).abs() < 0.02, "{w:?}");
+    }
+
+    /// The one-sample-at-a-time update, as the fit did it before blocks.
+    fn reference(fit: &mut OnlineFit<3>, x: &[f64; 3], y: f64) {
+        for i in 0..3 {
+            for j in 0..3 {
+                fit.xtx[i][j] = fit.decay * fit.xtx[i][j] + x[i] * x[j];
+            }
+            fit.xty[i] = fit.decay * fit.xty[i] + x[i] * y;
+        }
+        fit.samples = fit.decay * fit.samples + 1.0;
+    }
+
+    #[test]
+    fn blocks_of_samples_match_one_sample_at_a_time() {
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0);
+        for (decay, n) in [(0.9995, 1000), (0.9, 130), (1.0, 64), (0.5, 65), (0.99, 1)] {
+            let mut blocks = OnlineFit::new([1.0, 1.0, 1.0], [1.0, 10.0, 10.0], 1.0, decay);
+            let mut single = blocks.clone();
+            let xs: Vec<[f64; 3]> = (0..n).map(|i| [1.0, (i % 37) as f64, ((i * 7) % 11) as f64]).collect();
+            let ys: Vec<f64> = (0..n).map(|i| 3.0 + 0.5 * (i % 37) as f64 + (i % 5) as f64).collect();
+            // Two calls, so a block boundary falls mid-stream; a non-finite sample is skipped.
+            let cut = n / 3;
+            blocks.observe_many(xs[..cut].iter().zip(ys[..cut].iter().copied()));
+            blocks.observe_many([(&[1.0, f64::NAN, 0.0], 1.0), (&xs[0], f64::INFINITY)]);
+            blocks.observe_many(xs[cut..].iter().zip(ys[cut..].iter().copied()));
+            for (x, &y) in xs.iter().zip(&ys) {
+                reference(&mut single, x, y);
+            }
+            assert!(close(blocks.samples, single.samples), "decay {decay}: {} vs {}", blocks.samples, single.samples);
+            for i in 0..3 {
+                assert!(close(blocks.xty[i], single.xty[i]), "decay {decay}");
+                for j in 0..3 {
+                    assert!(close(blocks.xtx[i][j], single.xtx[i][j]), "decay {decay} [{i}][{j}]");
+                }
+            }
+            let (a, b) = (blocks.solve(), single.solve());
+            assert!(a.iter().zip(&b).all(|(p, q)| close(*p, *q)), "{a:?} vs {b:?}");
+        }
     }
 
     #[test]

@@ -28,8 +28,8 @@ use tokio::sync::watch;
 pub use admin::{AdminAuth, AdminConfig, TOKEN_ENV};
 pub use body::{collect, read_body, BodyDeadline};
 pub use config::HttpConfig;
-pub use serve::serve;
 pub(crate) use serve::{accepted_or_back_off, stop_connections};
+pub use serve::{serve, serve_with_slots, ConnectionSlots};
 
 use crate::{ApiError, ErrorKind};
 

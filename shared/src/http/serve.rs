@@ -51,11 +51,44 @@ where
     Fut: Future<Output = HttpResponse> + Send + 'static,
     S: Future<Output = StopMode>,
 {
+    let slots = ConnectionSlots::new(&config);
+    serve_with_slots(listener, config, slots, handler, stop).await
+}
+
+/// The connection cap of one port, shareable by several accept loops on it (one per thread,
+/// each with its own `SO_REUSEPORT` listener) so the cap stays the port's, not each loop's.
+#[derive(Debug, Clone)]
+pub struct ConnectionSlots {
+    served: Arc<Semaphore>,
+    /// Refused connections linger briefly (so the client reads its 503 rather than a reset);
+    /// at most as many of them as served ones.
+    refusals: Arc<Semaphore>,
+}
+
+impl ConnectionSlots {
+    /// `config.max_connections` slots.
+    pub fn new(config: &HttpConfig) -> Self {
+        ConnectionSlots {
+            served: Arc::new(Semaphore::new(config.max_connections)),
+            refusals: Arc::new(Semaphore::new(config.max_connections)),
+        }
+    }
+}
+
+/// [`serve`] with the port's connection slots given (shared with the port's other loops).
+pub async fn serve_with_slots<F, Fut, S>(
+    listener: TcpListener,
+    config: HttpConfig,
+    slots: ConnectionSlots,
+    handler: F,
+    stop: S,
+) where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = HttpResponse> + Send + 'static,
+    S: Future<Output = StopMode>,
+{
     let graceful = GracefulShutdown::new();
-    let slots = Arc::new(Semaphore::new(config.max_connections));
-    // Refused connections linger briefly (so the client reads its 503 rather than a reset);
-    // at most as many of them as served ones.
-    let refusals = Arc::new(Semaphore::new(config.max_connections));
+    let ConnectionSlots { served: slots, refusals } = slots;
     let mut conns = JoinSet::new();
     let mut refused = JoinSet::new();
     tokio::pin!(stop);
