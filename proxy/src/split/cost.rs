@@ -19,7 +19,7 @@
 //! makespan stays within a few percent of the exhaustive search's (a test checks this).
 //!
 //! With a load price (load-aware split, [`super::load_price`]), k minimises the makespan plus
-//! the price of the plan's total work X, θ·(V̄·X + X²/N): what that work adds to the waiting of
+//! the price of the plan's total work X, θ·V_min·X: what that work adds to the waiting of
 //! requests that arrive behind it. Every extra shard adds its fixed cost and prefix to X.
 
 use std::cmp::Reverse;

@@ -1,34 +1,35 @@
 //! The load price: what a plan's work adds to the waiting of the requests that arrive behind
-//! it. The cost split scores a plan by `makespan + θ·(V̄·X + X²/N)`, X the plan's total work
-//! (every shard's compute: the items, and each shard's fixed cost and prefix), so a request is
-//! split only while the time it saves itself outweighs what its extra work costs everyone else.
+//! it. The cost split scores a plan by `makespan + θ·V_min·X`, X the plan's total work (every
+//! shard's compute: the items, and each shard's fixed cost and prefix), so a request is split
+//! only while the time it saves itself outweighs what its extra work costs everyone else.
 //!
-//! Derivation. Under least-loaded balancing the N workers act as one pool: each arrival goes
-//! to the worker with the least backlog, so the backlogs stay level and work placed on any
-//! worker is, in effect, queued in front of every later arrival. The pool drains N ms of work
-//! per ms whoever holds it. Work X added to a pool that already holds N·V̄ ms (V̄: the mean
-//! backlog per worker) stays in it until the pool next empties, which with the work arriving
-//! meanwhile (utilisation ρ) is (N·V̄ + X)/(N(1 − ρ)) away; every arrival until then (rate N·λ,
-//! λ per worker) waits X/N longer. The waiting it adds to others is
+//! Derivation. Under least-loaded balancing a new arrival goes to the worker with the least
+//! backlog and waits V_min, that backlog. While some worker is idle (V_min = 0) new work delays
+//! no later arrival: they go to the idle one. While none is, the N workers drain as one pool, N
+//! ms of work per ms whoever holds it, and the backlogs stay level; work X added then is in
+//! front of every arrival until some worker next goes idle, which with the work arriving
+//! meanwhile (utilisation ρ) is V_min/(1 − ρ) away, and each of those arrivals (rate N·λ, λ
+//! per worker) waits X/N longer. The waiting it adds to others is, to first order in X,
 //!
 //! ```text
-//! N·λ · (N·V̄ + X)/(N(1 − ρ)) · X/N  =  θ · (V̄·X + X²/N),    θ = λ/(1 − ρ)
+//! N·λ · V_min/(1 − ρ) · X/N  =  θ · V_min · X,    θ = λ/(1 − ρ)
 //! ```
 //!
 //! It grows with the plan's work only, not with where the shards go (the makespan already
-//! prices that): an extra shard adds its fixed cost and prefix c to X and costs
-//! ≈ θ·c·(V̄ + 2X/N), against the W/(k(k + 1)) it saves a request of W ms split k ways. With L
-//! shards in flight per worker of mean time S, θ ≈ 2L/S and V̄ = L·S, so an extra shard costs
-//! ≈ 2L²·c: on a quiet cluster θ is ~0 and the plan of least makespan wins; as the queues grow
-//! k falls as 1/L, to one shard on the least-loaded worker (the one-shard plan of least
-//! makespan) once 2L²·c passes W/2, i.e. at saturation ours does the least work there is, as a
-//! whole request to the least-loaded worker does; when the cluster empties k grows back.
+//! prices that): an extra shard adds its fixed cost and prefix c to X and costs θ·V_min·c,
+//! against the W/(k(k + 1)) it saves a request of W ms split k ways. With L shards in flight
+//! per worker of mean time S, θ ≈ 2L/S and V_min ≈ L·S once every worker is busy, so an extra
+//! shard costs ≈ 2L²·c: while a worker is idle there is no price and the plan of least
+//! makespan wins; as the queues grow k falls as 1/L, to one shard on the least-loaded worker
+//! (the one-shard plan of least makespan) once 2L²·c passes W/2: at saturation ours does the
+//! least work there is, as a whole request to the least-loaded worker does; when the cluster
+//! empties k grows back.
 //!
 //! An earlier form priced each shard as if its worker were a queue of its own fed at random
 //! (start·x + x²/2 per shard). Its quadratic term falls as shards shrink, so it rewarded
 //! splitting exactly when the cluster was full: at 90% load ours split 2-4 ways (4% more work)
 //! and its p99 fell behind the whole request on the least-loaded worker. Least-loaded arrivals
-//! do not queue behind one worker's shard while others are freer; the pool does.
+//! do not queue behind one worker's shard while another is freer; they queue behind the pool.
 //!
 //! θ comes from the state the proxy already tracks, averaged over the workers: L, the mean
 //! number of shards in flight per worker, and S = total backlog / total shards in flight, the
@@ -44,29 +45,27 @@ use crate::cluster::worker::WorkerView;
 pub struct Price {
     /// θ = λ/(1 − ρ), per ms.
     pub theta: f64,
-    /// V̄: the mean predicted backlog per worker, ms.
-    pub mean_backlog_ms: f64,
-    /// N: the workers of the pool.
-    pub workers: f64,
+    /// V_min: the least predicted backlog of any worker, ms (what a new arrival waits).
+    pub least_backlog_ms: f64,
 }
 
 impl Price {
     /// No price: the split minimises the makespan alone.
-    pub const NONE: Price = Price { theta: 0.0, mean_backlog_ms: 0.0, workers: 1.0 };
+    pub const NONE: Price = Price { theta: 0.0, least_backlog_ms: 0.0 };
 
-    /// The price of the cluster `views` describe: none when nothing is in flight.
+    /// The price of the cluster `views` describe: none when nothing is in flight or some
+    /// worker is idle.
     pub fn of(views: &[WorkerView]) -> Price {
         let theta = theta(views);
-        if theta <= 0.0 {
+        let least = views.iter().map(|v| v.backlog_ms).filter(|b| b.is_finite()).fold(f64::INFINITY, f64::min);
+        if theta <= 0.0 || !(least > 0.0 && least.is_finite()) {
             return Price::NONE;
         }
-        let backlog: f64 = views.iter().map(|v| v.backlog_ms).filter(|b| b.is_finite() && *b > 0.0).sum();
-        let n = views.len() as f64;
-        Price { theta, mean_backlog_ms: backlog / n, workers: n }
+        Price { theta, least_backlog_ms: least }
     }
 
     pub fn is_none(&self) -> bool {
-        self.theta <= 0.0
+        self.theta <= 0.0 || self.least_backlog_ms <= 0.0
     }
 
     /// What `work_ms` of new work (a plan's total compute) adds to others' waiting, in ms.
@@ -74,7 +73,7 @@ impl Price {
         if self.is_none() {
             return 0.0;
         }
-        self.theta * (self.mean_backlog_ms * work_ms + work_ms * work_ms / self.workers.max(1.0))
+        self.theta * self.least_backlog_ms * work_ms
     }
 }
 
@@ -136,16 +135,18 @@ mod tests {
         let plan = split_by_cost(&req, &c, 1, 0.0);
         // One shard of 10 + 40 ms.
         assert!((work_ms(&plan) - 50.0).abs() < 1e-9);
-        let views = [view(10.0, 1), view(30.0, 1), view(f64::NAN, 0), view(40.0, 2)];
+        let views = [view(30.0, 1), view(10.0, 1), view(f64::NAN, 0), view(40.0, 2)];
         let p = Price::of(&views);
-        assert_eq!((p.mean_backlog_ms, p.workers), (20.0, 4.0), "V̄ over every worker, non-finite as 0");
+        assert_eq!(p.least_backlog_ms, 10.0, "V_min over the finite backlogs");
         assert!((p.theta - theta(&views)).abs() < 1e-15);
-        assert!((p.of_work(50.0) - p.theta * (20.0 * 50.0 + 50.0 * 50.0 / 4.0)).abs() < 1e-9);
+        assert!((p.of_work(50.0) - p.theta * 10.0 * 50.0).abs() < 1e-9);
         assert!(p.of_work(60.0) > p.of_work(50.0), "more work, a higher price");
         assert_eq!(Price::of(&[view(0.0, 0); 4]), Price::NONE);
+        let one_idle = [view(0.0, 0), view(400.0, 5), view(400.0, 5)];
+        assert!(theta(&one_idle) > 0.0);
+        assert_eq!(Price::of(&one_idle), Price::NONE, "an idle worker: new work delays nobody");
         assert_eq!(Price::NONE.of_work(1e6), 0.0);
-        // Split four ways over four idle-but-priced workers, the same items cost three more
-        // fixed costs of work, and the price says so.
+        // Split four ways, the same items cost three more fixed costs of work.
         let four = vec![Candidate { available_ms: 0.0, time_factor: 1.0, max_batch_tokens: 0 }; 4];
         let split = split_by_cost(&req, &four, 4, 0.0);
         assert_eq!(split.shards.len(), 4);
