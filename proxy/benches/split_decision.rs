@@ -8,8 +8,9 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use sieve_proxy::cluster::worker::WorkerView;
+use sieve_proxy::split::load_price::Price;
 use sieve_proxy::split::Request;
-use sieve_proxy::split::{heavy_tailed_tokens, load_price, split_by_cost_priced, split_exhaustive, Candidate, Plan};
+use sieve_proxy::split::{heavy_tailed_tokens, split_by_cost_priced, split_exhaustive, Candidate, Plan};
 use sieve_shared::CostModel;
 
 /// Mean µs per call of `f` over `n` calls after a warm-up, and the last plan.
@@ -48,18 +49,18 @@ fn main() {
             .collect();
         let cands: Vec<Candidate> = views.iter().map(Candidate::from).collect();
         for load_aware in [false, true] {
-            let theta = |v: &[WorkerView]| if load_aware { load_price::theta(v) } else { 0.0 };
+            let price = |v: &[WorkerView]| if load_aware { Price::of(v) } else { Price::NONE };
             let (us, plan) = time(500, || {
-                split_by_cost_priced(black_box(&req), black_box(&cands), 64, 0.02, theta(black_box(&views)))
+                split_by_cost_priced(black_box(&req), black_box(&cands), 64, 0.02, price(black_box(&views)))
             });
             let k_max = workers.min(64);
             let (old_us, old) = time(50, || {
-                split_exhaustive(black_box(&req), black_box(&cands), k_max, 0.02, theta(black_box(&views)))
+                split_exhaustive(black_box(&req), black_box(&cands), k_max, 0.02, price(black_box(&views)))
             });
             let name = if load_aware { "load-aware" } else { "cost" };
             println!(
                 "{workers:>8} {name:>11} {:>9.4} {:>7} {us:>11.1} {old_us:>12.1} {:>15.1} {:>15.1}",
-                theta(&views),
+                price(&views).theta,
                 plan.shards.len(),
                 plan.makespan_ms,
                 old.makespan_ms

@@ -204,9 +204,10 @@ pub struct SplitConfig {
     pub tolerance: f64,
     /// Shard token limit used for a worker that does not report `max_batch_tokens`; 0: none.
     pub default_max_batch_tokens: u64,
-    /// Cost mode: score each plan by its makespan plus what its shards add to the waiting of
-    /// requests arriving behind them, priced from the workers' queues (the proxy's `load_price`
-    /// module), so the shard count falls as the cluster fills and grows back as it empties.
+    /// Cost mode: score each plan by its makespan plus what its total work (every shard's fixed
+    /// cost and prefix included) adds to the waiting of requests arriving behind it, priced from
+    /// the workers' queues (the proxy's `load_price` module), so the shard count falls as the
+    /// cluster fills, to one shard on the least-loaded worker, and grows back as it empties.
     /// True by default (the strategy comparison: lower p99 at 70-90% load and in a burst, the
     /// same below); false: minimise this request's makespan alone.
     pub load_aware: bool,
@@ -240,7 +241,9 @@ impl Default for SplitConfig {
 
 /// Admission control: a request whose best plan is predicted to finish after its deadline is
 /// answered at once (429 with `Retry-After`, or the part that fits when the request says
-/// `"on_overload": "partial"`) instead of being queued to be thrown away.
+/// `"on_overload": "partial"`) instead of being queued to be thrown away. The prediction is
+/// taken as measured: a plan of k shards counts as its makespan times the q^(1/k) quantile of
+/// actual over predicted shard time (q: `[hedge] quantile`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdmissionConfig {

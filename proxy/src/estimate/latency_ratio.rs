@@ -1,7 +1,8 @@
 //! The distribution of (actual / predicted) shard time over recent shards. A shard is hedged
 //! when it has run longer than this ratio's configured quantile (p95 by default) times its
 //! prediction: by construction only the slowest few percent of shards are hedged, however
-//! good or bad the cost model currently is.
+//! good or bad the cost model currently is. Admission asks it for other quantiles too (a plan
+//! of k shards is in time when all k are: each within the q^(1/k) quantile).
 
 use sieve_shared::sync::lock;
 use std::sync::Mutex;
@@ -20,12 +21,20 @@ struct Inner {
     next: usize,
     since_refresh: usize,
     cached: Option<f64>,
+    /// The ring, sorted at the last refresh: any quantile is one index.
+    sorted: Vec<f64>,
 }
 
 impl RatioTracker {
     pub fn new(quantile: f64) -> Self {
         RatioTracker {
-            inner: Mutex::new(Inner { ring: Vec::with_capacity(WINDOW), next: 0, since_refresh: 0, cached: None }),
+            inner: Mutex::new(Inner {
+                ring: Vec::with_capacity(WINDOW),
+                next: 0,
+                since_refresh: 0,
+                cached: None,
+                sorted: Vec::new(),
+            }),
             quantile,
         }
     }
@@ -45,15 +54,31 @@ impl RatioTracker {
         g.since_refresh += 1;
         if g.since_refresh >= REFRESH_EVERY || g.cached.is_none() {
             g.since_refresh = 0;
-            let mut sorted = g.ring.clone();
+            let mut sorted = std::mem::take(&mut g.sorted);
+            sorted.clone_from(&g.ring);
             sorted.sort_by(f64::total_cmp);
-            let idx = ((sorted.len() as f64 - 1.0) * self.quantile).round() as usize;
-            g.cached = sorted.get(idx).copied();
+            g.cached = at(&sorted, self.quantile);
+            g.sorted = sorted;
         }
     }
 
     pub fn samples(&self) -> usize {
         lock(&self.inner).ring.len()
+    }
+
+    /// The configured quantile (a fraction).
+    pub fn configured(&self) -> f64 {
+        self.quantile
+    }
+
+    /// The `p` quantile (a fraction) as of the last refresh, once `min_samples` were recorded.
+    pub fn quantile_at(&self, p: f64, min_samples: usize) -> Option<f64> {
+        let g = lock(&self.inner);
+        if g.ring.len() >= min_samples.max(1) {
+            at(&g.sorted, p)
+        } else {
+            None
+        }
     }
 
     /// The quantile once `min_samples` were recorded.
@@ -65,6 +90,12 @@ impl RatioTracker {
             None
         }
     }
+}
+
+/// The `p` quantile of ascending `sorted` (nearest rank).
+fn at(sorted: &[f64], p: f64) -> Option<f64> {
+    let p = if p.is_finite() { p.clamp(0.0, 1.0) } else { 1.0 };
+    sorted.get(((sorted.len() as f64 - 1.0) * p).round() as usize).copied()
 }
 
 #[cfg(test)]
@@ -80,6 +111,10 @@ mod tests {
         }
         let q = t.quantile(20).unwrap();
         assert!((q - 1.95).abs() < 0.02, "{q}");
+        assert_eq!(t.quantile_at(0.95, 20), Some(q), "the configured quantile, asked for");
+        let q99 = t.quantile_at(0.99, 20).unwrap();
+        assert!((q99 - 1.99).abs() < 0.02 && t.quantile_at(0.5, 20).unwrap() < q, "{q99}");
+        assert_eq!(t.quantile_at(0.95, 2000), None);
         for _ in 0..WINDOW {
             t.record(1.0);
         }

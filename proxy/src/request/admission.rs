@@ -4,7 +4,25 @@
 //! tracks (every worker's backlog, its measured speed, the shards packed before it). When the
 //! slowest shard of the best plan is predicted to finish after the request's deadline, sending
 //! the request only adds load that delays everyone else and is then dropped at the deadline.
-//! Instead the request is answered at once, by its `on_overload` policy:
+//!
+//! "Predicted to finish" is the prediction as the proxy has measured it to err: the plan's
+//! makespan times the quantile of actual over predicted shard time that marks a shard as
+//! lagging for hedging (`[hedge] quantile`, p95 by default; the tracker runs whether hedging
+//! is on or not); a plan of k shards is in time only when all k are, so each is held to the
+//! q^(1/k) quantile, for the same chance q of the whole plan being in time whatever its k.
+//! Taking the prediction at face value admits, in an overload, a queue that
+//! reaches exactly to the deadline: every request then admitted finishes near it, about half
+//! of them after it, and their work is thrown away (shards answered, the request still late)
+//! while it delays the next ones. Held to the quantile, what is admitted finishes in time but
+//! for that quantile's tail, and the work refused is the work that would have been wasted.
+//!
+//! When the chosen plan (the load-priced one) is late, a plan of more shards may still be in
+//! time, and the one tried is the plan of fewest shards that is ([`fewest_shards_within`]), not
+//! the fastest: each extra shard is its fixed cost and prefix of extra work, and in an overload
+//! every request is near the edge, so the widest split would buy each request its deadline
+//! with work that pushes the next ones past theirs (the fastest plan is 16 shards where 2
+//! would do). Only when even the fastest plan is late is the request late.
+//! Then it is answered at once, by its `on_overload` policy:
 //!
 //! - `reject` (default): 429 with `Retry-After`, before any shard is sent;
 //! - `partial`: each late shard keeps the cheapest of its items that still finish in time
@@ -21,37 +39,54 @@ use crate::metrics as m;
 use crate::split::{Candidate, Plan, Request};
 
 /// Checks `plan` against the time left. `Ok` with the items removed from the plan (empty when
-/// it is admitted whole); `Err` is the 429 to answer. `best` gives the plan of smallest
-/// predicted makespan when the chosen one (picked with a tolerance) is late: a request is
-/// refused only when even that one is.
+/// it is admitted whole); `Err` is the 429 to answer. `late_ratio(k)` is the quantile of actual
+/// over predicted shard time a plan of k shards is held to (1: predictions taken at face
+/// value); a plan is late when its makespan times that ratio passes the time left. When the
+/// chosen plan is late, `best` is asked for the plan of least work that is in time by the test
+/// it is given, else the fastest there is: a request is refused only when even that one is late.
+#[allow(clippy::too_many_arguments)]
 pub fn admit(
     cfg: &AdmissionConfig,
     policy: OnOverload,
     left_ms: f64,
+    late_ratio: impl Fn(usize) -> f64,
     plan: &mut Plan,
     req: &Request<'_>,
     candidates: &[Candidate],
-    best: impl FnOnce() -> Option<Plan>,
+    best: impl FnOnce(&dyn Fn(&Plan) -> bool) -> Option<Plan>,
 ) -> Result<Vec<usize>, ApiError> {
     if !cfg.enabled {
         return Ok(Vec::new());
     }
-    let limit = left_ms.max(0.0) * (1.0 + cfg.margin);
-    if plan.makespan_ms <= limit {
+    let ratio = |plan: &Plan| {
+        let r = late_ratio(plan.shards.len().max(1));
+        if r.is_finite() && r > 0.0 {
+            r
+        } else {
+            1.0
+        }
+    };
+    // In predicted ms: what a plan's prediction may reach and still finish in time as measured.
+    let limit = |plan: &Plan| left_ms.max(0.0) * (1.0 + cfg.margin) / ratio(plan);
+    let fits = |plan: &Plan| plan.makespan_ms <= limit(plan);
+    if fits(plan) {
         return Ok(Vec::new());
     }
-    if let Some(b) = best().filter(|b| b.makespan_ms < plan.makespan_ms) {
+    if let Some(b) = best(&fits).filter(|b| b.makespan_ms < plan.makespan_ms) {
         *plan = b;
-        if plan.makespan_ms <= limit {
+        if fits(plan) {
             return Ok(Vec::new());
         }
     }
+    let ratio = ratio(plan);
+    let limit = limit(plan);
     let refuse = |plan: &Plan| {
         metrics::counter!(m::ADMISSION_REJECTED).increment(1);
         ApiError::overloaded(format!(
             "the deadline cannot be met: the best plan is predicted to finish in {:.0} ms, {:.0} ms are left; \
              retry later, with a longer deadline_ms, or with \"on_overload\": \"partial\"",
-            plan.makespan_ms, left_ms
+            plan.makespan_ms * ratio,
+            left_ms
         ))
     };
     match policy {
@@ -66,6 +101,32 @@ pub fn admit(
             Ok(dropped)
         }
     }
+}
+
+/// The plan of fewest shards that `fits`, else the fastest: `plan_with(cap)` plans on at most
+/// `cap` shards (the fastest such plan), so a larger cap is never slower and the smallest cap
+/// that fits is found by bisection (log2 `max_shards` plans).
+pub fn fewest_shards_within(
+    fits: &dyn Fn(&Plan) -> bool,
+    max_shards: usize,
+    plan_with: impl Fn(usize) -> Plan,
+) -> Plan {
+    let mut fit = plan_with(max_shards.max(1));
+    if !fits(&fit) {
+        return fit;
+    }
+    let (mut lo, mut hi) = (1, max_shards.max(1));
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        let p = plan_with(mid);
+        if fits(&p) {
+            hi = mid;
+            fit = p;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    fit
 }
 
 /// Cuts every shard to what finishes within `limit_ms`, keeping its cheapest items; a shard
@@ -133,7 +194,8 @@ mod tests {
         let cands = busy(&[0.0, 0.0]);
         let mut plan = split_by_cost(&req, &cands, 8, 0.0);
         let before = plan.clone();
-        let dropped = admit(&on(), OnOverload::Reject, plan.makespan_ms + 1.0, &mut plan, &req, &cands, || None);
+        let dropped =
+            admit(&on(), OnOverload::Reject, plan.makespan_ms + 1.0, |_| 1.0, &mut plan, &req, &cands, |_| None);
         assert_eq!(dropped, Ok(vec![]));
         assert_eq!(plan, before);
     }
@@ -148,12 +210,12 @@ mod tests {
         let left = full.makespan_ms / 2.0;
 
         let mut plan = full.clone();
-        let e = admit(&on(), OnOverload::Reject, left, &mut plan, &req, &cands, || None).unwrap_err();
+        let e = admit(&on(), OnOverload::Reject, left, |_| 1.0, &mut plan, &req, &cands, |_| None).unwrap_err();
         assert_eq!(e.status(), 429);
         assert!(e.message.contains("cannot be met"), "{}", e.message);
 
         let mut plan = full.clone();
-        let dropped = admit(&on(), OnOverload::Partial, left, &mut plan, &req, &cands, || None).unwrap();
+        let dropped = admit(&on(), OnOverload::Partial, left, |_| 1.0, &mut plan, &req, &cands, |_| None).unwrap();
         assert!(!dropped.is_empty() && dropped.len() < tokens.len(), "{} dropped", dropped.len());
         assert!(plan.makespan_ms <= left + 1e-9, "trimmed plan finishes in time: {}", plan.makespan_ms);
         let mut all: Vec<usize> = plan.shards.iter().flat_map(|s| s.items.iter().copied()).chain(dropped).collect();
@@ -167,9 +229,19 @@ mod tests {
         // The margin tolerates a late prediction; disabled admits anything.
         let mut plan = full.clone();
         let lax = AdmissionConfig { margin: 1.5, ..on() };
-        assert_eq!(admit(&lax, OnOverload::Reject, left, &mut plan, &req, &cands, || None), Ok(vec![]));
+        assert_eq!(admit(&lax, OnOverload::Reject, left, |_| 1.0, &mut plan, &req, &cands, |_| None), Ok(vec![]));
+        // Measured to run late, predictions count for more: a plan inside the time left by
+        // less than the ratio is refused.
+        let mut plan = full.clone();
+        let tight = full.makespan_ms * 1.1;
+        assert_eq!(admit(&on(), OnOverload::Reject, tight, |_| 1.0, &mut plan, &req, &cands, |_| None), Ok(vec![]));
+        let e = admit(&on(), OnOverload::Reject, tight, |_| 1.2, &mut plan, &req, &cands, |_| None).unwrap_err();
+        assert_eq!(e.status(), 429);
+        let mut plan = full.clone();
+        let dropped = admit(&on(), OnOverload::Partial, tight, |_| 1.2, &mut plan, &req, &cands, |_| None).unwrap();
+        assert!(!dropped.is_empty() && plan.makespan_ms * 1.2 <= tight + 1e-9, "trimmed to the measured error");
         let off = AdmissionConfig { enabled: false, ..on() };
-        assert_eq!(admit(&off, OnOverload::Reject, 0.0, &mut plan, &req, &cands, || None), Ok(vec![]));
+        assert_eq!(admit(&off, OnOverload::Reject, 0.0, |_| 1.0, &mut plan, &req, &cands, |_| None), Ok(vec![]));
     }
 
     #[test]
@@ -178,7 +250,7 @@ mod tests {
         let req = Request { item_tokens: &tokens, prefix: 50.0, model: &MODEL };
         let cands = busy(&[500.0, 600.0]);
         let mut plan = split_by_cost(&req, &cands, 8, 0.0);
-        let e = admit(&on(), OnOverload::Partial, 400.0, &mut plan, &req, &cands, || None).unwrap_err();
+        let e = admit(&on(), OnOverload::Partial, 400.0, |_| 1.0, &mut plan, &req, &cands, |_| None).unwrap_err();
         assert_eq!(e.status(), 429);
     }
 
@@ -192,7 +264,40 @@ mod tests {
         assert!(best.makespan_ms < one.makespan_ms);
         let mut plan = one;
         let left = best.makespan_ms + 1.0;
-        assert_eq!(admit(&on(), OnOverload::Reject, left, &mut plan, &req, &cands, || Some(best.clone())), Ok(vec![]));
+        assert_eq!(
+            admit(&on(), OnOverload::Reject, left, |_| 1.0, &mut plan, &req, &cands, |_| Some(best.clone())),
+            Ok(vec![])
+        );
         assert_eq!(plan, best);
+    }
+
+    #[test]
+    fn the_fallback_is_the_fewest_shards_in_time() {
+        let tokens = vec![100.0; 64];
+        let req = Request { item_tokens: &tokens, prefix: 50.0, model: &MODEL };
+        let cands = busy(&[0.0; 8]);
+        let with = |cap: usize| split_by_cost(&req, &cands, cap, 0.0);
+        let (one, two, eight) = (with(1), with(2), with(8));
+        assert!(eight.makespan_ms < two.makespan_ms && two.makespan_ms < one.makespan_ms);
+        // Room for two shards' makespan, not one's: two shards, not the fastest eight.
+        let within = |ms: f64| move |p: &Plan| p.makespan_ms <= ms;
+        let plan = fewest_shards_within(&within(two.makespan_ms + 1.0), 8, with);
+        assert_eq!(plan.shards.len(), 2);
+        assert_eq!(fewest_shards_within(&within(one.makespan_ms), 8, with).shards.len(), 1);
+        // Nothing fits: the fastest, which admission then refuses or trims.
+        assert_eq!(fewest_shards_within(&within(eight.makespan_ms - 1.0), 8, with), eight);
+
+        // Through admission: a one-shard plan, late; the two-shard plan is admitted.
+        let mut plan = one.clone();
+        let left = two.makespan_ms + 1.0;
+        let best = |fits: &dyn Fn(&Plan) -> bool| Some(fewest_shards_within(fits, 8, with));
+        assert_eq!(admit(&on(), OnOverload::Reject, left, |_| 1.0, &mut plan, &req, &cands, best), Ok(vec![]));
+        assert_eq!(plan.shards.len(), 2);
+        // Held to a stricter ratio the more shards a plan has (here k for k shards), two
+        // shards are late too, and so is every wider plan: refused.
+        let mut plan = one.clone();
+        let per_k = |k: usize| k as f64;
+        let e = admit(&on(), OnOverload::Reject, left, per_k, &mut plan, &req, &cands, best).unwrap_err();
+        assert_eq!(e.status(), 429);
     }
 }

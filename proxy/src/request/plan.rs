@@ -105,15 +105,25 @@ pub fn plan(
     // plan's shards index the views, so the candidates are the views in the same order.
     let cands: Vec<split::Candidate> = eligible.views.iter().map(split::Candidate::from).collect();
     let left_ms = deadline.saturating_duration_since(now).as_secs_f64() * 1e3;
-    // The fastest plan (no tolerance, no price of work), tried before refusing a late one.
-    let best = || {
+    // Before refusing a late plan: the plan of fewest shards (least work) that is in time,
+    // else the fastest (no tolerance, no price of work).
+    let best = |fits: &dyn Fn(&split::Plan) -> bool| {
         (cfg.split.mode == SplitMode::Cost).then(|| {
-            let fastest = split::CostSplit { max_shards: cfg.split.max_shards, tolerance: 0.0, load_aware: false };
-            fastest.plan(&split_req, &eligible.views, balance.as_ref())
+            admission::fewest_shards_within(fits, cfg.split.max_shards, |cap| {
+                let fastest = split::CostSplit { max_shards: cap, tolerance: 0.0, load_aware: false };
+                fastest.plan(&split_req, &eligible.views, balance.as_ref())
+            })
         })
     };
     let on_overload = req.on_overload.unwrap_or_default();
-    let mut dropped = admission::admit(&cfg.admission, on_overload, left_ms, &mut plan, &split_req, &cands, best)?;
+    // How late predictions run, as measured: the hedging quantile q for one shard, q^(1/k) for
+    // each of k (all k in time with chance q); face value until measured.
+    let late_ratio = |k: usize| {
+        let q = state.ratios.configured().powf(1.0 / k as f64);
+        state.ratios.quantile_at(q, cfg.hedge.min_samples).unwrap_or(1.0)
+    };
+    let mut dropped =
+        admission::admit(&cfg.admission, on_overload, left_ms, late_ratio, &mut plan, &split_req, &cands, best)?;
     if todo.is_some() {
         dropped.iter_mut().for_each(|k| *k = caller(*k));
     }

@@ -18,9 +18,9 @@
 //! heap: O(m log k)). With 1,000 items on 16 workers the whole decision takes ~25 µs; its
 //! makespan stays within a few percent of the exhaustive search's (a test checks this).
 //!
-//! With a load price θ (load-aware split, [`super::load_price`]), k minimises the makespan plus
-//! θ times the plan's externality Σ over shards of (start·compute + compute²/2): what its
-//! shards add to the waiting of requests that arrive behind them.
+//! With a load price (load-aware split, [`super::load_price`]), k minimises the makespan plus
+//! the price of the plan's total work X, θ·V_min·X: what that work adds to the waiting of
+//! requests that arrive behind it. Every extra shard adds its fixed cost and prefix to X.
 //!
 //! Cache-aware routing: a candidate that holds the request's prefix in its prefix cache
 //! ([`super::Candidate::holds_prefix`]) pays no prefix on its shards, so its b_j is earlier and
@@ -31,6 +31,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+use super::load_price::Price;
 use super::{ranked, Candidate, Plan, Request, ShardPlan, SplitPolicy};
 use crate::balancer::Policy;
 use crate::cluster::worker::WorkerView;
@@ -55,8 +56,8 @@ impl SplitPolicy for CostSplit {
     fn plan(&self, req: &Request<'_>, views: &[WorkerView], balance: &dyn Policy) -> Plan {
         let (mut cands, mut workers) = ranked(views, balance);
         holders_first(req, &mut cands, &mut workers);
-        let theta = if self.load_aware { super::load_price::theta(views) } else { 0.0 };
-        split_by_cost_priced(req, &cands, self.max_shards, self.tolerance, theta).on_workers(&workers)
+        let price = if self.load_aware { Price::of(views) } else { Price::NONE };
+        split_by_cost_priced(req, &cands, self.max_shards, self.tolerance, price).on_workers(&workers)
     }
 }
 
@@ -83,18 +84,18 @@ pub fn holders_first(req: &Request<'_>, cands: &mut Vec<Candidate>, workers: &mu
 
 /// Cost-balanced split over `candidates` (in preference order).
 pub fn split_by_cost(req: &Request<'_>, candidates: &[Candidate], max_shards: usize, tolerance: f64) -> Plan {
-    split_by_cost_priced(req, candidates, max_shards, tolerance, 0.0)
+    split_by_cost_priced(req, candidates, max_shards, tolerance, Price::NONE)
 }
 
-/// As [`split_by_cost`], choosing k by `makespan + theta x externality` instead of the makespan
-/// alone: `theta` is the load price of [`super::load_price`], so extra shards must save this
-/// request more than they add to everyone else's waiting.
+/// As [`split_by_cost`], choosing k by the makespan plus `price` of the plan's total work
+/// ([`super::load_price`]) instead of the makespan alone, so extra shards must save this
+/// request more than their work adds to everyone else's waiting.
 pub fn split_by_cost_priced(
     req: &Request<'_>,
     candidates: &[Candidate],
     max_shards: usize,
     tolerance: f64,
-    theta: f64,
+    price: Price,
 ) -> Plan {
     let m = req.item_tokens.len();
     let k_max = max_shards.min(candidates.len()).min(m).max(1);
@@ -102,9 +103,9 @@ pub fn split_by_cost_priced(
         return Plan { shards: Vec::new(), makespan_ms: 0.0 };
     }
     if m.saturating_mul(k_max * (k_max + 1) / 2) <= EXHAUSTIVE_STEPS {
-        split_exhaustive(req, candidates, k_max, tolerance, theta)
+        split_exhaustive(req, candidates, k_max, tolerance, price)
     } else {
-        split_fluid(req, candidates, k_max, tolerance, theta)
+        split_fluid(req, candidates, k_max, tolerance, price)
     }
 }
 
@@ -140,7 +141,13 @@ fn longest_first(tokens: &[f64]) -> Vec<usize> {
 
 /// Every k packed and scored (a coarse geometric scan first above 24 candidates): the choice for
 /// small requests, public for the test and the bench that hold the fluid choice against it.
-pub fn split_exhaustive(req: &Request<'_>, candidates: &[Candidate], k_max: usize, tolerance: f64, theta: f64) -> Plan {
+pub fn split_exhaustive(
+    req: &Request<'_>,
+    candidates: &[Candidate],
+    k_max: usize,
+    tolerance: f64,
+    price: Price,
+) -> Plan {
     let order = longest_first(req.item_tokens);
     let pairs: Vec<f64> = req.item_tokens.iter().map(|&n| req.model.pair_ms(n, req.prefix)).collect();
 
@@ -152,7 +159,7 @@ pub fn split_exhaustive(req: &Request<'_>, candidates: &[Candidate], k_max: usiz
             return ms;
         }
         let makespan = packer.pack(&order, k, false);
-        let ms = if theta > 0.0 { makespan + theta * packer.externality() } else { makespan };
+        let ms = makespan + price.of_work(packer.shard_compute.iter().sum());
         evaluated.push((k, ms));
         ms
     };
@@ -186,14 +193,14 @@ pub fn split_exhaustive(req: &Request<'_>, candidates: &[Candidate], k_max: usiz
     packer.into_plan()
 }
 
-/// What a plan's shards add to the waiting of requests that arrive behind them, per unit of
-/// arrival rate: Σ (start·compute + compute²/2) over shards ([`super::load_price`]).
-pub fn externality(plan: &Plan) -> f64 {
-    plan.shards.iter().map(|s| (s.finish_ms - s.compute_ms) * s.compute_ms + s.compute_ms * s.compute_ms / 2.0).sum()
+/// A plan's total work X: every shard's compute, its fixed cost and prefix included (what
+/// [`super::load_price`] prices).
+pub fn work_ms(plan: &Plan) -> f64 {
+    plan.shards.iter().map(|s| s.compute_ms).sum()
 }
 
 /// k from the fluid model, then one heap packing of it (see the module doc).
-fn split_fluid(req: &Request<'_>, candidates: &[Candidate], k_max: usize, tolerance: f64, theta: f64) -> Plan {
+fn split_fluid(req: &Request<'_>, candidates: &[Candidate], k_max: usize, tolerance: f64, price: Price) -> Plan {
     let pairs: Vec<f64> = req.item_tokens.iter().map(|&n| req.model.pair_ms(n, req.prefix)).collect();
     let total: f64 = pairs.iter().sum();
     let longest = pairs.iter().copied().fold(0.0, f64::max);
@@ -210,12 +217,12 @@ fn split_fluid(req: &Request<'_>, candidates: &[Candidate], k_max: usize, tolera
         bound = bound.min(b + c.time_factor * longest);
         let (level, used) = water_level(&by_start, candidates, total);
         let makespan = level.max(bound);
-        let score = if theta > 0.0 {
-            let ext: f64 =
-                by_start[..used].iter().map(|&(_, j)| (level * level - candidates[j].available_ms.powi(2)) / 2.0).sum();
-            makespan + theta * ext
-        } else {
+        let score = if price.is_none() {
             makespan
+        } else {
+            // Each worker used computes from its backlog up to the level.
+            let work: f64 = by_start[..used].iter().map(|&(_, j)| level - candidates[j].available_ms).sum();
+            makespan + price.of_work(work)
         };
         scores.push(score);
     }
@@ -391,18 +398,6 @@ impl<'a> Packer<'a> {
             }
         }
         self.shard_candidate.iter().map(|&j| self.finish[j]).fold(0.0, f64::max)
-    }
-
-    /// Σ (start·compute + compute²/2) over the shards of the last pack (see [`externality`]).
-    fn externality(&mut self) -> f64 {
-        self.finish.clear();
-        self.finish.extend(self.candidates.iter().map(|c| c.available_ms));
-        let mut e = 0.0;
-        for (&j, &x) in self.shard_candidate.iter().zip(&self.shard_compute) {
-            e += self.finish[j] * x + x * x / 2.0;
-            self.finish[j] += x;
-        }
-        e
     }
 
     fn into_plan(self) -> Plan {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use sieve_shared::proxy_config::{SplitConfig, SplitMode};
 use sieve_shared::{CostFeatures, CostModel};
 
-pub use cost::{externality, split_by_cost, split_by_cost_priced, split_exhaustive, CostSplit};
+pub use cost::{split_by_cost, split_by_cost_priced, split_exhaustive, work_ms, CostSplit};
 pub use fixed::{split_fixed, FixedSplit};
 pub use whole::{split_whole, WholeSplit};
 
@@ -303,7 +303,7 @@ mod tests {
             assert!(m * k_max * (k_max + 1) / 2 > cost::EXHAUSTIVE_STEPS, "case {case} takes the fluid path");
             let fluid = split_by_cost(&req, &cands, 64, 0.02);
             check_partition(&fluid, m);
-            let exhaustive = split_exhaustive(&req, &cands, k_max, 0.02, 0.0);
+            let exhaustive = split_exhaustive(&req, &cands, k_max, 0.02, load_price::Price::NONE);
             let ratio = fluid.makespan_ms / exhaustive.makespan_ms;
             assert!(
                 ratio <= 1.02,
