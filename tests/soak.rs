@@ -286,6 +286,8 @@ struct SteadyCall {
     status: Option<u16>,
     latency: Duration,
     partial: bool,
+    /// The start of an error answer's body, to say why in the report.
+    error: Option<String>,
 }
 
 /// The steady client's figures. A request is answered when it got 200 with no `missing` item
@@ -327,7 +329,11 @@ impl SteadySummary {
             if c.status == Some(200) && !c.partial && c.latency <= deadline {
                 s.answered += 1;
             } else {
-                let what = if c.partial { "partial".to_string() } else { key.clone() };
+                let what = match (&c.error, c.partial) {
+                    (_, true) => "partial".to_string(),
+                    (Some(e), false) => format!("{key} {e}"),
+                    (None, false) => key.clone(),
+                };
                 s.misses.push((c.at.as_secs_f64(), what, c.latency.as_secs_f64() * 1e3));
             }
             ms.push(c.latency.as_secs_f64() * 1e3);
@@ -366,9 +372,10 @@ async fn steady(http: Http, url: String, cfg: SoakConfig, t0: Instant) -> Vec<St
                 Ok(Ok(r)) => {
                     let partial = r.status == 200
                         && serde_json::from_slice::<ScoreResponse>(&r.body).map_or(true, |b| !b.missing.is_empty());
-                    SteadyCall { at, status: Some(r.status), latency, partial }
+                    let error = (r.status != 200).then(|| String::from_utf8_lossy(&r.body).chars().take(200).collect());
+                    SteadyCall { at, status: Some(r.status), latency, partial, error }
                 }
-                _ => SteadyCall { at, status: None, latency, partial: false },
+                _ => SteadyCall { at, status: None, latency, partial: false, error: None },
             };
             calls.lock().unwrap().push(call);
         }));

@@ -80,6 +80,7 @@ impl ProxyConfig {
         check(self.split.fixed_items > 0, "split.fixed_items must be positive")?;
         check(self.split.max_shards > 0, "split.max_shards must be positive")?;
         check(self.split.prefix_holders_ttl_ms > 0, "split.prefix_holders_ttl_ms must be positive")?;
+        check(self.admission.error_window_ms > 0, "admission.error_window_ms must be positive")?;
         check(
             self.admission.margin >= 0.0 && self.admission.margin.is_finite(),
             "admission.margin must be a finite number >= 0",
@@ -252,11 +253,16 @@ pub struct AdmissionConfig {
     /// A plan is refused only when its predicted finish exceeds the time left by more than
     /// this fraction of it (predictions are estimates; 0: refuse anything predicted late).
     pub margin: f64,
+    /// How long a measured shard (actual over predicted time) counts toward the error a plan is
+    /// held to; with fewer than `[hedge] min_samples` shards that recent, predictions are taken
+    /// at face value. Refused requests send no shards and so teach nothing: without this an
+    /// overload's late shards would refuse every request after it, for good.
+    pub error_window_ms: u64,
 }
 
 impl Default for AdmissionConfig {
     fn default() -> Self {
-        AdmissionConfig { enabled: true, margin: 0.0 }
+        AdmissionConfig { enabled: true, margin: 0.0, error_window_ms: 10_000 }
     }
 }
 
