@@ -16,6 +16,10 @@
 //! while it delays the next ones. Held to the quantile, what is admitted finishes in time but
 //! for that quantile's tail, and the work refused is the work that would have been wasted.
 //!
+//! A plan whose every shard starts at once on an idle worker is taken at face value: it queues
+//! ahead of nobody, so holding it to an error measured under an earlier overload would only
+//! lose a request.
+//!
 //! When the chosen plan (the load-priced one) is late, a plan of more shards may still be in
 //! time, and the one tried is the plan of fewest shards that is ([`fewest_shards_within`]), not
 //! the fastest: each extra shard is its fixed cost and prefix of extra work, and in an overload
@@ -59,6 +63,13 @@ pub fn admit(
         return Ok(Vec::new());
     }
     let ratio = |plan: &Plan| {
+        // A plan whose every shard starts at once, on an idle worker, queues ahead of nobody:
+        // if it runs late it wastes capacity nobody was waiting for, while refusing it on an
+        // error measured in some earlier overload (where the error is queueing) loses a request
+        // that would most likely have been answered. Only a plan that waits is held to it.
+        if plan.shards.iter().all(|s| candidates.get(s.candidate).is_some_and(|c| c.available_ms <= 0.0)) {
+            return 1.0;
+        }
         let r = late_ratio(plan.shards.len().max(1));
         if r.is_finite() && r > 0.0 {
             r
@@ -230,16 +241,22 @@ mod tests {
         let mut plan = full.clone();
         let lax = AdmissionConfig { margin: 1.5, ..on() };
         assert_eq!(admit(&lax, OnOverload::Reject, left, |_| 1.0, &mut plan, &req, &cands, |_| None), Ok(vec![]));
-        // Measured to run late, predictions count for more: a plan inside the time left by
-        // less than the ratio is refused.
+        // Measured to run late, predictions count for more: a plan that waits for its worker
+        // and fits the time left by less than the ratio is refused...
+        let queued = busy(&[1.0, 1000.0]);
+        let waits = split_by_cost(&req, &queued, 8, 0.0);
+        let mut plan = waits.clone();
+        let tight = waits.makespan_ms * 1.1;
+        assert_eq!(admit(&on(), OnOverload::Reject, tight, |_| 1.0, &mut plan, &req, &queued, |_| None), Ok(vec![]));
+        let e = admit(&on(), OnOverload::Reject, tight, |_| 1.2, &mut plan, &req, &queued, |_| None).unwrap_err();
+        assert_eq!(e.status(), 429);
+        let mut plan = waits.clone();
+        let dropped = admit(&on(), OnOverload::Partial, tight, |_| 1.2, &mut plan, &req, &queued, |_| None).unwrap();
+        assert!(!dropped.is_empty() && plan.makespan_ms * 1.2 <= tight + 1e-9, "trimmed to the measured error");
+        // ...while one that starts at once on an idle worker is taken at face value.
         let mut plan = full.clone();
         let tight = full.makespan_ms * 1.1;
-        assert_eq!(admit(&on(), OnOverload::Reject, tight, |_| 1.0, &mut plan, &req, &cands, |_| None), Ok(vec![]));
-        let e = admit(&on(), OnOverload::Reject, tight, |_| 1.2, &mut plan, &req, &cands, |_| None).unwrap_err();
-        assert_eq!(e.status(), 429);
-        let mut plan = full.clone();
-        let dropped = admit(&on(), OnOverload::Partial, tight, |_| 1.2, &mut plan, &req, &cands, |_| None).unwrap();
-        assert!(!dropped.is_empty() && plan.makespan_ms * 1.2 <= tight + 1e-9, "trimmed to the measured error");
+        assert_eq!(admit(&on(), OnOverload::Reject, tight, |_| 10.0, &mut plan, &req, &cands, |_| None), Ok(vec![]));
         let off = AdmissionConfig { enabled: false, ..on() };
         assert_eq!(admit(&off, OnOverload::Reject, 0.0, |_| 1.0, &mut plan, &req, &cands, |_| None), Ok(vec![]));
     }
@@ -275,7 +292,8 @@ mod tests {
     fn the_fallback_is_the_fewest_shards_in_time() {
         let tokens = vec![100.0; 64];
         let req = Request { item_tokens: &tokens, prefix: 50.0, model: &MODEL };
-        let cands = busy(&[0.0; 8]);
+        // Every worker has a little backlog: plans wait, so they are held to the ratio.
+        let cands = busy(&[1.0; 8]);
         let with = |cap: usize| split_by_cost(&req, &cands, cap, 0.0);
         let (one, two, eight) = (with(1), with(2), with(8));
         assert!(eight.makespan_ms < two.makespan_ms && two.makespan_ms < one.makespan_ms);
