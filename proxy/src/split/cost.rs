@@ -19,8 +19,9 @@
 //! makespan stays within a few percent of the exhaustive search's (a test checks this).
 //!
 //! With a load price (load-aware split, [`super::load_price`]), k minimises the makespan plus
-//! the price of the plan's total work X, θ·V_min·X: what that work adds to the waiting of
-//! requests that arrive behind it. Every extra shard adds its fixed cost and prefix to X.
+//! what the plan's work adds to the waiting of requests that arrive behind it: θ·V_min·X while
+//! every worker is busy (X the plan's total work: every extra shard adds its fixed cost and
+//! prefix to it), θ·Σ (f_j² − a_j²)/2 over the plan's workers while some worker is idle.
 //!
 //! Cache-aware routing: a candidate that holds the request's prefix in its prefix cache
 //! ([`super::Candidate::holds_prefix`]) pays no prefix on its shards, so its b_j is earlier and
@@ -159,7 +160,20 @@ pub fn split_exhaustive(
             return ms;
         }
         let makespan = packer.pack(&order, k, false);
-        let ms = makespan + price.of_work(packer.shard_compute.iter().sum());
+        let ms = if price.is_none() {
+            makespan
+        } else {
+            // Σ (f² − a²)/2 over the k packed workers (0 for one left empty; a worker with no
+            // finite backlog takes no shard).
+            let spread: f64 = packer
+                .finish
+                .iter()
+                .zip(candidates)
+                .map(|(f, c)| (f * f - c.available_ms.powi(2)) / 2.0)
+                .filter(|v| v.is_finite())
+                .sum();
+            makespan + price.of_plan(packer.shard_compute.iter().sum(), spread)
+        };
         evaluated.push((k, ms));
         ms
     };
@@ -222,7 +236,9 @@ fn split_fluid(req: &Request<'_>, candidates: &[Candidate], k_max: usize, tolera
         } else {
             // Each worker used computes from its backlog up to the level.
             let work: f64 = by_start[..used].iter().map(|&(_, j)| level - candidates[j].available_ms).sum();
-            makespan + price.of_work(work)
+            let spread: f64 =
+                by_start[..used].iter().map(|&(_, j)| (level * level - candidates[j].available_ms.powi(2)) / 2.0).sum();
+            makespan + price.of_plan(work, spread)
         };
         scores.push(score);
     }

@@ -1,42 +1,58 @@
 //! The load price: what a plan's work adds to the waiting of the requests that arrive behind
-//! it. The cost split scores a plan by `makespan + θ·V_min·X`, X the plan's total work (every
-//! shard's compute: the items, and each shard's fixed cost and prefix), so a request is split
-//! only while the time it saves itself outweighs what its extra work costs everyone else.
-//!
-//! Derivation. Under least-loaded balancing a new arrival goes to the worker with the least
-//! backlog and waits V_min, that backlog. While some worker is idle (V_min = 0) new work delays
-//! no later arrival: they go to the idle one. While none is, the N workers drain as one pool, N
-//! ms of work per ms whoever holds it, and the backlogs stay level; work X added then is in
-//! front of every arrival until some worker next goes idle, which with the work arriving
-//! meanwhile (utilisation ρ) is V_min/(1 − ρ) away, and each of those arrivals (rate N·λ, λ
-//! per worker) waits X/N longer. The waiting it adds to others is, to first order in X,
+//! it. The cost split scores a plan by its makespan plus this price, so a request is split only
+//! while the time it saves itself outweighs what its extra work costs everyone else. The price
+//! has two forms, one per regime of the cluster model below, and `[split] load_aware` switches
+//! it on:
 //!
 //! ```text
-//! N·λ · V_min/(1 − ρ) · X/N  =  θ · V_min · X,    θ = λ/(1 − ρ)
+//! every worker busy (V_min > 0):   θ · V_min · X
+//! some worker idle  (V_min = 0):   θ · Σ_j (f_j² − a_j²)/2  =  θ · Σ_j (a_j·x_j + x_j²/2)
+//! θ = λ/(1 − ρ)
 //! ```
 //!
-//! It grows with the plan's work only, not with where the shards go (the makespan already
-//! prices that): an extra shard adds its fixed cost and prefix c to X and costs θ·V_min·c,
-//! against the W/(k(k + 1)) it saves a request of W ms split k ways. With L shards in flight
-//! per worker of mean time S, θ ≈ 2L/S and V_min ≈ L·S once every worker is busy, so an extra
-//! shard costs ≈ 2L²·c: while a worker is idle there is no price and the plan of least
-//! makespan wins; as the queues grow k falls as 1/L, to one shard on the least-loaded worker
-//! (the one-shard plan of least makespan) once 2L²·c passes W/2: at saturation ours does the
-//! least work there is, as a whole request to the least-loaded worker does; when the cluster
-//! empties k grows back.
+//! X is the plan's total work (every shard's compute: the items, and each shard's fixed cost
+//! and prefix), V_min the least backlog of any worker, and for each worker j the plan uses,
+//! a_j its backlog, x_j the plan's work there and f_j = a_j + x_j its finish.
 //!
-//! An earlier form priced each shard as if its worker were a queue of its own fed at random
-//! (start·x + x²/2 per shard). Its quadratic term falls as shards shrink, so it rewarded
-//! splitting exactly when the cluster was full: at 90% load ours split 2-4 ways (4% more work)
-//! and its p99 fell behind the whole request on the least-loaded worker. Least-loaded arrivals
-//! do not queue behind one worker's shard while another is freer; they queue behind the pool.
+//! Derivation. Under least-loaded balancing a new arrival goes to the worker with the least
+//! backlog and waits that backlog.
+//!
+//! Every worker busy. The N workers drain as one pool, N ms of work per ms whoever holds it,
+//! and the backlogs stay level; work X added now is in front of every arrival until some worker
+//! next goes idle, which with the work arriving meanwhile (utilisation ρ) is V_min/(1 − ρ) away,
+//! and each of those arrivals (rate N·λ, λ per worker) waits X/N longer. To first order in X:
+//! N·λ · V_min/(1 − ρ) · X/N = θ·V_min·X. It grows with the plan's work only, not with where
+//! the shards go (the makespan already prices that): an extra shard adds its fixed cost and
+//! prefix c to X and costs θ·V_min·c, against the W/(k(k + 1)) it saves a request of W ms split
+//! k ways. With L shards in flight per worker of mean time S, θ ≈ 2L/S and V_min ≈ L·S, so an
+//! extra shard costs ≈ 2L²·c: as the queues grow k falls as 1/L, to one shard on the
+//! least-loaded worker (the one-shard plan of least makespan) once 2L²·c passes W/2: at
+//! saturation ours does the least work there is, as a whole request to the least-loaded worker
+//! does. The per-worker form below would be wrong here: its x²/2 falls as shards shrink, so it
+//! rewards splitting exactly when the cluster is full (at 90% load ours split 2-4 ways, 4% more
+//! work, and its p99 fell behind the whole request on the least-loaded worker); least-loaded
+//! arrivals do not queue behind one worker's shard while another is freer, they queue behind
+//! the pool.
+//!
+//! Some worker idle. Then the backlogs are not level and the pool argument fails: the work is
+//! not shared, each worker drains only its own, and the arrivals behind a plan land on the
+//! workers it left least loaded, which may be the ones it just filled. A worker j taken from
+//! a_j to f_j then has x_j more work in front of whatever reaches it over the next f_j ms,
+//! everything up to a_j in full and then less as its own shard runs down: at λ arrivals per ms,
+//! stretched by 1/(1 − ρ) as in the pool, that is θ·∫ = θ·(a_j·x_j + x_j²/2). This is not zero
+//! while a worker is idle (the earlier form of this price was, and the split took the plan of
+//! least makespan, over every idle worker): a plan that takes every idle worker pays for the
+//! work it leaves in front of the next arrivals, a shard behind a backlog pays for it, and of
+//! two plans of the same makespan the one with smaller shards on emptier workers wins. A small
+//! request still splits: its shards are small, and so is x²/2.
 //!
 //! θ comes from the state the proxy already tracks, averaged over the workers: L, the mean
 //! number of shards in flight per worker, and S = total backlog / total shards in flight, the
 //! mean predicted shard time. Shards of a cost-balanced split are close to equal, so each
 //! worker is taken as M/D/1, whose mean number in system is L = ρ(2 − ρ)/(2(1 − ρ)). Solved for
 //! ρ: 1 − ρ = 1/(L + √(L² + 1)); and λ = ρ/S, so θ = ρ(L + √(L² + 1))/S. θ is 0 on an idle
-//! cluster and grows without bound with the queues (≈ 2L/S); no threshold is set by hand.
+//! cluster and grows without bound with the queues (≈ 2L/S); no threshold is set by hand: the
+//! two forms meet where the model's regimes do, at V_min = 0.
 
 use crate::cluster::worker::WorkerView;
 
@@ -45,7 +61,7 @@ use crate::cluster::worker::WorkerView;
 pub struct Price {
     /// θ = λ/(1 − ρ), per ms.
     pub theta: f64,
-    /// V_min: the least predicted backlog of any worker, ms (what a new arrival waits).
+    /// V_min: the least predicted backlog of any worker before the plan, ms.
     pub least_backlog_ms: f64,
 }
 
@@ -53,38 +69,45 @@ impl Price {
     /// No price: the split minimises the makespan alone.
     pub const NONE: Price = Price { theta: 0.0, least_backlog_ms: 0.0 };
 
-    /// The price of the cluster `views` describe: none when nothing is in flight or some
-    /// worker is idle.
+    /// The price of the cluster `views` describe: none when nothing is in flight.
     pub fn of(views: &[WorkerView]) -> Price {
-        let theta = theta(views);
         let least = views.iter().map(|v| v.backlog_ms).filter(|b| b.is_finite()).fold(f64::INFINITY, f64::min);
-        if theta <= 0.0 || !(least > 0.0 && least.is_finite()) {
-            return Price::NONE;
-        }
-        Price { theta, least_backlog_ms: least }
+        Price { theta: theta(views), least_backlog_ms: if least.is_finite() && least > 0.0 { least } else { 0.0 } }
     }
 
     pub fn is_none(&self) -> bool {
-        self.theta <= 0.0 || self.least_backlog_ms <= 0.0
+        !(self.theta > 0.0 && self.theta.is_finite())
     }
 
-    /// What `work_ms` of new work (a plan's total compute) adds to others' waiting, in ms.
-    pub fn of_work(&self, work_ms: f64) -> f64 {
+    /// What a plan adds to others' waiting, in ms: `work_ms` its total compute X, and
+    /// `spread_ms2` Σ (f_j² − a_j²)/2 over its workers (a_j the backlog a worker had, f_j its
+    /// finish with the plan's shards). Every worker busy: the pool's θ·V_min·X; some idle: each
+    /// worker's own θ·Σ (f_j² − a_j²)/2.
+    pub fn of_plan(&self, work_ms: f64, spread_ms2: f64) -> f64 {
         if self.is_none() {
-            return 0.0;
+            0.0
+        } else if self.least_backlog_ms > 0.0 {
+            self.theta * self.least_backlog_ms * work_ms
+        } else {
+            self.theta * spread_ms2
         }
-        self.theta * self.least_backlog_ms * work_ms
     }
 }
 
 /// θ (per ms) for the cluster `views` describe: 0 when nothing is in flight.
 pub fn theta(views: &[WorkerView]) -> f64 {
+    load(views).map_or(0.0, |(l, s_ms)| theta_from(l, s_ms))
+}
+
+/// L, the mean shards in flight per worker, and S, their mean predicted time (ms); None when
+/// nothing is in flight.
+fn load(views: &[WorkerView]) -> Option<(f64, f64)> {
     let in_flight: f64 = views.iter().map(|v| v.in_flight as f64).sum();
     let backlog: f64 = views.iter().map(|v| v.backlog_ms).filter(|b| b.is_finite() && *b > 0.0).sum();
     if views.is_empty() || in_flight <= 0.0 || backlog <= 0.0 {
-        return 0.0;
+        return None;
     }
-    theta_from(in_flight / views.len() as f64, backlog / in_flight)
+    Some((in_flight / views.len() as f64, backlog / in_flight))
 }
 
 /// θ for a mean of `l` shards in flight per worker, of mean predicted time `s_ms` (M/D/1).
@@ -102,7 +125,7 @@ mod tests {
     use sieve_shared::CostModel;
 
     use super::*;
-    use crate::split::{split_by_cost, split_by_cost_priced, work_ms, Candidate, Request};
+    use crate::split::{split_by_cost, split_by_cost_priced, work_ms, Candidate, Plan, Request};
 
     fn view(backlog_ms: f64, in_flight: u64) -> WorkerView {
         WorkerView { backlog_ms, in_flight, time_factor: 1.0, max_batch_tokens: 0, holds_prefix: false }
@@ -126,31 +149,66 @@ mod tests {
         assert_eq!(theta(&[view(f64::NAN, 3)]), 0.0, "no finite backlog: no price");
     }
 
+    /// Σ (f_j² − a_j²)/2 over the workers of `plan`: f_j its finish there, a_j the backlog.
+    fn spread(plan: &Plan, candidates: &[Candidate]) -> f64 {
+        let mut finish: Vec<f64> = candidates.iter().map(|c| c.available_ms).collect();
+        for s in &plan.shards {
+            finish[s.candidate] = finish[s.candidate].max(s.finish_ms);
+        }
+        finish.iter().zip(candidates).map(|(f, c)| (f * f - c.available_ms * c.available_ms) / 2.0).sum()
+    }
+
     #[test]
-    fn the_price_is_of_the_plans_total_work() {
+    fn the_price_is_the_pools_while_all_are_busy_and_each_workers_while_one_is_idle() {
         let model = CostModel { request_ms: 10.0, token_ms: 0.1, token_context_ms: 0.0 };
         let tokens = vec![100.0; 4];
         let req = Request { item_tokens: &tokens, prefix: 0.0, model: &model };
         let c = vec![Candidate { available_ms: 5.0, time_factor: 1.0, max_batch_tokens: 0, holds_prefix: false }];
         let plan = split_by_cost(&req, &c, 1, 0.0);
-        // One shard of 10 + 40 ms.
+        // One shard of 10 + 40 ms after 5 ms: X = 50, (55² − 5²)/2 = 5·50 + 50²/2 = 1500.
         assert!((work_ms(&plan) - 50.0).abs() < 1e-9);
-        let views = [view(30.0, 1), view(10.0, 1), view(f64::NAN, 0), view(40.0, 2)];
-        let p = Price::of(&views);
+        assert!((spread(&plan, &c) - 1500.0).abs() < 1e-9);
+        let busy = [view(30.0, 1), view(10.0, 1), view(f64::NAN, 0), view(40.0, 2)];
+        let p = Price::of(&busy);
         assert_eq!(p.least_backlog_ms, 10.0, "V_min over the finite backlogs");
-        assert!((p.theta - theta(&views)).abs() < 1e-15);
-        assert!((p.of_work(50.0) - p.theta * 10.0 * 50.0).abs() < 1e-9);
-        assert!(p.of_work(60.0) > p.of_work(50.0), "more work, a higher price");
-        assert_eq!(Price::of(&[view(0.0, 0); 4]), Price::NONE);
+        assert!((p.theta - theta(&busy)).abs() < 1e-15);
+        assert!((p.of_plan(50.0, 1500.0) - p.theta * 10.0 * 50.0).abs() < 1e-9, "all busy: θ·V_min·X");
+        assert!(p.of_plan(60.0, 1500.0) > p.of_plan(50.0, 1500.0), "more work, a higher price");
         let one_idle = [view(0.0, 0), view(400.0, 5), view(400.0, 5)];
-        assert!(theta(&one_idle) > 0.0);
-        assert_eq!(Price::of(&one_idle), Price::NONE, "an idle worker: new work delays nobody");
-        assert_eq!(Price::NONE.of_work(1e6), 0.0);
+        let p = Price::of(&one_idle);
+        assert!(p.theta > 0.0 && p.least_backlog_ms == 0.0);
+        assert!((p.of_plan(50.0, 1500.0) - p.theta * 1500.0).abs() < 1e-9, "one idle: θ·Σ(f² − a²)/2");
+        assert!(p.of_plan(50.0, 1250.0) > 0.0, "work on an idle worker is not free");
+        assert_eq!(Price::of(&[view(0.0, 0); 4]), Price::NONE, "nothing in flight: no load to price");
+        assert_eq!(Price::NONE.of_plan(1e6, 1e6), 0.0);
         // Split four ways, the same items cost three more fixed costs of work.
         let four = vec![Candidate { available_ms: 0.0, time_factor: 1.0, max_batch_tokens: 0, holds_prefix: false }; 4];
         let split = split_by_cost(&req, &four, 4, 0.0);
         assert_eq!(split.shards.len(), 4);
         assert!((work_ms(&split) - 80.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_quiet_cluster_splits_over_its_idle_workers_and_taking_them_all_pays() {
+        let model = CostModel { request_ms: 10.0, token_ms: 0.02, token_context_ms: 0.0 };
+        let tokens: Vec<f64> = (0..400).map(|i| 40.0 + (i % 7) as f64 * 30.0).collect();
+        let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model };
+        // Eight idle workers ranked first, eight with four 50 ms shards queued.
+        let views: Vec<WorkerView> = (0..16).map(|i| if i < 8 { view(0.0, 0) } else { view(200.0, 4) }).collect();
+        let cands: Vec<Candidate> = views.iter().map(Candidate::from).collect();
+        let price = Price::of(&views);
+        assert!(price.theta > 0.0 && price.least_backlog_ms == 0.0);
+        let small = Request { item_tokens: &tokens[..20], ..req };
+        let plan = split_by_cost_priced(&small, &cands, 16, 0.02, price);
+        assert!(plan.shards.len() >= 2, "a small request still splits: {}", plan.shards.len());
+        let plain = split_by_cost(&req, &cands, 16, 0.02);
+        let priced = split_by_cost_priced(&req, &cands, 16, 0.02, price);
+        assert!(priced.shards.len() >= 4, "a large one splits wide: {}", priced.shards.len());
+        let all_idle = split_by_cost(&req, &cands, 8, 0.0);
+        assert_eq!(all_idle.shards.len(), 8);
+        assert!(price.of_plan(work_ms(&all_idle), spread(&all_idle, &cands)) > 0.0, "taking every idle worker pays");
+        let score = |p: &Plan| p.makespan_ms + price.of_plan(work_ms(p), spread(p, &cands));
+        assert!(score(&priced) <= score(&plain), "{} vs {}", score(&priced), score(&plain));
     }
 
     #[test]
