@@ -205,12 +205,13 @@ pub struct SplitConfig {
     pub tolerance: f64,
     /// Shard token limit used for a worker that does not report `max_batch_tokens`; 0: none.
     pub default_max_batch_tokens: u64,
-    /// Cost mode: score each plan by its makespan plus what its total work (every shard's fixed
-    /// cost and prefix included) adds to the waiting of requests arriving behind it, priced from
-    /// the workers' queues (the proxy's `load_price` module), so the shard count falls as the
-    /// cluster fills, to one shard on the least-loaded worker, and grows back as it empties.
-    /// True by default (the strategy comparison: lower p99 at 70-90% load and in a burst, the
-    /// same below); false: minimise this request's makespan alone.
+    /// Cost mode: score each plan by its makespan plus what its work adds to the waiting of
+    /// requests arriving behind it, priced from the workers' queues (the proxy's `load_price`
+    /// module): while every worker is busy, the pool's price of its total work (every shard's
+    /// fixed cost and prefix included); while one is idle, each worker's price of the work the
+    /// plan queues on it. The shard count falls as the cluster fills, to one shard on the
+    /// least-loaded worker, and grows back as it empties. False: minimise this request's
+    /// makespan alone.
     pub load_aware: bool,
     /// Cost mode: a worker known to hold the request's shared prefix in its prefix cache (it
     /// answered a call with that prefix lately) is planned without the prefix's compute, and
