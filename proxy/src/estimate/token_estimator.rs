@@ -114,15 +114,13 @@ fn ascii_counts_in<const L: usize>(bytes: &[u8], counts: &mut [u32; FEATURES]) -
     let mut high = [0u8; L];
     let mut prev_alnum = 0u8;
     let mut steps = 0u8;
-    let chunks = bytes.chunks_exact(L);
-    let rest = chunks.remainder();
+    let (whole, rest) = bytes.as_chunks::<L>();
     let last = (!rest.is_empty()).then(|| {
         let mut c = [0u8; L];
         c[..rest.len()].copy_from_slice(rest);
         c
     });
-    let whole = chunks.map(|c| <[u8; L]>::try_from(c).expect("chunks_exact gives whole chunks"));
-    for c in whole.chain(last) {
+    for c in whole.iter().copied().chain(last) {
         let mut alnum = [0u8; L];
         for i in 0..L {
             let b = c[i];
