@@ -124,6 +124,10 @@ pub struct EngineSection {
     pub prefix_reuse: bool,
     pub prefix_cache_high_watermark: f64,
     pub prefix_cache_low_watermark: f64,
+    /// Threads that tokenize one call's items together (0 = all cores, 1 = on the scheduler
+    /// thread). Tokenizing is most of a call's preparation and a GPU's forward pass is short, so
+    /// a GPU worker waits on it unless it is spread.
+    pub tokenize_threads: usize,
     /// Throughput assumed for sizing passes to deadlines until the first pass is measured
     /// (tokens/s; then the measured rate is used). Low is safe: it only makes the first passes
     /// under a tight deadline smaller than needed.
@@ -147,9 +151,13 @@ impl Default for EngineSection {
             prefix_cache_low_watermark: 0.7,
             prior_tokens_per_second: 1000.0,
             deadline_pass_fraction: 0.8,
+            tokenize_threads: 0,
         }
     }
 }
+
+/// A bound on `engine.tokenize_threads` so that a typo cannot ask for a million threads.
+pub const MAX_TOKENIZE_THREADS: usize = 1024;
 
 impl WorkerConfig {
     pub fn from_file(path: &Path) -> Result<Self> {
@@ -173,6 +181,12 @@ impl WorkerConfig {
         }
         if !(e.deadline_pass_fraction > 0.0 && e.deadline_pass_fraction <= 1.0) {
             return bad(format!("engine.deadline_pass_fraction {} must be in (0, 1]", e.deadline_pass_fraction));
+        }
+        if e.tokenize_threads > MAX_TOKENIZE_THREADS {
+            return bad(format!(
+                "engine.tokenize_threads {} is more than {MAX_TOKENIZE_THREADS}; 0 means all cores",
+                e.tokenize_threads
+            ));
         }
         if !(e.prior_tokens_per_second > 0.0 && e.prior_tokens_per_second.is_finite()) {
             return bad(format!(

@@ -81,6 +81,7 @@ pub fn engine_config(cfg: &WorkerConfig, model_max_position: usize) -> EngineCon
         },
         prior_tokens_per_second: e.prior_tokens_per_second,
         deadline_pass_fraction: e.deadline_pass_fraction,
+        tokenize_threads: e.tokenize_threads,
         fault: None,
     }
 }

@@ -12,6 +12,7 @@ pub mod model;
 pub mod moe;
 pub mod prompt;
 pub mod server;
+pub mod tokenize_pool;
 pub mod tokenizer;
 
 pub use error::{Result, WorkerError};

@@ -18,6 +18,11 @@ pub trait TextEncoder: Send + Sync {
     fn encode_special(&self, text: &str) -> Result<Vec<u32>>;
     /// Encodes caller text: special-token strings are ordinary text.
     fn encode_plain(&self, text: &str) -> Result<Vec<u32>>;
+    /// [`TextEncoder::encode_plain`] of each text, in order. One call's items come through here
+    /// together so that an encoder may spread them over threads ([`crate::tokenize_pool`]).
+    fn encode_plain_many(&self, texts: &[String]) -> Result<Vec<Vec<u32>>> {
+        texts.iter().map(|t| self.encode_plain(t)).collect()
+    }
 }
 
 /// The prompt template of a model. `{instruction}`, `{query}` and `{item}` in `body` are
@@ -131,11 +136,16 @@ impl PromptBuilder {
 
     pub fn prompt_ids(&self, enc: &dyn TextEncoder, instruction: &str, query: &str, item: &str) -> Result<Vec<u32>> {
         let body = enc.encode_plain(&self.template.render_body(instruction, query, item))?;
+        Ok(self.wrap_body(&body))
+    }
+
+    /// `prefix ++ body ++ suffix`.
+    fn wrap_body(&self, body: &[u32]) -> Vec<u32> {
         let mut ids = Vec::with_capacity(self.prefix_ids.len() + body.len() + self.suffix_ids.len());
         ids.extend_from_slice(&self.prefix_ids);
-        ids.extend_from_slice(&body);
+        ids.extend_from_slice(body);
         ids.extend_from_slice(&self.suffix_ids);
-        Ok(ids)
+        ids
     }
 
     /// Tokenizes every pair of a call and finds the shared prefix. The prefix is the longest
@@ -152,9 +162,13 @@ impl PromptBuilder {
         let instruction = instruction.unwrap_or(&self.template.default_instruction);
         let probe = self.prompt_ids(enc, instruction, query, "")?;
         let mut prefix_len = probe.len();
+        // Every body is encoded in one call: most of a call's preparation time is here (each body
+        // repeats the instruction and query), and an encoder may spread the items over threads.
+        let bodies: Vec<String> =
+            items.iter().map(|item| self.template.render_body(instruction, query, item)).collect();
         let mut prompts = Vec::with_capacity(items.len());
-        for item in items {
-            let p = self.prompt_ids(enc, instruction, query, item)?;
+        for body in enc.encode_plain_many(&bodies)? {
+            let p = self.wrap_body(&body);
             prefix_len = prefix_len.min(common_prefix_len(&probe, &p)).min(p.len().saturating_sub(1));
             prompts.push(p);
         }

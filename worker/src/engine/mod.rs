@@ -59,6 +59,8 @@ pub struct EngineConfig {
     /// Share of a call's remaining time that the pass holding it is planned to take (the rest is
     /// margin for the estimate's error), in (0, 1].
     pub deadline_pass_fraction: f64,
+    /// Threads that tokenize a call's items (0 = all cores, 1 = the scheduler thread alone).
+    pub tokenize_threads: usize,
     pub fault: Option<FaultHook>,
 }
 
@@ -75,6 +77,7 @@ impl Default for EngineConfig {
             prefix_cache: PrefixCacheConfig::default(),
             prior_tokens_per_second: 1000.0,
             deadline_pass_fraction: 0.8,
+            tokenize_threads: 0,
             fault: None,
         }
     }
@@ -172,7 +175,7 @@ impl EngineHandle {
                 max_seq_tokens: cfg.max_seq_tokens,
                 prefix_reuse: cfg.prefix_cache.enabled,
             },
-            parts.encoder,
+            crate::tokenize_pool::PooledEncoder::wrap(parts.encoder, cfg.tokenize_threads)?,
             parts.builder,
             cache.clone(),
             state.clone(),
