@@ -388,6 +388,13 @@ struct SimWorkerArgs {
     max_batch_tokens: u64,
     #[arg(long, default_value_t = 8192)]
     max_seq_tokens: u64,
+    /// Ms of simulated time each call spends before it queues for a slot (a real worker's
+    /// tokenizing), counted in queue_ms, not compute_ms: the proxy's cost model never sees it.
+    #[arg(long, default_value_t = 0.0)]
+    prepare_ms: f64,
+    /// The same, per item of the call.
+    #[arg(long, default_value_t = 0.0)]
+    prepare_ms_per_item: f64,
     /// Prefix-cache capacity in 16-token blocks (LRU): a held prefix is not computed again and
     /// is reported in `cached_prefix_tokens`; 0: no prefix cache.
     #[arg(long, default_value_t = 0)]
@@ -746,6 +753,8 @@ async fn sim_worker(a: SimWorkerArgs, file: SimFileConfig) -> anyhow::Result<()>
         max_batch_tokens: a.max_batch_tokens,
         max_seq_tokens: a.max_seq_tokens,
         prefix_cache_blocks: a.prefix_cache_blocks,
+        prepare_ms: a.prepare_ms,
+        prepare_ms_per_item: a.prepare_ms_per_item,
         template: a.template,
         ..SimConfig::default()
     };

@@ -37,6 +37,12 @@ pub struct SimConfig {
     pub max_batch_tokens: u64,
     /// Longest prompt accepted, in simulated tokens; longer items get 413.
     pub max_seq_tokens: u64,
+    /// Preparation before a call queues for a slot, as a real worker tokenizes on its scheduler
+    /// thread (ms of simulated time: per call, and per item): it counts in `queue_ms`, not in
+    /// `compute_ms`, and holds no slot, so the proxy's cost model (fitted on compute time) does
+    /// not see it, as it does not see a real worker's tokenizing and HTTP. 0 by default.
+    pub prepare_ms: f64,
+    pub prepare_ms_per_item: f64,
     /// Prefix-cache capacity in 16-token blocks (an LRU, [`super::prefix`]): a call whose
     /// prefix is held pays no compute for it and reports `cached_prefix_tokens`; 0: no cache
     /// (every prefix computed, the default).
@@ -70,6 +76,8 @@ impl Default for SimConfig {
             max_queue: 0,
             max_batch_tokens: 32_768,
             max_seq_tokens: 8192,
+            prepare_ms: 0.0,
+            prepare_ms_per_item: 0.0,
             prefix_cache_blocks: 0,
             limits: Limits::default(),
             http: HttpConfig::default(),
@@ -92,6 +100,11 @@ impl SimConfig {
         }
         if !(self.jitter.is_finite() && self.jitter >= 0.0) {
             return Err(format!("jitter must be >= 0, got {}", self.jitter));
+        }
+        for (name, v) in [("prepare-ms", self.prepare_ms), ("prepare-ms-per-item", self.prepare_ms_per_item)] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(format!("{name} must be >= 0, got {v}"));
+            }
         }
         if !(0.0..=1.0).contains(&self.fail_rate) {
             return Err(format!("fail-rate must be in [0, 1], got {}", self.fail_rate));

@@ -240,6 +240,19 @@ impl SimEngine {
         c.queued_tokens.fetch_add(total_tokens, Ordering::Relaxed);
         let mut in_flight = InFlight { c, pairs, tokens: total_tokens, finished: false };
 
+        let prepare_ms = self.config.prepare_ms + self.config.prepare_ms_per_item * pairs as f64;
+        if prepare_ms > 0.0 {
+            let ready = Instant::now() + Duration::from_secs_f64(prepare_ms / self.settings().speed / 1e3);
+            match deadline {
+                Some(d) if d < ready => {
+                    tokio::time::sleep_until(d).await;
+                    in_flight.finished = true;
+                    c.deadline_drops.fetch_add(1, Ordering::Relaxed);
+                    return Err(ApiError::deadline("deadline passed while preparing"));
+                }
+                _ => tokio::time::sleep_until(ready).await,
+            }
+        }
         c.waiting.fetch_add(1, Ordering::Relaxed);
         let waiting = Waiting(&c.waiting);
         // The simulated queue and compute as spans under the request's (tracing on only).
@@ -578,6 +591,26 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn preparation_is_queue_time_the_cost_model_never_sees() {
+        let cost = CostModel { request_ms: 10.0, token_ms: 0.0, token_context_ms: 0.0 };
+        // 4 ms per call + 2 per item, at speed 2: (4 + 3 * 2) / 2 = 5 ms before the slot.
+        let e =
+            engine(SimConfig { cost, speed: 2.0, prepare_ms: 4.0, prepare_ms_per_item: 2.0, ..SimConfig::default() });
+        let t0 = Instant::now();
+        let r = e.score(req(&["a", "b", "c"], None), t0).await.unwrap();
+        assert!((r.timing.compute_ms - 5.0).abs() < 1e-6, "compute {}", r.timing.compute_ms);
+        assert!((r.timing.queue_ms - 5.0).abs() < 1.0, "queue {}", r.timing.queue_ms);
+        assert!(t0.elapsed() >= Duration::from_millis(10), "{:?}", t0.elapsed());
+        // Preparing past the deadline is a 504 at the deadline, no slot taken.
+        let t1 = Instant::now();
+        let err = e.score(req(&["a", "b", "c"], Some(3)), t1).await.unwrap_err();
+        assert_eq!(err.status(), 504);
+        assert!(err.message.contains("preparing"), "{}", err.message);
+        assert_eq!(t1.elapsed(), Duration::from_millis(3));
+        assert!(SimConfig { prepare_ms: -1.0, ..SimConfig::default() }.validate().is_err());
     }
 
     #[tokio::test(start_paused = true)]
