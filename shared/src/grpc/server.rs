@@ -19,7 +19,7 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::server::conn::http2;
 use hyper::service::service_fn;
 use hyper::Request;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -28,6 +28,7 @@ use tokio::time::Sleep;
 use tonic::codegen::Service;
 use tonic::Status;
 
+use super::inline::StreamExec;
 use super::pb::sieve_server::SieveServer;
 use super::{status, GrpcApi, GrpcConfig};
 use crate::http::{accepted_or_back_off, stop_connections, HttpConfig, StopMode};
@@ -46,13 +47,7 @@ where
     let server = SieveServer::new(GrpcApi::new(svc, grpc.deadline_margin()))
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(usize::MAX);
-    let mut builder = http2::Builder::new(TokioExecutor::new());
-    builder
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(grpc.max_concurrent_streams)
-        .keep_alive_interval(grpc.keepalive_interval())
-        .keep_alive_timeout(grpc.keepalive_timeout())
-        .max_header_list_size(u32::try_from(http.max_header_bytes).unwrap_or(u32::MAX));
+    let inline_streams = usize::try_from(grpc.inline_streams).unwrap_or(usize::MAX);
     let body_timeout = http.body_read_timeout();
     let graceful = GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(http.max_connections));
@@ -71,7 +66,10 @@ where
                     let mut s = server.clone();
                     s.call(req.map(|b| Timed::new(b, body_timeout)))
                 });
-                let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), handler));
+                // Each connection its own executor: its calls run on its own task (`inline.rs`).
+                let exec = StreamExec::new(inline_streams);
+                let conn = builder(exec.clone(), &grpc, &http).serve_connection(TokioIo::new(stream), handler);
+                let conn = exec.drive(graceful.watch(conn));
                 conns.spawn(async move {
                     if let Err(e) = conn.await {
                         tracing::debug!("gRPC connection: {e}");
@@ -86,6 +84,17 @@ where
     };
     drop(listener);
     stop_connections(mode, graceful, conns, "gRPC connections").await;
+}
+
+/// The HTTP/2 server of one connection, its calls run by `exec`.
+fn builder(exec: StreamExec, grpc: &GrpcConfig, http: &HttpConfig) -> http2::Builder<StreamExec> {
+    let mut b = http2::Builder::new(exec);
+    b.timer(TokioTimer::new())
+        .max_concurrent_streams(grpc.max_concurrent_streams)
+        .keep_alive_interval(grpc.keepalive_interval())
+        .keep_alive_timeout(grpc.keepalive_timeout())
+        .max_header_list_size(u32::try_from(http.max_header_bytes).unwrap_or(u32::MAX));
+    b
 }
 
 /// A request body that must arrive whole within the `[http]` body read timeout (a call's message
