@@ -2,7 +2,7 @@
 //!
 //!     cargo build --release -p sieve-proxy -p sieve-loadtest
 //!     cargo bench -p sieve-e2e --bench grpc [-- --quick] [-- --only HTTP|tonic|hyper]
-//!         [-- --calls N] [-- --rounds R] [-- --inline-streams N]
+//!         [-- --calls N] [-- --rounds R] [-- --inline-streams N] [-- --front-end]
 //!
 //! Part 1 (how the proxy could talk to its workers): calls of one shard (32 items) to a
 //! zero-compute `sieve-loadtest sim-worker` process, one at a time and 16 at once: HTTP/1.1 with
@@ -77,7 +77,9 @@ fn main() {
         write_grpc_config(v.parse().unwrap_or_else(|_| panic!("--inline-streams {v}: not a whole number")));
     }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-    rt.block_on(run(calls, rounds, only));
+    // `--front-end`: Part 2 alone.
+    let skip_transport = args.iter().any(|a| a == "--front-end");
+    rt.block_on(run(calls, rounds, only, skip_transport));
 }
 
 /// A zero-compute simulated worker process with a gRPC port.
@@ -260,10 +262,10 @@ async fn measure(path: &Path, n: usize, calls: usize, concurrency: usize) -> Row
     }
 }
 
-async fn run(calls: usize, rounds: usize, only: Option<String>) {
+async fn run(calls: usize, rounds: usize, only: Option<String>, skip_transport: bool) {
     let http = Http::new();
     println!("gRPC vs HTTP, {calls} calls per row (one machine: compare rows of this run)\n");
-    if only.is_none() {
+    if only.is_none() && !skip_transport {
         transport(&http, calls).await;
     }
     front_end(&http, calls, rounds, only.as_deref()).await;

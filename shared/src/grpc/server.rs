@@ -8,6 +8,7 @@
 //! and an abrupt stop leaves its connection tasks running. The generated `SieveServer` is a
 //! plain tower service, so it runs on hyper directly.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::future::Either;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::server::conn::http2;
 use hyper::service::service_fn;
@@ -28,8 +30,10 @@ use tokio::time::Sleep;
 use tonic::codegen::Service;
 use tonic::Status;
 
+use super::api::RawScore;
 use super::inline::StreamExec;
 use super::pb::sieve_server::SieveServer;
+use super::wire::RawScoreCodec;
 use super::{status, GrpcApi, GrpcConfig};
 use crate::http::{accepted_or_back_off, stop_connections, HttpConfig, StopMode};
 use crate::service::ScoreService;
@@ -44,9 +48,9 @@ where
     F: Future<Output = StopMode>,
 {
     let max_message = svc.limits().max_body_bytes;
-    let server = SieveServer::new(GrpcApi::new(svc, grpc.deadline_margin()))
-        .max_decoding_message_size(max_message)
-        .max_encoding_message_size(usize::MAX);
+    let api = Arc::new(GrpcApi::new(svc, grpc.deadline_margin()));
+    let server =
+        SieveServer::from_arc(api.clone()).max_decoding_message_size(max_message).max_encoding_message_size(usize::MAX);
     let inline_streams = usize::try_from(grpc.inline_streams).unwrap_or(usize::MAX);
     let body_timeout = http.body_read_timeout();
     let graceful = GracefulShutdown::new();
@@ -62,9 +66,22 @@ where
                 let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
                 let _ = stream.set_nodelay(true);
                 let server = server.clone();
+                let (server, api) = (server.clone(), api.clone());
                 let handler = service_fn(move |req: Request<Incoming>| {
-                    let mut s = server.clone();
-                    s.call(req.map(|b| Timed::new(b, body_timeout)))
+                    let req = req.map(|b| Timed::new(b, body_timeout));
+                    // `Score` read in place (`wire.rs`); `Rerank` and unknown methods
+                    // (UNIMPLEMENTED) by the generated router.
+                    if req.uri().path() == SCORE_PATH {
+                        let api = api.clone();
+                        Either::Left(async move {
+                            let mut grpc = tonic::server::Grpc::new(RawScoreCodec)
+                                .apply_max_message_size_config(Some(max_message), Some(usize::MAX));
+                            Ok::<_, Infallible>(grpc.unary(RawScore(api), req).await)
+                        })
+                    } else {
+                        let mut s = server.clone();
+                        Either::Right(s.call(req))
+                    }
                 });
                 // Each connection its own executor: its calls run on its own task (`inline.rs`).
                 let exec = StreamExec::new(inline_streams);
@@ -85,6 +102,9 @@ where
     drop(listener);
     stop_connections(mode, graceful, conns, "gRPC connections").await;
 }
+
+/// `Score`'s gRPC path.
+const SCORE_PATH: &str = "/sieve.v1.Sieve/Score";
 
 /// The HTTP/2 server of one connection, its calls run by `exec`.
 fn builder(exec: StreamExec, grpc: &GrpcConfig, http: &HttpConfig) -> http2::Builder<StreamExec> {
