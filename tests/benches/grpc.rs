@@ -2,7 +2,7 @@
 //!
 //!     cargo build --release -p sieve-proxy -p sieve-loadtest
 //!     cargo bench -p sieve-e2e --bench grpc [-- --quick] [-- --only HTTP|tonic|hyper]
-//!         [-- --calls N] [-- --rounds R] [-- --front-end]
+//!         [-- --calls N] [-- --rounds R] [-- --inline-streams N] [-- --front-end]
 //!
 //! Part 1 (how the proxy could talk to its workers): calls of one shard (32 items) to a
 //! zero-compute `sieve-loadtest sim-worker` process, one at a time and 16 at once: HTTP/1.1 with
@@ -71,6 +71,11 @@ fn main() {
     // calls cut into R rounds, each round's percentiles printed (default 8).
     let calls = arg("--calls").unwrap_or(if quick { 400 } else { 4000 });
     let rounds = arg("--rounds").unwrap_or(8).min(calls);
+    // `--inline-streams N`: every process's `[grpc] inline_streams` (else its default). The
+    // value 0 is allowed here, so it is read apart from the counts above.
+    if let Some(v) = args.iter().position(|a| a == "--inline-streams").and_then(|i| args.get(i + 1)) {
+        write_grpc_config(v.parse().unwrap_or_else(|_| panic!("--inline-streams {v}: not a whole number")));
+    }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     // `--front-end`: Part 2 alone.
     let skip_transport = args.iter().any(|a| a == "--front-end");
@@ -79,9 +84,23 @@ fn main() {
 
 /// A zero-compute simulated worker process with a gRPC port.
 fn zero_sim() -> Proc {
-    let args =
-        ["sim-worker", "--port", "0", "--admin-port", "0", "--grpc-port", "0", "--cost-model", ZERO_COST.as_str()];
+    let mut args =
+        vec!["sim-worker", "--port", "0", "--admin-port", "0", "--grpc-port", "0", "--cost-model", ZERO_COST.as_str()];
+    if let Some(c) = GRPC_CONFIG.get() {
+        args.extend(["--config", c.as_str()]);
+    }
     spawn("sieve-loadtest", &args, START)
+}
+
+/// With `--inline-streams N`: a config file of `[grpc] inline_streams = N` that every process of
+/// the run is started with (0: hyper's task per call, to compare with the default in one build).
+static GRPC_CONFIG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+fn write_grpc_config(inline_streams: usize) {
+    let p = std::env::temp_dir().join(format!("sieve-grpc-bench-config-{}.toml", std::process::id()));
+    std::fs::write(&p, format!("[grpc]\ninline_streams = {inline_streams}\n")).expect("config file");
+    println!("every process with [grpc] inline_streams = {inline_streams}");
+    let _ = GRPC_CONFIG.set(p.display().to_string());
 }
 
 static ZERO_COST: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
@@ -251,6 +270,9 @@ async fn run(calls: usize, rounds: usize, only: Option<String>, skip_transport: 
     }
     front_end(&http, calls, rounds, only.as_deref()).await;
     let _ = std::fs::remove_file(ZERO_COST.as_str());
+    if let Some(c) = GRPC_CONFIG.get() {
+        let _ = std::fs::remove_file(c);
+    }
 }
 
 /// Part 1: how the proxy could talk to its workers.
@@ -288,6 +310,9 @@ async fn front_end(http: &Http, calls: usize, rounds: usize, only: Option<&str>)
     println!("\nPart 2: client -> proxy, a {REQUEST_ITEMS}-item call through sieve-proxy over {WORKERS} zero-compute sim-workers, interleaved");
     let sims: Vec<Proc> = (0..WORKERS).map(|_| zero_sim()).collect();
     let mut args: Vec<String> = ["--port", "0", "--admin-port", "0", "--grpc-port", "0"].map(String::from).to_vec();
+    if let Some(c) = GRPC_CONFIG.get() {
+        args.extend(["--config".to_string(), c.clone()]);
+    }
     for s in &sims {
         args.extend(["--worker".to_string(), s.worker_arg()]);
     }

@@ -10,12 +10,14 @@
 //! - `deadline.rs`: the `grpc-timeout` header as the request's deadline;
 //! - `status.rs`: API errors as gRPC status codes with rich details;
 //! - `server.rs`: the accept loop (hyper's HTTP/2 under the `[http]` and `[grpc]` limits);
+//! - `inline.rs`: a connection's calls on the connection's own task (no task hop per call);
 //! - `config.rs`: `[grpc]`.
 
 mod api;
 mod config;
 mod convert;
 mod deadline;
+mod inline;
 mod server;
 mod status;
 mod wire;
