@@ -376,3 +376,70 @@ async fn a_message_that_never_arrives_whole_ends_at_the_body_read_timeout() {
     assert!(t0.elapsed() < Duration::from_secs(5), "ended after {:?}", t0.elapsed());
     drop(tx);
 }
+
+/// Sends `msg` as one `Score` call's message on a raw HTTP/2 client; the answer's grpc-status,
+/// grpc-message and, on success, its decoded message.
+async fn raw_score(url: &str, msg: &[u8]) -> (String, String, Option<pb::ScoreResponse>) {
+    use http_body_util::{BodyExt as _, Full};
+    use prost::Message as _;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<bytes::Bytes>>();
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&u32::try_from(msg.len()).unwrap().to_be_bytes());
+    framed.extend_from_slice(msg);
+    let req = hyper::Request::post(format!("{url}/sieve.v1.Sieve/Score"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(Full::new(bytes::Bytes::from(framed)))
+        .unwrap();
+    let resp = tokio::time::timeout(CALL, client.request(req)).await.expect("an answer").unwrap();
+    let head = resp.headers().clone();
+    let collected = tokio::time::timeout(CALL, resp.into_body().collect()).await.unwrap().unwrap();
+    let trailers = collected.trailers().cloned().unwrap_or_default();
+    let get = |name: &str| {
+        head.get(name).or_else(|| trailers.get(name)).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string()
+    };
+    let body = collected.to_bytes();
+    let answer = (body.len() > 5).then(|| pb::ScoreResponse::decode(&body[5..]).expect("a ScoreResponse"));
+    // grpc-message is percent-encoded; these messages have no escapes but spaces.
+    (get("grpc-status"), get("grpc-message").replace("%20", " "), answer)
+}
+
+/// `Score`'s message is read in place (`shared/src/grpc/wire.rs`): a message that is not valid
+/// protobuf is INVALID_ARGUMENT saying what is wrong, and a text whose neighbouring bytes in the
+/// message happen to be `"` (a 34-byte text, then an unknown field of key 0x22) still reaches
+/// the workers as itself, not spliced as if it were a JSON literal: the proxy answers it as it
+/// answers the same text over HTTP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn score_messages_are_read_in_place_strictly() {
+    let w = sim_with(fast(), 0.0).await;
+    let mut proxy_cfg = test_config(vec![w.endpoint()]);
+    proxy_cfg.grpc.port = Some(0);
+    let p = proxy(proxy_cfg, 1).await;
+    for url in [p.grpc_url().unwrap(), w.grpc_url().unwrap()] {
+        let (code, message, _) = raw_score(&url, &[0x0a, 2, 0xff, 0xfe]).await;
+        assert_eq!(code, "3", "INVALID_ARGUMENT at {url}: {message}");
+        assert!(message.contains("query is not UTF-8"), "{message}");
+        let (code, message, _) = raw_score(&url, &[0x0a, 9, b'q']).await;
+        assert_eq!(code, "3", "INVALID_ARGUMENT at {url}: {message}");
+        assert!(message.contains("runs past the end"), "{message}");
+    }
+    // 34 bytes with a quote and a backslash in them: the length byte before the text is 0x22,
+    // and the unknown field 4 (length-delimited, key 0x22) after it.
+    let text = r#"a "quoted" \ text of 34 bytes....."#;
+    assert_eq!(text.len(), 34);
+    let mut item = vec![0x0a, 34];
+    item.extend_from_slice(text.as_bytes());
+    item.extend_from_slice(&[0x22, 1, b'z']);
+    let mut msg = vec![0x0a, 1, b'q', 0x12, u8::try_from(item.len()).unwrap()];
+    msg.extend_from_slice(&item);
+    msg.extend_from_slice(&[0x30, 0]); // cache: false
+    let (code, message, answer) = raw_score(&p.grpc_url().unwrap(), &msg).await;
+    assert_eq!(code, "0", "OK: {message}");
+    let h: ScoreResponse = Http::new()
+        .post_json(&format!("{}/v1/score", p.api_url()), &json!({"query": "q", "items": [text], "cache": false}))
+        .await
+        .json();
+    assert_same_scores(&answer.expect("an answer"), &h, "a text next to quote bytes");
+}

@@ -2,6 +2,7 @@
 //!
 //!     cargo build --release -p sieve-proxy -p sieve-loadtest
 //!     cargo bench -p sieve-e2e --bench grpc [-- --quick] [-- --only HTTP|tonic|hyper]
+//!         [-- --calls N] [-- --rounds R] [-- --inline-streams N] [-- --front-end]
 //!
 //! Part 1 (how the proxy could talk to its workers): calls of one shard (32 items) to a
 //! zero-compute `sieve-loadtest sim-worker` process, one at a time and 16 at once: HTTP/1.1 with
@@ -17,7 +18,18 @@
 //! The same call, with the same clients, is also made directly on one more sim-worker of the same
 //! kind (interleaved with the others): via-proxy less direct is the latency the proxy adds, the
 //! client's own protocol stack left out. Then the proxy process's CPU time per call of each
-//! protocol, run one at a time.
+//! protocol, run one at a time, and the direct sim-worker's (its gRPC less HTTP is the protocol
+//! stack's own cost, which a proxy pays too).
+//!
+//! Part 2's calls are cut into rounds (`--rounds`, 8 by default): per round, each gRPC path less
+//! HTTP at p50 and p99, end to end and in what the proxy adds, then the median and range of each
+//! over the rounds and in how many rounds gRPC was no slower: a difference is only read as one
+//! when it holds beyond that spread.
+//!
+//! The clients do the same work per call: the HTTP/1.1 client is hyper-util's pooled client (as
+//! the "hyper h2 client" gRPC path is, on HTTP/2), one keep-alive connection per path, no timer
+//! armed per call; every client encodes its request from an in-memory value on every call and
+//! decodes the whole answer, with TCP_NODELAY.
 //!
 //! Every call opts out of the proxy's pair-score cache (`cache: false`): the same request
 //! repeated would otherwise be answered from the cache, and no shard would reach a worker.
@@ -27,7 +39,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use hyper::Method;
+use http_body_util::{BodyExt as _, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -49,16 +61,46 @@ fn main() {
     // `--only WORD`: Part 2 alone, with only the paths whose name holds WORD (`HTTP`, `tonic`,
     // `hyper`), and the proxy's pid printed: a profiler attached to the proxy sees one path.
     let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).cloned();
-    let calls = if quick { 400 } else { 4000 };
+    let arg = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .map(|v| v.parse::<usize>().unwrap_or_else(|_| panic!("{name} {v}: not a whole number")).max(1))
+    };
+    // `--calls N`: calls per row (default 4,000; 400 with `--quick`); `--rounds R`: Part 2's
+    // calls cut into R rounds, each round's percentiles printed (default 8).
+    let calls = arg("--calls").unwrap_or(if quick { 400 } else { 4000 });
+    let rounds = arg("--rounds").unwrap_or(8).min(calls);
+    // `--inline-streams N`: every process's `[grpc] inline_streams` (else its default). The
+    // value 0 is allowed here, so it is read apart from the counts above.
+    if let Some(v) = args.iter().position(|a| a == "--inline-streams").and_then(|i| args.get(i + 1)) {
+        write_grpc_config(v.parse().unwrap_or_else(|_| panic!("--inline-streams {v}: not a whole number")));
+    }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-    rt.block_on(run(calls, only));
+    // `--front-end`: Part 2 alone.
+    let skip_transport = args.iter().any(|a| a == "--front-end");
+    rt.block_on(run(calls, rounds, only, skip_transport));
 }
 
 /// A zero-compute simulated worker process with a gRPC port.
 fn zero_sim() -> Proc {
-    let args =
-        ["sim-worker", "--port", "0", "--admin-port", "0", "--grpc-port", "0", "--cost-model", ZERO_COST.as_str()];
+    let mut args =
+        vec!["sim-worker", "--port", "0", "--admin-port", "0", "--grpc-port", "0", "--cost-model", ZERO_COST.as_str()];
+    if let Some(c) = GRPC_CONFIG.get() {
+        args.extend(["--config", c.as_str()]);
+    }
     spawn("sieve-loadtest", &args, START)
+}
+
+/// With `--inline-streams N`: a config file of `[grpc] inline_streams = N` that every process of
+/// the run is started with (0: hyper's task per call, to compare with the default in one build).
+static GRPC_CONFIG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+fn write_grpc_config(inline_streams: usize) {
+    let p = std::env::temp_dir().join(format!("sieve-grpc-bench-config-{}.toml", std::process::id()));
+    std::fs::write(&p, format!("[grpc]\ninline_streams = {inline_streams}\n")).expect("config file");
+    println!("every process with [grpc] inline_streams = {inline_streams}");
+    let _ = GRPC_CONFIG.set(p.display().to_string());
 }
 
 static ZERO_COST: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
@@ -109,16 +151,26 @@ fn pct(sorted: &[Duration], p: f64) -> f64 {
 /// buffer adds a task hop and CPU per call), to tell the protocol's cost from that client stack's.
 type LeanClient = SieveClient<Client<HttpConnector, tonic::body::Body>>;
 
+/// The HTTP/1.1 client: hyper-util's pooled keep-alive client with TCP_NODELAY, the same stack
+/// as [`LeanClient`] and with no more per call (no timer armed, the body collected whole).
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
 #[derive(Clone)]
 enum Path {
-    Http { http: Http, url: String, body: serde_json::Value },
+    Http { client: HttpClient, url: hyper::Uri, body: serde_json::Value },
     Grpc { client: SieveClient<Channel>, req: pb::ScoreRequest },
     Lean { client: LeanClient, req: pb::ScoreRequest },
 }
 
 impl Path {
     fn http(url: String, items: &[String]) -> Self {
-        Path::Http { http: Http::new(), url, body: serde_json::json!({"query": QUERY, "items": items, "cache": false}) }
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        Path::Http {
+            client: Client::builder(TokioExecutor::new()).build(connector),
+            url: url.parse().expect("uri"),
+            body: serde_json::json!({"query": QUERY, "items": items, "cache": false}),
+        }
     }
 
     async fn grpc(url: &str, items: &[String]) -> Self {
@@ -141,11 +193,17 @@ impl Path {
     async fn call(&mut self, n: usize) -> Duration {
         let t0 = Instant::now();
         match self {
-            Path::Http { http, url, body } => {
+            Path::Http { client, url, body } => {
                 let bytes = Bytes::from(serde_json::to_vec(body).expect("json"));
-                let r = http.send(Method::POST, url, bytes).await.expect("http call");
-                assert_eq!(r.status, 200, "{}", r.text());
-                let s: ScoreResponse = serde_json::from_slice(&r.body).expect("a score answer");
+                let req = hyper::Request::post(url.clone())
+                    .header(hyper::header::CONTENT_TYPE, "application/json")
+                    .body(Full::new(bytes))
+                    .expect("request");
+                let r = client.request(req).await.expect("http call");
+                let status = r.status();
+                let body = r.into_body().collect().await.expect("http answer").to_bytes();
+                assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+                let s: ScoreResponse = serde_json::from_slice(&body).expect("a score answer");
                 assert_eq!(s.scores.len(), n);
             }
             Path::Grpc { client, req } => {
@@ -204,14 +262,17 @@ async fn measure(path: &Path, n: usize, calls: usize, concurrency: usize) -> Row
     }
 }
 
-async fn run(calls: usize, only: Option<String>) {
+async fn run(calls: usize, rounds: usize, only: Option<String>, skip_transport: bool) {
     let http = Http::new();
     println!("gRPC vs HTTP, {calls} calls per row (one machine: compare rows of this run)\n");
-    if only.is_none() {
+    if only.is_none() && !skip_transport {
         transport(&http, calls).await;
     }
-    front_end(&http, calls, only.as_deref()).await;
+    front_end(&http, calls, rounds, only.as_deref()).await;
     let _ = std::fs::remove_file(ZERO_COST.as_str());
+    if let Some(c) = GRPC_CONFIG.get() {
+        let _ = std::fs::remove_file(c);
+    }
 }
 
 /// Part 1: how the proxy could talk to its workers.
@@ -242,11 +303,16 @@ async fn transport(http: &Http, calls: usize) {
 
 /// Part 2: the client's call through the proxy, as HTTP and as gRPC (`only`: the protocols whose
 /// name holds it), and the same call made directly on one sim-worker of the kind the proxy uses:
-/// the difference is what the proxy adds, the client's own protocol stack left out.
-async fn front_end(http: &Http, calls: usize, only: Option<&str>) {
+/// the difference is what the proxy adds, the client's own protocol stack left out. The calls
+/// are cut into `rounds` rounds, and each round's gRPC less HTTP is printed, so the spread of
+/// the difference is seen beside the difference.
+async fn front_end(http: &Http, calls: usize, rounds: usize, only: Option<&str>) {
     println!("\nPart 2: client -> proxy, a {REQUEST_ITEMS}-item call through sieve-proxy over {WORKERS} zero-compute sim-workers, interleaved");
     let sims: Vec<Proc> = (0..WORKERS).map(|_| zero_sim()).collect();
     let mut args: Vec<String> = ["--port", "0", "--admin-port", "0", "--grpc-port", "0"].map(String::from).to_vec();
+    if let Some(c) = GRPC_CONFIG.get() {
+        args.extend(["--config".to_string(), c.clone()]);
+    }
     for s in &sims {
         args.extend(["--worker".to_string(), s.worker_arg()]);
     }
@@ -285,6 +351,7 @@ async fn front_end(http: &Http, calls: usize, only: Option<&str>) {
             p.call(REQUEST_ITEMS).await;
         }
     }
+    // Latencies in call order, per path.
     let mut lat: Vec<Vec<Duration>> = paths.iter().map(|_| Vec::with_capacity(calls)).collect();
     for i in 0..calls {
         // Rotate which goes first, so none always follows another and machine noise hits every
@@ -294,51 +361,123 @@ async fn front_end(http: &Http, calls: usize, only: Option<&str>) {
             lat[j].push(paths[j].call(REQUEST_ITEMS).await);
         }
     }
-    for l in lat.iter_mut() {
-        l.sort_unstable();
-    }
-    let (via, direct): (Vec<&[Duration]>, Vec<&[Duration]>) = (
-        lat.iter().step_by(2).map(Vec::as_slice).collect(),
-        lat.iter().skip(1).step_by(2).map(Vec::as_slice).collect(),
-    );
+    // Percentiles of every path over its calls in `range`, as `q[path] = (p50, p99)`.
+    let quantiles = |range: std::ops::Range<usize>| -> Vec<(f64, f64)> {
+        lat.iter()
+            .map(|l| {
+                let mut v = l[range.clone()].to_vec();
+                v.sort_unstable();
+                (pct(&v, 0.5), pct(&v, 0.99))
+            })
+            .collect()
+    };
+    let all = quantiles(0..calls);
     println!("{:<30} {:>9} {:>9} {:>14}", "path (via the proxy)", "p50 ms", "p99 ms", "vs HTTP p50/p99");
-    for ((name, ..), l) in protocols.iter().zip(&via) {
-        let (d50, d99) = (pct(l, 0.5) - pct(via[0], 0.5), pct(l, 0.99) - pct(via[0], 0.99));
-        println!("{name:<30} {:>9.3} {:>9.3} {d50:>+7.3} {d99:>+7.3}", pct(l, 0.5), pct(l, 0.99));
+    for (k, (name, ..)) in protocols.iter().enumerate() {
+        let (v, h) = (all[2 * k], all[0]);
+        println!("{name:<30} {:>9.3} {:>9.3} {:>+7.3} {:>+7.3}", v.0, v.1, v.0 - h.0, v.1 - h.1);
+    }
+    if protocols.len() > 1 {
+        rounds_table(&protocols, &quantiles, calls, rounds);
     }
     // The server's side alone: the proxy process's CPU per call, each protocol run on its own.
     // SAFETY: sysconf reads a constant.
     let tick_us = 1e6 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    // The direct sim-worker's too: its gRPC less HTTP is the protocol stack's own cost, which
+    // the proxy pays as well; the proxy's beyond that is its own.
     let mut cpu_us = Vec::with_capacity(protocols.len());
-    for (_, path, _) in protocols.iter_mut() {
-        let cpu0 = process_cpu(p.pid());
-        for _ in 0..calls {
-            path.call(REQUEST_ITEMS).await;
+    let mut direct_cpu_us = Vec::with_capacity(protocols.len());
+    for (_, via, direct) in protocols.iter_mut() {
+        for (path, pid, out) in [(via, p.pid(), &mut cpu_us), (direct, d.pid(), &mut direct_cpu_us)] {
+            let cpu0 = process_cpu(pid);
+            for _ in 0..calls {
+                path.call(REQUEST_ITEMS).await;
+            }
+            out.push((process_cpu(pid) - cpu0) * 1e6 / calls as f64);
         }
-        cpu_us.push((process_cpu(p.pid()) - cpu0) * 1e6 / calls as f64);
     }
     // What the proxy adds: the same call and client, via the proxy less direct on one
     // sim-worker (a difference of percentiles of the same run; the direct call's worker scores
     // all items where the proxy's four score a shard each).
     println!(
-        "\nWhat the proxy adds (same call, same client, direct on one sim-worker; proxy CPU clock ticks: +-{:.0} us per call)",
+        "\nWhat the proxy adds, all {calls} calls (same call, same client, direct on one sim-worker; proxy CPU clock ticks: +-{:.0} us per call)",
         tick_us / calls as f64
     );
     println!(
-        "{:<30} {:>15} {:>15} {:>17} {:>15}",
-        "protocol", "direct p50/p99", "proxy p50/p99", "added p50/p99", "proxy CPU/call"
+        "{:<30} {:>15} {:>15} {:>17} {:>15} {:>15}",
+        "protocol", "direct p50/p99", "proxy p50/p99", "added p50/p99", "proxy CPU/call", "direct CPU/call"
     );
     for (k, (name, ..)) in protocols.iter().enumerate() {
-        let (v, d) = (via[k], direct[k]);
+        let (v, d) = (all[2 * k], all[2 * k + 1]);
         println!(
-            "{name:<30} {:>7.3} {:>7.3} {:>7.3} {:>7.3} {:>+8.3} {:>+8.3} {:>12.1} us",
-            pct(d, 0.5),
-            pct(d, 0.99),
-            pct(v, 0.5),
-            pct(v, 0.99),
-            pct(v, 0.5) - pct(d, 0.5),
-            pct(v, 0.99) - pct(d, 0.99),
-            cpu_us[k]
+            "{name:<30} {:>7.3} {:>7.3} {:>7.3} {:>7.3} {:>+8.3} {:>+8.3} {:>12.1} us {:>12.1} us",
+            d.0,
+            d.1,
+            v.0,
+            v.1,
+            v.0 - d.0,
+            v.1 - d.1,
+            cpu_us[k],
+            direct_cpu_us[k]
         );
     }
+}
+
+/// Per round, each gRPC protocol less HTTP (protocol 0): end to end (via the proxy) and in what
+/// the proxy adds (via less direct), at p50 and p99; then each column's median and range over
+/// the rounds, and in how many rounds gRPC was no slower.
+fn rounds_table(
+    protocols: &[(&str, Path, Path)],
+    quantiles: &dyn Fn(std::ops::Range<usize>) -> Vec<(f64, f64)>,
+    calls: usize,
+    rounds: usize,
+) {
+    let per = calls / rounds;
+    println!(
+        "\ngRPC less HTTP per round ({rounds} rounds of {per} calls per path; ms; e2e: via the proxy, added: via less direct)"
+    );
+    print!("{:<6}", "round");
+    for (name, ..) in &protocols[1..] {
+        let short = name.rsplit(", ").next().unwrap_or(name);
+        print!(" | {short:^39}");
+    }
+    println!();
+    print!("{:<6}", "");
+    for _ in &protocols[1..] {
+        print!(" | {:>9} {:>9} {:>9} {:>9}", "e2e p50", "e2e p99", "add p50", "add p99");
+    }
+    println!();
+    // diffs[k][r] = (e2e p50, e2e p99, added p50, added p99) of protocol k+1 in round r.
+    let mut diffs: Vec<Vec<[f64; 4]>> = vec![Vec::with_capacity(rounds); protocols.len() - 1];
+    for r in 0..rounds {
+        let q = quantiles(r * per..(r + 1) * per);
+        print!("{r:<6}");
+        for (k, d) in diffs.iter_mut().enumerate() {
+            let (v, dv, h, dh) = (q[2 * (k + 1)], q[2 * (k + 1) + 1], q[0], q[1]);
+            let row = [v.0 - h.0, v.1 - h.1, (v.0 - dv.0) - (h.0 - dh.0), (v.1 - dv.1) - (h.1 - dh.1)];
+            print!(" | {:>+9.3} {:>+9.3} {:>+9.3} {:>+9.3}", row[0], row[1], row[2], row[3]);
+            d.push(row);
+        }
+        println!();
+    }
+    for (label, pick) in [("median", 0.5), ("min", 0.0), ("max", 1.0)] {
+        print!("{label:<6}");
+        for d in &diffs {
+            print!(" |");
+            for c in 0..4 {
+                let mut col: Vec<f64> = d.iter().map(|row| row[c]).collect();
+                col.sort_by(f64::total_cmp);
+                print!(" {:>+9.3}", col[((col.len() - 1) as f64 * pick).round() as usize]);
+            }
+        }
+        println!();
+    }
+    print!("{:<6}", "<= 0");
+    for d in &diffs {
+        print!(" |");
+        for c in 0..4 {
+            print!(" {:>9}", format!("{}/{}", d.iter().filter(|row| row[c] <= 0.0).count(), d.len()));
+        }
+    }
+    println!("   (rounds where gRPC was no slower than HTTP)");
 }

@@ -2,12 +2,21 @@
 //! (`service::serve`) — admit, parse, deadline, limits, score, observe — on a decoded message.
 //! The message size limit is the codec's (`max_decoding_message_size`, set in `server.rs`).
 //!
+//! `Score` is served by [`RawScore`]: its message read in place (`wire.rs`) and scored as a
+//! `POST /v1/score` body is, where the generated route would decode it into owned strings first.
+//! The generated `Sieve::score` stays for a caller that mounts `SieveServer` on its own; both read
+//! the same fields with the same checks (`wire.rs`'s tests hold them equal).
+//!
 //! Cancellation: hyper drops this call's future when the client resets its stream (or the
 //! connection closes), and with it the `score` future, exactly as for an HTTP client that goes
 //! away: the worker's drop guard cancels the engine's work, the proxy's attempts are dropped.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
+
+use bytes::Bytes;
 
 // Tokio's clock, as the HTTP path's: the simulated worker's tests run with time paused.
 use tokio::time::Instant;
@@ -15,9 +24,9 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 use tracing::Instrument as _;
 
-use super::{convert, deadline, pb, status};
+use super::{convert, deadline, pb, status, wire};
 use crate::service::{Call, Route, ScoreService, Scored};
-use crate::{ApiError, ErrorKind, RerankResponse, ScoreRequest, ScoreResponse};
+use crate::{ApiError, ErrorKind, RerankResponse, ScoreRequest, ScoreRequestRef, ScoreResponse};
 
 /// The gRPC API of one process: its [`ScoreService`] and the margin taken off gRPC deadlines.
 pub struct GrpcApi<S> {
@@ -53,6 +62,34 @@ impl<S: ScoreService + 'static> GrpcApi<S> {
             return Err(ApiError::invalid("top_n must be at least 1"));
         }
         svc.score(req, Call { arrival }).await
+    }
+
+    /// [`run`](Self::run) for a `Score` message read in place: borrowed texts, as
+    /// `service::serve` runs `POST /v1/score`.
+    async fn run_in_place(&self, meta: &MetadataMap, msg: &Bytes, arrival: Instant) -> Result<Scored, ApiError> {
+        let svc = self.svc.as_ref();
+        let limits = svc.limits();
+        let _admitted = svc.admit()?;
+        let mut req: ScoreRequestRef<'_> = wire::score_request(msg)?;
+        let grpc = deadline::from_metadata(meta, self.deadline_margin, &limits)?;
+        req.deadline_ms = deadline::effective(req.deadline_ms, grpc);
+        limits.check_ref(&req, "items")?;
+        // No body: the texts are raw strings in a protobuf message (`msg`, alive for the whole
+        // call), never JSON literals a proxy may splice into its shards.
+        svc.score_in_place(Bytes::new(), req, Call { arrival }).await
+    }
+
+    /// `Score` on its message's raw bytes.
+    async fn score_raw(&self, request: Request<Bytes>) -> Result<Response<pb::ScoreResponse>, Status> {
+        let arrival = Instant::now();
+        let (meta, _, msg) = request.into_parts();
+        let span = self.span(&meta, Route::Score);
+        async {
+            let out = self.run_in_place(&meta, &msg, arrival).await;
+            self.finish(Route::Score, arrival, out, convert::score_response)
+        }
+        .instrument(span)
+        .await
     }
 
     /// The call's span, as `service::handle` opens one for an HTTP request: the caller's
@@ -123,5 +160,19 @@ impl<S: ScoreService + 'static> pb::sieve_server::Sieve for GrpcApi<S> {
         }
         .instrument(span)
         .await
+    }
+}
+
+/// `Score` as tonic's unary call over [`wire::RawScoreCodec`]: tonic does the framing, the size
+/// limit and the status; the message arrives as its bytes.
+pub(super) struct RawScore<S>(pub(super) Arc<GrpcApi<S>>);
+
+impl<S: ScoreService + 'static> tonic::server::UnaryService<Bytes> for RawScore<S> {
+    type Response = pb::ScoreResponse;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<pb::ScoreResponse>, Status>> + Send>>;
+
+    fn call(&mut self, request: Request<Bytes>) -> Self::Future {
+        let api = self.0.clone();
+        Box::pin(async move { api.score_raw(request).await })
     }
 }

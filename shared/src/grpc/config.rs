@@ -17,6 +17,11 @@ pub struct GrpcConfig {
     /// Calls in progress at once on one connection (HTTP/2 streams); the client waits for a
     /// free one beyond this.
     pub max_concurrent_streams: u32,
+    /// Calls of one connection served on the connection's own task, as an HTTP/1.1 request is
+    /// (no task hop, no cross-thread wake-up per call); a call beyond this many in progress on
+    /// the connection gets a task of its own, so one multiplexed connection still spreads over
+    /// every thread. 0: every call on its own task (hyper's way).
+    pub inline_streams: u32,
     /// An HTTP/2 PING is sent on a connection silent for this long...
     pub keepalive_interval_ms: u64,
     /// ...and the connection is closed if the answer does not come within this.
@@ -31,6 +36,7 @@ impl Default for GrpcConfig {
         GrpcConfig {
             port: None,
             max_concurrent_streams: 256,
+            inline_streams: 4,
             keepalive_interval_ms: 30_000,
             keepalive_timeout_ms: 10_000,
             deadline_margin_ms: 5,

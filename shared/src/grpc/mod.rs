@@ -6,17 +6,21 @@
 //!
 //! - `api.rs`: the `Sieve` service (admission, limits, deadline, scoring, metrics);
 //! - `convert.rs`: messages to and from the JSON API's types;
+//! - `wire.rs`: `Score`'s message read in place (texts borrowed from its bytes);
 //! - `deadline.rs`: the `grpc-timeout` header as the request's deadline;
 //! - `status.rs`: API errors as gRPC status codes with rich details;
 //! - `server.rs`: the accept loop (hyper's HTTP/2 under the `[http]` and `[grpc]` limits);
+//! - `inline.rs`: a connection's calls on the connection's own task (no task hop per call);
 //! - `config.rs`: `[grpc]`.
 
 mod api;
 mod config;
 mod convert;
 mod deadline;
+mod inline;
 mod server;
 mod status;
+mod wire;
 
 pub use api::GrpcApi;
 pub use config::GrpcConfig;

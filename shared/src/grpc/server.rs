@@ -6,8 +6,11 @@
 //! Why not tonic's `transport::Server`: it has no connection cap, a client's `grpc-timeout`
 //! would end a call with CANCELLED at the very moment our deadline returns its partial answer,
 //! and an abrupt stop leaves its connection tasks running. The generated `SieveServer` is a
-//! plain tower service, so it runs on hyper directly.
+//! plain tower service, so it runs on hyper directly. `Score` alone goes around it, to tonic's
+//! unary call handling over our codec (`wire.rs`: the message read in place). Each connection's
+//! calls run on the connection's own task, up to `[grpc] inline_streams` (`inline.rs`).
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -15,11 +18,12 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::future::Either;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::server::conn::http2;
 use hyper::service::service_fn;
 use hyper::Request;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -28,7 +32,10 @@ use tokio::time::Sleep;
 use tonic::codegen::Service;
 use tonic::Status;
 
+use super::api::RawScore;
+use super::inline::StreamExec;
 use super::pb::sieve_server::SieveServer;
+use super::wire::RawScoreCodec;
 use super::{status, GrpcApi, GrpcConfig};
 use crate::http::{accepted_or_back_off, stop_connections, HttpConfig, StopMode};
 use crate::service::ScoreService;
@@ -43,16 +50,10 @@ where
     F: Future<Output = StopMode>,
 {
     let max_message = svc.limits().max_body_bytes;
-    let server = SieveServer::new(GrpcApi::new(svc, grpc.deadline_margin()))
-        .max_decoding_message_size(max_message)
-        .max_encoding_message_size(usize::MAX);
-    let mut builder = http2::Builder::new(TokioExecutor::new());
-    builder
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(grpc.max_concurrent_streams)
-        .keep_alive_interval(grpc.keepalive_interval())
-        .keep_alive_timeout(grpc.keepalive_timeout())
-        .max_header_list_size(u32::try_from(http.max_header_bytes).unwrap_or(u32::MAX));
+    let api = Arc::new(GrpcApi::new(svc, grpc.deadline_margin()));
+    let server =
+        SieveServer::from_arc(api.clone()).max_decoding_message_size(max_message).max_encoding_message_size(usize::MAX);
+    let inline_streams = usize::try_from(grpc.inline_streams).unwrap_or(usize::MAX);
     let body_timeout = http.body_read_timeout();
     let graceful = GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(http.max_connections));
@@ -67,11 +68,27 @@ where
                 let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
                 let _ = stream.set_nodelay(true);
                 let server = server.clone();
+                let (server, api) = (server.clone(), api.clone());
                 let handler = service_fn(move |req: Request<Incoming>| {
-                    let mut s = server.clone();
-                    s.call(req.map(|b| Timed::new(b, body_timeout)))
+                    let req = req.map(|b| Timed::new(b, body_timeout));
+                    // `Score` read in place (`wire.rs`); `Rerank` and unknown methods
+                    // (UNIMPLEMENTED) by the generated router.
+                    if req.uri().path() == SCORE_PATH {
+                        let api = api.clone();
+                        Either::Left(async move {
+                            let mut grpc = tonic::server::Grpc::new(RawScoreCodec)
+                                .apply_max_message_size_config(Some(max_message), Some(usize::MAX));
+                            Ok::<_, Infallible>(grpc.unary(RawScore(api), req).await)
+                        })
+                    } else {
+                        let mut s = server.clone();
+                        Either::Right(s.call(req))
+                    }
                 });
-                let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), handler));
+                // Each connection its own executor: its calls run on its own task (`inline.rs`).
+                let exec = StreamExec::new(inline_streams);
+                let conn = builder(exec.clone(), &grpc, &http).serve_connection(TokioIo::new(stream), handler);
+                let conn = exec.drive(graceful.watch(conn));
                 conns.spawn(async move {
                     if let Err(e) = conn.await {
                         tracing::debug!("gRPC connection: {e}");
@@ -86,6 +103,20 @@ where
     };
     drop(listener);
     stop_connections(mode, graceful, conns, "gRPC connections").await;
+}
+
+/// `Score`'s gRPC path.
+const SCORE_PATH: &str = "/sieve.v1.Sieve/Score";
+
+/// The HTTP/2 server of one connection, its calls run by `exec`.
+fn builder(exec: StreamExec, grpc: &GrpcConfig, http: &HttpConfig) -> http2::Builder<StreamExec> {
+    let mut b = http2::Builder::new(exec);
+    b.timer(TokioTimer::new())
+        .max_concurrent_streams(grpc.max_concurrent_streams)
+        .keep_alive_interval(grpc.keepalive_interval())
+        .keep_alive_timeout(grpc.keepalive_timeout())
+        .max_header_list_size(u32::try_from(http.max_header_bytes).unwrap_or(u32::MAX));
+    b
 }
 
 /// A request body that must arrive whole within the `[http]` body read timeout (a call's message
