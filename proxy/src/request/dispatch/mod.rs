@@ -5,7 +5,7 @@
 //! connections ([`attempt`]). Each answer is fed back ([`feedback`](super::feedback)) as it
 //! arrives.
 
-mod answer;
+pub mod answer;
 pub mod attempt;
 mod hedge;
 mod retry;
