@@ -13,13 +13,6 @@ use sieve_proxy::{Launch, Overrides};
 use sieve_shared::cli::PortFlags;
 use sieve_shared::WorkerEndpoint;
 
-/// mimalloc for the proxy process: its per-thread free lists serve the request path's many small
-/// allocations (items, shards, headers, the answers' vectors) without glibc's arena locking and
-/// chunk consolidation (`docs/benchmarks/proxy-overhead.md`, round 3). Only the binary: the
-/// library, and so every in-process test, keeps the system allocator.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[derive(Parser)]
 #[command(name = "sieve-proxy", version, about = "Sieve proxy: cost-balanced fan-out of scoring calls over workers")]
 struct Cli {
