@@ -25,6 +25,9 @@
 //! rows of another `sieve-proxy` build (say, the branch point's) to the same run. The proxies'
 //! pair-score cache is off (every request is the same one).
 //!
+//! `SIEVE_BENCH_PERF=DIR` records a call-graph profile (`perf record -g`) of every router
+//! process over its throughput rows, one file per row in DIR.
+//!
 //! Everything runs on one machine, the load generator included, so the figures are relative:
 //! compare rows of the same run. Hedging is off in the proxy (nginx does not hedge).
 
@@ -48,14 +51,18 @@ struct Args {
     latency_requests: usize,
     throughput_secs: f64,
     clients: usize,
+    /// `--throughput-only`: part 2 alone, 100-item requests (for profiling with
+    /// `SIEVE_BENCH_PERF`).
+    throughput_only: bool,
 }
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
+    let throughput_only = std::env::args().any(|a| a == "--throughput-only");
     let args = if quick {
-        Args { latency_requests: 300, throughput_secs: 1.0, clients: 32 }
+        Args { latency_requests: 300, throughput_secs: 1.0, clients: 32, throughput_only }
     } else {
-        Args { latency_requests: 2000, throughput_secs: 4.0, clients: 32 }
+        Args { latency_requests: 2000, throughput_secs: 4.0, clients: 32, throughput_only }
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(run(args));
@@ -279,6 +286,40 @@ fn row(name: &str, f: &Figures, base: Option<&Figures>, cpu_us: Option<f64>) {
     println!("  {name:<34} {:>8.3} {:>8.3}   {a50}  {a99}  {}{err}", f.p50_ms, f.p99_ms, cpu_cell(cpu_us));
 }
 
+/// With `SIEVE_BENCH_PERF=DIR`, a call-graph profile of a router process over one throughput
+/// row (`perf record -g -p PID`, DIR/<row>-<size>.data), stopped when dropped; nothing without.
+struct Perf(Child);
+
+impl Perf {
+    fn start(pid: u32, row: &str, size: usize) -> Option<Perf> {
+        let dir = PathBuf::from(std::env::var_os("SIEVE_BENCH_PERF")?);
+        let _ = std::fs::create_dir_all(&dir);
+        let slug: String =
+            row.trim().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect::<String>();
+        let out = dir.join(format!("{slug}-{size}.data"));
+        let child = Command::new("perf")
+            .args(["record", "-g", "-F", "999", "-p", &pid.to_string(), "-o"])
+            .arg(&out)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        // perf needs a moment to attach before the row's requests start.
+        std::thread::sleep(Duration::from_millis(300));
+        Some(Perf(child))
+    }
+}
+
+impl Drop for Perf {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child; SIGINT makes perf write its file and exit.
+        unsafe {
+            libc::kill(self.0.id() as libc::pid_t, libc::SIGINT);
+        }
+        let _ = self.0.wait();
+    }
+}
+
 /// `measure`, with the CPU time the router process spent per request over the run (µs).
 async fn measure_with_cpu(
     http: &Http,
@@ -384,7 +425,7 @@ async fn run(args: Args) {
     println!("Sieve proxy overhead: {WORKERS} sim workers, loopback.");
     println!("One machine runs the load generator, nginx, the proxy and the workers: compare rows, not runs.");
 
-    for (k, size) in SIZES.iter().enumerate() {
+    for (k, size) in SIZES.iter().enumerate().take(if args.throughput_only { 1 } else { SIZES.len() }) {
         let body = score_body(QUERY, &catalogue(*size, 42), Some(10_000));
         let bytes = serde_json::to_vec(&body).map(|b| b.len()).unwrap_or(0);
         // (name, url, the router process whose CPU time is counted)
@@ -419,7 +460,7 @@ async fn run(args: Args) {
             "path", "p50", "p99", "+p50", "+p99", "router CPU µs/req"
         );
         let mut base = None;
-        for (name, url, router) in &paths_zero {
+        for (name, url, router) in paths_zero.iter().filter(|_| !args.throughput_only) {
             let (f, cpu) = measure_with_cpu(&http, url, &body, 1, Some(args.latency_requests), 0.0, *router).await;
             row(name, &f, base.as_ref(), cpu);
             if base.is_none() {
@@ -433,38 +474,45 @@ async fn run(args: Args) {
         );
         println!("  {:<34} {:>9} {:>8} {:>8}  {:>8}", "path", "req/s", "p50 ms", "p99 ms", "router CPU µs/req");
         for (name, url, router) in &paths_zero {
+            let perf = router.and_then(|pid| Perf::start(pid, name, *size));
             let (f, cpu) = measure_with_cpu(&http, url, &body, args.clients, None, args.throughput_secs, *router).await;
+            drop(perf);
             trow(name, &f, cpu);
         }
     }
 
-    let body = score_body(QUERY, &items, Some(10_000));
-    println!(
+    'part3: {
+        if args.throughput_only {
+            break 'part3;
+        }
+        let body = score_body(QUERY, &items, Some(10_000));
+        println!(
         "\n3. Workers with the default cost model (this request: ~{:.0} ms of compute on one worker), one at a time, ms:",
         sieve_shared::CostModel::default().call_ms(
             f64::from(sieve_loadtest::sim::tokens::prefix_tokens(QUERY, None)),
             items.iter().map(|t| f64::from(sieve_loadtest::sim::tokens::item_tokens(t)))
         )
     );
-    println!("  {:<34} {:>8} {:>8}  {:>8}", "path", "p50", "p99", "router CPU µs/req");
-    let n = (args.latency_requests / 4).max(100);
-    let mut paths_cost: Vec<(&str, String, u32)> = Vec::new();
-    if let Some(ng) = &nginx_cost {
+        println!("  {:<34} {:>8} {:>8}  {:>8}", "path", "p50", "p99", "router CPU µs/req");
+        let n = (args.latency_requests / 4).max(100);
+        let mut paths_cost: Vec<(&str, String, u32)> = Vec::new();
+        if let Some(ng) = &nginx_cost {
+            paths_cost.push((
+                "nginx least_conn (whole request)",
+                format!("http://127.0.0.1:{}/v1/score", ng.port),
+                ng.child.id(),
+            ));
+        }
         paths_cost.push((
-            "nginx least_conn (whole request)",
-            format!("http://127.0.0.1:{}/v1/score", ng.port),
-            ng.child.id(),
+            "sieve-proxy (cost-balanced split)",
+            format!("{}/v1/score", proxy_cost.api_url()),
+            proxy_cost.pid(),
         ));
-    }
-    paths_cost.push((
-        "sieve-proxy (cost-balanced split)",
-        format!("{}/v1/score", proxy_cost.api_url()),
-        proxy_cost.pid(),
-    ));
-    for (name, url, router) in &paths_cost {
-        let (f, cpu) = measure_with_cpu(&http, url, &body, 1, Some(n), 0.0, Some(*router)).await;
-        let err = if f.errors > 0 { format!("  ({} errors)", f.errors) } else { String::new() };
-        println!("  {name:<34} {:>8.3} {:>8.3}  {}{err}", f.p50_ms, f.p99_ms, cpu_cell(cpu));
+        for (name, url, router) in &paths_cost {
+            let (f, cpu) = measure_with_cpu(&http, url, &body, 1, Some(n), 0.0, Some(*router)).await;
+            let err = if f.errors > 0 { format!("  ({} errors)", f.errors) } else { String::new() };
+            println!("  {name:<34} {:>8.3} {:>8.3}  {}{err}", f.p50_ms, f.p99_ms, cpu_cell(cpu));
+        }
     }
 
     drop(nginx_zero);

@@ -10,6 +10,11 @@
 //! 16 MiB and sends nothing costs nothing, so thousands of such connections cannot claim memory
 //! they never fill.
 //!
+//! A body that arrives as one frame of its declared length (the usual case on a warm
+//! keep-alive connection: hyper's read buffer grows to `max_buf_size` and a body that fits comes
+//! in with its head) is kept as that frame, a slice of hyper's read buffer, with no copy: it pins
+//! that one buffer, of at most `max_buf_size`, for as long as the request holds its body.
+//!
 //! The whole body must arrive before the [`BodyDeadline`] that `serve` puts into every request's
 //! extensions (`[http] body_read_timeout_ms` after its head): a Content-Length larger than what
 //! is sent, or a chunked body that never ends, is answered 408 then, not held for ever. (A
@@ -39,17 +44,18 @@ const INITIAL_CAPACITY: usize = 16 << 10;
 pub async fn read_body(req: Request<Incoming>, max: usize) -> Result<Bytes, ApiError> {
     let declared = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
     let deadline = req.extensions().get::<BodyDeadline>().copied();
-    collect(req.into_body(), declared, max, deadline).await.map(Bytes::from)
+    collect(req.into_body(), declared, max, deadline).await
 }
 
-/// The body's bytes in one `Vec` whose capacity never exceeds `declared` (or `max`) by more
-/// than a constant. Generic so tests can feed it frames of any size.
+/// The body's bytes in one buffer: its only frame when it came as one frame of its declared
+/// length, else a `Vec` whose capacity never exceeds `declared` (or `max`) by more than a
+/// constant. Generic so tests can feed it frames of any size.
 pub async fn collect<B>(
     body: B,
     declared: Option<u64>,
     max: usize,
     deadline: Option<BodyDeadline>,
-) -> Result<Vec<u8>, ApiError>
+) -> Result<Bytes, ApiError>
 where
     B: Body<Data = Bytes>,
     B::Error: std::fmt::Display,
@@ -64,9 +70,20 @@ where
     let read = async {
         let mut body = std::pin::pin!(body);
         let mut buf: Vec<u8> = Vec::new();
+        // The first frame when it is the whole declared body: kept as is unless more comes.
+        let mut whole: Option<Bytes> = None;
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| ApiError::malformed(format!("reading the request body: {e}")))?;
             let Ok(data) = frame.into_data() else { continue };
+            if buf.is_empty() && whole.is_none() && declared == Some(data.len() as u64) && data.len() <= max {
+                whole = Some(data);
+                continue;
+            }
+            // More than the declared body after all: back to one owned buffer.
+            let data = match whole.take() {
+                Some(first) => [first, data].concat().into(),
+                None => data,
+            };
             let need = buf.len() + data.len();
             if need > max {
                 return Err(ApiError::too_large(format!("request body > max_body_bytes {max}")));
@@ -78,7 +95,7 @@ where
             }
             buf.extend_from_slice(&data);
         }
-        Ok(buf)
+        Ok(whole.unwrap_or_else(|| Bytes::from(buf)))
     };
     match deadline {
         None => read.await,
@@ -135,14 +152,15 @@ mod tests {
     async fn a_trickled_body_is_one_buffer_no_larger_than_its_length() {
         // 40 KB one byte per frame (the trickle), declared and chunked.
         let n = 40_000;
-        let v = collect(Frames::trickle(n, 1, false), Some(n as u64), 1 << 24, None).await.unwrap();
+        let v = Vec::from(collect(Frames::trickle(n, 1, false), Some(n as u64), 1 << 24, None).await.unwrap());
         assert_eq!(v.len(), n);
         assert_eq!(v.capacity(), n, "declared length: the buffer never exceeds it");
-        let v = collect(Frames::trickle(n, 1, false), None, 1 << 24, None).await.unwrap();
+        let v = Vec::from(collect(Frames::trickle(n, 1, false), None, 1 << 24, None).await.unwrap());
         assert_eq!(v.len(), n);
         assert!(v.capacity() <= 2 * n + INITIAL_CAPACITY, "chunked: capacity {} for {n} bytes", v.capacity());
         // Large frames: still one buffer, capacity = length.
-        let v = collect(Frames::trickle(1 << 20, 65_536, false), Some(1 << 20), 1 << 24, None).await.unwrap();
+        let v =
+            Vec::from(collect(Frames::trickle(1 << 20, 65_536, false), Some(1 << 20), 1 << 24, None).await.unwrap());
         assert_eq!((v.len(), v.capacity()), (1 << 20, 1 << 20));
         assert!(v.iter().take(65_536).all(|&b| b == 0) && v[65_536] == 1, "frames kept in order");
     }
@@ -150,8 +168,30 @@ mod tests {
     #[tokio::test]
     async fn a_declared_length_reserves_nothing_before_bytes_come() {
         // A client declaring 16 MiB and sending 10 bytes holds a small buffer, not 16 MiB.
-        let v = collect(Frames::trickle(10, 10, false), Some(16 << 20), 16 << 20, None).await.unwrap();
+        let v = Vec::from(collect(Frames::trickle(10, 10, false), Some(16 << 20), 16 << 20, None).await.unwrap());
         assert!(v.capacity() <= INITIAL_CAPACITY, "{}", v.capacity());
+    }
+
+    #[tokio::test]
+    async fn a_body_in_one_frame_is_that_frame_uncopied() {
+        let frame = Bytes::from(vec![7u8; 30_000]);
+        let one = Frames { frames: VecDeque::from([frame.clone()]), stall: false };
+        let v = collect(one, Some(30_000), 1 << 20, None).await.unwrap();
+        assert_eq!(v.as_ptr(), frame.as_ptr(), "the frame itself, not a copy");
+        assert_eq!(v, frame);
+        // A frame of the declared length followed by more (a lying Content-Length): every
+        // byte, in order, and still bounded by the maximum.
+        let two =
+            Frames { frames: VecDeque::from([Bytes::from_static(b"abc"), Bytes::from_static(b"de")]), stall: false };
+        assert_eq!(collect(two, Some(3), 100, None).await.unwrap(), Bytes::from_static(b"abcde"));
+        let two =
+            Frames { frames: VecDeque::from([Bytes::from_static(b"abc"), Bytes::from_static(b"de")]), stall: false };
+        assert_eq!(collect(two, Some(3), 4, None).await.unwrap_err().status(), 413);
+        // Undeclared (chunked): copied into a buffer as before.
+        let one = Frames { frames: VecDeque::from([frame.clone()]), stall: false };
+        let v = collect(one, None, 1 << 20, None).await.unwrap();
+        assert_ne!(v.as_ptr(), frame.as_ptr());
+        assert_eq!(v, frame);
     }
 
     #[tokio::test]

@@ -5,6 +5,7 @@
 //! connections ([`attempt`]). Each answer is fed back ([`feedback`](super::feedback)) as it
 //! arrives.
 
+pub mod answer;
 pub mod attempt;
 mod hedge;
 mod retry;
