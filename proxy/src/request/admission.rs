@@ -10,6 +10,10 @@
 //! lagging for hedging (`[hedge] quantile`, p95 by default; the tracker runs whether hedging
 //! is on or not); a plan of k shards is in time only when all k are, so each is held to the
 //! q^(1/k) quantile, for the same chance q of the whole plan being in time whatever its k.
+//! The quantile is of the shards predicted at least about half as long as the plan
+//! ([`crate::estimate::latency_ratio`]): what a prediction leaves out is a larger share of a
+//! short shard, so long plans held to short shards' error were refused when they would have
+//! finished in time.
 //! Taking the prediction at face value admits, in an overload, a queue that
 //! reaches exactly to the deadline: every request then admitted finishes near it, about half
 //! of them after it, and their work is thrown away (shards answered, the request still late)
@@ -43,8 +47,8 @@ use crate::metrics as m;
 use crate::split::{Candidate, Plan, Request};
 
 /// Checks `plan` against the time left. `Ok` with the items removed from the plan (empty when
-/// it is admitted whole); `Err` is the 429 to answer. `late_ratio(k)` is the quantile of actual
-/// over predicted shard time a plan of k shards is held to (1: predictions taken at face
+/// it is admitted whole); `Err` is the 429 to answer. `late_ratio(k, makespan_ms)` is the
+/// quantile of actual over predicted shard time a plan of k shards and that makespan is held to (1: predictions taken at face
 /// value); a plan is late when its makespan times that ratio passes the time left. When the
 /// chosen plan is late, `best` is asked for the plan of least work that is in time by the test
 /// it is given, else the fastest there is: a request is refused only when even that one is late.
@@ -53,7 +57,7 @@ pub fn admit(
     cfg: &AdmissionConfig,
     policy: OnOverload,
     left_ms: f64,
-    late_ratio: impl Fn(usize) -> f64,
+    late_ratio: impl Fn(usize, f64) -> f64,
     plan: &mut Plan,
     req: &Request<'_>,
     candidates: &[Candidate],
@@ -70,7 +74,7 @@ pub fn admit(
         if plan.shards.iter().all(|s| candidates.get(s.candidate).is_some_and(|c| c.available_ms <= 0.0)) {
             return 1.0;
         }
-        let r = late_ratio(plan.shards.len().max(1));
+        let r = late_ratio(plan.shards.len().max(1), plan.makespan_ms);
         if r.is_finite() && r > 0.0 {
             r
         } else {
@@ -206,7 +210,7 @@ mod tests {
         let mut plan = split_by_cost(&req, &cands, 8, 0.0);
         let before = plan.clone();
         let dropped =
-            admit(&on(), OnOverload::Reject, plan.makespan_ms + 1.0, |_| 1.0, &mut plan, &req, &cands, |_| None);
+            admit(&on(), OnOverload::Reject, plan.makespan_ms + 1.0, |_, _| 1.0, &mut plan, &req, &cands, |_| None);
         assert_eq!(dropped, Ok(vec![]));
         assert_eq!(plan, before);
     }
@@ -221,12 +225,12 @@ mod tests {
         let left = full.makespan_ms / 2.0;
 
         let mut plan = full.clone();
-        let e = admit(&on(), OnOverload::Reject, left, |_| 1.0, &mut plan, &req, &cands, |_| None).unwrap_err();
+        let e = admit(&on(), OnOverload::Reject, left, |_, _| 1.0, &mut plan, &req, &cands, |_| None).unwrap_err();
         assert_eq!(e.status(), 429);
         assert!(e.message.contains("cannot be met"), "{}", e.message);
 
         let mut plan = full.clone();
-        let dropped = admit(&on(), OnOverload::Partial, left, |_| 1.0, &mut plan, &req, &cands, |_| None).unwrap();
+        let dropped = admit(&on(), OnOverload::Partial, left, |_, _| 1.0, &mut plan, &req, &cands, |_| None).unwrap();
         assert!(!dropped.is_empty() && dropped.len() < tokens.len(), "{} dropped", dropped.len());
         assert!(plan.makespan_ms <= left + 1e-9, "trimmed plan finishes in time: {}", plan.makespan_ms);
         let mut all: Vec<usize> = plan.shards.iter().flat_map(|s| s.items.iter().copied()).chain(dropped).collect();
@@ -240,25 +244,25 @@ mod tests {
         // The margin tolerates a late prediction; disabled admits anything.
         let mut plan = full.clone();
         let lax = AdmissionConfig { margin: 1.5, ..on() };
-        assert_eq!(admit(&lax, OnOverload::Reject, left, |_| 1.0, &mut plan, &req, &cands, |_| None), Ok(vec![]));
+        assert_eq!(admit(&lax, OnOverload::Reject, left, |_, _| 1.0, &mut plan, &req, &cands, |_| None), Ok(vec![]));
         // Measured to run late, predictions count for more: a plan that waits for its worker
         // and fits the time left by less than the ratio is refused...
         let queued = busy(&[1.0, 1000.0]);
         let waits = split_by_cost(&req, &queued, 8, 0.0);
         let mut plan = waits.clone();
         let tight = waits.makespan_ms * 1.1;
-        assert_eq!(admit(&on(), OnOverload::Reject, tight, |_| 1.0, &mut plan, &req, &queued, |_| None), Ok(vec![]));
-        let e = admit(&on(), OnOverload::Reject, tight, |_| 1.2, &mut plan, &req, &queued, |_| None).unwrap_err();
+        assert_eq!(admit(&on(), OnOverload::Reject, tight, |_, _| 1.0, &mut plan, &req, &queued, |_| None), Ok(vec![]));
+        let e = admit(&on(), OnOverload::Reject, tight, |_, _| 1.2, &mut plan, &req, &queued, |_| None).unwrap_err();
         assert_eq!(e.status(), 429);
         let mut plan = waits.clone();
-        let dropped = admit(&on(), OnOverload::Partial, tight, |_| 1.2, &mut plan, &req, &queued, |_| None).unwrap();
+        let dropped = admit(&on(), OnOverload::Partial, tight, |_, _| 1.2, &mut plan, &req, &queued, |_| None).unwrap();
         assert!(!dropped.is_empty() && plan.makespan_ms * 1.2 <= tight + 1e-9, "trimmed to the measured error");
         // ...while one that starts at once on an idle worker is taken at face value.
         let mut plan = full.clone();
         let tight = full.makespan_ms * 1.1;
-        assert_eq!(admit(&on(), OnOverload::Reject, tight, |_| 10.0, &mut plan, &req, &cands, |_| None), Ok(vec![]));
+        assert_eq!(admit(&on(), OnOverload::Reject, tight, |_, _| 10.0, &mut plan, &req, &cands, |_| None), Ok(vec![]));
         let off = AdmissionConfig { enabled: false, ..on() };
-        assert_eq!(admit(&off, OnOverload::Reject, 0.0, |_| 1.0, &mut plan, &req, &cands, |_| None), Ok(vec![]));
+        assert_eq!(admit(&off, OnOverload::Reject, 0.0, |_, _| 1.0, &mut plan, &req, &cands, |_| None), Ok(vec![]));
     }
 
     #[test]
@@ -267,7 +271,7 @@ mod tests {
         let req = Request { item_tokens: &tokens, prefix: 50.0, model: &MODEL };
         let cands = busy(&[500.0, 600.0]);
         let mut plan = split_by_cost(&req, &cands, 8, 0.0);
-        let e = admit(&on(), OnOverload::Partial, 400.0, |_| 1.0, &mut plan, &req, &cands, |_| None).unwrap_err();
+        let e = admit(&on(), OnOverload::Partial, 400.0, |_, _| 1.0, &mut plan, &req, &cands, |_| None).unwrap_err();
         assert_eq!(e.status(), 429);
     }
 
@@ -282,7 +286,7 @@ mod tests {
         let mut plan = one;
         let left = best.makespan_ms + 1.0;
         assert_eq!(
-            admit(&on(), OnOverload::Reject, left, |_| 1.0, &mut plan, &req, &cands, |_| Some(best.clone())),
+            admit(&on(), OnOverload::Reject, left, |_, _| 1.0, &mut plan, &req, &cands, |_| Some(best.clone())),
             Ok(vec![])
         );
         assert_eq!(plan, best);
@@ -309,12 +313,12 @@ mod tests {
         let mut plan = one.clone();
         let left = two.makespan_ms + 1.0;
         let best = |fits: &dyn Fn(&Plan) -> bool| Some(fewest_shards_within(fits, 8, with));
-        assert_eq!(admit(&on(), OnOverload::Reject, left, |_| 1.0, &mut plan, &req, &cands, best), Ok(vec![]));
+        assert_eq!(admit(&on(), OnOverload::Reject, left, |_, _| 1.0, &mut plan, &req, &cands, best), Ok(vec![]));
         assert_eq!(plan.shards.len(), 2);
         // Held to a stricter ratio the more shards a plan has (here k for k shards), two
         // shards are late too, and so is every wider plan: refused.
         let mut plan = one.clone();
-        let per_k = |k: usize| k as f64;
+        let per_k = |k: usize, _: f64| k as f64;
         let e = admit(&on(), OnOverload::Reject, left, per_k, &mut plan, &req, &cands, best).unwrap_err();
         assert_eq!(e.status(), 429);
     }

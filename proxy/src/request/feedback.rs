@@ -42,7 +42,7 @@ pub fn on_success(
     metrics::histogram!(m::SHARD_ACTUAL_SECONDS).record(elapsed_ms / 1e3);
     if kind != AttemptKind::Retry && predicted_finish_ms > 0.0 {
         let ratio = elapsed_ms / predicted_finish_ms;
-        ctx.state.ratios.record(ratio);
+        ctx.state.ratios.record(ratio, predicted_finish_ms);
         metrics::histogram!(m::SHARD_TIME_RATIO).record(ratio);
     }
     // A partial answer's compute covers only some of its items: it would teach the cost model

@@ -116,12 +116,13 @@ pub fn plan(
         })
     };
     let on_overload = req.on_overload.unwrap_or_default();
-    // How late predictions run, as measured lately: the hedging quantile q for one shard,
-    // q^(1/k) for each of k (all k in time with chance q); face value until measured.
+    // How late predictions run, as measured lately on shards of about the plan's length: the
+    // hedging quantile q for one shard, q^(1/k) for each of k (all k in time with chance q);
+    // face value until measured.
     let error_window = Duration::from_millis(cfg.admission.error_window_ms);
-    let late_ratio = |k: usize| {
+    let late_ratio = |k: usize, makespan_ms: f64| {
         let q = state.ratios.configured().powf(1.0 / k as f64);
-        state.ratios.recent_quantile(q, cfg.hedge.min_samples, error_window).unwrap_or(1.0)
+        state.ratios.recent_quantile(q, cfg.hedge.min_samples, error_window, makespan_ms).unwrap_or(1.0)
     };
     let mut dropped =
         admission::admit(&cfg.admission, on_overload, left_ms, late_ratio, &mut plan, &split_req, &cands, best)?;
