@@ -81,6 +81,7 @@ impl ProxyConfig {
         check(self.split.max_shards > 0, "split.max_shards must be positive")?;
         check(self.split.prefix_holders_ttl_ms > 0, "split.prefix_holders_ttl_ms must be positive")?;
         check(self.admission.error_window_ms > 0, "admission.error_window_ms must be positive")?;
+        check(self.admission.quantile > 0.0 && self.admission.quantile < 1.0, "admission.quantile must be in (0, 1)")?;
         check(
             self.admission.margin >= 0.0 && self.admission.margin.is_finite(),
             "admission.margin must be a finite number >= 0",
@@ -259,11 +260,16 @@ pub struct AdmissionConfig {
     /// at face value. Refused requests send no shards and so teach nothing: without this an
     /// overload's late shards would refuse every request after it, for good.
     pub error_window_ms: u64,
+    /// The chance q that an admitted plan finishes in time: a plan of k shards is held to the
+    /// q^(1/k) quantile of actual over predicted time of shards predicted about as long. The
+    /// deadline is judged at the tail (p99), so q is that tail, not hedging's p95: held to p95,
+    /// one admitted plan in twenty is late by design, and in an overload that is the p99.
+    pub quantile: f64,
 }
 
 impl Default for AdmissionConfig {
     fn default() -> Self {
-        AdmissionConfig { enabled: true, margin: 0.0, error_window_ms: 10_000 }
+        AdmissionConfig { enabled: true, margin: 0.0, error_window_ms: 10_000, quantile: 0.99 }
     }
 }
 

@@ -6,14 +6,14 @@
 //! the request only adds load that delays everyone else and is then dropped at the deadline.
 //!
 //! "Predicted to finish" is the prediction as the proxy has measured it to err: the plan's
-//! makespan times the quantile of actual over predicted shard time that marks a shard as
-//! lagging for hedging (`[hedge] quantile`, p95 by default; the tracker runs whether hedging
-//! is on or not); a plan of k shards is in time only when all k are, so each is held to the
-//! q^(1/k) quantile, for the same chance q of the whole plan being in time whatever its k.
-//! The quantile is of the shards predicted at least about half as long as the plan
-//! ([`crate::estimate::latency_ratio`]): what a prediction leaves out is a larger share of a
-//! short shard, so long plans held to short shards' error were refused when they would have
-//! finished in time.
+//! makespan times the q quantile of actual over predicted shard time (`[admission] quantile`,
+//! p99 by default: the tail the deadline is judged at; held to hedging's p95, one admitted plan
+//! in twenty would be late by design, and in an overload those are the p99); a plan of k shards
+//! is in time only when all k are, so each is held to the q^(1/k) quantile, for the same chance
+//! q of the whole plan being in time whatever its k. The quantile is of the shards predicted at
+//! least about half as long as the plan ([`crate::estimate::latency_ratio`]): what a prediction
+//! leaves out (a worker's tokenizing and HTTP) is a larger share of a short shard, so long plans
+//! held to every shard's error were refused when they would have finished in time.
 //! Taking the prediction at face value admits, in an overload, a queue that
 //! reaches exactly to the deadline: every request then admitted finishes near it, about half
 //! of them after it, and their work is thrown away (shards answered, the request still late)

@@ -117,11 +117,11 @@ pub fn plan(
     };
     let on_overload = req.on_overload.unwrap_or_default();
     // How late predictions run, as measured lately on shards of about the plan's length: the
-    // hedging quantile q for one shard, q^(1/k) for each of k (all k in time with chance q);
+    // admission quantile q for one shard, q^(1/k) for each of k (all k in time with chance q);
     // face value until measured.
     let error_window = Duration::from_millis(cfg.admission.error_window_ms);
     let late_ratio = |k: usize, makespan_ms: f64| {
-        let q = state.ratios.configured().powf(1.0 / k as f64);
+        let q = cfg.admission.quantile.powf(1.0 / k as f64);
         state.ratios.recent_quantile(q, cfg.hedge.min_samples, error_window, makespan_ms).unwrap_or(1.0)
     };
     let mut dropped =
