@@ -132,7 +132,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Refuses a known field sent with another wire type than its own.
-    fn expect(&self, name: &str, wire: u8, want: u8) -> Result<(), ApiError> {
+    fn want_wire(&self, name: &str, wire: u8, want: u8) -> Result<(), ApiError> {
         if wire == want {
             Ok(())
         } else {
@@ -157,29 +157,29 @@ pub(super) fn score_request(msg: &[u8]) -> Result<ScoreRequestRef<'_>, ApiError>
     while let Some((field, wire)) = r.key()? {
         match field {
             1 => {
-                r.expect("query", wire, LEN)?;
+                r.want_wire("query", wire, LEN)?;
                 req.query = Cow::Borrowed(r.string("query")?);
             }
             2 => {
-                r.expect("items", wire, LEN)?;
+                r.want_wire("items", wire, LEN)?;
                 let item = r.bytes()?;
                 req.items.push(self::item(item)?);
             }
             3 => {
-                r.expect("instruction", wire, LEN)?;
+                r.want_wire("instruction", wire, LEN)?;
                 req.instruction = Some(Cow::Borrowed(r.string("instruction")?));
             }
             4 => {
-                r.expect("deadline_ms", wire, VARINT)?;
+                r.want_wire("deadline_ms", wire, VARINT)?;
                 req.deadline_ms = Some(r.varint()?);
             }
             5 => {
-                r.expect("on_overload", wire, VARINT)?;
+                r.want_wire("on_overload", wire, VARINT)?;
                 // An enum is an int32 on the wire: its low 32 bits, as prost reads it.
                 on_overload = r.varint()? as i32;
             }
             6 => {
-                r.expect("cache", wire, VARINT)?;
+                r.want_wire("cache", wire, VARINT)?;
                 req.cache = Some(r.varint()? != 0);
             }
             _ => r.skip(wire)?,
@@ -205,11 +205,11 @@ fn item(msg: &[u8]) -> Result<ItemRef<'_>, ApiError> {
     while let Some((field, wire)) = r.key()? {
         match field {
             1 => {
-                r.expect("text", wire, LEN)?;
+                r.want_wire("text", wire, LEN)?;
                 text = r.string("text")?;
             }
             2 => {
-                r.expect("id", wire, LEN)?;
+                r.want_wire("id", wire, LEN)?;
                 id = Some(r.string("id")?);
             }
             _ => r.skip(wire)?,
