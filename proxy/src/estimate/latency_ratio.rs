@@ -8,7 +8,8 @@
 //! their error, refusing everything after the overload for good.
 //!
 //! Admission's quantiles are of shards predicted about as long as the plan asked about, or
-//! longer (at least half its makespan; the longest `min_samples` if fewer were): the error is
+//! longer (at least half the power of two at or below its makespan, so a quarter to a half of it;
+//! the longest `min_samples` if fewer were): the error is
 //! not the same at every size. What a prediction leaves out costs a short shard a larger share
 //! of its time (the worker's tokenizing and HTTP, a pass's fixed cost: on an H100 worker a short
 //! shard ran 1.5x its prediction), so holding a long plan to every shard's error refused, at 60%
@@ -108,7 +109,8 @@ impl RatioTracker {
     }
 
     /// The `p` quantile (a fraction) of the shards measured within `window` before now that were
-    /// predicted at least about half as long as `predicted_ms` (the longest `min_samples` of them
+    /// predicted at least half the power of two at or below `predicted_ms` (a quarter to a half of
+    /// it; the longest `min_samples` of them
     /// when fewer were), once at least `min_samples` were measured; `None` (take predictions at
     /// face value) otherwise.
     pub fn recent_quantile(&self, p: f64, min_samples: usize, window: Duration, predicted_ms: f64) -> Option<f64> {
@@ -143,8 +145,8 @@ impl RatioTracker {
             return None;
         }
         // Size classes are powers of two of the prediction: a class's shards are those predicted
-        // at least half its lower bound, so a plan is compared with shards of at least half its
-        // length, and one quantile serves every plan of the class.
+        // at least half its lower bound, so a plan is compared with shards of at least a quarter
+        // to a half of its length, and one quantile serves every plan of the class.
         let class = if predicted_ms.is_finite() && predicted_ms > 1.0 { predicted_ms.log2().floor() as i32 } else { 0 };
         let key = (p.to_bits(), class);
         if let Some((_, q)) = g.memo.iter().find(|(k, _)| *k == key) {

@@ -11,7 +11,7 @@
 //! in twenty would be late by design, and in an overload those are the p99); a plan of k shards
 //! is in time only when all k are, so each is held to the q^(1/k) quantile, for the same chance
 //! q of the whole plan being in time whatever its k. The quantile is of the shards predicted at
-//! least about half as long as the plan ([`crate::estimate::latency_ratio`]): what a prediction
+//! least a quarter to a half as long as the plan (by power-of-two classes) ([`crate::estimate::latency_ratio`]): what a prediction
 //! leaves out (a worker's tokenizing and HTTP) is a larger share of a short shard, so long plans
 //! held to every shard's error were refused when they would have finished in time.
 //! Taking the prediction at face value admits, in an overload, a queue that
