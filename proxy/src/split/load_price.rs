@@ -23,14 +23,13 @@
 //! Every worker busy. The N workers drain as one pool, N ms of work per ms whoever holds it,
 //! and the backlogs stay level; work X added now is in front of every arrival until some worker
 //! next goes idle, which with the work arriving meanwhile (utilisation ρ) is V_min/(1 − ρ) away,
-//! and each request arriving meanwhile is X/N later, whatever its shards: the pool is later by
-//! X/N for all of them. Requests arrive at N·ρ/W̄ per ms (work arriving per ms over the work of
+//! and each request arriving meanwhile is X/N later, whatever its shards. Requests arrive at N·ρ/W̄ per ms (work arriving per ms over the work of
 //! a request), so to first order in X: N·ρ/W̄ · V_min/(1 − ρ) · X/N = Θ·V_min·X. Counting shards
 //! instead (λ = ρ/S per worker, the earlier form of this price) charges a request of k shards k
 //! times: at low load, where requests split 16 ways, it priced a momentary full house (every
 //! worker busy for a moment after one large split, backlogs 46-196 ms at 30% load) at about
-//! k = W̄/S times the delay it causes, and the requests planned then split 3-8 ways where the
-//! fixed split's 16 finished sooner. Near saturation a request is one shard or two, W̄ ≈ S, and
+//! k = W̄/S times the delay it causes, and the requests planned then split 3-8 ways where a
+//! wider split finished sooner. Near saturation a request is one shard or two, W̄ ≈ S, and
 //! the two counts agree. The price grows with the plan's work only, not with where the shards
 //! go (the makespan already prices that): an extra shard adds its fixed cost and prefix c to X
 //! and costs Θ·V_min·c, against the W/(k(k + 1)) it saves a request of W ms split k ways. With
