@@ -30,6 +30,8 @@ fn main() {
     let model = CostModel::default();
     let tokens = heavy_tailed_tokens(1000, 1);
     let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model };
+    // W̄ for the load price: requests of this one's work sent whole.
+    let mean_request_ms = model.call_ms(req.prefix, tokens.iter().copied());
     println!("split decision, 1,000 items per request (mean of 500 runs after 50 warm-up runs)");
     println!(
         "{:>8} {:>11} {:>9} {:>7} {:>11} {:>12} {:>15} {:>15}",
@@ -49,7 +51,7 @@ fn main() {
             .collect();
         let cands: Vec<Candidate> = views.iter().map(Candidate::from).collect();
         for load_aware in [false, true] {
-            let price = |v: &[WorkerView]| if load_aware { Price::of(v) } else { Price::NONE };
+            let price = |v: &[WorkerView]| if load_aware { Price::of(v, mean_request_ms) } else { Price::NONE };
             let (us, plan) = time(500, || {
                 split_by_cost_priced(black_box(&req), black_box(&cands), 64, 0.02, price(black_box(&views)))
             });

@@ -110,7 +110,7 @@ pub fn plan(
     let best = |fits: &dyn Fn(&split::Plan) -> bool| {
         (cfg.split.mode == SplitMode::Cost).then(|| {
             admission::fewest_shards_within(fits, cfg.split.max_shards, |cap| {
-                let fastest = split::CostSplit { max_shards: cap, tolerance: 0.0, load_aware: false };
+                let fastest = split::CostSplit::new(cap, 0.0, false);
                 fastest.plan(&split_req, &eligible.views, balance.as_ref())
             })
         })

@@ -19,9 +19,10 @@
 //! makespan stays within a few percent of the exhaustive search's (a test checks this).
 //!
 //! With a load price (load-aware split, [`super::load_price`]), k minimises the makespan plus
-//! what the plan's work adds to the waiting of requests that arrive behind it: θ·V_min·X while
+//! what the plan's work adds to the waiting of requests that arrive behind it: Θ·V_min·X while
 //! every worker is busy (X the plan's total work: every extra shard adds its fixed cost and
-//! prefix to it), θ·Σ (f_j² − a_j²)/2 over the plan's workers while some worker is idle.
+//! prefix to it; Θ counts requests, from the running mean of the plans' work this split
+//! keeps), θ·Σ (f_j² − a_j²)/2 over the plan's workers while some worker is idle.
 //!
 //! Cache-aware routing: a candidate that holds the request's prefix in its prefix cache
 //! ([`super::Candidate::holds_prefix`]) pays no prefix on its shards, so its b_j is earlier and
@@ -31,6 +32,7 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::load_price::Price;
 use super::{ranked, Candidate, Plan, Request, ShardPlan, SplitPolicy};
@@ -47,6 +49,39 @@ pub struct CostSplit {
     pub tolerance: f64,
     /// Price each plan's delay to others by the cluster's load ([`super::load_price`]).
     pub load_aware: bool,
+    /// W̄, the mean work of the plans made: the load price counts requests by it.
+    mean_work: MeanWork,
+}
+
+impl CostSplit {
+    pub fn new(max_shards: usize, tolerance: f64, load_aware: bool) -> CostSplit {
+        CostSplit { max_shards, tolerance, load_aware, mean_work: MeanWork::default() }
+    }
+}
+
+/// A running mean of the work (ms) of the plans made, 1/[`MeanWork::WEIGHT`] of each new
+/// plan: the workload's mean request over its last few dozen requests, so that a change of
+/// workload shows within seconds while one large request moves it little. Lock-free: two
+/// plans updating at once may drop one sample, which a mean does not feel.
+#[derive(Debug, Default)]
+struct MeanWork(AtomicU64);
+
+impl MeanWork {
+    const WEIGHT: f64 = 32.0;
+
+    /// The mean so far; None before the first plan.
+    fn get(&self) -> Option<f64> {
+        let bits = self.0.load(Ordering::Relaxed);
+        (bits != 0).then(|| f64::from_bits(bits))
+    }
+
+    fn record(&self, work_ms: f64) {
+        if !(work_ms.is_finite() && work_ms > 0.0) {
+            return;
+        }
+        let mean = self.get().map_or(work_ms, |m| m + (work_ms - m) / Self::WEIGHT);
+        self.0.store(mean.to_bits(), Ordering::Relaxed);
+    }
 }
 
 impl SplitPolicy for CostSplit {
@@ -57,8 +92,15 @@ impl SplitPolicy for CostSplit {
     fn plan(&self, req: &Request<'_>, views: &[WorkerView], balance: &dyn Policy) -> Plan {
         let (mut cands, mut workers) = ranked(views, balance);
         holders_first(req, &mut cands, &mut workers);
-        let price = if self.load_aware { Price::of(views) } else { Price::NONE };
-        split_by_cost_priced(req, &cands, self.max_shards, self.tolerance, price).on_workers(&workers)
+        if !self.load_aware {
+            return split_by_cost(req, &cands, self.max_shards, self.tolerance).on_workers(&workers);
+        }
+        // Before the first plan, this request sent whole stands for the mean.
+        let mean =
+            self.mean_work.get().unwrap_or_else(|| req.model.call_ms(req.prefix, req.item_tokens.iter().copied()));
+        let plan = split_by_cost_priced(req, &cands, self.max_shards, self.tolerance, Price::of(views, mean));
+        self.mean_work.record(work_ms(&plan));
+        plan.on_workers(&workers)
     }
 }
 

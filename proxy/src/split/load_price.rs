@@ -5,34 +5,43 @@
 //! it on:
 //!
 //! ```text
-//! every worker busy (V_min > 0):   θ · V_min · X
+//! every worker busy (V_min > 0):   Θ · V_min · X      Θ = ρ/((1 − ρ)·W̄)
 //! some worker idle  (V_min = 0):   θ · Σ_j (f_j² − a_j²)/2  =  θ · Σ_j (a_j·x_j + x_j²/2)
-//! θ = λ/(1 − ρ)
+//! θ = λ/(1 − ρ),  λ = ρ/S
 //! ```
 //!
 //! X is the plan's total work (every shard's compute: the items, and each shard's fixed cost
-//! and prefix), V_min the least backlog of any worker, and for each worker j the plan uses,
-//! a_j its backlog, x_j the plan's work there and f_j = a_j + x_j its finish.
+//! and prefix), V_min the least backlog of any worker, W̄ the mean work of a request (measured:
+//! [`super::CostSplit`] keeps a running mean of its plans' X), S the mean predicted time of a
+//! shard in flight, and for each worker j the plan uses, a_j its backlog, x_j the plan's work
+//! there and f_j = a_j + x_j its finish.
 //!
 //! Derivation. Under least-loaded balancing a new arrival goes to the worker with the least
-//! backlog and waits that backlog.
+//! backlog and waits that backlog. What waits is a request: a request split k ways is late by
+//! its slowest shard, once, not once per shard.
 //!
 //! Every worker busy. The N workers drain as one pool, N ms of work per ms whoever holds it,
 //! and the backlogs stay level; work X added now is in front of every arrival until some worker
 //! next goes idle, which with the work arriving meanwhile (utilisation ρ) is V_min/(1 − ρ) away,
-//! and each of those arrivals (rate N·λ, λ per worker) waits X/N longer. To first order in X:
-//! N·λ · V_min/(1 − ρ) · X/N = θ·V_min·X. It grows with the plan's work only, not with where
-//! the shards go (the makespan already prices that): an extra shard adds its fixed cost and
-//! prefix c to X and costs θ·V_min·c, against the W/(k(k + 1)) it saves a request of W ms split
-//! k ways. With L shards in flight per worker of mean time S, θ ≈ 2L/S and V_min ≈ L·S, so an
-//! extra shard costs ≈ 2L²·c: as the queues grow k falls as 1/L, to one shard on the
-//! least-loaded worker (the one-shard plan of least makespan) once 2L²·c passes W/2: at
-//! saturation ours does the least work there is, as a whole request to the least-loaded worker
-//! does. The per-worker form below would be wrong here: its x²/2 falls as shards shrink, so it
-//! rewards splitting exactly when the cluster is full (at 90% load ours split 2-4 ways, 4% more
-//! work, and its p99 fell behind the whole request on the least-loaded worker); least-loaded
-//! arrivals do not queue behind one worker's shard while another is freer, they queue behind
-//! the pool.
+//! and each request arriving meanwhile is X/N later, whatever its shards. Requests arrive at N·ρ/W̄ per ms (work arriving per ms over the work of
+//! a request), so to first order in X: N·ρ/W̄ · V_min/(1 − ρ) · X/N = Θ·V_min·X. Counting shards
+//! instead (λ = ρ/S per worker, the earlier form of this price) charges a request of k shards k
+//! times: at low load, where requests split 16 ways, it priced a momentary full house (every
+//! worker busy for a moment after one large split, backlogs 46-196 ms at 30% load) at about
+//! k = W̄/S times the delay it causes, and the requests planned then split 3-8 ways where a
+//! wider split finished sooner. Near saturation a request is one shard or two, W̄ ≈ S, and
+//! the two counts agree. The price grows with the plan's work only, not with where the shards
+//! go (the makespan already prices that): an extra shard adds its fixed cost and prefix c to X
+//! and costs Θ·V_min·c, against the W/(k(k + 1)) it saves a request of W ms split k ways. With
+//! L shards in flight per worker, Θ ≈ 2L/W̄ and V_min ≈ L·S, so an extra shard costs ≈
+//! 2L²·c·S/W̄: as the queues grow (and requests split less, W̄/S toward 1) k falls as 1/L, to one
+//! shard on the least-loaded worker (the one-shard plan of least makespan) once that passes W/2:
+//! at saturation ours does the least work there is, as a whole request to the least-loaded
+//! worker does. The per-worker form below would be wrong here: its x²/2 falls as shards shrink,
+//! so it rewards splitting exactly when the cluster is full (at 90% load ours split 2-4 ways, 4%
+//! more work, and its p99 fell behind the whole request on the least-loaded worker);
+//! least-loaded arrivals do not queue behind one worker's shard while another is freer, they
+//! queue behind the pool.
 //!
 //! Some worker idle. Then the backlogs are not level and the pool argument fails: the work is
 //! not shared, each worker drains only its own, and the arrivals behind a plan land on the
@@ -46,48 +55,65 @@
 //! two plans of the same makespan the one with smaller shards on emptier workers wins. A small
 //! request still splits: its shards are small, and so is x²/2.
 //!
-//! θ comes from the state the proxy already tracks, averaged over the workers: L, the mean
+//! Here every request that lands on worker j is late by what is in front of it there, and the
+//! requests landing on j are its shards: λ = ρ/S per worker counts them.
+//!
+//! ρ comes from the state the proxy already tracks, averaged over the workers: L, the mean
 //! number of shards in flight per worker, and S = total backlog / total shards in flight, the
 //! mean predicted shard time. Shards of a cost-balanced split are close to equal, so each
 //! worker is taken as M/D/1, whose mean number in system is L = ρ(2 − ρ)/(2(1 − ρ)). Solved for
-//! ρ: 1 − ρ = 1/(L + √(L² + 1)); and λ = ρ/S, so θ = ρ(L + √(L² + 1))/S. θ is 0 on an idle
-//! cluster and grows without bound with the queues (≈ 2L/S); no threshold is set by hand: the
-//! two forms meet where the model's regimes do, at V_min = 0.
+//! ρ: 1 − ρ = 1/(L + √(L² + 1)); so θ = ρ(L + √(L² + 1))/S and Θ = ρ(L + √(L² + 1))/W̄ (W̄
+//! taken as at least S: a request is at least a shard). Both are 0 on an idle cluster and grow
+//! without bound with the queues (≈ 2L/S, 2L/W̄); no threshold is set by hand: the two forms
+//! meet where the model's regimes do, at V_min = 0.
 
 use crate::cluster::worker::WorkerView;
 
 /// The load price of one cluster state ([`Price::of`]); [`Price::NONE`] prices nothing.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Price {
-    /// θ = λ/(1 − ρ), per ms.
+    /// θ = λ/(1 − ρ), per ms: λ the shards arriving per worker per ms (some worker idle).
     pub theta: f64,
+    /// Θ = ρ/((1 − ρ)·W̄), per ms: the requests arriving per worker per ms over 1 − ρ (every
+    /// worker busy).
+    pub pool_theta: f64,
     /// V_min: the least predicted backlog of any worker before the plan, ms.
     pub least_backlog_ms: f64,
 }
 
 impl Price {
     /// No price: the split minimises the makespan alone.
-    pub const NONE: Price = Price { theta: 0.0, least_backlog_ms: 0.0 };
+    pub const NONE: Price = Price { theta: 0.0, pool_theta: 0.0, least_backlog_ms: 0.0 };
 
-    /// The price of the cluster `views` describe: none when nothing is in flight.
-    pub fn of(views: &[WorkerView]) -> Price {
+    /// The price of the cluster `views` describe, for requests of `mean_request_ms` of work on
+    /// average (W̄): none when nothing is in flight.
+    pub fn of(views: &[WorkerView], mean_request_ms: f64) -> Price {
         let least = views.iter().map(|v| v.backlog_ms).filter(|b| b.is_finite()).fold(f64::INFINITY, f64::min);
-        Price { theta: theta(views), least_backlog_ms: if least.is_finite() && least > 0.0 { least } else { 0.0 } }
+        let least_backlog_ms = if least.is_finite() && least > 0.0 { least } else { 0.0 };
+        match load(views) {
+            Some((l, s_ms)) => {
+                let per_ms = arrivals_over_idle(l);
+                // A request is at least a shard; an unknown mean counts shards.
+                let w_ms = if mean_request_ms.is_finite() { mean_request_ms.max(s_ms) } else { s_ms };
+                Price { theta: per_ms / s_ms, pool_theta: per_ms / w_ms, least_backlog_ms }
+            }
+            None => Price { least_backlog_ms, ..Price::NONE },
+        }
     }
 
     pub fn is_none(&self) -> bool {
-        !(self.theta > 0.0 && self.theta.is_finite())
+        !(self.theta > 0.0 && self.theta.is_finite() && self.pool_theta.is_finite())
     }
 
     /// What a plan adds to others' waiting, in ms: `work_ms` its total compute X, and
     /// `spread_ms2` Σ (f_j² − a_j²)/2 over its workers (a_j the backlog a worker had, f_j its
-    /// finish with the plan's shards). Every worker busy: the pool's θ·V_min·X; some idle: each
+    /// finish with the plan's shards). Every worker busy: the pool's Θ·V_min·X; some idle: each
     /// worker's own θ·Σ (f_j² − a_j²)/2.
     pub fn of_plan(&self, work_ms: f64, spread_ms2: f64) -> f64 {
         if self.is_none() {
             0.0
         } else if self.least_backlog_ms > 0.0 {
-            self.theta * self.least_backlog_ms * work_ms
+            self.pool_theta * self.least_backlog_ms * work_ms
         } else {
             self.theta * spread_ms2
         }
@@ -112,12 +138,21 @@ fn load(views: &[WorkerView]) -> Option<(f64, f64)> {
 
 /// θ for a mean of `l` shards in flight per worker, of mean predicted time `s_ms` (M/D/1).
 pub fn theta_from(l: f64, s_ms: f64) -> f64 {
-    if !(l > 0.0 && s_ms > 0.0 && l.is_finite()) {
+    if s_ms > 0.0 {
+        arrivals_over_idle(l) / s_ms
+    } else {
+        0.0
+    }
+}
+
+/// ρ/(1 − ρ) for a mean of `l` shards in flight per worker (M/D/1): θ·S, Θ·W̄. 0 when idle.
+fn arrivals_over_idle(l: f64) -> f64 {
+    if !(l > 0.0 && l.is_finite()) {
         return 0.0;
     }
     let inv_idle = l + (l * l + 1.0).sqrt(); // 1/(1 − ρ)
     let rho = 1.0 - 1.0 / inv_idle;
-    rho * inv_idle / s_ms
+    rho * inv_idle
 }
 
 #[cfg(test)]
@@ -169,17 +204,24 @@ mod tests {
         assert!((work_ms(&plan) - 50.0).abs() < 1e-9);
         assert!((spread(&plan, &c) - 1500.0).abs() < 1e-9);
         let busy = [view(30.0, 1), view(10.0, 1), view(f64::NAN, 0), view(40.0, 2)];
-        let p = Price::of(&busy);
+        let p = Price::of(&busy, f64::NAN);
         assert_eq!(p.least_backlog_ms, 10.0, "V_min over the finite backlogs");
         assert!((p.theta - theta(&busy)).abs() < 1e-15);
-        assert!((p.of_plan(50.0, 1500.0) - p.theta * 10.0 * 50.0).abs() < 1e-9, "all busy: θ·V_min·X");
+        assert_eq!(p.pool_theta, p.theta, "no mean request known: shards are counted");
+        assert!((p.of_plan(50.0, 1500.0) - p.theta * 10.0 * 50.0).abs() < 1e-9, "all busy: Θ·V_min·X");
+        // S = 80/4 = 20 ms a shard; requests of four shards' work arrive a quarter as often.
+        let per_request = Price::of(&busy, 80.0);
+        assert_eq!(per_request.theta, p.theta, "the per-worker θ counts shards still");
+        assert!((per_request.pool_theta - p.theta / 4.0).abs() < 1e-15, "Θ = θ·S/W̄");
+        assert!((per_request.of_plan(50.0, 1500.0) - p.of_plan(50.0, 1500.0) / 4.0).abs() < 1e-9);
+        assert_eq!(Price::of(&busy, 5.0), p, "a request is at least a shard");
         assert!(p.of_plan(60.0, 1500.0) > p.of_plan(50.0, 1500.0), "more work, a higher price");
         let one_idle = [view(0.0, 0), view(400.0, 5), view(400.0, 5)];
-        let p = Price::of(&one_idle);
+        let p = Price::of(&one_idle, 400.0);
         assert!(p.theta > 0.0 && p.least_backlog_ms == 0.0);
         assert!((p.of_plan(50.0, 1500.0) - p.theta * 1500.0).abs() < 1e-9, "one idle: θ·Σ(f² − a²)/2");
         assert!(p.of_plan(50.0, 1250.0) > 0.0, "work on an idle worker is not free");
-        assert_eq!(Price::of(&[view(0.0, 0); 4]), Price::NONE, "nothing in flight: no load to price");
+        assert_eq!(Price::of(&[view(0.0, 0); 4], 50.0), Price::NONE, "nothing in flight: no load to price");
         assert_eq!(Price::NONE.of_plan(1e6, 1e6), 0.0);
         // Split four ways, the same items cost three more fixed costs of work.
         let four = vec![Candidate { available_ms: 0.0, time_factor: 1.0, max_batch_tokens: 0, holds_prefix: false }; 4];
@@ -196,7 +238,7 @@ mod tests {
         // Eight idle workers ranked first, eight with four 50 ms shards queued.
         let views: Vec<WorkerView> = (0..16).map(|i| if i < 8 { view(0.0, 0) } else { view(200.0, 4) }).collect();
         let cands: Vec<Candidate> = views.iter().map(Candidate::from).collect();
-        let price = Price::of(&views);
+        let price = Price::of(&views, model.call_ms(60.0, tokens.iter().copied()));
         assert!(price.theta > 0.0 && price.least_backlog_ms == 0.0);
         let small = Request { item_tokens: &tokens[..20], ..req };
         let plan = split_by_cost_priced(&small, &cands, 16, 0.02, price);
@@ -222,7 +264,8 @@ mod tests {
             let views: Vec<WorkerView> =
                 (0..16).map(|i| view(40.0 * queued.saturating_sub(u64::from(i == 0)) as f64, queued)).collect();
             let cands: Vec<Candidate> = views.iter().map(Candidate::from).collect();
-            let plan = split_by_cost_priced(&req, &cands, 64, 0.02, Price::of(&views));
+            let price = Price::of(&views, model.call_ms(req.prefix, tokens.iter().copied()));
+            let plan = split_by_cost_priced(&req, &cands, 64, 0.02, price);
             if queued == 0 {
                 assert_eq!(plan, split_by_cost(&req, &cands, 64, 0.02), "θ 0 is the plain cost split");
             }
@@ -234,5 +277,31 @@ mod tests {
         }
         assert!(counts.windows(2).all(|w| w[0] >= w[1]), "shard counts fall as the queues grow: {counts:?}");
         assert!(counts[0] >= 8, "a quiet cluster splits: {counts:?}");
+    }
+
+    #[test]
+    fn a_momentary_full_house_at_low_load_still_splits_a_large_request_wide() {
+        // Just after a large request was split 16 ways at 30% load: every worker busy for a
+        // moment, one or two shards each, the backlogs far from level (46 to 196 ms).
+        let model = CostModel { request_ms: 8.0, token_ms: 0.02, token_context_ms: 0.0 };
+        let tokens: Vec<f64> = (0..300).map(|i| 50.0 + (i % 7) as f64 * 20.0).collect();
+        let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model };
+        let views: Vec<WorkerView> = (0..16).map(|i| view(46.0 + 10.0 * i as f64, 1 + u64::from(i >= 8))).collect();
+        let cands: Vec<Candidate> = views.iter().map(Candidate::from).collect();
+        let whole = model.call_ms(req.prefix, tokens.iter().copied());
+        let per_request = split_by_cost_priced(&req, &cands, 16, 0.02, Price::of(&views, whole));
+        let per_shard = split_by_cost_priced(&req, &cands, 16, 0.02, Price::of(&views, f64::NAN));
+        let plain = split_by_cost(&req, &cands, 16, 0.02);
+        // Counting shards charges this request for every shard of the requests behind it: 4
+        // ways, 235 ms; counting requests, 8 ways, 173 ms (the plain cost split: 10, 167 ms).
+        assert!(per_shard.shards.len() <= 5, "per shard: {}", per_shard.shards.len());
+        assert!(per_request.shards.len() >= 7, "per request: {}", per_request.shards.len());
+        assert!(per_request.shards.len() <= plain.shards.len());
+        assert!(
+            per_request.makespan_ms < 0.8 * per_shard.makespan_ms,
+            "{} vs {}",
+            per_request.makespan_ms,
+            per_shard.makespan_ms
+        );
     }
 }

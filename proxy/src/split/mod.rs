@@ -35,9 +35,7 @@ pub trait SplitPolicy: Send + Sync {
 /// The policy `cfg.mode` names, with its parameters.
 pub fn build(cfg: &SplitConfig) -> Arc<dyn SplitPolicy> {
     match cfg.mode {
-        SplitMode::Cost => {
-            Arc::new(CostSplit { max_shards: cfg.max_shards, tolerance: cfg.tolerance, load_aware: cfg.load_aware })
-        }
+        SplitMode::Cost => Arc::new(CostSplit::new(cfg.max_shards, cfg.tolerance, cfg.load_aware)),
         SplitMode::Fixed => Arc::new(FixedSplit { items: cfg.fixed_items }),
         SplitMode::None => Arc::new(WholeSplit),
     }
