@@ -238,7 +238,14 @@ mod in_place {
 
 pub use in_place::ScoreRequest as ScoreRequestRef;
 
-impl ScoreRequestRef<'_> {
+impl<'a> ScoreRequestRef<'a> {
+    /// A `POST /v1/score` body parsed in place: by the scanner for the request's shape
+    /// ([`score_scan`](crate::score_scan)), serde_json behind it, so exactly what
+    /// `ApiError::parse_json` gives (the same request, or the same error and message).
+    pub fn parse(body: &'a [u8]) -> Result<Self, crate::ApiError> {
+        crate::score_scan::parse(body)
+    }
+
     pub fn into_owned(self) -> ScoreRequest {
         ScoreRequest {
             query: self.query.into_owned(),
@@ -329,6 +336,22 @@ pub struct ScoreResponse {
     /// own answers and from workers that predate it.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub template: String,
+}
+
+impl ScoreResponse {
+    /// About how many bytes its JSON takes (a little more, for typical answers): a score as a
+    /// model gives it is at most 12 characters with its comma, a token count 4, and the field
+    /// names and other figures under 400. The answer's buffer is sized with it, so it is written
+    /// without growing.
+    pub fn json_len_hint(&self) -> usize {
+        let ids = self.ids.as_ref().map_or(0, |ids| ids.iter().map(|i| i.as_ref().map_or(5, |s| s.len() + 3)).sum());
+        384 + 12 * self.scores.len()
+            + 4 * self.usage.item_tokens.len()
+            + 8 * self.missing.len()
+            + ids
+            + self.model.len()
+            + self.template.len()
+    }
 }
 
 /// `POST /v1/rerank` (and `/v2/rerank`), in the shape Cohere, Jina and vLLM share. What Sieve
@@ -529,6 +552,33 @@ mod tests {
     fn items_serialize_back_to_the_shape_they_came_in() {
         let items: Vec<Item> = serde_json::from_str(r#"["a",{"id":"x","text":"b"},{"text":"c"}]"#).unwrap();
         assert_eq!(serde_json::to_string(&items).unwrap(), r#"["a",{"id":"x","text":"b"},{"text":"c"}]"#);
+    }
+
+    #[test]
+    fn an_answers_length_hint_holds_its_json_without_much_to_spare() {
+        for n in [1usize, 100, 1000] {
+            // Scores as a sigmoid head gives them, token counts 20-80, some ids and a missing.
+            let resp = ScoreResponse {
+                scores: (0..n).map(|i| (i != 1).then(|| (i as f32 * 0.618_034).fract() / 1.000_003)).collect(),
+                ids: Some((0..n).map(|i| (i % 2 == 0).then(|| format!("sku-{i}"))).collect()),
+                missing: if n > 1 { vec![1] } else { vec![] },
+                usage: Usage {
+                    pairs: n as u32,
+                    prompt_tokens: 123_456_789,
+                    computed_tokens: 12_345_678,
+                    prefix_tokens: 45,
+                    cached_prefix_tokens: 40,
+                    cached_items: 0,
+                    item_tokens: (0..n).map(|i| 20 + (i * 7 % 60) as u32).collect(),
+                },
+                timing: Timing { queue_ms: 0.123_456_789, compute_ms: 12.345_678_9, total_ms: 123.456_789_01 },
+                model: "Qwen/Qwen3-Reranker-0.6B".into(),
+                template: "0123456789abcdef".into(),
+            };
+            let len = serde_json::to_vec(&resp).unwrap().len();
+            let hint = resp.json_len_hint();
+            assert!(len <= hint && hint < 2 * len + 384, "{n} items: {len} bytes, hint {hint}");
+        }
     }
 
     #[test]

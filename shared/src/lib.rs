@@ -14,6 +14,7 @@ pub mod limits;
 pub mod metrics_names;
 pub mod pair_key;
 pub mod proxy_config;
+pub mod score_scan;
 pub mod service;
 pub mod stats;
 pub mod sync;

@@ -175,7 +175,7 @@ async fn serve<S: ScoreService>(
     let (Scored { response, headers: extra }, shape) = match route {
         // Sieve's own route, the hot path: parsed in place, strings borrowed from the body.
         Route::Score => {
-            let mut req: ScoreRequestRef<'_> = ApiError::parse_json(&body)?;
+            let mut req = ScoreRequestRef::parse(&body)?;
             if req.deadline_ms.is_none() {
                 req.deadline_ms = header_deadline.transpose()?;
             }

@@ -33,8 +33,22 @@ pub fn merge(
     arrival: Instant,
     cached: Option<&Lookup>,
 ) -> Result<(ScoreResponse, MergeStats), ApiError> {
-    let mut scores: Vec<Option<f32>> = vec![None; n_items];
-    let mut item_tokens = vec![0u32; n_items];
+    let mut results = results;
+    // A request sent whole as one shard (nothing from the cache): its answer's vectors are the
+    // merged ones, in order, so they are taken as they are instead of copied item by item.
+    let whole = match results.as_mut_slice() {
+        [ShardResult { items, outcome: ShardOutcome::Done(d) }]
+            if cached.is_none_or(|c| c.hits == 0)
+                && d.response.scores.len() == n_items
+                && d.response.usage.item_tokens.len() == n_items
+                && items.iter().copied().eq(0..n_items) =>
+        {
+            Some((std::mem::take(&mut d.response.scores), std::mem::take(&mut d.response.usage.item_tokens)))
+        }
+        _ => None,
+    };
+    let taken = whole.is_some();
+    let (mut scores, mut item_tokens) = whole.unwrap_or_else(|| (vec![None; n_items], vec![0u32; n_items]));
     let mut missing = Vec::new();
     let mut usage = Usage::default();
     let mut prefix: Option<u32> = None;
@@ -64,10 +78,12 @@ pub fn merge(
                 stats.hedged += usize::from(d.hedged);
                 stats.retries += d.retries;
                 let resp = d.response;
-                for (k, &i) in r.items.iter().enumerate() {
-                    scores[i] = resp.scores.get(k).copied().flatten();
-                    if let Some(&t) = resp.usage.item_tokens.get(k) {
-                        item_tokens[i] = t;
+                if !taken {
+                    for (k, &i) in r.items.iter().enumerate() {
+                        scores[i] = resp.scores.get(k).copied().flatten();
+                        if let Some(&t) = resp.usage.item_tokens.get(k) {
+                            item_tokens[i] = t;
+                        }
                     }
                 }
                 // A worker's partial answer (its deadline came first): those items are missing.
@@ -217,6 +233,39 @@ mod tests {
         let e = merge(13, None, 100, vec![done(&[0], &[0.1], &[1], 1), failed], Instant::now(), None).unwrap_err();
         assert_eq!(e.status(), 413);
         assert_eq!(e.message, "items[12] too long: 9000 tokens; see items[7] too and items[x]");
+    }
+
+    #[test]
+    fn a_whole_request_in_one_shard_merges_as_its_pieces_would() {
+        // The one-shard answer's vectors are taken as they are; the same answers cut in two
+        // shards are copied item by item: the merged answers are equal.
+        let (scores, tokens) = ([0.5, -1.25, 3.0, 0.0, 7.5], [3, 1, 4, 1, 5]);
+        let with_missing = |mut r: ShardResult, missing: &[usize]| {
+            if let ShardOutcome::Done(d) = &mut r.outcome {
+                for &k in missing {
+                    d.response.scores[k] = None;
+                }
+                d.response.missing = missing.to_vec();
+            }
+            r
+        };
+        let whole = vec![with_missing(done(&[0, 1, 2, 3, 4], &scores, &tokens, 9), &[3])];
+        let pieces = vec![
+            done(&[0, 1], &scores[..2], &tokens[..2], 9),
+            with_missing(done(&[2, 3, 4], &scores[2..], &tokens[2..], 9), &[1]),
+        ];
+        let t0 = Instant::now();
+        let (a, _) = merge(5, None, 100, whole, t0, None).unwrap();
+        let (b, _) = merge(5, None, 100, pieces, t0, None).unwrap();
+        assert_eq!(a.scores, vec![Some(0.5), Some(-1.25), Some(3.0), None, Some(7.5)]);
+        assert_eq!((&a.scores, &a.missing, &a.usage.item_tokens), (&b.scores, &b.missing, &b.usage.item_tokens));
+        assert_eq!(a.missing, vec![3]);
+        assert_eq!(a.usage.item_tokens, tokens);
+        // Out of order, or fewer answers than items: copied by index, as any other shard.
+        let (c, _) = merge(2, None, 100, vec![done(&[1, 0], &[0.1, 0.2], &[1, 2], 9)], t0, None).unwrap();
+        assert_eq!((c.scores, c.usage.item_tokens), (vec![Some(0.2), Some(0.1)], vec![2, 1]));
+        let (d, _) = merge(2, None, 100, vec![done(&[0, 1], &[0.1], &[1], 9)], t0, None).unwrap();
+        assert_eq!((d.scores, d.usage.item_tokens), (vec![Some(0.1), None], vec![1, 0]));
     }
 
     mod properties {

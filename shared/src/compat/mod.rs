@@ -82,7 +82,7 @@ impl Shape {
     pub fn respond(self, resp: ScoreResponse) -> HttpResponse {
         let missing = resp.missing.clone();
         let mut r = match self {
-            Shape::Score => http::json(StatusCode::OK, &resp),
+            Shape::Score => http::json_with_capacity(StatusCode::OK, &resp, resp.json_len_hint()),
             Shape::Rerank(req) => http::json(StatusCode::OK, &rerank::answer(&req, resp)),
             Shape::Tei(req) => http::json(StatusCode::OK, &req.answer(resp)),
             Shape::VllmScore(req) => http::json(StatusCode::OK, &req.answer(resp)),

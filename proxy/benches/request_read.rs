@@ -1,0 +1,98 @@
+//! What reading a score request costs the proxy before it plans: µs per request of 100 and 1,000
+//! product-text items (~270 bytes each), for the parse in place (the request's scanner,
+//! `ScoreRequestRef::parse`, against serde_json's derive as `ApiError::parse_json` runs it, on
+//! the same bytes), the limits check, and the token features of every item (what the plan
+//! computes per request). `cargo bench -p sieve-proxy --bench request_read`.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use sieve_proxy::estimate::token_estimator::features;
+use sieve_shared::{ApiError, Limits, ScoreRequestRef};
+
+/// Mean µs per call of `f` over `n` calls after a warm-up.
+fn time<T>(n: usize, f: impl Fn() -> T) -> f64 {
+    for _ in 0..n / 10 {
+        black_box(f());
+    }
+    let start = Instant::now();
+    for _ in 0..n {
+        black_box(f());
+    }
+    start.elapsed().as_secs_f64() * 1e6 / n as f64
+}
+
+/// Product texts like the proxy-overhead bench's: mostly 8-40 words, one in eight 60-200.
+fn catalogue(n: usize) -> Vec<String> {
+    const WORDS: &[&str] = &[
+        "trail",
+        "running",
+        "shoe",
+        "waterproof",
+        "men's",
+        "women's",
+        "lightweight",
+        "cushioned",
+        "grip",
+        "mesh",
+        "upper",
+        "size",
+        "black",
+        "red",
+        "breathable",
+        "rubber",
+        "outsole",
+        "carbon",
+        "plate",
+        "racing",
+    ];
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    (0..n)
+        .map(|i| {
+            let r = next();
+            let words = if r % 8 == 0 { 60 + (r >> 8) % 140 } else { 8 + (r >> 8) % 32 };
+            let mut t = format!("Item {i}:");
+            for _ in 0..words {
+                t.push(' ');
+                t.push_str(WORDS[(next() % WORDS.len() as u64) as usize]);
+            }
+            t.push_str(&format!(", model {}", next() % 10_000));
+            t
+        })
+        .collect()
+}
+
+fn main() {
+    println!(
+        "{:>6}  {:>8}  {:>11}  {:>9}  {:>9}  {:>11}  {:>9}",
+        "items", "bytes", "scanner µs", "serde µs", "limits µs", "features µs", "feat GB/s"
+    );
+    for items in [100usize, 1000] {
+        let texts = catalogue(items);
+        let body = serde_json::to_vec(&serde_json::json!({
+            "query": "waterproof trail running shoes for men",
+            "items": texts,
+            "deadline_ms": 10_000,
+        }))
+        .expect("serialise");
+        let scanned = ScoreRequestRef::parse(&body).expect("scanner");
+        let serde: ScoreRequestRef = ApiError::parse_json(&body).expect("serde");
+        assert_eq!(scanned, serde, "the scanner reads what serde reads");
+        assert!(sieve_shared::score_scan::scan(&body).is_some(), "the scanner reads it itself");
+        let n = 200_000 / items;
+        let scan = time(n, || ScoreRequestRef::parse(black_box(&body)).expect("scanner"));
+        let serde = time(n, || ApiError::parse_json::<ScoreRequestRef>(black_box(&body)).expect("serde"));
+        let limits = Limits::default();
+        let check = time(n, || limits.check_ref(black_box(&scanned), "items").expect("valid"));
+        let feats = time(n, || scanned.items.iter().map(|i| features(black_box(i.text()))[5]).sum::<f64>());
+        let text_bytes: usize = texts.iter().map(String::len).sum();
+        let gbs = text_bytes as f64 / feats / 1e3;
+        println!("{items:>6}  {:>8}  {scan:>11.2}  {serde:>9.2}  {check:>9.2}  {feats:>11.2}  {gbs:>9.2}", body.len());
+    }
+}
