@@ -2,7 +2,8 @@
 //!
 //!     cargo build --release -p sieve-proxy -p sieve-loadtest
 //!     cargo bench -p sieve-e2e --bench grpc [-- --quick] [-- --only HTTP|tonic|hyper]
-//!         [-- --calls N] [-- --rounds R] [-- --inline-streams N] [-- --front-end]
+//!         [-- --calls N] [-- --rounds R] [-- --inline-streams N] [-- --grpc KEY=VALUE]...
+//!         [-- --front-end]
 //!
 //! Part 1 (how the proxy could talk to its workers): calls of one shard (32 items) to a
 //! zero-compute `sieve-loadtest sim-worker` process, one at a time and 16 at once: HTTP/1.1 with
@@ -72,9 +73,21 @@ fn main() {
     let calls = arg("--calls").unwrap_or(if quick { 400 } else { 4000 });
     let rounds = arg("--rounds").unwrap_or(8).min(calls);
     // `--inline-streams N`: every process's `[grpc] inline_streams` (else its default). The
-    // value 0 is allowed here, so it is read apart from the counts above.
+    // value 0 is allowed here, so it is read apart from the counts above. `--grpc KEY=VALUE`
+    // (repeatable): any other `[grpc]` key for every process, e.g. `--grpc write_buffer_bytes=0`
+    // to compare with a key's default in one build.
+    let mut grpc_keys: Vec<String> = args
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| *a == "--grpc")
+        .map(|(i, _)| args.get(i + 1).cloned().expect("--grpc KEY=VALUE"))
+        .collect();
     if let Some(v) = args.iter().position(|a| a == "--inline-streams").and_then(|i| args.get(i + 1)) {
-        write_grpc_config(v.parse().unwrap_or_else(|_| panic!("--inline-streams {v}: not a whole number")));
+        let n: u32 = v.parse().unwrap_or_else(|_| panic!("--inline-streams {v}: not a whole number"));
+        grpc_keys.push(format!("inline_streams={n}"));
+    }
+    if !grpc_keys.is_empty() {
+        write_grpc_config(&grpc_keys);
     }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     // `--front-end`: Part 2 alone.
@@ -92,14 +105,20 @@ fn zero_sim() -> Proc {
     spawn("sieve-loadtest", &args, START)
 }
 
-/// With `--inline-streams N`: a config file of `[grpc] inline_streams = N` that every process of
-/// the run is started with (0: hyper's task per call, to compare with the default in one build).
+/// With `--inline-streams N` or `--grpc KEY=VALUE`: a config file of those `[grpc]` keys that
+/// every process of the run is started with (e.g. `inline_streams = 0`: hyper's task per call,
+/// to compare with the default in one build).
 static GRPC_CONFIG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
-fn write_grpc_config(inline_streams: usize) {
+fn write_grpc_config(keys: &[String]) {
     let p = std::env::temp_dir().join(format!("sieve-grpc-bench-config-{}.toml", std::process::id()));
-    std::fs::write(&p, format!("[grpc]\ninline_streams = {inline_streams}\n")).expect("config file");
-    println!("every process with [grpc] inline_streams = {inline_streams}");
+    let mut toml = String::from("[grpc]\n");
+    for kv in keys {
+        let (k, v) = kv.split_once('=').unwrap_or_else(|| panic!("--grpc {kv}: not KEY=VALUE"));
+        toml.push_str(&format!("{} = {}\n", k.trim(), v.trim()));
+    }
+    std::fs::write(&p, &toml).expect("config file");
+    println!("every process with {}", toml.replace('\n', " ").trim());
     let _ = GRPC_CONFIG.set(p.display().to_string());
 }
 

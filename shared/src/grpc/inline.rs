@@ -27,6 +27,8 @@ use std::task::{Context, Poll, Waker};
 
 use futures_util::stream::{FuturesUnordered, StreamExt as _};
 
+use super::io::Output;
+
 type Call = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// What the executor and the connection's task share.
@@ -62,9 +64,10 @@ impl StreamExec {
     }
 
     /// `conn` (the connection's HTTP/2 server) with its inline calls, as one future: the
-    /// connection's task.
-    pub(super) fn drive<C: Future>(self, conn: C) -> Driven<C> {
-        Driven { conn: Box::pin(conn), calls: FuturesUnordered::new(), exec: self }
+    /// connection's task. With `out` (its socket's held writes, `io.rs`), what the poll wrote is
+    /// sent at the end of each poll.
+    pub(super) fn drive<C: Future>(self, conn: C, out: Option<Output>) -> Driven<C> {
+        Driven { conn: Box::pin(conn), calls: FuturesUnordered::new(), exec: self, out }
     }
 }
 
@@ -93,6 +96,7 @@ pub(super) struct Driven<C: Future> {
     conn: Pin<Box<C>>,
     calls: FuturesUnordered<Call>,
     exec: StreamExec,
+    out: Option<Output>,
 }
 
 impl<C: Future> Future for Driven<C> {
@@ -117,12 +121,20 @@ impl<C: Future> Future for Driven<C> {
             if finished > 0 {
                 this.exec.lock().inline -= finished;
             }
-            if let Poll::Ready(out) = this.conn.as_mut().poll(cx) {
-                return Poll::Ready(out);
+            if let Poll::Ready(end) = this.conn.as_mut().poll(cx) {
+                // Best effort: a connection that ended well has sent everything at its shutdown.
+                if let Some(out) = &this.out {
+                    out.send(cx);
+                }
+                return Poll::Ready(end);
             }
             // A call the connection's poll has just handed over starts now, not on a later
             // wake-up.
             if this.exec.lock().new.is_empty() {
+                // Everything this poll wrote (an answer's three frames) goes out in one write.
+                if let Some(out) = &this.out {
+                    out.send(cx);
+                }
                 return Poll::Pending;
             }
         }
@@ -166,7 +178,7 @@ mod tests {
                 "closed"
             }
         };
-        let driven = tokio::spawn(exec.clone().drive(conn));
+        let driven = tokio::spawn(exec.clone().drive(conn, None));
         // Let the driven task and the spawned call run: one of the calls waits on the gate.
         for _ in 0..10 {
             tokio::task::yield_now().await;
@@ -204,7 +216,7 @@ mod tests {
                 tokio::task::yield_now().await;
             }
         };
-        exec.drive(conn).await;
+        exec.drive(conn, None).await;
         assert_eq!(dropped.load(Ordering::SeqCst), 1);
     }
 }

@@ -11,6 +11,7 @@
 //! - `status.rs`: API errors as gRPC status codes with rich details;
 //! - `server.rs`: the accept loop (hyper's HTTP/2 under the `[http]` and `[grpc]` limits);
 //! - `inline.rs`: a connection's calls on the connection's own task (no task hop per call);
+//! - `io.rs`: a connection's writes of one poll sent in one write (an answer in one segment);
 //! - `config.rs`: `[grpc]`.
 
 mod api;
@@ -18,6 +19,7 @@ mod config;
 mod convert;
 mod deadline;
 mod inline;
+mod io;
 mod server;
 mod status;
 mod wire;

@@ -8,7 +8,8 @@
 //! and an abrupt stop leaves its connection tasks running. The generated `SieveServer` is a
 //! plain tower service, so it runs on hyper directly. `Score` alone goes around it, to tonic's
 //! unary call handling over our codec (`wire.rs`: the message read in place). Each connection's
-//! calls run on the connection's own task, up to `[grpc] inline_streams` (`inline.rs`).
+//! calls run on the connection's own task, up to `[grpc] inline_streams` (`inline.rs`); its
+//! socket is read in large chunks and written once per poll of that task (`io.rs`).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -25,6 +26,7 @@ use hyper::service::service_fn;
 use hyper::Request;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
+use tokio::io::BufReader;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -34,6 +36,7 @@ use tonic::Status;
 
 use super::api::RawScore;
 use super::inline::StreamExec;
+use super::io::ConnIo;
 use super::pb::sieve_server::SieveServer;
 use super::wire::RawScoreCodec;
 use super::{status, GrpcApi, GrpcConfig};
@@ -67,7 +70,13 @@ where
                 // and may retry.
                 let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
                 let _ = stream.set_nodelay(true);
-                let server = server.clone();
+                // Reads in chunks of `read_buffer_bytes`, and each poll's writes in one
+                // (`io.rs`).
+                let (io, out) = ConnIo::new(stream, grpc.write_buffer_bytes);
+                // `BufReader` refuses a capacity of 0; one of 1 passes every read straight to
+                // the socket (a read is never for less than a byte): the `0` of the config.
+                let io = TokioIo::new(BufReader::with_capacity(grpc.read_buffer_bytes.max(1), io));
+                let out = (grpc.write_buffer_bytes > 0).then_some(out);
                 let (server, api) = (server.clone(), api.clone());
                 let handler = service_fn(move |req: Request<Incoming>| {
                     let req = req.map(|b| Timed::new(b, body_timeout));
@@ -87,8 +96,8 @@ where
                 });
                 // Each connection its own executor: its calls run on its own task (`inline.rs`).
                 let exec = StreamExec::new(inline_streams);
-                let conn = builder(exec.clone(), &grpc, &http).serve_connection(TokioIo::new(stream), handler);
-                let conn = exec.drive(graceful.watch(conn));
+                let conn = builder(exec.clone(), &grpc, &http).serve_connection(io, handler);
+                let conn = exec.drive(graceful.watch(conn), out);
                 conns.spawn(async move {
                     if let Err(e) = conn.await {
                         tracing::debug!("gRPC connection: {e}");
