@@ -95,15 +95,9 @@ impl Conn {
         };
         // The body's end was read by the connection future, which by then has taken the
         // connection back to idle and asked for the next request, unless the worker said
-        // `connection: close` (or the connection failed): one poll tells.
-        let reusable = std::future::poll_fn(|cx| {
-            if self.ended || Pin::new(&mut self.conn).poll(cx).is_ready() {
-                self.ended = true;
-                return Poll::Ready(false);
-            }
-            Poll::Ready(matches!(self.tx.poll_ready(cx), Poll::Ready(Ok(()))))
-        })
-        .await;
+        // `connection: close` (or the connection failed): one poll tells. It is made without
+        // this task's waker, so that nothing the idle connection sees wakes this task.
+        let reusable = self.is_usable();
         self.idle_since = Instant::now();
         Ok((Response::from_parts(parts, body), reusable))
     }
