@@ -1,13 +1,15 @@
 //! Stage 2, dispatch: every shard as its own task, run to an outcome under the request's
 //! deadline. A shard's primary attempt goes to its planned worker; a failed attempt is retried
 //! elsewhere ([`retry`]); one that lags past the p95 of its predicted time is hedged
-//! ([`hedge`]); the first success wins and the other attempts are aborted, which closes their
-//! connections ([`attempt`]). Each answer is fed back ([`feedback`](super::feedback)) as it
+//! ([`hedge`]); the first success wins and the other attempts are dropped, which closes their
+//! connections ([`attempt`]). A shard's attempts are polled in the shard's own task
+//! ([`in_flight`]). Each answer is fed back ([`feedback`](super::feedback)) as it
 //! arrives.
 
 pub mod answer;
 pub mod attempt;
 mod hedge;
+mod in_flight;
 mod retry;
 pub mod shard_body;
 
@@ -17,7 +19,8 @@ use std::time::{Duration, Instant};
 use sieve_shared::{ApiError, ScoreResponse};
 use tokio::task::JoinSet;
 
-use self::attempt::{AttemptError, AttemptKind, AttemptResult};
+use self::attempt::{AttemptError, AttemptKind};
+use self::in_flight::InFlight;
 use super::feedback;
 use super::merge::ShardResult;
 use super::plan::{Eligible, ShardJob};
@@ -45,8 +48,7 @@ pub struct ShardDone {
 pub async fn run(ctx: Arc<RequestCtx>, mut jobs: Vec<ShardJob>) -> Result<Vec<ShardResult>, ApiError> {
     if jobs.len() == 1 {
         // The whole request on one worker: nothing to run beside it, so the shard runs in the
-        // request's own task (no task spawned and joined per request). Its attempts still run
-        // as their own tasks.
+        // request's own task (no task spawned and joined per request), and so do its attempts.
         let job = jobs.remove(0);
         let items = job.items.clone();
         return Ok(vec![ShardResult { items, outcome: run_shard(ctx, job).await }]);
@@ -76,7 +78,7 @@ struct Shard {
     ctx: Arc<RequestCtx>,
     items: Arc<Vec<usize>>,
     /// The attempts in flight.
-    set: JoinSet<AttemptResult>,
+    set: InFlight,
     /// Every worker sent an attempt, the primary's first.
     tried: Vec<Arc<Worker>>,
     attempts: u32,
@@ -153,7 +155,7 @@ pub async fn run_shard(ctx: Arc<RequestCtx>, job: ShardJob) -> ShardOutcome {
     let mut shard = Shard {
         ctx: ctx.clone(),
         items: Arc::new(job.items),
-        set: JoinSet::new(),
+        set: InFlight::default(),
         tried: Vec::new(),
         attempts: 1,
         retries: 0,
@@ -165,16 +167,9 @@ pub async fn run_shard(ctx: Arc<RequestCtx>, job: ShardJob) -> ShardOutcome {
 
     loop {
         tokio::select! {
-            joined = shard.set.join_next() => {
+            next = shard.set.next() => {
                 // Nothing in flight and nothing more to try.
-                let Some(joined) = joined else { return shard.failed() };
-                let r = match joined {
-                    Ok(r) => r,
-                    Err(e) => {
-                        tracing::error!("shard attempt task failed: {e}");
-                        continue;
-                    }
-                };
+                let Some(r) = next else { return shard.failed() };
                 match r.result {
                     Ok(response) => {
                         feedback::on_success(&ctx, &shard.items, &r.worker, &response, job.finish_ms, shard_start, r.kind);
@@ -200,7 +195,7 @@ pub async fn run_shard(ctx: Arc<RequestCtx>, job: ShardJob) -> ShardOutcome {
                 hedge_at = hedge::next_at(&ctx, sent, job.compute_ms, Instant::now());
             }
             _ = tokio::time::sleep_until(deadline) => {
-                // Dropping the set aborts the attempts: their connections close.
+                // Dropping the set drops the attempts: their connections close.
                 return ShardOutcome::Missed;
             }
         }
