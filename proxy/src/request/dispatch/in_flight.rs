@@ -1,8 +1,8 @@
-//! A shard's attempts in flight, polled in the shard's own task rather than spawned: a shard
-//! has one attempt at a time unless it is hedged (then a few), so they are kept in a small list
-//! and each wake-up polls them all; spawning each as a task (with its join handle) cost a task
-//! and a wake-up per call. Dropping the list drops the attempts, which closes their
-//! connections: that cancels them on their workers.
+//! A shard's attempts in flight, polled in the shard's task (the request's) rather than
+//! spawned: a shard has one attempt at a time unless it is hedged (then a few), so they are kept
+//! in a small list and each wake-up polls them all; spawning each as a task (with its join
+//! handle) cost a task and a wake-up per call. Dropping the list drops the attempts, which
+//! closes their connections: that cancels them on their workers.
 
 use std::future::Future;
 use std::pin::Pin;

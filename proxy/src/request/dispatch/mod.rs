@@ -1,10 +1,9 @@
-//! Stage 2, dispatch: every shard as its own task, run to an outcome under the request's
-//! deadline. A shard's primary attempt goes to its planned worker; a failed attempt is retried
-//! elsewhere ([`retry`]); one that lags past the p95 of its predicted time is hedged
-//! ([`hedge`]); the first success wins and the other attempts are dropped, which closes their
-//! connections ([`attempt`]). A shard's attempts are polled in the shard's own task
-//! ([`in_flight`]). Each answer is fed back ([`feedback`](super::feedback)) as it
-//! arrives.
+//! Stage 2, dispatch: every shard run concurrently, in the request's own task, to an outcome
+//! under the request's deadline. A shard's primary attempt goes to its planned worker; a failed
+//! attempt is retried elsewhere ([`retry`]); one that lags past the p95 of its predicted time is
+//! hedged ([`hedge`]); the first success wins and the other attempts are dropped, which closes
+//! their connections ([`attempt`]). A shard's attempts are polled in the same task
+//! ([`in_flight`]). Each answer is fed back ([`feedback`](super::feedback)) as it arrives.
 
 pub mod answer;
 pub mod attempt;
@@ -16,8 +15,8 @@ pub mod shard_body;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::stream::{FuturesUnordered, StreamExt as _};
 use sieve_shared::{ApiError, ScoreResponse};
-use tokio::task::JoinSet;
 
 use self::attempt::{AttemptError, AttemptKind};
 use self::in_flight::InFlight;
@@ -44,33 +43,29 @@ pub struct ShardDone {
     pub retries: u32,
 }
 
-/// Runs every shard concurrently; the outcomes in plan order, with each shard's items.
+/// Runs every shard concurrently; the outcomes in plan order, with each shard's items. The
+/// shards are polled in the request's own task (a `FuturesUnordered` polls only those woken), as
+/// their attempts are in theirs: no task is spawned and joined per shard or per call.
 pub async fn run(ctx: Arc<RequestCtx>, mut jobs: Vec<ShardJob>) -> Result<Vec<ShardResult>, ApiError> {
     if jobs.len() == 1 {
-        // The whole request on one worker: nothing to run beside it, so the shard runs in the
-        // request's own task (no task spawned and joined per request), and so do its attempts.
         let job = jobs.remove(0);
-        let items = job.items.clone();
-        return Ok(vec![ShardResult { items, outcome: run_shard(ctx, job).await }]);
+        return Ok(vec![run_shard(ctx, job).await]);
     }
-    let mut set = JoinSet::new();
-    let shard_items: Vec<Vec<usize>> = jobs.iter().map(|j| j.items.clone()).collect();
-    for (idx, job) in jobs.into_iter().enumerate() {
-        let ctx = ctx.clone();
-        set.spawn(async move { (idx, run_shard(ctx, job).await) });
-    }
-    let mut outcomes: Vec<Option<_>> = (0..shard_items.len()).map(|_| None).collect();
-    while let Some(joined) = set.join_next().await {
-        match joined {
-            Ok((idx, outcome)) => outcomes[idx] = Some(outcome),
-            Err(e) => return Err(ApiError::internal(format!("shard task failed: {e}"))),
-        }
-    }
-    Ok(shard_items
+    let n = jobs.len();
+    let mut shards: FuturesUnordered<_> = jobs
         .into_iter()
-        .zip(outcomes)
-        .map(|(items, outcome)| ShardResult { items, outcome: outcome.unwrap_or(ShardOutcome::Missed) })
-        .collect())
+        .enumerate()
+        .map(|(idx, job)| {
+            let ctx = ctx.clone();
+            async move { (idx, run_shard(ctx, job).await) }
+        })
+        .collect();
+    let mut done = Vec::with_capacity(n);
+    while let Some(shard) = shards.next().await {
+        done.push(shard);
+    }
+    done.sort_unstable_by_key(|(idx, _)| *idx);
+    Ok(done.into_iter().map(|(_, result)| result).collect())
 }
 
 /// One shard's attempts so far.
@@ -148,13 +143,28 @@ impl Shard {
     }
 }
 
-/// Runs one shard to an outcome.
-pub async fn run_shard(ctx: Arc<RequestCtx>, job: ShardJob) -> ShardOutcome {
+/// Runs one shard to an outcome, given back with the shard's items.
+async fn run_shard(ctx: Arc<RequestCtx>, job: ShardJob) -> ShardResult {
+    let items = Arc::new(job.items);
+    let outcome = shard_outcome(&ctx, &items, job.worker, job.compute_ms, job.finish_ms).await;
+    // The attempts are dropped by now: the items are the shard's alone again.
+    let items = Arc::try_unwrap(items).unwrap_or_else(|shared| shared.as_ref().clone());
+    ShardResult { items, outcome }
+}
+
+/// The shard's attempts until one succeeds, every one has failed, or the deadline passes.
+async fn shard_outcome(
+    ctx: &Arc<RequestCtx>,
+    items: &Arc<Vec<usize>>,
+    worker: Arc<Worker>,
+    compute_ms: f64,
+    finish_ms: f64,
+) -> ShardOutcome {
     let shard_start = Instant::now();
     let deadline = tokio::time::Instant::from_std(ctx.deadline);
     let mut shard = Shard {
         ctx: ctx.clone(),
-        items: Arc::new(job.items),
+        items: items.clone(),
         set: InFlight::default(),
         tried: Vec::new(),
         attempts: 1,
@@ -162,8 +172,8 @@ pub async fn run_shard(ctx: Arc<RequestCtx>, job: ShardJob) -> ShardOutcome {
         hedged: false,
         last_error: None,
     };
-    shard.send(job.worker, AttemptKind::Primary, job.compute_ms);
-    let mut hedge_at = hedge::hedge_at(&ctx, job.finish_ms, shard_start);
+    shard.send(worker, AttemptKind::Primary, compute_ms);
+    let mut hedge_at = hedge::hedge_at(ctx, finish_ms, shard_start);
 
     loop {
         tokio::select! {
@@ -172,7 +182,7 @@ pub async fn run_shard(ctx: Arc<RequestCtx>, job: ShardJob) -> ShardOutcome {
                 let Some(r) = next else { return shard.failed() };
                 match r.result {
                     Ok(response) => {
-                        feedback::on_success(&ctx, &shard.items, &r.worker, &response, job.finish_ms, shard_start, r.kind);
+                        feedback::on_success(ctx, &shard.items, &r.worker, &response, finish_ms, shard_start, r.kind);
                         if r.kind == AttemptKind::Hedge {
                             metrics::counter!(m::HEDGE_WINS).increment(1);
                         }
@@ -192,7 +202,7 @@ pub async fn run_shard(ctx: Arc<RequestCtx>, job: ShardJob) -> ShardOutcome {
             }
             _ = tokio::time::sleep_until(hedge_at.unwrap_or(deadline)), if hedge_at.is_some() => {
                 let sent = shard.on_hedge_timer();
-                hedge_at = hedge::next_at(&ctx, sent, job.compute_ms, Instant::now());
+                hedge_at = hedge::next_at(ctx, sent, compute_ms, Instant::now());
             }
             _ = tokio::time::sleep_until(deadline) => {
                 // Dropping the set drops the attempts: their connections close.
