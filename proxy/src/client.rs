@@ -196,9 +196,11 @@ pub struct Chunks {
 }
 
 impl From<Vec<Bytes>> for Chunks {
-    fn from(chunks: Vec<Bytes>) -> Self {
+    fn from(mut chunks: Vec<Bytes>) -> Self {
         let remaining = chunks.iter().map(|c| c.len() as u64).sum();
-        Chunks { chunks: chunks.into_iter().filter(|c| !c.is_empty()).collect(), remaining }
+        chunks.retain(|c| !c.is_empty());
+        // In place: the vector's buffer becomes the queue's (no second allocation per call).
+        Chunks { chunks: VecDeque::from(chunks), remaining }
     }
 }
 
