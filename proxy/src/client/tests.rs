@@ -134,6 +134,21 @@ async fn sequential_calls_share_one_connection_and_chunks_arrive_whole() {
 }
 
 #[tokio::test]
+async fn large_bodies_both_ways_keep_the_connection() {
+    // A 1,000-item request's size: the request and the answer take several reads and writes.
+    let (uri, counts) = server(Mode::Echo).await;
+    let c = client(ClientConfig::default());
+    for k in 0..3u8 {
+        let body: Vec<Bytes> = (0..100).map(|i| Bytes::from(vec![b'a' + (i + k) % 26; 3000])).collect();
+        let expected: Vec<u8> = body.iter().flat_map(|b| b.iter().copied()).collect();
+        let reply = c.post_json(&uri, body, &[]).await.unwrap();
+        assert_eq!(reply.body.len(), 300_000);
+        assert!(reply.body[..] == expected[..]);
+    }
+    assert_eq!(counts.accepted.load(Ordering::SeqCst), 1, "keep-alive connection reused");
+}
+
+#[tokio::test]
 async fn concurrent_calls_each_get_a_connection_and_free_them_for_later_calls() {
     let (uri, counts) = server(Mode::Echo).await;
     let c = client(ClientConfig::default());
