@@ -188,7 +188,7 @@ fn check_shard_response(r: ScoreResponse, n_items: usize) -> Result<ScoreRespons
 
 /// Counts the attempt on its worker and starts it (in the shard's task).
 pub fn launch(
-    set: &mut InFlight,
+    set: &mut InFlight<AttemptResult>,
     ctx: &Arc<RequestCtx>,
     items: &Arc<Vec<usize>>,
     worker: Arc<Worker>,

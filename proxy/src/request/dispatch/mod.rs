@@ -12,13 +12,17 @@ mod in_flight;
 mod retry;
 pub mod shard_body;
 
+use std::any::Any;
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use futures_util::stream::{FuturesUnordered, StreamExt as _};
 use sieve_shared::{ApiError, ScoreResponse};
 
-use self::attempt::{AttemptError, AttemptKind};
+use self::attempt::{AttemptError, AttemptKind, AttemptResult};
 use self::in_flight::InFlight;
 use super::feedback;
 use super::merge::ShardResult;
@@ -57,15 +61,41 @@ pub async fn run(ctx: Arc<RequestCtx>, mut jobs: Vec<ShardJob>) -> Result<Vec<Sh
         .enumerate()
         .map(|(idx, job)| {
             let ctx = ctx.clone();
-            async move { (idx, run_shard(ctx, job).await) }
+            async move { (idx, caught(run_shard(ctx, job)).await) }
         })
         .collect();
     let mut done = Vec::with_capacity(n);
-    while let Some(shard) = shards.next().await {
-        done.push(shard);
+    while let Some((idx, shard)) = shards.next().await {
+        match shard {
+            Ok(result) => done.push((idx, result)),
+            // What a shard task's panic gave; the other shards are dropped (their connections
+            // closed).
+            Err(e) => return Err(ApiError::internal(format!("shard task failed: {e}"))),
+        }
     }
     done.sort_unstable_by_key(|(idx, _)| *idx);
     Ok(done.into_iter().map(|(_, result)| result).collect())
+}
+
+/// `fut`'s output, or the message of its panic: a shard polled in the request's task fails its
+/// request with a 500 when it panics, as a spawned shard task did.
+async fn caught<F: Future>(fut: F) -> Result<F::Output, String> {
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(|cx| match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
+        Ok(Poll::Ready(out)) => Poll::Ready(Ok(out)),
+        Ok(Poll::Pending) => Poll::Pending,
+        Err(panic) => Poll::Ready(Err(panic_message(&panic))),
+    })
+    .await
+}
+
+/// What a panic's payload says, when it is a message.
+fn panic_message(panic: &Box<dyn Any + Send>) -> String {
+    match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
+        (Some(s), _) => (*s).to_string(),
+        (_, Some(s)) => s.clone(),
+        _ => "panic".to_string(),
+    }
 }
 
 /// One shard's attempts so far.
@@ -73,7 +103,7 @@ struct Shard {
     ctx: Arc<RequestCtx>,
     items: Arc<Vec<usize>>,
     /// The attempts in flight.
-    set: InFlight,
+    set: InFlight<AttemptResult>,
     /// Every worker sent an attempt, the primary's first.
     tried: Vec<Arc<Worker>>,
     attempts: u32,
@@ -236,4 +266,20 @@ fn ranked_others(ctx: &RequestCtx, items: &[usize], exclude: &[Arc<Worker>]) -> 
 /// Whether work predicted to take `finish_ms` from now ends before the deadline.
 fn fits(ctx: &RequestCtx, finish_ms: f64) -> bool {
     Instant::now() + Duration::from_secs_f64(finish_ms.max(0.0) / 1e3) < ctx.deadline
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_shard_that_panics_is_an_error_not_a_lost_request() {
+        assert_eq!(caught(async { 3 }).await, Ok(3));
+        let e = caught(async {
+            tokio::task::yield_now().await;
+            panic!("shard bug {}", 1)
+        })
+        .await;
+        assert_eq!(e, Err::<(), _>("shard bug 1".to_string()));
+    }
 }
