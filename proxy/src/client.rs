@@ -1,35 +1,45 @@
-//! The HTTP client to workers: hyper's pooled client, keep-alive connections reused across
-//! shards, bodies read whole with a size cap. Dropping a call's future closes its connection,
-//! which is how a hedge's loser (or a call past the deadline) is cancelled on the worker.
+//! The HTTP client to workers: HTTP/1 keep-alive connections reused across shards, bodies read
+//! whole with a size cap. Each call drives its own connection in the calling task
+//! ([`conn`]: no connection task, no channel between the two) and hands it back to a pool of
+//! idle connections ([`pool`]) once its response is complete. Dropping a call's future closes
+//! its connection, which is how a hedge's loser (or a call past the deadline) is cancelled on
+//! the worker.
 //!
 //! A thread that runs a runtime of its own (the API's per-thread runtimes, `api_threads.rs`)
 //! calls [`use_own_pool_on_this_thread`]: its calls then go through a pool of that thread's
-//! own, so a worker connection is only ever driven by the thread whose requests use it (no
+//! own, so a worker connection is only ever used by the thread whose requests use it (no
 //! wake-up crosses threads).
+
+mod conn;
+mod pool;
+#[cfg(test)]
+mod tests;
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Limited};
 use hyper::body::{Body, Frame, SizeHint};
-use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::header::{HeaderValue, CONTENT_TYPE, HOST};
 use hyper::{HeaderMap, Method, Request, StatusCode, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use sieve_shared::proxy_config::ClientConfig;
 
-type Pool = Client<HttpConnector, Chunks>;
+use self::conn::{CallError, Conn};
+use self::pool::Pool;
 
 #[derive(Clone)]
 pub struct HttpClient {
-    client: Pool,
+    /// The pool of calls made from threads without one of their own.
+    pool: Arc<Pool>,
+    connector: HttpConnector,
+    http1: hyper::client::conn::http1::Builder,
     max_response_bytes: usize,
     /// What a thread's own pool is built from.
     cfg: ClientConfig,
@@ -42,12 +52,11 @@ thread_local! {
     /// Whether this thread's calls use pools of its own ([`use_own_pool_on_this_thread`]).
     static OWN_POOL: Cell<bool> = const { Cell::new(false) };
     /// This thread's own pools, one per client (by id) that has called from it.
-    static POOLS: RefCell<Vec<(u64, Pool)>> = const { RefCell::new(Vec::new()) };
+    static POOLS: RefCell<Vec<(u64, Arc<Pool>)>> = const { RefCell::new(Vec::new()) };
 }
 
 /// From now on, calls made on this thread (by any [`HttpClient`]) go through connection pools of
-/// this thread's own, whose connections are driven by this thread's runtime. For a thread that
-/// runs a current-thread runtime for as long as it lives.
+/// this thread's own. For a thread that runs a current-thread runtime for as long as it lives.
 pub fn use_own_pool_on_this_thread() {
     OWN_POOL.with(|o| o.set(true));
 }
@@ -76,8 +85,13 @@ pub struct Reply {
 impl HttpClient {
     pub fn new(cfg: &ClientConfig) -> Self {
         static IDS: AtomicU64 = AtomicU64::new(0);
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_millis(cfg.connect_timeout_ms)));
         HttpClient {
-            client: pool(cfg),
+            pool: pool(cfg),
+            connector,
+            http1: hyper::client::conn::http1::Builder::new(),
             max_response_bytes: cfg.max_response_bytes,
             cfg: cfg.clone(),
             id: IDS.fetch_add(1, Ordering::Relaxed),
@@ -90,7 +104,7 @@ impl HttpClient {
         body: impl Into<Chunks>,
         headers: &[(&'static str, HeaderValue)],
     ) -> Result<Reply, ClientError> {
-        let mut req = Request::builder().method(Method::POST).uri(uri.clone());
+        let mut req = Request::builder().method(Method::POST).uri(origin_form(uri));
         for (name, value) in headers {
             req = req.header(*name, value.clone());
         }
@@ -98,63 +112,78 @@ impl HttpClient {
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
             .body(body.into())
             .map_err(|e| ClientError::Request(e.to_string()))?;
-        self.send(req).await
+        self.send(uri, req).await
     }
 
     pub async fn get(&self, uri: &Uri) -> Result<Reply, ClientError> {
         let req = Request::builder()
             .method(Method::GET)
-            .uri(uri.clone())
+            .uri(origin_form(uri))
             .body(Chunks::default())
             .map_err(|e| ClientError::Request(e.to_string()))?;
-        self.send(req).await
+        self.send(uri, req).await
     }
 
-    async fn send(&self, req: Request<Chunks>) -> Result<Reply, ClientError> {
-        let sending = if OWN_POOL.with(Cell::get) {
-            POOLS.with(|pools| {
-                let mut pools = pools.borrow_mut();
-                let k = match pools.iter().position(|(id, _)| *id == self.id) {
-                    Some(k) => k,
-                    None => {
-                        pools.push((self.id, pool(&self.cfg)));
-                        pools.len() - 1
+    /// Sends `req` (its URI the path of `uri`) on an idle connection to `uri`'s worker or a new
+    /// one. A request that an idle connection closed on before writing it goes on a new
+    /// connection (as hyper's pooled client does); a connection that cannot be made is
+    /// [`ClientError::Connect`].
+    async fn send(&self, uri: &Uri, mut req: Request<Chunks>) -> Result<Reply, ClientError> {
+        let key = uri.authority().ok_or_else(|| ClientError::Request(format!("no host in {uri}")))?;
+        let pool = self.pool_here();
+        let mut reused = pool.take(key);
+        loop {
+            let fresh = reused.is_none();
+            let mut conn = match reused.take() {
+                Some(conn) => conn,
+                None => Conn::open(&self.connector, &self.http1, uri).await?,
+            };
+            req.headers_mut().insert(HOST, conn.host.clone());
+            match conn.call(req, self.max_response_bytes).await {
+                Ok((resp, keep_alive)) => {
+                    if keep_alive && self.cfg.max_idle_per_worker > 0 {
+                        pool.put(key, conn);
                     }
-                };
-                pools[k].1.request(req)
-            })
-        } else {
-            self.client.request(req)
-        };
-        let resp = sending.await.map_err(|e| {
-            if e.is_connect() {
-                ClientError::Connect(error_chain(&e))
-            } else {
-                ClientError::Broken(error_chain(&e))
+                    let (parts, body) = resp.into_parts();
+                    return Ok(Reply { status: parts.status, headers: parts.headers, body });
+                }
+                Err(CallError::NotSent(back, _)) if !fresh => req = *back,
+                Err(CallError::NotSent(_, msg)) => return Err(ClientError::Broken(msg)),
+                Err(CallError::Failed(e)) => return Err(e),
             }
-        })?;
-        let (parts, body) = resp.into_parts();
-        let body = Limited::new(body, self.max_response_bytes).collect().await.map_err(|e| {
-            if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
-                ClientError::TooLarge(self.max_response_bytes)
-            } else {
-                ClientError::Broken(e.to_string())
+        }
+    }
+
+    /// The pool of the calling thread: its own ([`use_own_pool_on_this_thread`]) or the
+    /// client's shared one.
+    fn pool_here(&self) -> Arc<Pool> {
+        if !OWN_POOL.with(Cell::get) {
+            return self.pool.clone();
+        }
+        POOLS.with(|pools| {
+            let mut pools = pools.borrow_mut();
+            match pools.iter().find(|(id, _)| *id == self.id) {
+                Some((_, p)) => p.clone(),
+                None => {
+                    let p = pool(&self.cfg);
+                    pools.push((self.id, p.clone()));
+                    p
+                }
             }
-        })?;
-        Ok(Reply { status: parts.status, headers: parts.headers, body: body.to_bytes() })
+        })
     }
 }
 
-/// hyper's pooled keep-alive client as the config says; its connection tasks run on the runtime
-/// of the call that opened them.
-fn pool(cfg: &ClientConfig) -> Pool {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(Duration::from_millis(cfg.connect_timeout_ms)));
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_millis(cfg.pool_idle_timeout_ms))
-        .pool_timer(TokioTimer::new())
-        .build(connector)
+fn pool(cfg: &ClientConfig) -> Arc<Pool> {
+    Pool::new(Duration::from_millis(cfg.pool_idle_timeout_ms), cfg.max_idle_per_worker)
+}
+
+/// The request line's target: the path and query alone (the worker is named by `host`).
+fn origin_form(uri: &Uri) -> Uri {
+    match uri.path_and_query() {
+        Some(pq) => Uri::from(pq.clone()),
+        None => Uri::from_static("/"),
+    }
 }
 
 /// A request body sent as the chunks it is made of, with its exact length (so a
@@ -167,9 +196,11 @@ pub struct Chunks {
 }
 
 impl From<Vec<Bytes>> for Chunks {
-    fn from(chunks: Vec<Bytes>) -> Self {
+    fn from(mut chunks: Vec<Bytes>) -> Self {
         let remaining = chunks.iter().map(|c| c.len() as u64).sum();
-        Chunks { chunks: chunks.into_iter().filter(|c| !c.is_empty()).collect(), remaining }
+        chunks.retain(|c| !c.is_empty());
+        // In place: the vector's buffer becomes the queue's (no second allocation per call).
+        Chunks { chunks: VecDeque::from(chunks), remaining }
     }
 }
 

@@ -432,13 +432,21 @@ pub struct ClientConfig {
     /// workers' `[http] idle_timeout_ms` so the proxy closes them first (no request is sent on
     /// a connection the worker is closing).
     pub pool_idle_timeout_ms: u64,
+    /// Idle keep-alive connections kept per worker by each connection pool (the API's threads
+    /// have a pool each); a connection freed while this many wait is closed. 0: none kept.
+    pub max_idle_per_worker: usize,
     /// Largest worker response accepted, in bytes.
     pub max_response_bytes: usize,
 }
 
 impl Default for ClientConfig {
     fn default() -> Self {
-        ClientConfig { connect_timeout_ms: 1000, pool_idle_timeout_ms: 45_000, max_response_bytes: 64 << 20 }
+        ClientConfig {
+            connect_timeout_ms: 1000,
+            pool_idle_timeout_ms: 45_000,
+            max_idle_per_worker: 256,
+            max_response_bytes: 64 << 20,
+        }
     }
 }
 

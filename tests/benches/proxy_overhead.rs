@@ -22,8 +22,9 @@
 //! Every proxy row is run for this tree's proxy as configured by default and again with the
 //! API's runtime layout switched (`[server] api_threads`: the shared multi-thread runtime
 //! against one single-threaded runtime per core); `SIEVE_BENCH_BASELINE_PROXY=PATH` adds the
-//! rows of another `sieve-proxy` build (say, the branch point's) to the same run. The proxies'
-//! pair-score cache is off (every request is the same one).
+//! rows of another `sieve-proxy` build (say, the branch point's) to the same run, and
+//! `SIEVE_BENCH_BASELINE_PROXY=base=PATH,step1=PATH2` the rows of several, labelled. The
+//! proxies' pair-score cache is off (every request is the same one).
 //!
 //! `SIEVE_BENCH_PERF=DIR` records a call-graph profile (`perf record -g`) of every router
 //! process over its throughput rows, one file per row in DIR.
@@ -252,6 +253,18 @@ struct ProxyBuild {
     server: String,
 }
 
+/// The builds `SIEVE_BENCH_BASELINE_PROXY` names: comma-separated, each `PATH` (rows labelled
+/// "baseline") or `LABEL=PATH` (several builds compared in one run).
+fn baselines(list: &str) -> Vec<ProxyBuild> {
+    list.split(',')
+        .filter(|e| !e.trim().is_empty())
+        .map(|entry| {
+            let (label, exe) = entry.split_once('=').unwrap_or(("baseline", entry));
+            ProxyBuild { label: label.trim().into(), exe: exe.trim().into(), server: String::new() }
+        })
+        .collect()
+}
+
 fn start_proxy(build: &ProxyBuild, workers: &[Proc], config: &str, name: &str) -> (Proc, PathBuf) {
     let path = std::env::temp_dir().join(format!("sieve-bench-{}-{name}.toml", std::process::id()));
     std::fs::write(&path, format!("{}{config}", build.server)).expect("proxy config");
@@ -385,8 +398,8 @@ async fn run(args: Args) {
             server: format!("[server]\napi_threads = {other_threads}\n"),
         },
     ];
-    if let Some(exe) = std::env::var_os("SIEVE_BENCH_BASELINE_PROXY") {
-        builds.push(ProxyBuild { label: "baseline".into(), exe: exe.into(), server: String::new() });
+    if let Ok(list) = std::env::var("SIEVE_BENCH_BASELINE_PROXY") {
+        builds.extend(baselines(&list));
     }
     // Per build: the whole-request proxy, then four shards of every request size (one proxy per
     // size, fixed chunks of a quarter).

@@ -1,5 +1,5 @@
-//! One attempt: a shard's call to one worker, run as its own task holding the worker's
-//! in-flight guard (dropping the task closes the connection, so the worker drops the work), and
+//! One attempt: a shard's call to one worker, a future polled in the shard's task holding the
+//! worker's in-flight guard (dropping it closes the connection, so the worker drops the work), and
 //! what its answer means: a usable score response or an error classified for the retry and
 //! breaker decisions.
 
@@ -9,9 +9,9 @@ use std::time::Instant;
 use hyper::header::HeaderValue;
 use sieve_shared::api::headers;
 use sieve_shared::{ApiError, ErrorKind, ScoreResponse};
-use tokio::task::JoinSet;
 use tracing::Instrument as _;
 
+use super::in_flight::InFlight;
 use crate::client::ClientError;
 use crate::cluster::worker::Worker;
 use crate::request::RequestCtx;
@@ -186,9 +186,9 @@ fn check_shard_response(r: ScoreResponse, n_items: usize) -> Result<ScoreRespons
     Ok(r)
 }
 
-/// Counts the attempt on its worker and starts it as its own task.
+/// Counts the attempt on its worker and starts it (in the shard's task).
 pub fn launch(
-    set: &mut JoinSet<AttemptResult>,
+    set: &mut InFlight<AttemptResult>,
     ctx: &Arc<RequestCtx>,
     items: &Arc<Vec<usize>>,
     worker: Arc<Worker>,
@@ -197,7 +197,7 @@ pub fn launch(
 ) {
     worker.counters.shards.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     worker.counters.items.fetch_add(items.len() as u64, std::sync::atomic::Ordering::Relaxed);
-    set.spawn(attempt(ctx.clone(), items.clone(), worker, kind, predicted_ms));
+    set.push(attempt(ctx.clone(), items.clone(), worker, kind, predicted_ms));
 }
 
 #[cfg(test)]

@@ -1,23 +1,29 @@
-//! Stage 2, dispatch: every shard as its own task, run to an outcome under the request's
-//! deadline. A shard's primary attempt goes to its planned worker; a failed attempt is retried
-//! elsewhere ([`retry`]); one that lags past the p95 of its predicted time is hedged
-//! ([`hedge`]); the first success wins and the other attempts are aborted, which closes their
-//! connections ([`attempt`]). Each answer is fed back ([`feedback`](super::feedback)) as it
-//! arrives.
+//! Stage 2, dispatch: every shard run concurrently, in the request's own task, to an outcome
+//! under the request's deadline. A shard's primary attempt goes to its planned worker; a failed
+//! attempt is retried elsewhere ([`retry`]); one that lags past the p95 of its predicted time is
+//! hedged ([`hedge`]); the first success wins and the other attempts are dropped, which closes
+//! their connections ([`attempt`]). A shard's attempts are polled in the same task
+//! ([`in_flight`]). Each answer is fed back ([`feedback`](super::feedback)) as it arrives.
 
 pub mod answer;
 pub mod attempt;
 mod hedge;
+mod in_flight;
 mod retry;
 pub mod shard_body;
 
+use std::any::Any;
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use futures_util::stream::{FuturesUnordered, StreamExt as _};
 use sieve_shared::{ApiError, ScoreResponse};
-use tokio::task::JoinSet;
 
 use self::attempt::{AttemptError, AttemptKind, AttemptResult};
+use self::in_flight::InFlight;
 use super::feedback;
 use super::merge::ShardResult;
 use super::plan::{Eligible, ShardJob};
@@ -41,34 +47,55 @@ pub struct ShardDone {
     pub retries: u32,
 }
 
-/// Runs every shard concurrently; the outcomes in plan order, with each shard's items.
+/// Runs every shard concurrently; the outcomes in plan order, with each shard's items. The
+/// shards are polled in the request's own task (a `FuturesUnordered` polls only those woken), as
+/// their attempts are in theirs: no task is spawned and joined per shard or per call.
 pub async fn run(ctx: Arc<RequestCtx>, mut jobs: Vec<ShardJob>) -> Result<Vec<ShardResult>, ApiError> {
     if jobs.len() == 1 {
-        // The whole request on one worker: nothing to run beside it, so the shard runs in the
-        // request's own task (no task spawned and joined per request). Its attempts still run
-        // as their own tasks.
         let job = jobs.remove(0);
-        let items = job.items.clone();
-        return Ok(vec![ShardResult { items, outcome: run_shard(ctx, job).await }]);
+        return Ok(vec![run_shard(ctx, job).await]);
     }
-    let mut set = JoinSet::new();
-    let shard_items: Vec<Vec<usize>> = jobs.iter().map(|j| j.items.clone()).collect();
-    for (idx, job) in jobs.into_iter().enumerate() {
-        let ctx = ctx.clone();
-        set.spawn(async move { (idx, run_shard(ctx, job).await) });
-    }
-    let mut outcomes: Vec<Option<_>> = (0..shard_items.len()).map(|_| None).collect();
-    while let Some(joined) = set.join_next().await {
-        match joined {
-            Ok((idx, outcome)) => outcomes[idx] = Some(outcome),
+    let n = jobs.len();
+    let mut shards: FuturesUnordered<_> = jobs
+        .into_iter()
+        .enumerate()
+        .map(|(idx, job)| {
+            let ctx = ctx.clone();
+            async move { (idx, caught(run_shard(ctx, job)).await) }
+        })
+        .collect();
+    let mut done = Vec::with_capacity(n);
+    while let Some((idx, shard)) = shards.next().await {
+        match shard {
+            Ok(result) => done.push((idx, result)),
+            // What a shard task's panic gave; the other shards are dropped (their connections
+            // closed).
             Err(e) => return Err(ApiError::internal(format!("shard task failed: {e}"))),
         }
     }
-    Ok(shard_items
-        .into_iter()
-        .zip(outcomes)
-        .map(|(items, outcome)| ShardResult { items, outcome: outcome.unwrap_or(ShardOutcome::Missed) })
-        .collect())
+    done.sort_unstable_by_key(|(idx, _)| *idx);
+    Ok(done.into_iter().map(|(_, result)| result).collect())
+}
+
+/// `fut`'s output, or the message of its panic: a shard polled in the request's task fails its
+/// request with a 500 when it panics, as a spawned shard task did.
+async fn caught<F: Future>(fut: F) -> Result<F::Output, String> {
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(|cx| match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
+        Ok(Poll::Ready(out)) => Poll::Ready(Ok(out)),
+        Ok(Poll::Pending) => Poll::Pending,
+        Err(panic) => Poll::Ready(Err(panic_message(&panic))),
+    })
+    .await
+}
+
+/// What a panic's payload says, when it is a message.
+fn panic_message(panic: &Box<dyn Any + Send>) -> String {
+    match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
+        (Some(s), _) => (*s).to_string(),
+        (_, Some(s)) => s.clone(),
+        _ => "panic".to_string(),
+    }
 }
 
 /// One shard's attempts so far.
@@ -76,7 +103,7 @@ struct Shard {
     ctx: Arc<RequestCtx>,
     items: Arc<Vec<usize>>,
     /// The attempts in flight.
-    set: JoinSet<AttemptResult>,
+    set: InFlight<AttemptResult>,
     /// Every worker sent an attempt, the primary's first.
     tried: Vec<Arc<Worker>>,
     attempts: u32,
@@ -146,38 +173,46 @@ impl Shard {
     }
 }
 
-/// Runs one shard to an outcome.
-pub async fn run_shard(ctx: Arc<RequestCtx>, job: ShardJob) -> ShardOutcome {
+/// Runs one shard to an outcome, given back with the shard's items.
+async fn run_shard(ctx: Arc<RequestCtx>, job: ShardJob) -> ShardResult {
+    let items = Arc::new(job.items);
+    let outcome = shard_outcome(&ctx, &items, job.worker, job.compute_ms, job.finish_ms).await;
+    // The attempts are dropped by now: the items are the shard's alone again.
+    let items = Arc::try_unwrap(items).unwrap_or_else(|shared| shared.as_ref().clone());
+    ShardResult { items, outcome }
+}
+
+/// The shard's attempts until one succeeds, every one has failed, or the deadline passes.
+async fn shard_outcome(
+    ctx: &Arc<RequestCtx>,
+    items: &Arc<Vec<usize>>,
+    worker: Arc<Worker>,
+    compute_ms: f64,
+    finish_ms: f64,
+) -> ShardOutcome {
     let shard_start = Instant::now();
     let deadline = tokio::time::Instant::from_std(ctx.deadline);
     let mut shard = Shard {
         ctx: ctx.clone(),
-        items: Arc::new(job.items),
-        set: JoinSet::new(),
+        items: items.clone(),
+        set: InFlight::default(),
         tried: Vec::new(),
         attempts: 1,
         retries: 0,
         hedged: false,
         last_error: None,
     };
-    shard.send(job.worker, AttemptKind::Primary, job.compute_ms);
-    let mut hedge_at = hedge::hedge_at(&ctx, job.finish_ms, shard_start);
+    shard.send(worker, AttemptKind::Primary, compute_ms);
+    let mut hedge_at = hedge::hedge_at(ctx, finish_ms, shard_start);
 
     loop {
         tokio::select! {
-            joined = shard.set.join_next() => {
+            next = shard.set.next() => {
                 // Nothing in flight and nothing more to try.
-                let Some(joined) = joined else { return shard.failed() };
-                let r = match joined {
-                    Ok(r) => r,
-                    Err(e) => {
-                        tracing::error!("shard attempt task failed: {e}");
-                        continue;
-                    }
-                };
+                let Some(r) = next else { return shard.failed() };
                 match r.result {
                     Ok(response) => {
-                        feedback::on_success(&ctx, &shard.items, &r.worker, &response, job.finish_ms, shard_start, r.kind);
+                        feedback::on_success(ctx, &shard.items, &r.worker, &response, finish_ms, shard_start, r.kind);
                         if r.kind == AttemptKind::Hedge {
                             metrics::counter!(m::HEDGE_WINS).increment(1);
                         }
@@ -197,10 +232,10 @@ pub async fn run_shard(ctx: Arc<RequestCtx>, job: ShardJob) -> ShardOutcome {
             }
             _ = tokio::time::sleep_until(hedge_at.unwrap_or(deadline)), if hedge_at.is_some() => {
                 let sent = shard.on_hedge_timer();
-                hedge_at = hedge::next_at(&ctx, sent, job.compute_ms, Instant::now());
+                hedge_at = hedge::next_at(ctx, sent, compute_ms, Instant::now());
             }
             _ = tokio::time::sleep_until(deadline) => {
-                // Dropping the set aborts the attempts: their connections close.
+                // Dropping the set drops the attempts: their connections close.
                 return ShardOutcome::Missed;
             }
         }
@@ -231,4 +266,20 @@ fn ranked_others(ctx: &RequestCtx, items: &[usize], exclude: &[Arc<Worker>]) -> 
 /// Whether work predicted to take `finish_ms` from now ends before the deadline.
 fn fits(ctx: &RequestCtx, finish_ms: f64) -> bool {
     Instant::now() + Duration::from_secs_f64(finish_ms.max(0.0) / 1e3) < ctx.deadline
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_shard_that_panics_is_an_error_not_a_lost_request() {
+        assert_eq!(caught(async { 3 }).await, Ok(3));
+        let e = caught(async {
+            tokio::task::yield_now().await;
+            panic!("shard bug {}", 1)
+        })
+        .await;
+        assert_eq!(e, Err::<(), _>("shard bug 1".to_string()));
+    }
 }
