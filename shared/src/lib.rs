@@ -10,6 +10,7 @@ pub mod cost;
 pub mod error;
 pub mod grpc;
 pub mod http;
+pub mod json_cursor;
 pub mod limits;
 pub mod metrics_names;
 pub mod pair_key;

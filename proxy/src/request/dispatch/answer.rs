@@ -11,11 +11,14 @@
 //! 10^22), an error — is read again by serde_json, so what is accepted, what is refused and every
 //! message stay serde's own.
 
+use std::ops::{Deref, DerefMut};
+
+use sieve_shared::json_cursor::JsonCursor;
 use sieve_shared::{ScoreResponse, Timing, Usage};
 
 /// The answer in `body`, as `serde_json::from_slice::<ScoreResponse>` reads it.
 pub fn parse(body: &[u8]) -> Result<ScoreResponse, serde_json::Error> {
-    match (Scanner { b: body, at: 0 }).response() {
+    match Scanner::new(body).response() {
         Some(r) => Ok(r),
         None => serde_json::from_slice(body),
     }
@@ -64,59 +67,25 @@ const POW10: [f64; 23] = [
     1e21, 1e22,
 ];
 
-struct Scanner<'a> {
-    b: &'a [u8],
-    at: usize,
+/// The shared JSON cursor, with this scanner's own steps (numbers, arrays, the answer's fields).
+struct Scanner<'a>(JsonCursor<'a>);
+
+impl<'a> Deref for Scanner<'a> {
+    type Target = JsonCursor<'a>;
+    fn deref(&self) -> &JsonCursor<'a> {
+        &self.0
+    }
+}
+
+impl DerefMut for Scanner<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
 }
 
 impl<'a> Scanner<'a> {
-    fn peek(&self) -> Option<u8> {
-        self.b.get(self.at).copied()
-    }
-
-    fn ws(&mut self) {
-        while let Some(b' ' | b'\n' | b'\r' | b'\t') = self.peek() {
-            self.at += 1;
-        }
-    }
-
-    /// The next non-blank byte is `c`: eaten.
-    fn eat(&mut self, c: u8) -> Option<()> {
-        self.ws();
-        (self.peek()? == c).then(|| self.at += 1)
-    }
-
-    /// After a value in an array or object: `true` at a comma (eaten), `false` at `close`.
-    fn more(&mut self, close: u8) -> Option<bool> {
-        self.ws();
-        match self.peek()? {
-            b',' => {
-                self.at += 1;
-                Some(true)
-            }
-            c if c == close => {
-                self.at += 1;
-                Some(false)
-            }
-            _ => None,
-        }
-    }
-
-    /// A string with no escapes and no control characters, valid UTF-8.
-    fn str(&mut self) -> Option<&'a str> {
-        self.eat(b'"')?;
-        let start = self.at;
-        let len = self.b[start..].iter().position(|&c| c == b'"' || c == b'\\' || c < 0x20)?;
-        if self.b[start + len] != b'"' {
-            return None;
-        }
-        self.at = start + len + 1;
-        std::str::from_utf8(&self.b[start..start + len]).ok()
-    }
-
-    fn null(&mut self) -> Option<()> {
-        self.ws();
-        self.b[self.at..].starts_with(b"null").then(|| self.at += 4)
+    fn new(b: &'a [u8]) -> Self {
+        Scanner(JsonCursor::new(b))
     }
 
     fn digit(&self) -> Option<u64> {
@@ -267,7 +236,7 @@ impl<'a> Scanner<'a> {
                 let mut v = Vec::new();
                 s.array(|s| {
                     s.ws();
-                    v.push(if s.peek()? == b'n' { s.null().map(|()| None)? } else { Some(s.num()?.f32()) });
+                    v.push(if s.peek()? == b'n' { s.null().then_some(None)? } else { Some(s.num()?.f32()) });
                     Some(())
                 })?;
                 scores = Some(v);
@@ -276,13 +245,13 @@ impl<'a> Scanner<'a> {
             "ids" if ids.is_none() => {
                 s.ws();
                 ids = Some(if s.peek()? == b'n' {
-                    s.null()?;
+                    s.null().then_some(())?;
                     None
                 } else {
                     let mut v = Vec::new();
                     s.array(|s| {
                         s.ws();
-                        v.push(if s.peek()? == b'n' { s.null().map(|()| None)? } else { Some(s.str()?.to_owned()) });
+                        v.push(if s.peek()? == b'n' { s.null().then_some(None)? } else { Some(s.str()?.to_owned()) });
                         Some(())
                     })?;
                     Some(v)
@@ -402,7 +371,7 @@ mod tests {
     /// the body to serde).
     fn both(body: &str) -> (Result<ScoreResponse, String>, Option<ScoreResponse>) {
         let serde = serde_json::from_str::<ScoreResponse>(body).map_err(|e| e.to_string());
-        (serde, Scanner { b: body.as_bytes(), at: 0 }.response())
+        (serde, Scanner::new(body.as_bytes()).response())
     }
 
     /// Field by field, floats by their bits (a NaN-free `==` would hide a sign or a rounding).
@@ -487,7 +456,7 @@ mod tests {
         /// (`f32`) and as a time (`f64`).
         #[test]
         fn numbers_are_serdes_to_the_bit(n in number()) {
-            let mut s = Scanner { b: n.as_bytes(), at: 0 };
+            let mut s = Scanner::new(n.as_bytes());
             if let Some(v) = s.num() {
                 prop_assert_eq!(s.at, n.len());
                 let f32_serde = serde_json::from_str::<f32>(&n).map(f32::to_bits).ok();
