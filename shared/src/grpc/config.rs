@@ -31,7 +31,8 @@ pub struct GrpcConfig {
     pub deadline_margin_ms: u64,
     /// A connection's socket is read in chunks of up to this many bytes (h2 takes its frames
     /// from that buffer, where on its own it reads about 8 KB a system call: four reads for a
-    /// 27 KB request). 0: h2 reads the socket itself. Held per connection.
+    /// 27 KB request). 0: h2 reads the socket itself. Allocated for a read and dropped once h2
+    /// has taken its bytes: an idle connection holds none.
     pub read_buffer_bytes: usize,
     /// What a connection's task writes during one poll (an answer's HEADERS, DATA and trailers)
     /// is held and sent in one write at the end of the poll, up to this many bytes (past it,

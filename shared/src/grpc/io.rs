@@ -1,7 +1,12 @@
 //! A gRPC connection's socket as its HTTP/2 server sees it: the bytes written during one poll of
 //! the connection's task go out in one write, at the end of that poll (`[grpc]
-//! write_buffer_bytes`). Reads are buffered by the caller (`server.rs`: `[grpc]
-//! read_buffer_bytes`).
+//! write_buffer_bytes`), and the socket is read in chunks of up to `[grpc] read_buffer_bytes`
+//! (h2 alone asks for ~8 KB at a time: four reads for a 27 KB request).
+//!
+//! Neither buffer outlives its use: the read buffer is allocated when a read needs it and
+//! dropped once h2 has taken its bytes, and a write buffer grown past [`KEEP_WRITE_BYTES`] is
+//! dropped once sent, so an idle connection (of the port's `[http] max_connections`) holds at
+//! most that much, not a read buffer and a large answer's write buffer each.
 //!
 //! Why: h2 flushes a unary answer twice. Its writer holds a DATA payload over 256 bytes aside
 //! (to send it with a vectored write, uncopied) and can take no other frame until that payload
@@ -22,13 +27,22 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 
+use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
+/// The most a sent write buffer keeps of its capacity for the next answer; a larger one is
+/// dropped (an answer's frames are a few KB: kept, no allocation per answer).
+pub(super) const KEEP_WRITE_BYTES: usize = 16 * 1024;
+
 /// The connection's socket, given to hyper.
 pub(super) struct ConnIo {
     read: OwnedReadHalf,
+    /// Bytes read, not yet taken by h2; `None` when there are none (no memory held).
+    held: Option<BytesMut>,
+    /// The most read from the socket at once; 0: every read goes to the socket as asked.
+    read_cap: usize,
     out: Output,
 }
 
@@ -49,12 +63,13 @@ struct Out {
 }
 
 impl ConnIo {
-    /// `stream`, its writes held until the end of the task's poll up to `cap` bytes (0: none),
-    /// and the handle the connection's task writes them with.
-    pub(super) fn new(stream: TcpStream, cap: usize) -> (Self, Output) {
+    /// `stream`, read in chunks of up to `read_cap` bytes (0: as asked), its writes held until
+    /// the end of the task's poll up to `cap` bytes (0: none), and the handle the connection's
+    /// task writes them with.
+    pub(super) fn new(stream: TcpStream, read_cap: usize, cap: usize) -> (Self, Output) {
         let (read, half) = stream.into_split();
         let out = Output(Arc::new(Mutex::new(Out { half, buf: Vec::new(), pos: 0, cap, error: None })));
-        (ConnIo { read, out: out.clone() }, out)
+        (ConnIo { read, held: None, read_cap, out: out.clone() }, out)
     }
 }
 
@@ -86,7 +101,11 @@ impl Out {
             }
             self.pos += n;
         }
-        self.buf.clear();
+        if self.buf.capacity() > KEEP_WRITE_BYTES {
+            self.buf = Vec::new();
+        } else {
+            self.buf.clear();
+        }
         self.pos = 0;
         Poll::Ready(Ok(()))
     }
@@ -111,7 +130,26 @@ impl Out {
 impl AsyncRead for ConnIo {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         self.out.lock().take_error()?;
-        Pin::new(&mut self.read).poll_read(cx, buf)
+        let this = &mut *self;
+        if this.held.is_none() {
+            if this.read_cap == 0 || buf.remaining() >= this.read_cap {
+                return Pin::new(&mut this.read).poll_read(cx, buf);
+            }
+            let mut fresh = BytesMut::with_capacity(this.read_cap);
+            if std::task::ready!(tokio_util::io::poll_read_buf(Pin::new(&mut this.read), cx, &mut fresh))? == 0 {
+                return Poll::Ready(Ok(())); // end of stream: nothing read
+            }
+            this.held = Some(fresh);
+        }
+        if let Some(held) = &mut this.held {
+            let n = held.len().min(buf.remaining());
+            buf.put_slice(&held[..n]);
+            held.advance(n);
+            if held.is_empty() {
+                this.held = None;
+            }
+        }
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -186,7 +224,7 @@ mod tests {
     #[tokio::test]
     async fn held_until_sent_then_in_order() {
         let (server, mut client) = pair().await;
-        let (mut io, out) = ConnIo::new(server, 1 << 16);
+        let (mut io, out) = ConnIo::new(server, 1 << 16, 1 << 16);
         io.write_all(b"head ").await.unwrap();
         let n = io.write_vectored(&[IoSlice::new(b"data "), IoSlice::new(b"more ")]).await.unwrap();
         assert_eq!(n, 10, "every slice taken whole");
@@ -209,7 +247,7 @@ mod tests {
     #[tokio::test]
     async fn the_cap_sends_first_and_zero_holds_nothing() {
         let (server, mut client) = pair().await;
-        let (mut io, out) = ConnIo::new(server, 4);
+        let (mut io, out) = ConnIo::new(server, 1 << 16, 4);
         io.write_all(b"abcd").await.unwrap();
         io.write_all(b"ef").await.unwrap();
         assert_eq!(out.lock().buf, b"ef", "the first four bytes were sent to make room");
@@ -218,7 +256,7 @@ mod tests {
         assert_eq!(&got, b"abcd");
 
         let (server, mut client) = pair().await;
-        let (mut io, out) = ConnIo::new(server, 0);
+        let (mut io, out) = ConnIo::new(server, 1 << 16, 0);
         io.write_all(b"xyz").await.unwrap();
         assert!(out.lock().buf.is_empty());
         let mut got = [0u8; 3];
@@ -231,7 +269,7 @@ mod tests {
     #[tokio::test]
     async fn a_write_error_reaches_the_next_read() {
         let (server, client) = pair().await;
-        let (mut io, out) = ConnIo::new(server, 1 << 16);
+        let (mut io, out) = ConnIo::new(server, 1 << 16, 1 << 16);
         drop(client);
         // The first write after the peer closed is taken (and answered with a reset); a later
         // one fails.
@@ -249,5 +287,50 @@ mod tests {
         }
         let mut b = [0u8; 1];
         assert!(io.read(&mut b).await.is_err(), "the write's error, not an end of stream");
+    }
+
+    /// Reads come in chunks of the read cap whatever h2 asks for, arrive whole and in order, and
+    /// the buffer is given back once they are taken (an idle connection holds none); a large
+    /// answer's write buffer is not kept either.
+    #[tokio::test]
+    async fn buffers_are_held_only_while_in_use() {
+        let (server, mut client) = pair().await;
+        let (mut io, out) = ConnIo::new(server, 1 << 16, 1 << 16);
+        let sent: Vec<u8> = (0..27_000u32).map(|i| (i % 251) as u8).collect();
+        client.write_all(&sent).await.unwrap();
+        let mut got = Vec::new();
+        let mut chunk = [0u8; 8 * 1024];
+        while got.len() < sent.len() {
+            let n = io.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "no end of stream before the bytes sent");
+            got.extend_from_slice(&chunk[..n]);
+            if got.len() < sent.len() {
+                assert!(io.held.is_some(), "the rest of the first read is held");
+            }
+        }
+        assert_eq!(got, sent);
+        assert!(io.held.is_none(), "all taken: nothing held");
+
+        io.write_all(&vec![7u8; 40 * 1024]).await.unwrap();
+        std::future::poll_fn(|cx| {
+            out.send(cx);
+            Poll::Ready(())
+        })
+        .await;
+        assert_eq!(out.lock().buf.capacity(), 0, "a large answer's buffer is dropped once sent");
+        io.write_all(b"small").await.unwrap();
+        std::future::poll_fn(|cx| {
+            out.send(cx);
+            Poll::Ready(())
+        })
+        .await;
+        assert!(out.lock().buf.capacity() > 0, "a small one's is kept for the next answer");
+        let mut rest = vec![0u8; 40 * 1024 + 5];
+        client.read_exact(&mut rest).await.unwrap();
+        assert_eq!(&rest[40 * 1024..], b"small");
+        drop((io, out));
+        let mut end = Vec::new();
+        client.read_to_end(&mut end).await.unwrap();
+        assert!(end.is_empty());
     }
 }

@@ -26,7 +26,6 @@ use hyper::service::service_fn;
 use hyper::Request;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::io::BufReader;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -72,10 +71,8 @@ where
                 let _ = stream.set_nodelay(true);
                 // Reads in chunks of `read_buffer_bytes`, and each poll's writes in one
                 // (`io.rs`).
-                let (io, out) = ConnIo::new(stream, grpc.write_buffer_bytes);
-                // `BufReader` refuses a capacity of 0; one of 1 passes every read straight to
-                // the socket (a read is never for less than a byte): the `0` of the config.
-                let io = TokioIo::new(BufReader::with_capacity(grpc.read_buffer_bytes.max(1), io));
+                let (io, out) = ConnIo::new(stream, grpc.read_buffer_bytes, grpc.write_buffer_bytes);
+                let io = TokioIo::new(io);
                 let out = (grpc.write_buffer_bytes > 0).then_some(out);
                 let (server, api) = (server.clone(), api.clone());
                 let handler = service_fn(move |req: Request<Incoming>| {
