@@ -1,65 +1,46 @@
 //! A shard's attempts in flight, polled in the shard's task (the request's) rather than
-//! spawned: a shard has one attempt at a time unless it is hedged (then a few), so they are kept
-//! in a small list and each wake-up polls them all; spawning each as a task (with its join
-//! handle) cost a task and a wake-up per call. Dropping the list drops the attempts, which
-//! closes their connections: that cancels them on their workers.
+//! spawned: spawning each as a task (with its join handle) cost a task and a wake-up per call.
+//! A `FuturesUnordered` polls only the attempts woken; each is wrapped in `catch_unwind`, so an
+//! attempt that panics is logged and dropped as a spawned one was, and the shard goes on with
+//! the others. Dropping the set drops the attempts, which closes their connections: that
+//! cancels them on their workers.
 
-use std::future::Future;
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::panic::AssertUnwindSafe;
+
+use futures_util::future::{BoxFuture, CatchUnwind, FutureExt as _};
+use futures_util::stream::{FuturesUnordered, StreamExt as _};
 
 /// The attempts (of output `T`: an `AttemptResult`) in flight.
 pub struct InFlight<T> {
-    attempts: Vec<Pin<Box<dyn Future<Output = T> + Send>>>,
+    attempts: FuturesUnordered<CatchUnwind<AssertUnwindSafe<BoxFuture<'static, T>>>>,
 }
 
 impl<T> Default for InFlight<T> {
     fn default() -> Self {
-        InFlight { attempts: Vec::new() }
+        InFlight { attempts: FuturesUnordered::new() }
     }
 }
 
 impl<T> InFlight<T> {
-    pub fn push(&mut self, attempt: impl Future<Output = T> + Send + 'static) {
-        self.attempts.push(Box::pin(attempt));
+    pub fn push(&mut self, attempt: impl std::future::Future<Output = T> + Send + 'static) {
+        self.attempts.push(AssertUnwindSafe(attempt.boxed()).catch_unwind());
     }
 
     pub fn is_empty(&self) -> bool {
         self.attempts.is_empty()
     }
 
-    /// The next attempt to finish; `None` when none is in flight.
+    /// The next attempt to finish; `None` when none is in flight. Cancel-safe (a `select!`
+    /// arm): a result is only taken out of the set when it is returned.
     pub async fn next(&mut self) -> Option<T> {
-        std::future::poll_fn(|cx| self.poll_next(cx)).await
-    }
-
-    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
-        if self.attempts.is_empty() {
-            return Poll::Ready(None);
-        }
-        let mut k = 0;
-        while k < self.attempts.len() {
-            let attempt = &mut self.attempts[k];
-            match catch_unwind(AssertUnwindSafe(|| attempt.as_mut().poll(cx))) {
-                Ok(Poll::Pending) => k += 1,
-                Ok(Poll::Ready(result)) => {
-                    // Order does not matter (each result names its worker and kind).
-                    drop(self.attempts.swap_remove(k));
-                    return Poll::Ready(Some(result));
-                }
-                Err(panic) => {
-                    // What a spawned attempt's panic did: logged, and the attempt is gone (its
-                    // connection closed); the shard goes on with the others or fails.
-                    tracing::error!("shard attempt panicked: {}", super::panic_message(&panic));
-                    drop(self.attempts.swap_remove(k));
-                }
+        loop {
+            match self.attempts.next().await? {
+                Ok(result) => return Some(result),
+                // What a spawned attempt's panic did: logged, and the attempt is gone (its
+                // connection closed); the shard goes on with the others or fails.
+                Err(panic) => tracing::error!("shard attempt panicked: {}", super::panic_message(&panic)),
             }
         }
-        if self.attempts.is_empty() {
-            return Poll::Ready(None);
-        }
-        Poll::Pending
     }
 }
 

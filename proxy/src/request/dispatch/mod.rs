@@ -14,11 +14,11 @@ pub mod shard_body;
 
 use std::any::Any;
 use std::future::Future;
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use futures_util::future::FutureExt as _;
 use futures_util::stream::{FuturesUnordered, StreamExt as _};
 use sieve_shared::{ApiError, ScoreResponse};
 
@@ -80,13 +80,7 @@ pub async fn run(ctx: Arc<RequestCtx>, mut jobs: Vec<ShardJob>) -> Result<Vec<Sh
 /// `fut`'s output, or the message of its panic: a shard polled in the request's task fails its
 /// request with a 500 when it panics, as a spawned shard task did.
 async fn caught<F: Future>(fut: F) -> Result<F::Output, String> {
-    let mut fut = std::pin::pin!(fut);
-    std::future::poll_fn(|cx| match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
-        Ok(Poll::Ready(out)) => Poll::Ready(Ok(out)),
-        Ok(Poll::Pending) => Poll::Pending,
-        Err(panic) => Poll::Ready(Err(panic_message(&panic))),
-    })
-    .await
+    AssertUnwindSafe(fut).catch_unwind().await.map_err(|panic| panic_message(&panic))
 }
 
 /// What a panic's payload says, when it is a message.
