@@ -33,7 +33,9 @@
 //! request to the four workers at once and waits for the last answer (what a fan-out costs on
 //! this machine with no proxy logic). `--latency-requests N` sets part 1's requests per path
 //! (300 with `--quick`, 2,000 without); `--latency-only` runs part 1 alone, 100-item requests;
-//! `--tail` prints, under each part-1 row, where its slowest requests' time went
+//! `--interleave` sends part 1's requests to the paths in turn (request i to every path before
+//! request i + 1), so that every row meets the same load from the rest of the machine; `--tail`
+//! prints, under each part-1 row, where its slowest requests' time went
 //! (`tail_probe.rs`: run-queue delay per process, CPU pressure, new router connections).
 //!
 //! Everything runs on one machine, the load generator included, so the figures are relative:
@@ -72,6 +74,8 @@ struct Args {
     latency_only: bool,
     /// `--tail`: the slowest requests of every part-1 row taken apart (`tail_probe.rs`).
     tail: bool,
+    /// `--interleave`: part 1's paths in turn, request by request, rather than one after another.
+    interleave: bool,
     /// `--health-ms N`: the proxies' `[health] interval_ms` (200 by default: every proxy the
     /// bench starts checks its four workers five times a second, measured or not).
     health_ms: u64,
@@ -88,6 +92,7 @@ fn main() {
         throughput_only: flag("--throughput-only"),
         latency_only: flag("--latency-only"),
         tail: flag("--tail"),
+        interleave: flag("--interleave"),
         health_ms: 200,
     };
     let number = |name: &str| -> Option<u64> {
@@ -192,43 +197,63 @@ enum Target {
     FanOut(Vec<(String, Arc<Vec<u8>>)>),
 }
 
-/// Part 1: one request at a time, `count` after the warm-up (as `measure` with one client);
-/// with a probe, each answered request's figures too.
-async fn one_at_a_time(http: &Http, target: &Target, count: usize, probe: Option<&Probe>) -> (Figures, Vec<Sample>) {
-    let (http, target, probe) = (http.clone(), target.clone(), probe.cloned());
+/// Part 1: one request at a time, `count` per target after the warm-up (as `measure` with one
+/// client), the targets in turn (with several: request i to every target before request i + 1,
+/// so that every row meets the same load from the rest of the machine); with a probe, each
+/// answered request's figures too. One result per target.
+async fn one_at_a_time(
+    http: &Http,
+    targets: &[Target],
+    count: usize,
+    probes: &[Option<Probe>],
+) -> Vec<(Figures, Vec<Sample>)> {
+    let (http, targets, probes) = (http.clone(), targets.to_vec(), probes.to_vec());
     tokio::spawn(async move {
-        let served = probe.is_some();
-        for _ in 0..WARM_UP {
-            let _ = send(&http, &target, false).await;
+        for target in &targets {
+            for _ in 0..WARM_UP {
+                let _ = send(&http, target, false).await;
+            }
         }
-        let (mut lat, mut samples, mut errors) = (Vec::with_capacity(count), Vec::new(), 0);
+        let n = targets.len();
+        let mut lat: Vec<Vec<u64>> = vec![Vec::with_capacity(count); n];
+        let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); n];
+        let mut errors = vec![0; n];
         let start = Instant::now();
         for _ in 0..count {
-            let before = probe.as_ref().map(Probe::snapshot);
-            let t = Instant::now();
-            let answer = send(&http, &target, served).await;
-            let us = t.elapsed().as_micros() as u64;
-            match answer {
-                Some(served_ms) => {
-                    lat.push(us);
-                    if let (Some(p), Some(b)) = (&probe, &before) {
-                        let at_s = (t - start).as_secs_f64();
-                        samples.push(p.sample(b, &p.snapshot(), at_s, us, served_ms));
+            for (k, target) in targets.iter().enumerate() {
+                let probe = probes.get(k).and_then(Option::as_ref);
+                let before = probe.map(Probe::snapshot);
+                let t = Instant::now();
+                let answer = send(&http, target, probe.is_some()).await;
+                let us = t.elapsed().as_micros() as u64;
+                match answer {
+                    Some(served_ms) => {
+                        lat[k].push(us);
+                        if let (Some(p), Some(b)) = (probe, &before) {
+                            let at_s = (t - start).as_secs_f64();
+                            samples[k].push(p.sample(b, &p.snapshot(), at_s, us, served_ms));
+                        }
                     }
+                    None => errors[k] += 1,
                 }
-                None => errors += 1,
             }
         }
         let elapsed = start.elapsed().as_secs_f64();
-        lat.sort_unstable();
-        let f = Figures {
-            p50_ms: percentile(&lat, 0.5),
-            p99_ms: percentile(&lat, 0.99),
-            rps: lat.len() as f64 / elapsed,
-            count: lat.len() + errors,
-            errors,
-        };
-        (f, samples)
+        lat.into_iter()
+            .zip(errors)
+            .zip(samples)
+            .map(|((mut lat, errors), samples)| {
+                lat.sort_unstable();
+                let f = Figures {
+                    p50_ms: percentile(&lat, 0.5),
+                    p99_ms: percentile(&lat, 0.99),
+                    rps: lat.len() as f64 / elapsed,
+                    count: lat.len() + errors,
+                    errors,
+                };
+                (f, samples)
+            })
+            .collect()
     })
     .await
     .expect("client task")
@@ -635,19 +660,32 @@ async fn run(args: Args) {
             .collect();
         latency_paths.insert(1, ("bench's own 4-way fan-out".to_string(), Target::FanOut(shards), None));
         let worker_pids: Vec<u32> = sims_zero.iter().map(Proc::pid).collect();
+        // Each path on its own (its requests back to back), or with `--interleave` all in turn.
+        let groups: Vec<Vec<usize>> = if args.throughput_only {
+            Vec::new()
+        } else if args.interleave {
+            vec![(0..latency_paths.len()).collect()]
+        } else {
+            (0..latency_paths.len()).map(|i| vec![i]).collect()
+        };
         let mut base = None;
-        for (name, target, router) in latency_paths.iter().filter(|_| !args.throughput_only) {
-            let probe = args.tail.then(|| Probe::new(*router, &worker_pids));
-            let before = router.and_then(cpu_seconds);
-            let (f, samples) = one_at_a_time(&http, target, args.latency_requests, probe.as_ref()).await;
-            let after = router.and_then(cpu_seconds);
-            let cpu = before.zip(after).map(|(b, a)| (a - b) * 1e6 / (f.count + WARM_UP) as f64);
-            row(name, &f, base.as_ref(), cpu);
-            if let Some(p) = &probe {
-                p.report(&samples);
-            }
-            if base.is_none() {
-                base = Some(f);
+        for group in groups {
+            let targets: Vec<Target> = group.iter().map(|&i| latency_paths[i].1.clone()).collect();
+            let routers: Vec<Option<u32>> = group.iter().map(|&i| latency_paths[i].2).collect();
+            let probes: Vec<Option<Probe>> =
+                routers.iter().map(|r| args.tail.then(|| Probe::new(*r, &worker_pids))).collect();
+            let before: Vec<Option<f64>> = routers.iter().map(|r| r.and_then(cpu_seconds)).collect();
+            let results = one_at_a_time(&http, &targets, args.latency_requests, &probes).await;
+            for (j, (f, samples)) in results.into_iter().enumerate() {
+                let after = routers[j].and_then(cpu_seconds);
+                let cpu = before[j].zip(after).map(|(b, a)| (a - b) * 1e6 / (f.count + WARM_UP) as f64);
+                row(&latency_paths[group[j]].0, &f, base.as_ref(), cpu);
+                if let Some(p) = &probes[j] {
+                    p.report(&samples);
+                }
+                if base.is_none() {
+                    base = Some(f);
+                }
             }
         }
         if args.latency_only {
