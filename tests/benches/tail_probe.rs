@@ -1,7 +1,8 @@
 //! `--tail`: where the time of part 1's slowest requests goes. Around each request (outside its
 //! timed span) the bench reads, for the router, each worker and the bench process itself, the
 //! time their threads spent runnable but not running (run-queue delay,
-//! `/proc/PID/task/*/schedstat`, ns); the machine's CPU pressure (`/proc/pressure/cpu`, "some":
+//! `/proc/PID/task/*/schedstat`, ns), the times their threads were put on a CPU and the
+//! router's CPU time; the machine's CPU pressure (`/proc/pressure/cpu`, "some":
 //! the µs during which at least one task waited for a CPU); and the router's sockets (one that
 //! was not there before: a connection opened during the request). The slowest requests' figures
 //! are printed next to the medians: a slow request whose excess the run-queue delays match waited
@@ -38,6 +39,7 @@ pub struct Probe {
 pub struct Snapshot {
     delays_ns: Vec<u64>,
     runs: Vec<u64>,
+    cpu_ns: Vec<u64>,
     pressure_us: u64,
     sockets: HashSet<u64>,
 }
@@ -56,6 +58,9 @@ pub struct Sample {
     /// Times a thread of the router, and of any worker, was put on a CPU (every wake-up is one).
     pub router_runs: u64,
     pub worker_runs: u64,
+    /// CPU time the router's threads spent over the request, µs (utime + stime, not counting
+    /// time the host took the virtual CPU away).
+    pub router_cpu_us: u64,
     pub pressure_us: u64,
     pub new_sockets: usize,
 }
@@ -73,14 +78,15 @@ impl Probe {
     }
 
     pub fn snapshot(&self) -> Snapshot {
-        let (delays_ns, runs) = self
+        let stats: Vec<[u64; 3]> = self
             .watched
             .iter()
-            .map(|w| w.pids.iter().map(|&p| schedstat(p)).fold((0, 0), |a, s| (a.0 + s.0, a.1 + s.1)))
-            .unzip();
+            .map(|w| w.pids.iter().map(|&p| schedstat(p)).fold([0; 3], |a, s| [a[0] + s[0], a[1] + s[1], a[2] + s[2]]))
+            .collect();
         Snapshot {
-            delays_ns,
-            runs,
+            cpu_ns: stats.iter().map(|s| s[0]).collect(),
+            delays_ns: stats.iter().map(|s| s[1]).collect(),
+            runs: stats.iter().map(|s| s[2]).collect(),
             pressure_us: cpu_pressure_us(),
             sockets: self.router.as_deref().map(sockets).unwrap_or_default(),
         }
@@ -91,6 +97,7 @@ impl Probe {
         let router = usize::from(self.router.is_some());
         Sample {
             router_runs: if router == 1 { runs[0] } else { 0 },
+            router_cpu_us: if router == 1 { after.cpu_ns[0].saturating_sub(before.cpu_ns[0]) / 1000 } else { 0 },
             // The bench comes last.
             worker_runs: runs[router..runs.len() - 1].iter().sum(),
             at_s,
@@ -119,12 +126,12 @@ impl Probe {
         println!(
             "      tail: the slowest {slowest} of {} and the medians; run-queue delay per process, µs \
              (path: the bench's, the router's and the slowest worker's); CPU pressure, µs; new router \
-             sockets; times the router's and the workers' threads were put on a CPU:",
+             sockets; times the router's and the workers' threads were put on a CPU; the router's CPU time, µs:",
             samples.len()
         );
         println!(
-            "      {:>6} {:>8} {:>9}{labels} {:>7} {:>8} {:>5} {:>6} {:>6}",
-            "at s", "ms", "served ms", "path", "cpu psi", "conns", "r.runs", "w.runs"
+            "      {:>6} {:>8} {:>9}{labels} {:>7} {:>8} {:>5} {:>6} {:>6} {:>6}",
+            "at s", "ms", "served ms", "path", "cpu psi", "conns", "r.runs", "w.runs", "r.cpu"
         );
         let router = usize::from(self.router.is_some());
         let n = self.watched.len();
@@ -133,11 +140,11 @@ impl Probe {
             let workers = s.waits_us[router..n - 1].iter().copied().max().unwrap_or(0);
             s.waits_us[n - 1] + workers + if router == 1 { s.waits_us[0] } else { 0 }
         };
-        let line = |name: &str, at: f64, lat_ms: f64, served: f64, waits: &[f64], rest: [f64; 5]| {
+        let line = |name: &str, at: f64, lat_ms: f64, served: f64, waits: &[f64], rest: [f64; 6]| {
             let w: String = waits.iter().map(|w| format!("{w:>7.0}")).collect();
-            let [path, psi, conns, r_runs, w_runs] = rest;
+            let [path, psi, conns, r_runs, w_runs, r_cpu] = rest;
             println!(
-                "    {name:<3} {at:>6.2} {lat_ms:>8.3} {served:>9.3}{w} {path:>7.0} {psi:>8.0} {conns:>5.0} {r_runs:>6.0} {w_runs:>6.0}"
+                "    {name:<3} {at:>6.2} {lat_ms:>8.3} {served:>9.3}{w} {path:>7.0} {psi:>8.0} {conns:>5.0} {r_runs:>6.0} {w_runs:>6.0} {r_cpu:>6.0}"
             );
         };
         let median_waits: Vec<f64> = (0..n).map(|i| median(&|s| s.waits_us[i] as f64)).collect();
@@ -153,6 +160,7 @@ impl Probe {
                 median(&|s| s.new_sockets as f64),
                 median(&|s| s.router_runs as f64),
                 median(&|s| s.worker_runs as f64),
+                median(&|s| s.router_cpu_us as f64),
             ],
         );
         // How much of the slowest requests' excess over the median the run-queue delays on their
@@ -176,6 +184,7 @@ impl Probe {
                     s.new_sockets as f64,
                     s.router_runs as f64,
                     s.worker_runs as f64,
+                    s.router_cpu_us as f64,
                 ],
             );
         }
@@ -202,13 +211,13 @@ fn family(pid: u32) -> Vec<u32> {
     pids
 }
 
-/// Of all of `pid`'s threads so far: the run-queue delay (ns) and the times put on a CPU (the
-/// second and third fields of `schedstat`).
-fn schedstat(pid: u32) -> (u64, u64) {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return (0, 0) };
-    tasks.flatten().filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok()).fold((0, 0), |acc, s| {
-        let mut f = s.split_whitespace().skip(1).map(|f| f.parse::<u64>().unwrap_or(0));
-        (acc.0 + f.next().unwrap_or(0), acc.1 + f.next().unwrap_or(0))
+/// Of all of `pid`'s threads so far, the three fields of `schedstat`: time on a CPU (ns),
+/// run-queue delay (ns) and the times put on a CPU.
+fn schedstat(pid: u32) -> [u64; 3] {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return [0; 3] };
+    tasks.flatten().filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok()).fold([0; 3], |acc, s| {
+        let mut f = s.split_whitespace().map(|f| f.parse::<u64>().unwrap_or(0));
+        [0, 1, 2].map(|i| acc[i] + f.next().unwrap_or(0))
     })
 }
 
