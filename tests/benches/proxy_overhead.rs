@@ -36,7 +36,9 @@
 //! `--interleave` sends part 1's requests to the paths in turn (request i to every path before
 //! request i + 1), so that every row meets the same load from the rest of the machine; `--tail`
 //! prints, under each part-1 row, where its slowest requests' time went
-//! (`tail_probe.rs`: run-queue delay per process, CPU pressure, new router connections).
+//! (`tail_probe.rs`: run-queue delay per process, CPU pressure, new router connections);
+//! `--health-ms N` sets the proxies' health-check interval (200 ms by default). With
+//! `--interleave` a router's CPU per request spans the whole interleaved run (every path's time).
 //!
 //! Everything runs on one machine, the load generator included, so the figures are relative:
 //! compare rows of the same run. Hedging is off in the proxy (nginx does not hedge).
