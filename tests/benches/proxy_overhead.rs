@@ -29,17 +29,34 @@
 //! `SIEVE_BENCH_PERF=DIR` records a call-graph profile (`perf record -g`) of every router
 //! process over its throughput rows, one file per row in DIR.
 //!
+//! Part 1 also has a row with no router at all: the bench itself sends the four quarters of each
+//! request to the four workers at once and waits for the last answer (what a fan-out costs on
+//! this machine with no proxy logic). `--latency-requests N` sets part 1's requests per path
+//! (300 with `--quick`, 2,000 without); `--latency-only` runs part 1 alone, 100-item requests;
+//! `--interleave` sends part 1's requests to the paths in turn (request i to every path before
+//! request i + 1), so that every row meets the same load from the rest of the machine; `--tail`
+//! prints, under each part-1 row, where its slowest requests' time went
+//! (`tail_probe.rs`: run-queue delay per process, CPU pressure, new router connections);
+//! `--health-ms N` sets the proxies' health-check interval (200 ms by default). With
+//! `--interleave` a router's CPU per request spans the whole interleaved run (every path's time).
+//!
 //! Everything runs on one machine, the load generator included, so the figures are relative:
 //! compare rows of the same run. Hedging is off in the proxy (nginx does not hedge).
 
+use std::future::Future;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use sieve_e2e::{bin, catalogue, score_body, spawn, wait_ready, Http, Proc};
+
+mod tail_probe;
+use tail_probe::{Probe, Sample};
 
 const WORKERS: usize = 4;
 /// Items per request: parts 1 and 2 run for each size; part 3 with the first.
@@ -55,16 +72,47 @@ struct Args {
     /// `--throughput-only`: part 2 alone, 100-item requests (for profiling with
     /// `SIEVE_BENCH_PERF`).
     throughput_only: bool,
+    /// `--latency-only`: part 1 alone, 100-item requests.
+    latency_only: bool,
+    /// `--tail`: the slowest requests of every part-1 row taken apart (`tail_probe.rs`).
+    tail: bool,
+    /// `--interleave`: part 1's paths in turn, request by request, rather than one after another.
+    interleave: bool,
+    /// `--health-ms N`: the proxies' `[health] interval_ms` (200 by default: every proxy the
+    /// bench starts checks its four workers five times a second, measured or not).
+    health_ms: u64,
 }
 
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
-    let throughput_only = std::env::args().any(|a| a == "--throughput-only");
-    let args = if quick {
-        Args { latency_requests: 300, throughput_secs: 1.0, clients: 32, throughput_only }
-    } else {
-        Args { latency_requests: 2000, throughput_secs: 4.0, clients: 32, throughput_only }
+    let argv: Vec<String> = std::env::args().collect();
+    let flag = |name: &str| argv.iter().any(|a| a == name);
+    let quick = flag("--quick");
+    let mut args = Args {
+        latency_requests: if quick { 300 } else { 2000 },
+        throughput_secs: if quick { 1.0 } else { 4.0 },
+        clients: 32,
+        throughput_only: flag("--throughput-only"),
+        latency_only: flag("--latency-only"),
+        tail: flag("--tail"),
+        interleave: flag("--interleave"),
+        health_ms: 200,
     };
+    let number = |name: &str| -> Option<u64> {
+        let i = argv.iter().position(|a| a == name)?;
+        match argv.get(i + 1).and_then(|n| n.parse::<u64>().ok()).filter(|&n| n > 0) {
+            Some(n) => Some(n),
+            None => {
+                eprintln!("{name} takes a number above 0");
+                std::process::exit(2);
+            }
+        }
+    };
+    if let Some(n) = number("--latency-requests") {
+        args.latency_requests = n as usize;
+    }
+    if let Some(n) = number("--health-ms") {
+        args.health_ms = n;
+    }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(run(args));
 }
@@ -141,6 +189,126 @@ async fn measure(
         count: all.len() + errors,
         errors,
     }
+}
+
+/// Where part 1 sends a request: one URL with the whole body, or (the bench's own fan-out) each
+/// worker with its quarter, all at once.
+#[derive(Clone)]
+enum Target {
+    One { url: String, body: Arc<Vec<u8>> },
+    FanOut(Vec<(String, Arc<Vec<u8>>)>),
+}
+
+/// Part 1: one request at a time, `count` per target after the warm-up (as `measure` with one
+/// client), the targets in turn (with several: request i to every target before request i + 1,
+/// so that every row meets the same load from the rest of the machine); with a probe, each
+/// answered request's figures too. One result per target.
+async fn one_at_a_time(
+    http: &Http,
+    targets: &[Target],
+    count: usize,
+    probes: &[Option<Probe>],
+) -> Vec<(Figures, Vec<Sample>)> {
+    let (http, targets, probes) = (http.clone(), targets.to_vec(), probes.to_vec());
+    tokio::spawn(async move {
+        for target in &targets {
+            for _ in 0..WARM_UP {
+                let _ = send(&http, target, false).await;
+            }
+        }
+        let n = targets.len();
+        let mut lat: Vec<Vec<u64>> = vec![Vec::with_capacity(count); n];
+        let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); n];
+        let mut errors = vec![0; n];
+        let start = Instant::now();
+        for _ in 0..count {
+            for (k, target) in targets.iter().enumerate() {
+                let probe = probes.get(k).and_then(Option::as_ref);
+                let before = probe.map(Probe::snapshot);
+                let t = Instant::now();
+                let answer = send(&http, target, probe.is_some()).await;
+                let us = t.elapsed().as_micros() as u64;
+                match answer {
+                    Some(served_ms) => {
+                        lat[k].push(us);
+                        if let (Some(p), Some(b)) = (probe, &before) {
+                            let at_s = (t - start).as_secs_f64();
+                            samples[k].push(p.sample(b, &p.snapshot(), at_s, us, served_ms));
+                        }
+                    }
+                    None => errors[k] += 1,
+                }
+            }
+        }
+        let elapsed = start.elapsed().as_secs_f64();
+        lat.into_iter()
+            .zip(errors)
+            .zip(samples)
+            .map(|((mut lat, errors), samples)| {
+                lat.sort_unstable();
+                let f = Figures {
+                    p50_ms: percentile(&lat, 0.5),
+                    p99_ms: percentile(&lat, 0.99),
+                    rps: lat.len() as f64 / elapsed,
+                    count: lat.len() + errors,
+                    errors,
+                };
+                (f, samples)
+            })
+            .collect()
+    })
+    .await
+    .expect("client task")
+}
+
+/// One request of part 1: `Some` when answered 200, with (if `served`) the time the answering
+/// server says it spent, ms (its `timing.total_ms`; the fan-out: the slowest worker's).
+async fn send(http: &Http, target: &Target, served: bool) -> Option<f64> {
+    let served_ms = |body: &[u8]| {
+        let v: Option<serde_json::Value> = served.then(|| serde_json::from_slice(body).ok()).flatten();
+        v.and_then(|v| v["timing"]["total_ms"].as_f64()).unwrap_or(f64::NAN)
+    };
+    match target {
+        Target::One { url, body } => {
+            let r =
+                http.send(hyper::Method::POST, url, body.as_ref().clone()).await.ok().filter(|r| r.status == 200)?;
+            Some(served_ms(&r.body))
+        }
+        Target::FanOut(shards) => {
+            type Call<'a> = Pin<Box<dyn Future<Output = Result<sieve_e2e::Reply, String>> + Send + 'a>>;
+            let calls: Vec<Call<'_>> = shards
+                .iter()
+                .map(|(url, body)| Box::pin(http.send(hyper::Method::POST, url, body.as_ref().clone())) as Call<'_>)
+                .collect();
+            let mut slowest = if served { 0.0 } else { f64::NAN };
+            for r in join_all(calls).await {
+                let r = r.ok().filter(|r| r.status == 200)?;
+                slowest = f64::max(slowest, served_ms(&r.body));
+            }
+            Some(slowest)
+        }
+    }
+}
+
+/// Polls every future in the one task until all are done (the fan-out's calls, sent at once).
+async fn join_all<F: Future + Unpin>(mut futs: Vec<F>) -> Vec<F::Output> {
+    let mut out: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, o) in futs.iter_mut().zip(out.iter_mut()).filter(|(_, o)| o.is_none()) {
+            match Pin::new(f).poll(cx) {
+                Poll::Ready(v) => *o = Some(v),
+                Poll::Pending => pending = true,
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().map(|o| o.expect("every call finished")).collect()
 }
 
 /// CPU time (user + system) used so far by `pid` and its direct children, in seconds (Linux).
@@ -377,10 +545,12 @@ async fn run(args: Args) {
         .collect();
 
     // The pair-score cache off: every request is the same, and the bench measures forwarding.
-    let base_cfg =
-        "[hedge]\nenabled = false\n[health]\ninterval_ms = 200\n[deadline]\ndefault_ms = 10000\n[cache]\nenabled = false\n";
+    let base_cfg = format!(
+        "[hedge]\nenabled = false\n[health]\ninterval_ms = {}\n[deadline]\ndefault_ms = 10000\n[cache]\nenabled = false\n",
+        args.health_ms
+    );
     let whole_cfg = format!("{base_cfg}[split]\nmode = \"none\"\n");
-    let cost_cfg = base_cfg.to_string();
+    let cost_cfg = base_cfg.clone();
 
     // The proxy as configured by default; the same binary with the API's runtime layout
     // switched (`[server] api_threads`: the shared multi-thread runtime against one
@@ -438,7 +608,8 @@ async fn run(args: Args) {
     println!("Sieve proxy overhead: {WORKERS} sim workers, loopback.");
     println!("One machine runs the load generator, nginx, the proxy and the workers: compare rows, not runs.");
 
-    for (k, size) in SIZES.iter().enumerate().take(if args.throughput_only { 1 } else { SIZES.len() }) {
+    let sizes = if args.throughput_only || args.latency_only { 1 } else { SIZES.len() };
+    for (k, size) in SIZES.iter().enumerate().take(sizes) {
         let body = score_body(QUERY, &catalogue(*size, 42), Some(10_000));
         let bytes = serde_json::to_vec(&body).map(|b| b.len()).unwrap_or(0);
         // (name, url, the router process whose CPU time is counted)
@@ -472,13 +643,55 @@ async fn run(args: Args) {
             "  {:<34} {:>8} {:>8}   {:>8}  {:>8}  {:>8}",
             "path", "p50", "p99", "+p50", "+p99", "router CPU µs/req"
         );
+        let body_bytes = Arc::new(serde_json::to_vec(&body).expect("json"));
+        let mut latency_paths: Vec<(String, Target, Option<u32>)> = paths_zero
+            .iter()
+            .map(|(name, url, router)| {
+                (name.clone(), Target::One { url: url.clone(), body: body_bytes.clone() }, *router)
+            })
+            .collect();
+        // The bench's own fan-out, right after the direct row: a quarter of the items to each worker.
+        let items_k = catalogue(*size, 42);
+        let shards = sims_zero
+            .iter()
+            .zip(items_k.chunks(size.div_ceil(WORKERS)))
+            .map(|(w, part)| {
+                let b = serde_json::to_vec(&score_body(QUERY, part, Some(10_000))).expect("json");
+                (format!("{}/v1/score", w.api_url()), Arc::new(b))
+            })
+            .collect();
+        latency_paths.insert(1, ("bench's own 4-way fan-out".to_string(), Target::FanOut(shards), None));
+        let worker_pids: Vec<u32> = sims_zero.iter().map(Proc::pid).collect();
+        // Each path on its own (its requests back to back), or with `--interleave` all in turn.
+        let groups: Vec<Vec<usize>> = if args.throughput_only {
+            Vec::new()
+        } else if args.interleave {
+            vec![(0..latency_paths.len()).collect()]
+        } else {
+            (0..latency_paths.len()).map(|i| vec![i]).collect()
+        };
         let mut base = None;
-        for (name, url, router) in paths_zero.iter().filter(|_| !args.throughput_only) {
-            let (f, cpu) = measure_with_cpu(&http, url, &body, 1, Some(args.latency_requests), 0.0, *router).await;
-            row(name, &f, base.as_ref(), cpu);
-            if base.is_none() {
-                base = Some(f);
+        for group in groups {
+            let targets: Vec<Target> = group.iter().map(|&i| latency_paths[i].1.clone()).collect();
+            let routers: Vec<Option<u32>> = group.iter().map(|&i| latency_paths[i].2).collect();
+            let probes: Vec<Option<Probe>> =
+                routers.iter().map(|r| args.tail.then(|| Probe::new(*r, &worker_pids))).collect();
+            let before: Vec<Option<f64>> = routers.iter().map(|r| r.and_then(cpu_seconds)).collect();
+            let results = one_at_a_time(&http, &targets, args.latency_requests, &probes).await;
+            for (j, (f, samples)) in results.into_iter().enumerate() {
+                let after = routers[j].and_then(cpu_seconds);
+                let cpu = before[j].zip(after).map(|(b, a)| (a - b) * 1e6 / (f.count + WARM_UP) as f64);
+                row(&latency_paths[group[j]].0, &f, base.as_ref(), cpu);
+                if let Some(p) = &probes[j] {
+                    p.report(&samples);
+                }
+                if base.is_none() {
+                    base = Some(f);
+                }
             }
+        }
+        if args.latency_only {
+            continue;
         }
 
         println!(
@@ -495,7 +708,7 @@ async fn run(args: Args) {
     }
 
     'part3: {
-        if args.throughput_only {
+        if args.throughput_only || args.latency_only {
             break 'part3;
         }
         let body = score_body(QUERY, &items, Some(10_000));
