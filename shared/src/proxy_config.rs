@@ -86,6 +86,11 @@ impl ProxyConfig {
             self.admission.margin >= 0.0 && self.admission.margin.is_finite(),
             "admission.margin must be a finite number >= 0",
         )?;
+        check(
+            self.admission.stall_factor == 0.0
+                || (self.admission.stall_factor >= 1.0 && self.admission.stall_factor.is_finite()),
+            "admission.stall_factor must be 0 (off) or a finite number >= 1",
+        )?;
         check(self.split.tolerance >= 0.0 && self.split.tolerance.is_finite(), "split.tolerance must be >= 0")?;
         check(self.balance.choices >= 2, "balance.choices must be at least 2")?;
         check(
@@ -246,7 +251,7 @@ impl Default for SplitConfig {
 /// answered at once (429 with `Retry-After`, or the part that fits when the request says
 /// `"on_overload": "partial"`) instead of being queued to be thrown away. The prediction is
 /// taken as measured: a plan of k shards counts as its makespan times the q^(1/k) quantile of
-/// actual over predicted shard time (q: `[hedge] quantile`).
+/// actual over predicted shard time (q: `quantile`), stalls left out (`stall_factor`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdmissionConfig {
@@ -265,11 +270,18 @@ pub struct AdmissionConfig {
     /// deadline is judged at the tail (p99), so q is that tail, not hedging's p95: held to p95,
     /// one admitted plan in twenty is late by design, and in an overload that is the p99.
     pub quantile: f64,
+    /// A shard that took more than this many times the median actual-over-predicted ratio of the
+    /// shards measured just before it was a stall (one call held up while the others of the
+    /// moment ran on time), and is left out of the error plans are held to: load does not
+    /// predict a stall, so refusing requests does not avoid one (hedging is what answers it).
+    /// Queueing makes every shard late at once, the median with them, so it still counts.
+    /// 0: every shard counts.
+    pub stall_factor: f64,
 }
 
 impl Default for AdmissionConfig {
     fn default() -> Self {
-        AdmissionConfig { enabled: true, margin: 0.0, error_window_ms: 10_000, quantile: 0.99 }
+        AdmissionConfig { enabled: true, margin: 0.0, error_window_ms: 10_000, quantile: 0.99, stall_factor: 2.0 }
     }
 }
 
@@ -626,6 +638,9 @@ mod tests {
         assert!(e.contains("quantil"), "{e}");
         let e = ProxyConfig::from_toml("[hedge]\nquantile = 1.5\n").unwrap_err();
         assert!(e.contains("hedge.quantile"), "{e}");
+        let e = ProxyConfig::from_toml("[admission]\nstall_factor = 0.5\n").unwrap_err();
+        assert!(e.contains("admission.stall_factor"), "{e}");
+        assert_eq!(ProxyConfig::from_toml("[admission]\nstall_factor = 0\n").unwrap().admission.stall_factor, 0.0);
         let e = ProxyConfig::from_toml("[[workers]]\nurl = \"localhost:1\"\n").unwrap_err();
         assert!(e.contains("workers[0]"), "{e}");
     }

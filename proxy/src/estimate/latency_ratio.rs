@@ -14,6 +14,14 @@
 //! of its time (the worker's tokenizing and HTTP, a pass's fixed cost: on an H100 worker a short
 //! shard ran 1.5x its prediction), so holding a long plan to every shard's error refused, at 60%
 //! utilisation, 5% of requests that all finished in time without admission.
+//!
+//! Admission's quantiles leave out the shards that were *stalls*: a shard that took more than
+//! `stall_factor` times the median ratio of the [`REFERENCE`] shards measured just before it.
+//! Those shards ran late while the cluster's other calls of the moment (its own request's
+//! siblings among them) ran on time: one call held up (a GC pause, throttling, a noisy
+//! neighbour, or queued behind such a call), which no prediction of load foresees and refusing
+//! a request does not avoid. Queueing makes every shard late at once, and the median with them,
+//! so a burst's lateness stays in. Hedging's quantile counts every shard: it is what a hedge is for.
 
 use sieve_shared::sync::lock;
 use std::sync::Mutex;
@@ -22,6 +30,10 @@ use std::time::{Duration, Instant};
 const WINDOW: usize = 512;
 /// Recompute the quantile every this many samples (a sort of 512 floats).
 const REFRESH_EVERY: usize = 16;
+/// How many of the latest shards the stall test compares a shard with (their median ratio):
+/// a fraction of a second of shards at the loads where admission matters, so the reference
+/// follows a burst's lateness within it, and enough that a few stalls do not move the median.
+pub const REFERENCE: usize = 64;
 
 pub struct RatioTracker {
     inner: Mutex<Inner>,
@@ -34,6 +46,11 @@ struct Inner {
     predicted: Vec<f64>,
     /// When each ring entry was recorded.
     stamps: Vec<Instant>,
+    /// The median ratio of the latest [`REFERENCE`] shards when each ring entry was recorded
+    /// (0: too few to tell): what the stall test compares the entry with.
+    reference: Vec<f64>,
+    /// The median of the latest [`REFERENCE`] ratios, refreshed with `cached`.
+    median: f64,
     next: usize,
     since_refresh: usize,
     cached: Option<f64>,
@@ -44,6 +61,8 @@ struct Inner {
     memo: Vec<((u64, i32), Option<f64>)>,
     recent_at: Option<Instant>,
     recent_window: Duration,
+    /// The stall factor `recent` was filtered with.
+    recent_stall_factor: f64,
     /// Samples recorded since `recent` was sorted.
     recent_new: usize,
 }
@@ -55,6 +74,8 @@ impl RatioTracker {
                 ring: Vec::with_capacity(WINDOW),
                 predicted: Vec::with_capacity(WINDOW),
                 stamps: Vec::with_capacity(WINDOW),
+                reference: Vec::with_capacity(WINDOW),
+                median: 0.0,
                 next: 0,
                 since_refresh: 0,
                 cached: None,
@@ -62,6 +83,7 @@ impl RatioTracker {
                 memo: Vec::new(),
                 recent_at: None,
                 recent_window: Duration::ZERO,
+                recent_stall_factor: 0.0,
                 recent_new: 0,
             }),
             quantile,
@@ -78,15 +100,18 @@ impl RatioTracker {
             return;
         }
         let mut g = lock(&self.inner);
+        let reference = g.median;
         if g.ring.len() < WINDOW {
             g.ring.push(ratio);
             g.predicted.push(predicted_ms);
             g.stamps.push(now);
+            g.reference.push(reference);
         } else {
             let i = g.next;
             g.ring[i] = ratio;
             g.predicted[i] = predicted_ms;
             g.stamps[i] = now;
+            g.reference[i] = reference;
         }
         g.next = (g.next + 1) % WINDOW;
         g.since_refresh += 1;
@@ -96,6 +121,15 @@ impl RatioTracker {
             let mut sorted = g.ring.clone();
             sorted.sort_by(f64::total_cmp);
             g.cached = at(&sorted, self.quantile);
+            // The latest REFERENCE entries end just before `next` (the ring wraps).
+            let n = g.ring.len();
+            g.median = if n >= REFERENCE {
+                let mut latest: Vec<f64> = (1..=REFERENCE).map(|back| g.ring[(g.next + n - back) % n]).collect();
+                latest.sort_by(f64::total_cmp);
+                at(&latest, 0.5).unwrap_or(0.0)
+            } else {
+                0.0
+            };
         }
     }
 
@@ -112,9 +146,17 @@ impl RatioTracker {
     /// predicted at least half the power of two at or below `predicted_ms` (a quarter to a half of
     /// it; the longest `min_samples` of them
     /// when fewer were), once at least `min_samples` were measured; `None` (take predictions at
-    /// face value) otherwise.
-    pub fn recent_quantile(&self, p: f64, min_samples: usize, window: Duration, predicted_ms: f64) -> Option<f64> {
-        self.recent_quantile_at(p, min_samples, window, predicted_ms, Instant::now())
+    /// face value) otherwise. Shards that were stalls are left out: those that took more than
+    /// `stall_factor` times the median ratio of the [`REFERENCE`] shards before them (0: none).
+    pub fn recent_quantile(
+        &self,
+        p: f64,
+        min_samples: usize,
+        window: Duration,
+        stall_factor: f64,
+        predicted_ms: f64,
+    ) -> Option<f64> {
+        self.recent_quantile_at(p, min_samples, window, stall_factor, predicted_ms, Instant::now())
     }
 
     fn recent_quantile_at(
@@ -122,6 +164,7 @@ impl RatioTracker {
         p: f64,
         min_samples: usize,
         window: Duration,
+        stall_factor: f64,
         predicted_ms: f64,
         now: Instant,
     ) -> Option<f64> {
@@ -129,15 +172,20 @@ impl RatioTracker {
         // Rebuilt after REFRESH_EVERY new samples, or once an eighth of the window has passed
         // (so a sample stops counting at most window/8 late), not on every request.
         let stale = g.recent_at.is_none_or(|at| now.saturating_duration_since(at) >= window / 8);
-        if stale || g.recent_new >= REFRESH_EVERY || g.recent_window != window {
+        let refilter = g.recent_stall_factor.to_bits() != stall_factor.to_bits();
+        if stale || refilter || g.recent_new >= REFRESH_EVERY || g.recent_window != window {
             let g = &mut *g;
             g.recent.clear();
             g.memo.clear();
-            let fresh = (0..g.ring.len()).filter(|&i| now.saturating_duration_since(g.stamps[i]) <= window);
+            let stall =
+                |i: usize| stall_factor > 0.0 && g.reference[i] > 0.0 && g.ring[i] > stall_factor * g.reference[i];
+            let fresh =
+                (0..g.ring.len()).filter(|&i| now.saturating_duration_since(g.stamps[i]) <= window && !stall(i));
             g.recent.extend(fresh.map(|i| (g.predicted[i], g.ring[i])));
             g.recent.sort_by(|a, b| b.0.total_cmp(&a.0));
             g.recent_at = Some(now);
             g.recent_window = window;
+            g.recent_stall_factor = stall_factor;
             g.recent_new = 0;
         }
         let min_samples = min_samples.max(1);
@@ -192,11 +240,11 @@ mod tests {
         let q = t.quantile(20).unwrap();
         assert!((q - 1.95).abs() < 0.02, "{q}");
         let hour = Duration::from_secs(3600);
-        let recent = t.recent_quantile(0.95, 20, hour, 10.0).unwrap();
+        let recent = t.recent_quantile(0.95, 20, hour, 0.0, 10.0).unwrap();
         assert!((recent - q).abs() < 0.02, "the configured quantile, asked for: {recent} vs {q}");
-        let q99 = t.recent_quantile(0.99, 20, hour, 10.0).unwrap();
-        assert!((q99 - 1.99).abs() < 0.02 && t.recent_quantile(0.5, 20, hour, 10.0).unwrap() < q, "{q99}");
-        assert_eq!(t.recent_quantile(0.95, 2000, hour, 10.0), None);
+        let q99 = t.recent_quantile(0.99, 20, hour, 0.0, 10.0).unwrap();
+        assert!((q99 - 1.99).abs() < 0.02 && t.recent_quantile(0.5, 20, hour, 0.0, 10.0).unwrap() < q, "{q99}");
+        assert_eq!(t.recent_quantile(0.95, 2000, hour, 0.0, 10.0), None);
         for _ in 0..WINDOW {
             t.record(1.0, 10.0);
         }
@@ -213,16 +261,16 @@ mod tests {
             t.record_at(10.0, 50.0, t0 + Duration::from_millis(i));
         }
         let during = t0 + Duration::from_secs(1);
-        assert_eq!(t.recent_quantile_at(0.95, 20, window, 50.0, during), Some(10.0));
+        assert_eq!(t.recent_quantile_at(0.95, 20, window, 0.0, 50.0, during), Some(10.0));
         // Once the window has passed over them, predictions are taken at face value again...
         let after = t0 + window + window / 8 + Duration::from_secs(1);
-        assert_eq!(t.recent_quantile_at(0.95, 20, window, 50.0, after), None);
+        assert_eq!(t.recent_quantile_at(0.95, 20, window, 0.0, 50.0, after), None);
         // ...and what is measured from then on is what counts.
         for i in 0..30 {
             t.record_at(1.2, 50.0, after + Duration::from_millis(i));
         }
         let later = after + Duration::from_secs(1);
-        assert_eq!(t.recent_quantile_at(0.95, 20, window, 50.0, later), Some(1.2));
+        assert_eq!(t.recent_quantile_at(0.95, 20, window, 0.0, 50.0, later), Some(1.2));
         // The hedging quantile still sees the whole ring.
         assert_eq!(t.quantile(20), Some(10.0));
     }
@@ -236,15 +284,15 @@ mod tests {
             t.record(3.0, 5.0 + (i % 10) as f64);
             t.record(1.1, 150.0 + (i % 100) as f64);
         }
-        let long = t.recent_quantile(0.95, 20, hour, 200.0).unwrap();
+        let long = t.recent_quantile(0.95, 20, hour, 0.0, 200.0).unwrap();
         assert_eq!(long, 1.1, "a 200 ms plan: shards of 100 ms and more");
-        let short = t.recent_quantile(0.95, 20, hour, 8.0).unwrap();
+        let short = t.recent_quantile(0.95, 20, hour, 0.0, 8.0).unwrap();
         assert_eq!(short, 3.0, "an 8 ms plan: every shard of 4 ms and more, the short ones among them");
         // Longer than anything measured: the longest min_samples shards speak for it.
-        assert_eq!(t.recent_quantile(0.95, 20, hour, 5000.0), Some(1.1));
+        assert_eq!(t.recent_quantile(0.95, 20, hour, 0.0, 5000.0), Some(1.1));
         // Asked again (memoised), the same answers.
-        assert_eq!(t.recent_quantile(0.95, 20, hour, 200.0), Some(long));
-        assert_eq!(t.recent_quantile(0.95, 20, hour, 8.0), Some(short));
+        assert_eq!(t.recent_quantile(0.95, 20, hour, 0.0, 200.0), Some(long));
+        assert_eq!(t.recent_quantile(0.95, 20, hour, 0.0, 8.0), Some(short));
         // Too few long shards: the longest min_samples are taken, short ones among them.
         let t = RatioTracker::new(0.95);
         for _ in 0..100 {
@@ -253,6 +301,35 @@ mod tests {
         for _ in 0..5 {
             t.record(1.1, 300.0);
         }
-        assert_eq!(t.recent_quantile(0.95, 20, hour, 300.0), Some(3.0));
+        assert_eq!(t.recent_quantile(0.95, 20, hour, 0.0, 300.0), Some(3.0));
+    }
+
+    #[test]
+    fn stalls_are_left_out_of_admissions_error_and_queueing_is_not() {
+        let t = RatioTracker::new(0.99);
+        let hour = Duration::from_secs(3600);
+        let on_time = |i: usize| 1.0 + (i % 8) as f64 / 64.0;
+        // 3% of shards stalled (5x to 40x late) among shards on time (1.0 to 1.11). The first
+        // 80 are on time: until REFERENCE shards were measured there is no median to compare with.
+        for i in 0..WINDOW {
+            let ratio = if i >= 80 && i % 33 == 32 { 5.0 + (i % 36) as f64 } else { on_time(i) };
+            t.record(ratio, 100.0 + (i % 50) as f64);
+        }
+        // A 16-shard plan's quantile (q^(1/16) of p99) is the window's worst: a stall, unless
+        // stalls are left out; hedging still sees them.
+        let q16 = 0.99f64.powf(1.0 / 16.0);
+        assert!(t.recent_quantile(q16, 20, hour, 0.0, 100.0).unwrap() >= 5.0);
+        assert_eq!(t.recent_quantile(q16, 20, hour, 2.0, 100.0), Some(on_time(7)));
+        assert!(t.quantile(20).unwrap() >= 5.0, "hedging's quantile (here p99) counts every shard");
+        // Queueing: every shard 3x late from one moment on. The first few are taken for stalls
+        // (the median of the shards before them is on time), then the median is late too and
+        // the lateness counts: the window's worst is the queueing's.
+        let late = |i: usize| 3.0 + (i % 8) as f64 / 64.0;
+        for i in 0..WINDOW {
+            t.record(late(i), 100.0 + (i % 50) as f64);
+        }
+        assert_eq!(t.recent_quantile(q16, 20, hour, 2.0, 100.0), Some(late(7)));
+        let median = t.recent_quantile(0.5, 20, hour, 2.0, 100.0).unwrap();
+        assert!((3.0..3.2).contains(&median), "{median}");
     }
 }

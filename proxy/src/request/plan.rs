@@ -3,7 +3,7 @@
 //! retry and hedge allowance into the budgets.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use sieve_shared::proxy_config::SplitMode;
@@ -116,13 +116,11 @@ pub fn plan(
         })
     };
     let on_overload = req.on_overload.unwrap_or_default();
-    // How late predictions run, as measured lately on shards of about the plan's length: the
-    // admission quantile q for one shard, q^(1/k) for each of k (all k in time with chance q);
-    // face value until measured.
-    let error_window = Duration::from_millis(cfg.admission.error_window_ms);
+    // How late predictions run, as measured lately on shards of about the plan's length, stalls
+    // left out: the admission quantile q for one shard, q^(1/k) for each of k (all k in time
+    // with chance q); face value until measured.
     let late_ratio = |k: usize, makespan_ms: f64| {
-        let q = cfg.admission.quantile.powf(1.0 / k as f64);
-        state.ratios.recent_quantile(q, cfg.hedge.min_samples, error_window, makespan_ms).unwrap_or(1.0)
+        admission::late_ratio(&state.ratios, &cfg.admission, cfg.hedge.min_samples, k, makespan_ms)
     };
     let mut dropped =
         admission::admit(&cfg.admission, on_overload, left_ms, late_ratio, &mut plan, &split_req, &cands, best)?;
