@@ -11,6 +11,8 @@
 //! thread; context switches are the difference of the proxy threads' `voluntary_ctxt_switches`
 //! and `nonvoluntary_ctxt_switches` (`/proc/self/task/TID/status`) over the measured requests;
 //! `--strace` attaches `strace -c` to those threads over the same requests and prints its table.
+//! The last column is each counted thread's share of their CPU time over the requests: how
+//! evenly the runtime (or the kernel's `SO_REUSEPORT` hash, with `api_threads`) spread the work.
 //! Rows: the proxy forwarding whole requests (split = none), splitting each in four (fixed
 //! chunks), and the same two with `[server] api_threads` = the core count.
 //!
@@ -202,7 +204,7 @@ fn main() {
         "Per request, {} items, {} requests, {} clients (the warm-up of 200 excluded):",
         args.items, args.requests, args.clients
     );
-    println!("  {:<34} {:>8} {:>10} {:>8} {:>8}", "path", "allocs", "bytes", "vol cs", "invol cs");
+    println!("  {:<34} {:>8} {:>10} {:>8} {:>8}  {}", "path", "allocs", "bytes", "vol cs", "invol cs", "CPU by thread");
 
     if let Some(url) = &args.url {
         for w in &workers {
@@ -260,6 +262,9 @@ struct Costs {
     voluntary: u64,
     involuntary: u64,
     errors: usize,
+    /// Each counted thread's share of their CPU time over the requests (how evenly the work
+    /// spread), largest first.
+    shares: Vec<f64>,
 }
 
 async fn measure(
@@ -267,7 +272,7 @@ async fn measure(
     url: &str,
     body: &Arc<Vec<u8>>,
     args: &Args,
-    tids: impl Fn() -> Vec<u32>,
+    tids: impl Fn() -> Vec<(u32, u32)>,
     allocs: bool,
 ) -> Costs {
     // Warm-up: connections, pools, estimators, the allocator's arenas.
@@ -276,12 +281,17 @@ async fn measure(
     assert!(!threads.is_empty(), "no router threads found");
     let strace = args.strace.then(|| Strace::start(&threads));
     let cs0 = switches(&threads);
+    let cpu0: Vec<u64> = threads.iter().map(|&t| cpu_ticks(t)).collect();
     let (a0, b0) = (ALLOCS.load(Ordering::Relaxed), BYTES.load(Ordering::Relaxed));
     SAMPLE_EVERY.store(if allocs { args.sites } else { 0 }, Ordering::Relaxed);
     let errors = run_load(http, url, body, args.clients, args.requests).await;
     SAMPLE_EVERY.store(0, Ordering::Relaxed);
     let (a1, b1) = (ALLOCS.load(Ordering::Relaxed), BYTES.load(Ordering::Relaxed));
     let cs1 = switches(&threads);
+    let used: Vec<u64> = threads.iter().zip(&cpu0).map(|(&t, &c0)| cpu_ticks(t).saturating_sub(c0)).collect();
+    let total = used.iter().sum::<u64>().max(1) as f64;
+    let mut shares: Vec<f64> = used.iter().map(|&u| u as f64 / total).collect();
+    shares.sort_by(|a, b| b.total_cmp(a));
     drop(strace);
     Costs {
         allocs: if allocs { a1 - a0 } else { 0 },
@@ -289,6 +299,7 @@ async fn measure(
         voluntary: cs1.0.saturating_sub(cs0.0),
         involuntary: cs1.1.saturating_sub(cs0.1),
         errors,
+        shares,
     }
 }
 
@@ -300,7 +311,13 @@ fn print_row(name: &str, c: &Costs, n: usize) {
     } else {
         (format!("{:.1}", per(c.allocs)), format!("{:.0}", per(c.bytes)))
     };
-    println!("  {name:<34} {allocs:>8} {bytes:>10} {:>8.2} {:>8.2}{err}", per(c.voluntary), per(c.involuntary));
+    let shares: Vec<String> = c.shares.iter().take(4).map(|s| format!("{:.0}%", s * 100.0)).collect();
+    println!(
+        "  {name:<34} {allocs:>8} {bytes:>10} {:>8.2} {:>8.2}  {}{err}",
+        per(c.voluntary),
+        per(c.involuntary),
+        shares.join("/")
+    );
 }
 
 /// `n` requests from `clients` concurrent loops; returns how many did not answer 200.
@@ -328,22 +345,23 @@ async fn run_load(http: &Http, url: &str, body: &Arc<Vec<u8>>, clients: usize, n
     errors
 }
 
-/// The thread ids of process `pid` whose name passes `keep`.
-fn tasks_of(pid: u32, keep: impl Fn(&str) -> bool) -> Vec<u32> {
+/// The threads (process id, thread id) of process `pid` whose name passes `keep`.
+fn tasks_of(pid: u32, keep: impl Fn(&str) -> bool) -> Vec<(u32, u32)> {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
     dir.filter_map(|e| {
         let tid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
         let comm = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).ok()?;
-        keep(comm.trim()).then_some(tid)
+        keep(comm.trim()).then_some((pid, tid))
     })
     .collect()
 }
 
 /// Voluntary and involuntary context switches of these threads so far.
-fn switches(tids: &[u32]) -> (u64, u64) {
+fn switches(tids: &[(u32, u32)]) -> (u64, u64) {
     let mut total = (0, 0);
-    for tid in tids {
-        let Ok(status) = std::fs::read_to_string(format!("/proc/{tid}/status")) else { continue };
+    for (pid, tid) in tids {
+        // Under the process's `task/`: `/proc/TID/...` of a thread can be the whole process's.
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")) else { continue };
         for line in status.lines() {
             let field = |name: &str| line.strip_prefix(name).and_then(|v| v.trim().parse::<u64>().ok());
             if let Some(v) = field("voluntary_ctxt_switches:") {
@@ -356,14 +374,25 @@ fn switches(tids: &[u32]) -> (u64, u64) {
     total
 }
 
+/// CPU time (user + system, clock ticks) a thread (process id, thread id) has used.
+fn cpu_ticks((pid, tid): (u32, u32)) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")) else { return 0 };
+    // After the command name (in parentheses, which may hold spaces): utime and stime are the
+    // 12th and 13th fields.
+    let Some((_, rest)) = stat.rsplit_once(')') else { return 0 };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0)
+}
+
 /// `strace -c` attached to some threads, its table printed when dropped.
 struct Strace(Child);
 
 impl Strace {
-    fn start(tids: &[u32]) -> Strace {
+    fn start(tids: &[(u32, u32)]) -> Strace {
         let mut cmd = Command::new("strace");
         cmd.arg("-c");
-        for t in tids {
+        for (_, t) in tids {
             cmd.arg("-p").arg(t.to_string());
         }
         let child = cmd.stdout(Stdio::null()).stderr(Stdio::inherit()).spawn().expect("strace");
