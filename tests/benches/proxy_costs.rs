@@ -20,8 +20,9 @@
 //! under each row (slow: for finding them, not for the counts).
 //!
 //! `--url URL --pid PID`: the same requests to a router running elsewhere (nginx, a proxy
-//! process) against this bench's workers, printed first (`--pid` is the router's process,
-//! all of whose threads are counted for context switches and traced with `--strace`); the
+//! process) against this bench's workers, printed first (`--pid` is the router's process, or
+//! `@FILE` its pid file; its threads and its children's are counted for context switches and
+//! traced with `--strace`); the
 //! allocation column is then empty. The workers' addresses are printed so the router can be
 //! pointed at them; the bench waits for `--url` to answer.
 //!
@@ -157,7 +158,9 @@ struct Args {
     /// `--sites N`: sample every Nth allocation's stack.
     sites: u64,
     url: Option<String>,
-    pid: Option<u32>,
+    /// `--pid PID`, or `--pid @FILE`: the pid read from FILE once `--url` answers (nginx's
+    /// pid file).
+    pid: Option<String>,
 }
 
 fn args() -> Args {
@@ -171,7 +174,7 @@ fn args() -> Args {
         strace: argv.iter().any(|a| a == "--strace"),
         sites: value("--sites").and_then(|v| v.parse().ok()).unwrap_or(0),
         url: value("--url"),
-        pid: value("--pid").and_then(|v| v.parse().ok()),
+        pid: value("--pid"),
     }
 }
 
@@ -210,13 +213,24 @@ fn main() {
         for w in &workers {
             println!("  worker: {}", w.api_url());
         }
-        let pid = args.pid.expect("--url needs --pid");
+        let pid = args.pid.as_deref().expect("--url needs --pid");
         load.block_on(async {
             while http.send(hyper::Method::POST, url, body.as_ref().clone()).await.map(|r| r.status) != Ok(200) {
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         });
-        let tids = move || tasks_of(pid, |_| true);
+        let pid: u32 = match pid.strip_prefix('@') {
+            Some(file) => std::fs::read_to_string(file).expect("pid file").trim().parse().expect("a pid"),
+            None => pid.parse().expect("--pid PID"),
+        };
+        // The process and its children (nginx's worker processes), every thread of each.
+        let tids = move || {
+            let mut all = tasks_of(pid, |_| true);
+            for child in children_of(pid) {
+                all.extend(tasks_of(child, |_| true));
+            }
+            all
+        };
         let r = load.block_on(measure(&http, url, &body, &args, tids, false));
         print_row(&format!("router pid {pid}"), &r, args.requests);
     }
@@ -352,6 +366,19 @@ fn tasks_of(pid: u32, keep: impl Fn(&str) -> bool) -> Vec<(u32, u32)> {
         let tid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
         let comm = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).ok()?;
         keep(comm.trim()).then_some((pid, tid))
+    })
+    .collect()
+}
+
+/// The processes whose parent is `pid`.
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(|e| {
+        let p: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+        let (_, rest) = stat.rsplit_once(')')?;
+        let ppid: u32 = rest.split_whitespace().nth(1)?.parse().ok()?;
+        (ppid == pid).then_some(p)
     })
     .collect()
 }

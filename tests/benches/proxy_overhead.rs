@@ -1,7 +1,7 @@
 //! The proxy's added latency and throughput, next to nginx, measured in the same run.
 //!
 //!     cargo build --release -p sieve-proxy -p sieve-loadtest -p sieve-e2e --bins --bench proxy_overhead
-//!     cargo bench -p sieve-e2e --bench proxy_overhead [-- --quick]
+//!     cargo bench -p sieve-e2e --bench proxy_overhead [-- --quick] [-- --throughput-only] [-- --size 1000]
 //!
 //! Four `sieve-loadtest sim-worker` processes serve the worker API on loopback. The same
 //! requests go (a) straight to one worker, (b) through nginx (`least_conn` upstream over the
@@ -55,15 +55,19 @@ struct Args {
     /// `--throughput-only`: part 2 alone, 100-item requests (for profiling with
     /// `SIEVE_BENCH_PERF`).
     throughput_only: bool,
+    /// `--size N`: parts 1 and 2 with requests of N items (one of `SIZES`) alone.
+    size: Option<usize>,
 }
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let throughput_only = std::env::args().any(|a| a == "--throughput-only");
+    let argv: Vec<String> = std::env::args().collect();
+    let size = argv.iter().position(|a| a == "--size").and_then(|i| argv.get(i + 1)?.parse().ok());
     let args = if quick {
-        Args { latency_requests: 300, throughput_secs: 1.0, clients: 32, throughput_only }
+        Args { latency_requests: 300, throughput_secs: 1.0, clients: 32, throughput_only, size }
     } else {
-        Args { latency_requests: 2000, throughput_secs: 4.0, clients: 32, throughput_only }
+        Args { latency_requests: 2000, throughput_secs: 4.0, clients: 32, throughput_only, size }
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(run(args));
@@ -438,7 +442,12 @@ async fn run(args: Args) {
     println!("Sieve proxy overhead: {WORKERS} sim workers, loopback.");
     println!("One machine runs the load generator, nginx, the proxy and the workers: compare rows, not runs.");
 
-    for (k, size) in SIZES.iter().enumerate().take(if args.throughput_only { 1 } else { SIZES.len() }) {
+    let sizes = match args.size {
+        Some(n) => vec![n],
+        None if args.throughput_only => vec![SIZES[0]],
+        None => SIZES.to_vec(),
+    };
+    for (k, size) in SIZES.iter().enumerate().filter(|(_, s)| sizes.contains(s)) {
         let body = score_body(QUERY, &catalogue(*size, 42), Some(10_000));
         let bytes = serde_json::to_vec(&body).map(|b| b.len()).unwrap_or(0);
         // (name, url, the router process whose CPU time is counted)
