@@ -65,7 +65,7 @@ fn count(size: usize) {
         let n = ALLOCS.fetch_add(1, Ordering::Relaxed);
         BYTES.fetch_add(size as u64, Ordering::Relaxed);
         let every = SAMPLE_EVERY.load(Ordering::Relaxed);
-        if every > 0 && n % every == 0 {
+        if every > 0 && n.is_multiple_of(every) {
             NOT_COUNTED.with(|c| c.set(true));
             let bt = Backtrace::force_capture();
             if let Ok(mut s) = SAMPLES.lock() {
@@ -108,7 +108,7 @@ fn print_sites() {
         *sites.entry(frames.join("  <-  ")).or_default() += 1;
     }
     let mut sites: Vec<_> = sites.into_iter().collect();
-    sites.sort_by(|a, b| b.1.cmp(&a.1));
+    sites.sort_by_key(|s| std::cmp::Reverse(s.1));
     println!("    allocation sites ({} samples):", samples.len());
     for (site, n) in sites.iter().take(40) {
         println!("    {:>5.1}%  {site}", 100.0 * *n as f64 / samples.len() as f64);
@@ -207,7 +207,7 @@ fn main() {
         "Per request, {} items, {} requests, {} clients (the warm-up of 200 excluded):",
         args.items, args.requests, args.clients
     );
-    println!("  {:<34} {:>8} {:>10} {:>8} {:>8}  {}", "path", "allocs", "bytes", "vol cs", "invol cs", "CPU by thread");
+    println!("  {:<34} {:>8} {:>10} {:>8} {:>8}  CPU by thread", "path", "allocs", "bytes", "vol cs", "invol cs");
 
     if let Some(url) = &args.url {
         for w in &workers {
