@@ -118,6 +118,12 @@ kept_histograms! {
     shard_tokens => SHARD_TOKENS;
     /// [`SHARD_PREDICTED_SECONDS`]
     shard_predicted_seconds => SHARD_PREDICTED_SECONDS;
+    /// [`SHARD_ACTUAL_SECONDS`] (for `request/feedback.rs`, which still uses the macro)
+    shard_actual_seconds => SHARD_ACTUAL_SECONDS;
+    /// [`SHARD_TIME_RATIO`] (for `request/feedback.rs`)
+    shard_time_ratio => SHARD_TIME_RATIO;
+    /// [`TOKEN_ESTIMATE_ERROR`] (for `request/feedback.rs`)
+    token_estimate_error => TOKEN_ESTIMATE_ERROR;
 }
 
 /// [`PREFIX_AFFINITY_CHECKS`] with `outcome` = `hit` or `miss`, kept as the histograms above.

@@ -38,8 +38,9 @@ impl Eligible {
     /// The workers that can take shards at `now`, less those in `exclude`.
     pub fn at(state: &AppState, cfg: &ProxyConfig, now: Instant, model: &CostModel, exclude: &[Arc<Worker>]) -> Self {
         let params = AppState::view_params(cfg);
-        let workers: Vec<Arc<Worker>> =
-            state.pool.eligible(now).into_iter().filter(|w| !exclude.iter().any(|x| Arc::ptr_eq(x, w))).collect();
+        let mut workers: Vec<Arc<Worker>> = state.pool.eligible(now);
+        // In place: no second vector per request.
+        workers.retain(|w| !exclude.iter().any(|x| Arc::ptr_eq(x, w)));
         let views = workers.iter().map(|w| w.view(now, model, &params)).collect();
         Eligible { workers, views }
     }

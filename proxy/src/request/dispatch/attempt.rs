@@ -193,6 +193,13 @@ fn check_shard_response(r: ScoreResponse, n_items: usize) -> Result<ScoreRespons
     if r.scores.len() != n_items {
         return Err(format!("{} scores for a shard of {} items", r.scores.len(), n_items));
     }
+    // The usual answer, complete: every score present, nothing to look up.
+    if r.missing.is_empty() {
+        return match r.scores.iter().position(Option::is_none) {
+            Some(k) => Err(format!("no score for items[{k}] and it is not listed missing")),
+            None => Ok(r),
+        };
+    }
     let mut listed = vec![false; n_items];
     for &k in &r.missing {
         match listed.get_mut(k) {
