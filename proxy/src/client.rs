@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
-use hyper::header::{HeaderValue, CONTENT_TYPE, HOST};
+use hyper::header::{HeaderName, HeaderValue, CONTENT_TYPE, HOST};
 use hyper::{HeaderMap, Method, Request, StatusCode, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
 use sieve_shared::proxy_config::ClientConfig;
@@ -98,15 +98,17 @@ impl HttpClient {
         }
     }
 
+    /// `headers` are typed names (`HeaderName::from_static` in a `const`): a name given as a
+    /// string would be copied into a new allocation on every call.
     pub async fn post_json(
         &self,
         uri: &Uri,
         body: impl Into<Chunks>,
-        headers: &[(&'static str, HeaderValue)],
+        headers: &[(HeaderName, HeaderValue)],
     ) -> Result<Reply, ClientError> {
         let mut req = Request::builder().method(Method::POST).uri(origin_form(uri));
         for (name, value) in headers {
-            req = req.header(*name, value.clone());
+            req = req.header(name, value.clone());
         }
         let req = req
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use hyper::body::Incoming;
-use hyper::header::HeaderValue;
+use hyper::header::{HeaderName, HeaderValue};
 use hyper::Request;
 use sieve_shared::http::HttpResponse;
 use sieve_shared::service::{self, Call, Route, ScoreService, Scored};
@@ -23,6 +23,20 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> HttpRespons
     service::handle(&Api(state), req).await
 }
 
+/// `x-sieve-shards`, made once (a name given as a string is copied on every insert).
+const SHARDS: HeaderName = HeaderName::from_static("x-sieve-shards");
+
+/// A shard count as a header value: a static one for the usual counts (no allocation), else
+/// formatted.
+fn count_header(n: usize) -> HeaderValue {
+    const SMALL: [&str; 17] =
+        ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16"];
+    match SMALL.get(n) {
+        Some(s) => HeaderValue::from_static(s),
+        None => HeaderValue::from(n),
+    }
+}
+
 /// The proxy as a [`ScoreService`] (also served over gRPC, `sieve_shared::grpc`).
 pub(crate) struct Api(pub(crate) Arc<AppState>);
 
@@ -32,7 +46,7 @@ impl Api {
     async fn scored(&self, body: Bytes, req: ScoreRequestRef<'_>, call: Call) -> Result<Scored, ApiError> {
         let (response, stats) = request::score(&self.0, body, req, call.arrival.into_std()).await?;
         let mut scored = Scored::from(response);
-        scored.headers.insert("x-sieve-shards", HeaderValue::from(stats.shards));
+        scored.headers.insert(SHARDS, count_header(stats.shards));
         // `x-sieve-missing` (the unscored indices) is the shared API's, on every route.
         Ok(scored)
     }
@@ -67,7 +81,18 @@ impl ScoreService for Api {
     }
 
     fn observe(&self, route: Route, status: u16, elapsed: Duration) {
-        metrics::counter!(m::REQUESTS, "route" => route.name(), "code" => m::code_label(status)).increment(1);
-        metrics::histogram!(m::REQUEST_SECONDS, "route" => route.name()).record(elapsed.as_secs_f64());
+        m::observe_request(route, status, elapsed.as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_counts_are_header_values_as_formatted() {
+        for n in [0, 1, 4, 16, 17, 1000] {
+            assert_eq!(count_header(n), HeaderValue::from(n), "{n}");
+        }
     }
 }

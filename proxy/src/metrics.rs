@@ -6,7 +6,9 @@
 use std::borrow::Cow;
 use std::sync::OnceLock;
 
+use metrics::{Counter, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use sieve_shared::service::Route;
 
 pub const REQUESTS: &str = "sieve_proxy_requests_total";
 pub const REQUEST_SECONDS: &str = "sieve_proxy_request_seconds";
@@ -59,27 +61,102 @@ const SECONDS_BUCKETS: &[f64] =
 const COUNT_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0];
 const RATIO_BUCKETS: &[f64] = &[0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0];
 
+/// Every status the API answers, with its `code` label.
+const API_CODES: [(u16, &str); 15] = [
+    (200, "200"),
+    (400, "400"),
+    (401, "401"),
+    (403, "403"),
+    (404, "404"),
+    (405, "405"),
+    (408, "408"),
+    (413, "413"),
+    (414, "414"),
+    (422, "422"),
+    (429, "429"),
+    (431, "431"),
+    (500, "500"),
+    (503, "503"),
+    (504, "504"),
+];
+
 /// The `code` label of a status: a static string for every code the API answers, so counting a
 /// request allocates nothing (any other code, never sent today, is formatted).
 pub fn code_label(status: u16) -> Cow<'static, str> {
-    Cow::Borrowed(match status {
-        200 => "200",
-        400 => "400",
-        401 => "401",
-        403 => "403",
-        404 => "404",
-        405 => "405",
-        408 => "408",
-        413 => "413",
-        414 => "414",
-        422 => "422",
-        429 => "429",
-        431 => "431",
-        500 => "500",
-        503 => "503",
-        504 => "504",
-        other => return Cow::Owned(other.to_string()),
+    match API_CODES.iter().find(|(c, _)| *c == status) {
+        Some((_, label)) => Cow::Borrowed(label),
+        None => Cow::Owned(status.to_string()),
+    }
+}
+
+// Handles of the metrics recorded on every request, each registered on its first use and kept.
+// The `metrics` macros look a metric up by its key on every call (a hash and a lock) and wrap
+// the handle in a new `Arc` (an allocation): ~10 of each per request before. Registered on
+// first use, not up front, so a metric appears in `/metrics` when it is first recorded, as
+// before; `handle()` first, so the handle is the installed recorder's, never a no-op one.
+macro_rules! kept_histograms {
+    ($($(#[$doc:meta])* $f:ident => $name:expr;)*) => {$(
+        $(#[$doc])*
+        pub fn $f() -> &'static Histogram {
+            static KEPT: OnceLock<Histogram> = OnceLock::new();
+            KEPT.get_or_init(|| {
+                let _ = handle();
+                metrics::histogram!($name)
+            })
+        }
+    )*};
+}
+
+kept_histograms! {
+    /// [`REQUEST_ITEMS`]
+    request_items => REQUEST_ITEMS;
+    /// [`SHARDS_PER_REQUEST`]
+    shards_per_request => SHARDS_PER_REQUEST;
+    /// [`SHARD_ITEMS`]
+    shard_items => SHARD_ITEMS;
+    /// [`SHARD_TOKENS`]
+    shard_tokens => SHARD_TOKENS;
+    /// [`SHARD_PREDICTED_SECONDS`]
+    shard_predicted_seconds => SHARD_PREDICTED_SECONDS;
+    /// [`SHARD_ACTUAL_SECONDS`] (for `request/feedback.rs`, which still uses the macro)
+    shard_actual_seconds => SHARD_ACTUAL_SECONDS;
+    /// [`SHARD_TIME_RATIO`] (for `request/feedback.rs`)
+    shard_time_ratio => SHARD_TIME_RATIO;
+    /// [`TOKEN_ESTIMATE_ERROR`] (for `request/feedback.rs`)
+    token_estimate_error => TOKEN_ESTIMATE_ERROR;
+}
+
+/// [`PREFIX_AFFINITY_CHECKS`] with `outcome` = `hit` or `miss`, kept as the histograms above.
+pub fn prefix_affinity_check(hit: bool) -> &'static Counter {
+    static KEPT: [OnceLock<Counter>; 2] = [const { OnceLock::new() }; 2];
+    KEPT[usize::from(hit)].get_or_init(|| {
+        let _ = handle();
+        metrics::counter!(PREFIX_AFFINITY_CHECKS, "outcome" => if hit { "hit" } else { "miss" })
     })
+}
+
+/// One answered request: [`REQUESTS`] by route and code, [`REQUEST_SECONDS`] by route, with
+/// handles kept per label set (a code the API never answers is counted through the macro).
+pub fn observe_request(route: Route, status: u16, elapsed_secs: f64) {
+    static SECONDS: [OnceLock<Histogram>; Route::ALL.len()] = [const { OnceLock::new() }; Route::ALL.len()];
+    static COUNTS: [[OnceLock<Counter>; API_CODES.len()]; Route::ALL.len()] =
+        [const { [const { OnceLock::new() }; API_CODES.len()] }; Route::ALL.len()];
+    let r = Route::ALL.iter().position(|&x| x == route).unwrap_or(0);
+    match API_CODES.iter().position(|(c, _)| *c == status) {
+        Some(c) => COUNTS[r][c]
+            .get_or_init(|| {
+                let _ = handle();
+                metrics::counter!(REQUESTS, "route" => route.name(), "code" => API_CODES[c].1)
+            })
+            .increment(1),
+        None => metrics::counter!(REQUESTS, "route" => route.name(), "code" => code_label(status)).increment(1),
+    }
+    SECONDS[r]
+        .get_or_init(|| {
+            let _ = handle();
+            metrics::histogram!(REQUEST_SECONDS, "route" => route.name())
+        })
+        .record(elapsed_secs);
 }
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -159,6 +236,32 @@ fn describe() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The value of the series `line_start` (name and labels) in the rendered metrics; 0 if absent.
+    fn value(text: &str, line_start: &str) -> f64 {
+        text.lines().find_map(|l| l.strip_prefix(line_start)?.trim().parse().ok()).unwrap_or(0.0)
+    }
+
+    #[test]
+    fn kept_handles_record_into_the_installed_recorder() {
+        let h = handle();
+        let counted = |text: &str, code: &str| {
+            value(text, &format!("sieve_proxy_requests_total{{route=\"vllm_score\",code=\"{code}\"}}"))
+        };
+        let seconds = |text: &str| value(text, "sieve_proxy_request_seconds_count{route=\"vllm_score\"}");
+        let before = h.render();
+        observe_request(Route::VllmScore, 431, 0.5);
+        observe_request(Route::VllmScore, 431, 0.25);
+        // A code the API never answers: counted all the same.
+        observe_request(Route::VllmScore, 299, 0.5);
+        prefix_affinity_check(false).increment(3);
+        let after = h.render();
+        assert_eq!(counted(&after, "431") - counted(&before, "431"), 2.0, "{after}");
+        assert_eq!(counted(&after, "299") - counted(&before, "299"), 1.0, "{after}");
+        assert_eq!(seconds(&after) - seconds(&before), 3.0, "{after}");
+        let miss = "sieve_proxy_prefix_affinity_checks_total{outcome=\"miss\"}";
+        assert_eq!(value(&after, miss) - value(&before, miss), 3.0, "{after}");
+    }
 
     #[test]
     fn status_labels_are_the_codes_and_static_for_every_api_status() {

@@ -84,16 +84,30 @@ impl PrefixHolders {
         if cached_prefix_tokens > 0 {
             w.note_prefix_hit();
         }
-        let expected = self.holds(prefix, w, now);
+        let holders = self.entries.get(&prefix);
+        let expected = holders.as_ref().is_some_and(|hs| hs.iter().any(|h| self.live(h, w, now)));
         if expected {
             let hit = cached_prefix_tokens >= prefix_tokens;
-            metrics::counter!(m::PREFIX_AFFINITY_CHECKS, "outcome" => if hit { "hit" } else { "miss" }).increment(1);
+            m::prefix_affinity_check(hit).increment(1);
             if !hit {
                 self.forget(prefix, w);
                 return;
             }
         }
+        if holders.is_some_and(|hs| hs.first().is_some_and(|h| self.just_renewed(h, w, now))) {
+            return;
+        }
         self.record(prefix, w, now);
+    }
+
+    /// Whether `h`, the most recent holder, is `w` renewed less than a thousandth of the TTL
+    /// ago: renewing it again would change when it expires by less than that, and costs a
+    /// cache write (a handful of allocations and the cache's upkeep), which under steady
+    /// traffic on one prefix would be every answer's.
+    fn just_renewed(&self, h: &Holder, w: &Worker, now: Instant) -> bool {
+        h.worker == w.prefix_key()
+            && h.generation == w.prefix_generation()
+            && now.saturating_duration_since(h.at) < self.ttl / 1000
     }
 
     /// `w` holds `prefix` from `now`: it becomes the most recent holder; the oldest holders
@@ -214,6 +228,12 @@ mod tests {
         h.record(1, &a, t0);
         assert!(h.holds(1, &a, t0 + Duration::from_millis(999)));
         assert!(!h.holds(1, &a, t0 + Duration::from_millis(1_000)), "aged out after the TTL");
+        // An answer within a thousandth of the TTL of the last renewal leaves it as it is (the
+        // holding still ends a TTL after t0); a later one renews it.
+        h.observe(1, &a, 45, 45, t0 + Duration::from_micros(500));
+        assert!(!h.holds(1, &a, t0 + Duration::from_millis(1_000)), "not renewed within 1 ms");
+        h.observe(1, &a, 45, 45, t0 + Duration::from_millis(2));
+        assert!(h.holds(1, &a, t0 + Duration::from_millis(1_001)), "renewed after 1 ms");
         // At most MAX_HOLDERS per prefix: the oldest goes.
         let ws: Vec<_> = (0..MAX_HOLDERS as u16 + 2).map(|i| worker(20 + i)).collect();
         for (i, w) in ws.iter().enumerate() {

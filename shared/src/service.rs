@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hyper::body::Incoming;
-use hyper::header::{HeaderMap, HeaderValue, ALLOW, CONNECTION};
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, ALLOW, CONNECTION};
 use hyper::{Method, Request};
 // Tokio's clock, so the simulated worker's tests can run with time paused.
 use tokio::time::Instant;
@@ -216,9 +216,12 @@ fn deadline_header(h: &HeaderMap) -> Option<Result<u64, ApiError>> {
 
 fn with_timing(h: &mut HeaderMap, t: &Timing) {
     use std::io::Write as _;
-    for (name, v) in
-        [(headers::QUEUE_MS, t.queue_ms), (headers::COMPUTE_MS, t.compute_ms), (headers::TOTAL_MS, t.total_ms)]
-    {
+    // Typed names made once: a name given as a string is copied into a new allocation on
+    // every insert.
+    const QUEUE_MS: HeaderName = HeaderName::from_static(headers::QUEUE_MS);
+    const COMPUTE_MS: HeaderName = HeaderName::from_static(headers::COMPUTE_MS);
+    const TOTAL_MS: HeaderName = HeaderName::from_static(headers::TOTAL_MS);
+    for (name, v) in [(QUEUE_MS, t.queue_ms), (COMPUTE_MS, t.compute_ms), (TOTAL_MS, t.total_ms)] {
         // Formatted on the stack: no String per header per response (a value too long for the
         // buffer, never a real time, takes the String).
         let mut buf = [0u8; 32];

@@ -1,7 +1,7 @@
 //! The proxy's added latency and throughput, next to nginx, measured in the same run.
 //!
 //!     cargo build --release -p sieve-proxy -p sieve-loadtest -p sieve-e2e --bins --bench proxy_overhead
-//!     cargo bench -p sieve-e2e --bench proxy_overhead [-- --quick]
+//!     cargo bench -p sieve-e2e --bench proxy_overhead [-- --quick] [-- --throughput-only] [-- --size 1000]
 //!
 //! Four `sieve-loadtest sim-worker` processes serve the worker API on loopback. The same
 //! requests go (a) straight to one worker, (b) through nginx (`least_conn` upstream over the
@@ -81,12 +81,15 @@ struct Args {
     /// `--health-ms N`: the proxies' `[health] interval_ms` (200 by default: every proxy the
     /// bench starts checks its four workers five times a second, measured or not).
     health_ms: u64,
+    /// `--size N`: parts 1 and 2 with requests of N items (one of `SIZES`) alone.
+    size: Option<usize>,
 }
 
 fn main() {
     let argv: Vec<String> = std::env::args().collect();
     let flag = |name: &str| argv.iter().any(|a| a == name);
     let quick = flag("--quick");
+    let size = argv.iter().position(|a| a == "--size").and_then(|i| argv.get(i + 1)?.parse().ok());
     let mut args = Args {
         latency_requests: if quick { 300 } else { 2000 },
         throughput_secs: if quick { 1.0 } else { 4.0 },
@@ -96,6 +99,7 @@ fn main() {
         tail: flag("--tail"),
         interleave: flag("--interleave"),
         health_ms: 200,
+        size,
     };
     let number = |name: &str| -> Option<u64> {
         let i = argv.iter().position(|a| a == name)?;
@@ -608,8 +612,12 @@ async fn run(args: Args) {
     println!("Sieve proxy overhead: {WORKERS} sim workers, loopback.");
     println!("One machine runs the load generator, nginx, the proxy and the workers: compare rows, not runs.");
 
-    let sizes = if args.throughput_only || args.latency_only { 1 } else { SIZES.len() };
-    for (k, size) in SIZES.iter().enumerate().take(sizes) {
+    let sizes = match args.size {
+        Some(n) => vec![n],
+        None if args.throughput_only || args.latency_only => vec![SIZES[0]],
+        None => SIZES.to_vec(),
+    };
+    for (k, size) in SIZES.iter().enumerate().filter(|(_, s)| sizes.contains(s)) {
         let body = score_body(QUERY, &catalogue(*size, 42), Some(10_000));
         let bytes = serde_json::to_vec(&body).map(|b| b.len()).unwrap_or(0);
         // (name, url, the router process whose CPU time is counted)

@@ -18,7 +18,17 @@ use sieve_shared::{ScoreResponse, Timing, Usage};
 
 /// The answer in `body`, as `serde_json::from_slice::<ScoreResponse>` reads it.
 pub fn parse(body: &[u8]) -> Result<ScoreResponse, serde_json::Error> {
-    match Scanner::new(body).response() {
+    parse_for(body, 0)
+}
+
+/// [`parse`] for a call of `items` items: its per-item arrays are allocated at that length once,
+/// instead of growing from empty by doubling (eight allocations and copies each for 100 items).
+/// The answer read is the same whatever `items` is; a longer array still grows.
+pub fn parse_for(body: &[u8], items: usize) -> Result<ScoreResponse, serde_json::Error> {
+    // Never more than the body could hold (a number takes at least two bytes with its comma),
+    // so a wrong hint cannot make a small answer allocate much.
+    let expect = items.min(body.len() / 2);
+    match (Scanner { cursor: JsonCursor::new(body), expect }).response() {
         Some(r) => Ok(r),
         None => serde_json::from_slice(body),
     }
@@ -68,24 +78,29 @@ const POW10: [f64; 23] = [
 ];
 
 /// The shared JSON cursor, with this scanner's own steps (numbers, arrays, the answer's fields).
-struct Scanner<'a>(JsonCursor<'a>);
+struct Scanner<'a> {
+    cursor: JsonCursor<'a>,
+    /// How many entries the per-item arrays (`scores`, `usage.item_tokens`) are expected to have.
+    expect: usize,
+}
 
 impl<'a> Deref for Scanner<'a> {
     type Target = JsonCursor<'a>;
     fn deref(&self) -> &JsonCursor<'a> {
-        &self.0
+        &self.cursor
     }
 }
 
 impl DerefMut for Scanner<'_> {
     fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.0
+        &mut self.cursor
     }
 }
 
 impl<'a> Scanner<'a> {
+    #[cfg(test)]
     fn new(b: &'a [u8]) -> Self {
-        Scanner(JsonCursor::new(b))
+        Scanner { cursor: JsonCursor::new(b), expect: 0 }
     }
 
     fn digit(&self) -> Option<u64> {
@@ -233,7 +248,7 @@ impl<'a> Scanner<'a> {
         let mut template = None;
         self.object(|s, key| match key {
             "scores" if scores.is_none() => {
-                let mut v = Vec::new();
+                let mut v = Vec::with_capacity(s.expect);
                 s.array(|s| {
                     s.ws();
                     v.push(if s.peek()? == b'n' { s.null().then_some(None)? } else { Some(s.num()?.f32()) });
@@ -312,7 +327,7 @@ impl<'a> Scanner<'a> {
                 "cached_prefix_tokens" => 4,
                 "cached_items" => 5,
                 "item_tokens" if item_tokens.is_none() => {
-                    let mut v = Vec::new();
+                    let mut v = Vec::with_capacity(s.expect);
                     s.array(|s| {
                         v.push(s.num()?.uint()?);
                         Some(())
@@ -398,6 +413,15 @@ mod tests {
         assert!(same(&serde.unwrap(), &scanned));
         assert_eq!(scanned.scores[1], Some(-1.5e-3));
         assert_eq!(parse(body.as_bytes()).unwrap().usage.item_tokens, vec![4, 5, 6, 7, 8]);
+        // The expected length only sizes the arrays: right, short, long or absurd, the same
+        // answer; when right, one allocation of exactly that length.
+        for items in [0, 3, 5, 8, usize::MAX] {
+            let r = parse_for(body.as_bytes(), items).unwrap();
+            assert!(same(&scanned, &r), "{items}");
+            assert!(r.scores.capacity() <= body.len() / 2 + 5, "{items}: {}", r.scores.capacity());
+        }
+        let exact = parse_for(body.as_bytes(), 5).unwrap();
+        assert_eq!((exact.scores.capacity(), exact.usage.item_tokens.capacity()), (5, 5));
     }
 
     #[test]

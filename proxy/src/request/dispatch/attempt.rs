@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use hyper::header::HeaderValue;
+use hyper::header::{HeaderName, HeaderValue};
 use sieve_shared::api::headers;
 use sieve_shared::{ApiError, ErrorKind, ScoreResponse};
 use tracing::Instrument as _;
@@ -113,6 +113,26 @@ pub struct AttemptResult {
     pub result: Result<ScoreResponse, AttemptError>,
 }
 
+/// The call's header names, made once (a name given as a string is copied per call).
+const DEADLINE_MS: HeaderName = HeaderName::from_static(headers::DEADLINE_MS);
+const TRACEPARENT: HeaderName = HeaderName::from_static(sieve_shared::trace::TRACEPARENT);
+
+/// `n` as a header value, written on the stack and copied once: `HeaderValue::from(u64)`
+/// allocates a buffer and then a second, shrunk one.
+fn number_header(n: u64) -> HeaderValue {
+    use std::io::Write as _;
+    let mut buf = [0u8; 20];
+    let mut w = std::io::Cursor::new(&mut buf[..]);
+    match write!(w, "{n}") {
+        Ok(()) => {
+            let len = w.position() as usize;
+            HeaderValue::from_bytes(&buf[..len]).unwrap_or_else(|_| HeaderValue::from(n))
+        }
+        // A u64 always fits in 20 digits.
+        Err(_) => HeaderValue::from(n),
+    }
+}
+
 fn remaining_ms(deadline: Instant) -> u64 {
     let left = deadline.saturating_duration_since(Instant::now());
     // Round up: a worker given 0 would refuse outright.
@@ -140,17 +160,17 @@ async fn attempt(
         kind = kind.name(),
         outcome = tracing::field::Empty,
     );
-    let deadline_hdr = (headers::DEADLINE_MS, HeaderValue::from(deadline_ms));
+    let deadline_hdr = (DEADLINE_MS, number_header(deadline_ms));
     let sending = match sieve_shared::trace::traceparent(&span) {
         None => ctx.state.client.post_json(&worker.score_uri, body, &[deadline_hdr]).await,
         Some(tp) => {
-            let hdrs = [deadline_hdr, (sieve_shared::trace::TRACEPARENT, tp)];
+            let hdrs = [deadline_hdr, (TRACEPARENT, tp)];
             ctx.state.client.post_json(&worker.score_uri, body, &hdrs).instrument(span.clone()).await
         }
     };
     let result = match sending {
         Err(e) => Err(AttemptError::Client(e)),
-        Ok(reply) if reply.status.is_success() => match super::answer::parse(&reply.body) {
+        Ok(reply) if reply.status.is_success() => match super::answer::parse_for(&reply.body, items.len()) {
             Ok(r) => check_shard_response(r, items.len()).map_err(AttemptError::BadResponse),
             Err(e) => Err(AttemptError::BadResponse(format!("unreadable score response: {e}"))),
         },
@@ -172,6 +192,13 @@ async fn attempt(
 fn check_shard_response(r: ScoreResponse, n_items: usize) -> Result<ScoreResponse, String> {
     if r.scores.len() != n_items {
         return Err(format!("{} scores for a shard of {} items", r.scores.len(), n_items));
+    }
+    // The usual answer, complete: every score present, nothing to look up.
+    if r.missing.is_empty() {
+        return match r.scores.iter().position(Option::is_none) {
+            Some(k) => Err(format!("no score for items[{k}] and it is not listed missing")),
+            None => Ok(r),
+        };
     }
     let mut listed = vec![false; n_items];
     for &k in &r.missing {
@@ -214,6 +241,13 @@ mod tests {
             timing: Timing::default(),
             model: "m".into(),
             template: String::new(),
+        }
+    }
+
+    #[test]
+    fn numbers_are_header_values_as_hyper_writes_them() {
+        for n in [0, 7, 250, 10_000, u64::MAX] {
+            assert_eq!(number_header(n), HeaderValue::from(n), "{n}");
         }
     }
 

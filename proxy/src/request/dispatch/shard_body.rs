@@ -82,11 +82,17 @@ impl ShardWire {
     /// `ScoreRequest` shape, as the chunks to send: `[head, items, tail]` when the items are one
     /// run of consecutive spliced items (no copy), else one buffer.
     pub fn shard(&self, items: &[usize], deadline_ms: u64) -> Vec<Bytes> {
-        let mut tail = Vec::with_capacity(40);
-        // Writing into a Vec cannot fail.
-        let _ = write!(tail, "],\"deadline_ms\":{deadline_ms}}}");
+        // Written on the stack (`],"deadline_ms":` and at most 20 digits), then copied once into
+        // a buffer of its exact length: a `Vec` with spare room would cost a second allocation
+        // when it becomes `Bytes`.
+        let mut buf = [0u8; 48];
+        let mut w = std::io::Cursor::new(&mut buf[..]);
+        // 17 + 20 + 1 bytes at most: it fits.
+        let _ = write!(w, "],\"deadline_ms\":{deadline_ms}}}");
+        let len = w.position() as usize;
+        let tail = &buf[..len];
         if let Some(run) = self.run(items) {
-            return vec![self.own.slice(..self.head), run, Bytes::from(tail)];
+            return vec![self.own.slice(..self.head), run, Bytes::copy_from_slice(tail)];
         }
         let len = self.head + items.iter().map(|&i| self.item(i).len() + 1).sum::<usize>() + tail.len();
         let mut out = Vec::with_capacity(len);
@@ -97,7 +103,7 @@ impl ShardWire {
             }
             out.extend_from_slice(self.item(i));
         }
-        out.extend_from_slice(&tail);
+        out.extend_from_slice(tail);
         vec![Bytes::from(out)]
     }
 
@@ -212,6 +218,19 @@ mod tests {
         assert_eq!(shard.deadline_ms, Some(77));
         assert_eq!(shard.on_overload, None);
         assert_eq!(shard.items, items.iter().map(|&i| whole.items[i].clone()).collect::<Vec<Item>>());
+    }
+
+    #[test]
+    fn every_deadline_fits_the_tail() {
+        let body = Bytes::from_static(br#"{"query":"q","items":["a","b"]}"#);
+        let req = ScoreRequestRef::parse(&body).unwrap();
+        let wire = ShardWire::new(body.clone(), &req);
+        for ms in [0, 1, 77, u64::MAX] {
+            for items in [&[0, 1][..], &[1, 0][..]] {
+                let r: ScoreRequest = serde_json::from_slice(&wire.shard(items, ms).concat()).unwrap();
+                assert_eq!(r.deadline_ms, Some(ms));
+            }
+        }
     }
 
     #[test]
