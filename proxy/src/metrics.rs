@@ -118,11 +118,11 @@ kept_histograms! {
     shard_tokens => SHARD_TOKENS;
     /// [`SHARD_PREDICTED_SECONDS`]
     shard_predicted_seconds => SHARD_PREDICTED_SECONDS;
-    /// [`SHARD_ACTUAL_SECONDS`] (for `request/feedback.rs`, which still uses the macro)
+    /// [`SHARD_ACTUAL_SECONDS`]
     shard_actual_seconds => SHARD_ACTUAL_SECONDS;
-    /// [`SHARD_TIME_RATIO`] (for `request/feedback.rs`)
+    /// [`SHARD_TIME_RATIO`]
     shard_time_ratio => SHARD_TIME_RATIO;
-    /// [`TOKEN_ESTIMATE_ERROR`] (for `request/feedback.rs`)
+    /// [`TOKEN_ESTIMATE_ERROR`]
     token_estimate_error => TOKEN_ESTIMATE_ERROR;
 }
 
