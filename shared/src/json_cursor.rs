@@ -79,6 +79,14 @@ impl<'a> JsonCursor<'a> {
     }
 }
 
+/// The length of `b`'s plain prefix: the index of its first `"`, `\\` or control character (the
+/// bytes JSON escapes in a string), or `b.len()` when it has none. Sixteen bytes a step, as the
+/// scanners' strings are found; the proxy's shard encoder uses it to tell a text whose JSON
+/// literal is its own bytes between quotes.
+pub fn plain_prefix_len(b: &[u8]) -> usize {
+    string_end(b, 0).0
+}
+
 /// Where the string whose contents start at `b[from]` stops being plain: the index of its first
 /// `"`, `\` or control character (below 0x20), or `b.len()`; and whether a byte past ASCII came
 /// before it. Sixteen bytes a step on x86-64 (SSE2, which every x86-64 CPU has).

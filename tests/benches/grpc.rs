@@ -35,6 +35,10 @@
 //! Every call opts out of the proxy's pair-score cache (`cache: false`): the same request
 //! repeated would otherwise be answered from the cache, and no shard would reach a worker.
 //!
+//! A zero-compute sim-worker answers in the poll that read the call (no timer: tokio's would
+//! round even a zero sleep up to its next millisecond tick, 1-2 ms per call, which every figure
+//! of this bench carried before; ARCHITECTURE.md "gRPC").
+//!
 //! Everything runs on one machine, the load generator included: compare rows of the same run.
 
 use std::time::{Duration, Instant};

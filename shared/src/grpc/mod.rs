@@ -30,6 +30,12 @@ pub use deadline::parse_grpc_timeout;
 pub use server::serve;
 pub use status::{to_status, GRPC_ERROR_DOMAIN};
 
+/// `Score`'s message read in place, as the gRPC port reads it (`wire.rs`): public so the
+/// proxy's `request_read` bench can put its cost beside the JSON parse of the same request.
+pub fn read_score_request(msg: &[u8]) -> Result<crate::ScoreRequestRef<'_>, crate::ApiError> {
+    wire::score_request(msg)
+}
+
 /// The messages and the service generated from `proto/sieve.proto` (by `shared/build.rs`):
 /// `pb::sieve_server::SieveServer` serves, `pb::sieve_client::SieveClient` calls.
 #[allow(unused_qualifications, clippy::all, clippy::pedantic, missing_docs)]

@@ -156,24 +156,13 @@ fn encode(out: &mut Vec<u8>, s: &str) {
 }
 
 /// Whether JSON escapes any byte of `b`: serde_json escapes control characters, `"` and `\\`,
-/// nothing else (non-ASCII text is written as its UTF-8).
+/// nothing else (non-ASCII text is written as its UTF-8). The JSON scanners' own search,
+/// sixteen bytes a step (`json_cursor`, SSE2 on x86-64): 2.1 µs for a 100-item call's 30 KB of
+/// text where the word-at-a-time (SWAR) test it replaces took 2.4 µs (best of 40 runs of both
+/// on the 2-core machine). A gRPC call's shard bodies cost 4.6 µs in all (`cargo bench -p
+/// sieve-proxy --bench request_read`), an HTTP call's spliced ones 0.7 µs.
 fn needs_escape(b: &[u8]) -> bool {
-    // Eight bytes a step, branch-free (SWAR): fast whatever the optimiser does, where a loop
-    // over bytes is only fast once vectorised. For a word `x`, `(x - 0x01…) & !x & 0x80…` is
-    // nonzero iff a byte of `x` is zero, and `(x - n·0x01…) & !x & 0x80…` iff a byte is below
-    // `n` (n ≤ 0x80); a byte ≥ 0x80 never sets its own high bit there.
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    const QUOTES: u64 = ONES * b'"' as u64;
-    const BACKSLASHES: u64 = ONES * b'\\' as u64;
-    let (words, rest) = b.as_chunks::<8>();
-    let mut found = 0u64;
-    for w in words {
-        let x = u64::from_le_bytes(*w);
-        let (q, s) = (x ^ QUOTES, x ^ BACKSLASHES);
-        found |= (x.wrapping_sub(ONES * 0x20) & !x) | (q.wrapping_sub(ONES) & !q) | (s.wrapping_sub(ONES) & !s);
-    }
-    found & HIGH != 0 || rest.iter().any(|&c| c < 0x20 || c == b'"' || c == b'\\')
+    sieve_shared::json_cursor::plain_prefix_len(b) < b.len()
 }
 
 /// An item's JSON (`ItemRef`'s serde form: a string, or `{"id":…,"text":…}` without an absent
