@@ -215,25 +215,15 @@ fn deadline_header(h: &HeaderMap) -> Option<Result<u64, ApiError>> {
 }
 
 fn with_timing(h: &mut HeaderMap, t: &Timing) {
-    use std::io::Write as _;
     // Typed names made once: a name given as a string is copied into a new allocation on
     // every insert.
     const QUEUE_MS: HeaderName = HeaderName::from_static(headers::QUEUE_MS);
     const COMPUTE_MS: HeaderName = HeaderName::from_static(headers::COMPUTE_MS);
     const TOTAL_MS: HeaderName = HeaderName::from_static(headers::TOTAL_MS);
     for (name, v) in [(QUEUE_MS, t.queue_ms), (COMPUTE_MS, t.compute_ms), (TOTAL_MS, t.total_ms)] {
-        // Formatted on the stack: no String per header per response (a value too long for the
-        // buffer, never a real time, takes the String).
-        let mut buf = [0u8; 32];
-        let mut w = std::io::Cursor::new(&mut buf[..]);
-        let hv = match write!(w, "{v:.3}") {
-            Ok(()) => {
-                let n = w.position() as usize;
-                HeaderValue::from_bytes(&buf[..n])
-            }
-            Err(_) => HeaderValue::from_str(&format!("{v:.3}")),
-        };
-        if let Ok(hv) = hv {
+        // Formatted on the stack: no String per header per response.
+        let hv = http::formatted_header(format_args!("{v:.3}"));
+        if let Some(hv) = hv {
             h.insert(name, hv);
         }
     }

@@ -52,6 +52,23 @@ pub async fn bind(host: &str, port: u16) -> std::io::Result<(TcpListener, Socket
     Ok((l, addr))
 }
 
+/// A header value formatted on the stack (`format_args!("{n}")`): one copy into the value,
+/// where `HeaderValue::from(n)` or a `String` allocates a buffer first. A value longer than the
+/// stack buffer (never a number) is formatted on the heap; `None` when the text is not a valid
+/// header value.
+pub fn formatted_header(args: std::fmt::Arguments<'_>) -> Option<HeaderValue> {
+    use std::io::Write as _;
+    let mut buf = [0u8; 32];
+    let mut w = std::io::Cursor::new(&mut buf[..]);
+    match w.write_fmt(args) {
+        Ok(()) => {
+            let n = w.position() as usize;
+            HeaderValue::from_bytes(&buf[..n]).ok()
+        }
+        Err(_) => HeaderValue::from_str(&args.to_string()).ok(),
+    }
+}
+
 /// `value` as a JSON body.
 pub fn json<T: Serialize>(status: StatusCode, value: &T) -> HttpResponse {
     // serde_json's own start (`to_vec`).

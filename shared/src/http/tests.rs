@@ -255,3 +255,18 @@ async fn a_graceful_stop_ends_within_its_grace_despite_a_stalled_client() {
     closed(&mut stalled).await;
     closed(&mut half).await;
 }
+
+#[test]
+fn formatted_headers_are_the_text_whatever_its_length() {
+    use hyper::header::HeaderValue;
+    assert_eq!(formatted_header(format_args!("{}", u64::MAX)), Some(HeaderValue::from(u64::MAX)));
+    assert_eq!(formatted_header(format_args!("{:.3}", 12.5f64)), Some(HeaderValue::from_static("12.500")));
+    // Longer than the stack buffer: formatted on the heap, the same text.
+    let long = 1e40f64;
+    assert_eq!(
+        formatted_header(format_args!("{long:.3}")).map(|v| v.to_str().map(str::to_owned).ok()),
+        Some(Some(format!("{long:.3}")))
+    );
+    // Not a header value (a control character): none.
+    assert_eq!(formatted_header(format_args!("a\nb")), None);
+}

@@ -120,17 +120,7 @@ const TRACEPARENT: HeaderName = HeaderName::from_static(sieve_shared::trace::TRA
 /// `n` as a header value, written on the stack and copied once: `HeaderValue::from(u64)`
 /// allocates a buffer and then a second, shrunk one.
 fn number_header(n: u64) -> HeaderValue {
-    use std::io::Write as _;
-    let mut buf = [0u8; 20];
-    let mut w = std::io::Cursor::new(&mut buf[..]);
-    match write!(w, "{n}") {
-        Ok(()) => {
-            let len = w.position() as usize;
-            HeaderValue::from_bytes(&buf[..len]).unwrap_or_else(|_| HeaderValue::from(n))
-        }
-        // A u64 always fits in 20 digits.
-        Err(_) => HeaderValue::from(n),
-    }
+    sieve_shared::http::formatted_header(format_args!("{n}")).unwrap_or_else(|| HeaderValue::from(n))
 }
 
 fn remaining_ms(deadline: Instant) -> u64 {
