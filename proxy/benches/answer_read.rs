@@ -4,22 +4,12 @@
 //! `cargo bench -p sieve-proxy --bench answer_read`.
 
 use std::hint::black_box;
-use std::time::Instant;
 
 use sieve_proxy::request::dispatch::answer;
 use sieve_shared::{ScoreResponse, Timing, Usage};
 
-/// Mean µs per call of `f` over `n` calls after a warm-up.
-fn time(n: usize, f: impl Fn() -> ScoreResponse) -> f64 {
-    for _ in 0..n / 10 {
-        black_box(f());
-    }
-    let start = Instant::now();
-    for _ in 0..n {
-        black_box(f());
-    }
-    start.elapsed().as_secs_f64() * 1e6 / n as f64
-}
+mod support;
+use support::time;
 
 fn main() {
     println!("{:>6}  {:>10}  {:>12}  {:>12}", "items", "bytes", "scanner µs", "serde µs");
@@ -57,7 +47,7 @@ fn main() {
         assert_eq!(a, b, "the scanner reads what serde reads");
         let n = 200_000 / items;
         let scan = time(n, || answer::parse(black_box(&body)).expect("scanner"));
-        let serde = time(n, || serde_json::from_slice(black_box(&body)).expect("serde"));
+        let serde = time(n, || serde_json::from_slice::<ScoreResponse>(black_box(&body)).expect("serde"));
         println!("{items:>6}  {:>10}  {scan:>12.2}  {serde:>12.2}", body.len());
     }
 }

@@ -12,7 +12,6 @@
 //! the same call directly too (the gRPC bench's "added" takes it out).
 
 use std::hint::black_box;
-use std::time::Instant;
 
 use bytes::Bytes;
 use prost::Message as _;
@@ -21,17 +20,8 @@ use sieve_proxy::request::dispatch::shard_body::ShardWire;
 use sieve_shared::grpc::{pb, read_score_request};
 use sieve_shared::{ApiError, Limits, ScoreRequestRef};
 
-/// Mean µs per call of `f` over `n` calls after a warm-up.
-fn time<T>(n: usize, f: impl Fn() -> T) -> f64 {
-    for _ in 0..n / 10 {
-        black_box(f());
-    }
-    let start = Instant::now();
-    for _ in 0..n {
-        black_box(f());
-    }
-    start.elapsed().as_secs_f64() * 1e6 / n as f64
-}
+mod support;
+use support::time;
 
 /// Product texts like the proxy-overhead bench's: mostly 8-40 words, one in eight 60-200.
 fn catalogue(n: usize) -> Vec<String> {
