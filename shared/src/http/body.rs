@@ -2,7 +2,8 @@
 //!
 //! Collecting hyper's frames (`http_body_util::Collected`) keeps every frame as its own slice of
 //! hyper's read buffer, so a body trickled one byte at a time pins a whole buffer per byte
-//! (~3.5 KB each, measured). Here each frame is copied into one `Vec` and dropped at once:
+//! (~3.5 KB each, measured). Here each frame is copied into one buffer and dropped at once (a
+//! `Vec`, or from 256 KiB on a mapping of its own that is unmapped on drop: `body_buf.rs`):
 //! memory per request is at most its declared Content-Length (or `max`) plus a constant.
 //!
 //! The buffer grows with the bytes that actually arrive (doubling, never past the declared
@@ -35,6 +36,7 @@ use hyper::header::CONTENT_LENGTH;
 use hyper::Request;
 use tokio::time::Instant;
 
+use super::body_buf::BodyBuf;
 use super::budget::Reservation;
 use crate::{ApiError, ErrorKind};
 
@@ -97,7 +99,8 @@ where
     };
     let read = async {
         let mut body = std::pin::pin!(body);
-        let mut buf: Vec<u8> = Vec::new();
+        // A `Vec` while small, a mapping of its own once large (`body_buf.rs`).
+        let mut buf = BodyBuf::new();
         // The first frame when it is the whole declared body: kept as is unless more comes.
         let mut whole: Option<Bytes> = None;
         while let Some(frame) = body.frame().await {
@@ -121,11 +124,12 @@ where
                 // Double, as a Vec would, but never past what the body may hold.
                 let target = need.max(buf.capacity() * 2).max(INITIAL_CAPACITY.min(limit)).min(limit.max(need));
                 reserve(target)?;
-                buf.reserve_exact(target - buf.len());
+                buf.grow_to(target)
+                    .map_err(|e| ApiError::not_ready(format!("no memory for a request body of {target} bytes: {e}")))?;
             }
             buf.extend_from_slice(&data);
         }
-        Ok(whole.unwrap_or_else(|| Bytes::from(buf)))
+        Ok(whole.unwrap_or_else(|| buf.into_bytes()))
     };
     match deadline {
         None => read.await,

@@ -7,6 +7,7 @@
 
 mod admin;
 mod body;
+mod body_buf;
 mod budget;
 mod config;
 mod io;
