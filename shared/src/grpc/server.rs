@@ -167,7 +167,8 @@ impl Body for Timed {
             if let Some(Ok(f)) = &frame {
                 let n = f.data_ref().map_or(0, Bytes::len);
                 if !this.held.grow_by(n) {
-                    let e = this.held.budget().refusal(ErrorKind::Overloaded, n);
+                    let total = this.held.bytes().saturating_add(n);
+                    let e = this.held.budget().refusal(ErrorKind::Overloaded, n, total);
                     return Poll::Ready(Some(Err(status::to_status(&e))));
                 }
             }

@@ -92,7 +92,7 @@ where
             if r.grow_to(total) {
                 Ok(())
             } else {
-                Err(r.budget().refusal(ErrorKind::NotReady, total.saturating_sub(r.bytes())))
+                Err(r.budget().refusal(ErrorKind::NotReady, total.saturating_sub(r.bytes()), total))
             }
         }
         None => Ok(()),

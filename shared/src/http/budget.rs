@@ -84,16 +84,22 @@ impl ByteBudget {
         self.0.held.fetch_sub(n, Ordering::AcqRel);
     }
 
-    /// The error of a refused reservation: what was asked, the budget and what is held, naming
-    /// the key. `kind` is the caller's: 503 on HTTP, RESOURCE_EXHAUSTED on gRPC.
-    pub fn refusal(&self, kind: ErrorKind, wanted: usize) -> ApiError {
+    /// The error of a refused reservation of `wanted` more bytes for a request that would then
+    /// hold `total`: what is held and what it may use, naming the key. `kind` is the caller's:
+    /// 503 on HTTP, RESOURCE_EXHAUSTED on gRPC.
+    pub fn refusal(&self, kind: ErrorKind, wanted: usize, total: usize) -> ApiError {
+        let limit = self.0.limit;
+        let part = if total <= SMALL_REQUEST_BYTES {
+            String::new()
+        } else {
+            format!(", of which requests over {SMALL_REQUEST_BYTES} bytes may use {}", Self::large_limit_of(limit))
+        };
         ApiError::new(
             kind,
             format!(
-                "the server holds {} of its {} bytes of request data (http.max_buffered_bytes); \
-                 {wanted} more bytes do not fit; retry later",
+                "the server holds {} bytes of request data of its {limit} (http.max_buffered_bytes{part}); \
+                 {wanted} more bytes for this request do not fit; retry later",
                 self.held(),
-                self.0.limit
             ),
         )
     }
@@ -223,9 +229,11 @@ mod tests {
         drop(first);
         assert!(second.grow_to(1000), "freed bytes are usable again");
         assert!(!b.reservation().grow_to(usize::MAX), "no overflow");
-        let e = b.refusal(ErrorKind::NotReady, 5);
+        let e = b.refusal(ErrorKind::NotReady, 5, 5);
         assert_eq!(e.status(), 503);
         assert!(e.message.contains("max_buffered_bytes") && e.message.contains("1000"), "{}", e.message);
+        let e = ByteBudget::new(8 << 20).refusal(ErrorKind::Overloaded, 1 << 20, 2 << 20);
+        assert!(e.message.contains(&format!("may use {}", 7 << 20)), "the large part named: {}", e.message);
     }
 
     #[test]
