@@ -1,6 +1,7 @@
 //! Abusive clients for the soak (`tests/abuse_soak.rs`, `benches/abuse_soak.rs`): connections
-//! that trickle a body, stall, send half a request head, stay silent, or idle on keep-alive, each
-//! reporting whether (and when) the server closed it; and an overload burst of real requests.
+//! that trickle a body, stall, hoard most of a large body, send half a request head, stay silent,
+//! or idle on keep-alive, each reporting whether (and when) the server closed it; and an overload
+//! burst of real requests.
 //!
 //! Everything is bounded: a connection the server never closes is given up by the client after
 //! `give_up`, and every loop stops at its window's end, so a server without timeouts makes the
@@ -23,6 +24,11 @@ pub enum Attack {
     Trickle,
     /// A full request head and a few body bytes, then nothing.
     Stall,
+    /// A full request head, then most (7/8) of its large body at once, then nothing: many at
+    /// once would make a server buffer their product, which the `[http] max_buffered_bytes`
+    /// budget bounds (a body that does not fit is answered 503 at once, one that does waits
+    /// for the body timeout's 408).
+    Hoard,
     /// Half a request head, then nothing.
     HalfHeaders,
     /// Connects and sends nothing at all.
@@ -32,12 +38,14 @@ pub enum Attack {
 }
 
 impl Attack {
-    pub const ALL: [Attack; 5] = [Attack::Trickle, Attack::Stall, Attack::HalfHeaders, Attack::Silent, Attack::Idle];
+    pub const ALL: [Attack; 6] =
+        [Attack::Trickle, Attack::Stall, Attack::Hoard, Attack::HalfHeaders, Attack::Silent, Attack::Idle];
 
     pub fn name(self) -> &'static str {
         match self {
             Attack::Trickle => "trickle",
             Attack::Stall => "stall",
+            Attack::Hoard => "hoard",
             Attack::HalfHeaders => "half-headers",
             Attack::Silent => "silent",
             Attack::Idle => "idle",
@@ -48,6 +56,8 @@ impl Attack {
     pub fn earliest(self, t: &Timeouts) -> Duration {
         match self {
             Attack::Silent => t.header.min(t.idle),
+            // Over the budget: refused at once.
+            Attack::Hoard => Duration::ZERO,
             _ => self.deadline(t),
         }
     }
@@ -57,7 +67,7 @@ impl Attack {
     pub fn deadline(self, t: &Timeouts) -> Duration {
         match self {
             // The body must be complete within the body timeout after the head.
-            Attack::Trickle | Attack::Stall => t.body,
+            Attack::Trickle | Attack::Stall | Attack::Hoard => t.body,
             Attack::HalfHeaders => t.header,
             // Nothing sent: whichever of the header and idle timeouts the server applies to a
             // connection with no request yet; either must close it.
@@ -121,6 +131,8 @@ pub async fn one(attack: Attack, target: &'static str, addr: SocketAddr, plan: C
         return out;
     };
     let _ = s.set_nodelay(true);
+    // What the server answered while the request was still being sent (a hoard's 503).
+    let mut got = Vec::new();
     let sent = match attack {
         Attack::Trickle => s.write_all(head("/v1/score", plan.content_length).as_bytes()).await,
         Attack::Stall => {
@@ -128,11 +140,13 @@ pub async fn one(attack: Attack, target: &'static str, addr: SocketAddr, plan: C
             b.extend_from_slice(STALL_BYTES);
             s.write_all(&b).await
         }
+        Attack::Hoard => hoard(&mut s, plan.content_length, &mut got).await,
         Attack::HalfHeaders => s.write_all(b"POST /v1/score HTTP/1.1\r\nhost: soak\r\ncontent-le").await,
         Attack::Silent => Ok(()),
         Attack::Idle => answer_one(&mut s).await.map(|_| ()),
     };
     let from = Instant::now();
+    out.status = status_of(&got);
     if sent.is_err() {
         // Refused mid-request: the server closed it at once.
         out.closed_by_server = true;
@@ -140,7 +154,6 @@ pub async fn one(attack: Attack, target: &'static str, addr: SocketAddr, plan: C
     }
     let end = from + plan.give_up;
     let mut buf = [0u8; 4096];
-    let mut got = Vec::new();
     let mut next_byte = from + plan.trickle_every;
     let mut trickled = 0usize;
     loop {
@@ -173,6 +186,26 @@ pub async fn one(attack: Attack, target: &'static str, addr: SocketAddr, plan: C
     }
     out.after = from.elapsed();
     out
+}
+
+/// A hoard's request: the head, then 7/8 of the announced body in one write, unless the server
+/// answers first (its answer goes into `got`; the request counts as sent, its close is awaited).
+pub async fn hoard(s: &mut TcpStream, content_length: usize, got: &mut Vec<u8>) -> std::io::Result<()> {
+    s.write_all(head("/v1/score", content_length).as_bytes()).await?;
+    let body = vec![b' '; content_length / 8 * 7];
+    let (mut rd, mut wr) = s.split();
+    let mut buf = [0u8; 4096];
+    tokio::select! {
+        w = wr.write_all(&body) => w,
+        r = rd.read(&mut buf) => match r {
+            Ok(n) if n > 0 => {
+                got.extend_from_slice(&buf[..n]);
+                Ok(())
+            }
+            Ok(_) => Err(std::io::Error::other("closed while the body was sent")),
+            Err(e) => Err(e),
+        },
+    }
 }
 
 /// Sends one cheap complete request (an unknown route: a fast JSON 404) and reads its whole
@@ -208,7 +241,8 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
 
-fn status_of(got: &[u8]) -> Option<u16> {
+/// The status code of the HTTP answer at the start of `got`, once its status line is in.
+pub fn status_of(got: &[u8]) -> Option<u16> {
     let line = got.split(|&b| b == b'\n').next()?;
     std::str::from_utf8(line).ok()?.split_whitespace().nth(1)?.parse().ok()
 }

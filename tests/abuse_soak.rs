@@ -1,8 +1,8 @@
 //! The short abuse soak (issue 13): a real proxy and two real CPU workers on loopback under
-//! trickled, stalled, half-sent, silent and idle connections, an overload burst and a worker
-//! killed and replaced, while a steady client sends real requests with a 5 s deadline. The
-//! soak itself is `sieve_e2e::soak`; `benches/abuse_soak.rs` runs a longer one and prints the
-//! same figures.
+//! trickled, stalled, hoarding (most of a large body, then nothing), half-sent, silent and idle
+//! connections, an overload burst and a worker killed and replaced, while a steady client sends
+//! real requests with a 5 s deadline. The soak itself is `sieve_e2e::soak`;
+//! `benches/abuse_soak.rs` runs a longer one and prints the same figures.
 //!
 //! Needs the embedded model in the asset cache (`scripts/test` fetches it first).
 

@@ -1,6 +1,6 @@
 //! The abuse soak (issue 13's target): a real `sieve-proxy` in front of two real CPU
 //! `sieve-worker` processes on the embedded model, all on loopback, under trickled bodies,
-//! stalled and half-sent requests, silent and idle connections, an overload burst and one
+//! stalled, hoarded and half-sent requests, silent and idle connections, an overload burst and one
 //! worker killed (SIGKILL) and replaced, while a steady client sends real requests at a fixed
 //! rate with a deadline. `run` drives one soak and returns its figures; `SoakReport::failures`
 //! checks them against the targets. The e2e test (`tests/abuse_soak.rs`) runs a short soak and
@@ -47,9 +47,12 @@ pub struct SoakConfig {
     /// Worker 1 gets SIGKILL at this time; a new worker process replaces it in the proxy's
     /// config file (the proxy re-reads the file when it changes).
     pub kill_at: Duration,
-    /// The servers' `[http]` timeouts and connection cap.
+    /// The servers' `[http]` timeouts, connection cap and request-byte budget.
     pub timeouts: Timeouts,
     pub max_connections: usize,
+    /// `[http] max_buffered_bytes`: a few hoards spend its large part (the rest get 503), and
+    /// RSS growth stays under its target.
+    pub max_buffered_bytes: usize,
     /// How much later than its timeout a connection may be closed and still count as closed by it.
     pub close_slack: Duration,
     /// How much earlier than its timeout a close may be measured (the client's clock starts
@@ -72,6 +75,7 @@ impl SoakConfig {
             attacks: BTreeMap::from([
                 (Attack::Trickle, 8),
                 (Attack::Stall, 16),
+                (Attack::Hoard, 6),
                 (Attack::HalfHeaders, 16),
                 (Attack::Silent, 16),
                 (Attack::Idle, 100),
@@ -90,6 +94,9 @@ impl SoakConfig {
                 idle: Duration::from_secs(3),
             },
             max_connections: 512,
+            // Room for three of the 8 MiB hoards' buffers in its large part (28 MiB), at least
+            // 8/7 of the default 16 MiB max_body_bytes.
+            max_buffered_bytes: 32 << 20,
             close_slack: Duration::from_millis(1500),
             early_slack: Duration::from_millis(500),
         }
@@ -104,6 +111,7 @@ impl SoakConfig {
             attacks: BTreeMap::from([
                 (Attack::Trickle, 32),
                 (Attack::Stall, 64),
+                (Attack::Hoard, 16),
                 (Attack::HalfHeaders, 64),
                 (Attack::Silent, 64),
                 (Attack::Idle, 400),
@@ -148,11 +156,12 @@ fn fd_limit() -> usize {
 
 fn http_section(c: &SoakConfig) -> String {
     format!(
-        "[http]\nheader_read_timeout_ms = {}\nbody_read_timeout_ms = {}\nidle_timeout_ms = {}\nmax_connections = {}\n",
+        "[http]\nheader_read_timeout_ms = {}\nbody_read_timeout_ms = {}\nidle_timeout_ms = {}\nmax_connections = {}\nmax_buffered_bytes = {}\n",
         c.timeouts.header.as_millis(),
         c.timeouts.body.as_millis(),
         c.timeouts.idle.as_millis(),
-        c.max_connections
+        c.max_connections,
+        c.max_buffered_bytes
     )
 }
 
@@ -774,8 +783,12 @@ impl SoakReport {
         let _ = writeln!(o, "abuse soak: {:.1} s wall, soak {:?}", self.wall.as_secs_f64(), c.duration);
         let _ = writeln!(
             o,
-            "  servers: [http] header {:?}, body {:?}, idle {:?}, max_connections {}",
-            c.timeouts.header, c.timeouts.body, c.timeouts.idle, c.max_connections
+            "  servers: [http] header {:?}, body {:?}, idle {:?}, max_connections {}, max_buffered_bytes {} MiB",
+            c.timeouts.header,
+            c.timeouts.body,
+            c.timeouts.idle,
+            c.max_connections,
+            c.max_buffered_bytes >> 20
         );
         for n in &self.notes {
             let _ = writeln!(o, "  note: {n}");

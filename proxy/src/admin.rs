@@ -127,6 +127,8 @@ fn refresh_worker_gauges(state: &AppState) {
         metrics::gauge!(m::WORKER_TIME_FACTOR, "worker" => url).set(view.time_factor);
     }
     metrics::gauge!(m::WORKERS_ELIGIBLE).set(eligible as f64);
+    metrics::counter!(m::BUFFER_REFUSALS).absolute(state.buffer_budget.refusals());
+    metrics::gauge!(m::BUFFERED_BYTES).set(state.buffer_budget.held() as f64);
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::header::{HeaderName, HeaderValue};
 use hyper::Request;
-use sieve_shared::http::HttpResponse;
+use sieve_shared::http::{ByteBudget, HttpResponse};
 use sieve_shared::service::{self, Call, Route, ScoreService, Scored};
 use sieve_shared::{ApiError, Limits, ScoreRequest, ScoreRequestRef};
 
@@ -55,6 +55,10 @@ impl ScoreService for Api {
 
     fn limits(&self) -> Limits {
         self.0.config().limits.clone()
+    }
+
+    fn buffer_budget(&self) -> &ByteBudget {
+        &self.0.buffer_budget
     }
 
     fn admit(&self) -> Result<Admitted<'_>, ApiError> {

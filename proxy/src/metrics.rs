@@ -55,6 +55,11 @@ pub const CACHE_EVICTIONS: &str = "sieve_proxy_cache_evictions_total";
 pub const CACHE_INVALIDATIONS: &str = "sieve_proxy_cache_invalidations_total";
 /// Sampled trace records not written (the writer's queue full, or one line over the file bound).
 pub const TRACE_DROPPED: &str = "sieve_proxy_trace_dropped_total";
+/// Requests refused (HTTP 503, gRPC RESOURCE_EXHAUSTED) because their bytes did not fit in
+/// `[http] max_buffered_bytes`; read from the budget when scraped.
+pub const BUFFER_REFUSALS: &str = "sieve_proxy_buffer_refusals_total";
+/// Gauge: request bytes held in memory now, against `[http] max_buffered_bytes`.
+pub const BUFFERED_BYTES: &str = "sieve_proxy_buffered_bytes";
 
 const SECONDS_BUCKETS: &[f64] =
     &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0];
@@ -231,6 +236,8 @@ fn describe() {
     describe_counter!(CACHE_EVICTIONS, "Pair-score cache entries evicted by size or TTL");
     describe_counter!(CACHE_INVALIDATIONS, "Times the pair-score cache was emptied by a change of model");
     describe_counter!(TRACE_DROPPED, "Sampled request-trace records not written");
+    describe_counter!(BUFFER_REFUSALS, "Requests refused because their bytes did not fit in max_buffered_bytes");
+    describe_gauge!(BUFFERED_BYTES, "Request bytes held in memory (HTTP bodies and gRPC messages)");
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use metrics_exporter_prometheus::PrometheusHandle;
+use sieve_shared::http::ByteBudget;
 use sieve_shared::sync::lock;
 use sieve_shared::{CostModel, ProxyConfig};
 use tokio::sync::Notify;
@@ -50,6 +51,9 @@ pub struct AppState {
     pub health_wake: Notify,
     pub metrics: PrometheusHandle,
     pub started: Instant,
+    /// Request bytes held in memory, the API and gRPC ports together (`[http]
+    /// max_buffered_bytes`, fixed at start).
+    pub buffer_budget: ByteBudget,
 }
 
 impl AppState {
@@ -75,6 +79,7 @@ impl AppState {
             health_wake: Notify::new(),
             metrics,
             started: Instant::now(),
+            buffer_budget: ByteBudget::new(config.http.max_buffered_bytes),
             config: ArcSwap::from_pointee(config),
         }
     }

@@ -49,6 +49,11 @@ pub mod worker {
     pub const RUNNER_IDLE_SECONDS: &str = "sieve_worker_runner_idle_seconds";
     /// Counter: batches that failed as a whole (forward error or panic).
     pub const BATCH_FAILURES: &str = "sieve_worker_batch_failures_total";
+    /// Counter: requests refused (HTTP 503, gRPC RESOURCE_EXHAUSTED) because their bytes did not
+    /// fit in `[http] max_buffered_bytes`.
+    pub const BUFFER_REFUSALS: &str = "sieve_worker_buffer_refusals_total";
+    /// Gauge: request bytes held in memory now (HTTP bodies and gRPC messages).
+    pub const BUFFERED_BYTES: &str = "sieve_worker_buffered_bytes";
 }
 
 /// MoE layers of a worker (per-variant selections, rows, time share).

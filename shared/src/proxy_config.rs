@@ -71,7 +71,7 @@ impl ProxyConfig {
             }
         }
         self.cost.validate()?;
-        self.http.validate()?;
+        self.http.validate_with_body_limit(self.limits.max_body_bytes)?;
         self.grpc.validate()?;
         self.tracing.validate()?;
         check(self.server.max_in_flight_requests > 0, "server.max_in_flight_requests must be positive")?;

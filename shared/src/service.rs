@@ -17,7 +17,7 @@ use tracing::Instrument as _;
 
 use crate::api::headers;
 use crate::compat::Shape;
-use crate::http::{self, read_body, HttpResponse};
+use crate::http::{self, read_body_reserved, ByteBudget, HttpResponse};
 use crate::{ApiError, ErrorKind, Limits, ScoreRequest, ScoreRequestRef, ScoreResponse, Timing};
 
 /// The scoring routes: Sieve's own and the drop-in shapes of other servers (`compat`).
@@ -88,6 +88,11 @@ pub trait ScoreService: Send + Sync {
 
     /// The limits in force now (the proxy's config reloads while running).
     fn limits(&self) -> Limits;
+
+    /// The process's budget for request bytes in memory (`[http] max_buffered_bytes`), one for
+    /// all its API ports: a body or message counts against it from its first byte until its
+    /// answer.
+    fn buffer_budget(&self) -> &ByteBudget;
 
     /// Called once the body is read, before it is parsed: draining (503) or overloaded (429)
     /// refuse here, so a client that stalls its body holds no admission slot.
@@ -161,7 +166,10 @@ async fn serve<S: ScoreService>(
 ) -> Result<HttpResponse, ApiError> {
     let limits = svc.limits();
     let header_deadline = deadline_header(req.headers());
-    let body = match read_body(req, limits.max_body_bytes).await {
+    // The body's bytes count against the process's budget until the answer is built (this
+    // function returns), whatever way it ends.
+    let mut held = svc.buffer_budget().reservation();
+    let body = match read_body_reserved(req, limits.max_body_bytes, &mut held).await {
         Ok(b) => b,
         Err(e) => {
             // The rest of the body was not read: this connection cannot carry another request.

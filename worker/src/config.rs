@@ -204,7 +204,7 @@ impl WorkerConfig {
             t.validate()?;
         }
         self.moe.validate()?;
-        self.http.validate().map_err(WorkerError::Config)?;
+        self.http.validate_with_body_limit(self.limits.max_body_bytes).map_err(WorkerError::Config)?;
         self.grpc.validate().map_err(WorkerError::Config)?;
         Ok(())
     }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, StandardNormal};
+use sieve_shared::http::ByteBudget;
 use sieve_shared::{ApiError, CostFeatures, ScoreRequest, ScoreResponse, Timing, Usage, WorkerStats};
 use tokio::sync::Semaphore;
 // Tokio's clock, so tests can run with time paused.
@@ -29,6 +30,8 @@ pub struct SimEngine {
     draining: AtomicBool,
     counters: Counters,
     prefix_cache: PrefixCache,
+    /// Request bytes held in memory (`[http] max_buffered_bytes`), its API and gRPC ports.
+    buffer_budget: ByteBudget,
 }
 
 /// Live and cumulative counts, read by `/stats`, `/metrics` and tests.
@@ -102,6 +105,11 @@ impl Drop for Waiting<'_> {
 }
 
 impl SimEngine {
+    /// The process's budget of request bytes in memory.
+    pub fn buffer_budget(&self) -> &ByteBudget {
+        &self.buffer_budget
+    }
+
     pub fn new(config: SimConfig) -> Self {
         let settings = SimSettings {
             speed: config.speed,
@@ -119,6 +127,7 @@ impl SimEngine {
             draining: AtomicBool::new(false),
             counters: Counters::default(),
             prefix_cache: PrefixCache::new(config.prefix_cache_blocks),
+            buffer_budget: ByteBudget::new(config.http.max_buffered_bytes),
             config,
         }
     }

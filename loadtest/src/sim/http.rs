@@ -8,7 +8,7 @@ use hyper::{Method, Request, StatusCode};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sieve_shared::http::{self, read_body, AdminAuth, HttpResponse, StopMode};
+use sieve_shared::http::{self, read_body, AdminAuth, ByteBudget, HttpResponse, StopMode};
 use sieve_shared::service::{self, Call, ScoreService, Scored};
 use sieve_shared::{ApiError, ErrorKind, Limits, ScoreRequest};
 use tokio::sync::watch;
@@ -50,6 +50,10 @@ impl ScoreService for SimEngine {
 
     fn limits(&self) -> Limits {
         self.config().limits.clone()
+    }
+
+    fn buffer_budget(&self) -> &ByteBudget {
+        SimEngine::buffer_budget(self)
     }
 
     fn admit(&self) -> Result<(), ApiError> {

@@ -9,7 +9,10 @@
 //! plain tower service, so it runs on hyper directly. `Score` alone goes around it, to tonic's
 //! unary call handling over our codec (`wire.rs`: the message read in place). Each connection's
 //! calls run on the connection's own task, up to `[grpc] inline_streams` (`inline.rs`); its
-//! socket is read in large chunks and written once per poll of that task (`io.rs`).
+//! socket is read in large chunks and written once per poll of that task (`io.rs`). A call's
+//! message counts against the process's `[http] max_buffered_bytes` budget (the service's
+//! [`ScoreService::buffer_budget`], shared with the HTTP port) frame by frame as it arrives and
+//! until the call is answered; a frame that does not fit fails the call with RESOURCE_EXHAUSTED.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -39,7 +42,7 @@ use super::io::ConnIo;
 use super::pb::sieve_server::SieveServer;
 use super::wire::RawScoreCodec;
 use super::{status, GrpcApi, GrpcConfig};
-use crate::http::{accepted_or_back_off, stop_connections, HttpConfig, StopMode};
+use crate::http::{accepted_or_back_off, stop_connections, HttpConfig, SharedReservation, StopMode};
 use crate::service::ScoreService;
 use crate::{ApiError, ErrorKind};
 
@@ -52,6 +55,7 @@ where
     F: Future<Output = StopMode>,
 {
     let max_message = svc.limits().max_body_bytes;
+    let budget = svc.buffer_budget().clone();
     let api = Arc::new(GrpcApi::new(svc, grpc.deadline_margin()));
     let server =
         SieveServer::from_arc(api.clone()).max_decoding_message_size(max_message).max_encoding_message_size(usize::MAX);
@@ -74,9 +78,12 @@ where
                 let (io, out) = ConnIo::new(stream, grpc.read_buffer_bytes, grpc.write_buffer_bytes);
                 let io = TokioIo::new(io);
                 let out = (grpc.write_buffer_bytes > 0).then_some(out);
-                let (server, api) = (server.clone(), api.clone());
+                let (server, api, budget) = (server.clone(), api.clone(), budget.clone());
                 let handler = service_fn(move |req: Request<Incoming>| {
-                    let req = req.map(|b| Timed::new(b, body_timeout));
+                    // The message's bytes, held by the body as they come and by the call until
+                    // it is answered (tonic drops the body once the message is decoded).
+                    let held = SharedReservation::new(&budget);
+                    let req = req.map(|b| Timed::new(b, body_timeout, held.clone()));
                     // `Score` read in place (`wire.rs`); `Rerank` and unknown methods
                     // (UNIMPLEMENTED) by the generated router.
                     if req.uri().path() == SCORE_PATH {
@@ -84,11 +91,18 @@ where
                         Either::Left(async move {
                             let mut grpc = tonic::server::Grpc::new(RawScoreCodec)
                                 .apply_max_message_size_config(Some(max_message), Some(usize::MAX));
-                            Ok::<_, Infallible>(grpc.unary(RawScore(api), req).await)
+                            let answer = grpc.unary(RawScore(api), req).await;
+                            drop(held);
+                            Ok::<_, Infallible>(answer)
                         })
                     } else {
                         let mut s = server.clone();
-                        Either::Right(s.call(req))
+                        let call = s.call(req);
+                        Either::Right(async move {
+                            let answer = call.await;
+                            drop(held);
+                            answer
+                        })
                     }
                 });
                 // Each connection its own executor: its calls run on its own task (`inline.rs`).
@@ -127,16 +141,19 @@ fn builder(exec: StreamExec, grpc: &GrpcConfig, http: &HttpConfig) -> http2::Bui
 
 /// A request body that must arrive whole within the `[http]` body read timeout (a call's message
 /// trickled in, or never ended, would hold its stream forever): then it fails, and the call
-/// ends with DEADLINE_EXCEEDED, as an HTTP body ends with 408.
+/// ends with DEADLINE_EXCEEDED, as an HTTP body ends with 408. Each data frame is counted in
+/// `held` before it is passed on; one the budget cannot cover fails the call at once with
+/// RESOURCE_EXHAUSTED (retry info included), as an HTTP body is answered 503.
 struct Timed {
     inner: Incoming,
     deadline: Pin<Box<Sleep>>,
     timeout: Duration,
+    held: SharedReservation,
 }
 
 impl Timed {
-    fn new(inner: Incoming, timeout: Duration) -> Self {
-        Timed { inner, deadline: Box::pin(tokio::time::sleep(timeout)), timeout }
+    fn new(inner: Incoming, timeout: Duration, held: SharedReservation) -> Self {
+        Timed { inner, deadline: Box::pin(tokio::time::sleep(timeout)), timeout, held }
     }
 }
 
@@ -147,6 +164,14 @@ impl Body for Timed {
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
         let this = &mut *self;
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            if let Some(Ok(f)) = &frame {
+                let n = f.data_ref().map_or(0, Bytes::len);
+                if !this.held.grow_by(n) {
+                    let total = this.held.bytes().saturating_add(n);
+                    let e = this.held.budget().refusal(ErrorKind::Overloaded, n, total);
+                    return Poll::Ready(Some(Err(status::to_status(&e))));
+                }
+            }
             return Poll::Ready(frame.map(|f| f.map_err(|e| Status::from_error(Box::new(e)))));
         }
         if this.deadline.as_mut().poll(cx).is_ready() {

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::ByteBudget;
+
 /// Transport timeouts and caps of one process's ports (`[http]` in its config file).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -22,6 +24,15 @@ pub struct HttpConfig {
     /// Largest request head (request line + headers) in bytes; larger gets 431. Also hyper's
     /// read buffer size, so it bounds what a connection holds while its head arrives.
     pub max_header_bytes: usize,
+    /// Request bytes the whole process may hold in memory at once: HTTP bodies and gRPC
+    /// messages, counted as they arrive and until their request is answered, shared by every
+    /// API port of the process (HTTP and gRPC). A request whose next bytes do not fit is
+    /// answered at once (HTTP 503 with `Retry-After`, gRPC RESOURCE_EXHAUSTED with retry info).
+    /// Without it a process could be made to hold `max_connections` × `max_body_bytes`. Must be
+    /// at least 8/7 of `[limits] max_body_bytes`: requests over 64 KiB share all but the last
+    /// eighth, kept for small requests so that large bodies left unfinished cannot refuse
+    /// ordinary traffic. Fixed at start (a reload does not change it).
+    pub max_buffered_bytes: usize,
 }
 
 impl Default for HttpConfig {
@@ -32,6 +43,7 @@ impl Default for HttpConfig {
             idle_timeout_ms: 60_000,
             max_connections: 4096,
             max_header_bytes: 65_536,
+            max_buffered_bytes: 1 << 30,
         }
     }
 }
@@ -59,6 +71,24 @@ impl HttpConfig {
                 "http.max_header_bytes {} must be at least {}",
                 self.max_header_bytes,
                 Self::MIN_HEADER_BYTES
+            ));
+        }
+        if self.max_buffered_bytes == 0 {
+            return Err("http.max_buffered_bytes must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// Checks the budget against the largest body: a body the budget could never hold would
+    /// be refused with "retry later" for ever. Large bodies share all but the last eighth of
+    /// the budget (kept for small requests: `ByteBudget`).
+    pub fn validate_with_body_limit(&self, max_body_bytes: usize) -> Result<(), String> {
+        self.validate()?;
+        if ByteBudget::large_limit_of(self.max_buffered_bytes) < max_body_bytes {
+            return Err(format!(
+                "http.max_buffered_bytes {} must be at least 8/7 of limits.max_body_bytes {max_body_bytes} \
+                 (its last eighth is kept for small requests)",
+                self.max_buffered_bytes
             ));
         }
         Ok(())
@@ -91,5 +121,11 @@ mod tests {
         let c: HttpConfig = toml::from_str("max_header_bytes = 100").unwrap();
         assert!(c.validate().is_err());
         assert!(toml::from_str::<HttpConfig>("idle_timeout = 3").is_err(), "unknown keys are errors");
+        let c: HttpConfig = toml::from_str("max_buffered_bytes = 0").unwrap();
+        assert!(c.validate().unwrap_err().contains("http.max_buffered_bytes"));
+        let c: HttpConfig = toml::from_str("max_buffered_bytes = 8000").unwrap();
+        let e = c.validate_with_body_limit(7001).unwrap_err();
+        assert!(e.contains("max_buffered_bytes") && e.contains("max_body_bytes"), "{e}");
+        c.validate_with_body_limit(7000).unwrap();
     }
 }

@@ -1,11 +1,14 @@
 //! The HTTP/1.1 plumbing every Sieve server uses (worker, proxy, simulated worker; API and
 //! admin ports): the accept loop under the `[http]` limits with a bounded graceful or an abrupt
-//! stop ([`serve`]), JSON/text/error responses, bounded body reading ([`read_body`]) and the
-//! admin token check ([`AdminAuth`]). One copy, so every port answers bad input, slow clients
+//! stop ([`serve`]), JSON/text/error responses, bounded body reading ([`read_body`]), the
+//! process's budget for request bytes in memory ([`ByteBudget`]) and the admin token check
+//! ([`AdminAuth`]). One copy, so every port answers bad input, slow clients
 //! and overload the same way. Each piece says in its own file why it is built as it is.
 
 mod admin;
 mod body;
+mod body_buf;
+mod budget;
 mod config;
 mod io;
 mod serve;
@@ -26,7 +29,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 pub use admin::{AdminAuth, AdminConfig, TOKEN_ENV};
-pub use body::{collect, read_body, BodyDeadline};
+pub use body::{collect, read_body, read_body_reserved, BodyDeadline};
+pub use budget::{ByteBudget, Reservation, SharedReservation};
 pub use config::HttpConfig;
 pub(crate) use serve::{accepted_or_back_off, stop_connections};
 pub use serve::{serve, serve_with_slots, ConnectionSlots};

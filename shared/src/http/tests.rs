@@ -23,6 +23,7 @@ fn fast() -> HttpConfig {
         idle_timeout_ms: 700,
         max_connections: 64,
         max_header_bytes: 8192,
+        ..HttpConfig::default()
     }
 }
 

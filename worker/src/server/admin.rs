@@ -126,6 +126,8 @@ fn prometheus(app: &AppState) -> HttpResponse {
     metrics::gauge!(m::KV_BLOCKS_USED).set(s.kv_blocks_used as f64);
     metrics::gauge!(m::KV_BLOCKS_FREE).set(s.kv_blocks_free as f64);
     metrics::gauge!(m::READY).set(if s.ready { 1.0 } else { 0.0 });
+    metrics::counter!(m::BUFFER_REFUSALS).absolute(app.buffer_budget.refusals());
+    metrics::gauge!(m::BUFFERED_BYTES).set(app.buffer_budget.held() as f64);
     if let Some(engine) = app.engine.get() {
         let p = engine.prefix_snapshot();
         metrics::gauge!(m::PREFIX_BLOCKS_PENDING).set(p.blocks_pending as f64);

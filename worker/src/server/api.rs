@@ -11,7 +11,7 @@ use sieve_shared::metrics_names::worker as m;
 use sieve_shared::service::{self, Call, Route, ScoreService, Scored};
 use sieve_shared::{ApiError, Limits, ScoreRequest, ScoreResponse, Timing};
 
-use sieve_shared::http::HttpResponse;
+use sieve_shared::http::{ByteBudget, HttpResponse};
 
 use super::AppState;
 use crate::engine::{CancellationToken, Submission};
@@ -30,6 +30,10 @@ impl ScoreService for AppState {
 
     fn limits(&self) -> Limits {
         self.limits.clone()
+    }
+
+    fn buffer_budget(&self) -> &ByteBudget {
+        &self.buffer_budget
     }
 
     fn admit(&self) -> Result<(), ApiError> {

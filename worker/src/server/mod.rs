@@ -9,7 +9,7 @@ mod tests;
 use std::sync::{Arc, OnceLock};
 
 use metrics_exporter_prometheus::PrometheusHandle;
-use sieve_shared::http::AdminAuth;
+use sieve_shared::http::{AdminAuth, ByteBudget, HttpConfig};
 use sieve_shared::Limits;
 use tokio::sync::Notify;
 
@@ -30,6 +30,9 @@ pub struct AppState {
     pub admin: AdminAuth,
     /// `POST /drain` on the admin port: the process drains and exits as on SIGTERM.
     pub drain_requested: Notify,
+    /// Request bytes held in memory, the API and gRPC ports together (`[http]
+    /// max_buffered_bytes`; the default's until [`AppState::with_buffer_budget`]).
+    pub buffer_budget: ByteBudget,
 }
 
 impl AppState {
@@ -44,7 +47,14 @@ impl AppState {
             prometheus,
             admin: AdminAuth::default(),
             drain_requested: Notify::new(),
+            buffer_budget: ByteBudget::new(HttpConfig::default().max_buffered_bytes),
         }
+    }
+
+    /// The budget of `[http] max_buffered_bytes` bytes.
+    pub fn with_buffer_budget(mut self, max_buffered_bytes: usize) -> Self {
+        self.buffer_budget = ByteBudget::new(max_buffered_bytes);
+        self
     }
 
     pub fn with_admin(mut self, admin: AdminAuth) -> Self {

@@ -61,7 +61,11 @@ pub struct RunningWorker {
 pub async fn start(cfg: WorkerConfig, prometheus: Option<PrometheusHandle>) -> Result<RunningWorker, StartError> {
     let dev = cfg.model.device;
     let admin_auth = AdminAuth::load(&cfg.admin).map_err(StartError::Config)?;
-    let app = Arc::new(AppState::new(cfg.limits.clone(), dev.to_string(), prometheus).with_admin(admin_auth));
+    let app = Arc::new(
+        AppState::new(cfg.limits.clone(), dev.to_string(), prometheus)
+            .with_admin(admin_auth)
+            .with_buffer_budget(cfg.http.max_buffered_bytes),
+    );
     let mut running = serve(app.clone(), &cfg.server, &cfg.http).await?;
     if cfg.grpc.port.is_some() {
         running.serve_grpc(&cfg.server.host, &cfg.grpc, &cfg.http).await?;
