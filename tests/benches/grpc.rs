@@ -22,6 +22,9 @@
 //! protocol, run one at a time, and the direct sim-worker's (its gRPC less HTTP is the protocol
 //! stack's own cost, which a proxy pays too).
 //!
+//! Beside each process's CPU per call, its context switches per call (every thread's, from
+//! `/proc`): a thread woken or put to sleep, which on a busy machine is latency as well as CPU.
+//!
 //! Part 2's calls are cut into rounds (`--rounds`, 8 by default): per round, each gRPC path less
 //! HTTP at p50 and p99, end to end and in what the proxy adds, then the median and range of each
 //! over the rounds and in how many rounds gRPC was no slower: a difference is only read as one
@@ -160,6 +163,23 @@ fn process_cpu(pid: u32) -> f64 {
     // SAFETY: sysconf reads a constant.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     (ticks(11) + ticks(12)) / hz
+}
+
+/// Context switches of another process so far, every thread's (Linux `/proc`): each is a
+/// thread put to sleep or woken, the scheduler's share of a call.
+fn process_switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .flat_map(|status| {
+            status
+                .lines()
+                .filter(|l| l.starts_with("voluntary_ctxt_switches") || l.starts_with("nonvoluntary_ctxt_switches"))
+                .filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
 }
 
 fn pct(sorted: &[Duration], p: f64) -> f64 {
@@ -408,15 +428,17 @@ async fn front_end(http: &Http, calls: usize, rounds: usize, only: Option<&str>)
     let tick_us = 1e6 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     // The direct sim-worker's too: its gRPC less HTTP is the protocol stack's own cost, which
     // the proxy pays as well; the proxy's beyond that is its own.
+    // With each, the process's context switches per call (all its threads).
     let mut cpu_us = Vec::with_capacity(protocols.len());
     let mut direct_cpu_us = Vec::with_capacity(protocols.len());
     for (_, via, direct) in protocols.iter_mut() {
         for (path, pid, out) in [(via, p.pid(), &mut cpu_us), (direct, d.pid(), &mut direct_cpu_us)] {
-            let cpu0 = process_cpu(pid);
+            let (cpu0, switches0) = (process_cpu(pid), process_switches(pid));
             for _ in 0..calls {
                 path.call(REQUEST_ITEMS).await;
             }
-            out.push((process_cpu(pid) - cpu0) * 1e6 / calls as f64);
+            let switches = (process_switches(pid) - switches0) as f64 / calls as f64;
+            out.push(((process_cpu(pid) - cpu0) * 1e6 / calls as f64, switches));
         }
     }
     // What the proxy adds: the same call and client, via the proxy less direct on one
@@ -427,21 +449,29 @@ async fn front_end(http: &Http, calls: usize, rounds: usize, only: Option<&str>)
         tick_us / calls as f64
     );
     println!(
-        "{:<30} {:>15} {:>15} {:>17} {:>15} {:>15}",
-        "protocol", "direct p50/p99", "proxy p50/p99", "added p50/p99", "proxy CPU/call", "direct CPU/call"
+        "{:<30} {:>15} {:>15} {:>17} {:>15} {:>15} {:>17}",
+        "protocol",
+        "direct p50/p99",
+        "proxy p50/p99",
+        "added p50/p99",
+        "proxy CPU/call",
+        "direct CPU/call",
+        "switches proxy/direct"
     );
     for (k, (name, ..)) in protocols.iter().enumerate() {
         let (v, d) = (all[2 * k], all[2 * k + 1]);
         println!(
-            "{name:<30} {:>7.3} {:>7.3} {:>7.3} {:>7.3} {:>+8.3} {:>+8.3} {:>12.1} us {:>12.1} us",
+            "{name:<30} {:>7.3} {:>7.3} {:>7.3} {:>7.3} {:>+8.3} {:>+8.3} {:>12.1} us {:>12.1} us {:>8.1} {:>8.1}",
             d.0,
             d.1,
             v.0,
             v.1,
             v.0 - d.0,
             v.1 - d.1,
-            cpu_us[k],
-            direct_cpu_us[k]
+            cpu_us[k].0,
+            direct_cpu_us[k].0,
+            cpu_us[k].1,
+            direct_cpu_us[k].1
         );
     }
 }

@@ -22,6 +22,12 @@ pub struct GrpcConfig {
     /// the connection gets a task of its own, so one multiplexed connection still spreads over
     /// every thread. 0: every call on its own task (hyper's way).
     pub inline_streams: u32,
+    /// A wake-up of a connection's task that comes while the task is being polled (hyper handing
+    /// over a call, a call telling h2 its answer is ready) is served as one more round of that
+    /// poll, up to this many rounds in all; past them the task yields to the runtime. 1: every
+    /// such wake-up is a yield, which tokio serves by waking an idle thread to take the task (a
+    /// futex call and a context switch, about one per call).
+    pub poll_rounds: u32,
     /// An HTTP/2 PING is sent on a connection silent for this long...
     pub keepalive_interval_ms: u64,
     /// ...and the connection is closed if the answer does not come within this.
@@ -47,6 +53,7 @@ impl Default for GrpcConfig {
             port: None,
             max_concurrent_streams: 256,
             inline_streams: 4,
+            poll_rounds: 4,
             keepalive_interval_ms: 30_000,
             keepalive_timeout_ms: 10_000,
             deadline_margin_ms: 5,
@@ -55,6 +62,10 @@ impl Default for GrpcConfig {
         }
     }
 }
+
+/// The most rounds one poll of a connection's task may take (each polls the connection and its
+/// calls; more would keep one busy connection on its thread).
+const MAX_POLL_ROUNDS: u32 = 64;
 
 /// The largest per-connection buffer accepted.
 const MAX_BUFFER: usize = 16 << 20;
@@ -79,6 +90,9 @@ impl GrpcConfig {
             if v > MAX_BUFFER {
                 return Err(format!("{name} {v} is over {MAX_BUFFER} (16 MiB)"));
             }
+        }
+        if !(1..=MAX_POLL_ROUNDS).contains(&self.poll_rounds) {
+            return Err(format!("grpc.poll_rounds {} must be 1 to {MAX_POLL_ROUNDS}", self.poll_rounds));
         }
         if self.deadline_margin_ms > 60_000 {
             return Err(format!("grpc.deadline_margin_ms {} is over a minute", self.deadline_margin_ms));
@@ -117,6 +131,10 @@ mod tests {
         assert!(e.contains("grpc.keepalive_timeout_ms"), "{e}");
         let e = GrpcConfig { read_buffer_bytes: 1 << 30, ..GrpcConfig::default() }.validate().unwrap_err();
         assert!(e.contains("grpc.read_buffer_bytes"), "{e}");
+        for rounds in [0, 65] {
+            let e = GrpcConfig { poll_rounds: rounds, ..GrpcConfig::default() }.validate().unwrap_err();
+            assert!(e.contains("grpc.poll_rounds"), "{e}");
+        }
         assert!(GrpcConfig { read_buffer_bytes: 0, write_buffer_bytes: 0, ..GrpcConfig::default() }.validate().is_ok());
         assert!(toml::from_str::<GrpcConfig>("prot = 1").unwrap_err().to_string().contains("prot"));
     }

@@ -15,6 +15,14 @@
 //! machine it takes the proxy's added latency for a gRPC call from +0.06-0.10 ms over HTTP's to
 //! parity at p50; on an idle 16-core machine, where a hop is cheap, it changes nothing measurable.
 //!
+//! A wake-up that comes while the connection's task is being polled (hyper handing over a call,
+//! h2 told by a call that its answer is ready, a call's body read releasing flow-control window)
+//! is taken as one more round of the same poll, not passed to tokio: a task that wakes itself is
+//! put at the back of its thread's queue as a yield, and tokio then unparks an idle thread to
+//! steal it (a futex call, a context switch, and the poll moved to the other thread), about once
+//! per call. At most `[grpc] poll_rounds` rounds (default 4), then the task yields to tokio as
+//! before, so one busy connection cannot hold its thread; 1 yields on every such wake-up.
+//!
 //! The bound keeps a client that multiplexes many calls on one connection (a gRPC channel does)
 //! from putting all of them on one thread: past `inline_streams` calls in progress, a new call is
 //! spawned and runs on any thread, as before. A call that ends with its connection (the client
@@ -22,10 +30,12 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll, Wake, Waker};
 
 use futures_util::stream::{FuturesUnordered, StreamExt as _};
+use futures_util::task::AtomicWaker;
 
 use super::io::Output;
 
@@ -66,8 +76,12 @@ impl StreamExec {
     /// `conn` (the connection's HTTP/2 server) with its inline calls, as one future: the
     /// connection's task. With `out` (its socket's held writes, `io.rs`), what the poll wrote is
     /// sent at the end of each poll.
-    pub(super) fn drive<C: Future>(self, conn: C, out: Option<Output>) -> Driven<C> {
-        Driven { conn: Box::pin(conn), calls: FuturesUnordered::new(), exec: self, out }
+    /// At most `rounds` rounds a poll (at least 1): see [`Wakes`].
+    pub(super) fn drive<C: Future>(self, conn: C, out: Option<Output>, rounds: usize) -> Driven<C> {
+        let wake = Arc::new(Wakes::default());
+        let waker = Waker::from(wake.clone());
+        let rounds = rounds.max(1);
+        Driven { conn: Box::pin(conn), calls: FuturesUnordered::new(), exec: self, out, wake, waker, rounds }
     }
 }
 
@@ -97,13 +111,81 @@ pub(super) struct Driven<C: Future> {
     calls: FuturesUnordered<Call>,
     exec: StreamExec,
     out: Option<Output>,
+    /// The waker the connection and its calls are polled with ([`Wakes`]), and its state.
+    wake: Arc<Wakes>,
+    waker: Waker,
+    /// The most rounds one poll takes for wake-ups that came during it; past that the task
+    /// yields to tokio (which polls it again after other tasks).
+    rounds: usize,
+}
+
+/// What the connection and its calls wake: during the task's poll, a mark that the poll takes
+/// one more round; at any other time (a socket ready, a timer, a call from another thread), the
+/// task itself.
+#[derive(Default)]
+struct Wakes {
+    /// The task's poll is running its rounds.
+    polling: AtomicBool,
+    /// A wake-up came since the round began.
+    again: AtomicBool,
+    /// The task's own waker, from its latest poll.
+    task: AtomicWaker,
+}
+
+impl Wake for Wakes {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        // Mark first, then look: if the poll is still running it sees the mark after its round
+        // (it clears `polling` before it reads `again`); if not, the task is woken (at worst
+        // once more than needed, never lost).
+        self.again.store(true, Ordering::SeqCst);
+        if !self.polling.load(Ordering::SeqCst) {
+            self.task.wake();
+        }
+    }
 }
 
 impl<C: Future> Future for Driven<C> {
     type Output = C::Output;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<C::Output> {
+    fn poll(mut self: Pin<&mut Self>, outer: &mut Context<'_>) -> Poll<C::Output> {
         let this = &mut *self;
+        this.wake.task.register(outer.waker());
+        let waker = this.waker.clone();
+        let cx = &mut Context::from_waker(&waker);
+        let mut rounds = 0;
+        let end = loop {
+            this.wake.polling.store(true, Ordering::SeqCst);
+            let end = this.round(cx);
+            this.wake.polling.store(false, Ordering::SeqCst);
+            rounds += 1;
+            if end.is_ready() || !this.wake.again.swap(false, Ordering::SeqCst) {
+                break end;
+            }
+            if rounds == this.rounds {
+                // Still woken after the last round: tokio polls the task again after the others.
+                outer.waker().wake_by_ref();
+                break Poll::Pending;
+            }
+        };
+        // Everything the rounds wrote (an answer's three frames) goes out in one write; on a
+        // connection that ended, best effort (one that ended well sent everything at its
+        // shutdown).
+        if let Some(out) = &this.out {
+            out.send(cx);
+        }
+        end
+    }
+}
+
+impl<C: Future> Driven<C> {
+    /// One round: the new calls started, every call and the connection polled, with `cx` (the
+    /// task's [`Wakes`]).
+    fn round(&mut self, cx: &mut Context<'_>) -> Poll<C::Output> {
+        let this = self;
         loop {
             {
                 let mut q = this.exec.lock();
@@ -112,6 +194,9 @@ impl<C: Future> Future for Driven<C> {
                 }
                 this.calls.extend(q.new.drain(..));
             }
+            // Every call and the connection are polled below: a wake-up before this point (as
+            // hyper's hand-over of a call just drained) needs no further round.
+            this.wake.again.store(false, Ordering::SeqCst);
             // The calls first: an answer they produce is written by the connection's poll below,
             // in this same poll.
             let mut finished = 0;
@@ -122,19 +207,11 @@ impl<C: Future> Future for Driven<C> {
                 this.exec.lock().inline -= finished;
             }
             if let Poll::Ready(end) = this.conn.as_mut().poll(cx) {
-                // Best effort: a connection that ended well has sent everything at its shutdown.
-                if let Some(out) = &this.out {
-                    out.send(cx);
-                }
                 return Poll::Ready(end);
             }
             // A call the connection's poll has just handed over starts now, not on a later
             // wake-up.
             if this.exec.lock().new.is_empty() {
-                // Everything this poll wrote (an answer's three frames) goes out in one write.
-                if let Some(out) = &this.out {
-                    out.send(cx);
-                }
                 return Poll::Pending;
             }
         }
@@ -178,7 +255,7 @@ mod tests {
                 "closed"
             }
         };
-        let driven = tokio::spawn(exec.clone().drive(conn, None));
+        let driven = tokio::spawn(exec.clone().drive(conn, None, 4));
         // Let the driven task and the spawned call run: one of the calls waits on the gate.
         for _ in 0..10 {
             tokio::task::yield_now().await;
@@ -192,6 +269,62 @@ mod tests {
         assert_eq!(exec.lock().inline, 0, "finished inline calls are counted out");
         done_tx.send(()).unwrap();
         assert_eq!(driven.await.unwrap(), "closed");
+    }
+
+    /// A wake-up during the task's poll is one more round of that poll, not a wake of the task;
+    /// one that keeps coming yields to the runtime after the last round; one from outside the
+    /// poll wakes the task.
+    #[test]
+    fn wakes_during_the_poll_are_rounds_of_it() {
+        /// A connection that wakes itself on its first `wakes` polls, and keeps its waker.
+        struct SelfWaking {
+            polls: Arc<AtomicUsize>,
+            wakes: usize,
+            waker: Arc<Mutex<Option<Waker>>>,
+        }
+        impl Future for SelfWaking {
+            type Output = ();
+            fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+                *self.waker.lock().unwrap() = Some(cx.waker().clone());
+                if self.polls.fetch_add(1, Ordering::SeqCst) < self.wakes {
+                    cx.waker().wake_by_ref();
+                }
+                Poll::Pending
+            }
+        }
+        struct Count(AtomicUsize);
+        impl Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let task = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(task.clone());
+        let cx = &mut Context::from_waker(&waker);
+        let (polls, kept) = (Arc::new(AtomicUsize::new(0)), Arc::new(Mutex::new(None)));
+        let conn = SelfWaking { polls: polls.clone(), wakes: 2, waker: kept.clone() };
+        let mut driven = StreamExec::new(0).drive(conn, None, 4);
+        assert!(Pin::new(&mut driven).poll(cx).is_pending());
+        assert_eq!(polls.load(Ordering::SeqCst), 3, "two wake-ups, two more rounds");
+        assert_eq!(task.0.load(Ordering::SeqCst), 0, "the task itself was not woken");
+        // From outside a poll (a socket, a timer, another thread): the task is woken.
+        kept.lock().unwrap().take().expect("the connection's waker").wake();
+        assert_eq!(task.0.load(Ordering::SeqCst), 1);
+
+        let polls = Arc::new(AtomicUsize::new(0));
+        let conn = SelfWaking { polls: polls.clone(), wakes: usize::MAX, waker: kept };
+        let mut driven = StreamExec::new(0).drive(conn, None, 4);
+        assert!(Pin::new(&mut driven).poll(cx).is_pending());
+        assert_eq!(polls.load(Ordering::SeqCst), 4, "at most 4 rounds");
+        assert_eq!(task.0.load(Ordering::SeqCst), 2, "then the task yields (woken to run again)");
+
+        // One round: every wake-up during the poll is a yield (hyper's own tasks' way).
+        let polls = Arc::new(AtomicUsize::new(0));
+        let conn = SelfWaking { polls: polls.clone(), wakes: 1, waker: Arc::default() };
+        let mut driven = StreamExec::new(0).drive(conn, None, 1);
+        assert!(Pin::new(&mut driven).poll(cx).is_pending());
+        assert_eq!(polls.load(Ordering::SeqCst), 1);
+        assert_eq!(task.0.load(Ordering::SeqCst), 3);
     }
 
     /// A call still running when the connection ends is dropped with it (its work cancelled).
@@ -216,7 +349,7 @@ mod tests {
                 tokio::task::yield_now().await;
             }
         };
-        exec.drive(conn, None).await;
+        exec.drive(conn, None, 4).await;
         assert_eq!(dropped.load(Ordering::SeqCst), 1);
     }
 }

@@ -8,9 +8,10 @@
 //! and an abrupt stop leaves its connection tasks running. The generated `SieveServer` is a
 //! plain tower service, so it runs on hyper directly. `Score` alone goes around it, to tonic's
 //! unary call handling over our codec (`wire.rs`: the message read in place). Each connection's
-//! calls run on the connection's own task, up to `[grpc] inline_streams` (`inline.rs`); its
-//! socket is read in large chunks and written once per poll of that task (`io.rs`). A call's
-//! message counts against the process's `[http] max_buffered_bytes` budget (the service's
+//! calls run on the connection's own task, up to `[grpc] inline_streams`, and a wake-up during
+//! that task's poll is another round of it, not a yield (`inline.rs`); its socket is read in
+//! large chunks and written once per poll of that task (`io.rs`). A call's message counts
+//! against the process's `[http] max_buffered_bytes` budget (the service's
 //! [`ScoreService::buffer_budget`], shared with the HTTP port) frame by frame as it arrives and
 //! until the call is answered; a frame that does not fit fails the call with RESOURCE_EXHAUSTED.
 
@@ -60,6 +61,7 @@ where
     let server =
         SieveServer::from_arc(api.clone()).max_decoding_message_size(max_message).max_encoding_message_size(usize::MAX);
     let inline_streams = usize::try_from(grpc.inline_streams).unwrap_or(usize::MAX);
+    let poll_rounds = usize::try_from(grpc.poll_rounds).unwrap_or(usize::MAX);
     let body_timeout = http.body_read_timeout();
     let graceful = GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(http.max_connections));
@@ -108,7 +110,7 @@ where
                 // Each connection its own executor: its calls run on its own task (`inline.rs`).
                 let exec = StreamExec::new(inline_streams);
                 let conn = builder(exec.clone(), &grpc, &http).serve_connection(io, handler);
-                let conn = exec.drive(graceful.watch(conn), out);
+                let conn = exec.drive(graceful.watch(conn), out, poll_rounds);
                 conns.spawn(async move {
                     if let Err(e) = conn.await {
                         tracing::debug!("gRPC connection: {e}");
