@@ -22,9 +22,7 @@
 //! what the plan's work adds to the waiting of requests that arrive behind it: Θ·V_min·X while
 //! every worker is busy (X the plan's total work: every extra shard adds its fixed cost and
 //! prefix to it; Θ counts requests, from the running mean of the plans' work this split
-//! keeps), θ·Σ (f_j² − a_j²)/2 over the plan's workers while some worker is idle; ρ is the
-//! lesser of the queues' reading and the arriving work's (that mean work over the running mean
-//! gap between plans, per worker).
+//! keeps), θ·Σ (f_j² − a_j²)/2 over the plan's workers while some worker is idle.
 //!
 //! Cache-aware routing: a candidate that holds the request's prefix in its prefix cache
 //! ([`super::Candidate::holds_prefix`]) pays no prefix on its shards, so its b_j is earlier and
@@ -35,7 +33,6 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
 
 use super::load_price::Price;
 use super::{ranked, Candidate, Plan, Request, ShardPlan, SplitPolicy};
@@ -54,56 +51,11 @@ pub struct CostSplit {
     pub load_aware: bool,
     /// W̄, the mean work of the plans made: the load price counts requests by it.
     mean_work: MeanWork,
-    /// The mean time between the plans made: with W̄, the work arriving per ms.
-    mean_gap: MeanGap,
 }
 
 impl CostSplit {
     pub fn new(max_shards: usize, tolerance: f64, load_aware: bool) -> CostSplit {
-        CostSplit { max_shards, tolerance, load_aware, mean_work: MeanWork::default(), mean_gap: MeanGap::new() }
-    }
-
-    /// The utilisation the work planned lately brings `workers` workers: W̄ over the mean gap
-    /// between plans, per worker (NaN before two plans).
-    fn arriving_rho(&self, now: Instant, workers: usize) -> f64 {
-        match (self.mean_work.get(), self.mean_gap.record(now)) {
-            (Some(w), Some(gap)) if workers > 0 && gap > 0.0 => w / (gap * workers as f64),
-            _ => f64::NAN,
-        }
-    }
-}
-
-/// A running mean of the time between plans (ms), 1/[`MeanWork::WEIGHT`] of each new gap, as
-/// [`MeanWork`] averages their work. Lock-free as it is: two plans at once may drop a gap.
-#[derive(Debug)]
-struct MeanGap {
-    epoch: Instant,
-    /// ns since `epoch` of the latest plan, plus one (0: none yet).
-    last_ns: AtomicU64,
-    /// f64 bits of the mean gap (0: none yet).
-    mean: AtomicU64,
-}
-
-impl MeanGap {
-    fn new() -> MeanGap {
-        MeanGap { epoch: Instant::now(), last_ns: AtomicU64::new(0), mean: AtomicU64::new(0) }
-    }
-
-    /// Counts a plan made at `now`; the mean gap so far, None before the second plan.
-    fn record(&self, now: Instant) -> Option<f64> {
-        let ns = now.saturating_duration_since(self.epoch).as_nanos().min(u64::MAX as u128 - 1) as u64 + 1;
-        let last = self.last_ns.swap(ns, Ordering::Relaxed);
-        let bits = self.mean.load(Ordering::Relaxed);
-        let old = (bits != 0).then(|| f64::from_bits(bits));
-        if last == 0 || ns < last {
-            return old;
-        }
-        let gap = (ns - last) as f64 / 1e6;
-        let mean = old.map_or(gap, |m| m + (gap - m) / MeanWork::WEIGHT);
-        if mean > 0.0 {
-            self.mean.store(mean.to_bits(), Ordering::Relaxed);
-        }
-        (mean > 0.0).then_some(mean).or(old)
+        CostSplit { max_shards, tolerance, load_aware, mean_work: MeanWork::default() }
     }
 }
 
@@ -146,9 +98,7 @@ impl SplitPolicy for CostSplit {
         // Before the first plan, this request sent whole stands for the mean.
         let mean =
             self.mean_work.get().unwrap_or_else(|| req.model.call_ms(req.prefix, req.item_tokens.iter().copied()));
-        let rho = self.arriving_rho(Instant::now(), views.len());
-        let price = Price::of_measured(views, mean, rho);
-        let plan = split_by_cost_priced(req, &cands, self.max_shards, self.tolerance, price);
+        let plan = split_by_cost_priced(req, &cands, self.max_shards, self.tolerance, Price::of(views, mean));
         self.mean_work.record(work_ms(&plan));
         plan.on_workers(&workers)
     }
@@ -525,37 +475,5 @@ impl<'a> Packer<'a> {
         }
         let makespan_ms = shards.iter().map(|s| s.finish_ms).fold(0.0, f64::max);
         Plan { shards, makespan_ms }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-
-    #[test]
-    fn the_arriving_utilisation_is_the_mean_work_over_the_mean_gap_per_worker() {
-        let split = CostSplit::new(16, 0.02, true);
-        let t0 = Instant::now();
-        assert!(split.arriving_rho(t0, 16).is_nan(), "one plan: no gap yet");
-        split.mean_work.record(400.0);
-        // Plans 100 ms apart, 400 ms of work each, on 16 workers: ρ = 400 / (100 · 16) = 0.25.
-        for i in 1..=40u64 {
-            let rho = split.arriving_rho(t0 + Duration::from_millis(100 * i), 16);
-            assert!((rho - 0.25).abs() < 1e-9, "plan {i}: {rho}");
-        }
-        assert!(split.arriving_rho(t0 + Duration::from_millis(4100), 0).is_nan(), "no workers: unknown");
-        // The gap halves: the mean follows within a few dozen plans, one plan moves it little.
-        let t1 = t0 + Duration::from_millis(4100);
-        let first = split.arriving_rho(t1 + Duration::from_millis(50), 16);
-        assert!(first > 0.25 && first < 0.26, "{first}");
-        let mut rho = first;
-        for i in 2..=200u64 {
-            rho = split.arriving_rho(t1 + Duration::from_millis(50 * i), 16);
-        }
-        assert!((rho - 0.5).abs() < 1e-3, "{rho}");
-        // A clock that steps back is not a gap.
-        assert!((split.arriving_rho(t0, 16) - rho).abs() < 1e-12);
     }
 }

@@ -58,30 +58,14 @@
 //! Here every request that lands on worker j is late by what is in front of it there, and the
 //! requests landing on j are its shards: λ = ρ/S per worker counts them.
 //!
-//! ρ is read two ways from what the proxy already knows, and the lesser is taken.
-//!
-//! The instant's reading, from the state it tracks, averaged over the workers: L, the mean
+//! ρ comes from the state the proxy already tracks, averaged over the workers: L, the mean
 //! number of shards in flight per worker, and S = total backlog / total shards in flight, the
 //! mean predicted shard time. Shards of a cost-balanced split are close to equal, so each
 //! worker is taken as M/D/1, whose mean number in system is L = ρ(2 − ρ)/(2(1 − ρ)). Solved for
-//! ρ: 1 − ρ = 1/(L + √(L² + 1)).
-//!
-//! The arriving work's reading: W̄ over the mean time between plans, per worker (both running
-//! means over the last few dozen plans, [`super::CostSplit`]): the work planned per ms over the
-//! cluster's capacity, ρ by its definition.
-//!
-//! Both forms need the ρ of the arrivals over the next V_min/(1 − ρ) or f_j ms. The instant's
-//! L reads it only in steady state: just after one large request was split 16 ways, L counts
-//! that request's shards, which are not arrivals (at 30% load, M/D/1 on 1.5 shards per worker
-//! reads ρ ≈ 0.70 where the cluster is ≈ 0.39 used, and ρ/(1 − ρ) is 3.6 times too large). The
-//! arriving reading overstates ρ in its own transient: as a burst begins it passes 1 (no steady
-//! state, an unbounded price) while the queues it will build are not there yet, and it lags a
-//! burst's end while the queues drain. Each overstates only in its own transient, and in steady
-//! state both read the same ρ (as far as M/D/1 holds), so the lesser is the price's ρ: it never prices a cluster busier than
-//! both its queues and its arrivals say. Then θ = ρ/((1 − ρ)·S) and Θ = ρ/((1 − ρ)·W̄) (W̄ taken
-//! as at least S: a request is at least a shard). Both are 0 on an idle cluster and grow without
-//! bound with the queues and the arrivals together (≈ 2L/S, 2L/W̄ from the instant's reading); no
-//! threshold is set by hand: the two forms meet where the model's regimes do, at V_min = 0.
+//! ρ: 1 − ρ = 1/(L + √(L² + 1)); so θ = ρ(L + √(L² + 1))/S and Θ = ρ(L + √(L² + 1))/W̄ (W̄
+//! taken as at least S: a request is at least a shard). Both are 0 on an idle cluster and grow
+//! without bound with the queues (≈ 2L/S, 2L/W̄); no threshold is set by hand: the two forms
+//! meet where the model's regimes do, at V_min = 0.
 
 use crate::cluster::worker::WorkerView;
 
@@ -104,20 +88,11 @@ impl Price {
     /// The price of the cluster `views` describe, for requests of `mean_request_ms` of work on
     /// average (W̄): none when nothing is in flight.
     pub fn of(views: &[WorkerView], mean_request_ms: f64) -> Price {
-        Price::of_measured(views, mean_request_ms, f64::NAN)
-    }
-
-    /// As [`Price::of`], with `arriving_rho` the utilisation the work arriving lately brings
-    /// (work planned per ms over the workers' capacity; NaN: unknown): ρ is the lesser of it
-    /// and the instant's reading.
-    pub fn of_measured(views: &[WorkerView], mean_request_ms: f64, arriving_rho: f64) -> Price {
         let least = views.iter().map(|v| v.backlog_ms).filter(|b| b.is_finite()).fold(f64::INFINITY, f64::min);
         let least_backlog_ms = if least.is_finite() && least > 0.0 { least } else { 0.0 };
         match load(views) {
             Some((l, s_ms)) => {
-                // The lesser reading (NaN, unknown, is not less).
-                let instant = rho_in_system(l);
-                let per_ms = over_idle(if arriving_rho < instant { arriving_rho } else { instant });
+                let per_ms = arrivals_over_idle(l);
                 // A request is at least a shard; an unknown mean counts shards.
                 let w_ms = if mean_request_ms.is_finite() { mean_request_ms.max(s_ms) } else { s_ms };
                 Price { theta: per_ms / s_ms, pool_theta: per_ms / w_ms, least_backlog_ms }
@@ -172,24 +147,12 @@ pub fn theta_from(l: f64, s_ms: f64) -> f64 {
 
 /// ρ/(1 − ρ) for a mean of `l` shards in flight per worker (M/D/1): θ·S, Θ·W̄. 0 when idle.
 fn arrivals_over_idle(l: f64) -> f64 {
-    over_idle(rho_in_system(l))
-}
-
-/// ρ of an M/D/1 queue with a mean of `l` in the system: 1 − ρ = 1/(L + √(L² + 1)); 0 when idle.
-fn rho_in_system(l: f64) -> f64 {
     if !(l > 0.0 && l.is_finite()) {
         return 0.0;
     }
-    1.0 - 1.0 / (l + (l * l + 1.0).sqrt())
-}
-
-/// ρ/(1 − ρ), for ρ in [0, 1).
-fn over_idle(rho: f64) -> f64 {
-    if rho > 0.0 && rho < 1.0 {
-        rho / (1.0 - rho)
-    } else {
-        0.0
-    }
+    let inv_idle = l + (l * l + 1.0).sqrt(); // 1/(1 − ρ)
+    let rho = 1.0 - 1.0 / inv_idle;
+    rho * inv_idle
 }
 
 #[cfg(test)]
@@ -317,26 +280,6 @@ mod tests {
     }
 
     #[test]
-    fn the_arriving_utilisation_lowers_rho_only_below_the_instants_reading() {
-        // 1.5 shards in flight per worker: M/D/1 reads ρ ≈ 0.70.
-        let views: Vec<WorkerView> = (0..16).map(|i| view(60.0 + 4.0 * i as f64, 1 + u64::from(i % 2 == 0))).collect();
-        let instant = Price::of(&views, 300.0);
-        assert_eq!(Price::of_measured(&views, 300.0, f64::NAN), instant, "unknown: the instant's reading");
-        assert_eq!(Price::of_measured(&views, 300.0, 0.95), instant, "a higher arriving ρ changes nothing");
-        let rho = rho_in_system(1.5);
-        assert!((rho - 0.697).abs() < 1e-3, "{rho}");
-        // The utilisation measured as 0.39: ρ/(1 − ρ) 0.64 instead of 2.30, both forms.
-        let measured = Price::of_measured(&views, 300.0, 0.39);
-        let cut = (0.39 / 0.61) / (rho / (1.0 - rho));
-        assert!((measured.pool_theta / instant.pool_theta - cut).abs() < 1e-9);
-        assert!((measured.theta / instant.theta - cut).abs() < 1e-9);
-        assert!(cut < 1.0 / 3.5, "{cut}");
-        assert_eq!(measured.least_backlog_ms, instant.least_backlog_ms);
-        assert!(Price::of_measured(&views, 300.0, 0.0).is_none(), "nothing arriving: no price");
-        assert_eq!(Price::of_measured(&[view(0.0, 0); 4], 300.0, 0.5), Price::NONE, "nothing in flight");
-    }
-
-    #[test]
     fn a_momentary_full_house_at_low_load_still_splits_a_large_request_wide() {
         // Just after a large request was split 16 ways at 30% load: every worker busy for a
         // moment, one or two shards each, the backlogs far from level (46 to 196 ms).
@@ -360,11 +303,5 @@ mod tests {
             per_request.makespan_ms,
             per_shard.makespan_ms
         );
-        // With ρ from the work arriving (the cluster 39% used, not the 70% the shards of one
-        // split read as): wider still, no slower, within the plain cost split's width.
-        let measured = split_by_cost_priced(&req, &cands, 16, 0.02, Price::of_measured(&views, whole, 0.39));
-        assert!(measured.shards.len() >= per_request.shards.len(), "{} ways", measured.shards.len());
-        assert!(measured.shards.len() <= plain.shards.len());
-        assert!(measured.makespan_ms <= per_request.makespan_ms + 1e-9);
     }
 }
