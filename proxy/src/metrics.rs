@@ -217,10 +217,7 @@ fn describe() {
     describe_counter!(RETRIES_DENIED, "Retries not sent (budget, attempts or no worker)");
     describe_counter!(HEDGES, "Hedged shard attempts sent");
     describe_counter!(HEDGE_WINS, "Hedges that answered first");
-    describe_counter!(
-        HEDGES_DENIED,
-        "Hedges not sent: no idle worker predicted to finish before the original, or no budget"
-    );
+    describe_counter!(HEDGES_DENIED, "Hedges not sent for lack of budget or an idle worker");
     describe_counter!(PARTIAL_RESPONSES, "Responses with missing items (deadline)");
     describe_counter!(MISSING_ITEMS, "Items left unscored by the deadline");
     describe_counter!(BREAKER_TRANSITIONS, "Circuit breaker transitions by worker and new state");

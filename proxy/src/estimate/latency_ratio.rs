@@ -209,20 +209,6 @@ impl RatioTracker {
         q
     }
 
-    /// How much longer a shard that has run `r0` times its prediction is expected to take
-    /// still, as a multiple of its prediction: the mean of (ratio − `r0`) over the window's
-    /// shards that ran longer than `r0` (the hedge's "is a copy predicted to beat the
-    /// original?"). `Some(None)`: none of them did, so the shard is later than any measured and
-    /// its remaining time unknown; `None` before `min_samples` were recorded.
-    pub fn mean_excess(&self, r0: f64, min_samples: usize) -> Option<Option<f64>> {
-        let g = lock(&self.inner);
-        if g.ring.len() < min_samples.max(1) {
-            return None;
-        }
-        let (n, sum) = g.ring.iter().filter(|&&r| r > r0).fold((0usize, 0.0), |(n, sum), &r| (n + 1, sum + (r - r0)));
-        Some((n > 0).then(|| sum / n as f64))
-    }
-
     /// The quantile once `min_samples` were recorded.
     pub fn quantile(&self, min_samples: usize) -> Option<f64> {
         let g = lock(&self.inner);
@@ -243,30 +229,6 @@ fn at(sorted: &[f64], p: f64) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_mean_excess_is_what_the_later_shards_ran_past_a_lateness() {
-        let t = RatioTracker::new(0.95);
-        assert_eq!(t.mean_excess(1.0, 1), None);
-        // Ratios 1.00 .. 1.99: past 1.5, the shards at 1.51 .. 1.99 ran 0.25 longer on average.
-        for i in 0..100 {
-            t.record(1.0 + i as f64 / 100.0, 10.0);
-        }
-        assert_eq!(t.mean_excess(1.0, 200), None, "too few samples");
-        let m = t.mean_excess(1.5, 20).unwrap().unwrap();
-        assert!((m - 0.25).abs() < 1e-9, "{m}");
-        // Later than every shard measured: nothing says when it ends.
-        assert_eq!(t.mean_excess(2.0, 20), Some(None));
-        // A thin tail: the later a shard already is, the sooner it is expected to end.
-        let excess = |r0: f64| t.mean_excess(r0, 20).unwrap().unwrap();
-        assert!(excess(1.9) < excess(1.5));
-        // A heavy tail (a few stalls at 10x): the later, the longer still, and longer than the
-        // shard's prediction (a copy of it would win).
-        for _ in 0..5 {
-            t.record(10.0, 10.0);
-        }
-        assert!(excess(1.9) > excess(1.5) && excess(1.5) > 1.0, "{} {}", excess(1.5), excess(1.9));
-    }
 
     #[test]
     fn p95_of_recent_ratios() {

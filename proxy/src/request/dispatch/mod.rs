@@ -1,7 +1,7 @@
 //! Stage 2, dispatch: every shard run concurrently, in the request's own task, to an outcome
 //! under the request's deadline. A shard's primary attempt goes to its planned worker; a failed
 //! attempt is retried elsewhere ([`retry`]); one that lags past the p95 of its predicted time is
-//! hedged when a copy is predicted to finish first ([`hedge`]); the first success wins and the other attempts are dropped, which closes
+//! hedged ([`hedge`]); the first success wins and the other attempts are dropped, which closes
 //! their connections ([`attempt`]). A shard's attempts are polled in the same task
 //! ([`in_flight`]). Each answer is fed back ([`feedback`](super::feedback)) as it arrives.
 
@@ -148,12 +148,10 @@ impl Shard {
         }
     }
 
-    /// The hedge timer fired, the shard having run since `start` against a predicted
-    /// `finish_ms`: a copy to another worker, if one qualifies, is predicted to beat the original
-    /// and the budget pays. Returns the copy's predicted compute when one was sent.
-    fn on_hedge_timer(&mut self, start: Instant, finish_ms: f64) -> Option<f64> {
-        let elapsed_ms = Instant::now().saturating_duration_since(start).as_secs_f64() * 1e3;
-        match hedge::pick(&self.ctx, &self.items, &self.tried, elapsed_ms, finish_ms) {
+    /// The hedge timer fired: a copy to another worker, if one qualifies and the budget pays.
+    /// Returns the copy's predicted compute when one was sent.
+    fn on_hedge_timer(&mut self) -> Option<f64> {
+        match hedge::pick(&self.ctx, &self.items, &self.tried) {
             Some((w, predicted)) => {
                 self.hedged = true;
                 metrics::counter!(m::HEDGES).increment(1);
@@ -227,7 +225,7 @@ async fn shard_outcome(
                 }
             }
             _ = tokio::time::sleep_until(hedge_at.unwrap_or(deadline)), if hedge_at.is_some() => {
-                let sent = shard.on_hedge_timer(shard_start, finish_ms);
+                let sent = shard.on_hedge_timer();
                 hedge_at = hedge::next_at(ctx, sent, compute_ms, Instant::now());
             }
             _ = tokio::time::sleep_until(deadline) => {
