@@ -142,24 +142,13 @@ impl RatioTracker {
         self.quantile
     }
 
-    /// The `p` quantile (a fraction) of the shards measured within `window` before now that were
+    /// The `p` quantile (a fraction) of the shards measured within `window` before `now` that were
     /// predicted at least half the power of two at or below `predicted_ms` (a quarter to a half of
     /// it; the longest `min_samples` of them
     /// when fewer were), once at least `min_samples` were measured; `None` (take predictions at
     /// face value) otherwise. Shards that were stalls are left out: those that took more than
     /// `stall_factor` times the median ratio of the [`REFERENCE`] shards before them (0: none).
     pub fn recent_quantile(
-        &self,
-        p: f64,
-        min_samples: usize,
-        window: Duration,
-        stall_factor: f64,
-        predicted_ms: f64,
-    ) -> Option<f64> {
-        self.recent_quantile_at(p, min_samples, window, stall_factor, predicted_ms, Instant::now())
-    }
-
-    fn recent_quantile_at(
         &self,
         p: f64,
         min_samples: usize,
@@ -240,11 +229,14 @@ mod tests {
         let q = t.quantile(20).unwrap();
         assert!((q - 1.95).abs() < 0.02, "{q}");
         let hour = Duration::from_secs(3600);
-        let recent = t.recent_quantile(0.95, 20, hour, 0.0, 10.0).unwrap();
+        let recent = t.recent_quantile(0.95, 20, hour, 0.0, 10.0, Instant::now()).unwrap();
         assert!((recent - q).abs() < 0.02, "the configured quantile, asked for: {recent} vs {q}");
-        let q99 = t.recent_quantile(0.99, 20, hour, 0.0, 10.0).unwrap();
-        assert!((q99 - 1.99).abs() < 0.02 && t.recent_quantile(0.5, 20, hour, 0.0, 10.0).unwrap() < q, "{q99}");
-        assert_eq!(t.recent_quantile(0.95, 2000, hour, 0.0, 10.0), None);
+        let q99 = t.recent_quantile(0.99, 20, hour, 0.0, 10.0, Instant::now()).unwrap();
+        assert!(
+            (q99 - 1.99).abs() < 0.02 && t.recent_quantile(0.5, 20, hour, 0.0, 10.0, Instant::now()).unwrap() < q,
+            "{q99}"
+        );
+        assert_eq!(t.recent_quantile(0.95, 2000, hour, 0.0, 10.0, Instant::now()), None);
         for _ in 0..WINDOW {
             t.record(1.0, 10.0);
         }
@@ -261,16 +253,16 @@ mod tests {
             t.record_at(10.0, 50.0, t0 + Duration::from_millis(i));
         }
         let during = t0 + Duration::from_secs(1);
-        assert_eq!(t.recent_quantile_at(0.95, 20, window, 0.0, 50.0, during), Some(10.0));
+        assert_eq!(t.recent_quantile(0.95, 20, window, 0.0, 50.0, during), Some(10.0));
         // Once the window has passed over them, predictions are taken at face value again...
         let after = t0 + window + window / 8 + Duration::from_secs(1);
-        assert_eq!(t.recent_quantile_at(0.95, 20, window, 0.0, 50.0, after), None);
+        assert_eq!(t.recent_quantile(0.95, 20, window, 0.0, 50.0, after), None);
         // ...and what is measured from then on is what counts.
         for i in 0..30 {
             t.record_at(1.2, 50.0, after + Duration::from_millis(i));
         }
         let later = after + Duration::from_secs(1);
-        assert_eq!(t.recent_quantile_at(0.95, 20, window, 0.0, 50.0, later), Some(1.2));
+        assert_eq!(t.recent_quantile(0.95, 20, window, 0.0, 50.0, later), Some(1.2));
         // The hedging quantile still sees the whole ring.
         assert_eq!(t.quantile(20), Some(10.0));
     }
@@ -284,15 +276,15 @@ mod tests {
             t.record(3.0, 5.0 + (i % 10) as f64);
             t.record(1.1, 150.0 + (i % 100) as f64);
         }
-        let long = t.recent_quantile(0.95, 20, hour, 0.0, 200.0).unwrap();
+        let long = t.recent_quantile(0.95, 20, hour, 0.0, 200.0, Instant::now()).unwrap();
         assert_eq!(long, 1.1, "a 200 ms plan: shards of 100 ms and more");
-        let short = t.recent_quantile(0.95, 20, hour, 0.0, 8.0).unwrap();
+        let short = t.recent_quantile(0.95, 20, hour, 0.0, 8.0, Instant::now()).unwrap();
         assert_eq!(short, 3.0, "an 8 ms plan: every shard of 4 ms and more, the short ones among them");
         // Longer than anything measured: the longest min_samples shards speak for it.
-        assert_eq!(t.recent_quantile(0.95, 20, hour, 0.0, 5000.0), Some(1.1));
+        assert_eq!(t.recent_quantile(0.95, 20, hour, 0.0, 5000.0, Instant::now()), Some(1.1));
         // Asked again (memoised), the same answers.
-        assert_eq!(t.recent_quantile(0.95, 20, hour, 0.0, 200.0), Some(long));
-        assert_eq!(t.recent_quantile(0.95, 20, hour, 0.0, 8.0), Some(short));
+        assert_eq!(t.recent_quantile(0.95, 20, hour, 0.0, 200.0, Instant::now()), Some(long));
+        assert_eq!(t.recent_quantile(0.95, 20, hour, 0.0, 8.0, Instant::now()), Some(short));
         // Too few long shards: the longest min_samples are taken, short ones among them.
         let t = RatioTracker::new(0.95);
         for _ in 0..100 {
@@ -301,7 +293,7 @@ mod tests {
         for _ in 0..5 {
             t.record(1.1, 300.0);
         }
-        assert_eq!(t.recent_quantile(0.95, 20, hour, 0.0, 300.0), Some(3.0));
+        assert_eq!(t.recent_quantile(0.95, 20, hour, 0.0, 300.0, Instant::now()), Some(3.0));
     }
 
     #[test]
@@ -318,8 +310,8 @@ mod tests {
         // A 16-shard plan's quantile (q^(1/16) of p99) is the window's worst: a stall, unless
         // stalls are left out; hedging still sees them.
         let q16 = 0.99f64.powf(1.0 / 16.0);
-        assert!(t.recent_quantile(q16, 20, hour, 0.0, 100.0).unwrap() >= 5.0);
-        assert_eq!(t.recent_quantile(q16, 20, hour, 2.0, 100.0), Some(on_time(7)));
+        assert!(t.recent_quantile(q16, 20, hour, 0.0, 100.0, Instant::now()).unwrap() >= 5.0);
+        assert_eq!(t.recent_quantile(q16, 20, hour, 2.0, 100.0, Instant::now()), Some(on_time(7)));
         assert!(t.quantile(20).unwrap() >= 5.0, "hedging's quantile (here p99) counts every shard");
         // Queueing: every shard 3x late from one moment on. The first few are taken for stalls
         // (the median of the shards before them is on time), then the median is late too and
@@ -328,8 +320,8 @@ mod tests {
         for i in 0..WINDOW {
             t.record(late(i), 100.0 + (i % 50) as f64);
         }
-        assert_eq!(t.recent_quantile(q16, 20, hour, 2.0, 100.0), Some(late(7)));
-        let median = t.recent_quantile(0.5, 20, hour, 2.0, 100.0).unwrap();
+        assert_eq!(t.recent_quantile(q16, 20, hour, 2.0, 100.0, Instant::now()), Some(late(7)));
+        let median = t.recent_quantile(0.5, 20, hour, 2.0, 100.0, Instant::now()).unwrap();
         assert!((3.0..3.2).contains(&median), "{median}");
     }
 }

@@ -62,7 +62,7 @@
 //! `[admission] margin` tolerates predictions late by that fraction of the time left (they are
 //! estimates); `[admission] enabled = false` turns all of this off.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sieve_shared::proxy_config::AdmissionConfig;
 use sieve_shared::{ApiError, OnOverload};
@@ -78,7 +78,7 @@ use crate::split::{Candidate, Plan, Request};
 pub fn late_ratio(ratios: &RatioTracker, cfg: &AdmissionConfig, min_samples: usize, k: usize, makespan_ms: f64) -> f64 {
     let q = cfg.quantile.powf(1.0 / k.max(1) as f64);
     let window = Duration::from_millis(cfg.error_window_ms);
-    ratios.recent_quantile(q, min_samples, window, cfg.stall_factor, makespan_ms).unwrap_or(1.0)
+    ratios.recent_quantile(q, min_samples, window, cfg.stall_factor, makespan_ms, Instant::now()).unwrap_or(1.0)
 }
 
 /// Checks `plan` against the time left. `Ok` with the items removed from the plan (empty when
