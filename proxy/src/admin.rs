@@ -14,6 +14,7 @@ use serde::Serialize;
 use sieve_shared::http::AdminAuth;
 use sieve_shared::{ApiError, CostModel, ErrorKind};
 
+use crate::cluster::breaker::BreakerState;
 use crate::cluster::discovery::Discovery;
 use crate::cluster::worker::WorkerRow;
 use crate::metrics as m;
@@ -54,8 +55,9 @@ pub async fn handle(
         (&Method::GET, "/health") => json(StatusCode::OK, &serde_json::json!({"status": "ok"})),
         (&Method::GET, "/ready") => ready(&state),
         (&Method::GET, "/metrics") => {
-            refresh_worker_gauges(&state);
-            text(StatusCode::OK, state.metrics.render(), "text/plain; version=0.0.4")
+            let mut body = refresh_gauges(&state);
+            body.insert_str(0, &state.metrics.render());
+            text(StatusCode::OK, body, "text/plain; version=0.0.4")
         }
         // `/stats` is the same report, under the name the worker's admin port uses.
         (&Method::GET, "/workers" | "/stats") => json(StatusCode::OK, &workers_report(&state)),
@@ -108,27 +110,41 @@ pub fn workers_report(state: &AppState) -> impl Serialize {
     }
 }
 
-/// Per-worker gauges are computed when scraped rather than on every shard.
-fn refresh_worker_gauges(state: &AppState) {
+/// Gauges are computed when scraped rather than on every shard. Sets the process-wide ones and
+/// returns the per-worker series, rendered apart from the process's recorder
+/// ([`m::render_per_worker`]: only the workers now in the pool).
+fn refresh_gauges(state: &AppState) -> String {
     let now = Instant::now();
     let cfg = state.config();
     let model = state.cost_model();
     let params = AppState::view_params(&cfg);
+    let workers = state.pool.snapshot();
     let mut eligible = 0;
-    for w in state.pool.snapshot().iter() {
-        let url = w.url().to_string();
-        let view = w.view(now, &model, &params);
-        let ok = w.is_eligible(now);
-        eligible += usize::from(ok);
-        metrics::gauge!(m::WORKER_IN_FLIGHT, "worker" => url.clone()).set(w.in_flight() as f64);
-        metrics::gauge!(m::WORKER_BACKLOG_SECONDS, "worker" => url.clone()).set(view.backlog_ms / 1e3);
-        metrics::gauge!(m::WORKER_BREAKER_STATE, "worker" => url.clone()).set(w.breaker_state(now).as_gauge());
-        metrics::gauge!(m::WORKER_READY, "worker" => url.clone()).set(if ok { 1.0 } else { 0.0 });
-        metrics::gauge!(m::WORKER_TIME_FACTOR, "worker" => url).set(view.time_factor);
-    }
+    let per_worker = m::render_per_worker(|| {
+        for w in workers.iter() {
+            let url = w.url().to_string();
+            let view = w.view(now, &model, &params);
+            let ok = w.is_eligible(now);
+            eligible += usize::from(ok);
+            metrics::gauge!(m::WORKER_IN_FLIGHT, "worker" => url.clone()).set(w.in_flight() as f64);
+            metrics::gauge!(m::WORKER_BACKLOG_SECONDS, "worker" => url.clone()).set(view.backlog_ms / 1e3);
+            metrics::gauge!(m::WORKER_BREAKER_STATE, "worker" => url.clone()).set(w.breaker_state(now).as_gauge());
+            metrics::gauge!(m::WORKER_READY, "worker" => url.clone()).set(if ok { 1.0 } else { 0.0 });
+            metrics::gauge!(m::WORKER_TIME_FACTOR, "worker" => url.clone()).set(view.time_factor);
+            // Counters appear from their first event, as the process's own do.
+            for state in BreakerState::ALL {
+                let n = w.counters.breaker_transitions(state);
+                if n > 0 {
+                    metrics::counter!(m::BREAKER_TRANSITIONS, "worker" => url.clone(), "state" => state.name())
+                        .absolute(n);
+                }
+            }
+        }
+    });
     metrics::gauge!(m::WORKERS_ELIGIBLE).set(eligible as f64);
     metrics::counter!(m::BUFFER_REFUSALS).absolute(state.buffer_budget.refusals());
     metrics::gauge!(m::BUFFERED_BYTES).set(state.buffer_budget.held() as f64);
+    per_worker
 }
 
 #[cfg(test)]
@@ -136,7 +152,7 @@ mod tests {
     use std::net::SocketAddr;
     use std::time::Duration;
 
-    use sieve_shared::ProxyConfig;
+    use sieve_shared::{ProxyConfig, WorkerEndpoint};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpStream;
 
@@ -191,6 +207,54 @@ mod tests {
         assert_eq!(call(admin, "GET", "/ready", None).await.0, 503);
         assert!(tokio::time::timeout(Duration::from_secs(10), proxy.drain_and_stop()).await.expect("bounded"));
         let _ = std::fs::remove_file(&path);
+    }
+
+    async fn scrape(addr: SocketAddr) -> String {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await.unwrap().unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    /// The lines of `text` naming `metric` with the label `worker="url"`.
+    fn series<'a>(text: &'a str, metric: &str, url: &str) -> Vec<&'a str> {
+        let label = format!("worker=\"{url}\"");
+        text.lines().filter(|l| l.starts_with(metric) && l.contains(&label)).collect()
+    }
+
+    #[tokio::test]
+    async fn a_worker_removed_from_the_pool_leaves_the_scrape() {
+        let mut config = ProxyConfig::default();
+        config.server.port = 0;
+        config.server.admin_port = 0;
+        // Ports nothing listens on: health checks fail, which changes nothing here.
+        let (a, b) = ("http://127.0.0.1:9", "http://127.0.0.1:11");
+        config.workers = vec![WorkerEndpoint::new(a, None), WorkerEndpoint::new(b, None)];
+        let proxy = crate::start(Launch { config, ..Launch::default() }).await.unwrap();
+        let pool = &proxy.state.pool;
+        let gone = pool.snapshot().iter().find(|w| w.url() == b).unwrap().clone();
+        gone.counters.note_breaker(BreakerState::Open);
+        gone.counters.note_breaker(BreakerState::Open);
+
+        let text = scrape(proxy.admin_addr).await;
+        for url in [a, b] {
+            for metric in [m::WORKER_IN_FLIGHT, m::WORKER_READY, m::WORKER_BACKLOG_SECONDS, m::WORKER_TIME_FACTOR] {
+                assert_eq!(series(&text, metric, url).len(), 1, "{metric} of {url} in:\n{text}");
+            }
+        }
+        let opened = series(&text, m::BREAKER_TRANSITIONS, b);
+        assert_eq!(opened, [format!("{}{{worker=\"{b}\",state=\"open\"}} 2", m::BREAKER_TRANSITIONS)], "{text}");
+        assert!(series(&text, m::BREAKER_TRANSITIONS, a).is_empty(), "no transition, no series: {text}");
+        assert!(text.contains("# HELP sieve_proxy_worker_ready"), "{text}");
+
+        // Discovery (or a reload) drops worker b: none of its series is reported any more.
+        pool.replace(&[WorkerEndpoint::new(a, None)], &proxy.state.config().breaker);
+        let text = scrape(proxy.admin_addr).await;
+        assert!(!text.contains(b), "a removed worker is still reported:\n{text}");
+        assert_eq!(series(&text, m::WORKER_READY, a).len(), 1, "{text}");
+        assert!(text.contains("sieve_proxy_workers_eligible"), "the process's own series stay: {text}");
+        proxy.stop().await;
     }
 
     #[tokio::test]

@@ -201,6 +201,28 @@ pub fn handle() -> PrometheusHandle {
         .clone()
 }
 
+/// Renders what `record` emits into a recorder of its own, built for this call: the per-worker
+/// series, which must not go to the process's recorder. The `metrics` facade cannot forget a
+/// series, so a worker that discovery or a reload removed would be reported there for ever
+/// with its last values, and every worker address ever seen (pods get new ones at each
+/// rollout) would stay in memory and in every scrape. Rendered from the pool as it is at the
+/// scrape, the series are exactly the pool's workers.
+pub fn render_per_worker(record: impl FnOnce()) -> String {
+    use metrics::{describe_counter, describe_gauge};
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        describe_counter!(BREAKER_TRANSITIONS, "Circuit breaker transitions by worker and new state");
+        describe_gauge!(WORKER_IN_FLIGHT, "Shards in flight per worker");
+        describe_gauge!(WORKER_BACKLOG_SECONDS, "Predicted backlog per worker");
+        describe_gauge!(WORKER_BREAKER_STATE, "Breaker state per worker: 0 closed, 1 half-open, 2 open");
+        describe_gauge!(WORKER_READY, "1 when the worker can take shards");
+        describe_gauge!(WORKER_TIME_FACTOR, "Measured time per unit of predicted cost (1 = average worker)");
+        record();
+    });
+    handle.render()
+}
+
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};
     describe_counter!(REQUESTS, "Requests by route and status code");
@@ -220,12 +242,6 @@ fn describe() {
     describe_counter!(HEDGES_DENIED, "Hedges not sent for lack of budget or an idle worker");
     describe_counter!(PARTIAL_RESPONSES, "Responses with missing items (deadline)");
     describe_counter!(MISSING_ITEMS, "Items left unscored by the deadline");
-    describe_counter!(BREAKER_TRANSITIONS, "Circuit breaker transitions by worker and new state");
-    describe_gauge!(WORKER_IN_FLIGHT, "Shards in flight per worker");
-    describe_gauge!(WORKER_BACKLOG_SECONDS, "Predicted backlog per worker");
-    describe_gauge!(WORKER_BREAKER_STATE, "Breaker state per worker: 0 closed, 1 half-open, 2 open");
-    describe_gauge!(WORKER_READY, "1 when the worker can take shards");
-    describe_gauge!(WORKER_TIME_FACTOR, "Measured time per unit of predicted cost (1 = average worker)");
     describe_gauge!(WORKERS_ELIGIBLE, "Workers that can take shards");
     describe_histogram!(TOKEN_ESTIMATE_ERROR, "(estimated - reported) / reported tokens per item");
     describe_counter!(CONFIG_RELOADS, "Config reloads by outcome");

@@ -19,6 +19,17 @@ pub enum BreakerState {
 }
 
 impl BreakerState {
+    pub const ALL: [BreakerState; 3] = [BreakerState::Closed, BreakerState::Open, BreakerState::HalfOpen];
+
+    /// Its position in [`BreakerState::ALL`].
+    pub fn index(self) -> usize {
+        match self {
+            BreakerState::Closed => 0,
+            BreakerState::Open => 1,
+            BreakerState::HalfOpen => 2,
+        }
+    }
+
     pub fn as_gauge(self) -> f64 {
         match self {
             BreakerState::Closed => 0.0,

@@ -68,6 +68,18 @@ pub struct WorkerCounters {
     pub failures: AtomicU64,
     pub hedges: AtomicU64,
     pub retries: AtomicU64,
+    /// Breaker transitions by new state (`BreakerState::index`).
+    breaker_transitions: [AtomicU64; 3],
+}
+
+impl WorkerCounters {
+    pub fn note_breaker(&self, to: BreakerState) {
+        self.breaker_transitions[to.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn breaker_transitions(&self, to: BreakerState) -> u64 {
+        self.breaker_transitions[to.index()].load(Ordering::Relaxed)
+    }
 }
 
 #[derive(Debug)]

@@ -16,12 +16,12 @@ use crate::cluster::worker::Worker;
 use crate::estimate::cost_estimator::reported_features;
 use crate::metrics as m;
 
-/// Logs and counts a breaker state change.
+/// Logs and counts a breaker state change (the count is the worker's: its series go when it
+/// leaves the pool, `crate::metrics::render_per_worker`).
 pub fn note_breaker(worker: &Worker, change: Option<BreakerState>) {
     if let Some(state) = change {
         tracing::info!(worker = worker.url(), state = state.name(), "breaker");
-        metrics::counter!(m::BREAKER_TRANSITIONS, "worker" => worker.url().to_string(), "state" => state.name())
-            .increment(1);
+        worker.counters.note_breaker(state);
     }
 }
 
