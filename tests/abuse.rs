@@ -1,7 +1,7 @@
 //! Abusive clients for the soak (`tests/abuse_soak.rs`, `benches/abuse_soak.rs`): connections
 //! that trickle a body, stall, hoard most of a large body, send half a request head, stay silent,
-//! or idle on keep-alive, each reporting whether (and when) the server closed it; and an overload
-//! burst of real requests.
+//! idle on keep-alive, or pipeline requests and never read the answers, each reporting whether
+//! (and when) the server closed it; and an overload burst of real requests.
 //!
 //! Everything is bounded: a connection the server never closes is given up by the client after
 //! `give_up`, and every loop stops at its window's end, so a server without timeouts makes the
@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 
 use crate::Http;
 
@@ -35,11 +35,24 @@ pub enum Attack {
     Silent,
     /// One complete request, its answer read, then the keep-alive connection left idle.
     Idle,
+    /// A socket with a small receive buffer that pipelines cheap requests whose answers (404s
+    /// naming a long path) overflow the socket buffers (some MiB), and never reads any answer: the
+    /// server's writes stall, which only `[http] send_timeout_ms` ends. It keeps sending, so
+    /// the server always holds requests it has not read and its close is a reset, which this
+    /// client sees without reading.
+    SlowRead,
 }
 
 impl Attack {
-    pub const ALL: [Attack; 6] =
-        [Attack::Trickle, Attack::Stall, Attack::Hoard, Attack::HalfHeaders, Attack::Silent, Attack::Idle];
+    pub const ALL: [Attack; 7] = [
+        Attack::Trickle,
+        Attack::Stall,
+        Attack::Hoard,
+        Attack::HalfHeaders,
+        Attack::Silent,
+        Attack::Idle,
+        Attack::SlowRead,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -49,6 +62,7 @@ impl Attack {
             Attack::HalfHeaders => "half-headers",
             Attack::Silent => "silent",
             Attack::Idle => "idle",
+            Attack::SlowRead => "slow-read",
         }
     }
 
@@ -73,6 +87,8 @@ impl Attack {
             // connection with no request yet; either must close it.
             Attack::Silent => t.header.max(t.idle),
             Attack::Idle => t.idle,
+            // The server's writes stall within milliseconds of the first requests.
+            Attack::SlowRead => t.send,
         }
     }
 }
@@ -83,6 +99,8 @@ pub struct Timeouts {
     pub header: Duration,
     pub body: Duration,
     pub idle: Duration,
+    /// `send_timeout_ms`: an answer whose bytes make no progress for this long ends its connection.
+    pub send: Duration,
 }
 
 /// How one abusive connection ended.
@@ -94,7 +112,7 @@ pub struct Outcome {
     /// could not connect.
     pub closed_by_server: bool,
     /// From the moment the attack's timeout starts (head sent for body attacks, answer read for
-    /// idle ones, connect for the others) to the close or the give-up.
+    /// idle ones, connect for the others, slow reads included) to the close or the give-up.
     pub after: Duration,
     /// The status line the server sent before closing, if any (e.g. 408, 503).
     pub status: Option<u16>,
@@ -125,7 +143,7 @@ pub async fn one(attack: Attack, target: &'static str, addr: SocketAddr, plan: C
     let start = Instant::now();
     let mut out =
         Outcome { attack, target, closed_by_server: false, after: Duration::ZERO, status: None, connect_failed: false };
-    let Ok(Ok(mut s)) = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(addr)).await else {
+    let Ok(Ok(mut s)) = tokio::time::timeout(Duration::from_secs(5), connect(attack, addr)).await else {
         out.connect_failed = true;
         out.after = start.elapsed();
         return out;
@@ -144,6 +162,8 @@ pub async fn one(attack: Attack, target: &'static str, addr: SocketAddr, plan: C
         Attack::HalfHeaders => s.write_all(b"POST /v1/score HTTP/1.1\r\nhost: soak\r\ncontent-le").await,
         Attack::Silent => Ok(()),
         Attack::Idle => answer_one(&mut s).await.map(|_| ()),
+        // Its requests go out in the wait below.
+        Attack::SlowRead => Ok(()),
     };
     let from = Instant::now();
     out.status = status_of(&got);
@@ -153,6 +173,11 @@ pub async fn one(attack: Attack, target: &'static str, addr: SocketAddr, plan: C
         return out;
     }
     let end = from + plan.give_up;
+    if attack == Attack::SlowRead {
+        out.closed_by_server = slow_read(&mut s, end).await;
+        out.after = from.elapsed();
+        return out;
+    }
     let mut buf = [0u8; 4096];
     let mut next_byte = from + plan.trickle_every;
     let mut trickled = 0usize;
@@ -186,6 +211,61 @@ pub async fn one(attack: Attack, target: &'static str, addr: SocketAddr, plan: C
     }
     out.after = from.elapsed();
     out
+}
+
+/// The attack's connection; a slow reader's with a 4 KiB receive buffer (set before connecting,
+/// so the window it offers is that small too) and a 64 KiB send buffer (its writes block soon
+/// after the server stops reading, rather than after MiB more).
+async fn connect(attack: Attack, addr: SocketAddr) -> std::io::Result<TcpStream> {
+    if attack != Attack::SlowRead {
+        return TcpStream::connect(addr).await;
+    }
+    let sock = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+    sock.set_recv_buffer_size(4096)?;
+    sock.set_send_buffer_size(64 << 10)?;
+    sock.connect(addr).await
+}
+
+/// A slow reader stops sending after this many request bytes. The server stalls long before:
+/// on loopback its send buffer grows to `net.ipv4.tcp_wmem`'s maximum (4 MiB by default)
+/// whatever the window the client offers, so about that much must be answered first; then
+/// the client's own send buffer fills.
+const SLOW_READ_MAX_BYTES: usize = 16 << 20;
+
+/// A slow reader's requests, 4 at a time: a GET of an unknown route with a 16 KB path, whose
+/// 404 names the path, so few requests make many answer bytes.
+fn slow_read_batch() -> Vec<u8> {
+    let path = format!("/soak-slow-read/{}", "x".repeat(16_000));
+    format!("GET {path} HTTP/1.1\r\nhost: soak\r\n\r\n").repeat(4).into_bytes()
+}
+
+/// A slow reader's wait until `end`: more pipelined requests whenever the socket takes them
+/// (one `write` at a time, which a select may cancel without losing bytes, so the stream stays
+/// whole), never a read; whether the server closed the connection (a failed write, or the
+/// socket's error, checked every 50 ms).
+async fn slow_read(s: &mut TcpStream, end: Instant) -> bool {
+    let batch = slow_read_batch();
+    let (mut at, mut sent) = (0usize, 0usize);
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    loop {
+        tokio::select! {
+            w = s.write(&batch[at..]), if sent < SLOW_READ_MAX_BYTES => match w {
+                Ok(0) | Err(_) => return true,
+                Ok(n) => {
+                    sent += n;
+                    at = (at + n) % batch.len();
+                }
+            },
+            _ = tick.tick() => {
+                if !matches!(s.take_error(), Ok(None)) {
+                    return true;
+                }
+                if Instant::now() >= end {
+                    return false;
+                }
+            }
+        }
+    }
 }
 
 /// A hoard's request: the head, then 7/8 of the announced body in one write, unless the server

@@ -1,8 +1,8 @@
 //! The abuse soak (issue 13's target): a real `sieve-proxy` in front of two real CPU
 //! `sieve-worker` processes on the embedded model, all on loopback, under trickled bodies,
-//! stalled, hoarded and half-sent requests, silent and idle connections, an overload burst and one
-//! worker killed (SIGKILL) and replaced, while a steady client sends real requests at a fixed
-//! rate with a deadline. `run` drives one soak and returns its figures; `SoakReport::failures`
+//! stalled, hoarded and half-sent requests, silent and idle connections, clients that never read
+//! their answers, an overload burst and one worker killed (SIGKILL) and replaced, while a steady
+//! client sends real requests at a fixed rate with a deadline. `run` drives one soak and returns its figures; `SoakReport::failures`
 //! checks them against the targets. The e2e test (`tests/abuse_soak.rs`) runs a short soak and
 //! the bench (`benches/abuse_soak.rs`) a long one; both print the same report.
 //!
@@ -79,6 +79,7 @@ impl SoakConfig {
                 (Attack::HalfHeaders, 16),
                 (Attack::Silent, 16),
                 (Attack::Idle, 100),
+                (Attack::SlowRead, 2),
             ]),
             trickle_every: Duration::from_millis(100),
             content_length: 8 << 20,
@@ -92,6 +93,7 @@ impl SoakConfig {
                 header: Duration::from_secs(1),
                 body: Duration::from_secs(2),
                 idle: Duration::from_secs(3),
+                send: Duration::from_secs(2),
             },
             max_connections: 512,
             // Room for three of the 8 MiB hoards' buffers in its large part (28 MiB), at least
@@ -115,6 +117,7 @@ impl SoakConfig {
                 (Attack::HalfHeaders, 64),
                 (Attack::Silent, 64),
                 (Attack::Idle, 400),
+                (Attack::SlowRead, 8),
             ]),
             burst_start: Duration::from_secs(10),
             burst_len: Duration::from_secs(10),
@@ -156,10 +159,11 @@ fn fd_limit() -> usize {
 
 fn http_section(c: &SoakConfig) -> String {
     format!(
-        "[http]\nheader_read_timeout_ms = {}\nbody_read_timeout_ms = {}\nidle_timeout_ms = {}\nmax_connections = {}\nmax_buffered_bytes = {}\n",
+        "[http]\nheader_read_timeout_ms = {}\nbody_read_timeout_ms = {}\nidle_timeout_ms = {}\nsend_timeout_ms = {}\nmax_connections = {}\nmax_buffered_bytes = {}\n",
         c.timeouts.header.as_millis(),
         c.timeouts.body.as_millis(),
         c.timeouts.idle.as_millis(),
+        c.timeouts.send.as_millis(),
         c.max_connections,
         c.max_buffered_bytes
     )
@@ -517,6 +521,8 @@ pub struct SoakReport {
     pub ready: ReadySummary,
     /// Processes that died without being killed on purpose.
     pub died: Vec<String>,
+    /// `sieve_http_timeouts_total{timer="send"}` at the end, by target (None: not on its page).
+    pub send_timeouts: BTreeMap<&'static str, Option<f64>>,
     pub wall: Duration,
 }
 
@@ -575,7 +581,7 @@ pub async fn run(mut cfg: SoakConfig) -> SoakReport {
         conn: Some(ConnPlan {
             content_length: cfg.content_length,
             trickle_every: cfg.trickle_every,
-            give_up: cfg.timeouts.header.max(cfg.timeouts.body).max(cfg.timeouts.idle)
+            give_up: cfg.timeouts.header.max(cfg.timeouts.body).max(cfg.timeouts.idle).max(cfg.timeouts.send)
                 + cfg.close_slack
                 + Duration::from_secs(2),
         }),
@@ -677,6 +683,17 @@ pub async fn run(mut cfg: SoakConfig) -> SoakReport {
             .and_then(|w| w["shards"].as_u64())
             .unwrap_or(0);
     }
+    let mut send_timeouts = BTreeMap::new();
+    let name = format!("{}{{timer=\"send\"}}", sieve_shared::metrics_names::http::TIMEOUTS);
+    for (target, url) in [("proxy", proxy.admin_url()), ("worker 0", w0.admin_url())] {
+        let page = http.send(hyper::Method::GET, &format!("{url}/metrics"), bytes::Bytes::new()).await;
+        let value = page.ok().and_then(|r| {
+            String::from_utf8_lossy(&r.body)
+                .lines()
+                .find_map(|l| l.strip_prefix(name.as_str())?.strip_prefix(' ')?.trim().parse().ok())
+        });
+        send_timeouts.insert(target, value);
+    }
 
     SoakReport {
         steady: SteadySummary::from_calls(&steady_calls, cfg.steady_deadline),
@@ -685,6 +702,7 @@ pub async fn run(mut cfg: SoakConfig) -> SoakReport {
         memory,
         ready,
         died,
+        send_timeouts,
         notes,
         wall: wall.elapsed(),
         config: cfg,
@@ -757,6 +775,13 @@ impl SoakReport {
                 f.push(format!("{target} {}: {} connections could not connect", attack.name(), a.connect_failed));
             }
         }
+        // Every slow reader the server closed was closed by its send timeout, and counted.
+        for (target, counted) in &self.send_timeouts {
+            let closed = self.attacks.get(&(*target, Attack::SlowRead)).map_or(0, |a| a.closed_by_server);
+            if counted.unwrap_or(0.0) < closed as f64 {
+                f.push(format!("{target}: sieve_http_timeouts_total{{timer=\"send\"}} {counted:?} below the {closed} slow readers it closed"));
+            }
+        }
         let r = &self.ready;
         if r.proxy_ready != r.proxy_probes || r.proxy_probes == 0 {
             f.push(format!(
@@ -783,10 +808,11 @@ impl SoakReport {
         let _ = writeln!(o, "abuse soak: {:.1} s wall, soak {:?}", self.wall.as_secs_f64(), c.duration);
         let _ = writeln!(
             o,
-            "  servers: [http] header {:?}, body {:?}, idle {:?}, max_connections {}, max_buffered_bytes {} MiB",
+            "  servers: [http] header {:?}, body {:?}, idle {:?}, send {:?}, max_connections {}, max_buffered_bytes {} MiB",
             c.timeouts.header,
             c.timeouts.body,
             c.timeouts.idle,
+            c.timeouts.send,
             c.max_connections,
             c.max_buffered_bytes >> 20
         );
@@ -891,6 +917,15 @@ impl SoakReport {
             f(r.replacement_loaded_after_s),
             f(r.replacement_eligible_after_s),
             r.replacement_shards
+        );
+        let _ = writeln!(
+            o,
+            "send timeouts counted: {}",
+            self.send_timeouts
+                .iter()
+                .map(|(t, v)| format!("{t} {}", v.map_or_else(|| "-".to_string(), |v| format!("{v:.0}"))))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
         let _ = writeln!(o, "died: {}", if self.died.is_empty() { "none".to_string() } else { self.died.join(", ") });
         let failures = self.failures();

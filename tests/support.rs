@@ -2,6 +2,7 @@
 //! (real processes, or proxies and simulated workers in-process), and talking HTTP to them.
 
 pub mod abuse;
+pub mod abuse_grpc;
 pub mod soak;
 
 use std::net::SocketAddr;

@@ -254,6 +254,15 @@ fn describe() {
     describe_counter!(TRACE_DROPPED, "Sampled request-trace records not written");
     describe_counter!(BUFFER_REFUSALS, "Requests refused because their bytes did not fit in max_buffered_bytes");
     describe_gauge!(BUFFERED_BYTES, "Request bytes held in memory (HTTP bodies and gRPC messages)");
+    // The transport's own, named for any process (`sieve_shared::metrics_names`).
+    describe_counter!(
+        sieve_shared::metrics_names::http::TIMEOUTS,
+        "HTTP/1 connections ended by a timer (send: the client took no bytes of an answer for send_timeout_ms)"
+    );
+    describe_counter!(
+        sieve_shared::metrics_names::grpc::TIMEOUTS,
+        "gRPC connections or calls ended by a timer: header, idle, send (socket), send_stream (flow-control window shut)"
+    );
 }
 
 #[cfg(test)]

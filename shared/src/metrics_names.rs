@@ -56,6 +56,22 @@ pub mod worker {
     pub const BUFFERED_BYTES: &str = "sieve_worker_buffered_bytes";
 }
 
+/// The HTTP/1 ports of any process (API and admin; proxy, worker, simulated worker).
+pub mod http {
+    /// Counter, label `timer` = `send` (an answer's bytes made no progress for `[http]
+    /// send_timeout_ms`, the client stopped reading: connection closed).
+    pub const TIMEOUTS: &str = "sieve_http_timeouts_total";
+}
+
+/// The gRPC port of any process (proxy, worker, simulated worker).
+pub mod grpc {
+    /// Counter, label `timer` = `header` (no HTTP/2 preface in time: connection closed) |
+    /// `idle` (no call for `idle_timeout_ms`: GOAWAY) | `send` (the socket took no bytes for
+    /// `send_timeout_ms`: connection closed) | `send_stream` (an answer not taken within
+    /// `send_timeout_ms`, the client's flow-control window shut: its stream reset).
+    pub const TIMEOUTS: &str = "sieve_grpc_timeouts_total";
+}
+
 /// MoE layers of a worker (per-variant selections, rows, time share).
 pub mod worker_moe {
     /// Counter, label `variant`: MoE layer calls that ran the variant.

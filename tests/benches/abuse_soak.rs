@@ -1,11 +1,11 @@
 //! The long abuse soak: `cargo bench -p sieve-e2e --bench abuse_soak` (build the binaries first:
 //! `cargo build --release -p sieve-proxy -p sieve-worker`). A real proxy and two real CPU
-//! workers on loopback under trickled, stalled, half-sent, silent and idle connections, an
-//! overload burst and a worker killed and replaced, while a steady client sends real requests;
-//! prints the steady client's answered fraction and latency, status counts, each process's RSS,
-//! how the attack connections ended against the configured timeouts, and which of issue 13's
-//! targets were missed. `SIEVE_SOAK_SECS` sets the steady client's duration (default 90 s; the
-//! other phases scale with it).
+//! workers on loopback under trickled, stalled, half-sent, silent, idle and never-read
+//! connections, an overload burst and a worker killed and replaced, while a steady client sends
+//! real requests; prints the steady client's answered fraction and latency, status counts, each
+//! process's RSS, how the attack connections ended against the configured timeouts, and which of
+//! issue 13's targets were missed. `SIEVE_SOAK_SECS` sets the steady client's duration (default
+//! 90 s; the other phases scale with it).
 
 use std::time::Duration;
 

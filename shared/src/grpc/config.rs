@@ -1,7 +1,9 @@
 //! `[grpc]`: whether a process serves the gRPC API, where, and the HTTP/2 limits of that port.
 //! The connection cap, the largest request head and the message read timeout are the `[http]`
-//! ones (`max_connections`, `max_header_bytes`, `body_read_timeout_ms`); the largest message is
-//! `[limits] max_body_bytes`, as for a JSON body.
+//! ones (`max_connections`, `max_header_bytes`, `body_read_timeout_ms`), and so are the
+//! connection's timers (`header_read_timeout_ms` for the HTTP/2 preface, `idle_timeout_ms` with
+//! no call in progress, `send_timeout_ms` for a socket or a call's answer that does not move:
+//! `watchdog.rs`); the largest message is `[limits] max_body_bytes`, as for a JSON body.
 
 use std::time::Duration;
 

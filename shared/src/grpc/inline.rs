@@ -27,6 +27,10 @@
 //! from putting all of them on one thread: past `inline_streams` calls in progress, a new call is
 //! spawned and runs on any thread, as before. A call that ends with its connection (the client
 //! went away) is dropped, which cancels its work, as a reset stream does.
+//!
+//! Every call, inline or spawned, is wrapped by its connection's watchdog (`watchdog.rs`): the
+//! connection knows whether a call is in progress (its idle timer) and a call whose answer is
+//! not taken is reset (the send timer).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -38,14 +42,13 @@ use futures_util::stream::{FuturesUnordered, StreamExt as _};
 use futures_util::task::AtomicWaker;
 
 use super::io::Output;
-
-type Call = Pin<Box<dyn Future<Output = ()> + Send>>;
+use super::watchdog::{ConnWatch, Tracked};
 
 /// What the executor and the connection's task share.
 #[derive(Default)]
 struct Queue {
     /// Calls handed over by hyper, not yet polled by the connection's task.
-    new: Vec<Call>,
+    new: Vec<Tracked>,
     /// Calls on the connection's task: queued or in progress.
     inline: usize,
     /// The connection's task, woken when a call is queued from outside its poll.
@@ -58,13 +61,15 @@ struct Queue {
 pub(super) struct StreamExec {
     queue: Arc<Mutex<Queue>>,
     limit: usize,
+    /// The connection's calls, as its watchdog counts and times them.
+    watch: Arc<ConnWatch>,
 }
 
 impl StreamExec {
     /// An executor that keeps up to `limit` calls on the connection's task (0: none, every call
-    /// on its own task).
-    pub(super) fn new(limit: usize) -> Self {
-        StreamExec { queue: Arc::default(), limit }
+    /// on its own task), each tracked by `watch`.
+    pub(super) fn new(limit: usize, watch: Arc<ConnWatch>) -> Self {
+        StreamExec { queue: Arc::default(), limit, watch }
     }
 
     fn lock(&self) -> MutexGuard<'_, Queue> {
@@ -87,10 +92,11 @@ impl StreamExec {
 
 impl<F: Future<Output = ()> + Send + 'static> hyper::rt::Executor<F> for StreamExec {
     fn execute(&self, fut: F) {
+        let call = self.watch.track(Box::pin(fut));
         let mut q = self.lock();
         if q.inline < self.limit {
             q.inline += 1;
-            q.new.push(Box::pin(fut));
+            q.new.push(call);
             // Nearly always called from within the connection's own poll, which looks at the
             // queue again before it returns; the wake covers any other caller.
             if let Some(w) = q.waker.take() {
@@ -98,7 +104,7 @@ impl<F: Future<Output = ()> + Send + 'static> hyper::rt::Executor<F> for StreamE
             }
         } else {
             drop(q);
-            tokio::spawn(fut);
+            tokio::spawn(call);
         }
     }
 }
@@ -108,7 +114,7 @@ impl<F: Future<Output = ()> + Send + 'static> hyper::rt::Executor<F> for StreamE
 /// its streams, which this keeps polling).
 pub(super) struct Driven<C: Future> {
     conn: Pin<Box<C>>,
-    calls: FuturesUnordered<Call>,
+    calls: FuturesUnordered<Tracked>,
     exec: StreamExec,
     out: Option<Output>,
     /// The waker the connection and its calls are polled with ([`Wakes`]), and its state.
@@ -225,12 +231,18 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::sync::oneshot;
 
+    /// An executor keeping `limit` calls inline, its timers too long to matter here.
+    fn exec(limit: usize) -> StreamExec {
+        let long = std::time::Duration::from_secs(3600);
+        StreamExec::new(limit, ConnWatch::new(super::super::watchdog::Timers { header: long, idle: long, send: long }))
+    }
+
     /// Calls up to the limit run on the driving task (they finish while it is polled, with no
     /// other task to run them); the one past it is spawned; the driven future ends with the
     /// connection's output.
     #[tokio::test(flavor = "current_thread")]
     async fn up_to_the_limit_inline_then_spawned() {
-        let exec = StreamExec::new(2);
+        let exec = exec(2);
         let ran = Arc::new(AtomicUsize::new(0));
         let (release, gate) = oneshot::channel::<()>();
         let (done_tx, done_rx) = oneshot::channel::<()>();
@@ -303,7 +315,7 @@ mod tests {
         let cx = &mut Context::from_waker(&waker);
         let (polls, kept) = (Arc::new(AtomicUsize::new(0)), Arc::new(Mutex::new(None)));
         let conn = SelfWaking { polls: polls.clone(), wakes: 2, waker: kept.clone() };
-        let mut driven = StreamExec::new(0).drive(conn, None, 4);
+        let mut driven = exec(0).drive(conn, None, 4);
         assert!(Pin::new(&mut driven).poll(cx).is_pending());
         assert_eq!(polls.load(Ordering::SeqCst), 3, "two wake-ups, two more rounds");
         assert_eq!(task.0.load(Ordering::SeqCst), 0, "the task itself was not woken");
@@ -313,7 +325,7 @@ mod tests {
 
         let polls = Arc::new(AtomicUsize::new(0));
         let conn = SelfWaking { polls: polls.clone(), wakes: usize::MAX, waker: kept };
-        let mut driven = StreamExec::new(0).drive(conn, None, 4);
+        let mut driven = exec(0).drive(conn, None, 4);
         assert!(Pin::new(&mut driven).poll(cx).is_pending());
         assert_eq!(polls.load(Ordering::SeqCst), 4, "at most 4 rounds");
         assert_eq!(task.0.load(Ordering::SeqCst), 2, "then the task yields (woken to run again)");
@@ -321,7 +333,7 @@ mod tests {
         // One round: every wake-up during the poll is a yield (hyper's own tasks' way).
         let polls = Arc::new(AtomicUsize::new(0));
         let conn = SelfWaking { polls: polls.clone(), wakes: 1, waker: Arc::default() };
-        let mut driven = StreamExec::new(0).drive(conn, None, 1);
+        let mut driven = exec(0).drive(conn, None, 1);
         assert!(Pin::new(&mut driven).poll(cx).is_pending());
         assert_eq!(polls.load(Ordering::SeqCst), 1);
         assert_eq!(task.0.load(Ordering::SeqCst), 3);
@@ -336,7 +348,7 @@ mod tests {
                 self.0.fetch_add(1, Ordering::SeqCst);
             }
         }
-        let exec = StreamExec::new(4);
+        let exec = exec(4);
         let dropped = Arc::new(AtomicUsize::new(0));
         let conn = {
             let (exec, dropped) = (exec.clone(), dropped.clone());

@@ -21,16 +21,25 @@
 //! Past `write_buffer_bytes` buffered, a write first sends what is held (backpressure, as the
 //! socket's own buffer gives). A write error is kept and returned by the connection's next read
 //! or write, so the connection ends as it would have on the socket's own error.
+//!
+//! For the connection's header timer (`watchdog.rs`) the socket also tells how much of the
+//! HTTP/2 preface has arrived. Its writes go through the HTTP ports' send timeout
+//! (`http::SendTimeout`): a peer that takes no bytes for `send_timeout_ms` fails the write,
+//! and the connection ends on that error.
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
+
+use super::watchdog::PREFACE_BYTES;
+use crate::http::SendTimeout;
 
 /// The most a sent write buffer keeps of its capacity for the next answer; a larger one is
 /// dropped (an answer's frames are a few KB: kept, no allocation per answer).
@@ -43,6 +52,8 @@ pub(super) struct ConnIo {
     held: Option<BytesMut>,
     /// The most read from the socket at once; 0: every read goes to the socket as asked.
     read_cap: usize,
+    /// Bytes read so far, counted up to the preface's length (then told to `out`).
+    preface: u64,
     out: Output,
 }
 
@@ -51,7 +62,7 @@ pub(super) struct ConnIo {
 pub(super) struct Output(Arc<Mutex<Out>>);
 
 struct Out {
-    half: OwnedWriteHalf,
+    half: SendTimeout<OwnedWriteHalf>,
     /// Bytes accepted, not yet written; `buf[pos..]` is what is left to write.
     buf: Vec<u8>,
     pos: usize,
@@ -60,16 +71,19 @@ struct Out {
     cap: usize,
     /// A failed write's error, for the connection's next read or write.
     error: Option<io::Error>,
+    /// Bytes of the preface read (up to its length), for the header timer.
+    preface: u64,
 }
 
 impl ConnIo {
     /// `stream`, read in chunks of up to `read_cap` bytes (0: as asked), its writes held until
-    /// the end of the task's poll up to `cap` bytes (0: none), and the handle the connection's
-    /// task writes them with.
-    pub(super) fn new(stream: TcpStream, read_cap: usize, cap: usize) -> (Self, Output) {
+    /// the end of the task's poll up to `cap` bytes (0: none) and failed once the socket has
+    /// taken nothing for `send_timeout`, and the handle the connection's task writes them with.
+    pub(super) fn new(stream: TcpStream, read_cap: usize, cap: usize, send_timeout: Duration) -> (Self, Output) {
         let (read, half) = stream.into_split();
-        let out = Output(Arc::new(Mutex::new(Out { half, buf: Vec::new(), pos: 0, cap, error: None })));
-        (ConnIo { read, held: None, read_cap, out: out.clone() }, out)
+        let half = SendTimeout::new(half, send_timeout, crate::metrics_names::grpc::TIMEOUTS);
+        let out = Output(Arc::new(Mutex::new(Out { half, buf: Vec::new(), pos: 0, cap, error: None, preface: 0 })));
+        (ConnIo { read, held: None, read_cap, preface: 0, out: out.clone() }, out)
     }
 }
 
@@ -80,14 +94,20 @@ impl Output {
     }
 
     /// Writes what is held, called by the connection's task at the end of its poll: `Pending`
-    /// when the socket is full (the task is woken when it takes more). An error is kept for the
-    /// connection, and the task is woken so that the connection sees it.
+    /// when the socket is full (the task is woken when it takes more, or when its send timeout
+    /// runs out). An error is kept for the connection, and the task is woken so that the
+    /// connection sees it.
     pub(super) fn send(&self, cx: &mut Context<'_>) {
         let mut out = self.lock();
         if let Poll::Ready(Err(e)) = out.poll_send(cx) {
             out.error = Some(e);
             cx.waker().wake_by_ref();
         }
+    }
+
+    /// How much of the preface has arrived (up to its length).
+    pub(super) fn preface(&self) -> u64 {
+        self.lock().preface
     }
 }
 
@@ -127,18 +147,33 @@ impl Out {
     }
 }
 
+impl ConnIo {
+    /// `n` more bytes read: counted toward the preface until it is whole (one lock per read
+    /// until then, none after).
+    fn count_preface(&mut self, n: usize) {
+        if self.preface < PREFACE_BYTES && n > 0 {
+            self.preface = self.preface.saturating_add(u64::try_from(n).unwrap_or(u64::MAX)).min(PREFACE_BYTES);
+            self.out.lock().preface = self.preface;
+        }
+    }
+}
+
 impl AsyncRead for ConnIo {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         self.out.lock().take_error()?;
         let this = &mut *self;
         if this.held.is_none() {
             if this.read_cap == 0 || buf.remaining() >= this.read_cap {
-                return Pin::new(&mut this.read).poll_read(cx, buf);
+                let before = buf.filled().len();
+                std::task::ready!(Pin::new(&mut this.read).poll_read(cx, buf))?;
+                this.count_preface(buf.filled().len() - before);
+                return Poll::Ready(Ok(()));
             }
             let mut fresh = BytesMut::with_capacity(this.read_cap);
             if std::task::ready!(tokio_util::io::poll_read_buf(Pin::new(&mut this.read), cx, &mut fresh))? == 0 {
                 return Poll::Ready(Ok(())); // end of stream: nothing read
             }
+            this.count_preface(fresh.len());
             this.held = Some(fresh);
         }
         if let Some(held) = &mut this.held {
@@ -224,7 +259,7 @@ mod tests {
     #[tokio::test]
     async fn held_until_sent_then_in_order() {
         let (server, mut client) = pair().await;
-        let (mut io, out) = ConnIo::new(server, 1 << 16, 1 << 16);
+        let (mut io, out) = ConnIo::new(server, 1 << 16, 1 << 16, Duration::from_secs(3600));
         io.write_all(b"head ").await.unwrap();
         let n = io.write_vectored(&[IoSlice::new(b"data "), IoSlice::new(b"more ")]).await.unwrap();
         assert_eq!(n, 10, "every slice taken whole");
@@ -247,7 +282,7 @@ mod tests {
     #[tokio::test]
     async fn the_cap_sends_first_and_zero_holds_nothing() {
         let (server, mut client) = pair().await;
-        let (mut io, out) = ConnIo::new(server, 1 << 16, 4);
+        let (mut io, out) = ConnIo::new(server, 1 << 16, 4, Duration::from_secs(3600));
         io.write_all(b"abcd").await.unwrap();
         io.write_all(b"ef").await.unwrap();
         assert_eq!(out.lock().buf, b"ef", "the first four bytes were sent to make room");
@@ -256,7 +291,7 @@ mod tests {
         assert_eq!(&got, b"abcd");
 
         let (server, mut client) = pair().await;
-        let (mut io, out) = ConnIo::new(server, 1 << 16, 0);
+        let (mut io, out) = ConnIo::new(server, 1 << 16, 0, Duration::from_secs(3600));
         io.write_all(b"xyz").await.unwrap();
         assert!(out.lock().buf.is_empty());
         let mut got = [0u8; 3];
@@ -269,7 +304,7 @@ mod tests {
     #[tokio::test]
     async fn a_write_error_reaches_the_next_read() {
         let (server, client) = pair().await;
-        let (mut io, out) = ConnIo::new(server, 1 << 16, 1 << 16);
+        let (mut io, out) = ConnIo::new(server, 1 << 16, 1 << 16, Duration::from_secs(3600));
         drop(client);
         // The first write after the peer closed is taken (and answered with a reset); a later
         // one fails.
@@ -283,7 +318,7 @@ mod tests {
             if out.lock().error.is_some() {
                 break;
             }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let mut b = [0u8; 1];
         assert!(io.read(&mut b).await.is_err(), "the write's error, not an end of stream");
@@ -295,7 +330,7 @@ mod tests {
     #[tokio::test]
     async fn buffers_are_held_only_while_in_use() {
         let (server, mut client) = pair().await;
-        let (mut io, out) = ConnIo::new(server, 1 << 16, 1 << 16);
+        let (mut io, out) = ConnIo::new(server, 1 << 16, 1 << 16, Duration::from_secs(3600));
         let sent: Vec<u8> = (0..27_000u32).map(|i| (i % 251) as u8).collect();
         client.write_all(&sent).await.unwrap();
         let mut got = Vec::new();

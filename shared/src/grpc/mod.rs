@@ -12,6 +12,7 @@
 //! - `server.rs`: the accept loop (hyper's HTTP/2 under the `[http]` and `[grpc]` limits);
 //! - `inline.rs`: a connection's calls on the connection's own task (no task hop per call);
 //! - `io.rs`: a connection's writes of one poll sent in one write (an answer in one segment);
+//! - `watchdog.rs`: a connection's `[http]` header, idle and send timeouts;
 //! - `config.rs`: `[grpc]`.
 
 mod api;
@@ -22,6 +23,7 @@ mod inline;
 mod io;
 mod server;
 mod status;
+mod watchdog;
 mod wire;
 
 pub use api::GrpcApi;

@@ -14,6 +14,10 @@
 //! against the process's `[http] max_buffered_bytes` budget (the service's
 //! [`ScoreService::buffer_budget`], shared with the HTTP port) frame by frame as it arrives and
 //! until the call is answered; a frame that does not fit fails the call with RESOURCE_EXHAUSTED.
+//! Every connection runs under the `[http]` header, idle and send timeouts (`watchdog.rs`), as
+//! an HTTP/1 connection does, and the port's graceful stop goes through the same watchdog (it
+//! owns the connection, so hyper-util's `GracefulShutdown`, which needs the connection itself,
+//! is not used here).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -29,9 +33,8 @@ use hyper::server::conn::http2;
 use hyper::service::service_fn;
 use hyper::Request;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Sleep;
 use tonic::codegen::Service;
@@ -41,6 +44,7 @@ use super::api::RawScore;
 use super::inline::StreamExec;
 use super::io::ConnIo;
 use super::pb::sieve_server::SieveServer;
+use super::watchdog::{self, ConnWatch, Timers, Watchdog};
 use super::wire::RawScoreCodec;
 use super::{status, GrpcApi, GrpcConfig};
 use crate::http::{accepted_or_back_off, stop_connections, HttpConfig, SharedReservation, StopMode};
@@ -63,7 +67,9 @@ where
     let inline_streams = usize::try_from(grpc.inline_streams).unwrap_or(usize::MAX);
     let poll_rounds = usize::try_from(grpc.poll_rounds).unwrap_or(usize::MAX);
     let body_timeout = http.body_read_timeout();
-    let graceful = GracefulShutdown::new();
+    let timers = Timers { header: http.header_read_timeout(), idle: http.idle_timeout(), send: http.send_timeout() };
+    // The graceful stop, told to every connection's watchdog.
+    let (stopping, stop_rx) = watch::channel(false);
     let slots = Arc::new(Semaphore::new(http.max_connections));
     let mut conns = JoinSet::new();
     tokio::pin!(stop);
@@ -77,8 +83,10 @@ where
                 let _ = stream.set_nodelay(true);
                 // Reads in chunks of `read_buffer_bytes`, and each poll's writes in one
                 // (`io.rs`).
-                let (io, out) = ConnIo::new(stream, grpc.read_buffer_bytes, grpc.write_buffer_bytes);
+                let (io, out) = ConnIo::new(stream, grpc.read_buffer_bytes, grpc.write_buffer_bytes, http.send_timeout());
                 let io = TokioIo::new(io);
+                // How much of the preface has arrived, for the header timer (`watchdog.rs`).
+                let progress = out.clone();
                 let out = (grpc.write_buffer_bytes > 0).then_some(out);
                 let (server, api, budget) = (server.clone(), api.clone(), budget.clone());
                 let handler = service_fn(move |req: Request<Incoming>| {
@@ -95,6 +103,7 @@ where
                                 .apply_max_message_size_config(Some(max_message), Some(usize::MAX));
                             let answer = grpc.unary(RawScore(api), req).await;
                             drop(held);
+                            watchdog::answered();
                             Ok::<_, Infallible>(answer)
                         })
                     } else {
@@ -103,14 +112,21 @@ where
                         Either::Right(async move {
                             let answer = call.await;
                             drop(held);
+                            watchdog::answered();
                             answer
                         })
                     }
                 });
                 // Each connection its own executor: its calls run on its own task (`inline.rs`).
-                let exec = StreamExec::new(inline_streams);
+                let watch = ConnWatch::new(timers);
+                let exec = StreamExec::new(inline_streams, watch.clone());
                 let conn = builder(exec.clone(), &grpc, &http).serve_connection(io, handler);
-                let conn = exec.drive(graceful.watch(conn), out, poll_rounds);
+                let mut stop_rx = stop_rx.clone();
+                let stop = async move {
+                    let _ = stop_rx.wait_for(|stop| *stop).await;
+                };
+                let conn = Watchdog::new(conn, watch, progress, stop);
+                let conn = exec.drive(conn, out, poll_rounds);
                 conns.spawn(async move {
                     if let Err(e) = conn.await {
                         tracing::debug!("gRPC connection: {e}");
@@ -124,7 +140,12 @@ where
         }
     };
     drop(listener);
-    stop_connections(mode, graceful, conns, "gRPC connections").await;
+    // A graceful stop is told through the connections' watchdogs (GOAWAY, calls in progress
+    // answered).
+    let stop = async {
+        stopping.send_replace(true);
+    };
+    stop_connections(mode, stop, conns, "gRPC connections").await;
 }
 
 /// `Score`'s gRPC path.

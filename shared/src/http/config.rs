@@ -18,6 +18,13 @@ pub struct HttpConfig {
     pub body_read_timeout_ms: u64,
     /// A keep-alive connection with no request in progress and no bytes for this long is closed.
     pub idle_timeout_ms: u64,
+    /// An answer being written whose bytes make no progress for this long (the client reads
+    /// nothing) ends its connection, so a client that stops reading cannot hold a connection or
+    /// a stream forever. Counted between two writes that progress, as nginx's `send_timeout`,
+    /// not over the whole answer: a slow but reading client is served. On the gRPC port a call
+    /// whose answer the client's HTTP/2 flow-control window does not take within it is reset
+    /// (RST_STREAM), its connection kept (`grpc/watchdog.rs`).
+    pub send_timeout_ms: u64,
     /// Open connections per port beyond this are answered 503 (JSON) and closed without being
     /// served.
     pub max_connections: usize,
@@ -41,6 +48,7 @@ impl Default for HttpConfig {
             header_read_timeout_ms: 10_000,
             body_read_timeout_ms: 10_000,
             idle_timeout_ms: 60_000,
+            send_timeout_ms: 10_000,
             max_connections: 4096,
             max_header_bytes: 65_536,
             max_buffered_bytes: 1 << 30,
@@ -58,6 +66,7 @@ impl HttpConfig {
             ("http.header_read_timeout_ms", self.header_read_timeout_ms),
             ("http.body_read_timeout_ms", self.body_read_timeout_ms),
             ("http.idle_timeout_ms", self.idle_timeout_ms),
+            ("http.send_timeout_ms", self.send_timeout_ms),
         ] {
             if v == 0 {
                 return Err(format!("{name} must be positive"));
@@ -105,6 +114,10 @@ impl HttpConfig {
     pub fn idle_timeout(&self) -> Duration {
         Duration::from_millis(self.idle_timeout_ms)
     }
+
+    pub fn send_timeout(&self) -> Duration {
+        Duration::from_millis(self.send_timeout_ms)
+    }
 }
 
 #[cfg(test)]
@@ -116,6 +129,8 @@ mod tests {
         HttpConfig::default().validate().unwrap();
         let c: HttpConfig = toml::from_str("idle_timeout_ms = 0").unwrap();
         assert!(c.validate().unwrap_err().contains("http.idle_timeout_ms"));
+        let c: HttpConfig = toml::from_str("send_timeout_ms = 0").unwrap();
+        assert!(c.validate().unwrap_err().contains("http.send_timeout_ms"));
         let c: HttpConfig = toml::from_str("max_connections = 0").unwrap();
         assert!(c.validate().unwrap_err().contains("max_connections"));
         let c: HttpConfig = toml::from_str("max_header_bytes = 100").unwrap();

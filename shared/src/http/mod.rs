@@ -11,6 +11,7 @@ mod body_buf;
 mod budget;
 mod config;
 mod io;
+mod send_timeout;
 mod serve;
 #[cfg(test)]
 mod tests;
@@ -32,6 +33,7 @@ pub use admin::{AdminAuth, AdminConfig, TOKEN_ENV};
 pub use body::{collect, read_body, read_body_reserved, BodyDeadline};
 pub use budget::{ByteBudget, Reservation, SharedReservation};
 pub use config::HttpConfig;
+pub(crate) use send_timeout::SendTimeout;
 pub(crate) use serve::{accepted_or_back_off, stop_connections};
 pub use serve::{serve, serve_with_slots, ConnectionSlots};
 

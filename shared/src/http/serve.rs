@@ -1,5 +1,5 @@
 //! The accept loop every Sieve port runs: a connection cap, hyper's http1 per connection with
-//! the head/idle timer and the JSON-error socket wrapper, a body deadline on every request, and
+//! the head/idle timer, the send timeout and the JSON-error socket wrapper, a body deadline on every request, and
 //! a stop that is graceful within a bound (or abrupt).
 //!
 //! Why each piece is what it is:
@@ -7,6 +7,9 @@
 //! - Header and idle timeouts: hyper's own `header_read_timeout` on hyper-util's `TokioTimer`,
 //!   through a timer that tells an idle keep-alive connection from a slow head (`timer.rs`).
 //!   tower layers see requests, never a head that has not arrived, so none could do this.
+//! - Send timeout: a socket wrapper that fails a write stalled for `send_timeout_ms`
+//!   (`send_timeout.rs`), so a client that stops reading its answers cannot hold a connection:
+//!   no hyper or tower timer covers a write that does not progress.
 //! - Body timeout: a [`BodyDeadline`] in the request's extensions that `read_body` honours
 //!   (`body.rs`): the whole body within the timeout, whatever its pace. tower-http's body
 //!   timeout restarts at every frame, so a trickle would never end.
@@ -38,6 +41,7 @@ use tokio::time::Instant;
 
 use super::body::BodyDeadline;
 use super::io::ConnIo;
+use super::send_timeout::SendTimeout;
 use super::timer::{Activity, HeadTimer};
 use super::{HttpConfig, HttpResponse, StopMode};
 use crate::ApiError;
@@ -128,7 +132,7 @@ pub async fn serve_with_slots<F, Fut, S>(
     };
     drop(listener);
     refused.abort_all();
-    stop_connections(mode, graceful, conns, "connections").await;
+    stop_connections(mode, graceful.shutdown(), conns, "connections").await;
     while refused.join_next().await.is_some() {}
 }
 
@@ -148,26 +152,32 @@ pub(crate) async fn accepted_or_back_off(
     }
 }
 
-/// Ends a port's connections as `mode` says: at once, or gracefully (hyper's shutdown: calls in
-/// progress finish, no new ones start; HTTP/2 connections get GOAWAY) cut off at the grace by
-/// aborting what is left; returns once every connection task has ended. Shared by the HTTP and
-/// gRPC ports.
-pub(crate) async fn stop_connections(mode: StopMode, graceful: GracefulShutdown, mut conns: JoinSet<()>, what: &str) {
-    match mode {
-        StopMode::Kill => conns.abort_all(),
-        StopMode::Graceful(grace) => {
-            let shutdown = graceful.shutdown();
-            match grace {
-                Some(g) => {
-                    if tokio::time::timeout(g, shutdown).await.is_err() {
-                        tracing::warn!("{what} still open after {g:?}; closing");
-                        conns.abort_all();
-                    }
+/// Ends a port's connections as `mode` says: at once, or gracefully (`stop` tells every
+/// connection to finish: requests in progress finish, no new ones start; HTTP/2 connections get
+/// GOAWAY) cut off at the grace by aborting what is left; returns once every connection task
+/// has ended. Shared by the HTTP ports (`stop`: hyper-util's graceful shutdown) and the gRPC
+/// port (its connections' watchdogs).
+pub(crate) async fn stop_connections(
+    mode: StopMode,
+    stop: impl Future<Output = ()>,
+    mut conns: JoinSet<()>,
+    what: &str,
+) {
+    if let StopMode::Graceful(grace) = mode {
+        let all_ended = async {
+            stop.await;
+            while conns.join_next().await.is_some() {}
+        };
+        match grace {
+            Some(g) => {
+                if tokio::time::timeout(g, all_ended).await.is_err() {
+                    tracing::warn!("{what} still open after {g:?}; closing");
                 }
-                None => shutdown.await,
             }
+            None => all_ended.await,
         }
     }
+    conns.abort_all();
     while conns.join_next().await.is_some() {}
 }
 
@@ -198,7 +208,12 @@ where
     });
     let timer =
         HeadTimer { activity: activity.clone(), header: config.header_read_timeout(), idle: config.idle_timeout() };
-    let io = TokioIo::new(ConnIo::new(stream, activity, config.max_header_bytes));
+    // The send timeout sits on the socket itself, under every write (ours included).
+    let io = TokioIo::new(ConnIo::new(
+        SendTimeout::new(stream, config.send_timeout(), crate::metrics_names::http::TIMEOUTS),
+        activity,
+        config.max_header_bytes,
+    ));
     let mut b = http1::Builder::new();
     b.timer(timer)
         .header_read_timeout(config.header_read_timeout())

@@ -257,6 +257,119 @@ async fn a_graceful_stop_ends_within_its_grace_despite_a_stalled_client() {
     closed(&mut half).await;
 }
 
+/// Serves `answer_bytes` of text to every request, whatever it is: answers that overflow the
+/// socket buffers when nobody reads them. Its sockets have a 4 KiB send buffer (an accepted
+/// socket inherits the listener's), so that a few KiB unread stall its writes.
+async fn start_big(config: HttpConfig, answer_bytes: usize) -> Server {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_send_buffer_size(4096).unwrap();
+    sock.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let l = sock.listen(64).unwrap();
+    let addr = l.local_addr().unwrap();
+    let stopper = Stopper::new();
+    let answer = Bytes::from(vec![b'x'; answer_bytes]);
+    let handler = move |_req: Request<Incoming>| {
+        let answer = answer.clone();
+        async move { body_with_type(StatusCode::OK, answer, "text/plain") }
+    };
+    let task = tokio::spawn(serve(l, config, handler, stopper.signal()));
+    Server { addr, stopper, task, running: Arc::new(AtomicUsize::new(0)) }
+}
+
+/// A client socket with a 4 KiB receive buffer (set before connecting, so the window it offers
+/// is that small too).
+async fn small_window_client(addr: SocketAddr) -> TcpStream {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    sock.connect(addr).await.unwrap()
+}
+
+fn pipelined_gets(n: usize) -> Vec<u8> {
+    "GET /big HTTP/1.1\r\nhost: t\r\n\r\n".repeat(n).into_bytes()
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_is_closed_at_the_send_timeout_and_frees_its_slot() {
+    let timeout = Duration::from_millis(500);
+    let config = HttpConfig {
+        send_timeout_ms: timeout.as_millis() as u64,
+        max_connections: 1,
+        header_read_timeout_ms: 5000,
+        idle_timeout_ms: 5000,
+        ..fast()
+    };
+    let srv = start_big(config, 1 << 20).await;
+    // 4 answers of 1 MiB asked for at once, none read: far more than the socket buffers hold.
+    let mut hog = small_window_client(srv.addr).await;
+    hog.write_all(&pipelined_gets(4)).await.unwrap();
+    let t0 = Instant::now();
+    // The one slot is held: another client is refused until the server gives up on the hog.
+    let mut refused = 0;
+    let freed_after = loop {
+        let mut s = TcpStream::connect(srv.addr).await.unwrap();
+        s.write_all(b"GET /big HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n").await.unwrap();
+        let mut head = [0u8; 12];
+        tokio::time::timeout(BOUND, s.read_exact(&mut head)).await.expect("an answer in time").unwrap();
+        match &head {
+            b"HTTP/1.1 503" => refused += 1,
+            b"HTTP/1.1 200" => break t0.elapsed(),
+            other => panic!("unexpected answer {:?}", String::from_utf8_lossy(other)),
+        }
+        assert!(t0.elapsed() < timeout + BOUND, "the slot was never freed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(refused > 0, "the hog held the slot at first");
+    // Its stall started a little after its requests were sent.
+    assert!(freed_after >= timeout - Duration::from_millis(100), "freed after {freed_after:?}, before the timeout");
+    drop(hog);
+}
+
+#[tokio::test]
+async fn a_client_that_reads_slowly_but_steadily_is_served_whole() {
+    // Far longer than the client's pauses, so a loaded machine does not make one look like a stall.
+    let timeout = Duration::from_secs(1);
+    let answer = 64 << 10;
+    // The idle timer starts once the last answer is in the socket buffers, which the client
+    // takes a while to drain: long enough not to close the connection checked at the end.
+    let config = HttpConfig { send_timeout_ms: timeout.as_millis() as u64, idle_timeout_ms: 5000, ..fast() };
+    let srv = start_big(config, answer).await;
+    let mut s = small_window_client(srv.addr).await;
+    // 8 answers of 64 KiB (more than the buffers hold), read at most 4 KiB every 20 ms (so in
+    // 2.5 s at least): the server's writes stall often, each time far less than the timeout,
+    // for longer than it in all.
+    let n = 8;
+    s.write_all(&pipelined_gets(n)).await.unwrap();
+    let t0 = Instant::now();
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let mut answers = 0;
+    while answers < n {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let k = tokio::time::timeout(BOUND, s.read(&mut chunk)).await.expect("bytes in time").unwrap();
+        assert!(k > 0, "closed after {:?} with {answers} answers read", t0.elapsed());
+        got.extend_from_slice(&chunk[..k]);
+        // Take whole answers off the front.
+        loop {
+            let mut headers = [httparse::EMPTY_HEADER; 8];
+            let mut r = httparse::Response::new(&mut headers);
+            let Ok(httparse::Status::Complete(h)) = r.parse(&got) else { break };
+            assert_eq!(r.code, Some(200));
+            if got.len() < h + answer {
+                break;
+            }
+            assert!(got[h..h + answer].iter().all(|&b| b == b'x'));
+            got.drain(..h + answer);
+            answers += 1;
+        }
+    }
+    let took = t0.elapsed();
+    assert!(took > 2 * timeout, "read in {took:?}: not slow enough to prove anything");
+    // Still open and usable.
+    s.write_all(&pipelined_gets(1)).await.unwrap();
+    let k = tokio::time::timeout(BOUND, s.read(&mut chunk)).await.expect("an answer").unwrap();
+    assert!(chunk[..k].starts_with(b"HTTP/1.1 200"), "{:?}", String::from_utf8_lossy(&chunk[..k]));
+}
+
 #[test]
 fn formatted_headers_are_the_text_whatever_its_length() {
     use hyper::header::HeaderValue;
