@@ -28,6 +28,14 @@
 //! spawned and runs on any thread, as before. A call that ends with its connection (the client
 //! went away) is dropped, which cancels its work, as a reset stream does.
 //!
+//! The connection is polled only when something woke it (its socket, its timers, h2 telling it
+//! that a call queued frames), not each time a call is: a proxy's call wakes its task once per
+//! shard answer from a worker, and each such wake-up polled hyper's whole HTTP/2 connection
+//! (its read, its streams' send queues, its flush) for nothing. h2 is built for streams polled
+//! on other tasks than their connection (hyper's default), so every stream operation that needs
+//! the connection to act wakes the connection's own waker; a call that ends is followed by a
+//! poll of the connection as well.
+//!
 //! Every call, inline or spawned, is wrapped by its connection's watchdog (`watchdog.rs`): the
 //! connection knows whether a call is in progress (its idle timer) and a call whose answer is
 //! not taken is reset (the send timer).
@@ -83,10 +91,20 @@ impl StreamExec {
     /// sent at the end of each poll.
     /// At most `rounds` rounds a poll (at least 1): see [`Wakes`].
     pub(super) fn drive<C: Future>(self, conn: C, out: Option<Output>, rounds: usize) -> Driven<C> {
-        let wake = Arc::new(Wakes::default());
+        let wake = Arc::new(Wakes { conn: AtomicBool::new(true), ..Wakes::default() });
         let waker = Waker::from(wake.clone());
+        let conn_waker = Waker::from(Arc::new(ConnWakes(wake.clone())));
         let rounds = rounds.max(1);
-        Driven { conn: Box::pin(conn), calls: FuturesUnordered::new(), exec: self, out, wake, waker, rounds }
+        Driven {
+            conn: Box::pin(conn),
+            calls: FuturesUnordered::new(),
+            exec: self,
+            out,
+            wake,
+            waker,
+            conn_waker,
+            rounds,
+        }
     }
 }
 
@@ -104,7 +122,11 @@ impl<F: Future<Output = ()> + Send + 'static> hyper::rt::Executor<F> for StreamE
             }
         } else {
             drop(q);
-            tokio::spawn(call);
+            let watch = self.watch.clone();
+            tokio::spawn(async move {
+                call.await;
+                watch.spawned_call_ended();
+            });
         }
     }
 }
@@ -117,9 +139,11 @@ pub(super) struct Driven<C: Future> {
     calls: FuturesUnordered<Tracked>,
     exec: StreamExec,
     out: Option<Output>,
-    /// The waker the connection and its calls are polled with ([`Wakes`]), and its state.
+    /// The waker the calls are polled with ([`Wakes`]), and its state.
     wake: Arc<Wakes>,
     waker: Waker,
+    /// The waker the connection is polled with: marks `wake.conn`, then wakes as `waker` does.
+    conn_waker: Waker,
     /// The most rounds one poll takes for wake-ups that came during it; past that the task
     /// yields to tokio (which polls it again after other tasks).
     rounds: usize,
@@ -134,6 +158,9 @@ struct Wakes {
     polling: AtomicBool,
     /// A wake-up came since the round began.
     again: AtomicBool,
+    /// The connection was woken (by its socket, a timer, h2 on a call's behalf) since its last
+    /// poll began: the next round polls it. Set at the start, so the first poll does.
+    conn: AtomicBool,
     /// The task's own waker, from its latest poll.
     task: AtomicWaker,
 }
@@ -154,18 +181,34 @@ impl Wake for Wakes {
     }
 }
 
+/// The connection's waker: a mark that the connection itself has something to do, then the
+/// task's wake-up as every other ([`Wakes`]).
+struct ConnWakes(Arc<Wakes>);
+
+impl Wake for ConnWakes {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.conn.store(true, Ordering::SeqCst);
+        self.0.wake_by_ref();
+    }
+}
+
 impl<C: Future> Future for Driven<C> {
     type Output = C::Output;
 
     fn poll(mut self: Pin<&mut Self>, outer: &mut Context<'_>) -> Poll<C::Output> {
         let this = &mut *self;
         this.wake.task.register(outer.waker());
-        let waker = this.waker.clone();
+        let (waker, conn_waker) = (this.waker.clone(), this.conn_waker.clone());
         let cx = &mut Context::from_waker(&waker);
+        let conn_cx = &mut Context::from_waker(&conn_waker);
         let mut rounds = 0;
         let end = loop {
             this.wake.polling.store(true, Ordering::SeqCst);
-            let end = this.round(cx);
+            let end = this.round(cx, conn_cx);
             this.wake.polling.store(false, Ordering::SeqCst);
             rounds += 1;
             if end.is_ready() || !this.wake.again.swap(false, Ordering::SeqCst) {
@@ -181,16 +224,17 @@ impl<C: Future> Future for Driven<C> {
         // connection that ended, best effort (one that ended well sent everything at its
         // shutdown).
         if let Some(out) = &this.out {
-            out.send(cx);
+            // The socket's wake-ups and errors are the connection's business.
+            out.send(conn_cx);
         }
         end
     }
 }
 
 impl<C: Future> Driven<C> {
-    /// One round: the new calls started, every call and the connection polled, with `cx` (the
-    /// task's [`Wakes`]).
-    fn round(&mut self, cx: &mut Context<'_>) -> Poll<C::Output> {
+    /// One round: the new calls started, the calls woken polled with `cx` (the task's
+    /// [`Wakes`]), and the connection, if it was woken or a call ended, with `conn_cx`.
+    fn round(&mut self, cx: &mut Context<'_>, conn_cx: &mut Context<'_>) -> Poll<C::Output> {
         let this = self;
         loop {
             {
@@ -212,8 +256,11 @@ impl<C: Future> Driven<C> {
             if finished > 0 {
                 this.exec.lock().inline -= finished;
             }
-            if let Poll::Ready(end) = this.conn.as_mut().poll(cx) {
-                return Poll::Ready(end);
+            // Cleared before the poll: a wake-up during it is another round's.
+            if this.wake.conn.swap(false, Ordering::SeqCst) || finished > 0 {
+                if let Poll::Ready(end) = this.conn.as_mut().poll(conn_cx) {
+                    return Poll::Ready(end);
+                }
             }
             // A call the connection's poll has just handed over starts now, not on a later
             // wake-up.
@@ -337,6 +384,63 @@ mod tests {
         assert!(Pin::new(&mut driven).poll(cx).is_pending());
         assert_eq!(polls.load(Ordering::SeqCst), 1);
         assert_eq!(task.0.load(Ordering::SeqCst), 3);
+    }
+
+    /// A call's wake-up (a proxy's shard answer) polls that call, not the connection; the
+    /// connection's own wake-up polls it; a call that ends is followed by a poll of the
+    /// connection (its answer's frames to write).
+    #[test]
+    fn the_connection_is_polled_when_it_was_woken_or_a_call_ended() {
+        /// Pending for ever; counts its polls and keeps its waker.
+        struct Counted {
+            polls: Arc<AtomicUsize>,
+            waker: Arc<Mutex<Option<Waker>>>,
+        }
+        impl Future for Counted {
+            type Output = ();
+            fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+                self.polls.fetch_add(1, Ordering::SeqCst);
+                *self.waker.lock().unwrap() = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+        let noop = Waker::noop();
+        let cx = &mut Context::from_waker(noop);
+        let (conn_polls, conn_waker) = (Arc::new(AtomicUsize::new(0)), Arc::new(Mutex::new(None)));
+        let (call_polls, call_waker) = (Arc::new(AtomicUsize::new(0)), Arc::new(Mutex::new(None)));
+        let done = Arc::new(AtomicBool::new(false));
+        let exec = exec(4);
+        {
+            let (polls, waker, done) = (call_polls.clone(), call_waker.clone(), done.clone());
+            exec.execute(std::future::poll_fn(move |cx| {
+                polls.fetch_add(1, Ordering::SeqCst);
+                *waker.lock().unwrap() = Some(cx.waker().clone());
+                if done.load(Ordering::SeqCst) {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            }));
+        }
+        let conn = Counted { polls: conn_polls.clone(), waker: conn_waker.clone() };
+        let mut driven = exec.drive(conn, None, 4);
+        let polls = |d: &mut Driven<Counted>, cx: &mut Context<'_>| {
+            assert!(Pin::new(d).poll(cx).is_pending());
+            (call_polls.load(Ordering::SeqCst), conn_polls.load(Ordering::SeqCst))
+        };
+        assert_eq!(polls(&mut driven, cx), (1, 1), "the first poll starts the call and polls the connection");
+        call_waker.lock().unwrap().take().unwrap().wake();
+        assert_eq!(polls(&mut driven, cx), (2, 1), "the call's wake-up: the call alone");
+        conn_waker.lock().unwrap().take().unwrap().wake();
+        assert_eq!(polls(&mut driven, cx), (2, 2), "the connection's wake-up: the connection alone");
+        done.store(true, Ordering::SeqCst);
+        call_waker.lock().unwrap().take().unwrap().wake();
+        assert_eq!(polls(&mut driven, cx), (3, 3), "the call ended: then the connection");
+        assert_eq!(exec_inline(&driven), 0);
+    }
+
+    fn exec_inline<C: Future>(d: &Driven<C>) -> usize {
+        d.exec.lock().inline
     }
 
     /// A call still running when the connection ends is dropped with it (its work cancelled).

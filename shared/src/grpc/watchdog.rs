@@ -37,6 +37,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures_util::task::AtomicWaker;
 use tokio::time::{Instant, Sleep};
 
 use super::io::Output;
@@ -63,6 +64,10 @@ pub(super) struct ConnWatch {
     /// When the connection last had nothing in progress (the preface in, or its last call
     /// ended), in ms since `accepted`.
     idle_since_ms: AtomicU64,
+    /// The connection's task, from the watchdog's latest poll: woken when a call on a task of
+    /// its own ends, so that its idle timer is aimed anew (a call on the connection's task is
+    /// followed by a poll of the connection anyway).
+    conn: AtomicWaker,
 }
 
 impl ConnWatch {
@@ -72,6 +77,7 @@ impl ConnWatch {
             timers,
             calls: AtomicUsize::new(0),
             idle_since_ms: AtomicU64::new(0),
+            conn: AtomicWaker::new(),
         })
     }
 
@@ -79,6 +85,12 @@ impl ConnWatch {
     pub(super) fn track(self: &Arc<Self>, call: Call) -> Tracked {
         self.calls.fetch_add(1, Ordering::SeqCst);
         Tracked { call, watch: self.clone(), answered: false, send: None }
+    }
+
+    /// A call on a task of its own has ended (its tracker dropped): the connection looks at its
+    /// timers again.
+    pub(super) fn spawned_call_ended(&self) {
+        self.conn.wake();
     }
 
     fn call_ended(&self) {
@@ -280,6 +292,7 @@ where
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), E>> {
         let this = &mut *self;
+        this.watch.conn.register(cx.waker());
         loop {
             if !this.stopping && this.stop.as_mut().poll(cx).is_ready() {
                 this.stopping = true;
