@@ -285,26 +285,38 @@ async fn the_grpc_deadline_is_the_request_deadline() {
     }
 }
 
+/// A client that cancels its call (its stream reset, its connection gone) cancels the work, on a
+/// worker called directly and through the proxy (the proxy drops the call, which closes its
+/// shard's connection, and the worker cancels the shard).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_cancels_cancels_the_work() {
     let w = sim_with(slow(), 0.0).await;
-    let mut c = client(&w.grpc_url().unwrap()).await;
-    let req = score_req(&short(2));
-    let call = tokio::spawn(async move { c.score(req).await });
+    let mut cfg = test_config(vec![w.endpoint()]);
+    cfg.grpc.port = Some(0);
+    let p = proxy(cfg, 1).await;
     let counters = w.engine().counters();
-    let end = Instant::now() + Duration::from_secs(5);
-    while counters.in_flight.load(std::sync::atomic::Ordering::Relaxed) == 0 {
-        assert!(Instant::now() < end, "the call never started");
-        tokio::time::sleep(Duration::from_millis(5)).await;
+    for (round, url) in [(1, w.grpc_url().unwrap()), (2, p.grpc_url().unwrap())] {
+        let mut c = client(&url).await;
+        let req = score_req(&short(2));
+        let call = tokio::spawn(async move { c.score(req).await });
+        let end = Instant::now() + Duration::from_secs(5);
+        while counters.in_flight.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            assert!(Instant::now() < end, "{url}: the call never started");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Dropping the call resets its stream (the client, its channel and connection go with it).
+        call.abort();
+        let end = Instant::now() + Duration::from_secs(1);
+        while counters.cancelled.load(std::sync::atomic::Ordering::Relaxed) < round {
+            assert!(
+                Instant::now() < end,
+                "{url}: the 2 s compute was not cancelled within 1 s of the client going away"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(counters.completed.load(std::sync::atomic::Ordering::Relaxed), 0);
     }
-    // Dropping the call resets its stream (the client, its channel and connection go with it).
-    call.abort();
-    let end = Instant::now() + Duration::from_secs(1);
-    while counters.cancelled.load(std::sync::atomic::Ordering::Relaxed) == 0 {
-        assert!(Instant::now() < end, "the 2 s compute was not cancelled within 1 s of the client going away");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert_eq!(counters.completed.load(std::sync::atomic::Ordering::Relaxed), 0);
+    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

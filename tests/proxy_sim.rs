@@ -641,3 +641,48 @@ async fn admission_refuses_at_once_or_answers_the_part_that_fits() {
     assert_eq!(pairs_after - pairs, items.len() as u64, "every item sent");
     p.stop().await;
 }
+
+/// A client that hangs up on the proxy while its shards are computing leaves no work behind:
+/// the proxy drops the request, which closes its shards' connections, and each worker cancels
+/// its shard (nobody waits for it) instead of computing it to the end or to the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_hangs_up_on_the_proxy_cancels_its_shards_on_the_workers() {
+    use tokio::io::AsyncWriteExt as _;
+    let ws = sims(2, SimConfig::default()).await;
+    let mut cfg = no_hedge(test_config(endpoints(&ws)));
+    cfg.split.mode = SplitMode::Fixed;
+    cfg.split.fixed_items = 50;
+    let p = proxy(cfg, 2).await;
+    let started = |i: usize| ws[i].engine().counters().in_flight.load(Ordering::Relaxed) > 0;
+    let cancelled = |i: usize| ws[i].engine().counters().cancelled.load(Ordering::Relaxed);
+    let completed = |i: usize| ws[i].engine().counters().completed.load(Ordering::Relaxed);
+    let body = serde_json::to_vec(&score_body(QUERY, &catalogue(100, 9), Some(10_000))).unwrap();
+    let head = format!(
+        "POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    // About four seconds of compute per shard, well inside the request's 10 s deadline.
+    for w in &ws {
+        slow_down(w, 400.0);
+    }
+    let mut s = tokio::net::TcpStream::connect(p.api_addr).await.unwrap();
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(&body).await.unwrap();
+    let end = Instant::now() + Duration::from_secs(5);
+    while !(started(0) && started(1)) {
+        assert!(Instant::now() < end, "the shards never started");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    drop(s);
+    let gone = Instant::now();
+    while cancelled(0) == 0 || cancelled(1) == 0 {
+        assert!(gone.elapsed() < Duration::from_secs(1), "the shards of a client gone were not cancelled within 1 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!((completed(0), completed(1)), (0, 0), "nothing computed to the end");
+    while p.state.pool.snapshot().iter().any(|w| w.in_flight() > 0) {
+        assert!(gone.elapsed() < Duration::from_secs(2), "the proxy still counts the shards in flight");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    p.stop().await;
+}
