@@ -86,6 +86,8 @@ where
     }
     // Never more than the body may hold: the declared length, else the maximum.
     let limit = declared.map_or(max, |l| l as usize);
+    // Large bodies' mappings are the budget's process-wide pool's (`body_buf.rs`).
+    let pool = held.as_deref().map(|r| r.budget().map_pool());
     // What the buffer is about to hold, counted before it is taken; 503 when it does not fit.
     let mut reserve = move |total: usize| match held.as_deref_mut() {
         Some(r) => {
@@ -100,7 +102,7 @@ where
     let read = async {
         let mut body = std::pin::pin!(body);
         // A `Vec` while small, a mapping of its own once large (`body_buf.rs`).
-        let mut buf = BodyBuf::new();
+        let mut buf = BodyBuf::new(declared, pool);
         // The first frame when it is the whole declared body: kept as is unless more comes.
         let mut whole: Option<Bytes> = None;
         while let Some(frame) = body.frame().await {
@@ -262,8 +264,9 @@ mod tests {
         // Trickled: the buffer's capacity, grown as bytes come, never the declared length.
         let mut held = budget.reservation();
         let v = collect(Frames::trickle(40_000, 1000, false), Some(500_000), 1 << 20, None, Some(&mut held)).await;
-        let v = Vec::from(v.unwrap());
-        assert_eq!(held.bytes(), v.capacity());
+        let v = v.unwrap();
+        // (Declared large, it was a mapping from the start: its capacity is what is held.)
+        assert!(held.bytes() >= v.len(), "{} < {}", held.bytes(), v.len());
         assert!(held.bytes() < 100_000, "{}", held.bytes());
         drop(held);
         // A declared body that sends nothing and stalls costs nothing while it waits.

@@ -19,6 +19,7 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use super::body_buf::MapPool;
 use crate::{ApiError, ErrorKind};
 
 /// The byte budget of one process, shared (cheap clones) by its API ports.
@@ -34,12 +35,27 @@ struct Inner {
     limit: usize,
     held: AtomicUsize,
     refusals: AtomicU64,
+    /// Large body buffers done with, kept for the next ones (`body_buf.rs`): the one memory
+    /// besides the budget, at most [`ByteBudget::pool_bytes_of`] the limit.
+    pool: Arc<MapPool>,
 }
 
 impl ByteBudget {
     /// A budget of `limit` bytes.
     pub fn new(limit: usize) -> Self {
-        ByteBudget(Arc::new(Inner { limit, held: AtomicUsize::new(0), refusals: AtomicU64::new(0) }))
+        let pool = Arc::new(MapPool::new(Self::pool_bytes_of(limit)));
+        ByteBudget(Arc::new(Inner { limit, held: AtomicUsize::new(0), refusals: AtomicU64::new(0), pool }))
+    }
+
+    /// What the pool of large body buffers may keep for a budget of `limit`: a sixteenth of
+    /// it, at most 32 MiB (the default 1 GiB budget: 32 MiB; the abuse soak's 32 MiB: 2 MiB).
+    pub fn pool_bytes_of(limit: usize) -> usize {
+        (limit / 16).min(32 << 20)
+    }
+
+    /// The pool the large bodies read against this budget take their mappings from.
+    pub(crate) fn map_pool(&self) -> Arc<MapPool> {
+        self.0.pool.clone()
     }
 
     /// What requests larger than [`SMALL_REQUEST_BYTES`] may hold together: all but the last
