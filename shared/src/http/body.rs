@@ -125,9 +125,9 @@ where
             if need > buf.capacity() {
                 // Double, as a Vec would, but never past what the body may hold.
                 let target = need.max(buf.capacity() * 2).max(INITIAL_CAPACITY.min(limit)).min(limit.max(need));
-                reserve(target)?;
-                buf.grow_to(target)
-                    .map_err(|e| ApiError::not_ready(format!("no memory for a request body of {target} bytes: {e}")))?;
+                buf.grow_to(target, &mut reserve, |e| {
+                    ApiError::not_ready(format!("no memory for a request body of {target} bytes: {e}"))
+                })?;
             }
             buf.extend_from_slice(&data);
         }

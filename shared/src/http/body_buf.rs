@@ -18,7 +18,11 @@
 //! CPU (against a `Vec`, measured by the proxy's `/proc` times over 1,000 requests). A mapping
 //! a request is done with goes back to the pool, up to its byte bound (`MapPool::new`), its
 //! pages still in place, and the next large body takes it: no fault, no unmap. What the pool
-//! holds is the one memory outside the budget, and it is bounded.
+//! holds is the one memory outside the budget, and it is bounded. A body that takes a pooled
+//! mapping reserves the mapping's whole length, whose pages are in memory whatever the body has
+//! sent so far, and takes only one no longer than its declared length: otherwise clients that
+//! trickle large declared bodies would each hold a pooled mapping's pages on a small
+//! reservation, and the process's RSS would outgrow its budget (the abuse soak saw twice it).
 //!
 //! A mapping grows without a copy: `mremap` moves its pages to a larger range (Linux; elsewhere
 //! the bytes are copied into a new mapping). A body declared large starts as a mapping, so its
@@ -57,28 +61,20 @@ impl MapPool {
         MapPool { max_bytes, maps: Mutex::default() }
     }
 
-    /// A mapping of at least `len` bytes: the smallest pooled one that is large enough, else
-    /// the largest one grown (its pages moved, the new ones faulted in as they are written),
-    /// else a new one.
-    fn take(&self, len: usize) -> std::io::Result<MmapMut> {
-        let found = {
-            let mut p = lock(&self.maps);
-            let fit = p.maps.iter().enumerate().filter(|(_, m)| m.len() >= len).min_by_key(|(_, m)| m.len());
-            let pick = fit.or_else(|| p.maps.iter().enumerate().max_by_key(|(_, m)| m.len())).map(|(i, _)| i);
-            pick.map(|i| {
-                let m = p.maps.swap_remove(i);
-                p.bytes -= m.len();
-                m
-            })
-        };
-        match found {
-            Some(mut m) if m.len() < len => {
-                grow_mapping(&mut m, 0, len)?;
-                Ok(m)
-            }
-            Some(m) => Ok(m),
-            None => MmapMut::map_anon(len),
-        }
+    /// The largest pooled mapping of `len` to `at_most` bytes, if there is one (a body is
+    /// expected to fill its declared length: the more of its pages already in place, the
+    /// fewer faults).
+    fn take(&self, len: usize, at_most: usize) -> Option<MmapMut> {
+        let mut p = lock(&self.maps);
+        let (i, _) = p
+            .maps
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| (len..=at_most).contains(&m.len()))
+            .max_by_key(|(_, m)| m.len())?;
+        let m = p.maps.swap_remove(i);
+        p.bytes -= m.len();
+        Some(m)
     }
 
     /// Keeps `map` for a later body if the pool has room; else it is unmapped.
@@ -123,20 +119,19 @@ impl Drop for PoolMap {
 }
 
 pub(super) enum BodyBuf {
-    /// `large`: the body is declared [`MAPPED_FROM`] bytes or more, so its first allocation is
-    /// a mapping already.
-    Heap { v: Vec<u8>, large: bool, pool: Option<Arc<MapPool>> },
-    /// `cap` is the capacity asked for (what the budget counts); the mapping may be larger (a
-    /// pooled one), and the bytes past `cap` are not used. A read that fails or is cancelled
-    /// drops it, which gives the mapping back too.
-    Mapped { map: PoolMap, len: usize, cap: usize },
+    /// `declared`: the body's declared length; at [`MAPPED_FROM`] or more its first allocation
+    /// is a mapping already.
+    Heap { v: Vec<u8>, declared: Option<usize>, pool: Option<Arc<MapPool>> },
+    /// The capacity is the mapping's whole length (what the budget counts). A read that fails
+    /// or is cancelled drops it, which gives the mapping back too.
+    Mapped { map: PoolMap, len: usize },
 }
 
 impl BodyBuf {
     /// A buffer for a body of `declared` bytes, if that is known; its mappings come from and go
     /// back to `pool` when there is one.
     pub(super) fn new(declared: Option<u64>, pool: Option<Arc<MapPool>>) -> Self {
-        BodyBuf::Heap { v: Vec::new(), large: declared.is_some_and(|d| d >= MAPPED_FROM as u64), pool }
+        BodyBuf::Heap { v: Vec::new(), declared: declared.and_then(|d| usize::try_from(d).ok()), pool }
     }
 
     pub(super) fn len(&self) -> usize {
@@ -153,36 +148,59 @@ impl BodyBuf {
     pub(super) fn capacity(&self) -> usize {
         match self {
             BodyBuf::Heap { v, .. } => v.capacity(),
-            BodyBuf::Mapped { cap, .. } => *cap,
+            BodyBuf::Mapped { map, .. } => map.get().len(),
         }
     }
 
-    /// Makes the capacity exactly `cap` (at least the length), moving to a mapping from
-    /// [`MAPPED_FROM`] on (or at once for a body declared that large). Fails only when the OS
-    /// refuses the mapping.
-    pub(super) fn grow_to(&mut self, cap: usize) -> std::io::Result<()> {
+    /// Makes the capacity at least `cap`, moving to a mapping from [`MAPPED_FROM`] on (or at
+    /// once for a body declared that large), after `reserve` has taken what the buffer will
+    /// hold: `cap` bytes, or a pooled mapping's whole length (a pooled mapping is taken only if
+    /// `reserve` can cover it; `reserve` grows a reservation to its argument and fails with the
+    /// caller's error). The capacity is then exactly what was reserved. `no_memory` makes the
+    /// error of a mapping the OS refuses.
+    pub(super) fn grow_to<E>(
+        &mut self,
+        cap: usize,
+        reserve: &mut impl FnMut(usize) -> Result<(), E>,
+        no_memory: impl FnOnce(std::io::Error) -> E,
+    ) -> Result<(), E> {
         if cap <= self.capacity() {
             return Ok(());
         }
         match self {
-            BodyBuf::Heap { v, large, .. } if cap < MAPPED_FROM && !(*large && v.capacity() == 0) => {
-                v.reserve_exact(cap - v.len())
+            BodyBuf::Heap { v, declared, .. }
+                if cap < MAPPED_FROM && !(declared.is_some_and(|d| d >= MAPPED_FROM) && v.capacity() == 0) =>
+            {
+                reserve(cap)?;
+                v.reserve_exact(cap - v.len());
             }
-            BodyBuf::Heap { v, pool, .. } => {
-                let mut map = match pool {
-                    Some(p) => p.take(cap)?,
-                    None => MmapMut::map_anon(cap)?,
+            BodyBuf::Heap { v, declared, pool } => {
+                // A pooled mapping no longer than the body may be (its pages are in memory: all
+                // of them reserved), else a new one of `cap`.
+                let at_most = declared.unwrap_or(cap).max(cap);
+                let pooled = pool.as_ref().and_then(|p| {
+                    let m = p.take(cap, at_most)?;
+                    if reserve(m.len()).is_ok() {
+                        Some(m)
+                    } else {
+                        p.give_back(m);
+                        None
+                    }
+                });
+                let mut map = match pooled {
+                    Some(m) => m,
+                    None => {
+                        reserve(cap)?;
+                        MmapMut::map_anon(cap).map_err(no_memory)?
+                    }
                 };
                 map[..v.len()].copy_from_slice(v);
                 let len = v.len();
-                *self = BodyBuf::Mapped { map: PoolMap { map: Some(map), pool: pool.take() }, len, cap };
+                *self = BodyBuf::Mapped { map: PoolMap { map: Some(map), pool: pool.take() }, len };
             }
-            BodyBuf::Mapped { map, len, cap: asked } => {
-                let map = map.get_mut();
-                if map.len() < cap {
-                    grow_mapping(map, *len, cap)?;
-                }
-                *asked = cap;
+            BodyBuf::Mapped { map, len } => {
+                reserve(cap)?;
+                grow_mapping(map.get_mut(), *len, cap).map_err(no_memory)?;
             }
         }
         Ok(())
@@ -192,8 +210,7 @@ impl BodyBuf {
     pub(super) fn extend_from_slice(&mut self, data: &[u8]) {
         match self {
             BodyBuf::Heap { v, .. } => v.extend_from_slice(data),
-            BodyBuf::Mapped { map, len, cap } => {
-                assert!(*len + data.len() <= *cap, "grow_to first");
+            BodyBuf::Mapped { map, len } => {
                 map.get_mut()[*len..*len + data.len()].copy_from_slice(data);
                 *len += data.len();
             }
@@ -242,19 +259,28 @@ impl AsRef<[u8]> for Filled {
 mod tests {
     use super::*;
 
+    /// No budget: every reservation is granted.
+    fn free(_: usize) -> Result<(), ()> {
+        Ok(())
+    }
+
+    fn grow(b: &mut BodyBuf, cap: usize) {
+        b.grow_to(cap, &mut free, |e| panic!("{e}")).unwrap();
+    }
+
     #[test]
     fn small_stays_on_the_heap_large_moves_to_a_mapping_keeping_its_bytes() {
         let mut b = BodyBuf::new(None, None);
         assert!(b.is_empty());
-        b.grow_to(1000).unwrap();
+        grow(&mut b, 1000);
         b.extend_from_slice(b"abc");
         assert!(matches!(b, BodyBuf::Heap { .. }));
         assert_eq!((b.len(), b.capacity()), (3, 1000));
-        b.grow_to(MAPPED_FROM).unwrap();
+        grow(&mut b, MAPPED_FROM);
         assert!(matches!(b, BodyBuf::Mapped { .. }));
         assert_eq!((b.len(), b.capacity()), (3, MAPPED_FROM));
         b.extend_from_slice(&vec![7u8; MAPPED_FROM - 3]);
-        b.grow_to(2 * MAPPED_FROM).unwrap();
+        grow(&mut b, 2 * MAPPED_FROM);
         b.extend_from_slice(b"z");
         assert_eq!((b.len(), b.capacity()), (MAPPED_FROM + 1, 2 * MAPPED_FROM));
         let bytes = b.into_bytes();
@@ -269,71 +295,101 @@ mod tests {
     #[test]
     fn a_body_declared_large_is_mapped_from_the_start_and_grows_keeping_its_bytes() {
         let mut small = BodyBuf::new(Some(MAPPED_FROM as u64 - 1), None);
-        small.grow_to(16 << 10).unwrap();
+        grow(&mut small, 16 << 10);
         assert!(matches!(small, BodyBuf::Heap { .. }));
         let mut b = BodyBuf::new(Some(3 * MAPPED_FROM as u64), None);
-        b.grow_to(16 << 10).unwrap();
+        grow(&mut b, 16 << 10);
         assert!(matches!(b, BodyBuf::Mapped { .. }), "mapped at once");
         assert_eq!((b.len(), b.capacity()), (0, 16 << 10));
-        let want = fill_doubling(&mut b, 200);
+        let (want, _) = fill_doubling(&mut b, 200);
         assert!(b.capacity() > 3 * MAPPED_FROM, "grown several times: {}", b.capacity());
         assert_eq!(&b.into_bytes()[..], &want[..]);
     }
 
-    /// `chunks` chunks of 3,001 bytes appended, the capacity doubled when full; what was written.
-    fn fill_doubling(b: &mut BodyBuf, chunks: u32) -> Vec<u8> {
+    /// `chunks` chunks of 3,001 bytes appended, the capacity doubled when full (reserved in a
+    /// running total); what was written and the total reserved.
+    fn fill_doubling(b: &mut BodyBuf, chunks: u32) -> (Vec<u8>, usize) {
         let mut want = Vec::new();
+        let mut reserved = b.capacity();
         for i in 0..chunks {
             let chunk: Vec<u8> = (0..3001u32).map(|j| (i * 7 + j) as u8).collect();
             if b.len() + chunk.len() > b.capacity() {
                 let cap = (b.capacity() * 2).max(b.len() + chunk.len());
-                b.grow_to(cap).unwrap();
-                assert_eq!(b.capacity(), cap);
+                let mut reserve = |total: usize| -> Result<(), ()> {
+                    reserved = reserved.max(total);
+                    Ok(())
+                };
+                b.grow_to(cap, &mut reserve, |e| panic!("{e}")).unwrap();
+                assert!(b.capacity() >= cap);
             }
             b.extend_from_slice(&chunk);
             want.extend_from_slice(&chunk);
         }
-        want
+        (want, reserved)
     }
 
     /// A mapping a body is done with (its bytes dropped, or its read abandoned) goes back to the
-    /// pool and serves the next large body, whose capacity is what it asked for even when the
-    /// pooled mapping is larger; past the pool's bound mappings are unmapped, not kept.
+    /// pool and serves the next large body no shorter than it, which reserves the mapping's
+    /// whole length (its pages are in memory); a body declared shorter, or one whose budget
+    /// cannot cover it, gets a mapping of its own; past the pool's bound mappings are unmapped.
     #[test]
-    fn mappings_go_back_to_the_pool_within_its_bound_and_are_taken_again() {
-        let pool = Arc::new(MapPool::new(3 * MAPPED_FROM));
-        let declared = Some(2 * MAPPED_FROM as u64);
-        let mut a = BodyBuf::new(declared, Some(pool.clone()));
-        let want = fill_doubling(&mut a, 150);
+    fn pooled_mappings_are_reserved_whole_taken_within_the_declared_length_and_bounded() {
+        let pool = Arc::new(MapPool::new(8 * MAPPED_FROM));
+        let declared = 2 * MAPPED_FROM;
+        let mut a = BodyBuf::new(Some(declared as u64), Some(pool.clone()));
+        let (want, _) = fill_doubling(&mut a, 150);
         let a_map = a.capacity();
+        assert!(a_map <= declared * 2, "{a_map}");
         let bytes = a.into_bytes();
         assert_eq!(&bytes[..], &want[..]);
         assert_eq!(pool.bytes(), 0, "in use: not in the pool");
         drop(bytes);
         assert_eq!(pool.bytes(), a_map, "given back when the last Bytes went");
 
-        // The next body takes it: its capacity is its own, the mapping the pooled one.
-        let mut b = BodyBuf::new(declared, Some(pool.clone()));
-        b.grow_to(16 << 10).unwrap();
-        assert_eq!(pool.bytes(), 0, "taken");
-        assert_eq!(b.capacity(), 16 << 10);
-        let want = fill_doubling(&mut b, 10);
+        // A body declared shorter than the pooled mapping does not take it.
+        let mut short = BodyBuf::new(Some(a_map as u64 - 1), Some(pool.clone()));
+        grow(&mut short, 16 << 10);
+        assert_eq!((pool.bytes(), short.capacity()), (a_map, 16 << 10), "a mapping of its own");
+        drop(short);
+
+        // One whose budget cannot cover the pooled mapping's length gets a mapping of its own.
+        let mut tight = BodyBuf::new(Some(a_map as u64), Some(pool.clone()));
+        let mut only_64k = |total: usize| if total <= 64 << 10 { Ok(()) } else { Err(total) };
+        tight.grow_to(16 << 10, &mut only_64k, |e| panic!("{e}")).unwrap();
+        assert_eq!(tight.capacity(), 16 << 10);
+        assert!(pool.bytes() >= a_map, "the pooled mapping stayed");
+        drop(tight);
+
+        // The next body as long takes it, and reserves all of it at its first growth.
+        let mut b = BodyBuf::new(Some(a_map as u64), Some(pool.clone()));
+        let mut reserved = 0;
+        let mut note = |total: usize| -> Result<(), ()> {
+            reserved = reserved.max(total);
+            Ok(())
+        };
+        b.grow_to(16 << 10, &mut note, |e| panic!("{e}")).unwrap();
+        assert_eq!((b.capacity(), reserved), (a_map, a_map), "taken, reserved whole");
+        let (want, _) = fill_doubling(&mut b, 10);
         assert_eq!(&b.into_bytes()[..], &want[..], "no old bytes show");
-        assert_eq!(pool.bytes(), a_map, "back again");
 
         // A read abandoned midway gives its mapping back too.
-        let mut c = BodyBuf::new(declared, Some(pool.clone()));
-        c.grow_to(MAPPED_FROM).unwrap();
+        let mut c = BodyBuf::new(Some(declared as u64), Some(pool.clone()));
+        grow(&mut c, MAPPED_FROM);
         c.extend_from_slice(b"partial");
+        let before = pool.bytes();
         drop(c);
-        assert_eq!(pool.bytes(), a_map);
+        assert!(pool.bytes() > before);
 
-        // Over the bound: two large mappings at once, only what fits is kept.
-        let mut d = BodyBuf::new(declared, Some(pool.clone()));
-        let mut e = BodyBuf::new(declared, Some(pool.clone()));
-        d.grow_to(3 * MAPPED_FROM).unwrap();
-        e.grow_to(3 * MAPPED_FROM).unwrap();
-        drop((d, e));
-        assert_eq!(pool.bytes(), 3 * MAPPED_FROM, "one kept, one unmapped");
+        // Over the bound: mappings past it are unmapped, not kept.
+        let held: Vec<BodyBuf> = (0..8)
+            .map(|_| {
+                let mut d = BodyBuf::new(Some(declared as u64), Some(pool.clone()));
+                grow(&mut d, 2 * MAPPED_FROM);
+                d
+            })
+            .collect();
+        drop(held);
+        assert!(pool.bytes() <= 8 * MAPPED_FROM, "bounded: {}", pool.bytes());
+        assert!(pool.bytes() >= 6 * MAPPED_FROM, "kept up to the bound: {}", pool.bytes());
     }
 }
