@@ -43,6 +43,12 @@ use crate::cluster::worker::WorkerView;
 /// fluid model instead of by packing every k.
 pub const EXHAUSTIVE_STEPS: usize = 16_384;
 
+/// The packing steps of choosing k by packing every k up to `k_max` for `m` items (each item
+/// weighed against each of the k candidates of each pack).
+pub fn exhaustive_steps(m: usize, k_max: usize) -> usize {
+    m.saturating_mul(k_max * (k_max + 1) / 2)
+}
+
 /// `split.mode = "cost"`: the first `max_shards` workers of the ranking at most.
 pub struct CostSplit {
     pub max_shards: usize,
@@ -145,7 +151,7 @@ pub fn split_by_cost_priced(
     if m == 0 || candidates.is_empty() {
         return Plan { shards: Vec::new(), makespan_ms: 0.0 };
     }
-    if m.saturating_mul(k_max * (k_max + 1) / 2) <= EXHAUSTIVE_STEPS {
+    if exhaustive_steps(m, k_max) <= EXHAUSTIVE_STEPS {
         split_exhaustive(req, candidates, k_max, tolerance, price)
     } else {
         split_fluid(req, candidates, k_max, tolerance, price)
