@@ -55,8 +55,10 @@ pub async fn handle(
         (&Method::GET, "/health") => json(StatusCode::OK, &serde_json::json!({"status": "ok"})),
         (&Method::GET, "/ready") => ready(&state),
         (&Method::GET, "/metrics") => {
-            let mut body = refresh_gauges(&state);
-            body.insert_str(0, &state.metrics.render());
+            // The process's own series (their gauges set by the refresh), then the workers'.
+            let per_worker = refresh_gauges(&state);
+            let mut body = state.metrics.render();
+            body.push_str(&per_worker);
             text(StatusCode::OK, body, "text/plain; version=0.0.4")
         }
         // `/stats` is the same report, under the name the worker's admin port uses.

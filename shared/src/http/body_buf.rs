@@ -168,9 +168,7 @@ impl BodyBuf {
             return Ok(());
         }
         match self {
-            BodyBuf::Heap { v, declared, .. }
-                if cap < MAPPED_FROM && !(declared.is_some_and(|d| d >= MAPPED_FROM) && v.capacity() == 0) =>
-            {
+            BodyBuf::Heap { v, declared, .. } if cap < MAPPED_FROM && !declared.is_some_and(|d| d >= MAPPED_FROM) => {
                 reserve(cap)?;
                 v.reserve_exact(cap - v.len());
             }
