@@ -316,30 +316,56 @@ async fn join_all<F: Future + Unpin>(mut futs: Vec<F>) -> Vec<F::Output> {
 }
 
 /// CPU time (user + system) used so far by `pid` and its direct children, in seconds (Linux).
-fn cpu_seconds(pid: u32) -> Option<f64> {
+/// CPU time, user and system apart (seconds, or µs per request once divided).
+#[derive(Clone, Copy)]
+struct Cpu {
+    user: f64,
+    sys: f64,
+}
+
+impl Cpu {
+    /// What was spent from `before` to `self`, per request served, in µs.
+    fn per_request_since(self, before: Cpu, served: usize) -> Cpu {
+        let per = |a: f64, b: f64| (a - b) * 1e6 / served as f64;
+        Cpu { user: per(self.user, before.user), sys: per(self.sys, before.sys) }
+    }
+}
+
+/// The CPU time of `pid` and its children (nginx's workers), from /proc.
+fn cpu_seconds(pid: u32) -> Option<Cpu> {
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    let read = |p: &str| -> Option<(u32, f64)> {
+    let read = |p: &str| -> Option<(u32, Cpu)> {
         let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
         // Fields after the parenthesised command name: state ppid ... utime(14) stime(15).
         let rest = stat.rsplit_once(')')?.1;
         let f: Vec<&str> = rest.split_whitespace().collect();
         let ppid = f.get(1)?.parse().ok()?;
-        let cpu = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-        Some((ppid, cpu / ticks))
+        let user = f.get(11)?.parse::<f64>().ok()? / ticks;
+        let sys = f.get(12)?.parse::<f64>().ok()? / ticks;
+        Some((ppid, Cpu { user, sys }))
     };
     let mut total = read(&pid.to_string())?.1;
-    for e in std::fs::read_dir("/proc").ok()?.flatten() {
-        let name = e.file_name();
-        let Some(n) = name.to_str() else { continue };
-        if n.bytes().all(|b| b.is_ascii_digit()) {
-            if let Some((ppid, cpu)) = read(n) {
-                if ppid == pid {
-                    total += cpu;
-                }
-            }
+    for n in children(pid) {
+        if let Some((_, cpu)) = read(&n.to_string()) {
+            total.user += cpu.user;
+            total.sys += cpu.sys;
         }
     }
     Some(total)
+}
+
+/// The processes whose parent is `pid`.
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|n| {
+            std::fs::read_to_string(format!("/proc/{n}/stat"))
+                .ok()
+                .and_then(|s| s.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse::<u32>().ok())
+                == Some(pid)
+        })
+        .collect()
 }
 
 fn free_port() -> u16 {
@@ -457,11 +483,12 @@ fn start_proxy(build: &ProxyBuild, workers: &[Proc], config: &str, name: &str) -
     (proc, path)
 }
 
-fn cpu_cell(cpu_us: Option<f64>) -> String {
-    cpu_us.map_or("       —".to_string(), |c| format!("{c:>8.0}"))
+/// Total µs per request, then user + system.
+fn cpu_cell(cpu_us: Option<Cpu>) -> String {
+    cpu_us.map_or("       —".to_string(), |c| format!("{:>8.0} ({:.0} + {:.0})", c.user + c.sys, c.user, c.sys))
 }
 
-fn row(name: &str, f: &Figures, base: Option<&Figures>, cpu_us: Option<f64>) {
+fn row(name: &str, f: &Figures, base: Option<&Figures>, cpu_us: Option<Cpu>) {
     let added = |v: f64, b: f64| format!("{:+8.3}", v - b);
     let (a50, a99) = match base {
         Some(b) => (added(f.p50_ms, b.p50_ms), added(f.p99_ms, b.p99_ms)),
@@ -482,8 +509,10 @@ impl Perf {
         let slug: String =
             row.trim().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect::<String>();
         let out = dir.join(format!("{slug}-{size}.data"));
+        // nginx serves from its master's children: profile those too.
+        let pids: Vec<String> = std::iter::once(pid).chain(children(pid)).map(|p| p.to_string()).collect();
         let child = Command::new("perf")
-            .args(["record", "-g", "-F", "999", "-p", &pid.to_string(), "-o"])
+            .args(["record", "-g", "-F", "999", "-p", &pids.join(","), "-o"])
             .arg(&out)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -514,16 +543,15 @@ async fn measure_with_cpu(
     count: Option<usize>,
     secs: f64,
     router: Option<u32>,
-) -> (Figures, Option<f64>) {
+) -> (Figures, Option<Cpu>) {
     let before = router.and_then(cpu_seconds);
     let f = measure(http, url, body, clients, count, secs).await;
     let after = router.and_then(cpu_seconds);
-    let served = (f.count + WARM_UP) as f64;
-    let cpu_us = before.zip(after).map(|(b, a)| (a - b) * 1e6 / served);
+    let cpu_us = before.zip(after).map(|(b, a)| a.per_request_since(b, f.count + WARM_UP));
     (f, cpu_us)
 }
 
-fn trow(name: &str, f: &Figures, cpu_us: Option<f64>) {
+fn trow(name: &str, f: &Figures, cpu_us: Option<Cpu>) {
     let err = if f.errors > 0 { format!("  ({} errors)", f.errors) } else { String::new() };
     println!("  {name:<34} {:>9.0} {:>8.3} {:>8.3}  {}{err}", f.rps, f.p50_ms, f.p99_ms, cpu_cell(cpu_us));
 }
@@ -684,11 +712,11 @@ async fn run(args: Args) {
             let routers: Vec<Option<u32>> = group.iter().map(|&i| latency_paths[i].2).collect();
             let probes: Vec<Option<Probe>> =
                 routers.iter().map(|r| args.tail.then(|| Probe::new(*r, &worker_pids))).collect();
-            let before: Vec<Option<f64>> = routers.iter().map(|r| r.and_then(cpu_seconds)).collect();
+            let before: Vec<Option<Cpu>> = routers.iter().map(|r| r.and_then(cpu_seconds)).collect();
             let results = one_at_a_time(&http, &targets, args.latency_requests, &probes).await;
             for (j, (f, samples)) in results.into_iter().enumerate() {
                 let after = routers[j].and_then(cpu_seconds);
-                let cpu = before[j].zip(after).map(|(b, a)| (a - b) * 1e6 / (f.count + WARM_UP) as f64);
+                let cpu = before[j].zip(after).map(|(b, a)| a.per_request_since(b, f.count + WARM_UP));
                 row(&latency_paths[group[j]].0, &f, base.as_ref(), cpu);
                 if let Some(p) = &probes[j] {
                     p.report(&samples);
@@ -706,7 +734,10 @@ async fn run(args: Args) {
             "2. Throughput, zero-compute workers, {} concurrent clients, {:.0} s per path:",
             args.clients, args.throughput_secs
         );
-        println!("  {:<34} {:>9} {:>8} {:>8}  {:>8}", "path", "req/s", "p50 ms", "p99 ms", "router CPU µs/req");
+        println!(
+            "  {:<34} {:>9} {:>8} {:>8}  {:>8}",
+            "path", "req/s", "p50 ms", "p99 ms", "router CPU µs/req (user + sys)"
+        );
         for (name, url, router) in &paths_zero {
             let perf = router.and_then(|pid| Perf::start(pid, name, *size));
             let (f, cpu) = measure_with_cpu(&http, url, &body, args.clients, None, args.throughput_secs, *router).await;
@@ -727,7 +758,7 @@ async fn run(args: Args) {
             items.iter().map(|t| f64::from(sieve_loadtest::sim::tokens::item_tokens(t)))
         )
     );
-        println!("  {:<34} {:>8} {:>8}  {:>8}", "path", "p50", "p99", "router CPU µs/req");
+        println!("  {:<34} {:>8} {:>8}  {:>8}", "path", "p50", "p99", "router CPU µs/req (user + sys)");
         let n = (args.latency_requests / 4).max(100);
         let mut paths_cost: Vec<(&str, String, u32)> = Vec::new();
         if let Some(ng) = &nginx_cost {
