@@ -94,16 +94,18 @@ impl PrefixHolders {
                 return;
             }
         }
-        if holders.is_some_and(|hs| hs.first().is_some_and(|h| self.just_renewed(h, w, now))) {
+        if holders.is_some_and(|hs| hs.iter().any(|h| self.just_renewed(h, w, now))) {
             return;
         }
         self.record(prefix, w, now);
     }
 
-    /// Whether `h`, the most recent holder, is `w` renewed less than a thousandth of the TTL
-    /// ago: renewing it again would change when it expires by less than that, and costs a
-    /// cache write (a handful of allocations and the cache's upkeep), which under steady
-    /// traffic on one prefix would be every answer's.
+    /// Whether `h` is `w` renewed less than a thousandth of the TTL ago: renewing it again
+    /// would change when it expires by less than that, and costs a cache write (a handful of
+    /// allocations and the cache's upkeep), which under steady traffic on one prefix would be
+    /// every answer's, and every shard's when a request is split (each shard's worker is a
+    /// different holder, so not only the most recent one is looked at). The holders stay in
+    /// order of renewal to within that thousandth: every holder ahead of `h` is more recent.
     fn just_renewed(&self, h: &Holder, w: &Worker, now: Instant) -> bool {
         h.worker == w.prefix_key()
             && h.generation == w.prefix_generation()
@@ -234,6 +236,12 @@ mod tests {
         assert!(!h.holds(1, &a, t0 + Duration::from_millis(1_000)), "not renewed within 1 ms");
         h.observe(1, &a, 45, 45, t0 + Duration::from_millis(2));
         assert!(h.holds(1, &a, t0 + Duration::from_millis(1_001)), "renewed after 1 ms");
+        // So is a holder behind a more recent one (a split request's shards on several workers).
+        let b = worker(11);
+        h.record(1, &b, t0 + Duration::from_micros(2_100));
+        h.observe(1, &a, 45, 45, t0 + Duration::from_micros(2_500));
+        assert!(!h.holds(1, &a, t0 + Duration::from_millis(1_002)), "the second holder not renewed within 1 ms");
+        assert!(h.holds(1, &b, t0 + Duration::from_millis(1_002)));
         // At most MAX_HOLDERS per prefix: the oldest goes.
         let ws: Vec<_> = (0..MAX_HOLDERS as u16 + 2).map(|i| worker(20 + i)).collect();
         for (i, w) in ws.iter().enumerate() {
