@@ -331,41 +331,36 @@ impl Cpu {
     }
 }
 
-/// The CPU time of `pid` and its children (nginx's workers), from /proc.
-fn cpu_seconds(pid: u32) -> Option<Cpu> {
+/// A process's parent and CPU time, from `/proc/PID/stat`.
+fn proc_stat(pid: u32) -> Option<(u32, Cpu)> {
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    let read = |p: &str| -> Option<(u32, Cpu)> {
-        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
-        // Fields after the parenthesised command name: state ppid ... utime(14) stime(15).
-        let rest = stat.rsplit_once(')')?.1;
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let ppid = f.get(1)?.parse().ok()?;
-        let user = f.get(11)?.parse::<f64>().ok()? / ticks;
-        let sys = f.get(12)?.parse::<f64>().ok()? / ticks;
-        Some((ppid, Cpu { user, sys }))
-    };
-    let mut total = read(&pid.to_string())?.1;
-    for n in children(pid) {
-        if let Some((_, cpu)) = read(&n.to_string()) {
-            total.user += cpu.user;
-            total.sys += cpu.sys;
-        }
-    }
-    Some(total)
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name: state ppid ... utime(14) stime(15).
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ppid = f.get(1)?.parse().ok()?;
+    let user = f.get(11)?.parse::<f64>().ok()? / ticks;
+    let sys = f.get(12)?.parse::<f64>().ok()? / ticks;
+    Some((ppid, Cpu { user, sys }))
 }
 
-/// The processes whose parent is `pid`.
-fn children(pid: u32) -> Vec<u32> {
+/// The processes whose parent is `pid`, with their CPU time.
+fn children(pid: u32) -> Vec<(u32, Cpu)> {
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
     dir.flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|n| {
-            std::fs::read_to_string(format!("/proc/{n}/stat"))
-                .ok()
-                .and_then(|s| s.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse::<u32>().ok())
-                == Some(pid)
-        })
+        .filter_map(|n| proc_stat(n).filter(|(ppid, _)| *ppid == pid).map(|(_, cpu)| (n, cpu)))
         .collect()
+}
+
+/// The CPU time of `pid` and its children (nginx's workers), from /proc.
+fn cpu_seconds(pid: u32) -> Option<Cpu> {
+    let mut total = proc_stat(pid)?.1;
+    for (_, cpu) in children(pid) {
+        total.user += cpu.user;
+        total.sys += cpu.sys;
+    }
+    Some(total)
 }
 
 fn free_port() -> u16 {
@@ -510,7 +505,8 @@ impl Perf {
             row.trim().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect::<String>();
         let out = dir.join(format!("{slug}-{size}.data"));
         // nginx serves from its master's children: profile those too.
-        let pids: Vec<String> = std::iter::once(pid).chain(children(pid)).map(|p| p.to_string()).collect();
+        let pids: Vec<String> =
+            std::iter::once(pid).chain(children(pid).into_iter().map(|(p, _)| p)).map(|p| p.to_string()).collect();
         let child = Command::new("perf")
             .args(["record", "-g", "-F", "999", "-p", &pids.join(","), "-o"])
             .arg(&out)

@@ -300,7 +300,7 @@ mod tests {
                 .collect();
             let req = Request { item_tokens: &tokens, prefix: 20.0 + next() * 100.0, model: &model };
             let k_max = workers.min(m);
-            assert!(m * k_max * (k_max + 1) / 2 > EXHAUSTIVE_STEPS, "case {case} takes the fluid path");
+            assert!(exhaustive_steps(m, k_max) > EXHAUSTIVE_STEPS, "case {case} takes the fluid path");
             let fluid = split_by_cost(&req, &cands, 64, 0.02);
             check_partition(&fluid, m);
             let exhaustive = split_exhaustive(&req, &cands, k_max, 0.02, load_price::Price::NONE);
