@@ -2,7 +2,8 @@
 //!
 //! 1. dense GEMM (bf16, f32 accumulate) on Qwen3-0.6B/4B-like projection shapes: TFLOP/s, for
 //!    cuBLAS and for the batch-invariant tiled kernel (the same-run baseline for each other);
-//! 2. varlen paged attention on a scoring batch (one shared prefix, many items): tokens/s;
+//! 2. varlen paged attention on a scoring batch (one shared prefix, many items): tokens/s and
+//!    TFLOP/s, the tensor-core kernel against the SIMT kernel in the same run;
 //! 3. the MoE layer at Qwen3-30B-A3B-like expert shapes (128 experts, top-8, hidden 2048,
 //!    expert size 768) for batch sizes 1..64 sequences: each fixed grouped-GEMM variant
 //!    (BLOCK_M 64, BLOCK_M 128) against the device-side auto selector, with the histogram's
@@ -19,7 +20,7 @@ use std::time::Instant;
 
 use rand::{Rng, SeedableRng};
 use sieve_kernels::cuda::moe::{BlockM, MoeDims, MoeRouting, TilePolicy};
-use sieve_kernels::cuda::{CudaBackend, CudaOptions, GemmEngine};
+use sieve_kernels::cuda::{AttentionEngine, CudaBackend, CudaOptions, GemmEngine};
 use sieve_kernels::{AttnSeq, Backend, BatchLayout, CpuBackend, QkvLayout, RopeConfig, RopeLayout};
 
 fn random(rng: &mut impl Rng, n: usize, scale: f32) -> Vec<f32> {
@@ -96,9 +97,19 @@ fn bench_gemm(g: &CudaBackend, rng: &mut impl Rng, reps: usize) {
     }
 }
 
-fn bench_attention(g: &CudaBackend, rng: &mut impl Rng, reps: usize) {
-    println!("\nAttention (one layer, prefix already cached): query tokens/s (event median)");
-    println!("{:>8} {:>8} {:>8} {:>22} {:>12} {:>14}", "prefix", "items", "item", "heads/kv/hd", "ms", "Mtok/s");
+/// Attention FLOPs of a layout: QKᵀ and PV, 2 per multiply-add, over each row's visible keys.
+fn attention_flops(b: &BatchLayout, layout: QkvLayout) -> f64 {
+    let visible: u64 =
+        b.seqs.iter().map(|s| (0..s.q_len as u64).map(|i| (s.ctx_len - s.q_len) as u64 + i + 1).sum::<u64>()).sum();
+    4.0 * visible as f64 * (layout.n_heads * layout.head_dim) as f64
+}
+
+fn bench_attention(g: &mut CudaBackend, rng: &mut impl Rng, reps: usize) {
+    println!("\nAttention (one layer, prefix already cached): query tokens/s and TFLOP/s (event median), per engine");
+    println!(
+        "{:>8} {:>8} {:>8} {:>14} {:>8} {:>10} {:>10} {:>10}",
+        "prefix", "items", "item", "heads/kv/hd", "engine", "ms", "Mtok/s", "TFLOP/s"
+    );
     for &(prefix, items, item_len, (nh, nkv, hd)) in &[
         (200, 20, 100, (16, 8, 128)),
         (200, 200, 100, (16, 8, 128)),
@@ -119,13 +130,20 @@ fn bench_attention(g: &CudaBackend, rng: &mut impl Rng, reps: usize) {
         let q = g.from_host(&random(rng, rows * layout.qkv_dim(), 1.0), rows, layout.qkv_dim()).expect("q");
         g.write_kv(&q, layout, &mut cache, 0, &bb).expect("kv");
         let mut out = g.zeros(rows, layout.q_dim()).expect("out");
-        let ms = gpu_ms(g, reps, || g.attention(&q, layout, &cache, 0, &bb, &mut out).expect("attention"));
-        println!(
-            "{prefix:>8} {items:>8} {item_len:>8} {:>22} {ms:>12.3} {:>14.2}",
-            format!("{nh}/{nkv}/{hd}"),
-            rows as f64 / (ms * 1e-3) / 1e6
-        );
+        let flops = attention_flops(&batch, layout);
+        for engine in [AttentionEngine::Mma, AttentionEngine::Simt] {
+            g.set_attention_engine(engine);
+            let ms = gpu_ms(g, reps, || g.attention(&q, layout, &cache, 0, &bb, &mut out).expect("attention"));
+            println!(
+                "{prefix:>8} {items:>8} {item_len:>8} {:>14} {:>8} {ms:>10.3} {:>10.2} {:>10.1}",
+                format!("{nh}/{nkv}/{hd}"),
+                format!("{engine:?}"),
+                rows as f64 / (ms * 1e-3) / 1e6,
+                flops / (ms * 1e-3) / 1e12
+            );
+        }
     }
+    g.set_attention_engine(AttentionEngine::default());
 }
 
 fn bench_moe(g: &CudaBackend, rng: &mut impl Rng, reps: usize) {
@@ -266,7 +284,7 @@ fn main() {
     let cache = std::env::var_os("SIEVE_CACHE")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.cache"));
-    let g = match CudaBackend::with_options(&CudaOptions::new(0).with_asset_cache(&cache)) {
+    let mut g = match CudaBackend::with_options(&CudaOptions::new(0).with_asset_cache(&cache)) {
         Ok(g) => g,
         Err(e) => {
             eprintln!("bench_cuda: no usable GPU on this machine, nothing measured: {e}");
@@ -292,7 +310,7 @@ fn main() {
         Ok(gt) => bench_gemm(&gt, &mut rng, reps),
         Err(e) => println!("tiled GEMM backend failed to start: {e}"),
     }
-    bench_attention(&g, &mut rng, reps);
+    bench_attention(&mut g, &mut rng, reps);
     bench_moe(&g, &mut rng, reps);
 
     let model = Dense {
@@ -302,14 +320,27 @@ fn main() {
         layout: QkvLayout { n_heads: 16, n_kv_heads: 8, head_dim: 128 },
     };
     println!("\nDense model (28 layers, hidden 1024, Qwen3-0.6B shapes, random weights): prefix 200 tokens + items of 100 tokens");
-    println!("{:>8} {:>14} {:>14} {:>10}", "items", "pairs/s", "tokens/s", "backend");
+    println!("{:>8} {:>14} {:>14} {:>22}", "items", "pairs/s", "tokens/s", "backend");
+    let engines: Vec<(String, CudaBackend)> = [
+        (GemmEngine::Tiled, AttentionEngine::Simt),
+        (GemmEngine::Tiled, AttentionEngine::Mma),
+        (GemmEngine::Cublas, AttentionEngine::Mma),
+    ]
+    .into_iter()
+    .filter_map(|(gemm, attention)| {
+        let opts = CudaOptions { gemm, attention, ..CudaOptions::new(0).with_asset_cache(&cache) };
+        CudaBackend::with_options(&opts).ok().map(|b| (format!("cuda {gemm:?}/{attention:?}"), b))
+    })
+    .collect();
     for items in [20usize, 100, 500] {
-        let (p, t) = model.pairs_per_s(&g, &mut rng, items, 100, 200);
-        println!("{items:>8} {p:>14.1} {t:>14.0} {:>10}", "cuda");
+        for (name, e) in &engines {
+            let (p, t) = model.pairs_per_s(e, &mut rng, items, 100, 200);
+            println!("{items:>8} {p:>14.1} {t:>14.0} {name:>22}");
+        }
         if with_cpu && items == 20 {
             let cpu = CpuBackend::new(0).expect("cpu");
             let (p, t) = model.pairs_per_s(&cpu, &mut rng, items, 100, 200);
-            println!("{items:>8} {p:>14.1} {t:>14.0} {:>10}", "cpu");
+            println!("{items:>8} {p:>14.1} {t:>14.0} {:>22}", "cpu");
         }
     }
 }

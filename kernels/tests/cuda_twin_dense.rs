@@ -5,17 +5,22 @@
 //! - `EXACT_INPUT_TOL` 2e-5: the reference is given the same bf16-rounded inputs the device
 //!   holds (weights, K/V, the GEMM's activation), so only f32-vs-f64 accumulation differs.
 //! - `BF16_TOL` 2e-2: against unrounded inputs — what bf16 storage costs.
+//! - `MMA_ATTENTION_TOL` 1e-2: the tensor-core attention against a reference given its bf16 Q,
+//!   K and V: what rounding the softmax probabilities to bf16 for the P·V mma costs.
 
 mod common;
 
 use common::*;
+use sieve_kernels::cuda::layout::PackedBatch;
 use sieve_kernels::cuda::twin::{warp::round_bf16, TwinBackend};
+use sieve_kernels::cuda::AttentionEngine;
 use sieve_kernels::host::HostTensor;
 use sieve_kernels::reference::ReferenceBackend;
 use sieve_kernels::{Backend, KernelError, QkvLayout, RopeConfig, RopeLayout};
 
 const EXACT_INPUT_TOL: f32 = 2e-5;
 const BF16_TOL: f32 = 2e-2;
+const MMA_ATTENTION_TOL: f32 = 1e-2;
 
 fn rounded(v: &[f32]) -> Vec<f32> {
     v.iter().map(|&x| round_bf16(x)).collect()
@@ -169,27 +174,32 @@ fn qk_norm_rope_in_both_layouts_with_partial_rotary() {
 }
 
 /// A batch with a shared prefix (its KV written by an earlier pass), items that extend it,
-/// a sub-tile remainder, contexts longer than one key tile and queries spanning several q tiles.
-fn attention_case(twin: &TwinBackend, r: &ReferenceBackend, layout: QkvLayout, seed: u64) {
+/// a sub-tile remainder, contexts longer than one key tile and queries spanning several q tiles;
+/// with a prefix of `prefix_len` ≥ 2 key tiles of the tensor-core kernel, groups of items whose
+/// whole prefix tiles go through its shared pass.
+fn attention_case(twin: &TwinBackend, r: &ReferenceBackend, layout: QkvLayout, seed: u64, prefix_len: usize) {
     let mut g = rng(seed);
-    let (num_slots, hd) = (400, layout.head_dim);
+    let (num_slots, hd) = (512, layout.head_dim);
+    let mma = twin.attention.mma_for(hd);
     let mut tc = twin.kv_cache(2, num_slots, layout.n_kv_heads, hd).unwrap();
     let mut rc = r.kv_cache(2, num_slots, layout.n_kv_heads, hd).unwrap();
     let mut rc_exact = r.kv_cache(2, num_slots, layout.n_kv_heads, hd).unwrap();
 
-    // Pass 1: the shared prefix (45 tokens: more than one 32-key tile, not block aligned).
-    let mut b = LayoutBuilder { next_slot: 7, ..Default::default() }; // prefix slots need not start at 0
-    b.push_seq(&[], 45);
+    // Pass 1: the shared prefix (not block aligned; prefix slots need not start at 0).
+    let mut b = LayoutBuilder { next_slot: 7, ..Default::default() };
+    b.push_seq(&[], prefix_len);
     let prefix = b.context_slots(0);
     let next_slot = b.next_slot;
     let run = |b: &LayoutBuilder, tc: &mut _, rc: &mut _, rc_exact: &mut _, g: &mut rand::rngs::StdRng| {
         let rows = b.layout.num_rows();
         let qkv = tensor(g, rows, layout.qkv_dim());
         let qkv_r = {
-            // The device stores K and V as bf16; the reference gets the same rounded values.
+            // The device stores K and V as bf16 (the tensor-core kernel also reads Q as bf16);
+            // the reference gets the same rounded values.
             let mut t = qkv.clone();
+            let first = if mma { 0 } else { layout.k_offset() };
             for row in 0..rows {
-                for c in layout.k_offset()..layout.qkv_dim() {
+                for c in first..layout.qkv_dim() {
                     t.data[row * layout.qkv_dim() + c] = round_bf16(t.data[row * layout.qkv_dim() + c]);
                 }
             }
@@ -209,7 +219,7 @@ fn attention_case(twin: &TwinBackend, r: &ReferenceBackend, layout: QkvLayout, s
         r.attention(&qkv_r, layout, rc, 1, &rbatch, &mut want).unwrap();
         r.attention(&qkv, layout, rc_exact, 1, &rbatch, &mut want_exact).unwrap();
         let what = format!("attention {layout:?}, {} seqs", b.layout.seqs.len());
-        assert_close(&what, &got.data, &want.data, EXACT_INPUT_TOL);
+        assert_close(&what, &got.data, &want.data, if mma { MMA_ATTENTION_TOL } else { EXACT_INPUT_TOL });
         assert_close(&format!("{what} vs f32 K/V"), &got.data, &want_exact.data, BF16_TOL);
         got
     };
@@ -222,16 +232,31 @@ fn attention_case(twin: &TwinBackend, r: &ReferenceBackend, layout: QkvLayout, s
     b.push_seq(&prefix[..20], 37);
     b.push_seq(&[], 3);
     b.push_seq(&prefix, 70);
+    b.push_seq(&prefix, 100);
     run(&b, &mut tc, &mut rc, &mut rc_exact, &mut g);
 }
 
 #[test]
 fn attention_over_a_shared_prefix_matches_reference() {
-    let (twin, r) = (TwinBackend::default(), ReferenceBackend);
+    let r = ReferenceBackend;
+    let simt = TwinBackend { attention: AttentionEngine::Simt, ..Default::default() };
     for (i, &(n_heads, n_kv_heads, head_dim)) in
         [(4, 2, 64), (2, 2, 128), (6, 2, 96), (3, 1, 256), (2, 1, 18)].iter().enumerate()
     {
-        attention_case(&twin, &r, QkvLayout { n_heads, n_kv_heads, head_dim }, 20 + i as u64);
+        attention_case(&simt, &r, QkvLayout { n_heads, n_kv_heads, head_dim }, 20 + i as u64, 45);
+    }
+}
+
+/// The tensor-core kernel (head sizes 64 and 128), short and long prefixes: with 150 prefix
+/// tokens, two groups of items go through its shared pass.
+#[test]
+fn tensor_core_attention_over_a_shared_prefix_matches_reference() {
+    let (twin, r) = (TwinBackend::default(), ReferenceBackend);
+    assert_eq!(twin.attention, AttentionEngine::Mma);
+    for (i, &(n_heads, n_kv_heads, head_dim, prefix)) in
+        [(4, 2, 64, 45), (2, 2, 128, 150), (4, 1, 64, 150)].iter().enumerate()
+    {
+        attention_case(&twin, &r, QkvLayout { n_heads, n_kv_heads, head_dim }, 40 + i as u64, prefix);
     }
 }
 
@@ -247,6 +272,68 @@ fn attention_rejects_head_sizes_the_kernel_cannot_take() {
         let qkv = HostTensor::zeros(2, layout.qkv_dim());
         let err = twin.attention(&qkv, layout, &cache, 0, &batch, &mut HostTensor::zeros(2, hd)).unwrap_err();
         assert!(matches!(err, KernelError::Unsupported(_)), "{err}");
+    }
+}
+
+/// The tensor-core kernel's promise: an item's rows are bitwise the same whether its prefix tiles
+/// went through the shared pass with other items, it was scored alone over the cached prefix, or
+/// the prefix was computed in the same sequence (no prefix reuse).
+#[test]
+fn tensor_core_attention_rows_do_not_depend_on_prefix_sharing() {
+    let twin = TwinBackend::default();
+    let layout = QkvLayout { n_heads: 4, n_kv_heads: 2, head_dim: 128 };
+    let mut g = rng(31);
+    let p = 150;
+    let prefix = tensor(&mut g, p, layout.qkv_dim());
+    let lens = [20, 64, 70, 1, 33];
+    let items: Vec<HostTensor> = lens.iter().map(|&n| tensor(&mut g, n, layout.qkv_dim())).collect();
+    let stack = |parts: &[&HostTensor]| {
+        let mut t = HostTensor::zeros(0, layout.qkv_dim());
+        for part in parts {
+            t.data.extend_from_slice(&part.data);
+            t.rows += part.rows;
+        }
+        t
+    };
+    let attend = |b: &LayoutBuilder, qkv: &HostTensor, cache: &mut _| {
+        let batch = twin.prepare_batch(&b.layout, cache).unwrap();
+        twin.write_kv(qkv, layout, cache, 0, &batch).unwrap();
+        let mut out = HostTensor::zeros(qkv.rows, layout.q_dim());
+        twin.attention(qkv, layout, cache, 0, &batch, &mut out).unwrap();
+        out
+    };
+    let rows_of =
+        |t: &HostTensor, first: usize, n: usize| t.data[first * layout.q_dim()..(first + n) * layout.q_dim()].to_vec();
+    // The prefix pass, then the items over its slots.
+    let cached_prefix = |cache: &mut _| {
+        let mut b = LayoutBuilder { next_slot: 3, ..Default::default() };
+        b.push_seq(&[], p);
+        attend(&b, &prefix, cache);
+        (b.context_slots(0), b.next_slot)
+    };
+
+    let mut cache = twin.kv_cache(1, 1024, 2, 128).unwrap();
+    let (slots, next_slot) = cached_prefix(&mut cache);
+    let mut b = LayoutBuilder { next_slot, ..Default::default() };
+    let firsts: Vec<usize> = lens.iter().map(|&n| b.push_seq(&slots, n)).collect();
+    assert!(!PackedBatch::new(&b.layout).attn_shared_units.is_empty(), "no shared pass");
+    let together = attend(&b, &stack(&items.iter().collect::<Vec<_>>()), &mut cache);
+
+    for (i, item) in items.iter().enumerate() {
+        let n = lens[i];
+        let want = rows_of(&together, firsts[i], n);
+        let mut cache = twin.kv_cache(1, 1024, 2, 128).unwrap();
+        let (slots, next_slot) = cached_prefix(&mut cache);
+        let mut b = LayoutBuilder { next_slot: next_slot + 50, ..Default::default() };
+        b.push_seq(&slots, n);
+        let alone = attend(&b, item, &mut cache);
+        assert_bits_eq(&format!("item {i}: alone vs with the others"), &alone.data, &want);
+
+        let mut cache = twin.kv_cache(1, 1024, 2, 128).unwrap();
+        let mut b = LayoutBuilder { next_slot: 11, ..Default::default() };
+        b.push_seq(&[], p + n);
+        let whole = attend(&b, &stack(&[&prefix, item]), &mut cache);
+        assert_bits_eq(&format!("item {i}: in one sequence with its prefix"), &rows_of(&whole, p, n), &want);
     }
 }
 

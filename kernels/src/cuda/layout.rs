@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 
-use super::sources::consts::{ATT_BQ, ATT_MAX_HD};
+use super::sources::consts::{AMMA_BK, AMMA_BQ, AMMA_CAUSAL, AMMA_LOAD_STATE, AMMA_STORE_STATE, ATT_BQ, ATT_MAX_HD};
 use crate::backend::{BatchLayout, KernelError, QkvLayout, Result, RopeConfig};
 
 /// A [`BatchLayout`] flattened for the device: every array the kernels read, back to back.
@@ -19,6 +19,11 @@ pub struct PackedBatch {
     pub key_slots: Range<usize>,
     /// The attention tile schedule: per tile, (sequence index, first query index in the sequence).
     pub q_tiles: Range<usize>,
+    /// The tensor-core attention's schedule (see [`AttentionSchedule`]): its row list and the
+    /// units of its shared and own passes.
+    pub attn_rows: Range<usize>,
+    pub attn_shared_units: Range<usize>,
+    pub attn_own_units: Range<usize>,
     pub num_rows: usize,
     pub num_q_tiles: usize,
 }
@@ -46,6 +51,10 @@ impl PackedBatch {
         let tiles = q_tile_schedule(layout);
         let num_q_tiles = tiles.len() / 2;
         let q_tiles = push(&mut words, &mut tiles.into_iter());
+        let sched = AttentionSchedule::new(layout);
+        let attn_rows = push(&mut words, &mut sched.rows.into_iter());
+        let attn_shared_units = push(&mut words, &mut sched.shared_units.into_iter());
+        let attn_own_units = push(&mut words, &mut sched.own_units.into_iter());
         PackedBatch {
             words,
             token_ids,
@@ -54,6 +63,9 @@ impl PackedBatch {
             seqs,
             key_slots,
             q_tiles,
+            attn_rows,
+            attn_shared_units,
+            attn_own_units,
             num_rows: layout.num_rows(),
             num_q_tiles,
         }
@@ -76,6 +88,97 @@ pub fn q_tile_schedule(layout: &BatchLayout) -> Vec<u32> {
     tiles
 }
 
+/// Words per unit of the tensor-core attention: sequence, first index into the row list, row
+/// count, first key tile, end key tile, flags.
+pub const ATTN_UNIT_WORDS: usize = 6;
+
+/// The two passes of kernels/cuda/attention_mma.cu for one batch.
+///
+/// Consecutive sequences whose first `t` whole key tiles (`t * AMMA_BK` positions, all before
+/// each one's first query) lie in the same slots form a group: a call's items over its cached
+/// query prefix. The shared pass attends those `t` tiles once for the group's query rows packed
+/// 64 at a time; the own pass takes each sequence's rows in tiles of 64 from tile `t` (0 outside
+/// a group) to its last row's causal end. A row's result is the same whatever the grouping (the
+/// kernel carries its exact state between the passes), so grouping is purely a speed choice.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AttentionSchedule {
+    /// Batch row indices the units point into.
+    pub rows: Vec<u32>,
+    pub shared_units: Vec<u32>,
+    pub own_units: Vec<u32>,
+}
+
+impl AttentionSchedule {
+    pub fn new(layout: &BatchLayout) -> Self {
+        let (bq, bk) = (AMMA_BQ as usize, AMMA_BK as usize);
+        let mut sched = AttentionSchedule::default();
+        let live: Vec<usize> = (0..layout.seqs.len()).filter(|&i| layout.seqs[i].q_len > 0).collect();
+        let shared_tiles = |i: usize| {
+            let s = &layout.seqs[i];
+            (s.ctx_len - s.q_len) as usize / bk
+        };
+        let slots = |i: usize, len: usize| {
+            let off = layout.seqs[i].slot_offset as usize;
+            &layout.key_slots[off..off + len]
+        };
+        // Groups of consecutive sequences: (members, shared whole tiles).
+        let mut groups: Vec<(Vec<usize>, usize)> = Vec::new();
+        for &i in &live {
+            if let Some((members, t)) = groups.last_mut() {
+                let joins = *t > 0 && shared_tiles(i) >= *t && slots(members[0], *t * bk) == slots(i, *t * bk);
+                if joins {
+                    members.push(i);
+                    continue;
+                }
+            }
+            groups.push((vec![i], shared_tiles(i)));
+        }
+        for (members, t) in &mut groups {
+            // A lone sequence gains nothing from a separate shared pass.
+            if members.len() < 2 {
+                *t = 0;
+                continue;
+            }
+            let group_rows: Vec<u32> = members
+                .iter()
+                .flat_map(|&i| layout.seqs[i].q_row..layout.seqs[i].q_row + layout.seqs[i].q_len)
+                .collect();
+            for chunk in group_rows.chunks(bq) {
+                sched.shared_units.extend([
+                    members[0] as u32,
+                    sched.rows.len() as u32,
+                    chunk.len() as u32,
+                    0,
+                    *t as u32,
+                    AMMA_STORE_STATE,
+                ]);
+                sched.rows.extend_from_slice(chunk);
+            }
+        }
+        for (members, t) in &groups {
+            for &i in members {
+                let s = &layout.seqs[i];
+                let first_pos = s.ctx_len - s.q_len;
+                for start in (0..s.q_len).step_by(bq) {
+                    let n = (s.q_len - start).min(bq as u32);
+                    let last_pos = first_pos + start + n - 1;
+                    let flags = AMMA_CAUSAL | if *t > 0 { AMMA_LOAD_STATE } else { 0 };
+                    sched.own_units.extend([
+                        i as u32,
+                        sched.rows.len() as u32,
+                        n,
+                        *t as u32,
+                        (last_pos + bk as u32) / bk as u32,
+                        flags,
+                    ]);
+                    sched.rows.extend(s.q_row + start..s.q_row + start + n);
+                }
+            }
+        }
+        sched
+    }
+}
+
 fn check(cond: bool, msg: impl FnOnce() -> String) -> Result<()> {
     if cond {
         Ok(())
@@ -96,6 +199,18 @@ pub fn check_attention_shape(layout: QkvLayout) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Whether the tensor-core attention kernel takes this head size (others run the SIMT kernel).
+pub fn attention_mma_supports(head_dim: usize) -> bool {
+    matches!(head_dim, 64 | 128)
+}
+
+/// Dynamic shared memory of the tensor-core attention kernel, in bytes: the query tile and two
+/// stages of K and V tiles, bf16 rows padded by `AMMA_PAD`.
+pub fn attention_mma_smem_bytes(head_dim: usize) -> usize {
+    use super::sources::consts::AMMA_PAD;
+    (AMMA_BQ + 4 * AMMA_BK) as usize * (head_dim + AMMA_PAD as usize) * 2
 }
 
 /// Shapes the rotary kernel supports.
@@ -121,6 +236,63 @@ pub fn rope_smem_bytes(head_dim: usize, rotary_dim: usize) -> usize {
 mod tests {
     use super::*;
     use crate::backend::AttnSeq;
+
+    /// Items over a 150-token prefix: consecutive ones sharing its two whole tiles are grouped
+    /// for the shared pass; every query row is in exactly one own unit, whose key tiles start
+    /// where its group's shared tiles end and stop at its last row's causal end.
+    #[test]
+    fn attention_schedule_groups_items_over_a_shared_prefix() {
+        let prefix: Vec<u32> = (100..250).collect();
+        let mut layout = BatchLayout::default();
+        let mut next = 1000u32;
+        let mut push = |layout: &mut BatchLayout, ctx: &[u32], n: u32| {
+            let q_row = layout.token_ids.len() as u32;
+            let slot_offset = layout.key_slots.len() as u32;
+            layout.key_slots.extend_from_slice(ctx);
+            for i in 0..n {
+                layout.token_ids.push(0);
+                layout.positions.push(ctx.len() as u32 + i);
+                layout.row_slots.push(next);
+                layout.key_slots.push(next);
+                next += 1;
+            }
+            layout.seqs.push(AttnSeq { q_row, q_len: n, ctx_len: ctx.len() as u32 + n, slot_offset });
+        };
+        push(&mut layout, &prefix, 70); // group A (2 tiles)
+        push(&mut layout, &prefix, 1); // group A
+        push(&mut layout, &prefix[..100], 5); // 1 whole tile, other slots: alone
+        push(&mut layout, &[], 3); // no prefix
+        push(&mut layout, &prefix, 10); // group B
+        push(&mut layout, &prefix, 64); // group B
+        let sched = AttentionSchedule::new(&layout);
+        let units = |w: &[u32]| w.chunks(ATTN_UNIT_WORDS).map(|u| u.to_vec()).collect::<Vec<_>>();
+        let shared = units(&sched.shared_units);
+        let own = units(&sched.own_units);
+        // Group A: 71 rows in tiles of 64; group B: 74 rows.
+        let shared_shape: Vec<(u32, u32, u32, u32)> = shared.iter().map(|u| (u[0], u[2], u[3], u[4])).collect();
+        assert_eq!(shared_shape, vec![(0, 64, 0, 2), (0, 7, 0, 2), (4, 64, 0, 2), (4, 10, 0, 2)]);
+        assert!(shared.iter().all(|u| u[5] == AMMA_STORE_STATE));
+        let shared_rows: Vec<u32> =
+            shared.iter().flat_map(|u| sched.rows[u[1] as usize..(u[1] + u[2]) as usize].to_vec()).collect();
+        let want_shared: Vec<u32> = (0..71).chain(79..153).collect();
+        assert_eq!(shared_rows, want_shared);
+
+        let mut seen = vec![0; layout.num_rows()];
+        for u in &own {
+            let s = layout.seqs[u[0] as usize];
+            let grouped = [0, 1, 4, 5].contains(&u[0]);
+            assert_eq!(u[3], if grouped { 2 } else { 0 }, "first key tile of {u:?}");
+            assert_eq!(u[5], AMMA_CAUSAL | if grouped { AMMA_LOAD_STATE } else { 0 });
+            let rows = &sched.rows[u[1] as usize..(u[1] + u[2]) as usize];
+            let last_pos = s.ctx_len - s.q_len + (rows[rows.len() - 1] - s.q_row);
+            assert_eq!(u[4], last_pos / AMMA_BK + 1, "end key tile of {u:?}");
+            for &r in rows {
+                assert!(r >= s.q_row && r < s.q_row + s.q_len);
+                seen[r as usize] += 1;
+            }
+        }
+        assert!(seen.iter().all(|&n| n == 1), "{seen:?}");
+    }
 
     #[test]
     fn q_tiles_cover_every_query_row_once() {

@@ -37,6 +37,25 @@ impl GemmEngine {
     }
 }
 
+/// How attention runs on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttentionEngine {
+    /// Tensor cores (kernels/cuda/attention_mma.cu): a call's shared prefix attended once per
+    /// 64 query rows of the call, for head sizes 64 and 128 (others run `Simt`).
+    #[default]
+    Mma,
+    /// The SIMT kernel (kernels/cuda/attention.cu): any even head size up to 256; kept to
+    /// compare against.
+    Simt,
+}
+
+impl AttentionEngine {
+    /// Whether a head size takes the tensor-core path.
+    pub fn mma_for(self, head_dim: usize) -> bool {
+        self == AttentionEngine::Mma && layout::attention_mma_supports(head_dim)
+    }
+}
+
 /// BLOCK_M of the tiled dense GEMM for `m` rows: speed only, both give the same bits.
 pub fn tiled_block_m(m: usize) -> usize {
     if m <= 256 {

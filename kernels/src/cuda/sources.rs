@@ -26,6 +26,8 @@ pub const ROPE: KernelSource = kernel_source!("rope.cu", ["qk_norm_rope"]);
 pub const SILU_MUL: KernelSource = kernel_source!("silu_mul.cu", ["silu_mul_f32", "silu_mul_bf16"]);
 pub const KV_WRITE: KernelSource = kernel_source!("kv_write.cu", ["write_kv"]);
 pub const ATTENTION: KernelSource = kernel_source!("attention.cu", ["attention_prefill"]);
+pub const ATTENTION_MMA: KernelSource =
+    kernel_source!("attention_mma.cu", ["attention_mma_hd64", "attention_mma_hd128"]);
 pub const GATHER: KernelSource = kernel_source!("gather.cu", ["embed_rows", "gather_rows"]);
 pub const CONVERT: KernelSource = kernel_source!("convert.cu", ["cast_bf16", "broadcast_rows"]);
 pub const SCORE_HEAD: KernelSource = kernel_source!("score_head.cu", ["dot_rows"]);
@@ -43,6 +45,7 @@ pub const ALL: &[KernelSource] = &[
     SILU_MUL,
     KV_WRITE,
     ATTENTION,
+    ATTENTION_MMA,
     GATHER,
     CONVERT,
     SCORE_HEAD,
@@ -66,6 +69,13 @@ pub mod consts {
     pub const ATT_THREADS: u32 = 128;
     pub const ATT_ROWS_PER_WARP: u32 = 4;
     pub const ATT_MAX_HD: u32 = 256;
+    pub const AMMA_BQ: u32 = 64;
+    pub const AMMA_BK: u32 = 64;
+    pub const AMMA_THREADS: u32 = 128;
+    pub const AMMA_PAD: u32 = 8;
+    pub const AMMA_LOAD_STATE: u32 = 1;
+    pub const AMMA_STORE_STATE: u32 = 2;
+    pub const AMMA_CAUSAL: u32 = 4;
     pub const ROUTE_THREADS: u32 = 128;
     pub const ROUTE_MAX_EXPERTS: u32 = 512;
     pub const PERM_CHUNK: u32 = 256;
@@ -87,6 +97,13 @@ pub mod consts {
         ("attention.cu", "ATT_THREADS", ATT_THREADS),
         ("attention.cu", "ATT_ROWS_PER_WARP", ATT_ROWS_PER_WARP),
         ("attention.cu", "ATT_MAX_HD", ATT_MAX_HD),
+        ("attention_mma.cu", "AMMA_BQ", AMMA_BQ),
+        ("attention_mma.cu", "AMMA_BK", AMMA_BK),
+        ("attention_mma.cu", "AMMA_THREADS", AMMA_THREADS),
+        ("attention_mma.cu", "AMMA_PAD", AMMA_PAD),
+        ("attention_mma.cu", "AMMA_LOAD_STATE", AMMA_LOAD_STATE),
+        ("attention_mma.cu", "AMMA_STORE_STATE", AMMA_STORE_STATE),
+        ("attention_mma.cu", "AMMA_CAUSAL", AMMA_CAUSAL),
         ("moe_routing.cu", "ROUTE_THREADS", ROUTE_THREADS),
         ("moe_routing.cu", "ROUTE_MAX_EXPERTS", ROUTE_MAX_EXPERTS),
         ("moe_permute.cu", "PERM_CHUNK", PERM_CHUNK),

@@ -187,7 +187,9 @@ pub fn prefix_and_items(g: &mut impl Rng, vocab: usize) -> (Vec<BatchLayout>, us
         }
         b
     };
-    let prefix_pass = pass(&[(vec![], 41)], &mut next_slot);
+    // 150 prefix tokens: two whole key tiles of the tensor-core attention (its shared pass) and
+    // a partial third; 30 of them: less than one.
+    let prefix_pass = pass(&[(vec![], 150)], &mut next_slot);
     let prefix: Vec<u32> = prefix_pass.row_slots.clone();
     let items = pass(
         &[(prefix.clone(), 12), (prefix.clone(), 1), (prefix[..30].to_vec(), 50), (vec![], 9), (prefix.clone(), 33)],

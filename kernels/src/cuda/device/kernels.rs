@@ -10,7 +10,7 @@ use cudarc::nvrtc::Ptx;
 
 use super::{driver_err, CudaOptions};
 use crate::backend::{KernelError, Result};
-use crate::cuda::layout::attention_smem_bytes;
+use crate::cuda::layout::{attention_mma_smem_bytes, attention_smem_bytes};
 use crate::cuda::nvrtc::{cache_key, options_for, Arch, CompiledImage, KernelCache, NvrtcCompiler, Target};
 use crate::cuda::sources::{self, consts::ATT_MAX_HD, KernelSource};
 
@@ -33,6 +33,8 @@ pub(crate) struct Kernels {
     pub silu_mul_bf16: CudaFunction,
     pub write_kv: CudaFunction,
     pub attention_prefill: CudaFunction,
+    pub attention_mma_hd64: CudaFunction,
+    pub attention_mma_hd128: CudaFunction,
     pub embed_rows: CudaFunction,
     pub gather_rows: CudaFunction,
     pub cast_bf16: CudaFunction,
@@ -127,6 +129,8 @@ impl Kernels {
             silu_mul_bf16: f(&SILU_MUL, "silu_mul_bf16")?,
             write_kv: f(&KV_WRITE, "write_kv")?,
             attention_prefill: f(&ATTENTION, "attention_prefill")?,
+            attention_mma_hd64: f(&ATTENTION_MMA, "attention_mma_hd64")?,
+            attention_mma_hd128: f(&ATTENTION_MMA, "attention_mma_hd128")?,
             embed_rows: f(&GATHER, "embed_rows")?,
             gather_rows: f(&GATHER, "gather_rows")?,
             cast_bf16: f(&CONVERT, "cast_bf16")?,
@@ -151,6 +155,10 @@ impl Kernels {
                 attention_smem_bytes(ATT_MAX_HD as usize) as i32,
             )
             .map_err(driver_err("attention shared memory limit"))?;
+        for (f, hd) in [(&k.attention_mma_hd64, 64), (&k.attention_mma_hd128, 128)] {
+            f.set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, attention_mma_smem_bytes(hd) as i32)
+                .map_err(driver_err("tensor-core attention shared memory limit"))?;
+        }
         Ok((k, report))
     }
 }

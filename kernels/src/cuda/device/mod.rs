@@ -25,7 +25,7 @@ use cudarc::driver::{CudaContext, CudaStream, DriverError};
 
 use super::libs;
 use super::nvrtc::Arch;
-use super::GemmEngine;
+use super::{AttentionEngine, GemmEngine};
 use crate::backend::{KernelError, Result};
 
 pub use kernels::KernelLoadReport;
@@ -45,6 +45,8 @@ pub struct CudaOptions {
     pub kernel_cache_dir: Option<PathBuf>,
     /// cuBLAS or the batch-invariant tiled kernel for the dense projections.
     pub gemm: GemmEngine,
+    /// Tensor-core or SIMT attention.
+    pub attention: AttentionEngine,
 }
 
 impl CudaOptions {
@@ -56,6 +58,7 @@ impl CudaOptions {
             include_dirs: Vec::new(),
             kernel_cache_dir: Some(std::env::temp_dir().join("sieve-cuda-kernels")),
             gemm: GemmEngine::default(),
+            attention: AttentionEngine::default(),
         }
     }
 
@@ -88,9 +91,12 @@ pub struct CudaBackend {
     info: DeviceInfo,
     load_report: KernelLoadReport,
     gemm: GemmEngine,
+    attention: AttentionEngine,
     staging: Mutex<memory::Staging>,
     /// bf16 copy of a GEMM's activation; held across the cast and the GEMM it feeds.
     gemm_input: Mutex<memory::Scratch<u16>>,
+    /// The tensor-core attention's (m, l) per row and head between its two passes.
+    attention_state: Mutex<memory::Scratch<f32>>,
 }
 
 pub(crate) fn driver_err(what: &str) -> impl Fn(DriverError) -> KernelError + '_ {
@@ -137,8 +143,10 @@ impl CudaBackend {
             info,
             load_report,
             gemm: opts.gemm,
+            attention: opts.attention,
             staging,
             gemm_input: Mutex::new(memory::Scratch::default()),
+            attention_state: Mutex::new(memory::Scratch::default()),
         })
     }
 
@@ -164,6 +172,16 @@ impl CudaBackend {
     /// The engine of the dense projections.
     pub fn gemm_engine(&self) -> GemmEngine {
         self.gemm
+    }
+
+    /// The attention kernel family in use.
+    pub fn attention_engine(&self) -> AttentionEngine {
+        self.attention
+    }
+
+    /// Switches the attention kernels (benchmarks compare both on the same data).
+    pub fn set_attention_engine(&mut self, engine: AttentionEngine) {
+        self.attention = engine;
     }
 
     /// The stream every op runs on (benchmarks record events on it).

@@ -6,10 +6,12 @@ use super::memory::{alloc, CudaBatch, CudaKvCache, CudaMatrix, CudaTensor, CudaV
 use super::{driver_err, CudaBackend};
 use crate::backend::*;
 use crate::cuda::checks;
-use crate::cuda::layout::{attention_smem_bytes, check_rope_shape, rope_smem_bytes, PackedBatch};
+use crate::cuda::layout::{
+    attention_mma_smem_bytes, attention_smem_bytes, check_rope_shape, rope_smem_bytes, PackedBatch, ATTN_UNIT_WORDS,
+};
 use crate::cuda::sources::consts::*;
 use crate::cuda::tiled_block_m;
-use crate::cuda::twin::{attention_scale, warp::to_bf16};
+use crate::cuda::twin::{attention_scale, attention_scale_log2, warp::to_bf16};
 
 /// One block of `threads` per row.
 fn per_row(rows: usize, threads: u32, smem: usize) -> LaunchConfig {
@@ -32,6 +34,54 @@ pub(crate) fn to_bf16_par(data: &[f32]) -> Vec<u16> {
 }
 
 impl CudaBackend {
+    /// The tensor-core attention: the shared pass, then the own pass (kernels/cuda/attention_mma.cu).
+    fn attention_mma(
+        &self,
+        qkv: &CudaTensor,
+        layout: QkvLayout,
+        (k, v): (&cudarc::driver::CudaView<'_, u16>, &cudarc::driver::CudaView<'_, u16>),
+        batch: &CudaBatch,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
+        let p = &batch.packed;
+        let f = if layout.head_dim == 64 { &self.k.attention_mma_hd64 } else { &self.k.attention_mma_hd128 };
+        let (qkv_cols, n_heads, n_kv_heads) = (qkv.cols as i32, layout.n_heads as i32, layout.n_kv_heads as i32);
+        let scale_log2 = attention_scale_log2(layout.head_dim);
+        let mut state = self.attention_state.lock().unwrap_or_else(|e| e.into_inner());
+        let ml = state.get(&self.stream, p.num_rows * layout.n_heads * 2)?;
+        for units in [&p.attn_shared_units, &p.attn_own_units] {
+            let n_units = units.len() / ATTN_UNIT_WORDS;
+            if n_units == 0 {
+                continue;
+            }
+            let cfg = LaunchConfig {
+                grid_dim: (n_units as u32, layout.n_heads as u32, 1),
+                block_dim: (AMMA_THREADS, 1, 1),
+                shared_mem_bytes: attention_mma_smem_bytes(layout.head_dim) as u32,
+            };
+            unsafe {
+                self.stream
+                    .launch_builder(f)
+                    .arg(&qkv.buf)
+                    .arg(k)
+                    .arg(v)
+                    .arg(&batch.view(&p.seqs))
+                    .arg(&batch.view(&p.key_slots))
+                    .arg(&batch.view(&p.attn_rows))
+                    .arg(&batch.view(units))
+                    .arg(&mut out.buf)
+                    .arg(&mut *ml)
+                    .arg(&qkv_cols)
+                    .arg(&n_heads)
+                    .arg(&n_kv_heads)
+                    .arg(&scale_log2)
+                    .launch(cfg)
+            }
+            .map_err(driver_err("attention_mma"))?;
+        }
+        Ok(())
+    }
+
     /// out (+)= x · Wᵀ (+ bias): cast x to bf16, then cuBLAS. The cast buffer stays locked until
     /// the GEMM reading it is enqueued.
     fn project(
@@ -303,6 +353,9 @@ impl Backend for CudaBackend {
         let (k, v) = (cache.k.slice(range.clone()), cache.v.slice(range));
         let (qkv_cols, n_heads, n_kv_heads, head_dim) =
             (qkv.cols as i32, layout.n_heads as i32, layout.n_kv_heads as i32, layout.head_dim as i32);
+        if self.attention.mma_for(layout.head_dim) {
+            return self.attention_mma(qkv, layout, (&k, &v), batch, out);
+        }
         let scale = attention_scale(layout.head_dim);
         let cfg = LaunchConfig {
             grid_dim: (batch.packed.num_q_tiles as u32, layout.n_heads as u32, 1),

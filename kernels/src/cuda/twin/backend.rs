@@ -5,6 +5,7 @@
 //! give, within the tensor cores' and cuBLAS's own summation order.
 
 use super::attention::{attention_prefill, AttentionArgs};
+use super::attention_mma::{attention_mma, AttentionMmaArgs};
 use super::elementwise::{broadcast_rows, cast_bf16, dot_rows, embed_rows, gather_rows, silu_mul_f32, write_kv};
 use super::gemm::{dense_gemm, gemm_bf16};
 use super::rmsnorm::rms_norm_rows;
@@ -12,18 +13,19 @@ use super::rope::{qk_norm_rope, QkNormRopeArgs};
 use super::warp::to_bf16_vec;
 use crate::backend::*;
 use crate::cuda::layout::{check_rope_shape, PackedBatch};
-use crate::cuda::{checks, tiled_block_m, GemmEngine};
+use crate::cuda::{checks, tiled_block_m, AttentionEngine, GemmEngine};
 use crate::host::HostTensor;
 
 #[derive(Debug, Default, Clone)]
 pub struct TwinBackend {
     pub gemm: GemmEngine,
+    pub attention: AttentionEngine,
 }
 
 impl TwinBackend {
     /// The twin with the batch-invariant tiled GEMM for the projections.
     pub fn tiled() -> Self {
-        TwinBackend { gemm: GemmEngine::Tiled }
+        TwinBackend { gemm: GemmEngine::Tiled, ..Default::default() }
     }
 }
 
@@ -236,6 +238,25 @@ impl Backend for TwinBackend {
     ) -> Result<()> {
         checks::attention(shape(qkv), layout, cache.dims(), layer, batch.packed.num_rows, shape(out))?;
         let p = &batch.packed;
+        if self.attention.mma_for(layout.head_dim) {
+            let args = AttentionMmaArgs {
+                qkv: &qkv.data,
+                k_pool: &cache.k[layer],
+                v_pool: &cache.v[layer],
+                seqs: p.slice(&p.seqs),
+                key_slots: p.slice(&p.key_slots),
+                rows: p.slice(&p.attn_rows),
+                qkv_cols: qkv.cols,
+                n_heads: layout.n_heads,
+                n_kv_heads: layout.n_kv_heads,
+                head_dim: layout.head_dim,
+                scale_log2: attention_scale_log2(layout.head_dim),
+            };
+            let mut ml = vec![0f32; p.num_rows * layout.n_heads * 2];
+            attention_mma(args, p.slice(&p.attn_shared_units), &mut out.data, &mut ml);
+            attention_mma(args, p.slice(&p.attn_own_units), &mut out.data, &mut ml);
+            return Ok(());
+        }
         let args = AttentionArgs {
             qkv: &qkv.data,
             k_pool: &cache.k[layer],
@@ -365,6 +386,12 @@ impl Backend for TwinBackend {
             crate::moe::AutotuneReport { seconds: 0.0, samples: 0, knots_measured: 0, complete: false },
         ))
     }
+}
+
+/// The softmax scale in base 2, `log2(e)/sqrt(head_dim)`, as the f32 both backends pass to the
+/// tensor-core kernel (it exponentiates with `exp2`).
+pub fn attention_scale_log2(head_dim: usize) -> f32 {
+    (std::f64::consts::LOG2_E / (head_dim as f64).sqrt()) as f32
 }
 
 /// The softmax scale `1/sqrt(head_dim)`, as the f32 both backends pass to the kernel.

@@ -4,63 +4,12 @@
 //! layouts of the PTX ISA ("Matrix Fragments for mma.m16n8k16 with floating point type"), and the
 //! epilogue's stores. A wrong fragment index in the kernel would scramble this twin's output too.
 
-use super::warp::from_bf16;
+use super::fragments::mma_m16n8k16;
 use crate::cuda::sources::consts::{GEMM_BK, GEMM_BN};
 
 pub(crate) const BN: usize = GEMM_BN as usize;
 const BK: usize = GEMM_BK as usize;
 const LD: usize = BK + 8;
-
-/// One warp's registers for an mma: 32 lanes × (4 A words, 2 B words, 4 accumulators).
-type AFrag = [[u32; 4]; 32];
-type BFrag = [[u32; 2]; 32];
-type CFrag = [[f32; 4]; 32];
-
-fn lo(w: u32) -> u16 {
-    (w & 0xffff) as u16
-}
-fn hi(w: u32) -> u16 {
-    (w >> 16) as u16
-}
-
-/// `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32` D = A·B + C, from the warp's registers,
-/// placing elements by the PTX ISA's formulas (groupID = lane >> 2, threadID_in_group = lane % 4):
-/// A: a_i (i = 0..8, two per register, low half first) at row g (+8 for i in {2,3,6,7}),
-///    col 2·tg + (i & 1) (+8 for i ≥ 4); B: b_i at row(k) 2·tg + (i & 1) (+8 for i ≥ 2), col g;
-/// C/D: c_i at row g (+8 for i ≥ 2), col 2·tg + (i & 1).
-/// The products of two bf16 are exact in f32; the 16 are summed in k order then added to C.
-fn mma_m16n8k16(c: &mut CFrag, a: &AFrag, b: &BFrag) {
-    let mut am = [[0f32; 16]; 16];
-    let mut bm = [[0f32; 8]; 16];
-    for lane in 0..32 {
-        let (g, tg) = (lane >> 2, lane & 3);
-        for i in 0..8 {
-            let reg = a[lane][i / 2];
-            let v = if i % 2 == 0 { lo(reg) } else { hi(reg) };
-            let row = if i < 2 || (4..6).contains(&i) { g } else { g + 8 };
-            let col = tg * 2 + (i & 1) + if i >= 4 { 8 } else { 0 };
-            am[row][col] = from_bf16(v);
-        }
-        for i in 0..4 {
-            let reg = b[lane][i / 2];
-            let v = if i % 2 == 0 { lo(reg) } else { hi(reg) };
-            let row = tg * 2 + (i & 1) + if i >= 2 { 8 } else { 0 };
-            bm[row][g] = from_bf16(v);
-        }
-    }
-    for (lane, cl) in c.iter_mut().enumerate() {
-        let (g, tg) = (lane >> 2, lane & 3);
-        for (i, ci) in cl.iter_mut().enumerate() {
-            let row = if i < 2 { g } else { g + 8 };
-            let col = tg * 2 + (i & 1);
-            let mut sum = 0f32;
-            for kk in 0..16 {
-                sum += am[row][kk] * bm[kk][col];
-            }
-            *ci += sum;
-        }
-    }
-}
 
 /// A shared-memory tile of bf16, `rows × LD`.
 struct SmemTile {

@@ -15,8 +15,10 @@
 #![allow(clippy::needless_range_loop)]
 
 mod attention;
+mod attention_mma;
 mod backend;
 mod elementwise;
+mod fragments;
 mod gemm;
 mod mma_tile;
 mod moe;
@@ -28,7 +30,8 @@ mod rope;
 pub mod warp;
 
 pub use attention::{attention_prefill, AttentionArgs};
-pub use backend::{attention_scale, TwinBackend, TwinBatch, TwinKvCache, TwinMatrix};
+pub use attention_mma::{attention_mma, AttentionMmaArgs};
+pub use backend::{attention_scale, attention_scale_log2, TwinBackend, TwinBatch, TwinKvCache, TwinMatrix};
 pub use elementwise::{
     broadcast_rows, cast_bf16, dot_rows, embed_rows, gather_rows, silu_mul_bf16, silu_mul_f32, write_kv,
 };
