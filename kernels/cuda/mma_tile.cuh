@@ -37,6 +37,12 @@ __device__ __forceinline__ void cp_async16(u32 smem, const void* gmem, bool vali
     const int src_size = valid ? 16 : 0;  // 0: writes 16 zero bytes, reads nothing
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_size));
 }
+// The same, asking L2 to fetch the whole 128-byte line: a tile row's 64 bytes of this K step and
+// the next, which the ring copies GEMM_STAGES - 1 steps later.
+__device__ __forceinline__ void cp_async16_l2(u32 smem, const void* gmem, bool valid) {
+    const int src_size = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_size));
+}
 // The same from a generic pointer into shared memory (attention_mma.cu).
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
     cp_async16(smem_u32(smem), gmem, valid);
@@ -125,12 +131,12 @@ __device__ __forceinline__ void gemm_tile(const bf16_t* __restrict__ a, const bf
 #pragma unroll
         for (int i = 0; i < A_CHUNKS; ++i) {
             const bool ok = a_ok[i] && k0 + ((tid + i * THREADS) & 3) * 8 < k;
-            cp_async16(a_s + stage * A_STAGE + a_dst[i], ok ? a_src[i] + k0 : a, ok);
+            cp_async16_l2(a_s + stage * A_STAGE + a_dst[i], ok ? a_src[i] + k0 : a, ok);
         }
 #pragma unroll
         for (int i = 0; i < B_CHUNKS; ++i) {
             const bool ok = b_ok[i] && k0 + ((tid + i * THREADS) & 3) * 8 < k;
-            cp_async16(b_s + stage * B_STAGE + b_dst[i], ok ? b_src[i] + k0 : w, ok);
+            cp_async16_l2(b_s + stage * B_STAGE + b_dst[i], ok ? b_src[i] + k0 : w, ok);
         }
     };
 
