@@ -4,18 +4,39 @@
 // depend on how many rows share the call; here every row is computed by the same tile code with
 // the same K order whatever M is (mma_tile.cuh), so a pair's score cannot depend on its batch.
 //
-// Launch: grid (ceil(M / BM), ceil(N / GEMM_BN)), block BM * 2 threads. Both BM give the same
-// bits; the host picks by M for speed. Requires K % 8 == 0.
+// dense_gemm_bm64 / dense_gemm_bm128: the current tile (mma_tile.cuh). Launch: grid
+// (ceil(M / BM), ceil(N / BN)), block and dynamic shared memory by the tile's shape; a block's
+// tile comes from gemm_block_order. dense_gemm_v1_bm64 / dense_gemm_v1_bm128: the first tile
+// (mma_tile_v1.cuh, `GemmEngine::TiledV1`), kept to measure against: grid (ceil(M / BM),
+// ceil(N / 64)), block BM * 2 threads, static shared memory. All four give the same bits; the
+// host picks the BM by shape for speed. Requires K % 8 == 0.
 #include "mma_tile.cuh"
+#include "mma_tile_v1.cuh"
 
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(128, 4)
 dense_gemm_bm64(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, float* __restrict__ out, int m, int n, int k,
                 float beta) {
-    gemm_tile<64>(x, w, out, 0, blockIdx.x * 64, (u32)m, blockIdx.y * GEMM_BN, n, k, beta);
+    u32 tm, tn;
+    gemm_block_order(tm, tn);
+    gemm_tile<64>(x, w, out, 0, tm * 64, (u32)m, tn * GEMM_BN_BM64, n, k, beta);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+dense_gemm_bm128(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, float* __restrict__ out, int m, int n,
+                 int k, float beta) {
+    u32 tm, tn;
+    gemm_block_order(tm, tn);
+    gemm_tile<128>(x, w, out, 0, tm * 128, (u32)m, tn * GEMM_BN_BM128, n, k, beta);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+dense_gemm_v1_bm64(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, float* __restrict__ out, int m, int n,
+                   int k, float beta) {
+    gemm_tile_v1<64>(x, w, out, 0, blockIdx.x * 64, (u32)m, blockIdx.y * GEMM_V1_BN, n, k, beta);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
-dense_gemm_bm128(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, float* __restrict__ out, int m, int n, int k,
-                 float beta) {
-    gemm_tile<128>(x, w, out, 0, blockIdx.x * 128, (u32)m, blockIdx.y * GEMM_BN, n, k, beta);
+dense_gemm_v1_bm128(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, float* __restrict__ out, int m, int n,
+                    int k, float beta) {
+    gemm_tile_v1<128>(x, w, out, 0, blockIdx.x * 128, (u32)m, blockIdx.y * GEMM_V1_BN, n, k, beta);
 }

@@ -2,10 +2,12 @@
 // A the permuted activations [n_rows, K] (bf16), W [n_experts, N, K] (bf16, nn.Linear layout),
 // C [n_rows, N] (f32). Rows of expert e are [offsets[e], offsets[e] + counts[e]) (moe_permute.cu).
 //
-// Launch: grid (the host's worst-case tile count for the variant, ceil(N / GEMM_BN)), block
-// BLOCK_M * 2 threads. blockIdx.x indexes this variant's device-built tile schedule
-// (expert, first row within the expert); a block past the device's tile count exits, and every
-// block of the variant the selector did not choose (the `choice` flag) exits at once.
+// Launch: grid (the host's worst-case tile count for the variant, ceil(N / BN)), block and
+// dynamic shared memory by the tile's shape (mma_tile.cuh: BLOCK_M 64 is 64 x 64 on 128
+// threads, BLOCK_M 128 is 128 x 128 on 256). blockIdx.x indexes this variant's device-built
+// tile schedule (expert, first row within the expert); a block past the device's tile count
+// exits, and every block of the variant the selector did not choose (the `choice` flag) exits
+// at once.
 // The tile itself is mma_tile.cuh's gemm_tile; both variants give the same bits.
 #include "mma_tile.cuh"
 
@@ -17,11 +19,12 @@ __device__ __forceinline__ void grouped_gemm(const bf16_t* __restrict__ a, const
     const u32 tile = blockIdx.x;
     if (tile >= n_tiles) return;
     const u32 e = tiles[2 * tile], r0 = tiles[2 * tile + 1];
-    gemm_tile<BM>(a, w + (long long)e * n * k, c, offsets[e], r0, counts[e], blockIdx.y * GEMM_BN, n, k, 0.0f);
+    gemm_tile<BM>(a, w + (long long)e * n * k, c, offsets[e], r0, counts[e], blockIdx.y * GemmShape<BM>::BN, n, k,
+                  0.0f);
 }
 
 // n_tiles = [tiles at BLOCK_M 64, tiles at BLOCK_M 128] (moe_offsets); choice = the selector's BLOCK_M.
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(128, 4)
 moe_gemm_bm64(const bf16_t* __restrict__ a, const bf16_t* __restrict__ w, float* __restrict__ c,
               const u32* __restrict__ counts, const u32* __restrict__ offsets, const u32* __restrict__ tiles,
               const u32* __restrict__ n_tiles, const int* __restrict__ choice, int n, int k) {
@@ -29,7 +32,7 @@ moe_gemm_bm64(const bf16_t* __restrict__ a, const bf16_t* __restrict__ w, float*
     grouped_gemm<64>(a, w, c, counts, offsets, tiles, n_tiles[0], n, k);
 }
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, 2)
 moe_gemm_bm128(const bf16_t* __restrict__ a, const bf16_t* __restrict__ w, float* __restrict__ c,
                const u32* __restrict__ counts, const u32* __restrict__ offsets, const u32* __restrict__ tiles,
                const u32* __restrict__ n_tiles, const int* __restrict__ choice, int n, int k) {

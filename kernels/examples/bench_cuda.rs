@@ -1,17 +1,19 @@
 //! CUDA backend throughput, ready to run where a GPU exists:
 //!
 //! 1. dense GEMM (bf16, f32 accumulate) on Qwen3-0.6B/4B-like projection shapes: TFLOP/s, for
-//!    cuBLAS and for the batch-invariant tiled kernel (the same-run baseline for each other);
+//!    cuBLAS, the first batch-invariant tiled kernel (v1) and the current one at each BLOCK_M
+//!    (the same-run baselines for each other); `--gemm-only` stops after this table;
 //! 2. varlen paged attention on a scoring batch (one shared prefix, many items): tokens/s and
 //!    TFLOP/s, the tensor-core kernel against the SIMT kernel in the same run;
 //! 3. the MoE layer at Qwen3-30B-A3B-like expert shapes (128 experts, top-8, hidden 2048,
 //!    expert size 768) for batch sizes 1..64 sequences: each fixed grouped-GEMM variant
 //!    (BLOCK_M 64, BLOCK_M 128) against the device-side auto selector, with the histogram's
 //!    padding ratio — the baseline is measured in the same run;
-//! 4. a synthetic 28-layer dense model through the `Backend` trait: pairs/s and tokens/s, with
-//!    the CPU backend on the smallest batch as the same-run baseline (`--no-cpu` skips it).
+//! 4. a synthetic 28-layer dense model through the `Backend` trait, per GEMM / attention engine
+//!    pair (tiled, tiled v1, cuBLAS): pairs/s and tokens/s, with the CPU backend on the smallest
+//!    batch as the same-run baseline (`--no-cpu` skips it).
 //!
-//!   cargo run --release -p sieve-kernels --example bench_cuda [-- --quick] [-- --no-cpu]
+//!   cargo run --release -p sieve-kernels --example bench_cuda [-- --quick] [-- --no-cpu] [-- --gemm-only]
 //!
 //! GPU timings are CUDA-event medians of the enqueued work; end-to-end figures are wall clock.
 //! Without a GPU it says so and exits with status 1.
@@ -20,7 +22,7 @@ use std::time::Instant;
 
 use rand::{Rng, SeedableRng};
 use sieve_kernels::cuda::moe::{BlockM, MoeDims, MoeRouting, TilePolicy};
-use sieve_kernels::cuda::{AttentionEngine, CudaBackend, CudaOptions, GemmEngine};
+use sieve_kernels::cuda::{tiled_block_m, AttentionEngine, CudaBackend, CudaOptions, GemmEngine};
 use sieve_kernels::{AttnSeq, Backend, BatchLayout, CpuBackend, QkvLayout, RopeConfig, RopeLayout};
 
 fn random(rng: &mut impl Rng, n: usize, scale: f32) -> Vec<f32> {
@@ -72,28 +74,37 @@ fn scoring_batch(prefix: usize, items: usize, item_len: usize) -> (BatchLayout, 
 }
 
 fn bench_gemm(g: &CudaBackend, rng: &mut impl Rng, reps: usize) {
-    println!("\nGEMM out[M,N] = x[M,K] · W[N,K]ᵀ (bf16 in, f32 out), {:?} engine, TFLOP/s (event median, includes the bf16 cast of x)", g.gemm_engine());
+    println!("\nGEMM out[M,N] = x[M,K] · W[N,K]ᵀ (bf16 in, f32 out), TFLOP/s (event median, with the bf16 cast of x):");
+    println!("cuBLAS; the first tiled kernel (v1); the current one at BLOCK_M 64 and 128; the BLOCK_M");
+    println!("tiled_block_m picks (auto) and its share of cuBLAS. The tiled columns give the same bits.");
     let shapes = [
         ("qkv 0.6B", 4096, 1024),
         ("gate_up 0.6B", 6144, 1024),
         ("down 0.6B", 1024, 3072),
         ("gate_up 4B", 19456, 2560),
     ];
-    print!("{:>14}", "M \\ shape");
-    for (name, ..) in &shapes {
-        print!("{name:>16}");
-    }
-    println!();
-    for m in [16usize, 128, 512, 2048, 8192] {
-        print!("{m:>14}");
-        for &(_, n, k) in &shapes {
-            let w = g.linear_weight(&random(rng, n * k, 0.05), n, k).expect("weight");
+    println!(
+        "{:>14} {:>6} {:>9} {:>9} {:>9} {:>9} {:>6} {:>9}",
+        "shape", "M", "cuBLAS", "v1", "BM64", "BM128", "auto", "auto/cuB"
+    );
+    let flops = |m: usize, n: usize, k: usize, ms: f64| 2.0 * (m * n * k) as f64 / (ms * 1e-3) / 1e12;
+    for &(name, n, k) in &shapes {
+        let w = g.linear_weight(&random(rng, n * k, 0.05), n, k).expect("weight");
+        for m in [16usize, 128, 512, 2048, 4096, 8192] {
             let x = g.from_host(&random(rng, m * k, 1.0), m, k).expect("x");
             let mut out = g.zeros(m, n).expect("out");
-            let ms = gpu_ms(g, reps, || g.matmul(&x, &w, None, &mut out).expect("matmul"));
-            print!("{:>16.1}", 2.0 * (m * n * k) as f64 / (ms * 1e-3) / 1e12);
+            let mut tiled = |v1: bool, bm: usize| {
+                flops(m, n, k, gpu_ms(g, reps, || g.matmul_tiled(&x, &w, &mut out, v1, bm).expect("tiled")))
+            };
+            let (v1, t64, t128) = (tiled(true, GemmEngine::TiledV1.block_m(m, n)), tiled(false, 64), tiled(false, 128));
+            let cublas = flops(m, n, k, gpu_ms(g, reps, || g.matmul(&x, &w, None, &mut out).expect("matmul")));
+            let bm = tiled_block_m(m, n);
+            let auto = if bm == 64 { t64 } else { t128 };
+            println!(
+                "{name:>14} {m:>6} {cublas:>9.1} {v1:>9.1} {t64:>9.1} {t128:>9.1} {bm:>6} {:>8.0}%",
+                100.0 * auto / cublas
+            );
         }
-        println!();
     }
 }
 
@@ -280,6 +291,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
     let with_cpu = !args.iter().any(|a| a == "--no-cpu");
+    let gemm_only = args.iter().any(|a| a == "--gemm-only");
     let reps = if quick { 5 } else { 21 };
     let cache = std::env::var_os("SIEVE_CACHE")
         .map(std::path::PathBuf::from)
@@ -302,13 +314,8 @@ fn main() {
     );
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     bench_gemm(&g, &mut rng, reps);
-    // The batch-invariant tiled GEMM on the same shapes: the price of determinism.
-    match CudaBackend::with_options(&CudaOptions {
-        gemm: GemmEngine::Tiled,
-        ..CudaOptions::new(0).with_asset_cache(&cache)
-    }) {
-        Ok(gt) => bench_gemm(&gt, &mut rng, reps),
-        Err(e) => println!("tiled GEMM backend failed to start: {e}"),
+    if gemm_only {
+        return;
     }
     bench_attention(&mut g, &mut rng, reps);
     bench_moe(&g, &mut rng, reps);
@@ -324,6 +331,7 @@ fn main() {
     let engines: Vec<(String, CudaBackend)> = [
         (GemmEngine::Tiled, AttentionEngine::Simt),
         (GemmEngine::Tiled, AttentionEngine::Mma),
+        (GemmEngine::TiledV1, AttentionEngine::Mma),
         (GemmEngine::Cublas, AttentionEngine::Mma),
     ]
     .into_iter()

@@ -17,7 +17,7 @@ use common::{assert_bits_eq, assert_close, random, rng, LayoutBuilder};
 use cuda_common::{gpu, gpu_with, only_seq, prefix_and_items, MiniModel};
 use sieve_kernels::cuda::moe::{BlockM, MoeDims, MoeRouting, TilePolicy};
 use sieve_kernels::cuda::twin::{self, TwinBackend, TwinMoeWeights};
-use sieve_kernels::cuda::{CudaBackend, CudaOptions, GemmEngine};
+use sieve_kernels::cuda::{tiled_block_m, CudaBackend, CudaOptions, GemmEngine};
 use sieve_kernels::{Backend, BatchLayout, CpuBackend, KernelError, QkvLayout, RopeConfig, RopeLayout};
 
 const BF16_TOL: f32 = 2e-2;
@@ -74,7 +74,11 @@ fn matmul_case<B: Backend>(
 
 #[test]
 fn dense_projections() {
-    for (engine, twin) in [(GemmEngine::Cublas, TwinBackend::default()), (GemmEngine::Tiled, TwinBackend::tiled())] {
+    for (engine, twin) in [
+        (GemmEngine::Cublas, TwinBackend::default()),
+        (GemmEngine::Tiled, TwinBackend::tiled()),
+        (GemmEngine::TiledV1, TwinBackend { gemm: GemmEngine::TiledV1, ..Default::default() }),
+    ] {
         let Some(g) = gpu_with(&format!("dense_projections ({engine:?})"), engine) else { return };
         dense_projections_case(&g, &twin, &CpuBackend::new(0).expect("cpu"));
     }
@@ -345,9 +349,9 @@ fn a_second_start_loads_kernels_from_the_cache() {
 
 /// A row's projection bits must not depend on how many rows share the call (the determinism
 /// contract). `rows` of one x, projected all together and each alone.
-fn projection_rows_alone_and_batched(g: &CudaBackend) {
+fn projection_rows_alone_and_batched(g: &CudaBackend, n: usize, k: usize) {
     let mut r = rng(66);
-    let (n, k, m) = (1024, 1024, 777);
+    let m = 777;
     let x = random(&mut r, m * k);
     let w = g.linear_weight(&random(&mut r, n * k), n, k).unwrap();
     let xt = g.from_host(&x, m, k).unwrap();
@@ -359,7 +363,7 @@ fn projection_rows_alone_and_batched(g: &CudaBackend) {
         let mut out = g.zeros(rows, n).unwrap();
         g.matmul(&part, &w, None, &mut out).unwrap();
         assert_bits_eq(
-            &format!("{:?}: rows {row}..{} in a call of {rows} vs of {m}", g.gemm_engine(), row + rows),
+            &format!("{:?} {n}x{k}: rows {row}..{} in a call of {rows} vs of {m}", g.gemm_engine(), row + rows),
             &g.to_host(&out).unwrap(),
             &all[row * n..(row + rows) * n],
         );
@@ -369,7 +373,52 @@ fn projection_rows_alone_and_batched(g: &CudaBackend) {
 #[test]
 fn tiled_projections_are_batch_invariant() {
     let Some(g) = gpu_with("tiled_projections_are_batch_invariant", GemmEngine::Tiled) else { return };
-    projection_rows_alone_and_batched(&g);
+    projection_rows_alone_and_batched(&g, 1024, 1024);
+    // 777 rows of 8192 columns take BLOCK_M 128, a few rows BLOCK_M 64.
+    assert_eq!((tiled_block_m(777, 8192), tiled_block_m(64, 8192)), (128, 64));
+    projection_rows_alone_and_batched(&g, 8192, 256);
+}
+
+/// The tiled kernels side by side on the device: the current tile at BLOCK_M 64 and 128 and the
+/// first tile at both give the same bits, on all rows and on a few of them alone, and agree with
+/// the twin (which sums each mma's products in its own order) where the twin is quick enough.
+#[test]
+fn tiled_gemm_kernels_agree_bitwise() {
+    let Some(g) = gpu("tiled_gemm_kernels_agree_bitwise") else { return };
+    let mut r = rng(70);
+    let kernels = [(false, 128usize), (false, 64), (true, 64), (true, 128)];
+    for &(m, n, k) in
+        &[(1usize, 64usize, 64usize), (77, 130, 72), (300, 200, 136), (1000, 1024, 1024), (2048, 512, 2048)]
+    {
+        let (x, wd) = (random(&mut r, m * k), random(&mut r, n * k));
+        let w = g.linear_weight(&wd, n, k).unwrap();
+        let run = |v1: bool, bm: usize, x: &[f32], rows: usize| {
+            let xt = g.from_host(x, rows, k).unwrap();
+            let mut out = g.zeros(rows, n).unwrap();
+            g.matmul_tiled(&xt, &w, &mut out, v1, bm).unwrap();
+            g.to_host(&out).unwrap()
+        };
+        let base = run(false, 128, &x, m);
+        for (v1, bm) in kernels {
+            let what = format!("{m}x{n}x{k} {} BLOCK_M {bm}", if v1 { "v1" } else { "current" });
+            assert_bits_eq(&format!("{what} vs current BLOCK_M 128"), &run(v1, bm, &x, m), &base);
+            for (row, rows) in [(0usize, 1usize), (m / 3, (m - m / 3).min(65))] {
+                let part = run(v1, bm, &x[row * k..(row + rows) * k], rows);
+                assert_bits_eq(
+                    &format!("{what}: rows {row}..{} alone", row + rows),
+                    &part,
+                    &base[row * n..(row + rows) * n],
+                );
+            }
+        }
+        if m * n * k <= 10_000_000 {
+            let xb: Vec<u16> = x.iter().map(|&v| twin::warp::to_bf16(v)).collect();
+            let wb: Vec<u16> = wd.iter().map(|&v| twin::warp::to_bf16(v)).collect();
+            let mut want = vec![0f32; m * n];
+            twin::dense_gemm(128, &xb, &wb, &mut want, m, n, k, 0.0);
+            assert_close(&format!("{m}x{n}x{k} vs twin"), &base, &want, TWIN_TOL);
+        }
+    }
 }
 
 /// If this fails on a GPU, cuBLAS picked kernels with different reduction orders for different
@@ -378,7 +427,7 @@ fn tiled_projections_are_batch_invariant() {
 #[test]
 fn cublas_projections_are_batch_invariant() {
     let Some(g) = gpu_with("cublas_projections_are_batch_invariant", GemmEngine::Cublas) else { return };
-    projection_rows_alone_and_batched(&g);
+    projection_rows_alone_and_batched(&g, 1024, 1024);
 }
 
 #[test]

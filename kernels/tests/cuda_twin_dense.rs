@@ -12,8 +12,8 @@ mod common;
 
 use common::*;
 use sieve_kernels::cuda::layout::PackedBatch;
-use sieve_kernels::cuda::twin::{warp::round_bf16, TwinBackend};
-use sieve_kernels::cuda::AttentionEngine;
+use sieve_kernels::cuda::twin::{self, warp::round_bf16, TwinBackend};
+use sieve_kernels::cuda::{AttentionEngine, GemmEngine};
 use sieve_kernels::host::HostTensor;
 use sieve_kernels::reference::ReferenceBackend;
 use sieve_kernels::{Backend, KernelError, QkvLayout, RopeConfig, RopeLayout};
@@ -32,7 +32,9 @@ fn rounded_tensor(t: &HostTensor) -> HostTensor {
 
 #[test]
 fn projections_are_bf16_gemms_with_f32_accumulation() {
-    for twin in [TwinBackend::default(), TwinBackend::tiled()] {
+    for twin in
+        [TwinBackend::default(), TwinBackend::tiled(), TwinBackend { gemm: GemmEngine::TiledV1, ..Default::default() }]
+    {
         projections_case(&twin);
     }
 }
@@ -396,5 +398,56 @@ fn tiled_projections_are_batch_invariant() {
         let mut one_acc = HostTensor { data: acc0.row(r).to_vec(), rows: 1, cols: n };
         twin.matmul_add(&xr, &w, &mut one_acc).unwrap();
         assert_bits_eq(&format!("row {r} alone vs in 300 (add)"), &one_acc.data, all_acc.row(r));
+    }
+}
+
+/// The tiled kernels (the current tile at BLOCK_M 64 and 128, the first tile at both), replayed
+/// fragment by fragment, against the f64 reference on the same bf16 inputs, and bitwise against
+/// each other and against themselves on fewer rows: every row takes the same K order in every
+/// tile and every batch. The shape leaves partial row and column tiles and a K that is not a
+/// multiple of the K step.
+#[test]
+fn tiled_gemm_kernels_agree_bitwise_across_tiles_and_batches() {
+    type Gemm = fn(usize, &[u16], &[u16], &mut [f32], usize, usize, usize, f32);
+    let mut g = rng(16);
+    let (m, n, k) = (300, 200, 136);
+    let xb: Vec<u16> = random(&mut g, m * k).iter().map(|&v| twin::warp::to_bf16(v)).collect();
+    let wb: Vec<u16> = random(&mut g, n * k).iter().map(|&v| twin::warp::to_bf16(v)).collect();
+    let c0 = random(&mut g, m * n);
+    let f = |v: u16| twin::warp::from_bf16(v) as f64;
+    let want: Vec<f32> = (0..m * n)
+        .map(|i| (0..k).map(|kk| f(xb[i / n * k + kk]) * f(wb[i % n * k + kk])).sum::<f64>() as f32)
+        .collect();
+    let want_acc: Vec<f32> = want.iter().zip(&c0).map(|(&w, &c)| (w as f64 + c as f64) as f32).collect();
+    let kernels: [(&str, Gemm, usize); 4] = [
+        ("BLOCK_M 64", twin::dense_gemm, 64),
+        ("BLOCK_M 128", twin::dense_gemm, 128),
+        ("v1 BLOCK_M 64", twin::dense_gemm_v1, 64),
+        ("v1 BLOCK_M 128", twin::dense_gemm_v1, 128),
+    ];
+    let mut first: Option<(Vec<f32>, Vec<f32>)> = None;
+    for (name, gemm, bm) in kernels {
+        let mut out = vec![f32::NAN; m * n];
+        gemm(bm, &xb, &wb, &mut out, m, n, k, 0.0);
+        assert_close(name, &out, &want, EXACT_INPUT_TOL);
+        let mut acc = c0.clone();
+        gemm(bm, &xb, &wb, &mut acc, m, n, k, 1.0);
+        assert_close(&format!("{name}, beta 1"), &acc, &want_acc, EXACT_INPUT_TOL);
+        for (row, rows) in [(0usize, 1usize), (7, 5), (64, 64), (130, 170)] {
+            let mut part = vec![f32::NAN; rows * n];
+            gemm(bm, &xb[row * k..(row + rows) * k], &wb, &mut part, rows, n, k, 0.0);
+            assert_bits_eq(
+                &format!("{name}: rows {row}..{} alone", row + rows),
+                &part,
+                &out[row * n..(row + rows) * n],
+            );
+        }
+        match &first {
+            None => first = Some((out, acc)),
+            Some((out0, acc0)) => {
+                assert_bits_eq(&format!("{name} vs {}", kernels[0].0), &out, out0);
+                assert_bits_eq(&format!("{name} vs {}, beta 1", kernels[0].0), &acc, acc0);
+            }
+        }
     }
 }

@@ -25,15 +25,29 @@ pub enum GemmEngine {
     /// by problem size, so a row's bits may depend on how many rows share the call.
     #[default]
     Cublas,
-    /// Our tensor-core tile (kernels/cuda/gemm.cu): the same K order for every row whatever the
-    /// batch — batch-invariant by construction. Needs in_features % 8 == 0 (else cuBLAS runs).
+    /// Our tensor-core tile (kernels/cuda/gemm.cu, mma_tile.cuh): the same K order for every row
+    /// whatever the batch — batch-invariant by construction. Needs in_features % 8 == 0 (else
+    /// cuBLAS runs).
     Tiled,
+    /// The first tensor-core tile (mma_tile_v1.cuh), the same bits as [`GemmEngine::Tiled`];
+    /// kept to measure the current tile against in the same run.
+    TiledV1,
 }
 
 impl GemmEngine {
     /// Whether a `[*, k]` projection can take the tiled path.
     pub fn tiled_for(self, k: usize) -> bool {
-        self == GemmEngine::Tiled && k.is_multiple_of(8) && k > 0
+        matches!(self, GemmEngine::Tiled | GemmEngine::TiledV1) && k.is_multiple_of(8) && k > 0
+    }
+
+    /// BLOCK_M of the tiled engines for an `m x n` output (speed only: every BLOCK_M gives the
+    /// same bits). The first tile has BLOCK_M 64 up to 256 rows.
+    pub fn block_m(self, m: usize, n: usize) -> usize {
+        match self {
+            GemmEngine::TiledV1 if m <= 256 => 64,
+            GemmEngine::TiledV1 => 128,
+            _ => tiled_block_m(m, n),
+        }
     }
 }
 
@@ -56,12 +70,39 @@ impl AttentionEngine {
     }
 }
 
-/// BLOCK_M of the tiled dense GEMM for `m` rows: speed only, both give the same bits.
-pub fn tiled_block_m(m: usize) -> usize {
-    if m <= 256 {
-        64
-    } else {
+/// A block tile of the tensor-core GEMM (kernels/cuda/mma_tile.cuh `GemmShape`): `bm x bn`
+/// outputs per block of `threads`, with `smem_bytes` of dynamic shared memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GemmShape {
+    pub bm: usize,
+    pub bn: usize,
+    pub threads: u32,
+    pub smem_bytes: usize,
+}
+
+impl GemmShape {
+    /// The tile of a BLOCK_M (64 or 128).
+    pub fn of(bm: usize) -> GemmShape {
+        use sources::consts::{GEMM_BK, GEMM_BN_BM128, GEMM_BN_BM64, GEMM_STAGES};
+        let (bn, warps) = match bm {
+            64 => (GEMM_BN_BM64 as usize, 4),   // 2 x 2 warps of 32 x 32
+            128 => (GEMM_BN_BM128 as usize, 8), // 2 x 4 warps of 64 x 32
+            _ => panic!("no GEMM tile with BLOCK_M {bm}"),
+        };
+        let smem_bytes = GEMM_STAGES as usize * (bm + bn) * GEMM_BK as usize * 2;
+        GemmShape { bm, bn, threads: warps * 32, smem_bytes }
+    }
+}
+
+/// BLOCK_M of the tiled dense GEMM for an `m x n` output: speed only, both give the same bits.
+/// The 128 x 128 tile reads half the bytes from L2 per output of the 64 x 64 one and does more
+/// mma per shared-memory byte, but makes a quarter of the blocks; it is taken once its grid has
+/// about one block for each SM of an H100-class GPU (132), below which most SMs would idle.
+pub fn tiled_block_m(m: usize, n: usize) -> usize {
+    if m.div_ceil(128) * n.div_ceil(128) >= 128 {
         128
+    } else {
+        64
     }
 }
 

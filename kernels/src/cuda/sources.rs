@@ -12,8 +12,11 @@ pub struct KernelSource {
 }
 
 /// Headers the `.cu` files `#include "..."`, handed to NVRTC in memory: (include name, contents).
-pub const HEADERS: &[(&str, &str)] =
-    &[("common.cuh", include_str!("../../cuda/common.cuh")), ("mma_tile.cuh", include_str!("../../cuda/mma_tile.cuh"))];
+pub const HEADERS: &[(&str, &str)] = &[
+    ("common.cuh", include_str!("../../cuda/common.cuh")),
+    ("mma_tile.cuh", include_str!("../../cuda/mma_tile.cuh")),
+    ("mma_tile_v1.cuh", include_str!("../../cuda/mma_tile_v1.cuh")),
+];
 
 macro_rules! kernel_source {
     ($file:literal, [$($entry:literal),* $(,)?]) => {
@@ -36,7 +39,8 @@ pub const MOE_PERMUTE: KernelSource =
     kernel_source!("moe_permute.cu", ["moe_chunk_counts", "moe_offsets", "moe_scatter", "moe_unpermute"]);
 pub const MOE_SELECT: KernelSource = kernel_source!("moe_select.cu", ["moe_select_tile"]);
 pub const MOE_GEMM: KernelSource = kernel_source!("moe_gemm.cu", ["moe_gemm_bm64", "moe_gemm_bm128"]);
-pub const GEMM: KernelSource = kernel_source!("gemm.cu", ["dense_gemm_bm64", "dense_gemm_bm128"]);
+pub const GEMM: KernelSource =
+    kernel_source!("gemm.cu", ["dense_gemm_bm64", "dense_gemm_bm128", "dense_gemm_v1_bm64", "dense_gemm_v1_bm128"]);
 
 /// Every kernel source; the CUDA backend loads them all at start-up.
 pub const ALL: &[KernelSource] = &[
@@ -82,8 +86,13 @@ pub mod consts {
     pub const PERM_OFFSET_THREADS: u32 = 1024;
     pub const PERM_UNPERM_THREADS: u32 = 256;
     pub const SELECT_THREADS: u32 = 256;
-    pub const GEMM_BN: u32 = 64;
     pub const GEMM_BK: u32 = 32;
+    pub const GEMM_STAGES: u32 = 4;
+    pub const GEMM_BN_BM64: u32 = 64;
+    pub const GEMM_BN_BM128: u32 = 128;
+    pub const GEMM_GROUP_M: u32 = 8;
+    pub const GEMM_V1_BN: u32 = 64;
+    pub const GEMM_V1_BK: u32 = 32;
 
     /// (file, macro, value) for the source check.
     pub const DEFINES: &[(&str, &str, u32)] = &[
@@ -110,8 +119,13 @@ pub mod consts {
         ("moe_permute.cu", "PERM_OFFSET_THREADS", PERM_OFFSET_THREADS),
         ("moe_permute.cu", "PERM_UNPERM_THREADS", PERM_UNPERM_THREADS),
         ("moe_select.cu", "SELECT_THREADS", SELECT_THREADS),
-        ("mma_tile.cuh", "GEMM_BN", GEMM_BN),
         ("mma_tile.cuh", "GEMM_BK", GEMM_BK),
+        ("mma_tile.cuh", "GEMM_STAGES", GEMM_STAGES),
+        ("mma_tile.cuh", "GEMM_BN_BM64", GEMM_BN_BM64),
+        ("mma_tile.cuh", "GEMM_BN_BM128", GEMM_BN_BM128),
+        ("mma_tile.cuh", "GEMM_GROUP_M", GEMM_GROUP_M),
+        ("mma_tile_v1.cuh", "GEMM_V1_BN", GEMM_V1_BN),
+        ("mma_tile_v1.cuh", "GEMM_V1_BK", GEMM_V1_BK),
     ];
 }
 

@@ -13,6 +13,7 @@ use crate::backend::{KernelError, Result};
 use crate::cuda::layout::{attention_mma_smem_bytes, attention_smem_bytes};
 use crate::cuda::nvrtc::{cache_key, options_for, Arch, CompiledImage, KernelCache, NvrtcCompiler, Target};
 use crate::cuda::sources::{self, consts::ATT_MAX_HD, KernelSource};
+use crate::cuda::GemmShape;
 
 /// Where each translation unit's image came from.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -50,6 +51,8 @@ pub(crate) struct Kernels {
     pub moe_gemm_bm128: CudaFunction,
     pub dense_gemm_bm64: CudaFunction,
     pub dense_gemm_bm128: CudaFunction,
+    pub dense_gemm_v1_bm64: CudaFunction,
+    pub dense_gemm_v1_bm128: CudaFunction,
 }
 
 /// The compile target for a device: a cubin for its exact architecture when this NVRTC knows
@@ -146,6 +149,8 @@ impl Kernels {
             moe_gemm_bm128: f(&MOE_GEMM, "moe_gemm_bm128")?,
             dense_gemm_bm64: f(&GEMM, "dense_gemm_bm64")?,
             dense_gemm_bm128: f(&GEMM, "dense_gemm_bm128")?,
+            dense_gemm_v1_bm64: f(&GEMM, "dense_gemm_v1_bm64")?,
+            dense_gemm_v1_bm128: f(&GEMM, "dense_gemm_v1_bm128")?,
         };
         // Head sizes up to 256 need a little over the 48 KiB of dynamic shared memory a kernel
         // gets without opting in.
@@ -158,6 +163,13 @@ impl Kernels {
         for (f, hd) in [(&k.attention_mma_hd64, 64), (&k.attention_mma_hd128, 128)] {
             f.set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, attention_mma_smem_bytes(hd) as i32)
                 .map_err(driver_err("tensor-core attention shared memory limit"))?;
+        }
+        // The GEMM tile's cp.async ring (BLOCK_M 128: 64 KiB) is also past the default 48 KiB.
+        for (f, bm) in
+            [(&k.dense_gemm_bm64, 64), (&k.dense_gemm_bm128, 128), (&k.moe_gemm_bm64, 64), (&k.moe_gemm_bm128, 128)]
+        {
+            f.set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, GemmShape::of(bm).smem_bytes as i32)
+                .map_err(driver_err("GEMM shared memory limit"))?;
         }
         Ok((k, report))
     }

@@ -16,6 +16,7 @@ use crate::cuda::moe::{
 };
 use crate::cuda::sources::consts::*;
 use crate::cuda::twin::{max_tiles, n_chunks};
+use crate::cuda::GemmShape;
 use crate::moe::{AutotuneReport, BackendVariant, MoeCostModel, MoeLayerHost, MoeLayerStats, MoeSelect};
 
 /// Expert weights on the device (bf16): gate_up [n_experts, 2·inter, hidden] (gate rows then up
@@ -198,11 +199,12 @@ impl CudaBackend {
         let gemm =
             |a: &CudaSlice<u16>, wts: &CudaSlice<u16>, c: &mut CudaSlice<f32>, n: usize, kdim: usize| -> Result<()> {
                 let (n_i, k_i) = (n as i32, kdim as i32);
-                let ny = n.div_ceil(GEMM_BN as usize) as u32;
-                for (f, tiles, grid_x, threads, what) in [
-                    (&self.k.moe_gemm_bm64, &tiles64, max64, 128u32, "moe_gemm_bm64"),
-                    (&self.k.moe_gemm_bm128, &tiles128, max128, 256u32, "moe_gemm_bm128"),
+                for (f, tiles, grid_x, bm, what) in [
+                    (&self.k.moe_gemm_bm64, &tiles64, max64, 64, "moe_gemm_bm64"),
+                    (&self.k.moe_gemm_bm128, &tiles128, max128, 128, "moe_gemm_bm128"),
                 ] {
+                    let shape = GemmShape::of(bm);
+                    let ny = n.div_ceil(shape.bn) as u32;
                     unsafe {
                         s.launch_builder(f)
                             .arg(a)
@@ -215,7 +217,7 @@ impl CudaBackend {
                             .arg(&choice)
                             .arg(&n_i)
                             .arg(&k_i)
-                            .launch(launch_cfg((grid_x as u32, ny), threads, 0))
+                            .launch(launch_cfg((grid_x as u32, ny), shape.threads, shape.smem_bytes))
                     }
                     .map_err(driver_err(what))?;
                 }

@@ -1,6 +1,6 @@
 //! `Backend` for `CudaBackend`: shape checks (shared with the CPU twin), then one launch each.
 
-use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::memory::{alloc, CudaBatch, CudaKvCache, CudaMatrix, CudaTensor, CudaVector};
 use super::{driver_err, CudaBackend};
@@ -10,8 +10,8 @@ use crate::cuda::layout::{
     attention_mma_smem_bytes, attention_smem_bytes, check_rope_shape, rope_smem_bytes, PackedBatch, ATTN_UNIT_WORDS,
 };
 use crate::cuda::sources::consts::*;
-use crate::cuda::tiled_block_m;
 use crate::cuda::twin::{attention_scale, attention_scale_log2, warp::to_bf16};
+use crate::cuda::{GemmEngine, GemmShape};
 
 /// One block of `threads` per row.
 fn per_row(rows: usize, threads: u32, smem: usize) -> LaunchConfig {
@@ -127,18 +127,39 @@ impl CudaBackend {
         if !self.gemm.tiled_for(w.cols) {
             return self.blas.gemm_bf16(xb, &w.buf, &mut out.buf, x.rows, w.rows, w.cols, beta);
         }
-        let (m, n, k) = (x.rows as i32, w.rows as i32, w.cols as i32);
-        let bm = tiled_block_m(x.rows);
-        let (f, threads) = if bm == 64 { (&self.k.dense_gemm_bm64, 128) } else { (&self.k.dense_gemm_bm128, 256) };
-        let cfg = LaunchConfig {
-            grid_dim: (x.rows.div_ceil(bm) as u32, w.rows.div_ceil(GEMM_BN as usize) as u32, 1),
-            block_dim: (threads, 1, 1),
-            shared_mem_bytes: 0,
+        let bm = self.gemm.block_m(x.rows, w.rows);
+        self.launch_tiled(self.gemm == GemmEngine::TiledV1, bm, xb, w, out, x.rows, beta)
+    }
+
+    /// One tiled GEMM launch: out (+)= xb · Wᵀ over `m` rows of bf16 `xb`, with the first tile
+    /// (`v1`) or the current one, at BLOCK_M `bm`.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_tiled(
+        &self,
+        v1: bool,
+        bm: usize,
+        xb: &CudaSlice<u16>,
+        w: &CudaMatrix,
+        out: &mut CudaTensor,
+        m: usize,
+        beta: f32,
+    ) -> Result<()> {
+        let (f, cfg) = if v1 {
+            let (f, threads) =
+                if bm == 64 { (&self.k.dense_gemm_v1_bm64, 128) } else { (&self.k.dense_gemm_v1_bm128, 256) };
+            let grid = (m.div_ceil(bm) as u32, w.rows.div_ceil(GEMM_V1_BN as usize) as u32, 1);
+            (f, LaunchConfig { grid_dim: grid, block_dim: (threads, 1, 1), shared_mem_bytes: 0 })
+        } else {
+            let f = if bm == 64 { &self.k.dense_gemm_bm64 } else { &self.k.dense_gemm_bm128 };
+            let s = GemmShape::of(bm);
+            let grid = (m.div_ceil(bm) as u32, w.rows.div_ceil(s.bn) as u32, 1);
+            (f, LaunchConfig { grid_dim: grid, block_dim: (s.threads, 1, 1), shared_mem_bytes: s.smem_bytes as u32 })
         };
+        let (m, n, k) = (m as i32, w.rows as i32, w.cols as i32);
         unsafe {
             self.stream
                 .launch_builder(f)
-                .arg(&*xb)
+                .arg(xb)
                 .arg(&w.buf)
                 .arg(&mut out.buf)
                 .arg(&m)
@@ -149,6 +170,38 @@ impl CudaBackend {
         }
         .map_err(driver_err("dense_gemm"))?;
         Ok(())
+    }
+
+    /// out = x · Wᵀ on a chosen tiled kernel whatever the backend's engine: the first tile
+    /// (`v1`) or the current one, at BLOCK_M `bm` (64 or 128). For tests and benches that
+    /// compare the kernels in one run; needs x.cols % 8 == 0.
+    pub fn matmul_tiled(
+        &self,
+        x: &CudaTensor,
+        w: &CudaMatrix,
+        out: &mut CudaTensor,
+        v1: bool,
+        bm: usize,
+    ) -> Result<()> {
+        checks::matmul(shape(x), (w.rows, w.cols), shape(out), None)?;
+        if !(bm == 64 || bm == 128) || !GemmEngine::Tiled.tiled_for(w.cols) {
+            return Err(KernelError::Shape(format!(
+                "tiled GEMM: BLOCK_M {bm}, K {} (needs 64 or 128, K % 8 == 0)",
+                w.cols
+            )));
+        }
+        if x.rows == 0 {
+            return Ok(());
+        }
+        let n = x.rows * x.cols;
+        let mut scratch = self.gemm_input.lock().unwrap_or_else(|p| p.into_inner());
+        let xb = scratch.get(&self.stream, n)?;
+        let n_i64 = n as i64;
+        unsafe {
+            self.stream.launch_builder(&self.k.cast_bf16).arg(&x.buf).arg(&mut *xb).arg(&n_i64).launch(grid_stride(n))
+        }
+        .map_err(driver_err("cast_bf16"))?;
+        self.launch_tiled(v1, bm, xb, w, out, x.rows, 0.0)
     }
 }
 

@@ -7,13 +7,13 @@
 use super::attention::{attention_prefill, AttentionArgs};
 use super::attention_mma::{attention_mma, AttentionMmaArgs};
 use super::elementwise::{broadcast_rows, cast_bf16, dot_rows, embed_rows, gather_rows, silu_mul_f32, write_kv};
-use super::gemm::{dense_gemm, gemm_bf16};
+use super::gemm::{dense_gemm, dense_gemm_v1, gemm_bf16};
 use super::rmsnorm::rms_norm_rows;
 use super::rope::{qk_norm_rope, QkNormRopeArgs};
 use super::warp::to_bf16_vec;
 use crate::backend::*;
 use crate::cuda::layout::{check_rope_shape, PackedBatch};
-use crate::cuda::{checks, tiled_block_m, AttentionEngine, GemmEngine};
+use crate::cuda::{checks, AttentionEngine, GemmEngine};
 use crate::host::HostTensor;
 
 #[derive(Debug, Default, Clone)]
@@ -78,7 +78,9 @@ impl TwinBackend {
             0.0
         };
         if self.gemm.tiled_for(w.cols) {
-            dense_gemm(tiled_block_m(x.rows), &xb, &w.data, &mut out.data, x.rows, w.rows, w.cols, beta);
+            let bm = self.gemm.block_m(x.rows, w.rows);
+            let gemm = if self.gemm == GemmEngine::TiledV1 { dense_gemm_v1 } else { dense_gemm };
+            gemm(bm, &xb, &w.data, &mut out.data, x.rows, w.rows, w.cols, beta);
         } else {
             gemm_bf16(&xb, &w.data, &mut out.data, x.rows, w.rows, w.cols, beta);
         }

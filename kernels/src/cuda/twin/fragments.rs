@@ -62,6 +62,18 @@ pub(crate) fn mma_m16n8k16(c: &mut CFrag, a: &AFrag, b: &BFrag) {
     }
 }
 
+/// `ldmatrix.sync.aligned.m8n8.x4.shared.b16`: lanes 8i .. 8i+7 give the element offsets of
+/// matrix i's eight rows (8 consecutive bf16 each) in `smem`; lane t receives in register i
+/// matrix i's (row t/4, cols 2(t%4), 2(t%4)+1), low half first.
+pub(crate) fn ldmatrix_x4(smem: &[u16], row_offset: impl Fn(usize) -> usize) -> [[u32; 4]; 32] {
+    std::array::from_fn(|t| {
+        std::array::from_fn(|i| {
+            let base = row_offset(8 * i + t / 4) + 2 * (t % 4);
+            pack(smem[base], smem[base + 1])
+        })
+    })
+}
+
 /// `ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16`: lanes 8i .. 8i+7 give the element offsets of
 /// matrix i's eight rows (8 consecutive bf16 each) in `smem`; lane t receives in register i the
 /// transposed matrix's (row t/4, cols 2(t%4), 2(t%4)+1), i.e. the source's (rows 2(t%4) and

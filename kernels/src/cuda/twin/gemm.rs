@@ -21,14 +21,35 @@ pub fn gemm_bf16(x: &[u16], w: &[u16], out: &mut [f32], rows: usize, n: usize, k
     }
 }
 
-/// Twin of kernels/cuda/gemm.cu (`dense_gemm_bm64` / `dense_gemm_bm128`): grid
-/// (ceil(m / bm), ceil(n / 64)), each block one `gemm_tile`.
+/// Twin of kernels/cuda/gemm.cu's `dense_gemm_bm64` / `dense_gemm_bm128`: grid
+/// (ceil(m / bm), ceil(n / bn)), each block the `gemm_tile` that `gemm_block_order` gives it.
 #[allow(clippy::too_many_arguments)]
 pub fn dense_gemm(block_m: usize, x: &[u16], w: &[u16], out: &mut [f32], m: usize, n: usize, k: usize, beta: f32) {
-    use super::mma_tile::{gemm_tile, Tile, BN};
+    use super::mma_tile::{gemm_block_order, gemm_tile, Tile};
+    let bn = crate::cuda::GemmShape::of(block_m).bn;
+    let (tiles_m, tiles_n) = (m.div_ceil(block_m), n.div_ceil(bn));
+    for by in 0..tiles_n {
+        for bx in 0..tiles_m {
+            let (tm, tn) = gemm_block_order(bx, by, tiles_m, tiles_n);
+            let t = Tile { a: x, w, row_base: 0, r0: tm * block_m, rows: m, n0: tn * bn, n, k, beta };
+            gemm_tile(block_m, t, out);
+        }
+    }
+}
+
+/// Twin of kernels/cuda/gemm.cu's `dense_gemm_v1_bm64` / `dense_gemm_v1_bm128`: grid
+/// (ceil(m / bm), ceil(n / 64)), each block one `gemm_tile_v1`.
+#[allow(clippy::too_many_arguments)]
+pub fn dense_gemm_v1(block_m: usize, x: &[u16], w: &[u16], out: &mut [f32], m: usize, n: usize, k: usize, beta: f32) {
+    use super::mma_tile::Tile;
+    use super::mma_tile_v1::{gemm_tile_v1, BN};
     for bx in 0..m.div_ceil(block_m) {
         for by in 0..n.div_ceil(BN) {
-            gemm_tile(block_m, Tile { a: x, w, row_base: 0, r0: bx * block_m, rows: m, n0: by * BN, n, k, beta }, out);
+            gemm_tile_v1(
+                block_m,
+                Tile { a: x, w, row_base: 0, r0: bx * block_m, rows: m, n0: by * BN, n, k, beta },
+                out,
+            );
         }
     }
 }

@@ -1,28 +1,68 @@
 //! Twin of kernels/cuda/mma_tile.cuh (`gemm_tile`), down to the tensor-core fragments: the
-//! cp.async chunk loads into the padded shared tiles, each lane's fragment registers read with the
-//! kernel's index expressions, `mma.sync.m16n8k16` evaluated from those registers by the operand
-//! layouts of the PTX ISA ("Matrix Fragments for mma.m16n8k16 with floating point type"), and the
-//! epilogue's stores. A wrong fragment index in the kernel would scramble this twin's output too.
+//! cp.async chunk copies into the XOR-swizzled stage ring of dynamic shared memory (byte
+//! addressed as the kernel addresses it), `ldmatrix.x4` evaluated from the 32 lanes' row
+//! addresses by the PTX ISA's distribution, `mma.sync.m16n8k16` evaluated from each lane's
+//! registers by the ISA's operand layouts ("Matrix Fragments for mma.m16n8k16 with floating point
+//! type"), and the epilogue's stores. Every index is the kernel's expression, so a wrong row
+//! address, chunk, swizzle, stage or fragment index in the kernel scrambles this twin's output too.
 
-use super::fragments::mma_m16n8k16;
-use crate::cuda::sources::consts::{GEMM_BK, GEMM_BN};
+use super::fragments::{ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16, AFrag, BFrag, CFrag};
+use crate::cuda::sources::consts::{GEMM_BK, GEMM_GROUP_M, GEMM_STAGES};
+use crate::cuda::GemmShape;
 
-pub(crate) const BN: usize = GEMM_BN as usize;
 const BK: usize = GEMM_BK as usize;
-const LD: usize = BK + 8;
+const STAGES: usize = GEMM_STAGES as usize;
 
-/// A shared-memory tile of bf16, `rows × LD`.
-struct SmemTile {
+/// `gemm_swz`: the byte offset of 16-byte chunk `chunk` of row `row` in a stage tile of
+/// 64-byte rows, the chunk XOR-ed with (row / 2) % 4.
+pub(crate) fn gemm_swz(row: usize, chunk: usize) -> usize {
+    row * BK * 2 + ((chunk ^ ((row >> 1) & 3)) << 4)
+}
+
+/// A block's dynamic shared memory, addressed in bytes like the kernel's `u32` shared addresses,
+/// holding bf16.
+pub(crate) struct Smem {
     data: Vec<u16>,
 }
 
-impl SmemTile {
-    fn new(rows: usize) -> Self {
-        SmemTile { data: vec![0; rows * LD] }
+impl Smem {
+    pub(crate) fn new(bytes: usize) -> Self {
+        Smem { data: vec![0; bytes / 2] }
     }
-    /// A 32-bit load at (row, col): col and col + 1, the lower address in the low half.
-    fn word(&self, row: usize, col: usize) -> u32 {
-        self.data[row * LD + col] as u32 | (self.data[row * LD + col + 1] as u32) << 16
+
+    /// `cp.async.cg.shared.global [dst], [src], 16, src_size`: 8 bf16 from `src`, or 16 zero
+    /// bytes when `src` is `None` (src-size 0).
+    pub(crate) fn cp_async16(&mut self, dst: usize, src: Option<&[u16]>) {
+        assert_eq!(dst % 16, 0, "cp.async destination {dst} is not 16-byte aligned");
+        let d = &mut self.data[dst / 2..dst / 2 + 8];
+        match src {
+            Some(s) => d.copy_from_slice(&s[..8]),
+            None => d.fill(0),
+        }
+    }
+
+    /// `ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 {r0..r3}, [addr]`: `addrs[l]` is lane
+    /// l's byte address, 16-byte aligned; lanes 8i..8i+7 give the rows of matrix i. The
+    /// distribution over the lanes is fragments.rs's.
+    pub(crate) fn ldmatrix_x4(&self, addrs: &[usize; 32], trans: bool) -> [[u32; 4]; 32] {
+        let row = |l: usize| {
+            assert_eq!(addrs[l] % 16, 0, "ldmatrix row address {} is not 16-byte aligned", addrs[l]);
+            addrs[l] / 2
+        };
+        if trans {
+            ldmatrix_x4_trans(&self.data, row)
+        } else {
+            ldmatrix_x4(&self.data, row)
+        }
+    }
+}
+
+/// `GemmShape<BM>`: (BN, WM, WN).
+fn warp_tiles(bm: usize) -> (usize, usize, usize) {
+    match bm {
+        64 => (GemmShape::of(64).bn, 32, 32),
+        128 => (GemmShape::of(128).bn, 64, 32),
+        _ => panic!("no GEMM tile with BLOCK_M {bm}"),
     }
 }
 
@@ -43,70 +83,85 @@ pub(crate) struct Tile<'a> {
     pub beta: f32,
 }
 
-/// `gemm_tile<BM>`: one block of `bm * 2` threads.
+/// `gemm_tile<BM>`: one block, its threads replayed in order between the kernel's barriers.
 pub(crate) fn gemm_tile(bm: usize, t: Tile<'_>, c: &mut [f32]) {
-    let threads = bm * 2;
-    let warps = threads / 32;
-    let Tile { a, w: w_e, row_base, r0, rows: rows_e, n0, n, k, beta } = t;
+    let (bn, wm, wn) = warp_tiles(bm);
+    let shape = GemmShape::of(bm);
+    let warps_n = bn / wn;
+    let threads = (bm / wm) * warps_n * 32;
+    assert_eq!(threads, shape.threads as usize);
+    let (mi_n, ni_n) = (wm / 16, wn / 8);
+    let (a_stage, b_stage) = (bm * BK * 2, bn * BK * 2);
+    let (a_chunks, b_chunks) = (bm * 4 / threads, bn * 4 / threads);
+    let Tile { a, w, row_base, r0, rows, n0, n, k, beta } = t;
 
-    let mut a_s = [SmemTile::new(bm), SmemTile::new(bm)];
-    let mut b_s = [SmemTile::new(BN), SmemTile::new(BN)];
-    // cp.async of 16 bytes (8 bf16) per chunk id; src-size 0 zero-fills.
-    let load_stage = |a_s: &mut SmemTile, b_s: &mut SmemTile, k0: usize| {
-        for id in 0..bm * 4 {
-            let (r, kc) = (id >> 2, (id & 3) * 8);
-            let ok = r0 + r < rows_e && k0 + kc < k;
-            for i in 0..8 {
-                a_s.data[r * LD + kc + i] = if ok { a[(row_base + r0 + r) * k + k0 + kc + i] } else { 0 };
+    let mut smem = Smem::new(shape.smem_bytes);
+    let a_s = 0;
+    let b_s = a_s + STAGES * a_stage;
+    assert_eq!(b_s + STAGES * b_stage, shape.smem_bytes);
+
+    let load_stage = |smem: &mut Smem, stage: usize, k0: usize| {
+        for tid in 0..threads {
+            for i in 0..a_chunks {
+                let id = tid + i * threads;
+                let (r, ch) = (id >> 2, id & 3);
+                let ok = r0 + r < rows && k0 + ch * 8 < k;
+                let src = (row_base + r0 + r) * k + ch * 8 + k0;
+                smem.cp_async16(a_s + stage * a_stage + gemm_swz(r, ch), ok.then(|| &a[src..src + 8]));
             }
-        }
-        for id in 0..BN * 4 {
-            let (r, kc) = (id >> 2, (id & 3) * 8);
-            let ok = n0 + r < n && k0 + kc < k;
-            for i in 0..8 {
-                b_s.data[r * LD + kc + i] = if ok { w_e[(n0 + r) * k + k0 + kc + i] } else { 0 };
+            for i in 0..b_chunks {
+                let id = tid + i * threads;
+                let (r, ch) = (id >> 2, id & 3);
+                let ok = n0 + r < n && k0 + ch * 8 < k;
+                let src = (n0 + r) * k + ch * 8 + k0;
+                smem.cp_async16(b_s + stage * b_stage + gemm_swz(r, ch), ok.then(|| &w[src..src + 8]));
             }
         }
     };
 
     // acc[warp][mi][ni] is the warp's registers for one 16x8 mma tile.
-    let mut acc = vec![[[[[0f32; 4]; 32]; 4]; 2]; warps];
+    let warps = threads / 32;
+    let mut acc: Vec<Vec<Vec<CFrag>>> = vec![vec![vec![[[0f32; 4]; 32]; ni_n]; mi_n]; warps];
     let n_k = k.div_ceil(BK);
-    {
-        let (a0, b0) = (&mut a_s[0], &mut b_s[0]);
-        load_stage(a0, b0, 0);
+    for s in 0..STAGES - 1 {
+        if s < n_k {
+            load_stage(&mut smem, s, s * BK);
+        }
     }
     for kt in 0..n_k {
-        let stage = kt & 1;
-        if kt + 1 < n_k {
-            let (a1, b1) = (&mut a_s[stage ^ 1], &mut b_s[stage ^ 1]);
-            load_stage(a1, b1, (kt + 1) * BK);
+        let next = kt + STAGES - 1;
+        if next < n_k {
+            load_stage(&mut smem, next % STAGES, next * BK);
         }
-        for kk in (0..BK).step_by(16) {
+        let stage = kt % STAGES;
+        let (as_, bs) = (a_s + stage * a_stage, b_s + stage * b_stage);
+        for kk in 0..BK / 16 {
             for (warp, wacc) in acc.iter_mut().enumerate() {
-                let (warp_m, warp_n) = (warp >> 1, warp & 1);
-                let mut af = [[[0u32; 4]; 32]; 2];
-                let mut bfr = [[[0u32; 2]; 32]; 4];
-                for lane in 0..32 {
-                    let (g, tg) = (lane >> 2, lane & 3);
-                    for (mi, afm) in af.iter_mut().enumerate() {
-                        let rm = warp_m * 32 + mi * 16 + g;
-                        let sa = &a_s[stage];
-                        afm[lane] = [
-                            sa.word(rm, kk + tg * 2),
-                            sa.word(rm + 8, kk + tg * 2),
-                            sa.word(rm, kk + tg * 2 + 8),
-                            sa.word(rm + 8, kk + tg * 2 + 8),
-                        ];
-                    }
-                    for (ni, bfn) in bfr.iter_mut().enumerate() {
-                        let cn = warp_n * 32 + ni * 8 + g;
-                        let sb = &b_s[stage];
-                        bfn[lane] = [sb.word(cn, kk + tg * 2), sb.word(cn, kk + tg * 2 + 8)];
+                let (warp_m, warp_n) = (warp / warps_n, warp % warps_n);
+                let lane_addr = |f: &dyn Fn(usize) -> usize| -> [usize; 32] { std::array::from_fn(f) };
+                let af: Vec<AFrag> = (0..mi_n)
+                    .map(|mi| {
+                        let addrs = lane_addr(&|lane| {
+                            let (a_row, a_ch) = (warp_m * wm + (lane & 15), lane >> 4);
+                            as_ + gemm_swz(a_row + mi * 16, kk * 2 + a_ch)
+                        });
+                        smem.ldmatrix_x4(&addrs, false)
+                    })
+                    .collect();
+                let mut bfr: Vec<BFrag> = vec![[[0u32; 2]; 32]; ni_n];
+                for nj in 0..ni_n / 2 {
+                    let addrs = lane_addr(&|lane| {
+                        let (b_row, b_ch) = (warp_n * wn + (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+                        bs + gemm_swz(b_row + nj * 16, kk * 2 + b_ch)
+                    });
+                    let t = smem.ldmatrix_x4(&addrs, false);
+                    for lane in 0..32 {
+                        bfr[2 * nj][lane] = [t[lane][0], t[lane][1]];
+                        bfr[2 * nj + 1][lane] = [t[lane][2], t[lane][3]];
                     }
                 }
-                for mi in 0..2 {
-                    for ni in 0..4 {
+                for mi in 0..mi_n {
+                    for ni in 0..ni_n {
                         mma_m16n8k16(&mut wacc[mi][ni], &af[mi], &bfr[ni]);
                     }
                 }
@@ -115,27 +170,112 @@ pub(crate) fn gemm_tile(bm: usize, t: Tile<'_>, c: &mut [f32]) {
     }
 
     for (warp, wacc) in acc.iter().enumerate() {
-        let (warp_m, warp_n) = (warp >> 1, warp & 1);
+        let (warp_m, warp_n) = (warp / warps_n, warp % warps_n);
         for lane in 0..32 {
             let (g, tg) = (lane >> 2, lane & 3);
-            for mi in 0..2 {
-                for ni in 0..4 {
+            for mi in 0..mi_n {
+                for ni in 0..ni_n {
                     for half in 0..2 {
-                        let r = r0 + warp_m * 32 + mi * 16 + g + half * 8;
-                        let col = n0 + warp_n * 32 + ni * 8 + tg * 2;
-                        if r >= rows_e {
+                        let r = r0 + warp_m * wm + mi * 16 + g + half * 8;
+                        let col = n0 + warp_n * wn + ni * 8 + tg * 2;
+                        if r >= rows || col >= n {
                             continue;
                         }
-                        let dst = (row_base + r) * n;
-                        for (j, v) in [(col, wacc[mi][ni][lane][half * 2]), (col + 1, wacc[mi][ni][lane][half * 2 + 1])]
-                        {
-                            if j < n {
+                        let dst = (row_base + r) * n + col;
+                        let v = [wacc[mi][ni][lane][half * 2], wacc[mi][ni][lane][half * 2 + 1]];
+                        for j in 0..2 {
+                            if col + j < n {
                                 let o = &mut c[dst + j];
-                                *o = if beta != 0.0 { v + beta * *o } else { v };
+                                *o = if beta != 0.0 { beta.mul_add(*o, v[j]) } else { v[j] };
                             }
                         }
                     }
                 }
+            }
+        }
+    }
+}
+
+/// `gemm_block_order`: the (row tile, column tile) that block (bx, by) of a (tiles_m, tiles_n)
+/// grid computes.
+pub(crate) fn gemm_block_order(bx: usize, by: usize, tiles_m: usize, tiles_n: usize) -> (usize, usize) {
+    let group = GEMM_GROUP_M as usize;
+    let id = by * tiles_m + bx;
+    let per_group = group * tiles_n;
+    let first_m = id / per_group * group;
+    let group_m = (tiles_m - first_m).min(group);
+    let in_group = id % per_group;
+    (first_m + in_group % group_m, in_group / group_m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_order_visits_every_tile_once() {
+        for (tm, tn) in [(1, 1), (3, 5), (8, 2), (17, 9), (64, 48)] {
+            let mut seen = vec![false; tm * tn];
+            for by in 0..tn {
+                for bx in 0..tm {
+                    let (m, n) = gemm_block_order(bx, by, tm, tn);
+                    assert!(m < tm && n < tn, "{tm}x{tn}: block ({bx}, {by}) -> ({m}, {n})");
+                    assert!(!std::mem::replace(&mut seen[m * tn + n], true), "{tm}x{tn}: ({m}, {n}) twice");
+                }
+            }
+        }
+        // The first GEMM_GROUP_M blocks go down one column of tiles.
+        assert_eq!(gemm_block_order(1, 0, 16, 4), (1, 0));
+        assert_eq!(gemm_block_order(8, 0, 16, 4), (0, 1));
+    }
+
+    #[test]
+    fn swizzle_spreads_every_ldmatrix_phase_and_copy_over_all_banks() {
+        // Eight consecutive rows from an even row, any one chunk: eight different 16-byte bank
+        // groups of the 128-byte line (no bank conflict within an ldmatrix phase).
+        for base in (0..128).step_by(8) {
+            for ch in 0..4 {
+                let mut groups: Vec<usize> = (base..base + 8).map(|r| gemm_swz(r, ch) % 128 / 16).collect();
+                groups.sort();
+                groups.dedup();
+                assert_eq!(groups.len(), 8, "rows {base}.., chunk {ch}");
+            }
+        }
+        // A quarter-warp of cp.async (two rows, four chunks) also covers the eight.
+        for r in (0..128).step_by(2) {
+            let mut groups: Vec<usize> = (0..8).map(|i| gemm_swz(r + i / 4, i % 4) % 128 / 16).collect::<Vec<_>>();
+            groups.sort();
+            groups.dedup();
+            assert_eq!(groups.len(), 8, "rows {r}, {}", r + 1);
+        }
+        // And it is a permutation of a row's chunks.
+        for r in 0..16 {
+            let mut offs: Vec<usize> = (0..4).map(|c| gemm_swz(r, c) - r * 64).collect();
+            offs.sort();
+            assert_eq!(offs, [0, 16, 32, 48]);
+        }
+    }
+
+    #[test]
+    fn ldmatrix_distributes_rows_and_transposes() {
+        // Four 8x8 matrices of distinct values, matrix i's row j at 16 * (8 i + j).
+        let mut smem = Smem::new(4 * 8 * 16);
+        for i in 0..4 {
+            for j in 0..8 {
+                let v: Vec<u16> = (0..8).map(|e| (i * 64 + j * 8 + e) as u16).collect();
+                smem.cp_async16(16 * (8 * i + j), Some(&v));
+            }
+        }
+        let addrs: [usize; 32] = std::array::from_fn(|l| 16 * l);
+        let pack = super::super::fragments::pack;
+        let plain = smem.ldmatrix_x4(&addrs, false);
+        let trans = smem.ldmatrix_x4(&addrs, true);
+        for t in 0..32 {
+            for i in 0..4 {
+                let (row, e) = (t / 4, 2 * (t % 4));
+                let m = |r: usize, c: usize| (i * 64 + r * 8 + c) as u16;
+                assert_eq!(plain[t][i], pack(m(row, e), m(row, e + 1)), "lane {t} matrix {i}");
+                assert_eq!(trans[t][i], pack(m(e, row), m(e + 1, row)), "lane {t} matrix {i} .trans");
             }
         }
     }

@@ -1,7 +1,8 @@
 //! Twin of kernels/cuda/moe_gemm.cu: the grouped launch over the device-built tile schedule, each
 //! block one `gemm_tile` (twin in mma_tile.rs).
 
-use super::mma_tile::{gemm_tile, Tile, BN};
+use super::mma_tile::{gemm_tile, Tile};
+use crate::cuda::GemmShape;
 
 /// Arguments of one grouped-GEMM launch (both variants get the same).
 #[derive(Debug, Clone, Copy)]
@@ -22,7 +23,7 @@ pub struct GroupedGemmArgs<'a> {
     pub k: usize,
 }
 
-/// `moe_gemm_bm64` / `moe_gemm_bm128`: grid (the host's worst-case tile count, ceil(n / 64)).
+/// `moe_gemm_bm64` / `moe_gemm_bm128`: grid (the host's worst-case tile count, ceil(n / BN)).
 /// Writes only rows of scheduled tiles; `c` must be sized [rows, n].
 pub fn moe_gemm(block_m: usize, args: GroupedGemmArgs<'_>, grid_x: usize, c: &mut [f32]) {
     assert!(block_m == 64 || block_m == 128, "BLOCK_M {block_m}");
@@ -31,19 +32,20 @@ pub fn moe_gemm(block_m: usize, args: GroupedGemmArgs<'_>, grid_x: usize, c: &mu
     }
     let n_tiles = if block_m == 64 { args.n_tiles[0] } else { args.n_tiles[1] };
     let (n, k) = (args.n, args.k);
+    let bn = GemmShape::of(block_m).bn;
     for tile in 0..grid_x {
         if tile as u32 >= n_tiles {
             continue;
         }
         let (e, r0) = (args.tiles[2 * tile] as usize, args.tiles[2 * tile + 1] as usize);
-        for by in 0..n.div_ceil(BN) {
+        for by in 0..n.div_ceil(bn) {
             let t = Tile {
                 a: args.a,
                 w: &args.w[e * n * k..(e + 1) * n * k],
                 row_base: args.offsets[e] as usize,
                 r0,
                 rows: args.counts[e] as usize,
-                n0: by * BN,
+                n0: by * bn,
                 n,
                 k,
                 beta: 0.0,
