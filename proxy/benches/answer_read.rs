@@ -36,6 +36,7 @@ fn main() {
                 cached_prefix_tokens: 0,
                 cached_items: 0,
                 item_tokens,
+                item_shared_tokens: 0,
             },
             timing: Timing { queue_ms: 0.012, compute_ms: 0.0, total_ms: 0.431 },
             model: "sim".into(),

@@ -304,6 +304,15 @@ pub struct Usage {
     /// Per item, in input order: tokens of the item's own segment (its prompt minus the prefix).
     #[serde(default)]
     pub item_tokens: Vec<u32>,
+    /// Item tokens not computed because items of the call share them: the leading runs that
+    /// groups of items have in common after the prefix, computed once per group (or found in
+    /// the prefix cache). Absent when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub item_shared_tokens: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Where the time went, in milliseconds. Also sent as `x-sieve-*-ms` headers.
@@ -570,6 +579,7 @@ mod tests {
                     cached_prefix_tokens: 40,
                     cached_items: 0,
                     item_tokens: (0..n).map(|i| 20 + (i * 7 % 60) as u32).collect(),
+                    item_shared_tokens: 0,
                 },
                 timing: Timing { queue_ms: 0.123_456_789, compute_ms: 12.345_678_9, total_ms: 123.456_789_01 },
                 model: "Qwen/Qwen3-Reranker-0.6B".into(),

@@ -81,6 +81,19 @@ pub struct ModelSection {
     /// batch) or `cublas` (faster, but cuBLAS picks kernels by problem size, so scores can move
     /// in the last bits with batch composition).
     pub gemm: Gemm,
+    /// CUDA attention: `mma` (tensor cores, head sizes 64 and 128; others fall back to `simt`)
+    /// or `simt` (the earlier kernel, kept to compare against). Both keep a row's bits
+    /// independent of its batch.
+    pub attention: Attention,
+}
+
+/// CUDA attention kernels (`model.attention`): see [`ModelSection::attention`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Attention {
+    #[default]
+    Mma,
+    Simt,
 }
 
 /// CUDA dense projections (`model.gemm`): see [`ModelSection::gemm`].
@@ -90,6 +103,9 @@ pub enum Gemm {
     #[default]
     Tiled,
     Cublas,
+    /// The earlier tiled kernel (same bits as `tiled`), kept to measure against.
+    #[serde(rename = "tiled_v1")]
+    TiledV1,
 }
 
 impl Default for ModelSection {
@@ -101,6 +117,7 @@ impl Default for ModelSection {
             max_seq_tokens: 0,
             threads: 0,
             gemm: Gemm::Tiled,
+            attention: Attention::Mma,
         }
     }
 }
@@ -128,6 +145,11 @@ pub struct EngineSection {
     /// thread). Tokenizing is most of a call's preparation and a GPU's forward pass is short, so
     /// a GPU worker waits on it unless it is spread.
     pub tokenize_threads: usize,
+    /// Items of a call whose prompts share a leading run after the query prefix (a category
+    /// path, a brand block) compute that run once for the group (needs `prefix_reuse`).
+    pub item_prefix_sharing: bool,
+    /// The shortest run worth sharing, in tokens.
+    pub item_prefix_min_tokens: usize,
     /// Throughput assumed for sizing passes to deadlines until the first pass is measured
     /// (tokens/s; then the measured rate is used). Low is safe: it only makes the first passes
     /// under a tight deadline smaller than needed.
@@ -152,6 +174,8 @@ impl Default for EngineSection {
             prior_tokens_per_second: 1000.0,
             deadline_pass_fraction: 0.8,
             tokenize_threads: 0,
+            item_prefix_sharing: true,
+            item_prefix_min_tokens: crate::engine::DEFAULT_ITEM_SHARING_MIN_TOKENS,
         }
     }
 }

@@ -5,11 +5,11 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use sieve_kernels::cuda::{CudaBackend, CudaOptions, GemmEngine};
+use sieve_kernels::cuda::{AttentionEngine, CudaBackend, CudaOptions, GemmEngine};
 use sieve_kernels::Backend;
 
 use crate::assets;
-use crate::config::{Gemm, WorkerConfig};
+use crate::config::{Attention, Gemm, WorkerConfig};
 use crate::engine::{EngineConfig, EngineHandle, EngineParts, EngineState, PrefixCacheConfig};
 use crate::model::loader::{self, LoadOptions};
 use crate::{moe, Result, WorkerError};
@@ -82,6 +82,7 @@ pub fn engine_config(cfg: &WorkerConfig, model_max_position: usize) -> EngineCon
         prior_tokens_per_second: e.prior_tokens_per_second,
         deadline_pass_fraction: e.deadline_pass_fraction,
         tokenize_threads: e.tokenize_threads,
+        item_sharing_min_tokens: e.item_prefix_sharing.then_some(e.item_prefix_min_tokens.max(1)),
         fault: None,
     }
 }
@@ -117,8 +118,13 @@ pub fn start_engine(
             let gemm = match cfg.model.gemm {
                 Gemm::Tiled => GemmEngine::Tiled,
                 Gemm::Cublas => GemmEngine::Cublas,
+                Gemm::TiledV1 => GemmEngine::TiledV1,
             };
-            let opts = CudaOptions { gemm, ..CudaOptions::new(n).with_asset_cache(&assets::cache_dir()) };
+            let attention = match cfg.model.attention {
+                Attention::Mma => AttentionEngine::Mma,
+                Attention::Simt => AttentionEngine::Simt,
+            };
+            let opts = CudaOptions { gemm, attention, ..CudaOptions::new(n).with_asset_cache(&assets::cache_dir()) };
             let backend =
                 CudaBackend::with_options(&opts).map_err(|e| WorkerError::Config(format!("--device {device}: {e}")))?;
             start_on(backend, cfg, state)

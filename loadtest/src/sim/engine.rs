@@ -369,6 +369,7 @@ impl SimEngine {
                 cached_prefix_tokens: cached_prefix,
                 cached_items: 0,
                 item_tokens,
+                item_shared_tokens: 0,
             },
             timing: Timing {
                 queue_ms,

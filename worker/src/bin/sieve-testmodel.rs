@@ -1,7 +1,7 @@
 //! Writes a deterministic random-weight checkpoint in the exact HF layout, for tests and
 //! benchmarks.
 //!
-//!   sieve-testmodel --arch qwen3|qwen2|llama|qwen3_moe|qwen2_moe --preset tiny|bench --seed N
+//!   sieve-testmodel --arch qwen3|qwen2|llama|qwen3_moe|qwen2_moe --preset tiny|bench|qwen3-0.6b --seed N
 //!                   --dtype f32|bf16|f16 --tokenizer PATH/tokenizer.json --out DIR
 
 use std::path::PathBuf;
@@ -16,7 +16,7 @@ struct Args {
     /// qwen3, qwen2, llama, qwen3_moe or qwen2_moe.
     #[arg(long)]
     arch: TestArch,
-    /// tiny (CI-sized) or bench (benchmark-sized).
+    /// tiny (CI-sized), bench (benchmark-sized) or qwen3-0.6b (Qwen3-0.6B's shapes, dense only).
     #[arg(long, default_value = "tiny")]
     preset: Preset,
     #[arg(long, default_value_t = 0)]
@@ -35,6 +35,12 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if args.preset == Preset::Qwen3_0_6b && matches!(args.arch, TestArch::Qwen3Moe | TestArch::Qwen2Moe) {
+        eprintln!(
+            "sieve-testmodel: --preset qwen3-0.6b is a dense model's shapes: use it with --arch qwen3, qwen2 or llama"
+        );
+        return ExitCode::FAILURE;
+    }
     let spec = TestModelSpec::preset(args.arch, args.preset, args.seed, args.dtype);
     match generate(&spec, &args.out, &args.tokenizer) {
         Ok(info) => {

@@ -15,6 +15,7 @@
 //! A call still waiting is answered 504 by its [`Ticket`] the moment its deadline passes.
 
 pub mod blocks;
+pub mod item_groups;
 pub mod job;
 pub mod layout;
 pub mod prefix_cache;
@@ -61,8 +62,14 @@ pub struct EngineConfig {
     pub deadline_pass_fraction: f64,
     /// Threads that tokenize a call's items (0 = all cores, 1 = the scheduler thread alone).
     pub tokenize_threads: usize,
+    /// Items of a call that share a leading run of at least this many tokens after the query
+    /// prefix compute it once (`None`: off). Needs prefix reuse.
+    pub item_sharing_min_tokens: Option<usize>,
     pub fault: Option<FaultHook>,
 }
+
+/// The default shortest run worth sharing between items (`[engine] item_prefix_min_tokens`).
+pub const DEFAULT_ITEM_SHARING_MIN_TOKENS: usize = 8;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -78,6 +85,7 @@ impl Default for EngineConfig {
             prior_tokens_per_second: 1000.0,
             deadline_pass_fraction: 0.8,
             tokenize_threads: 0,
+            item_sharing_min_tokens: Some(DEFAULT_ITEM_SHARING_MIN_TOKENS),
             fault: None,
         }
     }
@@ -174,6 +182,7 @@ impl EngineHandle {
                 max_seqs_per_pass: cfg.max_seqs_per_pass,
                 max_seq_tokens: cfg.max_seq_tokens,
                 prefix_reuse: cfg.prefix_cache.enabled,
+                item_sharing_min_tokens: cfg.item_sharing_min_tokens,
             },
             crate::tokenize_pool::PooledEncoder::wrap(parts.encoder, cfg.tokenize_threads)?,
             parts.builder,

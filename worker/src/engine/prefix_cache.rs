@@ -7,6 +7,11 @@
 //! all later batches. A failed or cancelled batch rolls back: its pending entries are removed and
 //! their blocks freed, so a block that was never fully written can never be matched.
 //!
+//! A chain may continue another lease's chain ([`PrefixCache::acquire_child`]): the shared
+//! leading run of a group of items after the query prefix, its first block keyed under the
+//! prefix's last block. Such a run starts a new block, so the prefix's partial tail is never
+//! copied or recomputed.
+//!
 //! Committed entries hold one reference on their block (the cache's); every batch using a block
 //! holds another through its [`PrefixLease`]. Eviction (LRU, leaves first) only takes blocks whose
 //! one reference is the cache's, so a block in use is never evicted.
@@ -80,6 +85,18 @@ pub struct PrefixLease {
     /// Of `reused`, the positions served by committed entries (a cross-batch hit).
     pub reused_committed: usize,
     registered: Vec<u64>,
+    /// The key of the last block when it is in the index for this lease (matched or registered
+    /// by it): a child chain hangs off it. `None`: children stay private.
+    tail_key: Option<u64>,
+}
+
+/// Where a chain starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChainStart {
+    Root,
+    After(u64),
+    /// After a chain that is not in the index: nothing is matched or registered.
+    Private,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -142,6 +159,22 @@ impl PrefixCache {
     /// entries, allocates the rest (registering them as pending for this epoch when no other
     /// batch is already filling the same key), evicting committed leaves if needed.
     pub fn acquire(&mut self, epoch: Epoch, tokens: &[u32]) -> Result<PrefixLease, NoSpace> {
+        self.acquire_from(epoch, ChainStart::Root, tokens)
+    }
+
+    /// Takes the blocks of `tokens` continuing `parent`'s chain (positions `parent.len ..`),
+    /// in new blocks, with the same matching, registration and lifecycle as [`Self::acquire`].
+    pub fn acquire_child(
+        &mut self,
+        epoch: Epoch,
+        parent: &PrefixLease,
+        tokens: &[u32],
+    ) -> Result<PrefixLease, NoSpace> {
+        let start = parent.tail_key.map_or(ChainStart::Private, ChainStart::After);
+        self.acquire_from(epoch, start, tokens)
+    }
+
+    fn acquire_from(&mut self, epoch: Epoch, start: ChainStart, tokens: &[u32]) -> Result<PrefixLease, NoSpace> {
         let bs = self.block_size;
         let n_blocks = tokens.len().div_ceil(bs);
         let mut lease = PrefixLease {
@@ -151,11 +184,18 @@ impl PrefixCache {
             reused: 0,
             reused_committed: 0,
             registered: vec![],
+            tail_key: None,
         };
         self.counters.lookups += 1;
-        let mut parent = None;
-        let mut matching = self.cfg.enabled;
-        let mut registering = self.cfg.enabled;
+        let indexed = self.cfg.enabled && start != ChainStart::Private;
+        let mut parent = match start {
+            ChainStart::After(k) => Some(k),
+            ChainStart::Root | ChainStart::Private => None,
+        };
+        let mut matching = indexed;
+        let mut registering = indexed;
+        // Whether the block just taken is in the index for this lease.
+        let mut last_indexed = false;
         let mut touched = vec![];
         for i in 0..n_blocks {
             let toks = &tokens[i * bs..((i + 1) * bs).min(tokens.len())];
@@ -170,6 +210,7 @@ impl PrefixCache {
                     }
                     touched.push(key);
                     parent = Some(key);
+                    last_indexed = true;
                     continue;
                 }
                 matching = false;
@@ -204,8 +245,10 @@ impl PrefixCache {
                 self.pending_by_epoch.entry(epoch).or_default().push(key);
                 lease.registered.push(key);
             }
+            last_indexed = registering;
             parent = Some(key);
         }
+        lease.tail_key = if last_indexed { parent } else { None };
         if lease.reused_committed > 0 {
             self.counters.hits += 1;
         }
@@ -406,6 +449,57 @@ mod tests {
         assert_eq!(later.blocks, a.blocks);
         c.release(&later);
         c.commit(3);
+        c.check_invariants().unwrap();
+    }
+
+    /// A group's run continues its prefix's chain: pending to its epoch alone, committed with
+    /// it, rolled back with it, and never evicted from under a lease or before its children.
+    #[test]
+    fn child_chains_follow_their_parents_lifecycle() {
+        let mut c = cache(12);
+        let base = c.pool.num_free();
+        let (p, run) = (toks(10, 0), toks(6, 50));
+        let a = c.acquire(1, &p).unwrap();
+        let r = c.acquire_child(1, &a, &run).unwrap();
+        assert_eq!((r.reused, r.blocks.len()), (0, 2));
+        assert!(r.blocks.iter().all(|b| !a.blocks.contains(b)), "a run starts in new blocks");
+        let a2 = c.acquire(1, &p).unwrap();
+        let r2 = c.acquire_child(1, &a2, &run).unwrap();
+        assert_eq!((r2.reused, &r2.blocks), (6, &r.blocks), "the same batch matches its pending run");
+        let other = c.acquire(2, &p).unwrap();
+        let other_run = c.acquire_child(2, &other, &run).unwrap();
+        assert_eq!(other_run.reused, 0, "another batch never sees a pending run");
+        c.rollback(1);
+        c.rollback(2);
+        for l in [&a, &r, &a2, &r2, &other, &other_run] {
+            c.release(l);
+        }
+        assert_eq!(c.pool.num_free(), base, "rollback frees the runs with their prefixes");
+        assert!(c.entries.is_empty());
+
+        let a = c.acquire(3, &p).unwrap();
+        let r = c.acquire_child(3, &a, &run).unwrap();
+        c.mark_written(&a);
+        c.mark_written(&r);
+        c.commit(3);
+        c.release(&a);
+        c.release(&r);
+        let a = c.acquire(4, &p).unwrap();
+        let r = c.acquire_child(4, &a, &run).unwrap();
+        assert_eq!((r.reused, r.reused_committed), (6, 6), "a committed run is a cross-batch hit");
+        let r_other = c.acquire_child(4, &a, &toks(6, 90)).unwrap();
+        assert_eq!(r_other.reused, 0, "another run under the same prefix is another chain");
+        c.check_invariants().unwrap();
+        // Filling the region evicts only what no lease holds, leaves (runs) before parents.
+        c.release(&r_other);
+        c.rollback(4);
+        c.release(&r);
+        let filler = c.acquire(5, &toks(36, 7)).unwrap(); // 9 blocks: 7 free, the run's 2 evicted
+        c.check_invariants().unwrap();
+        assert!(a.blocks.iter().all(|b| !filler.blocks.contains(b)), "a prefix in use is never evicted");
+        c.rollback(5);
+        c.release(&filler);
+        c.release(&a);
         c.check_invariants().unwrap();
     }
 

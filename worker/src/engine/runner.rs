@@ -94,6 +94,17 @@ fn reap(state: &EngineState, jobs: &[BatchJob], progress: &mut [Progress], now: 
 
 /// A call's answer from its progress: the scores it has (`missing` lists the others), or a 500
 /// naming the items whose score is not a finite number.
+/// Run tokens the call's scored items did not compute themselves: per group, the run once per
+/// scored member, less what the call computed of it.
+fn item_shared_tokens(job: &BatchJob, p: &Progress) -> u64 {
+    (0..job.groups.len())
+        .map(|g| {
+            let scored = job.groups[g].items.iter().filter(|&&i| p.scores[i].is_some()).count();
+            (job.groups[g].run_len * scored).saturating_sub(job.run_to_compute(g).len()) as u64
+        })
+        .sum()
+}
+
 fn output(state: &EngineState, job: &BatchJob, p: &Progress) -> JobResult {
     let bad: Vec<usize> =
         p.scores.iter().enumerate().filter(|(_, s)| matches!(s, Some(v) if !v.is_finite())).map(|(i, _)| i).collect();
@@ -134,6 +145,7 @@ fn output(state: &EngineState, job: &BatchJob, p: &Progress) -> JobResult {
         cached_prefix_tokens: reused_committed as u32,
         cached_items: 0,
         item_tokens: call.prompts.iter().map(|q| (q.len() - call.prefix_len) as u32).collect(),
+        item_shared_tokens: item_shared_tokens(job, p),
     };
     let arrived = job.tj.job.arrived;
     let queue_ms = p.started.map(|s| s.duration_since(arrived).as_secs_f64() * 1e3).unwrap_or(0.0);
@@ -218,7 +230,7 @@ impl<B: Backend> Runner<B> {
                 .iter()
                 .enumerate()
                 .map(|(j, job)| PlanJob {
-                    prefix_rows: if pi == 0 { job.prefix_to_compute().len() } else { 0 },
+                    prefix_rows: if pi == 0 { job.shared_rows() } else { 0 },
                     first_item: run.next_item[j],
                     item_rows: if prog[j].alive {
                         (run.next_item[j]..job.tj.call.prompts.len()).map(|i| job.own_tokens(i).len()).collect()
@@ -242,6 +254,11 @@ impl<B: Backend> Runner<B> {
                 let job = &jobs[j];
                 let r = job.prefix_to_compute();
                 lb.push(&job.tj.call.prompts[0][r], &run.prefix_slots[j]);
+                for g in 0..job.groups.len() {
+                    let r = job.run_to_compute(g);
+                    let ctx = &run.group_slots[j][g];
+                    lb.push(&job.run_tokens(g)[r], &ctx[..job.prefix_len + job.groups[g].run_len]);
+                }
             }
         }
         let mut next_block = self.scratch.first_block;
@@ -258,11 +275,12 @@ impl<B: Backend> Runner<B> {
                 let blocks: Vec<u32> = (next_block..next_block + n_blocks as u32).collect();
                 next_block += n_blocks as u32;
                 debug_assert!((next_block - self.scratch.first_block) as usize <= self.scratch.num_blocks);
-                let ctx: Vec<u32> = run.prefix_slots[j]
-                    .iter()
-                    .copied()
-                    .chain(segment_slots(&blocks, self.block_size, own.len()))
-                    .collect();
+                let shared = match jobs[j].group_of[i] {
+                    Some(g) => &run.group_slots[j][g],
+                    None => &run.prefix_slots[j],
+                };
+                let ctx: Vec<u32> =
+                    shared.iter().copied().chain(segment_slots(&blocks, self.block_size, own.len())).collect();
                 if let Some(row) = lb.push(own, &ctx) {
                     out_rows.push(row);
                     targets.push((j, i));
@@ -372,13 +390,11 @@ impl<B: Backend> Runner<B> {
         let mut prog = lock(&run.progress);
         if pass.index == 0 {
             let mut cache = lock(&self.cache);
-            for job in jobs {
-                if let Some(l) = &job.lease {
-                    cache.mark_written(l);
-                }
+            for l in jobs.iter().flat_map(BatchJob::leases) {
+                cache.mark_written(l);
             }
             for &j in &pass.prefix_jobs {
-                prog[j].computed_tokens += jobs[j].prefix_to_compute().len() as u64;
+                prog[j].computed_tokens += jobs[j].shared_rows() as u64;
             }
         }
         let mut in_pass = vec![false; prog.len()];
@@ -406,10 +422,8 @@ impl<B: Backend> Runner<B> {
         } else {
             cache.commit(run.epoch);
         }
-        for job in run.jobs {
-            if let Some(l) = &job.lease {
-                cache.release(l);
-            }
+        for l in run.jobs.iter().flat_map(BatchJob::leases) {
+            cache.release(l);
         }
     }
 
@@ -444,6 +458,8 @@ struct BatchRun<'a> {
     /// Shared with the layer hook, which answers calls found dead mid-forward.
     progress: Mutex<Vec<Progress>>,
     prefix_slots: Vec<Vec<u32>>,
+    /// Per call, per group: the slots of its prefix then its run.
+    group_slots: Vec<Vec<Vec<u32>>>,
     /// Every call's index: the owners of a first pass, and the calls checked between passes.
     everyone: Vec<usize>,
     /// Per call, the first item not yet given a pass.
@@ -474,11 +490,22 @@ impl<'a> BatchRun<'a> {
                 None => vec![],
             })
             .collect();
+        let group_slots = jobs
+            .iter()
+            .zip(&prefix_slots)
+            .map(|(j, pre): (&BatchJob, &Vec<u32>)| {
+                j.groups
+                    .iter()
+                    .map(|g| pre.iter().copied().chain(segment_slots(&g.lease.blocks, block_size, g.run_len)).collect())
+                    .collect()
+            })
+            .collect();
         BatchRun {
             epoch: batch.epoch,
             jobs,
             progress: Mutex::new(progress),
             prefix_slots,
+            group_slots,
             everyone: (0..jobs.len()).collect(),
             next_item: vec![0; jobs.len()],
         }

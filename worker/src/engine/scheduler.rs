@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use sieve_shared::ApiError;
 
+use super::item_groups::item_groups;
 use super::job::{ScoreJob, TokenizedJob};
 use super::prefix_cache::{Epoch, PrefixCache, PrefixLease};
 use super::state::EngineState;
@@ -29,6 +30,9 @@ pub struct SchedulerConfig {
     pub max_seq_tokens: usize,
     /// Compute each call's shared prefix once (off: every item computes its whole prompt).
     pub prefix_reuse: bool,
+    /// Items of a call sharing a leading run of at least this many tokens after the prefix
+    /// compute it once (`None`: off; needs `prefix_reuse`).
+    pub item_sharing_min_tokens: Option<usize>,
 }
 
 /// What the scheduler thread receives.
@@ -40,15 +44,52 @@ pub enum Msg {
     Stop,
 }
 
+/// Items of a call that share `run_len` tokens after the prefix, and the blocks of that run.
+pub struct GroupRun {
+    pub items: Vec<usize>,
+    pub run_len: usize,
+    pub lease: PrefixLease,
+}
+
 /// A call inside a batch, with its prefix blocks.
 pub struct BatchJob {
     pub tj: TokenizedJob,
     /// Tokens of the shared prefix used for this call (0 when reuse is off or unavailable).
     pub prefix_len: usize,
     pub lease: Option<PrefixLease>,
+    /// Groups of items sharing a run after the prefix (empty without a prefix lease).
+    pub groups: Vec<GroupRun>,
+    /// Per item, the index of its group in `groups`.
+    pub group_of: Vec<Option<usize>>,
 }
 
 impl BatchJob {
+    fn new(tj: TokenizedJob, prefix_len: usize, lease: Option<PrefixLease>) -> Self {
+        let n = tj.call.prompts.len();
+        BatchJob { tj, prefix_len, lease, groups: vec![], group_of: vec![None; n] }
+    }
+
+    /// Tokens of item `i` before its own segment: the prefix and its group's run.
+    pub fn shared_len(&self, i: usize) -> usize {
+        self.prefix_len + self.group_of[i].map_or(0, |g| self.groups[g].run_len)
+    }
+
+    /// The tokens of group `g`'s run (positions `prefix_len .. prefix_len + run_len`).
+    pub fn run_tokens(&self, g: usize) -> &[u32] {
+        let run = &self.groups[g];
+        &self.tj.call.prompts[run.items[0]][self.prefix_len..self.prefix_len + run.run_len]
+    }
+
+    /// Positions of group `g`'s run this call computes (the rest was matched), run-relative.
+    pub fn run_to_compute(&self, g: usize) -> std::ops::Range<usize> {
+        self.groups[g].lease.reused..self.groups[g].run_len
+    }
+
+    /// Rows the first pass computes for this call: its prefix and its groups' runs.
+    pub fn shared_rows(&self) -> usize {
+        self.prefix_to_compute().len() + (0..self.groups.len()).map(|g| self.run_to_compute(g).len()).sum::<usize>()
+    }
+
     /// Prefix positions this call itself computes (`reused..prefix_len`).
     pub fn prefix_to_compute(&self) -> std::ops::Range<usize> {
         match &self.lease {
@@ -59,7 +100,12 @@ impl BatchJob {
 
     /// Tokens of item `i` computed in its own segment.
     pub fn own_tokens(&self, i: usize) -> &[u32] {
-        &self.tj.call.prompts[i][self.prefix_len..]
+        &self.tj.call.prompts[i][self.shared_len(i)..]
+    }
+
+    /// Every lease of the call: its prefix's, then its groups' runs'.
+    pub fn leases(&self) -> impl Iterator<Item = &PrefixLease> {
+        self.lease.iter().chain(self.groups.iter().map(|g| &g.lease))
     }
 }
 
@@ -245,21 +291,41 @@ impl Scheduler {
         Some(PreparedBatch { epoch, jobs, prepared_at: now })
     }
 
-    /// Takes prefix blocks for a call. Without room in the prefix region (everything in use by
-    /// running batches), the call runs without sharing rather than waiting.
+    /// Takes prefix blocks for a call, then blocks for the runs its items share. Without room
+    /// in the prefix region (everything in use by running batches), the call (or the group)
+    /// runs without sharing rather than waiting.
     fn with_prefix(&mut self, epoch: Epoch, tj: TokenizedJob) -> BatchJob {
         let p = tj.call.prefix_len;
         if !self.cfg.prefix_reuse || p == 0 {
-            return BatchJob { tj, prefix_len: 0, lease: None };
+            return BatchJob::new(tj, 0, None);
         }
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        match cache.acquire(epoch, tj.call.prefix()) {
-            Ok(lease) => BatchJob { tj, prefix_len: p, lease: Some(lease) },
+        let lease = match cache.acquire(epoch, tj.call.prefix()) {
+            Ok(lease) => lease,
             Err(e) => {
                 tracing::warn!("{e}; scoring this call without prefix sharing");
-                BatchJob { tj, prefix_len: 0, lease: None }
+                return BatchJob::new(tj, 0, None);
+            }
+        };
+        let groups = match self.cfg.item_sharing_min_tokens {
+            Some(min) => item_groups(&tj.call.prompts, p, min),
+            None => vec![],
+        };
+        let mut job = BatchJob::new(tj, p, Some(lease));
+        for g in groups {
+            let run = &job.tj.call.prompts[g.items[0]][p..p + g.run_len];
+            let Some(parent) = job.lease.as_ref() else { break };
+            match cache.acquire_child(epoch, parent, run) {
+                Ok(lease) => {
+                    for &i in &g.items {
+                        job.group_of[i] = Some(job.groups.len());
+                    }
+                    job.groups.push(GroupRun { items: g.items, run_len: g.run_len, lease });
+                }
+                Err(e) => tracing::warn!("{e}; these items are scored without sharing their run"),
             }
         }
+        job
     }
 }
 

@@ -442,3 +442,77 @@ fn dropping_the_handle_ends_the_engine_threads() {
     assert_eq!(ok.blocking_recv().unwrap().unwrap().scores.len(), 2);
     wait_for("the threads to end", || Arc::strong_count(&state) == 1);
 }
+
+/// Items in groups that open alike (category path, brand block), as a catalogue search returns.
+fn catalogue(n: usize, group: usize, salt: usize) -> Vec<String> {
+    let headers = ["Shoes > Running > Trail", "Kitchen > Knives > Chef", "Garden > Watering > Hoses"];
+    (0..n)
+        .map(|i| {
+            let g = i / group;
+            format!("{} | brand {} | size {} colour {}", headers[g % 3], g * 3 + salt, i % 13, i * 7 % 11)
+        })
+        .collect()
+}
+
+#[test]
+fn item_groups_compute_their_runs_once_with_identical_scores() {
+    let on = engine(cfg(true));
+    let no_sharing = engine(EngineConfig { item_sharing_min_tokens: None, ..cfg(true) });
+    let off = engine(cfg(false));
+    let it = catalogue(24, 6, 1); // several passes of at most 256 tokens
+    let a = score(&on, "trail shoes", it.clone()).unwrap();
+    let b = score(&no_sharing, "trail shoes", it.clone()).unwrap();
+    let c = score(&off, "trail shoes", it.clone()).unwrap();
+    assert_eq!(a.scores, b.scores, "item sharing on vs off");
+    assert_eq!(a.scores, c.scores, "item sharing vs no reuse at all");
+    assert!(a.usage.item_shared_tokens > 0, "{:?}", a.usage);
+    assert_eq!(b.usage.item_shared_tokens, 0);
+    assert_eq!(a.usage.computed_tokens + a.usage.item_shared_tokens, b.usage.computed_tokens);
+    assert_eq!(a.usage.prompt_tokens, b.usage.prompt_tokens);
+    // Any order, and each item alone (where it has no group).
+    let mut order: Vec<usize> = (0..it.len()).collect();
+    order.reverse();
+    order.swap(3, 17);
+    let shuffled = score(&on, "trail shoes", order.iter().map(|&i| it[i].clone()).collect()).unwrap();
+    for (k, &i) in order.iter().enumerate() {
+        assert_eq!(shuffled.scores[k], a.scores[i], "item {i} shuffled");
+    }
+    for i in (0..it.len()).step_by(5) {
+        let alone = score(&on, "trail shoes", vec![it[i].clone()]).unwrap();
+        assert_eq!(alone.scores[0], a.scores[i], "item {i} alone");
+        assert_eq!(alone.usage.item_shared_tokens, 0);
+    }
+    // The same call again: its runs come from the cache as well.
+    let again = score(&on, "trail shoes", it.clone()).unwrap();
+    assert_eq!(again.scores, a.scores);
+    assert!(again.usage.computed_tokens < a.usage.computed_tokens - u64::from(a.usage.prefix_tokens));
+    assert_eq!(blocks_in_use(&on), 0, "no block held after the calls");
+    on.cache.lock().unwrap().check_invariants().unwrap();
+    for e in [on, no_sharing, off] {
+        e.shutdown();
+    }
+}
+
+#[test]
+fn a_failed_batch_rolls_back_its_item_runs_and_leaks_nothing() {
+    let hook: FaultHook = Arc::new(move |epoch, _pass, layer| {
+        if layer == 1 && epoch == 1 {
+            Err(WorkerError::Kernel(sieve_kernels::KernelError::Injected("runs".into())))
+        } else {
+            Ok(())
+        }
+    });
+    let e = engine(EngineConfig { fault: Some(hook), ..cfg(true) });
+    let baseline = e.prefix_snapshot();
+    assert_eq!(score(&e, "chef knife", catalogue(12, 4, 2)).unwrap_err().status(), 500);
+    let after = e.prefix_snapshot();
+    assert_eq!((after.blocks_free, after.blocks_pending, after.blocks_committed), (baseline.blocks_free, 0, 0));
+    let again = score(&e, "chef knife", catalogue(12, 4, 2)).unwrap();
+    assert!(again.usage.item_shared_tokens > 0);
+    assert_eq!(again.usage.cached_prefix_tokens, 0, "nothing of the failed batch was kept");
+    let fresh = engine(cfg(true));
+    assert_eq!(again.scores, score(&fresh, "chef knife", catalogue(12, 4, 2)).unwrap().scores);
+    e.cache.lock().unwrap().check_invariants().unwrap();
+    e.shutdown();
+    fresh.shutdown();
+}

@@ -87,6 +87,9 @@ impl FromStr for TestArch {
 pub enum Preset {
     Tiny,
     Bench,
+    /// Qwen3-0.6B's shapes (28 layers, hidden 1024, 16/8 heads of 128, MLP 3072): the GPU
+    /// benchmark's dense model. Dense architectures only.
+    Qwen3_0_6b,
 }
 
 impl FromStr for Preset {
@@ -95,7 +98,8 @@ impl FromStr for Preset {
         match s {
             "tiny" => Ok(Self::Tiny),
             "bench" => Ok(Self::Bench),
-            _ => Err(WorkerError::Config(format!("unknown preset {s:?} (tiny, bench)"))),
+            "qwen3-0.6b" => Ok(Self::Qwen3_0_6b),
+            _ => Err(WorkerError::Config(format!("unknown preset {s:?} (tiny, bench, qwen3-0.6b)"))),
         }
     }
 }
@@ -246,6 +250,15 @@ impl TestModelSpec {
                     decoder_sparse_step: 1,
                     mlp_only_layers: vec![],
                 });
+            }
+            (_, Preset::Qwen3_0_6b) => {
+                spec.hidden_size = 1024;
+                spec.num_hidden_layers = 28;
+                spec.num_attention_heads = 16;
+                spec.num_key_value_heads = 8;
+                spec.head_dim = 128;
+                spec.intermediate_size = 3072;
+                spec.max_position_embeddings = 32768;
             }
             (_, Preset::Bench) => {
                 spec.hidden_size = 1024;

@@ -316,7 +316,7 @@ impl<'a> Scanner<'a> {
     }
 
     fn usage(&mut self) -> Option<Usage> {
-        let mut f: [Option<u64>; 6] = [None; 6];
+        let mut f: [Option<u64>; 7] = [None; 7];
         let mut item_tokens = None;
         self.object(|s, key| {
             let k = match key {
@@ -326,6 +326,7 @@ impl<'a> Scanner<'a> {
                 "prefix_tokens" => 3,
                 "cached_prefix_tokens" => 4,
                 "cached_items" => 5,
+                "item_shared_tokens" => 6,
                 "item_tokens" if item_tokens.is_none() => {
                     let mut v = Vec::with_capacity(s.expect);
                     s.array(|s| {
@@ -342,7 +343,7 @@ impl<'a> Scanner<'a> {
             }
             // u32 fields refuse what does not fit, as serde does.
             let n = s.num()?;
-            f[k] = Some(if matches!(k, 1 | 2) { n.uint::<u64>()? } else { u64::from(n.uint::<u32>()?) });
+            f[k] = Some(if matches!(k, 1 | 2 | 6) { n.uint::<u64>()? } else { u64::from(n.uint::<u32>()?) });
             Some(())
         })?;
         let u32_of = |v: Option<u64>| v.map(|v| v as u32);
@@ -354,6 +355,7 @@ impl<'a> Scanner<'a> {
             cached_prefix_tokens: u32_of(f[4]).unwrap_or_default(),
             cached_items: u32_of(f[5]).unwrap_or_default(),
             item_tokens: item_tokens.unwrap_or_default(),
+            item_shared_tokens: f[6].unwrap_or_default(),
         })
     }
 
@@ -516,6 +518,7 @@ mod tests {
                     cached_prefix_tokens: 3,
                     cached_items: 0,
                     item_tokens: items,
+                    item_shared_tokens: 0,
                 },
                 timing: Timing { queue_ms: times.0, compute_ms: times.1, total_ms: times.2 },
                 model,

@@ -1,0 +1,283 @@
+#!/usr/bin/env python3
+"""End-to-end side-by-side for scripts/gpu-bench: a running Sieve worker over HTTP against
+transformers on the same checkpoint and the same (query, item) pairs.
+
+Sieve side: calls of 20/100/200/500 items (one call at a time, then several in flight), each
+with its own query (so every call computes its prefix), timed per call; pairs/s, p50/p99,
+computed tokens/s (from the worker's `usage`) and that rate in FLOP/s against the matrix rate
+measured here. One 100-item call is repeated item by item: the scores must be bit-identical
+(the determinism contract on the GPU).
+
+PyTorch side (when torch and transformers import): the pairs as users of transformers score
+them (Qwen3-Reranker's published recipe): every pair its own sequence, left-padded batches,
+bf16, SDPA, the yes/no logits of the last position (`logits_to_keep=1`). Same figures, and the
+scores of both sides compared.
+
+Writes a JSON file and prints a Markdown report section. Standard library only, plus torch
+and transformers for the PyTorch side.
+"""
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+# The worker's default template (worker/src/prompt.rs, `PromptTemplate::default`).
+PREFIX = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the "
+    'Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
+)
+SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+
+WORDS = (
+    "trail running shoe waterproof leather boot kitchen knife steel set cotton shirt blue red green "
+    "organic coffee bean roast dark light wireless headphone noise cancelling battery charger cable "
+    "laptop stand aluminium desk lamp warm white garden hose spray nozzle yoga mat thick grip tent "
+    "camping stove pot travel bag carry on wheel backpack hiking pole carbon jacket insulated down "
+    "glove wool sock merino hat cap sunglasses polarized watch strap phone case clear tablet cover"
+).split()
+
+
+def words(rng, n):
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def body(query, item):
+    return f"<Instruct>: {INSTRUCTION}\n<Query>: {query}\n<Document>: {item}"
+
+
+def make_calls(seed, sizes, calls_per_size, query_words, item_words):
+    """Per size, `calls_per_size` calls of (query, items); queries differ from call to call."""
+    rng = random.Random(seed)
+    return {
+        m: [(words(rng, query_words), [words(rng, item_words) for _ in range(m)]) for _ in range(calls_per_size)]
+        for m in sizes
+    }
+
+
+def post(url, payload, timeout=600):
+    req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def flops_per_token(cfg, ctx):
+    """Matrix FLOPs of one token through the model at context length `ctx` (projections, MLP or
+    routed experts, attention), 2 per multiply-add; the score head is one dot product."""
+    h, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or h // nh
+    proj = h * (nh + 2 * nkv) * hd + nh * hd * h
+    if cfg.get("num_experts"):
+        mlp = cfg["num_experts_per_tok"] * 3 * h * cfg["moe_intermediate_size"] + h * cfg["num_experts"]
+    else:
+        mlp = 3 * h * cfg["intermediate_size"]
+    attn = 2 * nh * hd * ctx
+    return 2 * layers * (proj + mlp + attn)
+
+
+def sieve_side(args, cfg, calls):
+    url = f"{args.worker}/v1/score"
+    out = {}
+    for m, cs in calls.items():
+        post(url, {"query": cs[0][0], "items": cs[0][1][: min(m, 8)], "deadline_ms": 600000})  # warm-up
+        lat, computed, prompt, prefix = [], 0, 0, 0
+        t0 = time.perf_counter()
+        for q, items in cs:
+            t = time.perf_counter()
+            r = post(url, {"query": q, "items": items, "deadline_ms": 600000})
+            lat.append(time.perf_counter() - t)
+            u = r["usage"]
+            computed += u["computed_tokens"]
+            prompt += u["prompt_tokens"]
+            prefix = u["prefix_tokens"]
+        wall = time.perf_counter() - t0
+        # Several calls in flight: the worker's throughput when it is kept busy.
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(args.concurrency) as ex:
+            list(ex.map(lambda c: post(url, {"query": c[0], "items": c[1], "deadline_ms": 600000}), cs))
+        busy = time.perf_counter() - t0
+        n = len(cs) * m
+        avg_ctx = prefix + (prompt / n - prefix) / 2
+        tok_s = computed / wall
+        out[m] = {
+            "calls": len(cs),
+            "p50_ms": 1e3 * statistics.median(lat),
+            "p99_ms": 1e3 * pct(lat, 0.99),
+            "pairs_per_s": n / wall,
+            "pairs_per_s_busy": n / busy,
+            "computed_tokens_per_s": tok_s,
+            "tflops": tok_s * flops_per_token(cfg, avg_ctx) / 1e12,
+            "prefix_tokens": prefix,
+            "item_tokens_avg": prompt / n - prefix,
+        }
+        print(f"sieve {m:>4} items: {out[m]}", flush=True)
+    return out
+
+
+def sieve_scores(args, query, items):
+    return post(f"{args.worker}/v1/score", {"query": query, "items": items, "deadline_ms": 600000})["scores"]
+
+
+def batch_invariance(args, query, items):
+    """The call's scores against each item alone: exact f32 equality."""
+    together = sieve_scores(args, query, items)
+    alone = [sieve_scores(args, query, [it])[0] for it in items]
+    diffs = sum(1 for a, b in zip(together, alone) if a != b)
+    return {"items": len(items), "differing": diffs, "max_abs": max(abs(a - b) for a, b in zip(together, alone))}
+
+
+def matrix_rate(torch):
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(10):
+        a @ b
+    torch.cuda.synchronize()
+    return 10 * 2 * n**3 / (time.perf_counter() - t) / 1e12
+
+
+def torch_side(args, cfg, calls):
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    tok = Tokenizer.from_file(f"{args.model}/tokenizer.json")
+    pre = tok.encode(PREFIX, add_special_tokens=False).ids
+    suf = tok.encode(SUFFIX, add_special_tokens=False).ids
+    yes, no = tok.token_to_id("yes"), tok.token_to_id("no")
+    pad = tok.token_to_id("<|endoftext|>") or 0
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16, attn_implementation="sdpa").cuda()
+    model.eval()
+
+    def score(query, items):
+        ids = [pre + tok.encode(body(query, it), add_special_tokens=False).ids + suf for it in items]
+        logits = []
+        for i in range(0, len(ids), args.torch_batch):
+            chunk = ids[i : i + args.torch_batch]
+            width = max(len(x) for x in chunk)
+            inp = torch.tensor([[pad] * (width - len(x)) + x for x in chunk], device="cuda")
+            mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in chunk], device="cuda")
+            with torch.no_grad():
+                last = model(input_ids=inp, attention_mask=mask, logits_to_keep=1).logits[:, -1, :]
+            logits.extend((last[:, yes] - last[:, no]).float().tolist())
+        return logits, sum(len(x) for x in ids)
+
+    out = {}
+    for m, cs in calls.items():
+        score(cs[0][0], cs[0][1][: min(m, 8)])  # warm-up
+        lat, tokens = [], 0
+        t0 = time.perf_counter()
+        for q, items in cs:
+            t = time.perf_counter()
+            _, n_tok = score(q, items)
+            torch.cuda.synchronize()
+            lat.append(time.perf_counter() - t)
+            tokens += n_tok
+        wall = time.perf_counter() - t0
+        n = len(cs) * m
+        tok_s = tokens / wall
+        avg_len = tokens / n
+        out[m] = {
+            "calls": len(cs),
+            "p50_ms": 1e3 * statistics.median(lat),
+            "p99_ms": 1e3 * pct(lat, 0.99),
+            "pairs_per_s": n / wall,
+            "computed_tokens_per_s": tok_s,
+            "tflops": tok_s * flops_per_token(cfg, avg_len / 2) / 1e12,
+        }
+        print(f"torch {m:>4} items: {out[m]}", flush=True)
+    return out, score, matrix_rate(torch)
+
+
+def logit(s):
+    s = min(max(s, 1e-7), 1 - 1e-7)
+    return math.log(s / (1 - s))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worker", required=True, help="the worker's API base URL, e.g. http://127.0.0.1:8081")
+    ap.add_argument("--model", required=True, help="the checkpoint directory the worker serves")
+    ap.add_argument("--label", default="dense")
+    ap.add_argument("--sizes", default="20,100,200,500")
+    ap.add_argument("--calls", type=int, default=8, help="calls per size")
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--query-words", type=int, default=130, help="~200-token prefix with the template")
+    ap.add_argument("--item-words", type=int, default=95, help="~100-token items")
+    ap.add_argument("--torch", action="store_true", help="also run transformers on the GPU")
+    ap.add_argument("--torch-batch", type=int, default=64)
+    ap.add_argument("--matrix-tflops", type=float, default=0.0, help="the GPU's measured bf16 rate (else measured)")
+    ap.add_argument("--json", required=True)
+    args = ap.parse_args()
+
+    cfg = json.load(open(f"{args.model}/config.json"))
+    sizes = [int(s) for s in args.sizes.split(",")]
+    calls = make_calls(1, sizes, args.calls, args.query_words, args.item_words)
+    result = {"label": args.label, "config": {k: cfg.get(k) for k in ("model_type", "num_hidden_layers", "hidden_size")}}
+    result["sieve"] = sieve_side(args, cfg, calls)
+    probe_q, probe_items = calls[sizes[min(1, len(sizes) - 1)]][0]
+    result["batch_invariance"] = batch_invariance(args, probe_q, probe_items[:100])
+    print(f"batch invariance: {result['batch_invariance']}", flush=True)
+    rate = args.matrix_tflops
+    if args.torch:
+        result["torch"], score, measured = torch_side(args, cfg, calls)
+        rate = rate or measured
+        got = [logit(s) for s in sieve_scores(args, probe_q, probe_items)]
+        want, _ = score(probe_q, probe_items)
+        diffs = sorted(abs(a - b) for a, b in zip(got, want))
+        spread = max(want) - min(want)
+        result["agreement"] = {
+            "pairs": len(diffs),
+            "p50_abs_logit_diff": diffs[len(diffs) // 2],
+            "max_abs_logit_diff": diffs[-1],
+            "transformers_logit_spread": spread,
+            # bf16 weights on both sides; Sieve keeps f32 activations, transformers bf16.
+            "tolerance": 0.05 * spread + 0.05,
+            "within": diffs[-1] <= 0.05 * spread + 0.05,
+        }
+        print(f"agreement: {result['agreement']}", flush=True)
+    result["matrix_tflops"] = rate
+    json.dump(result, open(args.json, "w"), indent=1)
+
+    print(f"\n### {args.label}: Sieve worker over HTTP" + (" against transformers" if args.torch else "") + "\n")
+    print(f"Matrix rate used: {rate:.0f} TFLOP/s (bf16, 8192^3 through PyTorch, this run)\n" if rate else "")
+    print("| side | items | p50 ms | p99 ms | pairs/s (1 call at a time) | pairs/s (busy) | computed tok/s | TFLOP/s | of matrix rate |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for side in ("sieve", "torch"):
+        for m, r in result.get(side, {}).items():
+            frac = f"{100 * r['tflops'] / rate:.1f}%" if rate else "-"
+            busy = f"{r['pairs_per_s_busy']:.0f}" if "pairs_per_s_busy" in r else "-"
+            print(
+                f"| {side} | {m} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['pairs_per_s']:.0f} | {busy} | "
+                f"{r['computed_tokens_per_s']:.0f} | {r['tflops']:.1f} | {frac} |"
+            )
+    bi = result["batch_invariance"]
+    print(f"\nBatch invariance: {bi['differing']} of {bi['items']} scores differ between the call and each item alone (max |diff| {bi['max_abs']:.3g}).")
+    if "agreement" in result:
+        a = result["agreement"]
+        print(
+            f"Agreement with transformers over {a['pairs']} pairs: |Δ logit| p50 {a['p50_abs_logit_diff']:.4f}, max {a['max_abs_logit_diff']:.4f} "
+            f"(logit spread {a['transformers_logit_spread']:.2f}; tolerance {a['tolerance']:.3f}: {'within' if a['within'] else 'OUTSIDE'})."
+        )
+    ok = bi["differing"] == 0 and result.get("agreement", {}).get("within", True)
+    sys.exit(0 if ok else 2)
+
+
+if __name__ == "__main__":
+    main()
