@@ -173,8 +173,11 @@ def torch_side(args, cfg, calls):
             width = max(len(x) for x in chunk)
             inp = torch.tensor([[pad] * (width - len(x)) + x for x in chunk], device="cuda")
             mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in chunk], device="cuda")
+            # Positions from each sequence's first real token, as Sieve counts them.
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)
             with torch.no_grad():
-                last = model(input_ids=inp, attention_mask=mask, logits_to_keep=1).logits[:, -1, :]
+                out = model(input_ids=inp, attention_mask=mask, position_ids=pos, logits_to_keep=1)
+                last = out.logits[:, -1, :]
             logits.extend((last[:, yes] - last[:, no]).float().tolist())
         return logits, sum(len(x) for x in ids)
 
