@@ -318,7 +318,7 @@ fn tensor_core_attention_rows_do_not_depend_on_prefix_sharing() {
     let (slots, next_slot) = cached_prefix(&mut cache);
     let mut b = LayoutBuilder { next_slot, ..Default::default() };
     let firsts: Vec<usize> = lens.iter().map(|&n| b.push_seq(&slots, n)).collect();
-    assert!(!PackedBatch::new(&b.layout).attn_shared_units.is_empty(), "no shared pass");
+    assert!(!PackedBatch::new(&b.layout).attn_shared_levels.is_empty(), "no shared pass");
     let together = attend(&b, &stack(&items.iter().collect::<Vec<_>>()), &mut cache);
 
     for (i, item) in items.iter().enumerate() {
@@ -336,6 +336,69 @@ fn tensor_core_attention_rows_do_not_depend_on_prefix_sharing() {
         b.push_seq(&[], p + n);
         let whole = attend(&b, &stack(&[&prefix, item]), &mut cache);
         assert_bits_eq(&format!("item {i}: in one sequence with its prefix"), &rows_of(&whole, p, n), &want);
+    }
+}
+
+/// Two levels of sharing, as a call whose items share a run after the query prefix lays them
+/// out: prefix tiles for every item, then the run's tiles for the items of the group, in two
+/// shared passes. Each item's rows are bitwise those of its whole prompt as one sequence.
+#[test]
+fn tensor_core_attention_over_a_two_level_tree_matches_each_prompt_alone() {
+    let twin = TwinBackend::default();
+    let layout = QkvLayout { n_heads: 2, n_kv_heads: 1, head_dim: 64 };
+    let w = layout.qkv_dim();
+    let mut g = rng(32);
+    let (p, r) = (150, 100);
+    let prefix = tensor(&mut g, p, w);
+    let run = tensor(&mut g, r, w);
+    // (in the group, own rows)
+    let items: Vec<(bool, HostTensor)> = [(true, 30), (false, 20), (true, 64), (false, 50), (true, 1)]
+        .iter()
+        .map(|&(inr, n)| (inr, tensor(&mut g, n, w)))
+        .collect();
+    let stack = |parts: &[&HostTensor]| {
+        let mut t = HostTensor::zeros(0, w);
+        for part in parts {
+            t.data.extend_from_slice(&part.data);
+            t.rows += part.rows;
+        }
+        t
+    };
+    let attend = |b: &LayoutBuilder, qkv: &HostTensor, cache: &mut _| {
+        let batch = twin.prepare_batch(&b.layout, cache).unwrap();
+        twin.write_kv(qkv, layout, cache, 0, &batch).unwrap();
+        let mut out = HostTensor::zeros(qkv.rows, layout.q_dim());
+        twin.attention(qkv, layout, cache, 0, &batch, &mut out).unwrap();
+        out
+    };
+    let mut cache = twin.kv_cache(1, 2048, 1, 64).unwrap();
+    let mut b = LayoutBuilder { next_slot: 5, ..Default::default() };
+    b.push_seq(&[], p);
+    attend(&b, &prefix, &mut cache);
+    let prefix_slots = b.context_slots(0);
+    let mut b = LayoutBuilder { next_slot: b.next_slot + 7, ..Default::default() };
+    b.push_seq(&prefix_slots, r);
+    attend(&b, &run, &mut cache);
+    let run_slots = b.context_slots(0);
+    let mut b = LayoutBuilder { next_slot: b.next_slot + 3, ..Default::default() };
+    let firsts: Vec<usize> =
+        items.iter().map(|(inr, t)| b.push_seq(if *inr { &run_slots } else { &prefix_slots }, t.rows)).collect();
+    let packed = PackedBatch::new(&b.layout);
+    assert_eq!(packed.attn_shared_levels.len(), 2, "prefix tiles, then the run's");
+    let all = attend(&b, &stack(&items.iter().map(|(_, t)| t).collect::<Vec<_>>()), &mut cache);
+    let od = layout.q_dim();
+    for (i, (inr, item)) in items.iter().enumerate() {
+        let whole_qkv = if *inr { stack(&[&prefix, &run, item]) } else { stack(&[&prefix, item]) };
+        let mut cache = twin.kv_cache(1, 2048, 1, 64).unwrap();
+        let mut b = LayoutBuilder { next_slot: 9, ..Default::default() };
+        b.push_seq(&[], whole_qkv.rows);
+        let whole = attend(&b, &whole_qkv, &mut cache);
+        let skip = whole_qkv.rows - item.rows;
+        assert_bits_eq(
+            &format!("item {i}: in the tree vs its whole prompt"),
+            &all.data[firsts[i] * od..(firsts[i] + item.rows) * od],
+            &whole.data[skip * od..],
+        );
     }
 }
 

@@ -19,10 +19,10 @@ pub struct PackedBatch {
     pub key_slots: Range<usize>,
     /// The attention tile schedule: per tile, (sequence index, first query index in the sequence).
     pub q_tiles: Range<usize>,
-    /// The tensor-core attention's schedule (see [`AttentionSchedule`]): its row list and the
-    /// units of its shared and own passes.
+    /// The tensor-core attention's schedule (see [`AttentionSchedule`]): its row list, the
+    /// units of each shared pass (in launch order) and of the own pass.
     pub attn_rows: Range<usize>,
-    pub attn_shared_units: Range<usize>,
+    pub attn_shared_levels: Vec<Range<usize>>,
     pub attn_own_units: Range<usize>,
     pub num_rows: usize,
     pub num_q_tiles: usize,
@@ -53,7 +53,8 @@ impl PackedBatch {
         let q_tiles = push(&mut words, &mut tiles.into_iter());
         let sched = AttentionSchedule::new(layout);
         let attn_rows = push(&mut words, &mut sched.rows.into_iter());
-        let attn_shared_units = push(&mut words, &mut sched.shared_units.into_iter());
+        let attn_shared_levels =
+            sched.shared_levels.into_iter().map(|units| push(&mut words, &mut units.into_iter())).collect();
         let attn_own_units = push(&mut words, &mut sched.own_units.into_iter());
         PackedBatch {
             words,
@@ -64,7 +65,7 @@ impl PackedBatch {
             key_slots,
             q_tiles,
             attn_rows,
-            attn_shared_units,
+            attn_shared_levels,
             attn_own_units,
             num_rows: layout.num_rows(),
             num_q_tiles,
@@ -92,90 +93,99 @@ pub fn q_tile_schedule(layout: &BatchLayout) -> Vec<u32> {
 /// count, first key tile, end key tile, flags.
 pub const ATTN_UNIT_WORDS: usize = 6;
 
-/// The two passes of kernels/cuda/attention_mma.cu for one batch.
+/// The passes of kernels/cuda/attention_mma.cu for one batch.
 ///
-/// Consecutive sequences whose first `t` whole key tiles (`t * AMMA_BK` positions, all before
-/// each one's first query) lie in the same slots form a group: a call's items over its cached
-/// query prefix. The shared pass attends those `t` tiles once for the group's query rows packed
-/// 64 at a time; the own pass takes each sequence's rows in tiles of 64 from tile `t` (0 outside
-/// a group) to its last row's causal end. A row's result is the same whatever the grouping (the
-/// kernel carries its exact state between the passes), so grouping is purely a speed choice.
+/// Sequences whose first whole key tiles (`AMMA_BK` positions each, all before each one's first
+/// query) lie in the same slots share them: a call's items over its cached query prefix, and
+/// deeper, the items of a group over their shared run. The shared tiles form a tree (a trie over
+/// each sequence's tiles, by their slots); every node that at least two sequences pass through
+/// attends its tiles once for all of their query rows, packed 64 at a time, and leaves each row's
+/// state at the node's end. Nodes at the same depth are one launch (a level); a level continues
+/// from the state its parents left. The own pass then takes each sequence's rows in tiles of 64
+/// from where its deepest shared node ended to its last row's causal end. A row's result is the
+/// same whatever the tree (the kernel carries its exact state between passes): the schedule is
+/// purely a speed choice.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AttentionSchedule {
     /// Batch row indices the units point into.
     pub rows: Vec<u32>,
-    pub shared_units: Vec<u32>,
+    /// The shared passes, launched in order: each one's units.
+    pub shared_levels: Vec<Vec<u32>>,
     pub own_units: Vec<u32>,
 }
 
 impl AttentionSchedule {
     pub fn new(layout: &BatchLayout) -> Self {
-        let (bq, bk) = (AMMA_BQ as usize, AMMA_BK as usize);
-        let mut sched = AttentionSchedule::default();
+        let bk = AMMA_BK as usize;
+        let mut s = AttentionSchedule::default();
         let live: Vec<usize> = (0..layout.seqs.len()).filter(|&i| layout.seqs[i].q_len > 0).collect();
-        let shared_tiles = |i: usize| {
-            let s = &layout.seqs[i];
-            (s.ctx_len - s.q_len) as usize / bk
-        };
-        let slots = |i: usize, len: usize| {
-            let off = layout.seqs[i].slot_offset as usize;
-            &layout.key_slots[off..off + len]
-        };
-        // Groups of consecutive sequences: (members, shared whole tiles).
-        let mut groups: Vec<(Vec<usize>, usize)> = Vec::new();
-        for &i in &live {
-            if let Some((members, t)) = groups.last_mut() {
-                let joins = *t > 0 && shared_tiles(i) >= *t && slots(members[0], *t * bk) == slots(i, *t * bk);
-                if joins {
-                    members.push(i);
-                    continue;
-                }
-            }
-            groups.push((vec![i], shared_tiles(i)));
-        }
-        for (members, t) in &mut groups {
-            // A lone sequence gains nothing from a separate shared pass.
-            if members.len() < 2 {
-                *t = 0;
+        // Per sequence: the tile its state is at when its own pass starts.
+        let mut state_at = vec![0usize; layout.seqs.len()];
+        let mut stack = vec![(live.clone(), 0usize, 0usize)];
+        while let Some((members, d0, level)) = stack.pop() {
+            let shareable = |i: usize| {
+                let q = &layout.seqs[i];
+                (q.ctx_len - q.q_len) as usize / bk
+            };
+            let tile = |i: usize, d: usize| {
+                let off = layout.seqs[i].slot_offset as usize + d * bk;
+                &layout.key_slots[off..off + bk]
+            };
+            let cont: Vec<usize> = members.into_iter().filter(|&i| shareable(i) > d0).collect();
+            if cont.len() < 2 {
                 continue;
             }
-            let group_rows: Vec<u32> = members
-                .iter()
-                .flat_map(|&i| layout.seqs[i].q_row..layout.seqs[i].q_row + layout.seqs[i].q_len)
-                .collect();
-            for chunk in group_rows.chunks(bq) {
-                sched.shared_units.extend([
-                    members[0] as u32,
-                    sched.rows.len() as u32,
-                    chunk.len() as u32,
-                    0,
-                    *t as u32,
-                    AMMA_STORE_STATE,
-                ]);
-                sched.rows.extend_from_slice(chunk);
+            let end = cont.iter().map(|&i| shareable(i)).min().unwrap_or(d0);
+            let mut d = d0;
+            while d < end && cont.iter().all(|&i| tile(i, d) == tile(cont[0], d)) {
+                d += 1;
             }
-        }
-        for (members, t) in &groups {
-            for &i in members {
-                let s = &layout.seqs[i];
-                let first_pos = s.ctx_len - s.q_len;
-                for start in (0..s.q_len).step_by(bq) {
-                    let n = (s.q_len - start).min(bq as u32);
-                    let last_pos = first_pos + start + n - 1;
-                    let flags = AMMA_CAUSAL | if *t > 0 { AMMA_LOAD_STATE } else { 0 };
-                    sched.own_units.extend([
-                        i as u32,
-                        sched.rows.len() as u32,
-                        n,
-                        *t as u32,
-                        (last_pos + bk as u32) / bk as u32,
-                        flags,
-                    ]);
-                    sched.rows.extend(s.q_row + start..s.q_row + start + n);
+            let mut next_level = level;
+            if d > d0 {
+                if s.shared_levels.len() <= level {
+                    s.shared_levels.resize(level + 1, vec![]);
+                }
+                let flags = AMMA_STORE_STATE | if d0 > 0 { AMMA_LOAD_STATE } else { 0 };
+                let rows: Vec<u32> = cont
+                    .iter()
+                    .flat_map(|&i| layout.seqs[i].q_row..layout.seqs[i].q_row + layout.seqs[i].q_len)
+                    .collect();
+                for chunk in rows.chunks(AMMA_BQ as usize) {
+                    let unit = [cont[0] as u32, s.rows.len() as u32, chunk.len() as u32, d0 as u32, d as u32, flags];
+                    s.shared_levels[level].extend(unit);
+                    s.rows.extend_from_slice(chunk);
+                }
+                for &i in &cont {
+                    state_at[i] = d;
+                }
+                next_level = level + 1;
+            }
+            // The sequences that go on past `d`, split by the slots of tile `d` (first seen first).
+            let mut children: Vec<Vec<usize>> = vec![];
+            for i in cont.into_iter().filter(|&i| shareable(i) > d) {
+                match children.iter_mut().find(|c| tile(c[0], d) == tile(i, d)) {
+                    Some(c) => c.push(i),
+                    None => children.push(vec![i]),
                 }
             }
+            // Pushed in reverse so that they are visited (and their rows listed) in batch order.
+            for c in children.into_iter().rev() {
+                stack.push((c, d, next_level));
+            }
         }
-        sched
+        for &i in &live {
+            let q = &layout.seqs[i];
+            let first_pos = q.ctx_len - q.q_len;
+            let t = state_at[i];
+            for start in (0..q.q_len).step_by(AMMA_BQ as usize) {
+                let n = (q.q_len - start).min(AMMA_BQ);
+                let last_pos = first_pos + start + n - 1;
+                let flags = AMMA_CAUSAL | if t > 0 { AMMA_LOAD_STATE } else { 0 };
+                s.own_units.extend([i as u32, s.rows.len() as u32, n, t as u32, last_pos / AMMA_BK + 1, flags]);
+                s.rows.extend(q.q_row + start..q.q_row + start + n);
+            }
+        }
+        s
     }
 }
 
@@ -237,11 +247,12 @@ mod tests {
     use super::*;
     use crate::backend::AttnSeq;
 
-    /// Items over a 150-token prefix: consecutive ones sharing its two whole tiles are grouped
-    /// for the shared pass; every query row is in exactly one own unit, whose key tiles start
-    /// where its group's shared tiles end and stop at its last row's causal end.
+    /// Items over a 150-token prefix (two whole tiles) and one over its first 100 tokens (one
+    /// whole tile, other slots after it): the first tile is attended once for all five, the
+    /// second once for the four that share it, wherever they sit in the batch; every query row is
+    /// in exactly one own unit, which starts where its deepest shared tile ended.
     #[test]
-    fn attention_schedule_groups_items_over_a_shared_prefix() {
+    fn attention_schedule_shares_tiles_as_a_tree() {
         let prefix: Vec<u32> = (100..250).collect();
         let mut layout = BatchLayout::default();
         let mut next = 1000u32;
@@ -258,31 +269,38 @@ mod tests {
             }
             layout.seqs.push(AttnSeq { q_row, q_len: n, ctx_len: ctx.len() as u32 + n, slot_offset });
         };
-        push(&mut layout, &prefix, 70); // group A (2 tiles)
-        push(&mut layout, &prefix, 1); // group A
-        push(&mut layout, &prefix[..100], 5); // 1 whole tile, other slots: alone
-        push(&mut layout, &[], 3); // no prefix
-        push(&mut layout, &prefix, 10); // group B
-        push(&mut layout, &prefix, 64); // group B
+        push(&mut layout, &prefix, 70); // rows 0..70
+        push(&mut layout, &prefix, 1); // row 70
+        let mut other: Vec<u32> = prefix[..64].to_vec();
+        other.extend(5000..5036);
+        push(&mut layout, &other, 5); // rows 71..76: shares tile 0 only
+        push(&mut layout, &[], 3); // rows 76..79: no context
+        push(&mut layout, &prefix, 10); // rows 79..89
+        push(&mut layout, &prefix, 64); // rows 89..153
         let sched = AttentionSchedule::new(&layout);
         let units = |w: &[u32]| w.chunks(ATTN_UNIT_WORDS).map(|u| u.to_vec()).collect::<Vec<_>>();
-        let shared = units(&sched.shared_units);
-        let own = units(&sched.own_units);
-        // Group A: 71 rows in tiles of 64; group B: 74 rows.
-        let shared_shape: Vec<(u32, u32, u32, u32)> = shared.iter().map(|u| (u[0], u[2], u[3], u[4])).collect();
-        assert_eq!(shared_shape, vec![(0, 64, 0, 2), (0, 7, 0, 2), (4, 64, 0, 2), (4, 10, 0, 2)]);
-        assert!(shared.iter().all(|u| u[5] == AMMA_STORE_STATE));
-        let shared_rows: Vec<u32> =
-            shared.iter().flat_map(|u| sched.rows[u[1] as usize..(u[1] + u[2]) as usize].to_vec()).collect();
-        let want_shared: Vec<u32> = (0..71).chain(79..153).collect();
-        assert_eq!(shared_rows, want_shared);
+        let rows_of = |us: &[Vec<u32>]| -> Vec<u32> {
+            us.iter().flat_map(|u| sched.rows[u[1] as usize..(u[1] + u[2]) as usize].to_vec()).collect()
+        };
+        assert_eq!(sched.shared_levels.len(), 2);
+        let level0 = units(&sched.shared_levels[0]);
+        assert!(level0.iter().all(|u| (u[3], u[4], u[5]) == (0, 1, AMMA_STORE_STATE)), "{level0:?}");
+        assert_eq!(rows_of(&level0), (0..76).chain(79..153).collect::<Vec<u32>>());
+        let level1 = units(&sched.shared_levels[1]);
+        assert!(level1.iter().all(|u| (u[3], u[4], u[5]) == (1, 2, AMMA_STORE_STATE | AMMA_LOAD_STATE)), "{level1:?}");
+        assert_eq!(rows_of(&level1), (0..71).chain(79..153).collect::<Vec<u32>>());
+        assert!(level0.iter().chain(&level1).all(|u| u[2] as usize <= AMMA_BQ as usize));
 
         let mut seen = vec![0; layout.num_rows()];
-        for u in &own {
+        for u in units(&sched.own_units) {
             let s = layout.seqs[u[0] as usize];
-            let grouped = [0, 1, 4, 5].contains(&u[0]);
-            assert_eq!(u[3], if grouped { 2 } else { 0 }, "first key tile of {u:?}");
-            assert_eq!(u[5], AMMA_CAUSAL | if grouped { AMMA_LOAD_STATE } else { 0 });
+            let from = match u[0] {
+                0 | 1 | 4 | 5 => 2,
+                2 => 1,
+                _ => 0,
+            };
+            assert_eq!(u[3], from, "first key tile of {u:?}");
+            assert_eq!(u[5], AMMA_CAUSAL | if from > 0 { AMMA_LOAD_STATE } else { 0 });
             let rows = &sched.rows[u[1] as usize..(u[1] + u[2]) as usize];
             let last_pos = s.ctx_len - s.q_len + (rows[rows.len() - 1] - s.q_row);
             assert_eq!(u[4], last_pos / AMMA_BK + 1, "end key tile of {u:?}");

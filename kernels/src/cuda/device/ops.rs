@@ -49,7 +49,7 @@ impl CudaBackend {
         let scale_log2 = attention_scale_log2(layout.head_dim);
         let mut state = self.attention_state.lock().unwrap_or_else(|e| e.into_inner());
         let ml = state.get(&self.stream, p.num_rows * layout.n_heads * 2)?;
-        for units in [&p.attn_shared_units, &p.attn_own_units] {
+        for units in p.attn_shared_levels.iter().chain([&p.attn_own_units]) {
             let n_units = units.len() / ATTN_UNIT_WORDS;
             if n_units == 0 {
                 continue;

@@ -255,7 +255,9 @@ impl Backend for TwinBackend {
                 scale_log2: attention_scale_log2(layout.head_dim),
             };
             let mut ml = vec![0f32; p.num_rows * layout.n_heads * 2];
-            attention_mma(args, p.slice(&p.attn_shared_units), &mut out.data, &mut ml);
+            for level in &p.attn_shared_levels {
+                attention_mma(args, p.slice(level), &mut out.data, &mut ml);
+            }
             attention_mma(args, p.slice(&p.attn_own_units), &mut out.data, &mut ml);
             return Ok(());
         }
