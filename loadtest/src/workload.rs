@@ -34,6 +34,11 @@ pub struct WorkloadSpec {
     pub deadline_ms: Option<u64>,
     /// Instruction sent with every request (none: the model's default).
     pub instruction: Option<String>,
+    /// Catalogue-style items: consecutive items come in groups of this many (1: no groups),
+    /// each group's items opening with the same header (a category path, a brand block).
+    pub group_size: Dist,
+    /// The share of each grouped item's words that is its group's header, in [0, 1).
+    pub header_fraction: f64,
 }
 
 impl Default for WorkloadSpec {
@@ -48,6 +53,8 @@ impl Default for WorkloadSpec {
             reuse_pool: 500,
             deadline_ms: Some(500),
             instruction: None,
+            group_size: Dist::Fixed(1.0),
+            header_fraction: 0.0,
         }
     }
 }
@@ -76,6 +83,9 @@ impl WorkloadSpec {
         }
         if self.deadline_ms == Some(0) {
             return Err("deadline_ms must be positive".into());
+        }
+        if !(0.0..1.0).contains(&self.header_fraction) {
+            return Err(format!("header_fraction must be in [0, 1), got {}", self.header_fraction));
         }
         Ok(())
     }
@@ -199,15 +209,31 @@ impl WorkloadGen {
         let shape = self.next_shape();
         let mut query = String::new();
         self.words(shape.query_words, &mut query);
-        let items = shape
-            .item_words
-            .iter()
-            .map(|&n| {
-                let mut t = String::with_capacity(n as usize * 6);
-                self.words(n, &mut t);
-                t
-            })
-            .collect();
+        let mut items = Vec::with_capacity(shape.item_words.len());
+        let mut header = String::new();
+        let mut left_in_group = 0u32;
+        for &n in &shape.item_words {
+            // A new group: its header is the share of its first item's words (at least one).
+            if left_in_group == 0 {
+                left_in_group = self.spec.group_size.sample_count(&mut self.rng, 1);
+                header.clear();
+                if left_in_group > 1 && self.spec.header_fraction > 0.0 {
+                    let h = ((f64::from(n) * self.spec.header_fraction).round() as u32).max(1);
+                    self.words(h, &mut header);
+                }
+            }
+            left_in_group -= 1;
+            let header_words = if header.is_empty() { 0 } else { header.split(' ').count() as u32 };
+            let mut t = String::with_capacity(n as usize * 6);
+            t.push_str(&header);
+            if n > header_words {
+                if !t.is_empty() {
+                    t.push(' ');
+                }
+                self.words(n - header_words, &mut t);
+            }
+            items.push(t);
+        }
         let r = GenRequest { query, items, reused: false };
         if self.spec.reuse > 0.0 {
             if self.recent.len() >= self.spec.reuse_pool {
@@ -241,6 +267,30 @@ mod tests {
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert_eq!(a[7].body(None, Some(500)), b[7].body(None, Some(500)));
+    }
+
+    #[test]
+    fn catalogue_items_share_their_group_header() {
+        let spec = WorkloadSpec {
+            items: Dist::Fixed(40.0),
+            item_tokens: Dist::Fixed(50.0),
+            group_size: Dist::Fixed(8.0),
+            header_fraction: 0.4,
+            reuse: 0.0,
+            ..WorkloadSpec::default()
+        };
+        let r = WorkloadGen::new(spec, 1).next_request();
+        assert_eq!(r.items.len(), 40);
+        for group in r.items.chunks(8) {
+            let header: Vec<&str> = group[0].split(' ').take(20).collect();
+            for item in group {
+                let words: Vec<&str> = item.split(' ').collect();
+                assert_eq!(words.len(), 50);
+                assert_eq!(words[..20], header[..], "a group's items open with its header");
+            }
+        }
+        assert_ne!(r.items[0].split(' ').take(20).collect::<Vec<_>>(), r.items[8].split(' ').take(20).collect::<Vec<_>>());
+        assert!(WorkloadSpec::parse("header_fraction = 1.0").is_err());
     }
 
     /// KS distance between integer samples and a continuous law rounded to integers.
