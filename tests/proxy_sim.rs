@@ -95,42 +95,6 @@ async fn scores_merge_back_in_order_for_any_split() {
     }
 }
 
-/// `[server] api_threads`: the API served by threads with a runtime, a listener on the port
-/// and worker connections each. Concurrent callers (spread over the listeners by the kernel)
-/// get the workers' scores in order, and a drain ends every thread.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_api_on_threads_of_their_own_answers_like_the_shared_runtime() {
-    let http = Http::new();
-    let ws = sims(3, SimConfig::default()).await;
-    let items = catalogue(150, 2);
-    let body = score_body(QUERY, &items, None);
-    let want = direct(&http, &ws[0], &body).await;
-    for (mode, shards) in [(SplitMode::Fixed, 5), (SplitMode::None, 1)] {
-        let mut cfg = test_config(endpoints(&ws));
-        cfg.server.api_threads = 3;
-        cfg.split.mode = mode;
-        cfg.split.fixed_items = 30;
-        let p = proxy(cfg, 3).await;
-        let calls: Vec<_> = (0..24)
-            .map(|_| {
-                let (http, url, body) = (http.clone(), format!("{}/v1/score", p.api_url()), body.clone());
-                tokio::spawn(async move { http.post_json(&url, &body).await })
-            })
-            .collect();
-        for c in calls {
-            let r = c.await.unwrap();
-            assert_eq!(r.status, 200, "{mode:?}: {}", r.text());
-            assert_eq!(r.header("x-sieve-shards"), Some(shards.to_string().as_str()));
-            let got: ScoreResponse = r.json();
-            assert_eq!(got.scores, want.scores, "{mode:?}: scores in input order");
-            assert_eq!(got.usage.item_tokens, want.usage.item_tokens);
-        }
-        let addr = p.api_addr;
-        assert!(p.drain_and_stop().await, "{mode:?}: nothing cut off");
-        assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "{mode:?}: every listener closed");
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shards_go_to_the_least_loaded_workers() {
     let http = Http::new();

@@ -4,22 +4,15 @@
 //! idle connections ([`pool`]) once its response is complete. Dropping a call's future closes
 //! its connection, which is how a hedge's loser (or a call past the deadline) is cancelled on
 //! the worker.
-//!
-//! A thread that runs a runtime of its own (the API's per-thread runtimes, `api_threads.rs`)
-//! calls [`use_own_pool_on_this_thread`]: its calls then go through a pool of that thread's
-//! own, so a worker connection is only ever used by the thread whose requests use it (no
-//! wake-up crosses threads).
 
 mod conn;
 mod pool;
 #[cfg(test)]
 mod tests;
 
-use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -36,29 +29,11 @@ use self::pool::Pool;
 
 #[derive(Clone)]
 pub struct HttpClient {
-    /// The pool of calls made from threads without one of their own.
     pool: Arc<Pool>,
     connector: HttpConnector,
     http1: hyper::client::conn::http1::Builder,
     max_response_bytes: usize,
-    /// What a thread's own pool is built from.
-    cfg: ClientConfig,
-    /// Tells this client's per-thread pools from another's (tests run several proxies in one
-    /// process).
-    id: u64,
-}
-
-thread_local! {
-    /// Whether this thread's calls use pools of its own ([`use_own_pool_on_this_thread`]).
-    static OWN_POOL: Cell<bool> = const { Cell::new(false) };
-    /// This thread's own pools, one per client (by id) that has called from it.
-    static POOLS: RefCell<Vec<(u64, Arc<Pool>)>> = const { RefCell::new(Vec::new()) };
-}
-
-/// From now on, calls made on this thread (by any [`HttpClient`]) go through connection pools of
-/// this thread's own. For a thread that runs a current-thread runtime for as long as it lives.
-pub fn use_own_pool_on_this_thread() {
-    OWN_POOL.with(|o| o.set(true));
+    max_idle_per_worker: usize,
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -84,17 +59,15 @@ pub struct Reply {
 
 impl HttpClient {
     pub fn new(cfg: &ClientConfig) -> Self {
-        static IDS: AtomicU64 = AtomicU64::new(0);
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_millis(cfg.connect_timeout_ms)));
         HttpClient {
-            pool: pool(cfg),
+            pool: Pool::new(Duration::from_millis(cfg.pool_idle_timeout_ms), cfg.max_idle_per_worker),
             connector,
             http1: hyper::client::conn::http1::Builder::new(),
             max_response_bytes: cfg.max_response_bytes,
-            cfg: cfg.clone(),
-            id: IDS.fetch_add(1, Ordering::Relaxed),
+            max_idle_per_worker: cfg.max_idle_per_worker,
         }
     }
 
@@ -132,8 +105,7 @@ impl HttpClient {
     /// [`ClientError::Connect`].
     async fn send(&self, uri: &Uri, mut req: Request<Chunks>) -> Result<Reply, ClientError> {
         let key = uri.authority().ok_or_else(|| ClientError::Request(format!("no host in {uri}")))?;
-        let pool = self.pool_here();
-        let mut reused = pool.take(key);
+        let mut reused = self.pool.take(key);
         loop {
             let fresh = reused.is_none();
             let mut conn = match reused.take() {
@@ -143,8 +115,8 @@ impl HttpClient {
             req.headers_mut().insert(HOST, conn.host.clone());
             match conn.call(req, self.max_response_bytes).await {
                 Ok((resp, keep_alive)) => {
-                    if keep_alive && self.cfg.max_idle_per_worker > 0 {
-                        pool.put(key, conn);
+                    if keep_alive && self.max_idle_per_worker > 0 {
+                        self.pool.put(key, conn);
                     }
                     let (parts, body) = resp.into_parts();
                     return Ok(Reply { status: parts.status, headers: parts.headers, body });
@@ -155,29 +127,6 @@ impl HttpClient {
             }
         }
     }
-
-    /// The pool of the calling thread: its own ([`use_own_pool_on_this_thread`]) or the
-    /// client's shared one.
-    fn pool_here(&self) -> Arc<Pool> {
-        if !OWN_POOL.with(Cell::get) {
-            return self.pool.clone();
-        }
-        POOLS.with(|pools| {
-            let mut pools = pools.borrow_mut();
-            match pools.iter().find(|(id, _)| *id == self.id) {
-                Some((_, p)) => p.clone(),
-                None => {
-                    let p = pool(&self.cfg);
-                    pools.push((self.id, p.clone()));
-                    p
-                }
-            }
-        })
-    }
-}
-
-fn pool(cfg: &ClientConfig) -> Arc<Pool> {
-    Pool::new(Duration::from_millis(cfg.pool_idle_timeout_ms), cfg.max_idle_per_worker)
 }
 
 /// The request line's target: the path and query alone (the worker is named by `host`).

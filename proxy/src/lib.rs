@@ -5,7 +5,6 @@
 //! Start one in-process with [`start`], or run `sieve-proxy`.
 
 pub mod admin;
-pub mod api_threads;
 pub mod balancer;
 pub mod client;
 pub mod cluster;
@@ -69,14 +68,6 @@ pub struct RunningProxy {
     tasks: Vec<JoinHandle<()>>,
 }
 
-/// Where the API port is accepted.
-enum ApiListeners {
-    /// One listener, served on the runtime `start` runs on.
-    Shared(TcpListener),
-    /// `[server] api_threads` listeners on the same port, one per thread ([`api_threads`]).
-    PerThread(Vec<std::net::TcpListener>),
-}
-
 /// Binds its ports (API, admin, and gRPC when `[grpc] port` is set) and starts serving, health
 /// checking and discovery.
 pub async fn start(launch: Launch) -> Result<RunningProxy> {
@@ -86,23 +77,13 @@ pub async fn start(launch: Launch) -> Result<RunningProxy> {
         Some(a) => a,
         None => AdminAuth::load(&cfg.admin).map_err(ProxyError::Config)?,
     };
-    // The API on the shared runtime (one listener), or on `api_threads` threads (one each).
-    let (api, api_addr) = match cfg.server.api_threads {
-        0 => {
-            let l = TcpListener::bind((cfg.server.host.as_str(), cfg.server.port)).await?;
-            let addr = l.local_addr()?;
-            (ApiListeners::Shared(l), addr)
-        }
-        n => {
-            let (ls, addr) = api_threads::bind(&cfg.server.host, cfg.server.port, n).await?;
-            (ApiListeners::PerThread(ls), addr)
-        }
-    };
+    let api = TcpListener::bind((cfg.server.host.as_str(), cfg.server.port)).await?;
     let admin = TcpListener::bind((cfg.server.admin_host.as_str(), cfg.server.admin_port)).await?;
     let grpc = match cfg.grpc.port {
         Some(port) => Some(TcpListener::bind((cfg.server.host.as_str(), port)).await?),
         None => None,
     };
+    let api_addr = api.local_addr()?;
     let admin_addr = admin.local_addr()?;
     let grpc_addr = grpc.as_ref().map(TcpListener::local_addr).transpose()?;
     let (http_cfg, grpc_cfg) = (cfg.http.clone(), cfg.grpc.clone());
@@ -116,22 +97,13 @@ pub async fn start(launch: Launch) -> Result<RunningProxy> {
 
     let servers = Stopper::new();
     let mut tasks = Vec::new();
-    match api {
-        ApiListeners::Shared(api) => {
-            let s = state.clone();
-            tasks.push(tokio::spawn(http::serve(
-                api,
-                http_cfg.clone(),
-                move |r| http_api::handle(s.clone(), r),
-                servers.signal(),
-            )));
-        }
-        ApiListeners::PerThread(ls) => {
-            for ended in api_threads::spawn(ls, http_cfg.clone(), state.clone(), || servers.signal())? {
-                tasks.push(tokio::spawn(ended));
-            }
-        }
-    }
+    let s = state.clone();
+    tasks.push(tokio::spawn(http::serve(
+        api,
+        http_cfg.clone(),
+        move |r| http_api::handle(s.clone(), r),
+        servers.signal(),
+    )));
     if let Some(listener) = grpc {
         let api = Arc::new(http_api::Api(state.clone()));
         tasks.push(tokio::spawn(sieve_shared::grpc::serve(

@@ -6,6 +6,7 @@ pub mod api;
 pub mod child;
 pub mod cli;
 pub mod compat;
+pub mod config_file;
 pub mod cost;
 pub mod error;
 pub mod grpc;

@@ -1,15 +1,23 @@
 //! The proxy's configuration: a TOML file (`configs/proxy.toml` is the documented example) in
 //! which every field has a default, so an empty file is a valid config. The load-test harness
-//! builds these too, to start proxies with a given strategy. Unknown keys are errors, so a typo
-//! never silently falls back to a default.
+//! builds these too, to start proxies with a given strategy. Unknown keys are errors, named with
+//! their section (`config_file`), so a typo never silently falls back to a default.
 
 use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::config_file::{self, Removed};
 use crate::http::{AdminConfig, HttpConfig};
 use crate::{CostModel, Limits};
+
+/// Keys the proxy no longer reads: a file that still sets one is refused with the note.
+const REMOVED: &[Removed] = &[Removed {
+    section: "server",
+    key: "api_threads",
+    note: "the API port is served by the process's runtime, like the other ports",
+}];
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -52,7 +60,7 @@ pub struct ProxyConfig {
 impl ProxyConfig {
     /// Parses and validates a TOML config. Reading the file is the caller's job.
     pub fn from_toml(text: &str) -> Result<Self, String> {
-        let cfg: ProxyConfig = toml::from_str(text).map_err(|e| e.to_string())?;
+        let cfg: ProxyConfig = config_file::parse(text, REMOVED)?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -75,7 +83,6 @@ impl ProxyConfig {
         self.grpc.validate()?;
         self.tracing.validate()?;
         check(self.server.max_in_flight_requests > 0, "server.max_in_flight_requests must be positive")?;
-        check(self.server.api_threads <= 1024, "server.api_threads must be at most 1024")?;
         check(self.deadline.default_ms > 0, "deadline.default_ms must be positive")?;
         check(self.split.fixed_items > 0, "split.fixed_items must be positive")?;
         check(self.split.max_shards > 0, "split.max_shards must be positive")?;
@@ -152,12 +159,6 @@ pub struct ServerConfig {
     pub admin_port: u16,
     /// Requests in progress at once; more get 429.
     pub max_in_flight_requests: usize,
-    /// Threads that serve the API port, each running a single-threaded runtime of its own with
-    /// its own listener on the port (`SO_REUSEPORT`: the kernel spreads connections over them)
-    /// and its own worker connections, so a request, its shards' calls and their answers stay
-    /// on one thread. 0: the API is served by the process's shared multi-thread runtime (the
-    /// admin and gRPC ports, health checks and discovery always are).
-    pub api_threads: usize,
 }
 
 impl Default for ServerConfig {
@@ -168,7 +169,6 @@ impl Default for ServerConfig {
             admin_host: "127.0.0.1".into(),
             admin_port: 9080,
             max_in_flight_requests: 4096,
-            api_threads: 0,
         }
     }
 }
@@ -444,8 +444,8 @@ pub struct ClientConfig {
     /// workers' `[http] idle_timeout_ms` so the proxy closes them first (no request is sent on
     /// a connection the worker is closing).
     pub pool_idle_timeout_ms: u64,
-    /// Idle keep-alive connections kept per worker by each connection pool (the API's threads
-    /// have a pool each); a connection freed while this many wait is closed. 0: none kept.
+    /// Idle keep-alive connections kept per worker; a connection freed while this many wait is
+    /// closed. 0: none kept.
     pub max_idle_per_worker: usize,
     /// Largest worker response accepted, in bytes.
     pub max_response_bytes: usize,
@@ -623,7 +623,12 @@ mod tests {
         assert_eq!(c, ProxyConfig::default());
         assert_eq!(c.server.admin_host, "127.0.0.1", "admin stays on loopback unless asked");
         assert!(ProxyConfig::from_toml("[http]\nmax_connections = 0\n").unwrap_err().contains("http.max_connections"));
-        assert!(ProxyConfig::from_toml("[server]\napi_threads = 5000\n").unwrap_err().contains("server.api_threads"));
+    }
+
+    #[test]
+    fn removed_keys_are_refused_as_removed() {
+        let e = ProxyConfig::from_toml("[server]\nport = 8080\napi_threads = 4\n").unwrap_err();
+        assert!(e.starts_with("`api_threads` in [server] (line 3) was removed: "), "{e}");
     }
 
     #[test]
@@ -635,7 +640,9 @@ mod tests {
     #[test]
     fn typos_and_bad_ranges_are_named() {
         let e = ProxyConfig::from_toml("[hedge]\nquantil = 0.9\n").unwrap_err();
-        assert!(e.contains("quantil"), "{e}");
+        assert!(e.starts_with("`quantil` in [hedge] (line 2) is not a known setting"), "{e}");
+        let e = ProxyConfig::from_toml("[[workers]]\nurl = \"http://h:1\"\nadmn = \"http://h:2\"\n").unwrap_err();
+        assert!(e.starts_with("`admn` in [workers] (line 3) is not a known setting"), "{e}");
         let e = ProxyConfig::from_toml("[hedge]\nquantile = 1.5\n").unwrap_err();
         assert!(e.contains("hedge.quantile"), "{e}");
         let e = ProxyConfig::from_toml("[admission]\nstall_factor = 0.5\n").unwrap_err();

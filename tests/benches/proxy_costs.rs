@@ -12,9 +12,8 @@
 //! and `nonvoluntary_ctxt_switches` (`/proc/self/task/TID/status`) over the measured requests;
 //! `--strace` attaches `strace -c` to those threads over the same requests and prints its table.
 //! The last column is each counted thread's share of their CPU time over the requests: how
-//! evenly the runtime (or the kernel's `SO_REUSEPORT` hash, with `api_threads`) spread the work.
-//! Rows: the proxy forwarding whole requests (split = none), splitting each in four (fixed
-//! chunks), and the same two with `[server] api_threads` = the core count.
+//! evenly the runtime spread the work. Rows: the proxy forwarding whole requests (split = none)
+//! and splitting each in four (fixed chunks).
 //!
 //! `--sites N` samples every Nth allocation's stack and prints the most frequent call sites
 //! under each row (slow: for finding them, not for the counts).
@@ -145,10 +144,8 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-/// Names of the proxy's threads (`comm` is cut at 15 bytes): its runtime here, and the API
-/// threads of `[server] api_threads` (`sieve-api-N`).
+/// The name of the proxy's runtime threads here (`comm` is cut at 15 bytes).
 const PROXY_RUNTIME: &str = "proxy-rt";
-const API_THREADS: &str = "sieve-api-";
 
 struct Args {
     requests: usize,
@@ -235,37 +232,33 @@ fn main() {
         print_row(&format!("router pid {pid}"), &r, args.requests);
     }
 
-    for threads in [0, std::thread::available_parallelism().map_or(2, |n| n.get())] {
-        for (what, split) in [("whole request", None), ("4 shards", Some(args.items.div_ceil(4)))] {
-            let mut cfg = test_config(workers.iter().map(|w| w.endpoint()).collect());
-            cfg.health.interval_ms = 500;
-            cfg.discovery.reload_interval_ms = 60_000;
-            cfg.hedge.enabled = false;
-            cfg.deadline.default_ms = 10_000;
-            cfg.server.api_threads = threads;
-            match split {
-                None => cfg.split.mode = SplitMode::None,
-                Some(n) => {
-                    cfg.split.mode = SplitMode::Fixed;
-                    cfg.split.fixed_items = n;
-                }
+    for (what, split) in [("whole request", None), ("4 shards", Some(args.items.div_ceil(4)))] {
+        let mut cfg = test_config(workers.iter().map(|w| w.endpoint()).collect());
+        cfg.health.interval_ms = 500;
+        cfg.discovery.reload_interval_ms = 60_000;
+        cfg.hedge.enabled = false;
+        cfg.deadline.default_ms = 10_000;
+        match split {
+            None => cfg.split.mode = SplitMode::None,
+            Some(n) => {
+                cfg.split.mode = SplitMode::Fixed;
+                cfg.split.fixed_items = n;
             }
-            // The proxy's own runtime, as `sieve-proxy` builds it (a thread per core).
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .thread_name(PROXY_RUNTIME)
-                .enable_all()
-                .build()
-                .expect("proxy runtime");
-            let proxy = rt.block_on(sieve_e2e::proxy(cfg, workers.len()));
-            let url = format!("{}/v1/score", proxy.api_url());
-            let tids = || tasks_of(std::process::id(), |comm| comm == PROXY_RUNTIME || comm.starts_with(API_THREADS));
-            let r = load.block_on(measure(&http, &url, &body, &args, tids, true));
-            let label = if threads == 0 { String::new() } else { format!(", api_threads={threads}") };
-            print_row(&format!("sieve-proxy ({what}{label})"), &r, args.requests);
-            print_sites();
-            rt.block_on(async { drop(proxy) });
-            rt.shutdown_timeout(Duration::from_secs(5));
         }
+        // The proxy's own runtime, as `sieve-proxy` builds it (a thread per core).
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .thread_name(PROXY_RUNTIME)
+            .enable_all()
+            .build()
+            .expect("proxy runtime");
+        let proxy = rt.block_on(sieve_e2e::proxy(cfg, workers.len()));
+        let url = format!("{}/v1/score", proxy.api_url());
+        let tids = || tasks_of(std::process::id(), |comm| comm == PROXY_RUNTIME);
+        let r = load.block_on(measure(&http, &url, &body, &args, tids, true));
+        print_row(&format!("sieve-proxy ({what})"), &r, args.requests);
+        print_sites();
+        rt.block_on(async { drop(proxy) });
+        rt.shutdown_timeout(Duration::from_secs(5));
     }
 }
 

@@ -19,10 +19,8 @@
 //! ~20 ms of compute), one request at a time: the whole request on one worker (nginx) against
 //! the proxy's cost-balanced split over four.
 //!
-//! Every proxy row is run for this tree's proxy as configured by default and again with the
-//! API's runtime layout switched (`[server] api_threads`: the shared multi-thread runtime
-//! against one single-threaded runtime per core); `SIEVE_BENCH_BASELINE_PROXY=PATH` adds the
-//! rows of another `sieve-proxy` build (say, the branch point's) to the same run, and
+//! Every proxy row is run for this tree's proxy as configured by default;
+//! `SIEVE_BENCH_BASELINE_PROXY=PATH` adds the rows of another `sieve-proxy` build (say, the branch point's) to the same run, and
 //! `SIEVE_BENCH_BASELINE_PROXY=base=PATH,step1=PATH2` the rows of several, labelled. The
 //! proxies' pair-score cache is off (every request is the same one).
 //!
@@ -442,8 +440,6 @@ struct ProxyBuild {
     /// How its rows are named ("" for this tree's default config).
     label: String,
     exe: PathBuf,
-    /// Config lines added to every proxy of this build (a `[server]` section).
-    server: String,
 }
 
 /// The builds `SIEVE_BENCH_BASELINE_PROXY` names: comma-separated, each `PATH` (rows labelled
@@ -453,14 +449,14 @@ fn baselines(list: &str) -> Vec<ProxyBuild> {
         .filter(|e| !e.trim().is_empty())
         .map(|entry| {
             let (label, exe) = entry.split_once('=').unwrap_or(("baseline", entry));
-            ProxyBuild { label: label.trim().into(), exe: exe.trim().into(), server: String::new() }
+            ProxyBuild { label: label.trim().into(), exe: exe.trim().into() }
         })
         .collect()
 }
 
 fn start_proxy(build: &ProxyBuild, workers: &[Proc], config: &str, name: &str) -> (Proc, PathBuf) {
     let path = std::env::temp_dir().join(format!("sieve-bench-{}-{name}.toml", std::process::id()));
-    std::fs::write(&path, format!("{}{config}", build.server)).expect("proxy config");
+    std::fs::write(&path, config).expect("proxy config");
     let mut args = vec![
         "--port".to_string(),
         "0".into(),
@@ -580,22 +576,9 @@ async fn run(args: Args) {
     let whole_cfg = format!("{base_cfg}[split]\nmode = \"none\"\n");
     let cost_cfg = base_cfg.clone();
 
-    // The proxy as configured by default; the same binary with the API's runtime layout
-    // switched (`[server] api_threads`: the shared multi-thread runtime against one
-    // single-threaded runtime per core); and, with SIEVE_BENCH_BASELINE_PROXY=PATH, another
+    // The proxy as configured by default and, with SIEVE_BENCH_BASELINE_PROXY=PATH, another
     // build of the proxy (say, the branch point's) for a before/after in one run.
-    let default_threads = sieve_shared::ProxyConfig::default().server.api_threads;
-    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let other_threads = if default_threads == 0 { cores } else { 0 };
-    let this = bin("sieve-proxy");
-    let mut builds = vec![
-        ProxyBuild { label: String::new(), exe: this.clone(), server: String::new() },
-        ProxyBuild {
-            label: format!("api_threads={other_threads}"),
-            exe: this,
-            server: format!("[server]\napi_threads = {other_threads}\n"),
-        },
-    ];
+    let mut builds = vec![ProxyBuild { label: String::new(), exe: bin("sieve-proxy") }];
     if let Ok(list) = std::env::var("SIEVE_BENCH_BASELINE_PROXY") {
         builds.extend(baselines(&list));
     }

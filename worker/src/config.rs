@@ -1,5 +1,6 @@
 //! Worker configuration: a TOML file (every field defaulted), overridden by command-line flags.
-//! The documented example is `configs/worker.toml`.
+//! The documented example is `configs/worker.toml`. Unknown keys are errors, named with their
+//! section (`sieve_shared::config_file`), so a typo never silently falls back to a default.
 
 use std::path::Path;
 
@@ -187,7 +188,12 @@ impl WorkerConfig {
     pub fn from_file(path: &Path) -> Result<Self> {
         let text =
             std::fs::read_to_string(path).map_err(|e| WorkerError::Config(format!("{}: {e}", path.display())))?;
-        toml::from_str(&text).map_err(|e| WorkerError::Config(format!("{}: {e}", path.display())))
+        Self::from_toml(&text).map_err(|e| WorkerError::Config(format!("{}: {e}", path.display())))
+    }
+
+    /// Parses a TOML config (not validated: flags are applied first, then [`Self::validate`]).
+    pub fn from_toml(text: &str) -> std::result::Result<Self, String> {
+        sieve_shared::config_file::parse(text, &[])
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -240,8 +246,7 @@ mod tests {
 
     #[test]
     fn the_example_config_parses_and_matches_the_defaults() {
-        let text = include_str!("../../configs/worker.toml");
-        let c: WorkerConfig = toml::from_str(text).unwrap();
+        let c = WorkerConfig::from_toml(include_str!("../../configs/worker.toml")).unwrap();
         c.validate().unwrap();
         assert_eq!(c.engine, EngineSection::default());
         assert_eq!(c.server, ServerConfig::default());
@@ -278,10 +283,18 @@ mod tests {
     }
 
     #[test]
-    fn unknown_keys_are_errors() {
-        assert!(toml::from_str::<WorkerConfig>("[engine]\nmax_batch_tokns = 3\n").is_err());
-        assert!(toml::from_str::<WorkerConfig>("[http]\nidle_timeout = 3\n").is_err());
-        assert!(toml::from_str::<WorkerConfig>("[admin]\ntoken = \"x\"\n").is_err(), "no token in the config itself");
+    fn unknown_keys_are_refused_by_name_and_section() {
+        for (text, start) in [
+            ("[engine]\nmax_batch_tokns = 3\n", "`max_batch_tokns` in [engine] (line 2)"),
+            ("[http]\nidle_timeout = 3\n", "`idle_timeout` in [http] (line 2)"),
+            ("[admin]\ntoken = \"x\"\n", "`token` in [admin] (line 2)"),
+            ("[[moe.cost]]\nvariant = \"x\"\nper_exprt = []\n", "`per_exprt` in [moe.cost] (line 3)"),
+            ("[server]\napi_threads = 2\n", "`api_threads` in [server] (line 2)"),
+            ("modle = \"default\"\n", "`modle` at the top level (line 1)"),
+        ] {
+            let e = WorkerConfig::from_toml(text).unwrap_err();
+            assert!(e.starts_with(&format!("{start} is not a known setting")), "{text}: {e}");
+        }
     }
 
     #[test]

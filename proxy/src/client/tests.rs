@@ -258,34 +258,3 @@ async fn a_refused_connection_is_a_connect_error_and_a_dead_worker_mid_call_is_b
     let e = c.post_json(&uri, Bytes::from_static(b"a"), &[]).await.unwrap_err();
     assert!(matches!(e, ClientError::Broken(_)), "{e:?}");
 }
-
-#[test]
-fn calls_on_an_api_thread_use_its_own_pool() {
-    // Two threads with runtimes and pools of their own, one client: each opens its own
-    // connection and reuses it.
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let (uri, counts) = rt.block_on(server(Mode::Echo));
-    let c = client(ClientConfig::default());
-    let threads: Vec<_> = (0..2)
-        .map(|_| {
-            let (c, uri) = (c.clone(), uri.clone());
-            std::thread::spawn(move || {
-                use_own_pool_on_this_thread();
-                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-                rt.block_on(async {
-                    for _ in 0..3 {
-                        c.post_json(&uri, Bytes::from_static(b"a"), &[]).await.unwrap();
-                    }
-                });
-            })
-        })
-        .collect();
-    // The server runs on this thread's runtime meanwhile.
-    rt.block_on(async {
-        eventually("both threads done", || counts.requests.load(Ordering::SeqCst) == 6).await;
-    });
-    for t in threads {
-        t.join().unwrap();
-    }
-    assert_eq!(counts.accepted.load(Ordering::SeqCst), 2);
-}
