@@ -2,11 +2,13 @@
 //! model graphs, served over HTTP.
 
 pub mod assets;
+#[cfg(feature = "test-support")]
 pub mod bench_support;
 pub mod config;
 pub mod device;
 pub mod engine;
 pub mod error;
+#[cfg(feature = "test-support")]
 pub mod fuzzing;
 pub mod model;
 pub mod moe;

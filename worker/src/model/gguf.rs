@@ -758,6 +758,7 @@ fn min_value_bytes(ty: u32) -> Option<u64> {
 }
 
 /// Builds GGUF files in memory for tests and fuzz seeds (v3, little-endian).
+#[cfg(any(test, feature = "test-support"))]
 pub mod test_writer {
     use super::GgufValue;
 

@@ -14,6 +14,7 @@ pub mod safetensors;
 pub mod source;
 #[cfg(test)]
 pub(crate) mod test_assets;
+#[cfg(any(test, feature = "test-support"))]
 pub mod testgen;
 #[cfg(test)]
 pub(crate) mod tests;
