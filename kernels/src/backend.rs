@@ -16,24 +16,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::moe::{MoeCostModel, MoeLayerHost, MoeLayerStats, MoeRouting, MoeSelect, MoeVariant};
-
-#[derive(Debug, thiserror::Error)]
-pub enum KernelError {
-    #[error("shape mismatch: {0}")]
-    Shape(String),
-    #[error("device error: {0}")]
-    Device(String),
-    #[error("out of device memory: {0}")]
-    OutOfMemory(String),
-    #[error("unsupported: {0}")]
-    Unsupported(String),
-    /// Raised by a test fault hook to exercise failure paths.
-    #[error("injected fault: {0}")]
-    Injected(String),
-}
-
-pub type Result<T> = std::result::Result<T, KernelError>;
+pub use crate::error::{KernelError, Result};
+use crate::moe::{AutotuneReport, MoeCostModel, MoeLayerHost, MoeLayerStats, MoeRouting, MoeSelect, MoeVariant};
 
 /// How rotary embedding pairs the dimensions of a head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -287,22 +271,19 @@ pub trait Backend: Send + Sync + 'static {
     /// processes (the CPU backend: the threads' run-queue delay). May synchronise the device.
     fn moe_time_variant(&self, w: &Self::MoeWeights, variant: usize, histogram: &[u32]) -> Result<Duration>;
     /// Start-up calibration of the cost model on one MoE layer of the loaded model, kept within
-    /// about `budget`. By default [`crate::moe::autotune`] (per-variant tables from
-    /// [`Backend::moe_time_variant`]); a backend whose selector runs on the device fits the
-    /// parameters of the rule it evaluates there instead (CUDA: the padding-ratio threshold).
+    /// about `budget`. The CPU and reference backends run the `autotune` module (per-variant
+    /// tables from [`Backend::moe_time_variant`]); a backend whose selector runs on the device
+    /// fits the parameters of the rule it evaluates there instead (CUDA: the padding-ratio
+    /// threshold).
     fn moe_autotune(
         &self,
         w: &Self::MoeWeights,
         routing: MoeRouting,
         num_experts: usize,
         budget: Duration,
-    ) -> Result<(MoeCostModel, crate::moe::AutotuneReport)>
+    ) -> Result<(MoeCostModel, AutotuneReport)>
     where
-        Self: Sized,
-    {
-        let _ = routing;
-        crate::moe::autotune(self, w, num_experts, budget)
-    }
+        Self: Sized;
 }
 
 impl fmt::Display for RopeLayout {

@@ -356,4 +356,14 @@ impl Backend for ReferenceBackend {
         }
         Ok(t.elapsed())
     }
+
+    fn moe_autotune(
+        &self,
+        w: &PlainMoe,
+        _routing: MoeRouting,
+        num_experts: usize,
+        budget: Duration,
+    ) -> Result<(MoeCostModel, crate::moe::AutotuneReport)> {
+        crate::autotune::autotune(self, w, num_experts, budget)
+    }
 }

@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use common::*;
 use rand::Rng;
+use sieve_kernels::autotune::autotune;
 use sieve_kernels::host::HostTensor;
-use sieve_kernels::moe::{autotune, MoeCostModel, VariantCost};
+use sieve_kernels::moe::{MoeCostModel, VariantCost};
 use sieve_kernels::reference::ReferenceBackend;
 use sieve_kernels::{Backend, CpuBackend, MoeLayerHost, MoeRouting, MoeSelect, SharedExpertHost};
 

@@ -239,13 +239,6 @@ mod in_place {
 pub use in_place::ScoreRequest as ScoreRequestRef;
 
 impl<'a> ScoreRequestRef<'a> {
-    /// A `POST /v1/score` body parsed in place: by the scanner for the request's shape
-    /// ([`score_scan`](crate::score_scan)), serde_json behind it, so exactly what
-    /// `ApiError::parse_json` gives (the same request, or the same error and message).
-    pub fn parse(body: &'a [u8]) -> Result<Self, crate::ApiError> {
-        crate::score_scan::parse(body)
-    }
-
     pub fn into_owned(self) -> ScoreRequest {
         ScoreRequest {
             query: self.query.into_owned(),

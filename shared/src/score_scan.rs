@@ -26,12 +26,16 @@ const ITEM_BYTES_GUESS: usize = 256;
 /// The largest first size: a body of many short items grows from here.
 const MAX_ITEMS_GUESS: usize = 4096;
 
-/// `body` as a score request, parsed in place: the scanner's reading, or serde's where the
-/// scanner gives up. Exactly `ApiError::parse_json::<ScoreRequestRef>(body)`.
-pub fn parse(body: &[u8]) -> Result<ScoreRequestRef<'_>, ApiError> {
-    match scan(body) {
-        Some(r) => Ok(r),
-        None => ApiError::parse_json(body),
+impl<'a> ScoreRequestRef<'a> {
+    /// A `POST /v1/score` body parsed in place: the scanner's reading, or serde's where the
+    /// scanner gives up. Exactly `ApiError::parse_json::<ScoreRequestRef>(body)`: the same
+    /// request, or the same error and message. (Here rather than in `api.rs`, so that the wire
+    /// types do not import their scanner.)
+    pub fn parse(body: &'a [u8]) -> Result<Self, ApiError> {
+        match scan(body) {
+            Some(r) => Ok(r),
+            None => ApiError::parse_json(body),
+        }
     }
 }
 
@@ -198,7 +202,7 @@ mod tests {
             let inside = |t: &str| body.as_ptr_range().contains(&t.as_ptr()) || t.is_empty();
             assert!(inside(&s.query) && s.items.iter().all(|i| inside(i.text())));
         }
-        match (parse(body), serde) {
+        match (ScoreRequestRef::parse(body), serde) {
             (Ok(a), Ok(b)) => assert_eq!(a, b),
             (Err(a), Err(b)) => assert_eq!((a.kind, a.message), (b.kind, b.message)),
             (a, b) => panic!("{:?}: parse {a:?}, serde {b:?}", String::from_utf8_lossy(body)),

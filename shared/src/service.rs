@@ -16,22 +16,10 @@ use tokio::time::Instant;
 use tracing::Instrument as _;
 
 use crate::api::headers;
+pub use crate::compat::Route;
 use crate::compat::Shape;
 use crate::http::{self, read_body_reserved, ByteBudget, HttpResponse};
 use crate::{ApiError, ErrorKind, Limits, ScoreRequest, ScoreRequestRef, ScoreResponse, Timing};
-
-/// The scoring routes: Sieve's own and the drop-in shapes of other servers (`compat`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Route {
-    /// `POST /v1/score`
-    Score,
-    /// `POST /v1/rerank`, `POST /v2/rerank` (Cohere, Jina, vLLM)
-    Rerank,
-    /// `POST /rerank` (text-embeddings-inference)
-    TeiRerank,
-    /// `POST /score` (vLLM)
-    VllmScore,
-}
 
 /// Every API path with its route.
 const ROUTES: [(&str, Route); 5] = [
@@ -41,21 +29,6 @@ const ROUTES: [(&str, Route); 5] = [
     ("/rerank", Route::TeiRerank),
     ("/score", Route::VllmScore),
 ];
-
-impl Route {
-    /// Every route (the fuzz target parses a body as each).
-    pub const ALL: [Route; 4] = [Route::Score, Route::Rerank, Route::TeiRerank, Route::VllmScore];
-
-    /// The `route` label of the per-crate metrics.
-    pub fn name(self) -> &'static str {
-        match self {
-            Route::Score => "score",
-            Route::Rerank => "rerank",
-            Route::TeiRerank => "tei_rerank",
-            Route::VllmScore => "vllm_score",
-        }
-    }
-}
 
 /// What a scoring call knows besides its request.
 #[derive(Debug, Clone, Copy)]

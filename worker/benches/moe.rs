@@ -31,7 +31,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use sieve_kernels::moe::median;
+use sieve_kernels::autotune::median;
 use sieve_kernels::{Backend, CpuBackend, MoeSelect};
 use sieve_worker::assets;
 use sieve_worker::bench_support::{item_text, INSTRUCTION};

@@ -9,7 +9,8 @@
 
 use std::time::Duration;
 
-use sieve_kernels::moe::{autotune, COST_KNOTS};
+use sieve_kernels::autotune::autotune;
+use sieve_kernels::moe::COST_KNOTS;
 use sieve_kernels::CpuBackend;
 use sieve_worker::assets;
 use sieve_worker::model::loader::{self, LoadOptions};

@@ -552,4 +552,14 @@ impl Backend for CpuBackend {
     fn moe_time_variant(&self, w: &CpuMoeWeights, variant: usize, histogram: &[u32]) -> Result<Duration> {
         self.moe_time_variant_impl(w, variant, histogram)
     }
+
+    fn moe_autotune(
+        &self,
+        w: &CpuMoeWeights,
+        _routing: MoeRouting,
+        num_experts: usize,
+        budget: Duration,
+    ) -> Result<(MoeCostModel, crate::moe::AutotuneReport)> {
+        crate::autotune::autotune(self, w, num_experts, budget)
+    }
 }

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::MoeVariant;
-use crate::backend::{KernelError, Result};
+use crate::error::{KernelError, Result};
 
 /// Rows per expert at which [`VariantCost::per_expert`] is given.
 pub const COST_KNOTS: [u32; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
@@ -205,6 +205,17 @@ pub struct ChoiceRange {
     pub variant: &'static str,
     pub from_rows: u32,
     pub to_rows: u32,
+}
+
+/// How the start-up calibration went.
+#[derive(Debug, Clone, Serialize)]
+pub struct AutotuneReport {
+    pub seconds: f64,
+    /// Timed runs.
+    pub samples: usize,
+    /// Knots measured for every variant; the rest were extrapolated when the budget ran out.
+    pub knots_measured: usize,
+    pub complete: bool,
 }
 
 #[cfg(test)]

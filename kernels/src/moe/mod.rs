@@ -1,6 +1,6 @@
 //! Mixture-of-experts: the parts every backend shares.
 //!
-//! A MoE layer (qwen3_moe, qwen2_moe) runs as one backend op, [`crate::Backend::moe_ffn`]:
+//! A MoE layer (qwen3_moe, qwen2_moe) runs as one backend op, `Backend::moe_ffn`:
 //! routing (router GEMM, softmax, top-k, optional renormalisation), the token-per-expert
 //! histogram, the choice of a grouped-GEMM variant from that histogram, the permutation of the
 //! rows into expert order, each expert's SwiGLU, and the weighted un-permute into the residual.
@@ -13,7 +13,9 @@
 //!   of variants each backend declares;
 //! - `stats.rs`: the per-call record ([`MoeLayerStats`]);
 //! - `cost.rs`: the cost model and the selector ([`MoeCostModel`], [`VariantCost`]);
-//! - `autotune.rs`: the start-up calibration ([`autotune()`]).
+//!
+//! The start-up calibration that fits the cost model is `crate::autotune`: it drives a backend,
+//! and nothing here imports the backend trait (the trait's signatures use these types).
 //!
 //! The device code is per backend: `cpu/moe.rs` (+ `cpu/moe_tile.rs`), `reference/moe.rs`,
 //! `cuda/moe.rs` (+ `cuda/device/moe.rs`, `cuda/twin/moe*.rs`, `kernels/cuda/moe_*.cu`).
@@ -22,7 +24,7 @@
 //! Each backend names its variants with an enum ([`crate::cpu::CpuMoeVariant`],
 //! [`crate::cuda::moe::CudaMoeVariant`], [`crate::reference::ReferenceMoeVariant`]) that
 //! implements [`BackendVariant`]: `ALL` in the backend's order, `name()`, `FromStr`. The
-//! interface shared by every backend — [`crate::Backend::moe_variants`], [`MoeSelect::Fixed`],
+//! interface shared by every backend — `Backend::moe_variants`, [`MoeSelect::Fixed`],
 //! [`MoeLayerStats::variant`], the cost model's entries — stays by *index into that order* (and
 //! by name in the cost model, which is serialised and cached): the worker and the selector are
 //! generic over the backend and never need to know its enum, and a backend converts the index
@@ -30,24 +32,22 @@
 //!
 //! # Selector
 //! Every variant computes the same bits for every row (see the determinism contract in
-//! [`crate::backend`]); they differ only in cost, and the cost depends on how the rows spread
+//! `backend.rs`); they differ only in cost, and the cost depends on how the rows spread
 //! over the experts. The selector predicts each variant's cost from the live histogram with a
 //! calibrated [`MoeCostModel`] and runs the cheapest. The GPU rule "BLOCK_M 64 when padded rows /
 //! real rows at BLOCK_M 128 exceeds 1.5" is one such model ([`MoeCostModel::padding_ratio_rule`]).
 
-mod autotune;
 mod cost;
 mod routing;
 mod stats;
 mod variant;
 
-pub use autotune::{autotune, median, AutotuneReport, AFFINE_FROM_ROWS, AUTOTUNE_TIE_MARGIN};
-pub use cost::{ChoiceRange, MoeCostModel, VariantCost, COST_KNOTS};
+pub use cost::{AutotuneReport, ChoiceRange, MoeCostModel, VariantCost, COST_KNOTS};
 pub use routing::{check_routing, route_row};
 pub use stats::{histogram_stats, MoeLayerStats};
 pub use variant::{BackendVariant, MoeVariant};
 
-use crate::backend::{KernelError, Result};
+use crate::error::{KernelError, Result};
 
 /// How a MoE layer routes its rows (HF `num_experts_per_tok`, `norm_topk_prob`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,7 +118,7 @@ impl MoeLayerHost<'_> {
 /// Which variant a `moe_ffn` call runs.
 #[derive(Debug, Clone, Copy)]
 pub enum MoeSelect<'a> {
-    /// Always this variant (index into [`crate::Backend::moe_variants`]).
+    /// Always this variant (index into `Backend::moe_variants`).
     Fixed(usize),
     /// The cheapest by the cost model, for this call's histogram.
     Auto(&'a MoeCostModel),

@@ -1,7 +1,7 @@
 //! The routing rule every backend follows: top-k of the router's softmax, in a fixed order.
 
 use super::MoeRouting;
-use crate::backend::{KernelError, Result};
+use crate::error::{KernelError, Result};
 
 /// Checks a routing against a layer's expert count.
 pub fn check_routing(routing: MoeRouting, num_experts: usize) -> Result<()> {

@@ -8,7 +8,7 @@ use super::MoeVariant;
 /// worker reads the log once per forward pass.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct MoeLayerStats {
-    /// Index into the backend's [`crate::Backend::moe_variants`].
+    /// Index into the backend's `Backend::moe_variants`.
     pub variant: u32,
     pub tokens: u32,
     /// Token-expert assignments (tokens × top_k): the rows the experts really compute.

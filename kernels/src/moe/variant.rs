@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::backend::{KernelError, Result};
+use crate::error::{KernelError, Result};
 
 /// A grouped-GEMM variant of a backend, as the selector and the statistics see it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -31,7 +31,7 @@ impl MoeVariant {
 }
 
 /// One backend's variants as an enum. The order of [`BackendVariant::ALL`] is the backend's
-/// [`crate::Backend::moe_variants`] order: the index that [`crate::MoeSelect::Fixed`] and
+/// `Backend::moe_variants` order: the index that [`crate::MoeSelect::Fixed`] and
 /// [`crate::MoeLayerStats::variant`] carry across the backend-generic interface.
 pub trait BackendVariant: Copy + Eq + std::fmt::Debug + std::str::FromStr<Err = KernelError> + 'static {
     /// The backend, as error messages name it.

@@ -1,7 +1,7 @@
 //! The request and response shapes of the rerank servers people already have clients for, as
 //! views of the one Sieve call: each shape parses into a [`ScoreRequest`] (so the same limits,
 //! validation, deadline and errors apply) and turns the [`ScoreResponse`] back into its own
-//! answer. The routes (`sieve_shared::service`):
+//! answer. The routes (their paths in `sieve_shared::service`):
 //!
 //! | route | shape | module |
 //! |---|---|---|
@@ -28,8 +28,36 @@ use hyper::StatusCode;
 
 use crate::api::headers;
 use crate::http::{self, HttpResponse};
-use crate::service::Route;
 use crate::{ApiError, RerankRequest, ScoreRequest, ScoreResponse};
+
+/// The scoring routes: Sieve's own and the drop-in shapes of other servers (their paths:
+/// `service::ROUTES`, which also names this type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// `POST /v1/score`
+    Score,
+    /// `POST /v1/rerank`, `POST /v2/rerank` (Cohere, Jina, vLLM)
+    Rerank,
+    /// `POST /rerank` (text-embeddings-inference)
+    TeiRerank,
+    /// `POST /score` (vLLM)
+    VllmScore,
+}
+
+impl Route {
+    /// Every route (the fuzz target parses a body as each).
+    pub const ALL: [Route; 4] = [Route::Score, Route::Rerank, Route::TeiRerank, Route::VllmScore];
+
+    /// The `route` label of the per-crate metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Route::Score => "score",
+            Route::Rerank => "rerank",
+            Route::TeiRerank => "tei_rerank",
+            Route::VllmScore => "vllm_score",
+        }
+    }
+}
 
 /// A parsed request in the shape its route speaks, kept until the answer is built.
 #[derive(Debug)]

@@ -1,24 +1,13 @@
-//! The start-up calibration of a [`MoeCostModel`]: every variant timed on evenly spread
+//! The start-up calibration of a [`MoeCostModel`] (`Backend::moe_autotune` of the CPU and
+//! reference backends), apart from `moe/` because it drives a [`Backend`]: every variant timed on evenly spread
 //! histograms at each of [`COST_KNOTS`] rows per expert, interleaved and paired so that the load
 //! of shared cores cancels out, the large knots fitted by a line ([`fit_affine_tail`]).
 
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-
-use super::{MoeCostModel, MoeVariant, VariantCost, COST_KNOTS};
-use crate::backend::{Backend, KernelError, Result};
-
-/// How the start-up calibration went.
-#[derive(Debug, Clone, Serialize)]
-pub struct AutotuneReport {
-    pub seconds: f64,
-    /// Timed runs.
-    pub samples: usize,
-    /// Knots measured for every variant; the rest were extrapolated when the budget ran out.
-    pub knots_measured: usize,
-    pub complete: bool,
-}
+use crate::backend::Backend;
+use crate::error::{KernelError, Result};
+use crate::moe::{AutotuneReport, MoeCostModel, MoeVariant, VariantCost, COST_KNOTS};
 
 /// Rows per expert from which a variant's per-expert cost is affine in the rows it computes:
 /// past the first few rows the weights' streaming is amortised and each further row costs the
