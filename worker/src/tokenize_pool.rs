@@ -1,9 +1,8 @@
 //! Tokenizing one call's items on several threads.
 //!
 //! The scheduler prepares calls on one thread, and each item's prompt body repeats the
-//! instruction and the query, so tokenization is most of a call's preparation: measured on an
-//! H100 worker, a 100-item call spent 30 ms tokenizing before a 10 ms forward pass. The items of
-//! a call are independent, so [`PooledEncoder`] encodes them on a thread pool of its own (sized
+//! instruction and the query, so tokenization is most of a call's preparation, and on a GPU
+//! it takes longer than the forward pass it feeds. The items of a call are independent, so [`PooledEncoder`] encodes them on a thread pool of its own (sized
 //! by `[engine] tokenize_threads`), in input order, with exactly the ids one thread would give.
 
 use std::sync::Arc;

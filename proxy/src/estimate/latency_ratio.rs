@@ -11,9 +11,8 @@
 //! longer (at least half the power of two at or below its makespan, so a quarter to a half of it;
 //! the longest `min_samples` if fewer were): the error is
 //! not the same at every size. What a prediction leaves out costs a short shard a larger share
-//! of its time (the worker's tokenizing and HTTP, a pass's fixed cost: on an H100 worker a short
-//! shard ran 1.5x its prediction), so holding a long plan to every shard's error refused, at 60%
-//! utilisation, 5% of requests that all finished in time without admission.
+//! of its time (the worker's tokenizing and HTTP, a pass's fixed cost), so holding a long plan to
+//! every shard's error refused requests that would have finished in time without admission.
 //!
 //! Admission's quantiles leave out the shards that were *stalls*: a shard that took more than
 //! `stall_factor` times the median ratio of the [`REFERENCE`] shards measured just before it.

@@ -7,16 +7,16 @@
 //! fit opens another shard on that worker. k is chosen to minimise the predicted finish of the
 //! slowest worker; a smaller k wins within `tolerance` of the best.
 //!
-//! Choosing k by packing every k costs O(m·k²) for m items (~0.9 ms for 1,000 items on 16
-//! workers), so it is done only for small requests ([`EXHAUSTIVE_STEPS`]). Larger ones choose
+//! Choosing k by packing every k costs O(m·k²) for m items, so it is done only for small
+//! requests ([`EXHAUSTIVE_STEPS`]). Larger ones choose
 //! k from the fluid model of the packing: items divisible, worker j (backlog a_j, time factor
 //! t_j) can start on items at b_j = a_j + t_j·(fixed cost + prefix), and the k first-ranked
 //! workers finish together at the water level T(k) = (P + Σ b_j/t_j) / Σ 1/t_j over those with
 //! b_j < T (P: the items' total time). Candidates are added one at a time, kept sorted by b, so
 //! every T(k) together costs O(k_max²) arithmetic; the longest item bounds T from below. The
 //! chosen k is then packed once, longest item first onto the worker that is free earliest (a
-//! heap: O(m log k)). With 1,000 items on 16 workers the whole decision takes ~25 µs; its
-//! makespan stays within a few percent of the exhaustive search's (a test checks this).
+//! heap: O(m log k)). Its makespan stays close to the exhaustive search's (a test checks this);
+//! `--bench split_decision` prints what the decision costs.
 //!
 //! With a load price (load-aware split, [`super::load_price`]), k minimises the makespan plus
 //! what the plan's work adds to the waiting of requests that arrive behind it: Θ·V_min·X while

@@ -26,10 +26,9 @@
 //! and each request arriving meanwhile is X/N later, whatever its shards. Requests arrive at N·ρ/W̄ per ms (work arriving per ms over the work of
 //! a request), so to first order in X: N·ρ/W̄ · V_min/(1 − ρ) · X/N = Θ·V_min·X. Counting shards
 //! instead (λ = ρ/S per worker, the earlier form of this price) charges a request of k shards k
-//! times: at low load, where requests split 16 ways, it priced a momentary full house (every
-//! worker busy for a moment after one large split, backlogs 46-196 ms at 30% load) at about
-//! k = W̄/S times the delay it causes, and the requests planned then split 3-8 ways where a
-//! wider split finished sooner. Near saturation a request is one shard or two, W̄ ≈ S, and
+//! times: at low load, where requests split many ways, it priced a momentary full house (every
+//! worker busy for a moment after one large split) at about k = W̄/S times the delay it causes,
+//! and the requests planned then split fewer ways where a wider split finished sooner. Near saturation a request is one shard or two, W̄ ≈ S, and
 //! the two counts agree. The price grows with the plan's work only, not with where the shards
 //! go (the makespan already prices that): an extra shard adds its fixed cost and prefix c to X
 //! and costs Θ·V_min·c, against the W/(k(k + 1)) it saves a request of W ms split k ways. With
@@ -38,10 +37,9 @@
 //! shard on the least-loaded worker (the one-shard plan of least makespan) once that passes W/2:
 //! at saturation ours does the least work there is, as a whole request to the least-loaded
 //! worker does. The per-worker form below would be wrong here: its x²/2 falls as shards shrink,
-//! so it rewards splitting exactly when the cluster is full (at 90% load ours split 2-4 ways, 4%
-//! more work, and its p99 fell behind the whole request on the least-loaded worker);
-//! least-loaded arrivals do not queue behind one worker's shard while another is freer, they
-//! queue behind the pool.
+//! so it rewards splitting exactly when the cluster is full (more work, and a p99 behind the
+//! whole request on the least-loaded worker); least-loaded arrivals do not queue behind one
+//! worker's shard while another is freer, they queue behind the pool.
 //!
 //! Some worker idle. Then the backlogs are not level and the pool argument fails: the work is
 //! not shared, each worker drains only its own, and the arrivals behind a plan land on the
