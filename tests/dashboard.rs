@@ -1,6 +1,5 @@
 //! The Grafana dashboard (`configs/grafana/sieve.json`) names only metrics that exist: every
-//! name in a panel query is one of the metric-name constants (`sieve_shared::metrics_names`,
-//! `sieve_proxy::metrics`), and is on the `/metrics` of a running proxy and worker process after
+//! name in a panel query is one of the metric-name constants (`sieve_shared::metrics_names`), and is on the `/metrics` of a running proxy and worker process after
 //! a few requests — the worker serves a tiny generated MoE checkpoint, so its MoE metrics are
 //! there too. Counters of events a healthy short run does not have (hedges, retries, breaker
 //! trips, deadline misses, admission refusals, config reloads) are exported from their first
@@ -12,13 +11,11 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use sieve_e2e::{bin, spawn, wait_ready, Http, Proc};
-use sieve_proxy::metrics as pm;
-use sieve_shared::metrics_names::{worker as wm, worker_moe as moe};
+use sieve_shared::metrics_names::{proxy as pm, worker as wm, worker_moe as moe};
 
 const DASHBOARD: &str = include_str!("../configs/grafana/sieve.json");
-/// The files that define every metric name, read as text: constants cannot be listed in code.
-const NAME_SOURCES: [&str; 2] =
-    [include_str!("../shared/src/metrics_names.rs"), include_str!("../proxy/src/metrics.rs")];
+/// The file that defines every metric name, read as text: constants cannot be listed in code.
+const NAME_SOURCE: &str = include_str!("../shared/src/metrics_names.rs");
 const START: Duration = Duration::from_secs(60);
 
 /// Exported from their first event only.
@@ -67,11 +64,12 @@ fn metric_names(text: &str) -> Vec<String> {
     out
 }
 
-/// The metric names the constants define (the quoted `"sieve_..."` strings of their files).
+/// The metric names the constants define (the quoted `"sieve_..."` strings of their file).
 fn defined_metrics() -> BTreeSet<String> {
-    NAME_SOURCES
-        .iter()
-        .flat_map(|src| src.split('"').skip(1).step_by(2))
+    NAME_SOURCE
+        .split('"')
+        .skip(1)
+        .step_by(2)
         .filter(|s| s.starts_with("sieve_") && !s.contains(' '))
         .map(String::from)
         .collect()
@@ -91,7 +89,7 @@ fn every_dashboard_metric_is_a_defined_name() {
     let names = dashboard_metrics();
     assert!(names.len() >= 30, "the dashboard names only {} metrics", names.len());
     let defined = defined_metrics();
-    // The constants the panels are about are all read from those files.
+    // The constants the panels are about are all read from that file.
     for c in [
         pm::REQUESTS,
         pm::HEDGES,
@@ -101,7 +99,7 @@ fn every_dashboard_metric_is_a_defined_name() {
         wm::PREFIX_HITS,
         moe::SELECTIONS,
     ] {
-        assert!(defined.contains(c), "{c} not read from the name files");
+        assert!(defined.contains(c), "{c} not read from the name file");
         assert!(names.contains(c), "the dashboard has no panel for {c}");
     }
     let unknown: Vec<_> = names.difference(&defined).collect();

@@ -248,14 +248,14 @@ mod tests {
         let opened = series(&text, m::BREAKER_TRANSITIONS, b);
         assert_eq!(opened, [format!("{}{{worker=\"{b}\",state=\"open\"}} 2", m::BREAKER_TRANSITIONS)], "{text}");
         assert!(series(&text, m::BREAKER_TRANSITIONS, a).is_empty(), "no transition, no series: {text}");
-        assert!(text.contains("# HELP sieve_proxy_worker_ready"), "{text}");
+        assert!(text.contains(&format!("# HELP {}", m::WORKER_READY)), "{text}");
 
         // Discovery (or a reload) drops worker b: none of its series is reported any more.
         pool.replace(&[WorkerEndpoint::new(a, None)], &proxy.state.config().breaker);
         let text = scrape(proxy.admin_addr).await;
         assert!(!text.contains(b), "a removed worker is still reported:\n{text}");
         assert_eq!(series(&text, m::WORKER_READY, a).len(), 1, "{text}");
-        assert!(text.contains("sieve_proxy_workers_eligible"), "the process's own series stay: {text}");
+        assert!(text.contains(m::WORKERS_ELIGIBLE), "the process's own series stay: {text}");
         proxy.stop().await;
     }
 

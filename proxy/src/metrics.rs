@@ -1,4 +1,5 @@
-//! Metric names (`sieve_proxy_<thing>`) and the Prometheus recorder.
+//! The proxy's metrics: descriptions, histogram buckets and the Prometheus recorder (the
+//! names, `sieve_proxy_<thing>`, are in `sieve_shared::metrics_names::proxy`).
 //!
 //! The `metrics` facade has one recorder per process by design; it is installed once and every
 //! proxy started in the process (tests start several) renders from the same handle.
@@ -10,56 +11,9 @@ use metrics::{Counter, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use sieve_shared::service::Route;
 
-pub const REQUESTS: &str = "sieve_proxy_requests_total";
-pub const REQUEST_SECONDS: &str = "sieve_proxy_request_seconds";
-pub const REQUEST_ITEMS: &str = "sieve_proxy_request_items";
-pub const SHARDS_PER_REQUEST: &str = "sieve_proxy_shards_per_request";
-pub const SHARD_ITEMS: &str = "sieve_proxy_shard_items";
-pub const SHARD_TOKENS: &str = "sieve_proxy_shard_tokens";
-pub const SHARD_PREDICTED_SECONDS: &str = "sieve_proxy_shard_predicted_seconds";
-pub const SHARD_ACTUAL_SECONDS: &str = "sieve_proxy_shard_actual_seconds";
-pub const SHARD_TIME_RATIO: &str = "sieve_proxy_shard_time_ratio";
-pub const SHARD_FAILURES: &str = "sieve_proxy_shard_failures_total";
-pub const RETRIES: &str = "sieve_proxy_retries_total";
-pub const RETRIES_DENIED: &str = "sieve_proxy_retries_denied_total";
-pub const HEDGES: &str = "sieve_proxy_hedges_total";
-pub const HEDGE_WINS: &str = "sieve_proxy_hedge_wins_total";
-pub const HEDGES_DENIED: &str = "sieve_proxy_hedges_denied_total";
-pub const PARTIAL_RESPONSES: &str = "sieve_proxy_partial_responses_total";
-pub const MISSING_ITEMS: &str = "sieve_proxy_missing_items_total";
-pub const BREAKER_TRANSITIONS: &str = "sieve_proxy_breaker_transitions_total";
-pub const WORKER_IN_FLIGHT: &str = "sieve_proxy_worker_in_flight_shards";
-pub const WORKER_BACKLOG_SECONDS: &str = "sieve_proxy_worker_backlog_seconds";
-pub const WORKER_BREAKER_STATE: &str = "sieve_proxy_worker_breaker_state";
-pub const WORKER_READY: &str = "sieve_proxy_worker_ready";
-pub const WORKER_TIME_FACTOR: &str = "sieve_proxy_worker_time_factor";
-pub const WORKERS_ELIGIBLE: &str = "sieve_proxy_workers_eligible";
-pub const TOKEN_ESTIMATE_ERROR: &str = "sieve_proxy_token_estimate_relative_error";
-/// Requests refused at once (429) because no plan could meet their deadline.
-pub const ADMISSION_REJECTED: &str = "sieve_proxy_admission_rejected_total";
-/// Requests answered in part (`on_overload: partial`) because no plan could meet the deadline.
-pub const ADMISSION_PARTIAL: &str = "sieve_proxy_admission_partial_total";
-/// Items left out of those partial plans (never sent).
-pub const ADMISSION_DROPPED_ITEMS: &str = "sieve_proxy_admission_dropped_items_total";
-pub const CONFIG_RELOADS: &str = "sieve_proxy_config_reloads_total";
-/// Pair-score cache: items answered from it, items looked up and not found, scores stored,
-/// entries evicted (by size or TTL; a model change empties it without counting here), and the
-/// times a model change emptied it.
-pub const CACHE_HITS: &str = "sieve_proxy_cache_hits_total";
-/// Answers from a worker the proxy took to hold the call's prefix, by outcome (`hit`: the
-/// whole prefix came from its prefix cache; `miss`: it did not, and the holding is forgotten).
-pub const PREFIX_AFFINITY_CHECKS: &str = "sieve_proxy_prefix_affinity_checks_total";
-pub const CACHE_MISSES: &str = "sieve_proxy_cache_misses_total";
-pub const CACHE_INSERTS: &str = "sieve_proxy_cache_inserts_total";
-pub const CACHE_EVICTIONS: &str = "sieve_proxy_cache_evictions_total";
-pub const CACHE_INVALIDATIONS: &str = "sieve_proxy_cache_invalidations_total";
-/// Sampled trace records not written (the writer's queue full, or one line over the file bound).
-pub const TRACE_DROPPED: &str = "sieve_proxy_trace_dropped_total";
-/// Requests refused (HTTP 503, gRPC RESOURCE_EXHAUSTED) because their bytes did not fit in
-/// `[http] max_buffered_bytes`; read from the budget when scraped.
-pub const BUFFER_REFUSALS: &str = "sieve_proxy_buffer_refusals_total";
-/// Gauge: request bytes held in memory now, against `[http] max_buffered_bytes`.
-pub const BUFFERED_BYTES: &str = "sieve_proxy_buffered_bytes";
+// The names live with every other process's (`sieve_shared::metrics_names`); re-exported so
+// the proxy records them as `metrics::NAME`.
+pub use sieve_shared::metrics_names::proxy::*;
 
 const SECONDS_BUCKETS: &[f64] =
     &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0];
@@ -277,10 +231,9 @@ mod tests {
     #[test]
     fn kept_handles_record_into_the_installed_recorder() {
         let h = handle();
-        let counted = |text: &str, code: &str| {
-            value(text, &format!("sieve_proxy_requests_total{{route=\"vllm_score\",code=\"{code}\"}}"))
-        };
-        let seconds = |text: &str| value(text, "sieve_proxy_request_seconds_count{route=\"vllm_score\"}");
+        let counted =
+            |text: &str, code: &str| value(text, &format!("{REQUESTS}{{route=\"vllm_score\",code=\"{code}\"}}"));
+        let seconds = |text: &str| value(text, &format!("{REQUEST_SECONDS}_count{{route=\"vllm_score\"}}"));
         let before = h.render();
         observe_request(Route::VllmScore, 431, 0.5);
         observe_request(Route::VllmScore, 431, 0.25);
@@ -291,8 +244,8 @@ mod tests {
         assert_eq!(counted(&after, "431") - counted(&before, "431"), 2.0, "{after}");
         assert_eq!(counted(&after, "299") - counted(&before, "299"), 1.0, "{after}");
         assert_eq!(seconds(&after) - seconds(&before), 3.0, "{after}");
-        let miss = "sieve_proxy_prefix_affinity_checks_total{outcome=\"miss\"}";
-        assert_eq!(value(&after, miss) - value(&before, miss), 3.0, "{after}");
+        let miss = format!("{PREFIX_AFFINITY_CHECKS}{{outcome=\"miss\"}}");
+        assert_eq!(value(&after, &miss) - value(&before, &miss), 3.0, "{after}");
     }
 
     #[test]

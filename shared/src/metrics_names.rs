@@ -85,3 +85,70 @@ pub mod worker_moe {
     /// Gauge: MoE seconds / forward seconds since start.
     pub const TIME_SHARE: &str = "sieve_worker_moe_time_share";
 }
+
+/// The proxy (`proxy/src/metrics.rs` holds their descriptions and histogram buckets).
+pub mod proxy {
+    pub const REQUESTS: &str = "sieve_proxy_requests_total";
+    pub const REQUEST_SECONDS: &str = "sieve_proxy_request_seconds";
+    pub const REQUEST_ITEMS: &str = "sieve_proxy_request_items";
+    pub const SHARDS_PER_REQUEST: &str = "sieve_proxy_shards_per_request";
+    pub const SHARD_ITEMS: &str = "sieve_proxy_shard_items";
+    pub const SHARD_TOKENS: &str = "sieve_proxy_shard_tokens";
+    pub const SHARD_PREDICTED_SECONDS: &str = "sieve_proxy_shard_predicted_seconds";
+    pub const SHARD_ACTUAL_SECONDS: &str = "sieve_proxy_shard_actual_seconds";
+    pub const SHARD_TIME_RATIO: &str = "sieve_proxy_shard_time_ratio";
+    pub const SHARD_FAILURES: &str = "sieve_proxy_shard_failures_total";
+    pub const RETRIES: &str = "sieve_proxy_retries_total";
+    pub const RETRIES_DENIED: &str = "sieve_proxy_retries_denied_total";
+    pub const HEDGES: &str = "sieve_proxy_hedges_total";
+    pub const HEDGE_WINS: &str = "sieve_proxy_hedge_wins_total";
+    pub const HEDGES_DENIED: &str = "sieve_proxy_hedges_denied_total";
+    pub const PARTIAL_RESPONSES: &str = "sieve_proxy_partial_responses_total";
+    pub const MISSING_ITEMS: &str = "sieve_proxy_missing_items_total";
+    pub const BREAKER_TRANSITIONS: &str = "sieve_proxy_breaker_transitions_total";
+    pub const WORKER_IN_FLIGHT: &str = "sieve_proxy_worker_in_flight_shards";
+    pub const WORKER_BACKLOG_SECONDS: &str = "sieve_proxy_worker_backlog_seconds";
+    pub const WORKER_BREAKER_STATE: &str = "sieve_proxy_worker_breaker_state";
+    pub const WORKER_READY: &str = "sieve_proxy_worker_ready";
+    pub const WORKER_TIME_FACTOR: &str = "sieve_proxy_worker_time_factor";
+    pub const WORKERS_ELIGIBLE: &str = "sieve_proxy_workers_eligible";
+    pub const TOKEN_ESTIMATE_ERROR: &str = "sieve_proxy_token_estimate_relative_error";
+    /// Requests refused at once (429) because no plan could meet their deadline.
+    pub const ADMISSION_REJECTED: &str = "sieve_proxy_admission_rejected_total";
+    /// Requests answered in part (`on_overload: partial`) because no plan could meet the deadline.
+    pub const ADMISSION_PARTIAL: &str = "sieve_proxy_admission_partial_total";
+    /// Items left out of those partial plans (never sent).
+    pub const ADMISSION_DROPPED_ITEMS: &str = "sieve_proxy_admission_dropped_items_total";
+    pub const CONFIG_RELOADS: &str = "sieve_proxy_config_reloads_total";
+    /// Pair-score cache: items answered from it, items looked up and not found, scores stored,
+    /// entries evicted (by size or TTL; a model change empties it without counting here), and the
+    /// times a model change emptied it.
+    pub const CACHE_HITS: &str = "sieve_proxy_cache_hits_total";
+    /// Answers from a worker the proxy took to hold the call's prefix, by outcome (`hit`: the
+    /// whole prefix came from its prefix cache; `miss`: it did not, and the holding is forgotten).
+    pub const PREFIX_AFFINITY_CHECKS: &str = "sieve_proxy_prefix_affinity_checks_total";
+    pub const CACHE_MISSES: &str = "sieve_proxy_cache_misses_total";
+    pub const CACHE_INSERTS: &str = "sieve_proxy_cache_inserts_total";
+    pub const CACHE_EVICTIONS: &str = "sieve_proxy_cache_evictions_total";
+    pub const CACHE_INVALIDATIONS: &str = "sieve_proxy_cache_invalidations_total";
+    /// Sampled trace records not written (the writer's queue full, or one line over the file bound).
+    pub const TRACE_DROPPED: &str = "sieve_proxy_trace_dropped_total";
+    /// Requests refused (HTTP 503, gRPC RESOURCE_EXHAUSTED) because their bytes did not fit in
+    /// `[http] max_buffered_bytes`; read from the budget when scraped.
+    pub const BUFFER_REFUSALS: &str = "sieve_proxy_buffer_refusals_total";
+    /// Gauge: request bytes held in memory now, against `[http] max_buffered_bytes`.
+    pub const BUFFERED_BYTES: &str = "sieve_proxy_buffered_bytes";
+}
+
+/// The simulated worker (`sieve-loadtest sim-worker`): its `/metrics` page.
+pub mod sim {
+    pub const REQUESTS: &str = "sieve_sim_requests_total";
+    pub const COMPLETED: &str = "sieve_sim_completed_total";
+    pub const PAIRS: &str = "sieve_sim_pairs_total";
+    pub const TOKENS: &str = "sieve_sim_tokens_total";
+    pub const FAILURES_INJECTED: &str = "sieve_sim_failures_injected_total";
+    pub const DEADLINE_DROPS: &str = "sieve_sim_deadline_drops_total";
+    pub const CANCELLED: &str = "sieve_sim_cancelled_total";
+    pub const IN_FLIGHT: &str = "sieve_sim_in_flight_requests";
+    pub const QUEUED_TOKENS: &str = "sieve_sim_queued_tokens";
+}

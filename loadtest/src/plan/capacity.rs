@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
+use sieve_shared::metrics_names::proxy as names;
 use sieve_shared::CostModel;
 
 use super::synth::Replay;
@@ -191,7 +192,7 @@ impl CacheCounts {
                 .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
                 .sum::<f64>() as u64
         };
-        CacheCounts { hits: value("sieve_proxy_cache_hits_total"), misses: value("sieve_proxy_cache_misses_total") }
+        CacheCounts { hits: value(names::CACHE_HITS), misses: value(names::CACHE_MISSES) }
     }
 }
 

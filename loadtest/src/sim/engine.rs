@@ -11,6 +11,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, StandardNormal};
 use sieve_shared::http::ByteBudget;
+use sieve_shared::metrics_names::sim as names;
 use sieve_shared::{ApiError, CostFeatures, ScoreRequest, ScoreResponse, Timing, Usage, WorkerStats};
 use tokio::sync::Semaphore;
 // Tokio's clock, so tests can run with time paused.
@@ -441,15 +442,15 @@ impl SimEngine {
         let c = &self.counters;
         let mut out = String::new();
         for (name, kind, v) in [
-            ("sieve_sim_requests_total", "counter", c.requests.load(Ordering::Relaxed)),
-            ("sieve_sim_completed_total", "counter", c.completed.load(Ordering::Relaxed)),
-            ("sieve_sim_pairs_total", "counter", c.pairs.load(Ordering::Relaxed)),
-            ("sieve_sim_tokens_total", "counter", c.tokens.load(Ordering::Relaxed)),
-            ("sieve_sim_failures_injected_total", "counter", c.failures_injected.load(Ordering::Relaxed)),
-            ("sieve_sim_deadline_drops_total", "counter", c.deadline_drops.load(Ordering::Relaxed)),
-            ("sieve_sim_cancelled_total", "counter", c.cancelled.load(Ordering::Relaxed)),
-            ("sieve_sim_in_flight_requests", "gauge", c.in_flight.load(Ordering::Relaxed)),
-            ("sieve_sim_queued_tokens", "gauge", c.queued_tokens.load(Ordering::Relaxed)),
+            (names::REQUESTS, "counter", c.requests.load(Ordering::Relaxed)),
+            (names::COMPLETED, "counter", c.completed.load(Ordering::Relaxed)),
+            (names::PAIRS, "counter", c.pairs.load(Ordering::Relaxed)),
+            (names::TOKENS, "counter", c.tokens.load(Ordering::Relaxed)),
+            (names::FAILURES_INJECTED, "counter", c.failures_injected.load(Ordering::Relaxed)),
+            (names::DEADLINE_DROPS, "counter", c.deadline_drops.load(Ordering::Relaxed)),
+            (names::CANCELLED, "counter", c.cancelled.load(Ordering::Relaxed)),
+            (names::IN_FLIGHT, "gauge", c.in_flight.load(Ordering::Relaxed)),
+            (names::QUEUED_TOKENS, "gauge", c.queued_tokens.load(Ordering::Relaxed)),
         ] {
             out.push_str(&format!("# TYPE {name} {kind}\n{name} {v}\n"));
         }
