@@ -116,7 +116,7 @@ pub fn bin(name: &str) -> PathBuf {
     let path = dir.join(name);
     assert!(
         path.exists(),
-        "{} is missing: build the binaries first (`cargo test --workspace` does, or `cargo build -p sieve-proxy -p sieve-loadtest`)",
+        "{} is missing: build the binaries first (`cargo test --workspace` does, or `cargo build -p sieve-proxy -p sieve-loadtest`; `sieve-testmodel`: `cargo build -p sieve-worker --features test-support`)",
         path.display()
     );
     path

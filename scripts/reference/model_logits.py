@@ -296,7 +296,8 @@ def smollm2():
 
 def generate_checkpoint(arch, seed, dtype):
     out = WORK / f"{arch}-s{seed}-{dtype}"
-    cmd = ["cargo", "run", "--release", "-q", "-p", "sieve-worker", "--bin", "sieve-testmodel", "--",
+    cmd = ["cargo", "run", "--release", "-q", "-p", "sieve-worker", "--features", "test-support",
+           "--bin", "sieve-testmodel", "--",
            "--arch", arch, "--preset", "tiny", "--seed", str(seed), "--dtype", dtype,
            "--tokenizer", str(QWEN3_TOKENIZER), "--out", str(out)]
     subprocess.run(cmd, check=True, cwd=REPO)
