@@ -289,7 +289,10 @@ mod tests {
                 assert_eq!(words[..20], header[..], "a group's items open with its header");
             }
         }
-        assert_ne!(r.items[0].split(' ').take(20).collect::<Vec<_>>(), r.items[8].split(' ').take(20).collect::<Vec<_>>());
+        assert_ne!(
+            r.items[0].split(' ').take(20).collect::<Vec<_>>(),
+            r.items[8].split(' ').take(20).collect::<Vec<_>>()
+        );
         assert!(WorkloadSpec::parse("header_fraction = 1.0").is_err());
     }
 
