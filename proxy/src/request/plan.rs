@@ -84,6 +84,18 @@ pub fn plan(
     if eligible.workers.is_empty() {
         return Err(ApiError::not_ready(format!("no worker is ready ({} configured)", state.pool.snapshot().len())));
     }
+    // A prompt longer than any worker takes is too large whatever the deadline (admission would
+    // call it late, 429, and no retry could help); a quarter over the limit allows for the error
+    // of the estimate, and nearer ones are left to the worker's own count (its 413).
+    if let Some(limit) = eligible.workers.iter().filter_map(|w| w.max_seq_tokens()).max() {
+        if let Some(i) = item_tokens.iter().position(|&t| prefix_tokens + t > 1.25 * limit as f64) {
+            return Err(ApiError::too_large(format!(
+                "items[{i}] makes a prompt of about {:.0} tokens (query + item + template, estimated); \
+                 the workers take at most max_seq_tokens {limit}",
+                prefix_tokens + item_tokens[i]
+            )));
+        }
+    }
     // The split sees only the items to send, as 0..k; `caller` maps its indices back.
     let todo_tokens: Vec<f64>;
     let split_tokens = match todo {
@@ -105,7 +117,9 @@ pub fn plan(
     // Admission: refuse (or trim) a plan the deadline would cut, before anything is queued. The
     // plan's shards index the views, so the candidates are the views in the same order.
     let cands: Vec<split::Candidate> = eligible.views.iter().map(split::Candidate::from).collect();
+    // What the workers get: the time left less what their answers need to come back.
     let left_ms = deadline.saturating_duration_since(now).as_secs_f64() * 1e3;
+    let left_ms = left_ms - state.answer_margin.margin_ms(left_ms);
     // Before refusing a late plan: the plan of fewest shards (least work) that is in time,
     // else the fastest (no tolerance, no price of work).
     let best = |fits: &dyn Fn(&split::Plan) -> bool| {

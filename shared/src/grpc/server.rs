@@ -166,17 +166,45 @@ fn builder(exec: StreamExec, grpc: &GrpcConfig, http: &HttpConfig) -> http2::Bui
 /// trickled in, or never ended, would hold its stream forever): then it fails, and the call
 /// ends with DEADLINE_EXCEEDED, as an HTTP body ends with 408. Each data frame is counted in
 /// `held` before it is passed on; one the budget cannot cover fails the call at once with
-/// RESOURCE_EXHAUSTED (retry info included), as an HTTP body is answered 503.
+/// RESOURCE_EXHAUSTED (retry info included), as an HTTP body is answered 503. Every method is
+/// unary: a byte past the first message fails the call with INVALID_ARGUMENT (tonic would read
+/// and drop a second message, answering OK as if it had never come).
 struct Timed {
     inner: Incoming,
     deadline: Pin<Box<Sleep>>,
     timeout: Duration,
     held: SharedReservation,
+    framing: OneMessage,
 }
 
 impl Timed {
     fn new(inner: Incoming, timeout: Duration, held: SharedReservation) -> Self {
-        Timed { inner, deadline: Box::pin(tokio::time::sleep(timeout)), timeout, held }
+        let deadline = Box::pin(tokio::time::sleep(timeout));
+        Timed { inner, deadline, timeout, held, framing: OneMessage::default() }
+    }
+}
+
+/// Where a call's one message ends, from its gRPC length prefix (a flag byte and 4 bytes of
+/// big-endian length), however the body's frames cut it.
+#[derive(Default)]
+struct OneMessage {
+    seen: u64,
+    prefix: [u8; 5],
+    end: Option<u64>,
+}
+
+impl OneMessage {
+    /// Takes the body's next bytes; false once they go past the first message.
+    fn take(&mut self, data: &[u8]) -> bool {
+        for (k, &b) in data.iter().take(5usize.saturating_sub(self.seen as usize)).enumerate() {
+            self.prefix[self.seen as usize + k] = b;
+        }
+        self.seen += data.len() as u64;
+        if self.end.is_none() && self.seen >= 5 {
+            let len = u32::from_be_bytes([self.prefix[1], self.prefix[2], self.prefix[3], self.prefix[4]]);
+            self.end = Some(5 + u64::from(len));
+        }
+        self.end.is_none_or(|end| self.seen <= end)
     }
 }
 
@@ -188,6 +216,10 @@ impl Body for Timed {
         let this = &mut *self;
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
             if let Some(Ok(f)) = &frame {
+                if !this.framing.take(f.data_ref().map_or(&[], |d| &d[..])) {
+                    let e = ApiError::malformed("a unary call carries one message; a second one came");
+                    return Poll::Ready(Some(Err(status::to_status(&e))));
+                }
                 let n = f.data_ref().map_or(0, Bytes::len);
                 if !this.held.grow_by(n) {
                     let total = this.held.bytes().saturating_add(n);
@@ -216,5 +248,24 @@ impl Body for Timed {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OneMessage;
+
+    #[test]
+    fn a_byte_past_the_first_message_is_refused_however_the_frames_cut_it() {
+        // A message of 3 bytes: its 5-byte prefix cut across frames, then its body.
+        let mut m = OneMessage::default();
+        assert!(m.take(&[0, 0]) && m.take(&[0, 0, 3]) && m.take(&[7, 7]) && m.take(&[7]));
+        assert!(m.take(&[]), "an empty frame is nothing");
+        assert!(!m.take(&[0]), "a second message's first byte");
+        // Two messages in one frame.
+        let mut m = OneMessage::default();
+        assert!(!m.take(&[0, 0, 0, 0, 1, 9, 0, 0, 0, 0, 0]));
+        // One empty message, whole.
+        assert!(OneMessage::default().take(&[0, 0, 0, 0, 0]));
     }
 }

@@ -200,7 +200,11 @@ async fn shard_outcome(
     let mut hedge_at = hedge::hedge_at(ctx, finish_ms, shard_start);
 
     loop {
+        // Biased: an answer already read wins over the deadline's timer firing in the same poll
+        // (a worker's partial answer comes just before the proxy's deadline), and the deadline
+        // over a hedge.
         tokio::select! {
+            biased;
             next = shard.set.next() => {
                 // Nothing in flight and nothing more to try.
                 let Some(r) = next else { return shard.failed() };
@@ -224,13 +228,18 @@ async fn shard_outcome(
                     }
                 }
             }
+            _ = tokio::time::sleep_until(deadline) => {
+                // An attempt still out: its worker's deadline did not leave its answer room
+                // enough (or the worker stalled).
+                if !shard.set.is_empty() {
+                    ctx.state.answer_margin.missed(ctx.state.answer_margin.margin_ms(f64::INFINITY));
+                }
+                // Dropping the set drops the attempts: their connections close.
+                return ShardOutcome::Missed;
+            }
             _ = tokio::time::sleep_until(hedge_at.unwrap_or(deadline)), if hedge_at.is_some() => {
                 let sent = shard.on_hedge_timer();
                 hedge_at = hedge::next_at(ctx, sent, compute_ms, Instant::now());
-            }
-            _ = tokio::time::sleep_until(deadline) => {
-                // Dropping the set drops the attempts: their connections close.
-                return ShardOutcome::Missed;
             }
         }
     }
