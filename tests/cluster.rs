@@ -131,8 +131,9 @@ async fn partial_answers_through_the_proxy(deadlines_ms: &[u64]) {
     let items = long_items();
     let body =
         |deadline_ms: u64| serde_json::json!({"query": "trail shoes", "items": items, "deadline_ms": deadline_ms});
-    // A first, short call: the worker measures its speed and sizes its passes from then on.
-    let warm = http.post_json(&format!("{}/v1/score", w.api_url()), &body(1000)).await;
+    // A first, small call: the worker measures its speed and sizes its passes from then on.
+    let warm_body = serde_json::json!({"query": "trail shoes", "items": items[..4], "deadline_ms": 60_000});
+    let warm = http.post_json(&format!("{}/v1/score", w.api_url()), &warm_body).await;
     assert_eq!(warm.status, 200, "{}", warm.text());
 
     let mut cfg = test_config(vec![WorkerEndpoint::new(w.api_url(), Some(w.admin_url()))]);
@@ -140,7 +141,8 @@ async fn partial_answers_through_the_proxy(deadlines_ms: &[u64]) {
     cfg.grpc.port = Some(0);
     let p = proxy(cfg, 1).await;
     let grpc_url = format!("http://{}", p.grpc_addr.expect("gRPC port"));
-    let mut grpc = sieve_shared::grpc::pb::sieve_client::SieveClient::connect(grpc_url).await.unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(grpc_url).unwrap().connect().await.unwrap();
+    let mut grpc = pb::sieve_client::SieveClient::new(channel);
     for &d in deadlines_ms {
         let direct = http.post_json(&format!("{}/v1/score", w.api_url()), &body(d)).await;
         assert_eq!(direct.status, 200, "direct, {d} ms: {}", direct.text());

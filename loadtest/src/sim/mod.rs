@@ -16,7 +16,6 @@ use std::time::Duration;
 use sieve_shared::http::{bind, AdminAuth};
 
 use sieve_shared::WorkerEndpoint;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
