@@ -116,7 +116,7 @@ async fn a_worker_process_killed_mid_shard_costs_no_request() {
 async fn a_worker_frozen_on_a_cold_proxy_gets_no_request_refused() {
     let http = Http::new();
     // Slow sim-workers: a 64-item request is about 0.1-0.3 s of work.
-    let ws = [sim(&["--speed", "0.05"]), sim(&["--speed", "0.05"]), sim(&["--speed", "0.05"])];
+    let ws = [sim(&["--speed", "0.2"]), sim(&["--speed", "0.2"]), sim(&["--speed", "0.2"])];
     let p = proxy(&[&ws[0], &ws[1], &ws[2]], None);
     assert!(wait_ready(&http, &p.admin_url(), START).await);
     let end = Instant::now() + START;

@@ -474,7 +474,7 @@ async fn bad_input_gets_the_workers_codes_before_any_shard_is_sent() {
     // A prompt too long ever to fit is 413 whatever the deadline, never a 429 "retry later"
     // from admission (which called it late when the deadline was short).
     items_long[7] = "word ".repeat(2000);
-    for deadline_ms in [None, Some(20), Some(60_000)] {
+    for deadline_ms in [None, Some(5), Some(60_000)] {
         let r = through(&http, &p, &score_body(QUERY, &items_long, deadline_ms)).await;
         assert_eq!(r.status, 413, "deadline {deadline_ms:?}: {}", r.text());
         assert!(r.text().contains("items[7]"), "{}", r.text());

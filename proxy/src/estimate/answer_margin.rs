@@ -9,8 +9,10 @@
 //! the deadline sent when it took longer: a partial answer's lag is the worker's overrun plus
 //! the transfer). The margin is twice the largest recent lag (a maximum that decays by a
 //! few percent per answer, so one slow answer is forgotten after a few dozen), never under
-//! [`FLOOR_MS`]. A shard whose attempt is still out at the proxy's deadline says the margin
-//! was too short (or the worker stalled): it counts as a lag of twice the margin used.
+//! [`FLOOR_MS`]. An attempt still out at the proxy's deadline is watched a little longer
+//! (`dispatch::LATE_WATCH`), so a margin too short learns the real lag from the late answer
+//! (a worker that stalled teaches nothing: doubling the margin for every miss made one frozen
+//! worker cut every other worker's deadline by a quarter).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -35,11 +37,6 @@ impl AnswerMargin {
         if lag.is_finite() {
             self.push(lag);
         }
-    }
-
-    /// A shard's attempt sent with `margin_ms` was still out at the proxy's deadline.
-    pub fn missed(&self, margin_ms: f64) {
-        self.push(2.0 * margin_ms);
     }
 
     fn push(&self, lag_ms: f64) {
@@ -77,10 +74,7 @@ mod tests {
             m.record(5.0, 4.0, 3000.0);
         }
         assert_eq!(m.margin_ms(10_000.0), FLOOR_MS);
-        // An attempt still out at the proxy's deadline doubles what it was given.
-        m.missed(FLOOR_MS);
-        assert_eq!(m.margin_ms(10_000.0), 4.0 * FLOOR_MS);
         m.record(f64::NAN, 1.0, 1.0);
-        assert_eq!(m.margin_ms(10_000.0), 4.0 * FLOOR_MS);
+        assert_eq!(m.margin_ms(10_000.0), FLOOR_MS);
     }
 }

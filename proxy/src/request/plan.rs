@@ -46,6 +46,20 @@ impl Eligible {
     }
 }
 
+/// A request refused as late whose prompt no worker would take anyway is too large: a 429
+/// would say "retry later", and no retry can help (a request admitted gets the worker's own
+/// 413). Estimates err (a cold token estimator by 1.7x was seen), so only a prompt estimated at
+/// over 1.5 times every worker's `max_seq_tokens` counts.
+fn too_long(workers: &[Arc<Worker>], item_tokens: &[f64], prefix_tokens: f64) -> Option<ApiError> {
+    let limit = workers.iter().filter_map(|w| w.max_seq_tokens()).max()?;
+    let i = item_tokens.iter().position(|&t| prefix_tokens + t > 1.5 * limit as f64)?;
+    Some(ApiError::too_large(format!(
+        "items[{i}] makes a prompt of about {:.0} tokens (query + item + template, estimated); \
+         the workers take at most max_seq_tokens {limit}",
+        prefix_tokens + item_tokens[i]
+    )))
+}
+
 /// What the plan stage hands to dispatch.
 pub struct Planned {
     pub ctx: Arc<RequestCtx>,
@@ -83,18 +97,6 @@ pub fn plan(
     let mut eligible = Eligible::at(state, &cfg, now, &model, &[]);
     if eligible.workers.is_empty() {
         return Err(ApiError::not_ready(format!("no worker is ready ({} configured)", state.pool.snapshot().len())));
-    }
-    // A prompt longer than any worker takes is too large whatever the deadline (admission would
-    // call it late, 429, and no retry could help); a quarter over the limit allows for the error
-    // of the estimate, and nearer ones are left to the worker's own count (its 413).
-    if let Some(limit) = eligible.workers.iter().filter_map(|w| w.max_seq_tokens()).max() {
-        if let Some(i) = item_tokens.iter().position(|&t| prefix_tokens + t > 1.25 * limit as f64) {
-            return Err(ApiError::too_large(format!(
-                "items[{i}] makes a prompt of about {:.0} tokens (query + item + template, estimated); \
-                 the workers take at most max_seq_tokens {limit}",
-                prefix_tokens + item_tokens[i]
-            )));
-        }
     }
     // The split sees only the items to send, as 0..k; `caller` maps its indices back.
     let todo_tokens: Vec<f64>;
@@ -138,7 +140,8 @@ pub fn plan(
         admission::late_ratio(&state.ratios, &cfg.admission, cfg.hedge.min_samples, k, makespan_ms)
     };
     let mut dropped =
-        admission::admit(&cfg.admission, on_overload, left_ms, late_ratio, &mut plan, &split_req, &cands, best)?;
+        admission::admit(&cfg.admission, on_overload, left_ms, late_ratio, &mut plan, &split_req, &cands, best)
+            .map_err(|e| too_long(&eligible.workers, &item_tokens, prefix_tokens).unwrap_or(e))?;
     if todo.is_some() {
         dropped.iter_mut().for_each(|k| *k = caller(*k));
     }

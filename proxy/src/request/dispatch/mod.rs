@@ -31,6 +31,10 @@ use super::RequestCtx;
 use crate::cluster::worker::{Worker, WorkerView};
 use crate::metrics as m;
 
+/// How long an attempt still out at the request's deadline is watched for its answer's lag:
+/// later than this, its worker stalled.
+const LATE_WATCH: Duration = Duration::from_secs(1);
+
 pub enum ShardOutcome {
     Done(ShardDone),
     /// Every attempt failed (or one failed in a way another worker would repeat).
@@ -229,12 +233,15 @@ async fn shard_outcome(
                 }
             }
             _ = tokio::time::sleep_until(deadline) => {
-                // An attempt still out: its worker's deadline did not leave its answer room
-                // enough (or the worker stalled).
+                // An attempt still out: its worker's deadline left its answer too little room, or
+                // the worker stalled. It is watched for a while in the background (its worker is
+                // past its own deadline: it answers at once unless stalled), so that an answer's
+                // real lag is learnt ([`answer_margin`](crate::estimate::answer_margin)); then
+                // dropping it closes its connection.
                 if !shard.set.is_empty() {
-                    ctx.state.answer_margin.missed(ctx.state.answer_margin.margin_ms(f64::INFINITY));
+                    let mut late = std::mem::take(&mut shard.set);
+                    tokio::spawn(async move { tokio::time::timeout(LATE_WATCH, late.next()).await });
                 }
-                // Dropping the set drops the attempts: their connections close.
                 return ShardOutcome::Missed;
             }
             _ = tokio::time::sleep_until(hedge_at.unwrap_or(deadline)), if hedge_at.is_some() => {
