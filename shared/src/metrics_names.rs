@@ -59,7 +59,8 @@ pub mod worker {
 /// The HTTP/1 ports of any process (API and admin; proxy, worker, simulated worker).
 pub mod http {
     /// Counter, label `timer` = `send` (an answer's bytes made no progress for `[http]
-    /// send_timeout_ms`, the client stopped reading: connection closed).
+    /// send_timeout_ms`, the client stopped reading: connection closed) | `evicted` (idle,
+    /// closed for a new connection at `max_connections`).
     pub const TIMEOUTS: &str = "sieve_http_timeouts_total";
 }
 
