@@ -132,8 +132,10 @@ pub async fn serve_with_slots<F, Fut, S>(
                             let _ = stream.try_write(&refusal_response());
                             continue;
                         };
-                        evict_idle(&open);
+                        evict_idle(&mut open);
                         let (slots, linger) = (slots.clone(), config_linger(&config));
+                        // In `refused`, which a stop aborts: one served after its wait is then
+                        // closed rather than drained (only at the cap, during a stop).
                         refused.spawn(async move {
                             let Ok(Ok(slot)) = tokio::time::timeout(wait, slots.acquire_owned()).await else {
                                 refuse(stream, linger).await;
@@ -149,7 +151,7 @@ pub async fn serve_with_slots<F, Fut, S>(
                 };
                 open.insert(task.id(), (task, activity));
             }
-            _ = recheck.tick(), if refusals.available_permits() < config.max_connections => evict_idle(&open),
+            _ = recheck.tick(), if refusals.available_permits() < config.max_connections => evict_idle(&mut open),
             // Reap finished tasks so the sets do not grow with every client.
             Some(r) = conns.join_next_with_id(), if !conns.is_empty() => forget(&mut open, r),
             Some(r) = refused.join_next_with_id(), if !refused.is_empty() => forget(&mut open, r),
@@ -209,14 +211,16 @@ pub(crate) async fn stop_connections(
 
 /// Closes the connections idle for [`EVICT_IDLE`] or more (their tasks aborted: the socket
 /// closed, the slot freed), for the connections waiting at the cap.
-fn evict_idle(open: &HashMap<tokio::task::Id, (AbortHandle, Arc<Activity>)>) {
+fn evict_idle(open: &mut HashMap<tokio::task::Id, (AbortHandle, Arc<Activity>)>) {
     let now = std::time::Instant::now();
-    for (task, activity) in open.values() {
-        if activity.idle_for(now).is_some_and(|d| d >= EVICT_IDLE) {
+    open.retain(|_, (task, activity)| {
+        let idle = activity.idle_for(now).is_some_and(|d| d >= EVICT_IDLE);
+        if idle {
             task.abort();
             metrics::counter!(crate::metrics_names::http::TIMEOUTS, "timer" => "evicted").increment(1);
         }
-    }
+        !idle
+    });
 }
 
 /// A connection's task ended: it is no longer open.
