@@ -469,3 +469,33 @@ async fn score_messages_are_read_in_place_strictly() {
         .json();
     assert_same_scores(&answer.expect("an answer"), &h, "a text next to quote bytes");
 }
+
+/// Connections that send nothing hold the gRPC port's whole connection cap: a client's call is
+/// still answered (the idle ones are closed for it), where its connection used to be closed
+/// unserved until the idle ones timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_at_the_cap_are_closed_for_a_client_with_a_call() {
+    use tokio::io::AsyncReadExt as _;
+    let mut cfg = SimConfig { cost: fast(), ..SimConfig::default() };
+    cfg.grpc.port = Some(0);
+    cfg.http.max_connections = 4;
+    cfg.http.header_read_timeout_ms = 10_000;
+    cfg.http.idle_timeout_ms = 10_000;
+    let w = SimWorker::start_local(cfg).await.expect("sim worker");
+    let addr = w.grpc_addr.expect("gRPC port");
+    let mut silent = Vec::new();
+    for _ in 0..4 {
+        silent.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    // Idle past the 250 ms after which one is closed for a connection waiting at the cap.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut c = client(&w.grpc_url().unwrap()).await;
+    let r = score(&mut c, score_req(&catalogue(3, 1))).await.expect("answered");
+    assert_eq!(r.scores.len(), 3);
+    for s in &mut silent {
+        // The server's SETTINGS, then the close.
+        let mut buf = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut buf)).await;
+        assert!(read.is_ok(), "an idle connection closed for the client");
+    }
+}

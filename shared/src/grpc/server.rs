@@ -47,7 +47,11 @@ use super::pb::sieve_server::SieveServer;
 use super::watchdog::{self, ConnWatch, Timers, Watchdog};
 use super::wire::RawScoreCodec;
 use super::{status, GrpcApi, GrpcConfig};
-use crate::http::{accepted_or_back_off, stop_connections, HttpConfig, SharedReservation, StopMode};
+use crate::http::{
+    accepted_or_back_off, evict_idle, forget, stop_connections, HttpConfig, Open, SharedReservation, StopMode,
+    SLOT_WAIT,
+};
+use crate::metrics_names::grpc as names;
 use crate::service::ScoreService;
 use crate::{ApiError, ErrorKind};
 
@@ -71,15 +75,34 @@ where
     // The graceful stop, told to every connection's watchdog.
     let (stopping, stop_rx) = watch::channel(false);
     let slots = Arc::new(Semaphore::new(http.max_connections));
+    // Connections at the cap waiting for a slot, at most as many as served ones.
+    let waiting = Arc::new(Semaphore::new(http.max_connections));
     let mut conns = JoinSet::new();
+    // Every connection's task and its calls: the idle ones are closed for one at the cap, as on
+    // the HTTP ports (`http/serve.rs`).
+    let mut open: Open<ConnWatch> = Open::new();
+    let mut recheck = tokio::time::interval(Duration::from_millis(125));
+    recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let wait = SLOT_WAIT.min(http.header_read_timeout());
     tokio::pin!(stop);
     let mode = loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let Some(stream) = accepted_or_back_off(accepted, "gRPC accept").await else { continue };
-                // Over the cap the connection is closed unserved; a gRPC client sees UNAVAILABLE
-                // and may retry.
-                let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
+                // At the cap the connection closes the idle ones and waits a while for a slot;
+                // without one it is closed unserved (a gRPC client sees UNAVAILABLE and may
+                // retry).
+                let slot = slots.clone().try_acquire_owned().map_err(|_| waiting.clone().try_acquire_owned());
+                if let Err(Err(_)) = slot {
+                    continue;
+                }
+                if slot.is_err() {
+                    evict_idle(&mut open, names::TIMEOUTS);
+                }
+                let watch = ConnWatch::new(timers);
+                if slot.is_err() {
+                    watch.waiting();
+                }
                 let _ = stream.set_nodelay(true);
                 // Reads in chunks of `read_buffer_bytes`, and each poll's writes in one
                 // (`io.rs`).
@@ -118,24 +141,40 @@ where
                     }
                 });
                 // Each connection its own executor: its calls run on its own task (`inline.rs`).
-                let watch = ConnWatch::new(timers);
                 let exec = StreamExec::new(inline_streams, watch.clone());
                 let conn = builder(exec.clone(), &grpc, &http).serve_connection(io, handler);
                 let mut stop_rx = stop_rx.clone();
                 let stop = async move {
                     let _ = stop_rx.wait_for(|stop| *stop).await;
                 };
-                let conn = Watchdog::new(conn, watch, progress, stop);
+                let conn = Watchdog::new(conn, watch.clone(), progress, stop);
                 let conn = exec.drive(conn, out, poll_rounds);
-                conns.spawn(async move {
+                let (slots, served) = (slots.clone(), watch.clone());
+                let task = conns.spawn(async move {
+                    let slot = match slot {
+                        Ok(slot) => slot,
+                        Err(Ok(waiting)) => match tokio::time::timeout(wait, slots.acquire_owned()).await {
+                            Ok(Ok(slot)) => {
+                                drop(waiting);
+                                served.served();
+                                slot
+                            }
+                            _ => return,
+                        },
+                        Err(Err(_)) => return,
+                    };
                     if let Err(e) = conn.await {
                         tracing::debug!("gRPC connection: {e}");
                     }
                     drop(slot);
                 });
+                open.insert(task.id(), (task, watch));
+            }
+            _ = recheck.tick(), if waiting.available_permits() < http.max_connections => {
+                evict_idle(&mut open, names::TIMEOUTS);
             }
             // Reap finished tasks so the set does not grow with every client.
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            Some(r) = conns.join_next_with_id(), if !conns.is_empty() => forget(&mut open, r),
             mode = &mut stop => break mode,
         }
     };

@@ -48,6 +48,7 @@ use super::io::ConnIo;
 use super::send_timeout::SendTimeout;
 use super::timer::{Activity, HeadTimer};
 use super::{HttpConfig, HttpResponse, StopMode};
+use crate::metrics_names::http::TIMEOUTS;
 use crate::ApiError;
 
 /// How long a connection must have been idle to be closed for one waiting at the cap: a
@@ -55,7 +56,15 @@ use crate::ApiError;
 const EVICT_IDLE: Duration = Duration::from_millis(250);
 /// How long a connection at the cap waits for a slot before its 503 (at most the header
 /// timeout): a full port answers quickly, one full of idle connections frees slots well within.
-const SLOT_WAIT: Duration = Duration::from_secs(1);
+pub(crate) const SLOT_WAIT: Duration = Duration::from_secs(1);
+
+/// What tells whether a connection is idle: nothing in progress, for how long (`None`: busy).
+pub(crate) trait Idle {
+    fn idle_for(&self, now: std::time::Instant) -> Option<Duration>;
+}
+
+/// A port's open connections: each one's task, and what tells whether it is idle.
+pub(crate) type Open<A> = HashMap<tokio::task::Id, (AbortHandle, Arc<A>)>;
 
 /// Serves HTTP/1.1 connections with `handler` (one task per connection, keep-alive) under the
 /// limits of `config` until `stop` resolves, then ends as it says. With
@@ -107,7 +116,7 @@ pub async fn serve_with_slots<F, Fut, S>(
     let mut conns = JoinSet::new();
     let mut refused = JoinSet::new();
     // Every connection's task and what its socket did: the idle ones are closed at the cap.
-    let mut open: HashMap<tokio::task::Id, (AbortHandle, Arc<Activity>)> = HashMap::new();
+    let mut open: Open<Activity> = HashMap::new();
     // While connections wait for a slot, idle ones are looked at again (they age into EVICT_IDLE).
     let mut recheck = tokio::time::interval(EVICT_IDLE / 2);
     recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -132,7 +141,7 @@ pub async fn serve_with_slots<F, Fut, S>(
                             let _ = stream.try_write(&refusal_response());
                             continue;
                         };
-                        evict_idle(&mut open);
+                        evict_idle(&mut open, TIMEOUTS);
                         let (slots, linger) = (slots.clone(), config_linger(&config));
                         // In `refused`, which a stop aborts: one served after its wait is then
                         // closed rather than drained (only at the cap, during a stop).
@@ -151,7 +160,7 @@ pub async fn serve_with_slots<F, Fut, S>(
                 };
                 open.insert(task.id(), (task, activity));
             }
-            _ = recheck.tick(), if refusals.available_permits() < config.max_connections => evict_idle(&mut open),
+            _ = recheck.tick(), if refusals.available_permits() < config.max_connections => evict_idle(&mut open, TIMEOUTS),
             // Reap finished tasks so the sets do not grow with every client.
             Some(r) = conns.join_next_with_id(), if !conns.is_empty() => forget(&mut open, r),
             Some(r) = refused.join_next_with_id(), if !refused.is_empty() => forget(&mut open, r),
@@ -210,24 +219,22 @@ pub(crate) async fn stop_connections(
 }
 
 /// Closes the connections idle for [`EVICT_IDLE`] or more (their tasks aborted: the socket
-/// closed, the slot freed), for the connections waiting at the cap.
-fn evict_idle(open: &mut HashMap<tokio::task::Id, (AbortHandle, Arc<Activity>)>) {
+/// closed, the slot freed), for the connections waiting at the cap; each counted in `metric`
+/// as `timer="evicted"`.
+pub(crate) fn evict_idle<A: Idle>(open: &mut Open<A>, metric: &'static str) {
     let now = std::time::Instant::now();
-    open.retain(|_, (task, activity)| {
-        let idle = activity.idle_for(now).is_some_and(|d| d >= EVICT_IDLE);
+    open.retain(|_, (task, conn)| {
+        let idle = conn.idle_for(now).is_some_and(|d| d >= EVICT_IDLE);
         if idle {
             task.abort();
-            metrics::counter!(crate::metrics_names::http::TIMEOUTS, "timer" => "evicted").increment(1);
+            metrics::counter!(metric, "timer" => "evicted").increment(1);
         }
         !idle
     });
 }
 
 /// A connection's task ended: it is no longer open.
-fn forget(
-    open: &mut HashMap<tokio::task::Id, (AbortHandle, Arc<Activity>)>,
-    ended: Result<(tokio::task::Id, ()), tokio::task::JoinError>,
-) {
+pub(crate) fn forget<A>(open: &mut Open<A>, ended: Result<(tokio::task::Id, ()), tokio::task::JoinError>) {
     open.remove(&ended.map_or_else(|e| e.id(), |(id, ())| id));
 }
 
@@ -261,7 +268,7 @@ where
         HeadTimer { activity: activity.clone(), header: config.header_read_timeout(), idle: config.idle_timeout() };
     // The send timeout sits on the socket itself, under every write (ours included).
     let io = TokioIo::new(ConnIo::new(
-        SendTimeout::new(stream, config.send_timeout(), crate::metrics_names::http::TIMEOUTS),
+        SendTimeout::new(stream, config.send_timeout(), TIMEOUTS),
         activity,
         config.max_header_bytes,
     ));

@@ -13,6 +13,7 @@
 //! hyper then closes the connection as it does at any header timeout. No request is in
 //! progress in any of these cases: while a handler runs hyper waits on it, not on a head.
 
+use super::serve::Idle;
 use crate::sync::lock;
 use std::future::Future;
 use std::pin::Pin;
@@ -54,19 +55,6 @@ impl Activity {
         self.state().idle_since = Some(Instant::now());
     }
 
-    /// How long the connection has had no request in progress and no head arriving; `None`
-    /// while it has one.
-    pub(crate) fn idle_for(&self, now: Instant) -> Option<Duration> {
-        if self.writing.load(Ordering::Relaxed) {
-            return None;
-        }
-        let s = self.state();
-        match (s.in_request, s.head_started, s.idle_since) {
-            (false, None, Some(t)) => Some(now.saturating_duration_since(t)),
-            _ => None,
-        }
-    }
-
     /// A write to the socket waits for the client (`true`), or went through.
     pub(crate) fn set_writing(&self, waits: bool) {
         self.writing.store(waits, Ordering::Relaxed);
@@ -97,6 +85,21 @@ impl Activity {
             Some(t) => t.max(armed) + header,
             None if s.served == 0 => armed + header,
             None => armed + idle,
+        }
+    }
+}
+
+impl Idle for Activity {
+    /// How long the connection has had no request in progress, no head arriving and no answer
+    /// waiting for the client; `None` while it has one.
+    fn idle_for(&self, now: Instant) -> Option<Duration> {
+        if self.writing.load(Ordering::Relaxed) {
+            return None;
+        }
+        let s = self.state();
+        match (s.in_request, s.head_started, s.idle_since) {
+            (false, None, Some(t)) => Some(now.saturating_duration_since(t)),
+            _ => None,
         }
     }
 }
