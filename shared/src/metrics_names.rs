@@ -69,7 +69,8 @@ pub mod grpc {
     /// Counter, label `timer` = `header` (no HTTP/2 preface in time: connection closed) |
     /// `idle` (no call for `idle_timeout_ms`: GOAWAY) | `send` (the socket took no bytes for
     /// `send_timeout_ms`: connection closed) | `send_stream` (an answer not taken within
-    /// `send_timeout_ms`, the client's flow-control window shut: its stream reset).
+    /// `send_timeout_ms`, the client's flow-control window shut: its stream reset) | `evicted`
+    /// (no call, closed for a new connection at `max_connections`).
     pub const TIMEOUTS: &str = "sieve_grpc_timeouts_total";
 }
 
