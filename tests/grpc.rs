@@ -392,14 +392,22 @@ async fn a_message_that_never_arrives_whole_ends_at_the_body_read_timeout() {
 /// Sends `msg` as one `Score` call's message on a raw HTTP/2 client; the answer's grpc-status,
 /// grpc-message and, on success, its decoded message.
 async fn raw_score(url: &str, msg: &[u8]) -> (String, String, Option<pb::ScoreResponse>) {
+    raw_score_messages(url, &[msg]).await
+}
+
+/// [`raw_score`] with every message of `msgs` sent in the call's body, one after the other.
+async fn raw_score_messages(url: &str, msgs: &[&[u8]]) -> (String, String, Option<pb::ScoreResponse>) {
     use http_body_util::{BodyExt as _, Full};
     use prost::Message as _;
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .http2_only(true)
         .build_http::<Full<bytes::Bytes>>();
-    let mut framed = vec![0u8];
-    framed.extend_from_slice(&u32::try_from(msg.len()).unwrap().to_be_bytes());
-    framed.extend_from_slice(msg);
+    let mut framed = Vec::new();
+    for msg in msgs {
+        framed.push(0u8);
+        framed.extend_from_slice(&u32::try_from(msg.len()).unwrap().to_be_bytes());
+        framed.extend_from_slice(msg);
+    }
     let req = hyper::Request::post(format!("{url}/sieve.v1.Sieve/Score"))
         .header("content-type", "application/grpc")
         .header("te", "trailers")
@@ -436,6 +444,12 @@ async fn score_messages_are_read_in_place_strictly() {
         let (code, message, _) = raw_score(&url, &[0x0a, 9, b'q']).await;
         assert_eq!(code, "3", "INVALID_ARGUMENT at {url}: {message}");
         assert!(message.contains("runs past the end"), "{message}");
+        // A unary call with a second message is refused, not answered OK for the first alone.
+        let one: &[u8] = &[0x0a, 1, b'q', 0x12, 3, 0x0a, 1, b'a'];
+        assert_eq!(raw_score_messages(&url, &[one]).await.0, "0", "one message is fine");
+        let (code, message, _) = raw_score_messages(&url, &[one, one]).await;
+        assert_eq!(code, "3", "INVALID_ARGUMENT at {url}: {message}");
+        assert!(message.contains("one message"), "{message}");
     }
     // 34 bytes with a quote and a backslash in them: the length byte before the text is 0x22,
     // and the unknown field 4 (length-delimited, key 0x22) after it.
@@ -454,4 +468,34 @@ async fn score_messages_are_read_in_place_strictly() {
         .await
         .json();
     assert_same_scores(&answer.expect("an answer"), &h, "a text next to quote bytes");
+}
+
+/// Connections that send nothing hold the gRPC port's whole connection cap: a client's call is
+/// still answered (the idle ones are closed for it), where its connection used to be closed
+/// unserved until the idle ones timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_at_the_cap_are_closed_for_a_client_with_a_call() {
+    use tokio::io::AsyncReadExt as _;
+    let mut cfg = SimConfig { cost: fast(), ..SimConfig::default() };
+    cfg.grpc.port = Some(0);
+    cfg.http.max_connections = 4;
+    cfg.http.header_read_timeout_ms = 10_000;
+    cfg.http.idle_timeout_ms = 10_000;
+    let w = SimWorker::start_local(cfg).await.expect("sim worker");
+    let addr = w.grpc_addr.expect("gRPC port");
+    let mut silent = Vec::new();
+    for _ in 0..4 {
+        silent.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    // Idle past the 250 ms after which one is closed for a connection waiting at the cap.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut c = client(&w.grpc_url().unwrap()).await;
+    let r = score(&mut c, score_req(&catalogue(3, 1))).await.expect("answered");
+    assert_eq!(r.scores.len(), 3);
+    for s in &mut silent {
+        // The server's SETTINGS, then the close.
+        let mut buf = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut buf)).await;
+        assert!(read.is_ok(), "an idle connection closed for the client");
+    }
 }

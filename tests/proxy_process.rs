@@ -1,5 +1,6 @@
 //! The `sieve-proxy` and `sieve-loadtest sim-worker` binaries as processes on loopback: the
-//! command-line contract, a worker process killed mid-shard, and drain on SIGTERM.
+//! command-line contract, a worker process killed mid-shard, one frozen on a cold proxy, and
+//! drain on SIGTERM.
 
 use std::time::{Duration, Instant};
 
@@ -104,6 +105,64 @@ async fn a_worker_process_killed_mid_shard_costs_no_request() {
     assert!(got.missing.is_empty());
     assert_eq!(got.scores, want.scores);
     std::fs::remove_dir_all(cfg.parent().unwrap()).ok();
+}
+
+/// A fresh proxy whose worker freezes (SIGSTOP) for 3 s in its first second, under
+/// back-to-back clients: the shards held up on it are that worker's stall, not the cluster's
+/// error, so no request is refused (429) for it. Before, the first samples (the stall among
+/// them) held every plan to the stall: 56-62 of 80 requests refused as "predicted to finish in
+/// 30-38 s", for 0.28 s of work. About 5 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_frozen_on_a_cold_proxy_gets_no_request_refused() {
+    let http = Http::new();
+    // Slow sim-workers: a 64-item request is about 0.1-0.3 s of work.
+    let ws = [sim(&["--speed", "0.2"]), sim(&["--speed", "0.2"]), sim(&["--speed", "0.2"])];
+    let p = proxy(&[&ws[0], &ws[1], &ws[2]], None);
+    assert!(wait_ready(&http, &p.admin_url(), START).await);
+    let end = Instant::now() + START;
+    while http.get(&format!("{}/workers", p.admin_url())).await.json::<serde_json::Value>()["eligible"] != 3 {
+        assert!(Instant::now() < end, "the workers never became eligible");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    ws[2].signal(libc::SIGSTOP);
+    let frozen = ws[2].pid() as libc::pid_t;
+    let thaw = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(3));
+        // SAFETY: a signal to our own child process, which is alive until `ws` is dropped.
+        unsafe { libc::kill(frozen, libc::SIGCONT) };
+    });
+    // Four clients back to back through the freeze and 1.5 s after it (when the stalled shards
+    // have come back and been measured).
+    let stop = Instant::now() + Duration::from_millis(4500);
+    let clients: Vec<_> = (0..4u64)
+        .map(|c| {
+            let (http, url) = (http.clone(), format!("{}/v1/score", p.api_url()));
+            tokio::spawn(async move {
+                let mut codes = Vec::new();
+                for i in 0.. {
+                    if Instant::now() >= stop {
+                        break;
+                    }
+                    let mut body = score_body(QUERY, &catalogue(64, c * 1000 + i), Some(2000));
+                    body["cache"] = false.into();
+                    let r = http.post_json(&url, &body).await;
+                    codes.push((r.status, r.text()));
+                }
+                codes
+            })
+        })
+        .collect();
+    let mut codes = Vec::new();
+    for c in clients {
+        codes.extend(c.await.unwrap());
+    }
+    thaw.join().unwrap();
+    let count = |s: u16| codes.iter().filter(|(c, _)| *c == s).count();
+    eprintln!("{} requests: {} 200, {} 429, {} 504", codes.len(), count(200), count(429), count(504));
+    assert!(codes.len() >= 20, "too few requests to tell: {}", codes.len());
+    let refused: Vec<&String> = codes.iter().filter(|(c, _)| *c == 429).map(|(_, t)| t).collect();
+    assert!(refused.is_empty(), "{} of {} refused, e.g. {}", refused.len(), codes.len(), refused[0]);
+    assert!(count(200) * 2 >= codes.len(), "most are answered: {codes:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -471,6 +471,14 @@ async fn bad_input_gets_the_workers_codes_before_any_shard_is_sent() {
     let r = through(&http, &p, &score_body(QUERY, &items_long, None)).await;
     assert_eq!(r.status, 413, "{}", r.text());
     assert!(r.text().contains("items[7]"), "{}", r.text());
+    // A prompt too long ever to fit is 413 whatever the deadline, never a 429 "retry later"
+    // from admission (which called it late when the deadline was short).
+    items_long[7] = "word ".repeat(2000);
+    for deadline_ms in [None, Some(5), Some(60_000)] {
+        let r = through(&http, &p, &score_body(QUERY, &items_long, deadline_ms)).await;
+        assert_eq!(r.status, 413, "deadline {deadline_ms:?}: {}", r.text());
+        assert!(r.text().contains("items[7]"), "{}", r.text());
+    }
     p.stop().await;
 
     // 429: more requests at once than allowed.
@@ -499,6 +507,39 @@ async fn bad_input_gets_the_workers_codes_before_any_shard_is_sent() {
     assert_eq!(r.status, 503, "{}", r.text());
     assert_eq!(http.get(&format!("{}/ready", p.admin_url())).await.status, 503);
     assert_eq!(http.get(&format!("{}/health", p.admin_url())).await.status, 200);
+    p.stop().await;
+}
+
+/// Connections that send nothing hold the proxy's whole connection cap: real clients are still
+/// served (the idle connections are closed for them), where they used to get 503 until the
+/// idle ones timed out (up to 10 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_idle_connections_cannot_lock_real_clients_out() {
+    let http = Http::new();
+    let ws = sims(1, SimConfig::default()).await;
+    let mut cfg = test_config(endpoints(&ws));
+    cfg.http.max_connections = 200;
+    cfg.http.header_read_timeout_ms = 10_000;
+    cfg.http.idle_timeout_ms = 10_000;
+    let p = proxy(cfg, 1).await;
+    // 300 silent connections at once: 200 take the cap, the rest wait for a slot.
+    let t0 = Instant::now();
+    let mut connects = tokio::task::JoinSet::new();
+    for _ in 0..300 {
+        connects.spawn(tokio::net::TcpStream::connect(p.api_addr));
+    }
+    let flood: Vec<_> = connects.join_all().await.into_iter().filter_map(Result::ok).collect();
+    eprintln!("{} idle connections opened in {:?}", flood.len(), t0.elapsed());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let body = score_body(QUERY, &catalogue(8, 3), None);
+    let mut codes = Vec::new();
+    for _ in 0..100 {
+        codes.push(http.try_post_json(&format!("{}/v1/score", p.api_url()), &body).await.map(|r| r.status));
+    }
+    let ok = codes.iter().filter(|c| **c == Ok(200)).count();
+    eprintln!("{ok} of {} real requests answered 200 ({:?} in all)", codes.len(), t0.elapsed());
+    assert!(ok >= 99, "{codes:?}");
+    drop(flood);
     p.stop().await;
 }
 

@@ -29,7 +29,6 @@ use std::time::Duration;
 
 use sieve_shared::http::{AdminAuth, StopMode, Stopper};
 use sieve_shared::{http, ProxyConfig, WorkerEndpoint};
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -77,15 +76,14 @@ pub async fn start(launch: Launch) -> Result<RunningProxy> {
         Some(a) => a,
         None => AdminAuth::load(&cfg.admin).map_err(ProxyError::Config)?,
     };
-    let api = TcpListener::bind((cfg.server.host.as_str(), cfg.server.port)).await?;
-    let admin = TcpListener::bind((cfg.server.admin_host.as_str(), cfg.server.admin_port)).await?;
+    let backlog = cfg.http.listen_backlog;
+    let (api, api_addr) = http::bind(&cfg.server.host, cfg.server.port, backlog, false).await?;
+    let (admin, admin_addr) = http::bind(&cfg.server.admin_host, cfg.server.admin_port, backlog, false).await?;
     let grpc = match cfg.grpc.port {
-        Some(port) => Some(TcpListener::bind((cfg.server.host.as_str(), port)).await?),
+        Some(port) => Some(http::bind(&cfg.server.host, port, backlog, false).await?),
         None => None,
     };
-    let api_addr = api.local_addr()?;
-    let admin_addr = admin.local_addr()?;
-    let grpc_addr = grpc.as_ref().map(TcpListener::local_addr).transpose()?;
+    let (grpc, grpc_addr) = grpc.unzip();
     let (http_cfg, grpc_cfg) = (cfg.http.clone(), cfg.grpc.clone());
     let request_trace = request_trace::Trace::open(&cfg.request_trace).map_err(ProxyError::Config)?;
     let mut state = AppState::new(cfg, metrics::handle());

@@ -17,6 +17,7 @@ use crate::cluster::budget::TokenBucket;
 use crate::cluster::pool::WorkerPool;
 use crate::cluster::worker::ViewParams;
 use crate::drain::Drain;
+use crate::estimate::answer_margin::AnswerMargin;
 use crate::estimate::cost_estimator::CostEstimator;
 use crate::estimate::latency_ratio::RatioTracker;
 use crate::estimate::token_estimator::TokenEstimator;
@@ -40,6 +41,8 @@ pub struct AppState {
     pub retry_budget: TokenBucket,
     pub hedge_budget: TokenBucket,
     pub ratios: RatioTracker,
+    /// What a shard's answer needs after its worker's deadline: kept from the worker's.
+    pub answer_margin: AnswerMargin,
     /// Scores of pairs already answered (`[cache]`).
     pub pair_cache: PairCache,
     /// Which workers hold which prefixes, learnt from their answers (`[split] prefix_affinity`).
@@ -72,6 +75,7 @@ impl AppState {
             ),
             hedge_budget: TokenBucket::new(HEDGE_BUCKET_CAPACITY_MS, 0.0, 0.0),
             ratios: RatioTracker::new(config.hedge.quantile),
+            answer_margin: AnswerMargin::default(),
             pair_cache: PairCache::new(&config.cache),
             prefix_holders: PrefixHolders::new(&config.split),
             request_trace: Trace::off(),

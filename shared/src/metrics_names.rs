@@ -59,7 +59,8 @@ pub mod worker {
 /// The HTTP/1 ports of any process (API and admin; proxy, worker, simulated worker).
 pub mod http {
     /// Counter, label `timer` = `send` (an answer's bytes made no progress for `[http]
-    /// send_timeout_ms`, the client stopped reading: connection closed).
+    /// send_timeout_ms`, the client stopped reading: connection closed) | `evicted` (idle,
+    /// closed for a new connection at `max_connections`).
     pub const TIMEOUTS: &str = "sieve_http_timeouts_total";
 }
 
@@ -68,7 +69,8 @@ pub mod grpc {
     /// Counter, label `timer` = `header` (no HTTP/2 preface in time: connection closed) |
     /// `idle` (no call for `idle_timeout_ms`: GOAWAY) | `send` (the socket took no bytes for
     /// `send_timeout_ms`: connection closed) | `send_stream` (an answer not taken within
-    /// `send_timeout_ms`, the client's flow-control window shut: its stream reset).
+    /// `send_timeout_ms`, the client's flow-control window shut: its stream reset) | `evicted`
+    /// (no call, closed for a new connection at `max_connections`).
     pub const TIMEOUTS: &str = "sieve_grpc_timeouts_total";
 }
 

@@ -13,10 +13,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sieve_shared::http::AdminAuth;
+use sieve_shared::http::{bind, AdminAuth};
 
 use sieve_shared::WorkerEndpoint;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -43,14 +42,14 @@ impl SimWorker {
     pub async fn start(config: SimConfig, host: &str, port: u16, admin_port: u16) -> Result<SimWorker, LoadtestError> {
         config.validate().map_err(LoadtestError::Config)?;
         let auth = Arc::new(AdminAuth::load(&config.admin).map_err(LoadtestError::Config)?);
-        let api = TcpListener::bind((host, port)).await?;
-        let admin = TcpListener::bind((config.admin_host.as_str(), admin_port)).await?;
+        let backlog = config.http.listen_backlog;
+        let (api, api_addr) = bind(host, port, backlog, false).await?;
+        let (admin, admin_addr) = bind(&config.admin_host, admin_port, backlog, false).await?;
         let grpc = match config.grpc.port {
-            Some(p) => Some(TcpListener::bind((host, p)).await?),
+            Some(p) => Some(bind(host, p, backlog, false).await?),
             None => None,
         };
-        let (api_addr, admin_addr) = (api.local_addr()?, admin.local_addr()?);
-        let grpc_addr = grpc.as_ref().map(TcpListener::local_addr).transpose()?;
+        let (grpc, grpc_addr) = grpc.unzip();
         let (http_cfg, grpc_cfg) = (config.http.clone(), config.grpc.clone());
         let engine = Arc::new(SimEngine::new(config));
         let (stop, stop_rx) = watch::channel(Stop::Running);

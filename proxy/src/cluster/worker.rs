@@ -273,6 +273,11 @@ impl Worker {
         st.time_samples += 1;
     }
 
+    /// The longest prompt it takes, in tokens (`max_seq_tokens` of its last report).
+    pub fn max_seq_tokens(&self) -> Option<u64> {
+        self.state().reported.as_ref().map(|r| r.stats.max_seq_tokens).filter(|&n| n > 0)
+    }
+
     pub fn time_factor(&self) -> f64 {
         self.state().time_factor
     }

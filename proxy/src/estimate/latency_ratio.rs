@@ -144,7 +144,8 @@ impl RatioTracker {
     /// it; the longest `min_samples` of them
     /// when fewer were), once at least `min_samples` were measured; `None` (take predictions at
     /// face value) otherwise. Shards that were stalls are left out: those that took more than
-    /// `stall_factor` times the median ratio of the [`REFERENCE`] shards before them (0: none).
+    /// `stall_factor` times the median ratio of the [`REFERENCE`] shards before them (0: none);
+    /// until REFERENCE shards were measured there is no telling, and the answer is `None`.
     pub fn recent_quantile(
         &self,
         p: f64,
@@ -163,8 +164,10 @@ impl RatioTracker {
             let g = &mut *g;
             g.recent.clear();
             g.memo.clear();
-            let stall =
-                |i: usize| stall_factor > 0.0 && g.reference[i] > 0.0 && g.ring[i] > stall_factor * g.reference[i];
+            // A shard measured before there was a median to compare it with (the first
+            // REFERENCE) is compared with today's.
+            let reference = |i: usize| if g.reference[i] > 0.0 { g.reference[i] } else { g.median };
+            let stall = |i: usize| stall_factor > 0.0 && reference(i) > 0.0 && g.ring[i] > stall_factor * reference(i);
             let fresh =
                 (0..g.ring.len()).filter(|&i| now.saturating_duration_since(g.stamps[i]) <= window && !stall(i));
             g.recent.extend(fresh.map(|i| (g.predicted[i], g.ring[i])));
@@ -175,7 +178,10 @@ impl RatioTracker {
             g.recent_new = 0;
         }
         let min_samples = min_samples.max(1);
-        if g.recent.len() < min_samples {
+        // Until the stall test can tell a stall, predictions are taken at face value: on a
+        // cold start a handful of samples, one stalled shard among them, held every plan to the
+        // stall (100x), and the whole cluster was refused for one frozen worker.
+        if g.recent.len() < min_samples || (stall_factor > 0.0 && g.median <= 0.0) {
             return None;
         }
         // Size classes are powers of two of the prediction: a class's shards are those predicted
@@ -312,6 +318,25 @@ mod tests {
             t.record(1.1, 300.0);
         }
         assert_eq!(t.recent_quantile(0.95, 20, hour, 0.0, 300.0, Instant::now()), Some(3.0));
+    }
+
+    #[test]
+    fn a_cold_start_stall_holds_no_plan_to_it() {
+        // A fresh proxy: a few shards, one of them held up 100x by a frozen worker.
+        let t = RatioTracker::new(0.99);
+        let hour = Duration::from_secs(3600);
+        for i in 0..30 {
+            t.record(if i == 12 { 100.0 } else { 1.0 + (i % 4) as f64 / 32.0 }, 200.0);
+        }
+        // Too few to tell a stall: face value, not the stall.
+        assert_eq!(t.recent_quantile(0.99, 20, hour, 2.0, 200.0, Instant::now()), None);
+        assert_eq!(t.recent_quantile(0.99, 20, hour, 0.0, 200.0, Instant::now()), Some(100.0), "every shard");
+        // Once REFERENCE were measured, the early stall is judged against the median then.
+        for i in 30..REFERENCE + 16 {
+            t.record(1.0 + (i % 4) as f64 / 32.0, 200.0);
+        }
+        let q = t.recent_quantile(0.99, 20, hour, 2.0, 200.0, Instant::now()).unwrap();
+        assert!(q < 1.1, "the stall left out: {q}");
     }
 
     #[test]

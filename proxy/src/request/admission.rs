@@ -74,7 +74,9 @@ use crate::split::{Candidate, Plan, Request};
 /// The ratio a plan of `k` shards predicted to take `makespan_ms` is held to: the q^(1/k)
 /// quantile (q: `[admission] quantile`) of actual over predicted time of the shards measured
 /// within `[admission] error_window_ms` that were predicted about as long and were not stalls
-/// (`[admission] stall_factor`); 1 (face value) until `min_samples` such shards were measured.
+/// (`[admission] stall_factor`); 1 (face value) until `min_samples` such shards were measured,
+/// and with the stall test on, until it can tell a stall (the first 64 shards: a cold proxy
+/// held every plan to one frozen worker's stall).
 pub fn late_ratio(ratios: &RatioTracker, cfg: &AdmissionConfig, min_samples: usize, k: usize, makespan_ms: f64) -> f64 {
     let q = cfg.quantile.powf(1.0 / k.max(1) as f64);
     let window = Duration::from_millis(cfg.error_window_ms);

@@ -46,6 +46,20 @@ impl Eligible {
     }
 }
 
+/// A request refused as late whose prompt no worker would take anyway is too large: a 429
+/// would say "retry later", and no retry can help (a request admitted gets the worker's own
+/// 413). Estimates err (a cold token estimator by 1.7x was seen), so only a prompt estimated at
+/// over 1.5 times every worker's `max_seq_tokens` counts.
+fn too_long(workers: &[Arc<Worker>], item_tokens: &[f64], prefix_tokens: f64) -> Option<ApiError> {
+    let limit = workers.iter().filter_map(|w| w.max_seq_tokens()).max()?;
+    let i = item_tokens.iter().position(|&t| prefix_tokens + t > 1.5 * limit as f64)?;
+    Some(ApiError::too_large(format!(
+        "items[{i}] makes a prompt of about {:.0} tokens (query + item + template, estimated); \
+         the workers take at most max_seq_tokens {limit}",
+        prefix_tokens + item_tokens[i]
+    )))
+}
+
 /// What the plan stage hands to dispatch.
 pub struct Planned {
     pub ctx: Arc<RequestCtx>,
@@ -105,7 +119,9 @@ pub fn plan(
     // Admission: refuse (or trim) a plan the deadline would cut, before anything is queued. The
     // plan's shards index the views, so the candidates are the views in the same order.
     let cands: Vec<split::Candidate> = eligible.views.iter().map(split::Candidate::from).collect();
+    // What the workers get: the time left less what their answers need to come back.
     let left_ms = deadline.saturating_duration_since(now).as_secs_f64() * 1e3;
+    let left_ms = left_ms - state.answer_margin.margin_ms(left_ms);
     // Before refusing a late plan: the plan of fewest shards (least work) that is in time,
     // else the fastest (no tolerance, no price of work).
     let best = |fits: &dyn Fn(&split::Plan) -> bool| {
@@ -124,7 +140,8 @@ pub fn plan(
         admission::late_ratio(&state.ratios, &cfg.admission, cfg.hedge.min_samples, k, makespan_ms)
     };
     let mut dropped =
-        admission::admit(&cfg.admission, on_overload, left_ms, late_ratio, &mut plan, &split_req, &cands, best)?;
+        admission::admit(&cfg.admission, on_overload, left_ms, late_ratio, &mut plan, &split_req, &cands, best)
+            .map_err(|e| too_long(&eligible.workers, &item_tokens, prefix_tokens).unwrap_or(e))?;
     if todo.is_some() {
         dropped.iter_mut().for_each(|k| *k = caller(*k));
     }

@@ -47,7 +47,11 @@ use super::pb::sieve_server::SieveServer;
 use super::watchdog::{self, ConnWatch, Timers, Watchdog};
 use super::wire::RawScoreCodec;
 use super::{status, GrpcApi, GrpcConfig};
-use crate::http::{accepted_or_back_off, stop_connections, HttpConfig, SharedReservation, StopMode};
+use crate::http::{
+    accepted_or_back_off, evict_idle, forget, stop_connections, HttpConfig, Open, SharedReservation, StopMode,
+    SLOT_WAIT,
+};
+use crate::metrics_names::grpc as names;
 use crate::service::ScoreService;
 use crate::{ApiError, ErrorKind};
 
@@ -71,15 +75,34 @@ where
     // The graceful stop, told to every connection's watchdog.
     let (stopping, stop_rx) = watch::channel(false);
     let slots = Arc::new(Semaphore::new(http.max_connections));
+    // Connections at the cap waiting for a slot, at most as many as served ones.
+    let waiting = Arc::new(Semaphore::new(http.max_connections));
     let mut conns = JoinSet::new();
+    // Every connection's task and its calls: the idle ones are closed for one at the cap, as on
+    // the HTTP ports (`http/serve.rs`).
+    let mut open: Open<ConnWatch> = Open::new();
+    let mut recheck = tokio::time::interval(Duration::from_millis(125));
+    recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let wait = SLOT_WAIT.min(http.header_read_timeout());
     tokio::pin!(stop);
     let mode = loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let Some(stream) = accepted_or_back_off(accepted, "gRPC accept").await else { continue };
-                // Over the cap the connection is closed unserved; a gRPC client sees UNAVAILABLE
-                // and may retry.
-                let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
+                // At the cap the connection closes the idle ones and waits a while for a slot;
+                // without one it is closed unserved (a gRPC client sees UNAVAILABLE and may
+                // retry).
+                let slot = slots.clone().try_acquire_owned().map_err(|_| waiting.clone().try_acquire_owned());
+                if let Err(Err(_)) = slot {
+                    continue;
+                }
+                if slot.is_err() {
+                    evict_idle(&mut open, names::TIMEOUTS);
+                }
+                let watch = ConnWatch::new(timers);
+                if slot.is_err() {
+                    watch.waiting();
+                }
                 let _ = stream.set_nodelay(true);
                 // Reads in chunks of `read_buffer_bytes`, and each poll's writes in one
                 // (`io.rs`).
@@ -118,24 +141,40 @@ where
                     }
                 });
                 // Each connection its own executor: its calls run on its own task (`inline.rs`).
-                let watch = ConnWatch::new(timers);
                 let exec = StreamExec::new(inline_streams, watch.clone());
                 let conn = builder(exec.clone(), &grpc, &http).serve_connection(io, handler);
                 let mut stop_rx = stop_rx.clone();
                 let stop = async move {
                     let _ = stop_rx.wait_for(|stop| *stop).await;
                 };
-                let conn = Watchdog::new(conn, watch, progress, stop);
+                let conn = Watchdog::new(conn, watch.clone(), progress, stop);
                 let conn = exec.drive(conn, out, poll_rounds);
-                conns.spawn(async move {
+                let (slots, served) = (slots.clone(), watch.clone());
+                let task = conns.spawn(async move {
+                    let slot = match slot {
+                        Ok(slot) => slot,
+                        Err(Ok(waiting)) => match tokio::time::timeout(wait, slots.acquire_owned()).await {
+                            Ok(Ok(slot)) => {
+                                drop(waiting);
+                                served.served();
+                                slot
+                            }
+                            _ => return,
+                        },
+                        Err(Err(_)) => return,
+                    };
                     if let Err(e) = conn.await {
                         tracing::debug!("gRPC connection: {e}");
                     }
                     drop(slot);
                 });
+                open.insert(task.id(), (task, watch));
+            }
+            _ = recheck.tick(), if waiting.available_permits() < http.max_connections => {
+                evict_idle(&mut open, names::TIMEOUTS);
             }
             // Reap finished tasks so the set does not grow with every client.
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            Some(r) = conns.join_next_with_id(), if !conns.is_empty() => forget(&mut open, r),
             mode = &mut stop => break mode,
         }
     };
@@ -166,17 +205,45 @@ fn builder(exec: StreamExec, grpc: &GrpcConfig, http: &HttpConfig) -> http2::Bui
 /// trickled in, or never ended, would hold its stream forever): then it fails, and the call
 /// ends with DEADLINE_EXCEEDED, as an HTTP body ends with 408. Each data frame is counted in
 /// `held` before it is passed on; one the budget cannot cover fails the call at once with
-/// RESOURCE_EXHAUSTED (retry info included), as an HTTP body is answered 503.
+/// RESOURCE_EXHAUSTED (retry info included), as an HTTP body is answered 503. Every method is
+/// unary: a byte past the first message fails the call with INVALID_ARGUMENT (tonic would read
+/// and drop a second message, answering OK as if it had never come).
 struct Timed {
     inner: Incoming,
     deadline: Pin<Box<Sleep>>,
     timeout: Duration,
     held: SharedReservation,
+    framing: OneMessage,
 }
 
 impl Timed {
     fn new(inner: Incoming, timeout: Duration, held: SharedReservation) -> Self {
-        Timed { inner, deadline: Box::pin(tokio::time::sleep(timeout)), timeout, held }
+        let deadline = Box::pin(tokio::time::sleep(timeout));
+        Timed { inner, deadline, timeout, held, framing: OneMessage::default() }
+    }
+}
+
+/// Where a call's one message ends, from its gRPC length prefix (a flag byte and 4 bytes of
+/// big-endian length), however the body's frames cut it.
+#[derive(Default)]
+struct OneMessage {
+    seen: u64,
+    prefix: [u8; 5],
+    end: Option<u64>,
+}
+
+impl OneMessage {
+    /// Takes the body's next bytes; false once they go past the first message.
+    fn take(&mut self, data: &[u8]) -> bool {
+        for (k, &b) in data.iter().take(5usize.saturating_sub(self.seen as usize)).enumerate() {
+            self.prefix[self.seen as usize + k] = b;
+        }
+        self.seen += data.len() as u64;
+        if self.end.is_none() && self.seen >= 5 {
+            let len = u32::from_be_bytes([self.prefix[1], self.prefix[2], self.prefix[3], self.prefix[4]]);
+            self.end = Some(5 + u64::from(len));
+        }
+        self.end.is_none_or(|end| self.seen <= end)
     }
 }
 
@@ -188,6 +255,10 @@ impl Body for Timed {
         let this = &mut *self;
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
             if let Some(Ok(f)) = &frame {
+                if !this.framing.take(f.data_ref().map_or(&[], |d| &d[..])) {
+                    let e = ApiError::malformed("a unary call carries one message; a second one came");
+                    return Poll::Ready(Some(Err(status::to_status(&e))));
+                }
                 let n = f.data_ref().map_or(0, Bytes::len);
                 if !this.held.grow_by(n) {
                     let total = this.held.bytes().saturating_add(n);
@@ -216,5 +287,24 @@ impl Body for Timed {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OneMessage;
+
+    #[test]
+    fn a_byte_past_the_first_message_is_refused_however_the_frames_cut_it() {
+        // A message of 3 bytes: its 5-byte prefix cut across frames, then its body.
+        let mut m = OneMessage::default();
+        assert!(m.take(&[0, 0]) && m.take(&[0, 0, 3]) && m.take(&[7, 7]) && m.take(&[7]));
+        assert!(m.take(&[]), "an empty frame is nothing");
+        assert!(!m.take(&[0]), "a second message's first byte");
+        // Two messages in one frame.
+        let mut m = OneMessage::default();
+        assert!(!m.take(&[0, 0, 0, 0, 1, 9, 0, 0, 0, 0, 0]));
+        // One empty message, whole.
+        assert!(OneMessage::default().take(&[0, 0, 0, 0, 0]));
     }
 }

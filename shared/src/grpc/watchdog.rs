@@ -115,6 +115,33 @@ impl ConnWatch {
     }
 }
 
+/// `idle_since_ms` of a connection waiting for a slot at the cap: not idle, never closed for another.
+const WAITING: u64 = u64::MAX;
+
+impl ConnWatch {
+    /// The connection waits for a slot (until [`Self::served`]).
+    pub(super) fn waiting(&self) {
+        self.idle_since_ms.store(WAITING, Ordering::SeqCst);
+    }
+
+    /// The connection got its slot: idle from now until its first call.
+    pub(super) fn served(&self) {
+        let ms = u64::try_from(self.accepted.elapsed().as_millis()).unwrap_or(WAITING - 1);
+        self.idle_since_ms.store(ms, Ordering::SeqCst);
+    }
+}
+
+impl crate::http::Idle for ConnWatch {
+    /// How long no call has been in progress (since the accept, or its last call ended).
+    fn idle_for(&self, now: std::time::Instant) -> Option<Duration> {
+        let since_ms = self.idle_since_ms.load(Ordering::SeqCst);
+        if self.calls.load(Ordering::SeqCst) > 0 || since_ms == WAITING {
+            return None;
+        }
+        Some(now.saturating_duration_since(self.accepted.into_std() + Duration::from_millis(since_ms)))
+    }
+}
+
 /// One call's future, as hyper hands it to the executor.
 pub(super) type Call = Pin<Box<dyn Future<Output = ()> + Send>>;
 

@@ -86,17 +86,20 @@ impl AdminAuth {
                 format!("admin token not configured: set [admin] token_file or {TOKEN_ENV} to use this route"),
             ));
         };
-        let given = req
-            .headers()
-            .get(AUTHORIZATION)
-            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
-            .map(|t| t.trim_ascii());
+        let given = req.headers().get(AUTHORIZATION).and_then(|v| bearer_token(v.as_bytes()));
         match given {
             Some(g) if bool::from(g.ct_eq(token)) => Ok(()),
             Some(_) => Err(unauthorized("wrong admin token")),
             None => Err(unauthorized("this admin route needs Authorization: Bearer <admin token>")),
         }
     }
+}
+
+/// The token of an `Authorization: Bearer <token>` value: the scheme is case-insensitive
+/// (RFC 9110 11.1), and one or more spaces follow it.
+fn bearer_token(v: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = v.split_at_checked(6)?;
+    (scheme.eq_ignore_ascii_case(b"bearer") && rest.first() == Some(&b' ')).then(|| rest.trim_ascii())
 }
 
 fn unauthorized(message: &str) -> ApiError {
@@ -123,6 +126,12 @@ mod tests {
         assert_eq!(a.check(&req(Some("Bearer nope")), true).unwrap_err().status(), 401);
         assert_eq!(a.check(&req(Some("Basic s3cret")), true).unwrap_err().status(), 401);
         assert!(a.check(&req(Some("Bearer s3cret")), true).is_ok());
+        for scheme in ["bearer", "BEARER", "bEaReR"] {
+            assert!(a.check(&req(Some(&format!("{scheme} s3cret"))), true).is_ok(), "{scheme}");
+        }
+        for bad in ["Bearers3cret", "Bearer", "Bearer  ", "Bear s3cret"] {
+            assert_eq!(a.check(&req(Some(bad)), true).unwrap_err().status(), 401, "{bad:?}");
+        }
         let p = AdminAuth::with_token(Some("s3cret"), true);
         assert_eq!(p.check(&req(None), false).unwrap_err().status(), 401);
         assert!(p.check(&req(Some("Bearer s3cret")), false).is_ok());

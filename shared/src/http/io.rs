@@ -38,6 +38,35 @@ impl<T> ConnIo<T> {
 }
 
 impl<T: AsyncWrite + Unpin> ConnIo<T> {
+    fn write_inner(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        ready!(self.poll_pending(cx))?;
+        match hyper_error_head(buf) {
+            Some((0, status)) => self.replace(cx, status, buf.len()),
+            Some((start, _)) => Pin::new(&mut self.inner).poll_write(cx, &buf[..start]),
+            None => Pin::new(&mut self.inner).poll_write(cx, buf),
+        }
+    }
+
+    fn write_vectored_inner(&mut self, cx: &mut Context<'_>, bufs: &[IoSlice<'_>]) -> Poll<io::Result<usize>> {
+        ready!(self.poll_pending(cx))?;
+        // hyper encodes a head into one buffer, so its error head is the end of the last slice.
+        let Some(last) = bufs.iter().rposition(|b| !b.is_empty()) else {
+            return Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        };
+        match hyper_error_head(&bufs[last]) {
+            None => Pin::new(&mut self.inner).poll_write_vectored(cx, bufs),
+            Some((0, status)) if bufs[..last].iter().all(|b| b.is_empty()) => {
+                self.replace(cx, status, bufs[last].len())
+            }
+            Some((start, _)) => {
+                // Write what comes before it; hyper calls again with the head alone.
+                let mut before: Vec<IoSlice<'_>> = bufs[..last].to_vec();
+                before.push(IoSlice::new(&bufs[last][..start]));
+                Pin::new(&mut self.inner).poll_write_vectored(cx, &before)
+            }
+        }
+    }
+
     fn poll_pending(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while let Some((buf, at)) = &mut self.pending {
             if *at == buf.len() {
@@ -77,12 +106,10 @@ impl<T: AsyncRead + Unpin> AsyncRead for ConnIo<T> {
 
 impl<T: AsyncWrite + Unpin> AsyncWrite for ConnIo<T> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        ready!(self.poll_pending(cx))?;
-        match hyper_error_head(buf) {
-            Some((0, status)) => self.replace(cx, status, buf.len()),
-            Some((start, _)) => Pin::new(&mut self.inner).poll_write(cx, &buf[..start]),
-            None => Pin::new(&mut self.inner).poll_write(cx, buf),
-        }
+        let r = self.write_inner(cx, buf);
+        // A write that waits for the client: the connection is not idle (`Activity::idle_for`).
+        self.activity.set_writing(r.is_pending());
+        r
     }
 
     fn poll_write_vectored(
@@ -90,23 +117,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for ConnIo<T> {
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        ready!(self.poll_pending(cx))?;
-        // hyper encodes a head into one buffer, so its error head is the end of the last slice.
-        let Some(last) = bufs.iter().rposition(|b| !b.is_empty()) else {
-            return Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
-        };
-        match hyper_error_head(&bufs[last]) {
-            None => Pin::new(&mut self.inner).poll_write_vectored(cx, bufs),
-            Some((0, status)) if bufs[..last].iter().all(|b| b.is_empty()) => {
-                self.replace(cx, status, bufs[last].len())
-            }
-            Some((start, _)) => {
-                // Write what comes before it; hyper calls again with the head alone.
-                let mut before: Vec<IoSlice<'_>> = bufs[..last].to_vec();
-                before.push(IoSlice::new(&bufs[last][..start]));
-                Pin::new(&mut self.inner).poll_write_vectored(cx, &before)
-            }
-        }
+        let r = self.write_vectored_inner(cx, bufs);
+        self.activity.set_writing(r.is_pending());
+        r
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -34,7 +34,7 @@ pub use body::{collect, read_body, read_body_reserved, BodyDeadline};
 pub use budget::{ByteBudget, Reservation, SharedReservation};
 pub use config::HttpConfig;
 pub(crate) use send_timeout::SendTimeout;
-pub(crate) use serve::{accepted_or_back_off, stop_connections};
+pub(crate) use serve::{accepted_or_back_off, evict_idle, forget, stop_connections, Idle, Open, SLOT_WAIT};
 pub use serve::{serve, serve_with_slots, ConnectionSlots};
 
 use crate::{ApiError, ErrorKind};
@@ -51,11 +51,26 @@ pub enum StopMode {
     Kill,
 }
 
-/// Binds a listener, reporting the address actually bound (for port 0).
-pub async fn bind(host: &str, port: u16) -> std::io::Result<(TcpListener, SocketAddr)> {
-    let l = TcpListener::bind((host, port)).await?;
-    let addr = l.local_addr()?;
-    Ok((l, addr))
+/// Binds a listener with `backlog` (`[http] listen_backlog`; tokio's `bind` fixes 128),
+/// reporting the address actually bound (for port 0). `reuse_port`: another listener may bind
+/// the same address (one per thread, the kernel spreading connections over them).
+pub async fn bind(host: &str, port: u16, backlog: u32, reuse_port: bool) -> std::io::Result<(TcpListener, SocketAddr)> {
+    let mut last = None;
+    for addr in tokio::net::lookup_host((host, port)).await? {
+        let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+        socket.set_reuseaddr(true)?;
+        #[cfg(unix)]
+        socket.set_reuseport(reuse_port)?;
+        match socket.bind(addr).and_then(|()| socket.listen(backlog)) {
+            Ok(l) => {
+                let addr = l.local_addr()?;
+                return Ok((l, addr));
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last
+        .unwrap_or_else(|| std::io::Error::new(std::io::ErrorKind::AddrNotAvailable, format!("no address for {host}"))))
 }
 
 /// A header value formatted on the stack (`format_args!("{n}")`): one copy into the value,

@@ -13,8 +13,11 @@
 //! - Body timeout: a [`BodyDeadline`] in the request's extensions that `read_body` honours
 //!   (`body.rs`): the whole body within the timeout, whatever its pace. tower-http's body
 //!   timeout restarts at every frame, so a trickle would never end.
-//! - Connection cap: a semaphore permit per connection taken at accept; without one the
-//!   connection gets a canned 503 JSON and is closed without hyper ever running for it. tower's
+//! - Connection cap: a semaphore permit per connection taken at accept. A connection that finds
+//!   none closes every connection idle for [`EVICT_IDLE`] (no request in progress, no head
+//!   arriving) and waits up to [`SLOT_WAIT`] for a slot, so a flood of connections that send
+//!   nothing cannot lock real clients out until the idle timeout; without a slot by then it
+//!   gets a canned 503 JSON and is closed without hyper ever running for it. tower's
 //!   concurrency limit and load shedding bound requests, not connections (and the request-level
 //!   admission, 429 with the in-flight count, is the handlers' own).
 //! - Body size: `read_body(req, max)` with the route's own maximum (a hot-reloadable config
@@ -22,6 +25,7 @@
 //!   body type handlers get.
 //! - Stop: hyper-util's `GracefulShutdown`, cut off at the grace by aborting what is left.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
@@ -32,11 +36,11 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::Request;
 use hyper_util::rt::TokioIo;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
+use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Instant;
 
 use super::body::BodyDeadline;
@@ -44,7 +48,23 @@ use super::io::ConnIo;
 use super::send_timeout::SendTimeout;
 use super::timer::{Activity, HeadTimer};
 use super::{HttpConfig, HttpResponse, StopMode};
+use crate::metrics_names::http::TIMEOUTS;
 use crate::ApiError;
+
+/// How long a connection must have been idle to be closed for one waiting at the cap: a
+/// client that connects to send a request sends it at once.
+const EVICT_IDLE: Duration = Duration::from_millis(250);
+/// How long a connection at the cap waits for a slot before its 503 (at most the header
+/// timeout): a full port answers quickly, one full of idle connections frees slots well within.
+pub(crate) const SLOT_WAIT: Duration = Duration::from_secs(1);
+
+/// What tells whether a connection is idle: nothing in progress, for how long (`None`: busy).
+pub(crate) trait Idle {
+    fn idle_for(&self, now: std::time::Instant) -> Option<Duration>;
+}
+
+/// A port's open connections: each one's task, and what tells whether it is idle.
+pub(crate) type Open<A> = HashMap<tokio::task::Id, (AbortHandle, Arc<A>)>;
 
 /// Serves HTTP/1.1 connections with `handler` (one task per connection, keep-alive) under the
 /// limits of `config` until `stop` resolves, then ends as it says. With
@@ -95,38 +115,55 @@ pub async fn serve_with_slots<F, Fut, S>(
     let ConnectionSlots { served: slots, refusals } = slots;
     let mut conns = JoinSet::new();
     let mut refused = JoinSet::new();
+    // Every connection's task and what its socket did: the idle ones are closed at the cap.
+    let mut open: Open<Activity> = HashMap::new();
+    // While connections wait for a slot, idle ones are looked at again (they age into EVICT_IDLE).
+    let mut recheck = tokio::time::interval(EVICT_IDLE / 2);
+    recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let wait = SLOT_WAIT.min(config.header_read_timeout());
     tokio::pin!(stop);
     let mode = loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let Some(stream) = accepted_or_back_off(accepted, "accept").await else { continue };
                 let _ = stream.set_nodelay(true);
-                let Ok(slot) = slots.clone().try_acquire_owned() else {
-                    match refusals.clone().try_acquire_owned() {
-                        Ok(p) => {
-                            let linger = config_linger(&config);
-                            refused.spawn(async move {
-                                refuse(stream, linger).await;
-                                drop(p);
-                            });
+                let activity = Arc::new(Activity::default());
+                let (watcher, cfg, h, a) = (graceful.watcher(), config.clone(), handler.clone(), activity.clone());
+                let task = match slots.clone().try_acquire_owned() {
+                    Ok(slot) => conns.spawn(async move {
+                        if let Err(e) = connection(stream, &cfg, h, a, watcher).await {
+                            tracing::debug!("connection: {e}");
                         }
-                        Err(_) => {
+                        drop(slot);
+                    }),
+                    Err(_) => {
+                        let Ok(p) = refusals.clone().try_acquire_owned() else {
                             let _ = stream.try_write(&refusal_response());
-                        }
+                            continue;
+                        };
+                        evict_idle(&mut open, TIMEOUTS);
+                        let (slots, linger) = (slots.clone(), config_linger(&config));
+                        // In `refused`, which a stop aborts: one served after its wait is then
+                        // closed rather than drained (only at the cap, during a stop).
+                        refused.spawn(async move {
+                            let Ok(Ok(slot)) = tokio::time::timeout(wait, slots.acquire_owned()).await else {
+                                refuse(stream, linger).await;
+                                return drop(p);
+                            };
+                            drop(p);
+                            if let Err(e) = connection(stream, &cfg, h, a, watcher).await {
+                                tracing::debug!("connection: {e}");
+                            }
+                            drop(slot);
+                        })
                     }
-                    continue;
                 };
-                let conn = connection(stream, &config, handler.clone(), &graceful);
-                conns.spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!("connection: {e}");
-                    }
-                    drop(slot);
-                });
+                open.insert(task.id(), (task, activity));
             }
+            _ = recheck.tick(), if refusals.available_permits() < config.max_connections => evict_idle(&mut open, TIMEOUTS),
             // Reap finished tasks so the sets do not grow with every client.
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-            Some(_) = refused.join_next(), if !refused.is_empty() => {}
+            Some(r) = conns.join_next_with_id(), if !conns.is_empty() => forget(&mut open, r),
+            Some(r) = refused.join_next_with_id(), if !refused.is_empty() => forget(&mut open, r),
             mode = &mut stop => break mode,
         }
     };
@@ -181,19 +218,40 @@ pub(crate) async fn stop_connections(
     while conns.join_next().await.is_some() {}
 }
 
+/// Closes the connections idle for [`EVICT_IDLE`] or more (their tasks aborted: the socket
+/// closed, the slot freed), for the connections waiting at the cap; each counted in `metric`
+/// as `timer="evicted"`.
+pub(crate) fn evict_idle<A: Idle>(open: &mut Open<A>, metric: &'static str) {
+    let now = std::time::Instant::now();
+    open.retain(|_, (task, conn)| {
+        let idle = conn.idle_for(now).is_some_and(|d| d >= EVICT_IDLE);
+        if idle {
+            task.abort();
+            metrics::counter!(metric, "timer" => "evicted").increment(1);
+        }
+        !idle
+    });
+}
+
+/// A connection's task ended: it is no longer open.
+pub(crate) fn forget<A>(open: &mut Open<A>, ended: Result<(tokio::task::Id, ()), tokio::task::JoinError>) {
+    open.remove(&ended.map_or_else(|e| e.id(), |(id, ())| id));
+}
+
 /// One connection: hyper's http1 with the head/idle timer, on the JSON-error socket wrapper;
-/// every request gets its body deadline when its head is in.
+/// every request gets its body deadline when its head is in. Its activity is idle from now.
 fn connection<F, Fut>(
     stream: TcpStream,
     config: &HttpConfig,
     handler: F,
-    graceful: &GracefulShutdown,
+    activity: Arc<Activity>,
+    graceful: Watcher,
 ) -> impl Future<Output = hyper::Result<()>> + Send + 'static
 where
     F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = HttpResponse> + Send + 'static,
 {
-    let activity = Arc::new(Activity::default());
+    activity.accepted();
     let body_timeout = config.body_read_timeout();
     let a = activity.clone();
     let svc = service_fn(move |mut req: Request<Incoming>| {
@@ -210,7 +268,7 @@ where
         HeadTimer { activity: activity.clone(), header: config.header_read_timeout(), idle: config.idle_timeout() };
     // The send timeout sits on the socket itself, under every write (ours included).
     let io = TokioIo::new(ConnIo::new(
-        SendTimeout::new(stream, config.send_timeout(), crate::metrics_names::http::TIMEOUTS),
+        SendTimeout::new(stream, config.send_timeout(), TIMEOUTS),
         activity,
         config.max_header_bytes,
     ));

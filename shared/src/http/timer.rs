@@ -13,9 +13,11 @@
 //! hyper then closes the connection as it does at any header timeout. No request is in
 //! progress in any of these cases: while a handler runs hyper waits on it, not on a head.
 
+use super::serve::Idle;
 use crate::sync::lock;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -27,12 +29,16 @@ use hyper_util::rt::TokioTimer;
 #[derive(Debug, Default)]
 pub(crate) struct Activity {
     state: Mutex<State>,
+    /// The last write waited for the client to read (an atomic: set at every write).
+    writing: AtomicBool,
 }
 
 #[derive(Debug, Default)]
 struct State {
     /// A request was dispatched and its handler has not returned yet.
     in_request: bool,
+    /// When the connection last had nothing in progress: its accept or its last answer.
+    idle_since: Option<Instant>,
     /// Requests dispatched on this connection.
     served: u64,
     /// When the first byte of the next head arrived (none yet: the connection is idle).
@@ -42,6 +48,16 @@ struct State {
 impl Activity {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         lock(&self.state)
+    }
+
+    /// The connection is served from now (until then it is not idle: it waits for a slot).
+    pub(crate) fn accepted(&self) {
+        self.state().idle_since = Some(Instant::now());
+    }
+
+    /// A write to the socket waits for the client (`true`), or went through.
+    pub(crate) fn set_writing(&self, waits: bool) {
+        self.writing.store(waits, Ordering::Relaxed);
     }
 
     /// The socket gave bytes. Outside a request they are the next head's.
@@ -73,12 +89,29 @@ impl Activity {
     }
 }
 
+impl Idle for Activity {
+    /// How long the connection has had no request in progress, no head arriving and no answer
+    /// waiting for the client; `None` while it has one.
+    fn idle_for(&self, now: Instant) -> Option<Duration> {
+        if self.writing.load(Ordering::Relaxed) {
+            return None;
+        }
+        let s = self.state();
+        match (s.in_request, s.head_started, s.idle_since) {
+            (false, None, Some(t)) => Some(now.saturating_duration_since(t)),
+            _ => None,
+        }
+    }
+}
+
 /// Held while a handler runs.
 pub(crate) struct RequestGuard(Arc<Activity>);
 
 impl Drop for RequestGuard {
     fn drop(&mut self) {
-        self.0.state().in_request = false;
+        let mut s = self.0.state();
+        s.in_request = false;
+        s.idle_since = Some(Instant::now());
     }
 }
 
@@ -149,5 +182,17 @@ mod tests {
             d >= t0 + h && d < t0 + h + Duration::from_secs(5),
             "a head started: the header timeout from its first byte"
         );
+        assert_eq!(a.idle_for(Instant::now()), None, "a head arriving is not idle");
+        let a = Arc::new(Activity::default());
+        assert_eq!(a.idle_for(Instant::now()), None, "waiting for a slot: not idle");
+        a.accepted();
+        assert!(a.idle_for(Instant::now()).is_some(), "accepted, nothing sent: idle");
+        let g = a.begin_request();
+        assert_eq!(a.idle_for(Instant::now()), None, "a request in progress is not idle");
+        drop(g);
+        let later = Instant::now() + Duration::from_secs(1);
+        assert!(a.idle_for(later) >= Some(Duration::from_secs(1)), "answered: idle since the answer");
+        a.set_writing(true);
+        assert_eq!(a.idle_for(later), None, "an answer that waits for the client to read it");
     }
 }

@@ -168,7 +168,7 @@ mod tests {
         let app = Arc::new(AppState::new(Limits::default(), "cpu".into(), None).with_admin(auth));
         let a = app.clone();
         let addr = rt.block_on(async move {
-            let (l, addr) = bind("127.0.0.1", 0).await.unwrap();
+            let (l, addr) = bind("127.0.0.1", 0, 1024, false).await.unwrap();
             tokio::spawn(serve(l, HttpConfig::default(), move |r| handle(a.clone(), r), std::future::pending()));
             addr
         });

@@ -92,9 +92,10 @@ pub async fn start(cfg: WorkerConfig, prometheus: Option<PrometheusHandle>) -> R
 /// Binds both ports and serves `app` on them; the model (set in `app.engine` or not) is the
 /// caller's business. Tests start a worker around an engine of their own this way.
 pub async fn serve(app: Arc<AppState>, server: &ServerConfig, http: &HttpConfig) -> Result<RunningWorker, StartError> {
-    let (api_l, api_addr) =
-        bind(&server.host, server.port).await.map_err(|err| StartError::BindApi { host: server.host.clone(), err })?;
-    let (admin_l, admin_addr) = bind(&server.admin_host, server.admin_port)
+    let (api_l, api_addr) = bind(&server.host, server.port, http.listen_backlog, false)
+        .await
+        .map_err(|err| StartError::BindApi { host: server.host.clone(), err })?;
+    let (admin_l, admin_addr) = bind(&server.admin_host, server.admin_port, http.listen_backlog, false)
         .await
         .map_err(|err| StartError::BindAdmin { host: server.admin_host.clone(), err })?;
     // Both ports serve until the drain is over; then they close their connections gracefully,
@@ -123,7 +124,9 @@ impl RunningWorker {
     /// and stopped with the HTTP ports.
     pub async fn serve_grpc(&mut self, host: &str, grpc: &GrpcConfig, http: &HttpConfig) -> Result<(), StartError> {
         let Some(port) = grpc.port else { return Ok(()) };
-        let (l, addr) = bind(host, port).await.map_err(|err| StartError::BindGrpc { host: host.to_string(), err })?;
+        let (l, addr) = bind(host, port, http.listen_backlog, false)
+            .await
+            .map_err(|err| StartError::BindGrpc { host: host.to_string(), err })?;
         let task = grpc::serve(l, self.app.clone(), grpc.clone(), http.clone(), self.servers.signal());
         self.tasks.push(tokio::spawn(task));
         self.grpc_addr = Some(addr);

@@ -123,10 +123,13 @@ fn number_header(n: u64) -> HeaderValue {
     sieve_shared::http::formatted_header(format_args!("{n}")).unwrap_or_else(|| HeaderValue::from(n))
 }
 
-fn remaining_ms(deadline: Instant) -> u64 {
-    let left = deadline.saturating_duration_since(Instant::now());
+/// The worker's deadline for a call sent now: the request's time left, less the margin its
+/// answer needs to come back and be merged ([`AnswerMargin`](crate::estimate::answer_margin)).
+fn worker_deadline_ms(ctx: &RequestCtx) -> u64 {
+    let left_ms = ctx.deadline.saturating_duration_since(Instant::now()).as_secs_f64() * 1e3;
+    let margin_ms = ctx.state.answer_margin.margin_ms(left_ms);
     // Round up: a worker given 0 would refuse outright.
-    left.as_micros().div_ceil(1000) as u64
+    ((left_ms - margin_ms).ceil() as u64).max(1)
 }
 
 async fn attempt(
@@ -138,7 +141,7 @@ async fn attempt(
 ) -> AttemptResult {
     let guard = worker.begin(predicted_ms);
     let sent = Instant::now();
-    let deadline_ms = remaining_ms(ctx.deadline).max(1);
+    let deadline_ms = worker_deadline_ms(&ctx);
     let body = ctx.wire.shard(&items, deadline_ms);
     // The attempt's span (a child of the request's); the worker's spans are its children
     // through the `traceparent` header. Neither exists when tracing is off.
@@ -168,6 +171,13 @@ async fn attempt(
     };
     // The worker's load is released only now that the body is read.
     drop(guard);
+    if let Ok(r) = &result {
+        // A worker that reports no time of its own teaches nothing of the answer's lag.
+        if r.timing.total_ms > 0.0 {
+            let elapsed_ms = sent.elapsed().as_secs_f64() * 1e3;
+            ctx.state.answer_margin.record(elapsed_ms, r.timing.total_ms, deadline_ms as f64);
+        }
+    }
     if !span.is_none() {
         span.record("outcome", result.as_ref().map_or_else(AttemptError::label, |_| "ok"));
     }

@@ -31,6 +31,10 @@ use super::RequestCtx;
 use crate::cluster::worker::{Worker, WorkerView};
 use crate::metrics as m;
 
+/// How long an attempt still out at the request's deadline is watched for its answer's lag:
+/// later than this, its worker stalled.
+const LATE_WATCH: Duration = Duration::from_secs(1);
+
 pub enum ShardOutcome {
     Done(ShardDone),
     /// Every attempt failed (or one failed in a way another worker would repeat).
@@ -200,7 +204,11 @@ async fn shard_outcome(
     let mut hedge_at = hedge::hedge_at(ctx, finish_ms, shard_start);
 
     loop {
+        // Biased: an answer already read wins over the deadline's timer firing in the same poll
+        // (a worker's partial answer comes just before the proxy's deadline), and the deadline
+        // over a hedge.
         tokio::select! {
+            biased;
             next = shard.set.next() => {
                 // Nothing in flight and nothing more to try.
                 let Some(r) = next else { return shard.failed() };
@@ -224,13 +232,21 @@ async fn shard_outcome(
                     }
                 }
             }
+            _ = tokio::time::sleep_until(deadline) => {
+                // An attempt still out: its worker's deadline left its answer too little room, or
+                // the worker stalled. It is watched for a while in the background (its worker is
+                // past its own deadline: it answers at once unless stalled), so that an answer's
+                // real lag is learnt ([`answer_margin`](crate::estimate::answer_margin)); then
+                // dropping it closes its connection.
+                if !shard.set.is_empty() {
+                    let mut late = std::mem::take(&mut shard.set);
+                    tokio::spawn(async move { tokio::time::timeout(LATE_WATCH, late.next()).await });
+                }
+                return ShardOutcome::Missed;
+            }
             _ = tokio::time::sleep_until(hedge_at.unwrap_or(deadline)), if hedge_at.is_some() => {
                 let sent = shard.on_hedge_timer();
                 hedge_at = hedge::next_at(ctx, sent, compute_ms, Instant::now());
-            }
-            _ = tokio::time::sleep_until(deadline) => {
-                // Dropping the set drops the attempts: their connections close.
-                return ShardOutcome::Missed;
             }
         }
     }
