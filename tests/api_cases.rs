@@ -263,11 +263,11 @@ fn error_cases() -> Vec<Case> {
             "raw_scores: true is not supported",
         ),
         case(
-            "TEI truncate",
-            "/rerank",
-            j(json!({"query": "x", "texts": ["a"], "truncate": true})),
+            "max_item_tokens 0",
+            "/v1/score",
+            j(json!({"query": "x", "items": ["a"], "max_item_tokens": 0})),
             422,
-            "truncate: true is not supported",
+            "max_item_tokens must be at least 1",
         ),
         case(
             "TEI documents",
@@ -299,11 +299,11 @@ fn error_cases() -> Vec<Case> {
             "text_2[1] too long: 201 characters > max_item_chars 200",
         ),
         case(
-            "vLLM score: truncation",
+            "vLLM score: truncation 0",
             "/score",
-            j(json!({"text_1": "x", "text_2": "a", "truncate_prompt_tokens": 64})),
+            j(json!({"text_1": "x", "text_2": "a", "truncate_prompt_tokens": 0})),
             422,
-            "truncate_prompt_tokens is not supported",
+            "give at least 1, or -1 for the server's limit",
         ),
         case(
             "Cohere v1 max_chunks_per_doc",
@@ -313,11 +313,11 @@ fn error_cases() -> Vec<Case> {
             "max_chunks_per_doc is not supported",
         ),
         case(
-            "Cohere v2 max_tokens_per_doc",
+            "Cohere v2 max_tokens_per_doc 0",
             "/v2/rerank",
-            j(json!({"model": "m", "query": "x", "documents": ["a"], "max_tokens_per_doc": 512})),
+            j(json!({"model": "m", "query": "x", "documents": ["a"], "max_tokens_per_doc": 0})),
             422,
-            "max_tokens_per_doc is not supported",
+            "max_tokens_per_doc and truncate_prompt_tokens must be at least 1",
         ),
         case(
             "rank_fields other than text",
@@ -420,6 +420,7 @@ async fn check_successes(name: &str, addr: SocketAddr) {
     }
 
     check_drop_in_shapes(name, addr, &s).await;
+    check_truncation(name, addr, &s).await;
 
     // A deadline from the header when the body has none; the body's wins over the header's.
     let one = json!({"query": query, "items": ["red leather shoes"]}).to_string();
@@ -485,6 +486,58 @@ async fn check_drop_in_shapes(name: &str, addr: SocketAddr, s: &[f64]) {
     assert!(c.body["id"].as_str().is_some_and(|id| !id.is_empty()), "{name}: {}", c.body);
     assert!(c.body["usage"]["total_tokens"].as_u64().is_some(), "{name}: {}", c.body);
     assert_eq!(c.body["meta"]["api_version"]["version"], "1", "{name}: {}", c.body);
+}
+
+/// Every shape's truncation option is served: a cap the items are under changes no score; a
+/// cut is counted in `usage.truncated_items` (by the real worker: the simulated ones cut nothing).
+async fn check_truncation(name: &str, addr: SocketAddr, s: &[f64]) {
+    let texts = ["red leather shoes", "blue felt hat", "running shoes, red", "a green umbrella"];
+    let query = "red shoes";
+    let calls = [
+        ("/v1/score", json!({"query": query, "items": texts, "max_item_tokens": 100, "truncation_direction": "left"})),
+        ("/rerank", json!({"query": query, "texts": texts, "truncate": true, "truncation_direction": "Right"})),
+        ("/score", json!({"text_1": query, "text_2": texts, "truncate_prompt_tokens": 100})),
+        ("/v2/rerank", json!({"model": "m", "query": query, "documents": texts, "max_tokens_per_doc": 4096})),
+        ("/v1/rerank", json!({"query": query, "documents": texts, "truncate_prompt_tokens": -1})),
+    ];
+    for (path, body) in calls {
+        let a = exchange(addr, "POST", path, &[], body.to_string().as_bytes()).await;
+        assert_eq!(a.status, 200, "{name}: {path} with truncation: {}", a.raw_body);
+        let got: Vec<(usize, f64)> = match path {
+            "/v1/score" => scores(&a.body).into_iter().enumerate().collect(),
+            "/rerank" => a
+                .body
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| (r["index"].as_u64().unwrap() as usize, r["score"].as_f64().unwrap()))
+                .collect(),
+            "/score" => a.body["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| (d["index"].as_u64().unwrap() as usize, d["score"].as_f64().unwrap()))
+                .collect(),
+            _ => a.body["results"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| (r["index"].as_u64().unwrap() as usize, r["relevance_score"].as_f64().unwrap()))
+                .collect(),
+        };
+        assert_eq!(got.len(), 4, "{name}: {path}: {}", a.body);
+        assert!(got.iter().all(|&(i, x)| close(s[i], x)), "{name}: {path}: {got:?} vs {s:?}");
+        assert!(a.body["usage"].get("truncated_items").is_none(), "{name}: {path}: nothing was cut: {}", a.body);
+    }
+    if name == "worker" {
+        let body = json!({"query": query, "items": ["red leather shoes with a long description of their soles", "hat"], "max_item_tokens": 3});
+        let a = exchange(addr, "POST", "/v1/score", &[], body.to_string().as_bytes()).await;
+        assert_eq!(a.status, 200, "{name}: {}", a.raw_body);
+        assert_eq!(a.body["usage"]["truncated_items"], 1, "{name}: {}", a.body);
+        // Each count includes the template's suffix; "hat" is a token or two.
+        let t = |i: usize| a.body["usage"]["item_tokens"][i].as_u64().unwrap();
+        assert!(t(0) <= t(1) + 3, "{name}: cut to 3 tokens: {}", a.body);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -37,6 +37,7 @@ fn main() {
                 cached_items: 0,
                 item_tokens,
                 item_shared_tokens: 0,
+                truncated_items: 0,
             },
             timing: Timing { queue_ms: 0.012, compute_ms: 0.0, total_ms: 0.431 },
             model: "sim".into(),

@@ -142,6 +142,8 @@ mod tests {
             deadline_ms: None,
             on_overload: None,
             cache: None,
+            max_item_tokens: None,
+            truncation_direction: None,
         };
         let response = ScoreResponse {
             scores: vec![Some(0.1), Some(0.9), None],

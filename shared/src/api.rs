@@ -114,6 +114,44 @@ pub struct ScoreRequest {
     /// accepts the field and ignores it: it has no such cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<bool>,
+    /// Cut each item to at most this many of its own tokens (its text's tokens in the prompt,
+    /// never the template's or the query's), and any item whose prompt would exceed the
+    /// model's context to what fits, instead of refusing it (413). Capped by the server's
+    /// `[limits] max_item_tokens`. Absent: nothing is cut.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_item_tokens: Option<u32>,
+    /// Which end of a cut item is kept: `right` (default) cuts the end, `left` the beginning.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncation_direction: Option<TruncationDirection>,
+}
+
+/// The end of an item that truncation cuts (`truncation_direction`; TEI's capitalised names too).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TruncationDirection {
+    /// Cut the end: the item's first tokens are kept.
+    #[default]
+    #[serde(alias = "Right")]
+    Right,
+    /// Cut the beginning: the item's last tokens are kept.
+    #[serde(alias = "Left")]
+    Left,
+}
+
+impl ScoreRequest {
+    /// A request with no options set.
+    pub fn new(query: String, items: Vec<Item>) -> Self {
+        ScoreRequest {
+            query,
+            items,
+            instruction: None,
+            deadline_ms: None,
+            on_overload: None,
+            cache: None,
+            max_item_tokens: None,
+            truncation_direction: None,
+        }
+    }
 }
 
 /// [`Item`] as parsed in place ([`ScoreRequestRef`]): texts borrowed from the body when their
@@ -201,7 +239,7 @@ mod in_place {
 
     use serde::Deserialize;
 
-    use super::{ItemRef, OnOverload};
+    use super::{ItemRef, OnOverload, TruncationDirection};
 
     /// The object form of an item, borrowed.
     #[derive(Deserialize)]
@@ -233,6 +271,10 @@ mod in_place {
         pub on_overload: Option<OnOverload>,
         #[serde(default)]
         pub cache: Option<bool>,
+        #[serde(default)]
+        pub max_item_tokens: Option<u32>,
+        #[serde(default)]
+        pub truncation_direction: Option<TruncationDirection>,
     }
 }
 
@@ -247,6 +289,8 @@ impl<'a> ScoreRequestRef<'a> {
             deadline_ms: self.deadline_ms,
             on_overload: self.on_overload,
             cache: self.cache,
+            max_item_tokens: self.max_item_tokens,
+            truncation_direction: self.truncation_direction,
         }
     }
 }
@@ -260,6 +304,8 @@ impl From<ScoreRequest> for ScoreRequestRef<'static> {
             deadline_ms: r.deadline_ms,
             on_overload: r.on_overload,
             cache: r.cache,
+            max_item_tokens: r.max_item_tokens,
+            truncation_direction: r.truncation_direction,
         }
     }
 }
@@ -302,6 +348,10 @@ pub struct Usage {
     /// the prefix cache). Absent when 0.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub item_shared_tokens: u64,
+    /// Items cut to fit `max_item_tokens` or the model's context (truncation requested). Absent
+    /// when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub truncated_items: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -383,12 +433,17 @@ pub struct RerankRequest {
     /// Cohere v1, refused when set: Sieve does not chunk documents.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_chunks_per_doc: Option<u64>,
-    /// Cohere v2, refused when set: Sieve does not truncate documents.
+    /// Cohere v2 and Jina: each document cut to this many of its own tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens_per_doc: Option<u64>,
-    /// vLLM, refused when set: Sieve does not truncate prompts.
+    /// vLLM: as `max_tokens_per_doc`; `-1` means the server's limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub truncate_prompt_tokens: Option<i64>,
+    /// Sieve's own names, as on `/v1/score`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_item_tokens: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncation_direction: Option<TruncationDirection>,
     /// Cohere v2 and vLLM, refused when set: Sieve orders work by deadline.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<i64>,
@@ -400,15 +455,24 @@ pub struct RerankRequest {
 impl RerankRequest {
     /// The equivalent score call: reranking is scoring followed by a sort.
     pub fn to_score_request(&self) -> ScoreRequest {
+        // The clients' caps are one cap: the smallest given (vLLM's -1, "the server's limit",
+        // as any value above it). Values out of range were refused by `compat::rerank::check`.
+        let vllm = self.truncate_prompt_tokens.map(|n| if n < 0 { u32::MAX } else { clamp_u32(n as u64) });
+        let caps = [self.max_tokens_per_doc.map(clamp_u32), vllm, self.max_item_tokens];
         ScoreRequest {
-            query: self.query.clone(),
-            items: self.documents.clone(),
             instruction: self.instruction.clone(),
             deadline_ms: self.deadline_ms,
             on_overload: self.on_overload,
-            cache: None,
+            max_item_tokens: caps.into_iter().flatten().min(),
+            truncation_direction: self.truncation_direction,
+            ..ScoreRequest::new(self.query.clone(), self.documents.clone())
         }
     }
+}
+
+/// A client's token count as a cap: any count past `u32::MAX` is past every server's limit.
+pub fn clamp_u32(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -573,6 +637,7 @@ mod tests {
                     cached_items: 0,
                     item_tokens: (0..n).map(|i| 20 + (i * 7 % 60) as u32).collect(),
                     item_shared_tokens: 0,
+                    truncated_items: 0,
                 },
                 timing: Timing { queue_ms: 0.123_456_789, compute_ms: 12.345_678_9, total_ms: 123.456_789_01 },
                 model: "Qwen/Qwen3-Reranker-0.6B".into(),

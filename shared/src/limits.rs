@@ -21,6 +21,10 @@ pub struct Limits {
     pub max_instruction_chars: usize,
     /// Longest accepted deadline, in milliseconds.
     pub max_deadline_ms: u64,
+    /// Most tokens of its own an item keeps when the caller asks for truncation
+    /// (`max_item_tokens` and the drop-in shapes' equivalents): a larger request, or TEI's
+    /// `truncate: true`, cuts to this. Items are never cut unless the caller asks.
+    pub max_item_tokens: u32,
 }
 
 impl Default for Limits {
@@ -32,8 +36,17 @@ impl Default for Limits {
             max_item_chars: 32_768,
             max_instruction_chars: 4096,
             max_deadline_ms: 600_000,
+            max_item_tokens: 8192,
         }
     }
+}
+
+/// A cap of 0 tokens would score the template alone: refused rather than served as noise.
+fn check_truncation(max_item_tokens: Option<u32>) -> Result<(), ApiError> {
+    if max_item_tokens == Some(0) {
+        return Err(ApiError::invalid("max_item_tokens must be at least 1 (leave it out to cut nothing)"));
+    }
+    Ok(())
 }
 
 impl Limits {
@@ -46,12 +59,14 @@ impl Limits {
     /// [`check`](Self::check), naming the items `field` in messages (`documents` for a rerank
     /// call).
     pub fn check_as(&self, req: &ScoreRequest, field: &str) -> Result<(), ApiError> {
+        check_truncation(req.max_item_tokens)?;
         let items = req.items.iter().map(Item::text);
         self.check_parts(&req.query, req.instruction.as_deref(), items, req.deadline_ms, field)
     }
 
     /// [`check_as`](Self::check_as) on a request parsed in place (the API handler's form).
     pub fn check_ref(&self, req: &ScoreRequestRef<'_>, field: &str) -> Result<(), ApiError> {
+        check_truncation(req.max_item_tokens)?;
         let items = req.items.iter().map(ItemRef::text);
         self.check_parts(&req.query, req.instruction.as_deref(), items, req.deadline_ms, field)
     }
@@ -123,14 +138,7 @@ mod tests {
     use super::*;
 
     fn req(query: &str, items: Vec<&str>) -> ScoreRequest {
-        ScoreRequest {
-            query: query.into(),
-            items: items.into_iter().map(Into::into).collect(),
-            instruction: None,
-            deadline_ms: None,
-            on_overload: None,
-            cache: None,
-        }
+        ScoreRequest::new(query.into(), items.into_iter().map(Into::into).collect())
     }
 
     #[test]

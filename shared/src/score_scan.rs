@@ -16,7 +16,7 @@
 
 use std::borrow::Cow;
 
-use crate::api::{ItemRef, OnOverload, ScoreRequestRef};
+use crate::api::{ItemRef, OnOverload, ScoreRequestRef, TruncationDirection};
 use crate::json_cursor::JsonCursor as Scanner;
 use crate::ApiError;
 
@@ -100,6 +100,7 @@ impl<'a> Scanner<'a> {
         let mut query = None;
         let mut items = None;
         let (mut instruction, mut deadline_ms, mut on_overload, mut cache) = (None, None, None, None);
+        let (mut max_item_tokens, mut truncation_direction) = (None, None);
         // serde refuses an empty object by its missing fields: that is its message to give.
         self.ws();
         if self.peek()? == b'}' {
@@ -113,6 +114,12 @@ impl<'a> Scanner<'a> {
                 "deadline_ms" if deadline_ms.is_none() => deadline_ms = Some(self.opt(Self::u64)?),
                 "on_overload" if on_overload.is_none() => on_overload = Some(self.opt(Self::on_overload)?),
                 "cache" if cache.is_none() => cache = Some(self.opt(Self::bool)?),
+                "max_item_tokens" if max_item_tokens.is_none() => {
+                    max_item_tokens = Some(self.opt(|c| c.u64().and_then(|n| u32::try_from(n).ok()))?)
+                }
+                "truncation_direction" if truncation_direction.is_none() => {
+                    truncation_direction = Some(self.opt(Self::direction)?)
+                }
                 // Unknown or repeated: serde's error.
                 _ => return None,
             }
@@ -127,7 +134,17 @@ impl<'a> Scanner<'a> {
             deadline_ms: deadline_ms.flatten(),
             on_overload: on_overload.flatten(),
             cache: cache.flatten(),
+            max_item_tokens: max_item_tokens.flatten(),
+            truncation_direction: truncation_direction.flatten(),
         })
+    }
+
+    fn direction(&mut self) -> Option<TruncationDirection> {
+        match self.str()? {
+            "right" | "Right" => Some(TruncationDirection::Right),
+            "left" | "Left" => Some(TruncationDirection::Left),
+            _ => None,
+        }
     }
 
     fn on_overload(&mut self) -> Option<OnOverload> {
@@ -219,6 +236,8 @@ mod tests {
                 "cache": false } "#,
             r#"{"query":"q","items":["a"],"instruction":null,"deadline_ms":null,"on_overload":null,"cache":null}"#,
             r#"{"query":"q","items":["a"],"deadline_ms":0,"on_overload":"reject","cache":true}"#,
+            r#"{"query":"q","items":["a"],"max_item_tokens":64,"truncation_direction":"left"}"#,
+            r#"{"query":"q","items":["a"],"max_item_tokens":null,"truncation_direction":"Right"}"#,
             r#"{"query":"q","items":["a"],"deadline_ms":18446744073709551615}"#,
             r#"{"query":"","items":[]}"#,
             "{\"query\":\"caf\u{e9} \u{8dd1}\u{6b65}\",\"items\":[\"\u{1f600} emoji\",\"Gr\u{f6}\u{df}e 42\"]}",

@@ -116,6 +116,7 @@ fn call(e: &EngineHandle, query: &str, items: &[String]) -> (f64, sieve_shared::
             deadline: None,
             cancel: CancellationToken::new(),
             span: tracing::Span::none(),
+            truncate: None,
         })
         .expect("submit");
     let out = rx.blocking_recv().expect("reply").expect("scores");
@@ -229,6 +230,7 @@ fn pipeline_section() {
                 deadline: None,
                 cancel: CancellationToken::new(),
                 span: tracing::Span::none(),
+                truncate: None,
             })
             .expect("submit")
         })

@@ -23,6 +23,18 @@ pub trait TextEncoder: Send + Sync {
     fn encode_plain_many(&self, texts: &[String]) -> Result<Vec<Vec<u32>>> {
         texts.iter().map(|t| self.encode_plain(t)).collect()
     }
+    /// Where each token of [`TextEncoder::encode_plain`]`(text)` begins, in bytes of `text`:
+    /// truncation cuts an item's text on these boundaries.
+    fn token_starts(&self, text: &str) -> Result<Vec<usize>>;
+}
+
+/// A caller's request to cut items (`max_item_tokens`, `truncation_direction`), already capped
+/// by the server's limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Truncate {
+    pub max_tokens: usize,
+    /// Keep the item's last tokens (cut its beginning).
+    pub left: bool,
 }
 
 /// The prompt template of a model. `{instruction}`, `{query}` and `{item}` in `body` are
@@ -107,6 +119,8 @@ pub struct PromptBuilder {
 pub struct TokenizedCall {
     /// Full prompt of each item, in input order.
     pub prompts: Vec<Vec<u32>>,
+    /// Items cut by truncation.
+    pub truncated: u64,
     /// Length of the prefix shared by every prompt (≤ each prompt's length − 1, so every item
     /// computes at least its last token) and bounded by the query part of the template.
     pub prefix_len: usize,
@@ -172,7 +186,70 @@ impl PromptBuilder {
             prefix_len = prefix_len.min(common_prefix_len(&probe, &p)).min(p.len().saturating_sub(1));
             prompts.push(p);
         }
-        Ok(TokenizedCall { prompts, prefix_len })
+        Ok(TokenizedCall { prompts, prefix_len, truncated: 0 })
+    }
+
+    /// [`tokenize_call`](Self::tokenize_call), each item cut when the caller asked for it: to
+    /// `t.max_tokens` of its own tokens (its text tokenized alone), and further while its prompt
+    /// is over `max_seq` tokens. An item is cut on its own token boundaries and then rendered
+    /// and tokenized as any other, so its prompt is what the same text sent already cut gives,
+    /// whatever else is in the call (the determinism contract). An item that needs no cut is not
+    /// tokenized a second time.
+    pub fn tokenize_truncated(
+        &self,
+        enc: &dyn TextEncoder,
+        instruction: Option<&str>,
+        query: &str,
+        items: &[&str],
+        t: Truncate,
+        max_seq: usize,
+    ) -> Result<TokenizedCall> {
+        let mut call = self.tokenize_call(enc, instruction, query, items)?;
+        let ins = instruction.unwrap_or(&self.template.default_instruction);
+        let empty = self.prompt_ids(enc, ins, query, "")?.len();
+        for (i, item) in items.iter().enumerate() {
+            let own = call.prompts[i].len().saturating_sub(empty);
+            // A BPE merge across the item's edges moves its count in the prompt by a token or
+            // two from its count alone: items near the cap are measured alone.
+            if own + 2 <= t.max_tokens && call.prompts[i].len() <= max_seq {
+                continue;
+            }
+            let starts = enc.token_starts(item)?;
+            let mut keep = starts.len().min(t.max_tokens);
+            let mut prompt = std::mem::take(&mut call.prompts[i]);
+            let mut cut = keep < starts.len();
+            loop {
+                if keep < starts.len() {
+                    // A byte-level token can end inside a character: the cut moves to the
+                    // character's edge that keeps less.
+                    let text = if t.left {
+                        let mut at = starts[starts.len() - keep];
+                        while !item.is_char_boundary(at) {
+                            at += 1;
+                        }
+                        &item[at..]
+                    } else {
+                        let mut at = starts.get(keep).copied().unwrap_or(item.len());
+                        while !item.is_char_boundary(at) {
+                            at -= 1;
+                        }
+                        &item[..at]
+                    };
+                    prompt = self.prompt_ids(enc, ins, query, text)?;
+                    cut = true;
+                }
+                // Over the context: cut what is over and measure again (merges at the cut can
+                // add a token); a query too long for any item keeps its 413 at the scheduler.
+                if prompt.len() <= max_seq || keep == 0 {
+                    break;
+                }
+                keep = keep.saturating_sub((prompt.len() - max_seq).max(1));
+            }
+            call.truncated += u64::from(cut);
+            call.prefix_len = call.prefix_len.min(prompt.len().saturating_sub(1));
+            call.prompts[i] = prompt;
+        }
+        Ok(call)
     }
 }
 
@@ -210,6 +287,16 @@ pub(crate) mod tests {
         fn encode_plain(&self, t: &str) -> Result<Vec<u32>> {
             Ok(Self::enc(t, false))
         }
+        fn token_starts(&self, t: &str) -> Result<Vec<usize>> {
+            let b = t.as_bytes();
+            let mut out = vec![];
+            let mut i = 0;
+            while i < b.len() {
+                out.push(i);
+                i += if b[i] == b' ' && i + 1 < b.len() && b[i + 1].is_ascii_alphabetic() { 2 } else { 1 };
+            }
+            Ok(out)
+        }
     }
 
     /// [`ByteEncoder`] folded into a small model's vocabulary.
@@ -220,6 +307,9 @@ pub(crate) mod tests {
         }
         fn encode_plain(&self, t: &str) -> Result<Vec<u32>> {
             Ok(ByteEncoder.encode_plain(t)?.into_iter().map(|x| x % self.0).collect())
+        }
+        fn token_starts(&self, t: &str) -> Result<Vec<usize>> {
+            ByteEncoder.token_starts(t)
         }
     }
 

@@ -46,6 +46,9 @@ impl TextEncoder for PooledEncoder {
     fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
         self.inner.encode_plain(text)
     }
+    fn token_starts(&self, text: &str) -> Result<Vec<usize>> {
+        self.inner.token_starts(text)
+    }
     fn encode_plain_many(&self, texts: &[String]) -> Result<Vec<Vec<u32>>> {
         // A single text gains nothing from a hop to the pool.
         if texts.len() < 2 {
@@ -106,6 +109,9 @@ mod tests {
                 } else {
                     Ok(vec![text.len() as u32])
                 }
+            }
+            fn token_starts(&self, _: &str) -> Result<Vec<usize>> {
+                Ok(vec![0])
             }
         }
         let inner: Arc<dyn TextEncoder> = Arc::new(Fails);

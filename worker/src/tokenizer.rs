@@ -221,6 +221,12 @@ impl crate::prompt::TextEncoder for Tokenizer {
     fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
         Tokenizer::encode_plain(self, text)
     }
+    fn token_starts(&self, text: &str) -> Result<Vec<usize>> {
+        // `encode` (not `encode_fast`) computes the offsets, in bytes of the text.
+        let enc =
+            self.plain.encode(text, false).map_err(|e| WorkerError::Tokenizer(format!("encoding failed: {e}")))?;
+        Ok(enc.get_offsets().iter().map(|o| o.0).collect())
+    }
 }
 
 #[cfg(test)]

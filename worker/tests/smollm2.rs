@@ -93,6 +93,7 @@ fn score(e: &EngineHandle, query: &str, items: &[&str]) -> (Vec<f32>, sieve_shar
             deadline: None,
             cancel: CancellationToken::new(),
             span: tracing::Span::none(),
+            truncate: None,
         })
         .unwrap();
     let out = rx.blocking_recv().unwrap().unwrap();

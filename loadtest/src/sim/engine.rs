@@ -371,6 +371,7 @@ impl SimEngine {
                 cached_items: 0,
                 item_tokens,
                 item_shared_tokens: 0,
+                truncated_items: 0,
             },
             timing: Timing {
                 queue_ms,
@@ -474,6 +475,8 @@ mod tests {
             deadline_ms,
             on_overload: None,
             cache: None,
+            max_item_tokens: None,
+            truncation_direction: None,
         }
     }
 

@@ -132,7 +132,16 @@ fn read_request(path: &Path) -> Result<ScoreRequest, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let (query, items) = ranking::parse_items_file(&text).map_err(|e| format!("{}: {e}", path.display()))?;
     let query = query.ok_or_else(|| format!("{}: no query", path.display()))?;
-    Ok(ScoreRequest { query, items, instruction: None, deadline_ms: None, on_overload: None, cache: None })
+    Ok(ScoreRequest {
+        query,
+        items,
+        instruction: None,
+        deadline_ms: None,
+        on_overload: None,
+        cache: None,
+        max_item_tokens: None,
+        truncation_direction: None,
+    })
 }
 
 async fn up(a: UpArgs) -> Result<(), String> {
@@ -206,6 +215,8 @@ async fn score(a: ScoreArgs) -> Result<(), String> {
         deadline_ms: a.deadline_ms,
         on_overload: None,
         cache: None,
+        max_item_tokens: None,
+        truncation_direction: None,
     };
     let scored = ranking::score(&client(), &a.target, &request).await?;
     print!("{}", ranking::render(&request, &scored, a.top));

@@ -56,7 +56,8 @@ pub fn on_success(
     if !ctx.cfg.estimator.recalibrate {
         return;
     }
-    if usage.item_tokens.len() == items.len() {
+    // A cut item's count is its cap, not what its text would take: no lesson for the estimator.
+    if usage.item_tokens.len() == items.len() && usage.truncated_items == 0 {
         let estimated: f64 = items.iter().map(|&i| ctx.item_tokens[i]).sum();
         let reported: f64 = usage.item_tokens.iter().map(|&n| f64::from(n)).sum();
         if reported > 0.0 {

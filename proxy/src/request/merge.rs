@@ -93,6 +93,7 @@ pub fn merge(
                 usage.computed_tokens += resp.usage.computed_tokens;
                 usage.cached_prefix_tokens += resp.usage.cached_prefix_tokens;
                 usage.item_shared_tokens += resp.usage.item_shared_tokens;
+                usage.truncated_items += resp.usage.truncated_items;
                 prefix = Some(prefix.map_or(resp.usage.prefix_tokens, |p| p.min(resp.usage.prefix_tokens)));
                 queue_ms = f64::min(queue_ms, d.sent_after_ms + resp.timing.queue_ms);
                 compute_ms += resp.timing.compute_ms;
@@ -162,6 +163,7 @@ mod tests {
                 cached_items: 0,
                 item_tokens: tokens.to_vec(),
                 item_shared_tokens: 0,
+                truncated_items: 0,
             },
             timing: Timing { queue_ms: 1.0, compute_ms: 10.0, total_ms: 11.0 },
             model: "m".into(),

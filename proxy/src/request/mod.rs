@@ -86,8 +86,9 @@ async fn score_untraced(
         .any(|i| i.id().is_some())
         .then(|| req.items.iter().map(|i| i.id().map(String::from)).collect());
 
-    // The cache: pairs answered before are not sent again (unless the caller opted out).
-    let use_cache = cfg.cache.enabled && req.cache != Some(false);
+    // The cache: pairs answered before are not sent again (unless the caller opted out). Its
+    // key has no truncation, so a call that may cut items neither reads nor fills it.
+    let use_cache = cfg.cache.enabled && req.cache != Some(false) && req.max_item_tokens.is_none();
     let lookup = use_cache.then(|| state.pair_cache.lookup(&req));
     let mut results = Vec::new();
     let todo = lookup.as_ref().map(|l| l.todo.as_slice());

@@ -89,7 +89,9 @@ pub fn plan(
     let item_features: Vec<_> = req.items.iter().map(|i| features(i.text())).collect();
     let query_features = features(&req.query);
     let instruction_features = req.instruction.as_deref().map(features);
-    let item_tokens: Vec<f64> = item_features.iter().map(|f| weights.item_tokens(f)).collect();
+    // An item the workers will cut costs its cap at most.
+    let cap = req.max_item_tokens.map_or(f64::INFINITY, |n| f64::from(n.min(cfg.limits.max_item_tokens)));
+    let item_tokens: Vec<f64> = item_features.iter().map(|f| weights.item_tokens(f).min(cap)).collect();
     let prefix_tokens = weights.prefix_tokens(&query_features, instruction_features.as_ref());
 
     let now = Instant::now();

@@ -9,10 +9,12 @@
 //!   the texts back sends `true`), `model` (accepted; the served model is fixed per process, and
 //!   the answer names it): as Cohere, Jina and vLLM define them.
 //! - `rank_fields` (Cohere v1): only `["text"]`, the one field a Sieve document has.
-//! - Refused with 422, since Sieve cannot honour them: `max_chunks_per_doc` (Cohere v1),
-//!   `max_tokens_per_doc` (Cohere v2), `truncate_prompt_tokens` (vLLM) — Sieve never chunks or
-//!   truncates: an item over `max_item_chars` is refused (413), one over the model's context by
-//!   the worker; `priority` (Cohere v2, vLLM) — Sieve orders work by deadline;
+//! - Truncation: `max_tokens_per_doc` (Cohere v2, Jina), `truncate_prompt_tokens` (vLLM; `-1`
+//!   the server's limit), Sieve's `max_item_tokens` and `truncation_direction`: each document is
+//!   cut to that many of its own tokens (at most `[limits] max_item_tokens`), and to what fits
+//!   the model's context; the smallest cap given wins. Counted in `usage.truncated_items`.
+//! - Refused with 422, since Sieve cannot honour them: `max_chunks_per_doc` (Cohere v1) — Sieve
+//!   never chunks; `priority` (Cohere v2, vLLM) — Sieve orders work by deadline;
 //!   `relevant_spans` (Cohere v2).
 //! - Sieve's own: `instruction`, `deadline_ms`, `on_overload`, as on `/v1/score`.
 //!
@@ -28,11 +30,14 @@ use crate::{ApiError, RerankRequest, RerankResponse, RerankResult, ScoreResponse
 
 /// Refuses what the JSON asks for and Sieve cannot honour (after parsing, before the limits).
 pub fn check(r: &RerankRequest) -> Result<(), ApiError> {
-    let never = "Sieve never chunks or truncates a document: one over max_item_chars is refused (413), \
-                 one over the model's context by the worker";
+    let never = "Sieve never chunks a document: send max_tokens_per_doc to cut each one instead";
     refuse_if(r.max_chunks_per_doc.is_some(), "max_chunks_per_doc", never)?;
-    refuse_if(r.max_tokens_per_doc.is_some(), "max_tokens_per_doc", never)?;
-    refuse_if(r.truncate_prompt_tokens.is_some(), "truncate_prompt_tokens", never)?;
+    if r.max_tokens_per_doc == Some(0) || r.truncate_prompt_tokens.is_some_and(|n| n == 0 || n < -1) {
+        return Err(ApiError::invalid(
+            "max_tokens_per_doc and truncate_prompt_tokens must be at least 1 (truncate_prompt_tokens: -1 for \
+             the server's limit)",
+        ));
+    }
     refuse_if(r.priority.is_some(), "priority", "Sieve orders work by deadline (deadline_ms)")?;
     refuse_if(r.relevant_spans.is_some(), "relevant_spans", "Sieve scores whole documents")?;
     if let Some(fields) = &r.rank_fields {

@@ -6,10 +6,10 @@
 //! - `return_text` (default false): each answer entry carries its `text`.
 //! - `raw_scores` (default false): false is what Sieve serves, the sigmoid of the relevance
 //!   logit, in (0, 1); `true` (the logit itself) is refused with 422.
-//! - `truncate` (default false): `true` is refused with 422: Sieve never truncates; a text over
-//!   `max_item_chars` is refused (413), one over the model's context by the worker.
-//! - `truncation_direction` (`left` | `right`, either case): accepted and unused, since nothing
-//!   is truncated.
+//! - `truncate` (default false): `true` cuts each text to the server's limit (`[limits]
+//!   max_item_tokens`, and what fits the model's context) instead of refusing it (413); counted
+//!   in the `usage.truncated_items` a TEI answer cannot carry, so in the worker's metrics only.
+//! - `truncation_direction` (`Left` | `Right`, either case; default `Right`): which end is cut.
 //!
 //! No Sieve fields are added to the body (a TEI client sends none): the deadline comes from the
 //! `x-sieve-deadline-ms` header or the server's default. The answer is TEI's: a JSON array of
@@ -19,7 +19,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::refuse_if;
-use crate::{ApiError, Item, ScoreRequest, ScoreResponse};
+use crate::{ApiError, Item, ScoreRequest, ScoreResponse, TruncationDirection};
 
 /// The request, as TEI defines it.
 #[derive(Debug, Clone, Deserialize)]
@@ -34,16 +34,7 @@ struct Body {
     #[serde(default)]
     truncate: Option<bool>,
     #[serde(default)]
-    #[allow(dead_code)] // Parsed so a wrong value is refused; nothing is ever truncated.
     truncation_direction: Option<TruncationDirection>,
-}
-
-#[derive(Debug, Clone, Copy, Deserialize)]
-enum TruncationDirection {
-    #[serde(alias = "left")]
-    Left,
-    #[serde(alias = "right")]
-    Right,
 }
 
 /// What the answer needs of the request: the texts, when they are to be echoed.
@@ -69,21 +60,13 @@ impl Rerank {
             "raw_scores: true",
             "Sieve serves the sigmoid of the relevance logit, in (0, 1) (TEI's raw_scores: false)",
         )?;
-        refuse_if(
-            b.truncate == Some(true),
-            "truncate: true",
-            "Sieve never truncates: a text over max_item_chars is refused (413), one over the model's \
-             context by the worker",
-        )?;
         let texts = b.return_text.then(|| b.texts.clone());
         let items = b.texts.into_iter().map(Item::Text).collect();
         let req = ScoreRequest {
-            query: b.query,
-            items,
-            instruction: None,
-            deadline_ms: None,
-            on_overload: None,
-            cache: None,
+            // Any cap above the server's is the server's.
+            max_item_tokens: (b.truncate == Some(true)).then_some(u32::MAX),
+            truncation_direction: b.truncation_direction,
+            ..ScoreRequest::new(b.query, items)
         };
         Ok((req, Rerank { texts }))
     }

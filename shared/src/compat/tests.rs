@@ -68,7 +68,6 @@ fn tei_options_sieve_cannot_honour_are_refused_by_name() {
         v
     };
     refused(Route::TeiRerank, q(json!({"raw_scores": true})), "raw_scores: true is not supported");
-    refused(Route::TeiRerank, q(json!({"truncate": true})), "truncate: true is not supported");
     refused(Route::TeiRerank, q(json!({"truncation_direction": "up"})), "unknown variant `up`");
     refused(Route::TeiRerank, q(json!({"documents": ["a"]})), "unknown field `documents`");
     refused(Route::TeiRerank, json!({"query": "q", "texts": [{"text": "a"}]}), "invalid type: map");
@@ -96,7 +95,7 @@ fn vllm_score_takes_one_query_in_any_of_its_forms() {
     refused(Route::VllmScore, json!({"text_1": ["q", "q"], "text_2": ["a"]}), "text_1 has 2 entries and text_2 1");
     refused(Route::VllmScore, json!({"text_1": [], "text_2": ["a"]}), "text_1 is empty");
     refused(Route::VllmScore, json!({"text_1": "q", "text_2": [1]}), "a string or a list of strings");
-    refused(Route::VllmScore, json!({"text_1": "q", "text_2": "a", "truncate_prompt_tokens": 5}), "not supported");
+    refused(Route::VllmScore, json!({"text_1": "q", "text_2": "a", "truncate_prompt_tokens": 0}), "at least 1, or -1");
     refused(Route::VllmScore, json!({"text_1": "q", "text_2": "a", "queries": "a"}), "unknown field `queries`");
 }
 
@@ -150,8 +149,8 @@ fn rerank_options_sieve_cannot_honour_are_refused_by_name() {
     };
     for (extra, says) in [
         (json!({"max_chunks_per_doc": 4}), "max_chunks_per_doc is not supported"),
-        (json!({"max_tokens_per_doc": 512}), "max_tokens_per_doc is not supported"),
-        (json!({"truncate_prompt_tokens": 512}), "truncate_prompt_tokens is not supported"),
+        (json!({"max_tokens_per_doc": 0}), "must be at least 1"),
+        (json!({"truncate_prompt_tokens": -2}), "must be at least 1"),
         (json!({"priority": 1}), "priority is not supported"),
         (json!({"relevant_spans": {"mode": "x"}}), "relevant_spans is not supported"),
         (json!({"rank_fields": ["title"]}), "rank_fields other than [\"text\"] is not supported"),
@@ -168,4 +167,40 @@ fn response_ids_differ_call_to_call() {
     let b = response_id("x");
     assert_ne!(a, b);
     assert!(a.starts_with("x-") && a.len() == 2 + 24, "{a}");
+}
+
+#[test]
+fn every_shape_s_truncation_becomes_one_cap() {
+    let cap = |route, body: Value| {
+        let (req, _) = parse(route, body).unwrap();
+        (req.max_item_tokens, req.truncation_direction)
+    };
+    let rerank = |extra: Value| {
+        let mut v = json!({"query": "q", "documents": ["a"]});
+        v.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        v
+    };
+    use crate::TruncationDirection::{Left, Right};
+    assert_eq!(cap(Route::Rerank, rerank(json!({}))), (None, None));
+    assert_eq!(cap(Route::Rerank, rerank(json!({"max_tokens_per_doc": 4096}))), (Some(4096), None));
+    assert_eq!(cap(Route::Rerank, rerank(json!({"truncate_prompt_tokens": -1}))), (Some(u32::MAX), None));
+    assert_eq!(
+        cap(Route::Rerank, rerank(json!({"truncate_prompt_tokens": 9, "max_tokens_per_doc": 20}))),
+        (Some(9), None),
+        "the smallest cap wins"
+    );
+    assert_eq!(
+        cap(Route::Rerank, rerank(json!({"max_item_tokens": 7, "truncation_direction": "left"}))),
+        (Some(7), Some(Left))
+    );
+    let tei = json!({"query": "q", "texts": ["a"], "truncate": true, "truncation_direction": "Left"});
+    assert_eq!(cap(Route::TeiRerank, tei), (Some(u32::MAX), Some(Left)));
+    let tei = json!({"query": "q", "texts": ["a"], "truncate": false, "truncation_direction": "Right"});
+    assert_eq!(cap(Route::TeiRerank, tei), (None, Some(Right)));
+    assert_eq!(
+        cap(Route::VllmScore, json!({"text_1": "q", "text_2": "a", "truncate_prompt_tokens": 64})),
+        (Some(64), None)
+    );
+    let score = json!({"query": "q", "items": ["a"], "max_item_tokens": 5, "truncation_direction": "right"});
+    assert_eq!(cap(Route::Score, score), (Some(5), Some(Right)));
 }

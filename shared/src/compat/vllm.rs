@@ -8,7 +8,8 @@
 //!   refused with 422 (send one call per query).
 //! - `text_2`: the items, a string or a list.
 //! - `model`: accepted; the served model is fixed per process, and the answer names it.
-//! - `truncate_prompt_tokens`: refused with 422 when set: Sieve never truncates.
+//! - `truncate_prompt_tokens`: each `text_2` entry cut to that many of its own tokens (`-1`:
+//!   the server's limit, `[limits] max_item_tokens`), and to what fits the model's context.
 //! - `priority`: refused with 422 when set: Sieve orders work by deadline.
 //!
 //! The deadline comes from the `x-sieve-deadline-ms` header or the server's default. The answer
@@ -87,7 +88,16 @@ struct AnswerUsage {
 impl Score {
     pub(super) fn parse(body: &[u8]) -> Result<(ScoreRequest, Score), ApiError> {
         let b: Body = ApiError::parse_json(body)?;
-        refuse_if(b.truncate_prompt_tokens.is_some(), "truncate_prompt_tokens", "Sieve never truncates a prompt")?;
+        let max_item_tokens = match b.truncate_prompt_tokens {
+            None => None,
+            Some(-1) => Some(u32::MAX),
+            Some(n) if n >= 1 => Some(crate::api::clamp_u32(n as u64)),
+            Some(n) => {
+                return Err(ApiError::invalid(format!(
+                    "truncate_prompt_tokens {n}: give at least 1, or -1 for the server's limit"
+                )))
+            }
+        };
         refuse_if(b.priority.is_some(), "priority", "Sieve orders work by deadline")?;
         let queries = b.text_1.into_vec();
         let items: Vec<Item> = b.text_2.into_vec().into_iter().map(Item::Text).collect();
@@ -108,7 +118,7 @@ impl Score {
                 )));
             }
         }
-        Ok((ScoreRequest { query, items, instruction: None, deadline_ms: None, on_overload: None, cache: None }, Score))
+        Ok((ScoreRequest { max_item_tokens, ..ScoreRequest::new(query, items) }, Score))
     }
 
     pub fn answer(self, resp: ScoreResponse) -> Answer {

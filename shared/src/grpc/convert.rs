@@ -4,7 +4,10 @@
 //! `null` and listed in the JSON.
 
 use super::pb;
-use crate::{ApiError, Item, OnOverload, RerankRequest, RerankResponse, ScoreRequest, ScoreResponse, Timing, Usage};
+use crate::{
+    ApiError, Item, OnOverload, RerankRequest, RerankResponse, ScoreRequest, ScoreResponse, Timing,
+    TruncationDirection, Usage,
+};
 
 fn item(i: pb::Item) -> Item {
     match i.id {
@@ -32,7 +35,14 @@ pub(super) fn score_request(r: pb::ScoreRequest) -> Result<ScoreRequest, ApiErro
         instruction: r.instruction,
         deadline_ms: r.deadline_ms,
         cache: r.cache,
+        max_item_tokens: r.max_item_tokens,
+        truncation_direction: direction(r.max_item_tokens, r.truncate_left),
     })
+}
+
+/// `truncate_left` as the JSON's `truncation_direction` (said only when something is cut).
+pub(super) fn direction(max_item_tokens: Option<u32>, left: bool) -> Option<TruncationDirection> {
+    max_item_tokens.map(|_| if left { TruncationDirection::Left } else { TruncationDirection::Right })
 }
 
 pub(super) fn rerank_request(r: pb::RerankRequest) -> Result<RerankRequest, ApiError> {
@@ -46,6 +56,8 @@ pub(super) fn rerank_request(r: pb::RerankRequest) -> Result<RerankRequest, ApiE
         instruction: r.instruction,
         deadline_ms: r.deadline_ms,
         model: r.model,
+        max_item_tokens: r.max_item_tokens,
+        truncation_direction: direction(r.max_item_tokens, r.truncate_left),
         // The HTTP clients' extra options (`compat::rerank`) have no field in the message.
         ..RerankRequest::default()
     })
@@ -65,6 +77,7 @@ fn usage(u: Usage) -> pb::Usage {
         cached_prefix_tokens: u.cached_prefix_tokens,
         item_tokens: u.item_tokens,
         cached_items: u.cached_items,
+        truncated_items: u.truncated_items,
     }
 }
 
@@ -114,9 +127,12 @@ mod tests {
             deadline_ms: Some(40),
             on_overload: pb::OnOverload::Partial as i32,
             cache: Some(false),
+            max_item_tokens: Some(30),
+            truncate_left: true,
         })
         .unwrap();
         assert_eq!(r.cache, Some(false), "the cache opt-out reaches the call");
+        assert_eq!((r.max_item_tokens, r.truncation_direction), (Some(30), Some(TruncationDirection::Left)));
         assert_eq!(r.items, vec![Item::Text("a".into()), Item::Object { id: Some("x".into()), text: "b".into() }]);
         assert_eq!(
             (r.instruction.as_deref(), r.deadline_ms, r.on_overload),

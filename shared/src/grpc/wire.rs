@@ -152,8 +152,11 @@ pub(super) fn score_request(msg: &[u8]) -> Result<ScoreRequestRef<'_>, ApiError>
         deadline_ms: None,
         on_overload: None,
         cache: None,
+        max_item_tokens: None,
+        truncation_direction: None,
     };
     let mut on_overload = 0i32;
+    let mut left = false;
     while let Some((field, wire)) = r.key()? {
         match field {
             1 => {
@@ -182,9 +185,19 @@ pub(super) fn score_request(msg: &[u8]) -> Result<ScoreRequestRef<'_>, ApiError>
                 r.want_wire("cache", wire, VARINT)?;
                 req.cache = Some(r.varint()? != 0);
             }
+            7 => {
+                r.want_wire("max_item_tokens", wire, VARINT)?;
+                // A uint32 is its varint's low 32 bits, as prost reads it.
+                req.max_item_tokens = Some(r.varint()? as u32);
+            }
+            8 => {
+                r.want_wire("truncate_left", wire, VARINT)?;
+                left = r.varint()? != 0;
+            }
             _ => r.skip(wire)?,
         }
     }
+    req.truncation_direction = super::convert::direction(req.max_item_tokens, left);
     req.on_overload = match pb::OnOverload::try_from(on_overload) {
         Ok(pb::OnOverload::Unspecified) => None,
         Ok(pb::OnOverload::Reject) => Some(OnOverload::Reject),
@@ -244,6 +257,8 @@ mod tests {
             deadline_ms: Some(250),
             on_overload: pb::OnOverload::Partial as i32,
             cache: Some(false),
+            max_item_tokens: Some(12),
+            truncate_left: true,
         };
         let bytes = encode(&m);
         let got = score_request(&bytes).unwrap();

@@ -123,6 +123,7 @@ pub struct ScoreJob {
     pub slot: Arc<CallSlot>,
     /// The call's spans when it is traced (`None`, nothing allocated, when tracing is off).
     pub trace: Option<Box<CallSpans>>,
+    pub truncate: Option<crate::prompt::Truncate>,
 }
 
 /// A traced call's spans, carried to the runner thread (which has no span context of its own).

@@ -143,6 +143,8 @@ pub struct Submission {
     /// The call's span (its request's), parent of its queue and forward-pass spans;
     /// `Span::none()` when tracing is off or the call is not traced.
     pub span: tracing::Span,
+    /// Cut items as the caller asked (capped by the server's limit); `None`: cut nothing.
+    pub truncate: Option<crate::prompt::Truncate>,
 }
 
 impl EngineHandle {
@@ -254,6 +256,7 @@ impl EngineHandle {
             cancel: s.cancel,
             slot,
             trace,
+            truncate: s.truncate,
         };
         st.queued_pairs.add(pairs);
         st.in_flight_requests.add(1);

@@ -146,6 +146,7 @@ fn output(state: &EngineState, job: &BatchJob, p: &Progress) -> JobResult {
         cached_items: 0,
         item_tokens: call.prompts.iter().map(|q| (q.len() - call.prefix_len) as u32).collect(),
         item_shared_tokens: item_shared_tokens(job, p),
+        truncated_items: call.truncated,
     };
     let arrived = job.tj.job.arrived;
     let queue_ms = p.started.map(|s| s.duration_since(arrived).as_secs_f64() * 1e3).unwrap_or(0.0);

@@ -242,7 +242,11 @@ impl Scheduler {
         }
         let result = {
             let items: Vec<&str> = job.items.iter().map(String::as_str).collect();
-            self.builder.tokenize_call(self.encoder.as_ref(), job.instruction.as_deref(), &job.query, &items)
+            let (enc, ins) = (self.encoder.as_ref(), job.instruction.as_deref());
+            match job.truncate {
+                None => self.builder.tokenize_call(enc, ins, &job.query, &items),
+                Some(t) => self.builder.tokenize_truncated(enc, ins, &job.query, &items, t, self.cfg.max_seq_tokens),
+            }
         };
         let call = match result {
             Ok(c) => c,

@@ -66,6 +66,7 @@ fn submit(e: &EngineHandle, query: &str, items: Vec<String>) -> Ticket {
         deadline: None,
         cancel: CancellationToken::new(),
         span: tracing::Span::none(),
+        truncate: None,
     })
     .unwrap()
 }
@@ -85,6 +86,7 @@ fn submit_with(
         deadline,
         cancel,
         span: tracing::Span::none(),
+        truncate: None,
     })
     .unwrap()
 }
@@ -220,6 +222,51 @@ fn concurrent_batches_never_read_each_others_pending_prefix() {
     fresh.shutdown();
 }
 
+fn score_cut(e: &EngineHandle, query: &str, items: Vec<String>, max_tokens: usize, left: bool) -> JobResult {
+    e.submit(Submission {
+        query: query.into(),
+        items,
+        instruction: None,
+        arrived: Instant::now(),
+        deadline: None,
+        cancel: CancellationToken::new(),
+        span: tracing::Span::none(),
+        truncate: Some(crate::prompt::Truncate { max_tokens, left }),
+    })
+    .unwrap()
+    .blocking_recv()
+    .unwrap()
+}
+
+#[test]
+fn a_truncated_item_scores_the_same_alone_in_a_batch_and_sent_already_cut() {
+    let e = engine(cfg(false));
+    let long = "long item with many words ".repeat(3);
+    // ModEncoder: one token per byte, a space joined to the letter after it.
+    let starts = crate::prompt::tests::ByteEncoder.token_starts(&long).unwrap();
+    for left in [false, true] {
+        let alone = score_cut(&e, "q", vec![long.clone()], 12, left).unwrap();
+        assert_eq!(alone.usage.truncated_items, 1);
+        let mut batch = items(9, 4);
+        batch.insert(5, long.clone());
+        let in_batch = score_cut(&e, "q", batch, 12, left).unwrap();
+        assert_eq!(in_batch.scores[5], alone.scores[0], "left {left}: in a batch");
+        let cut = if left { &long[starts[starts.len() - 12]..] } else { &long[..starts[12]] };
+        let pre = score(&e, "q", vec![cut.to_string()]).unwrap();
+        assert_eq!(pre.scores[0], alone.scores[0], "left {left}: sent already cut");
+        assert_eq!(pre.usage.truncated_items, 0);
+    }
+    // Short items are not cut: the same scores as without truncation.
+    let plain = score(&e, "q", items(5, 1)).unwrap();
+    let capped = score_cut(&e, "q", items(5, 1), 100, false).unwrap();
+    assert_eq!((plain.scores, capped.usage.truncated_items), (capped.scores, 0));
+    // Over the context with truncation asked for: cut to fit, not refused.
+    let over = score_cut(&e, "q", vec!["ok".into(), "y ".repeat(300)], 10_000, false).unwrap();
+    assert_eq!(over.usage.truncated_items, 1);
+    assert!(over.scores.iter().all(Option::is_some));
+    e.shutdown();
+}
+
 #[test]
 fn too_long_prompts_and_overload_are_refused_cleanly() {
     let e = engine(EngineConfig { max_queued_pairs: 10, ..cfg(true) });
@@ -244,6 +291,7 @@ fn expired_calls_get_504_and_others_are_unaffected() {
             deadline: Some(Duration::from_millis(1)),
             cancel: CancellationToken::new(),
             span: tracing::Span::none(),
+            truncate: None,
         })
         .unwrap();
     let ok = submit(&e, "q", items(3, 0));

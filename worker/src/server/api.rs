@@ -9,7 +9,7 @@ use hyper::body::Incoming;
 use hyper::Request;
 use sieve_shared::metrics_names::worker as m;
 use sieve_shared::service::{self, Call, Route, ScoreService, Scored};
-use sieve_shared::{ApiError, Limits, ScoreRequest, ScoreResponse, Timing};
+use sieve_shared::{ApiError, Limits, ScoreRequest, ScoreResponse, Timing, TruncationDirection};
 
 use sieve_shared::http::{ByteBudget, HttpResponse};
 
@@ -83,6 +83,10 @@ async fn run(app: &AppState, r: &ScoreRequest, arrived: Instant) -> Result<Score
         cancel,
         // The request's span (the API handler's), for the engine's spans.
         span: if sieve_shared::trace::enabled() { tracing::Span::current() } else { tracing::Span::none() },
+        truncate: r.max_item_tokens.map(|n| crate::prompt::Truncate {
+            max_tokens: n.min(app.limits.max_item_tokens) as usize,
+            left: r.truncation_direction == Some(TruncationDirection::Left),
+        }),
     })?;
     // 504 at the deadline if the call has not started; partial scores (with `missing`) if it
     // was running.

@@ -293,6 +293,7 @@ fn stats_show_the_moe_section_of_a_moe_model() {
             deadline: None,
             cancel: Default::default(),
             span: tracing::Span::none(),
+            truncate: None,
         })
         .unwrap();
     rx.blocking_recv().unwrap().unwrap();

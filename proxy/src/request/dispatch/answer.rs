@@ -316,7 +316,7 @@ impl<'a> Scanner<'a> {
     }
 
     fn usage(&mut self) -> Option<Usage> {
-        let mut f: [Option<u64>; 7] = [None; 7];
+        let mut f: [Option<u64>; 8] = [None; 8];
         let mut item_tokens = None;
         self.object(|s, key| {
             let k = match key {
@@ -327,6 +327,7 @@ impl<'a> Scanner<'a> {
                 "cached_prefix_tokens" => 4,
                 "cached_items" => 5,
                 "item_shared_tokens" => 6,
+                "truncated_items" => 7,
                 "item_tokens" if item_tokens.is_none() => {
                     let mut v = Vec::with_capacity(s.expect);
                     s.array(|s| {
@@ -343,7 +344,7 @@ impl<'a> Scanner<'a> {
             }
             // u32 fields refuse what does not fit, as serde does.
             let n = s.num()?;
-            f[k] = Some(if matches!(k, 1 | 2 | 6) { n.uint::<u64>()? } else { u64::from(n.uint::<u32>()?) });
+            f[k] = Some(if matches!(k, 1 | 2 | 6 | 7) { n.uint::<u64>()? } else { u64::from(n.uint::<u32>()?) });
             Some(())
         })?;
         let u32_of = |v: Option<u64>| v.map(|v| v as u32);
@@ -356,6 +357,7 @@ impl<'a> Scanner<'a> {
             cached_items: u32_of(f[5]).unwrap_or_default(),
             item_tokens: item_tokens.unwrap_or_default(),
             item_shared_tokens: f[6].unwrap_or_default(),
+            truncated_items: f[7].unwrap_or_default(),
         })
     }
 
@@ -519,6 +521,7 @@ mod tests {
                     cached_items: 0,
                     item_tokens: items,
                     item_shared_tokens: 0,
+                    truncated_items: 0,
                 },
                 timing: Timing { queue_ms: times.0, compute_ms: times.1, total_ms: times.2 },
                 model,

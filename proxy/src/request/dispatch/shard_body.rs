@@ -55,6 +55,13 @@ impl ShardWire {
             own.extend_from_slice(b",\"instruction\":");
             encode(&mut own, i.as_ref());
         }
+        // Truncation goes to every shard: the workers apply it.
+        if let Some(n) = req.max_item_tokens {
+            let _ = write!(own, ",\"max_item_tokens\":{n}");
+        }
+        if req.truncation_direction == Some(sieve_shared::TruncationDirection::Left) {
+            own.extend_from_slice(b",\"truncation_direction\":\"left\"");
+        }
         own.extend_from_slice(b",\"items\":[");
         let head = own.len();
         let items = req
@@ -293,6 +300,8 @@ mod tests {
             deadline_ms: None,
             on_overload: None,
             cache: None,
+            max_item_tokens: None,
+            truncation_direction: None,
         };
         let wire = ShardWire::new(Bytes::new(), &ScoreRequestRef::from(whole.clone()));
         assert!(wire.items.iter().all(|f| matches!(f, Frag::Own(_))));
@@ -327,6 +336,8 @@ mod tests {
                 deadline_ms: None,
                 on_overload: None,
                 cache: None,
+                max_item_tokens: None,
+                truncation_direction: None,
             };
             let json = if pretty { serde_json::to_vec_pretty(&whole) } else { serde_json::to_vec(&whole) };
             let body = Bytes::from(json.unwrap());
