@@ -42,6 +42,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::body::BodyDeadline;
 use super::io::ConnIo;
@@ -113,8 +114,10 @@ pub async fn serve_with_slots<F, Fut, S>(
 {
     let graceful = GracefulShutdown::new();
     let ConnectionSlots { served: slots, refusals } = slots;
+    // Served connections and those waiting at the cap alike: a stop drains both.
     let mut conns = JoinSet::new();
-    let mut refused = JoinSet::new();
+    // Cancelled at a stop: a connection still waiting for a slot is refused then.
+    let stopping = CancellationToken::new();
     // Every connection's task and what its socket did: the idle ones are closed at the cap.
     let mut open: Open<Activity> = HashMap::new();
     // While connections wait for a slot, idle ones are looked at again (they age into EVICT_IDLE).
@@ -142,11 +145,15 @@ pub async fn serve_with_slots<F, Fut, S>(
                             continue;
                         };
                         evict_idle(&mut open, TIMEOUTS);
-                        let (slots, linger) = (slots.clone(), config_linger(&config));
-                        // In `refused`, which a stop aborts: one served after its wait is then
-                        // closed rather than drained (only at the cap, during a stop).
-                        refused.spawn(async move {
-                            let Ok(Ok(slot)) = tokio::time::timeout(wait, slots.acquire_owned()).await else {
+                        let (slots, linger, stopping) = (slots.clone(), config_linger(&config), stopping.clone());
+                        // Served after its wait, it is drained by a stop like any other; still
+                        // waiting when the stop comes, it is refused.
+                        conns.spawn(async move {
+                            let got = tokio::select! {
+                                got = tokio::time::timeout(wait, slots.acquire_owned()) => got.ok().and_then(Result::ok),
+                                _ = stopping.cancelled() => None,
+                            };
+                            let Some(slot) = got else {
                                 refuse(stream, linger).await;
                                 return drop(p);
                             };
@@ -163,14 +170,12 @@ pub async fn serve_with_slots<F, Fut, S>(
             _ = recheck.tick(), if refusals.available_permits() < config.max_connections => evict_idle(&mut open, TIMEOUTS),
             // Reap finished tasks so the sets do not grow with every client.
             Some(r) = conns.join_next_with_id(), if !conns.is_empty() => forget(&mut open, r),
-            Some(r) = refused.join_next_with_id(), if !refused.is_empty() => forget(&mut open, r),
             mode = &mut stop => break mode,
         }
     };
     drop(listener);
-    refused.abort_all();
+    stopping.cancel();
     stop_connections(mode, graceful.shutdown(), conns, "connections").await;
-    while refused.join_next().await.is_some() {}
 }
 
 /// The accepted stream, or `None` after a short back-off when accepting failed (out of file

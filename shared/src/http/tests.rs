@@ -277,6 +277,41 @@ async fn a_graceful_stop_ends_within_its_grace_despite_a_stalled_client() {
     closed(&mut half).await;
 }
 
+#[tokio::test]
+async fn a_connection_served_after_waiting_at_the_cap_is_drained_by_a_graceful_stop() {
+    let srv =
+        start(HttpConfig { max_connections: 1, header_read_timeout_ms: 5000, body_read_timeout_ms: 5000, ..fast() })
+            .await;
+    let head = b"POST /x HTTP/1.1\r\nhost: t\r\ncontent-length: 4\r\n\r\nab";
+    // The one slot held by a request in progress; a second connection waits for it.
+    let mut first = TcpStream::connect(srv.addr).await.unwrap();
+    first.write_all(head).await.unwrap();
+    let t0 = Instant::now();
+    while srv.running.load(Ordering::SeqCst) == 0 {
+        assert!(t0.elapsed() < BOUND);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut waiting = TcpStream::connect(srv.addr).await.unwrap();
+    waiting.write_all(head).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    first.write_all(b"cd").await.unwrap();
+    assert_eq!(response(&mut first).await.unwrap().0, 200);
+    drop(first);
+    // The freed slot goes to the waiting connection, whose request is then in progress.
+    let t0 = Instant::now();
+    while srv.running.load(Ordering::SeqCst) == 0 {
+        assert!(t0.elapsed() < BOUND, "the waiting connection was never served");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    srv.stopper.stop(StopMode::Graceful(Some(Duration::from_secs(3))));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Drained like any connection: its request finishes and is answered.
+    waiting.write_all(b"cd").await.unwrap();
+    let (status, body) = response(&mut waiting).await.expect("answered, not aborted by the stop");
+    assert_eq!((status, body["len"].as_u64()), (200, Some(4)), "{body}");
+    tokio::time::timeout(BOUND, srv.task).await.expect("serve returned").unwrap();
+}
+
 /// Serves `answer_bytes` of text to every request, whatever it is: answers that overflow the
 /// socket buffers when nobody reads them. Its sockets have a 4 KiB send buffer (an accepted
 /// socket inherits the listener's), so that a few KiB unread stall its writes.
