@@ -114,16 +114,44 @@ async fn a_worker_process_killed_mid_shard_costs_no_request() {
 /// 30-38 s", for 0.28 s of work. About 5 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_frozen_on_a_cold_proxy_gets_no_request_refused() {
+    frozen_worker_on_a_cold_proxy(false).await;
+}
+
+/// Without an admin URL no health check finds the frozen worker out: only what its shards do
+/// tells. The stall is charged to it (its backlog grows while it holds a shard past its due
+/// time), not to the cluster: before, 530 of 578 requests were refused here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_worker_without_health_checks_is_charged_its_stall_and_nothing_is_refused() {
+    frozen_worker_on_a_cold_proxy(true).await;
+}
+
+/// Three slow sim-workers behind a fresh proxy (`passive`: given without their admin URLs), one
+/// frozen for 3 s, four clients back to back: no request refused, few shards sent to the frozen one.
+async fn frozen_worker_on_a_cold_proxy(passive: bool) {
     let http = Http::new();
     // Slow sim-workers: a 64-item request is about 0.1-0.3 s of work.
     let ws = [sim(&["--speed", "0.2"]), sim(&["--speed", "0.2"]), sim(&["--speed", "0.2"])];
-    let p = proxy(&[&ws[0], &ws[1], &ws[2]], None);
+    let p = if passive {
+        let args: Vec<String> = ws.iter().flat_map(|w| ["--worker".to_string(), w.api_url()]).collect();
+        let mut refs = vec!["--port", "0", "--admin-port", "0"];
+        refs.extend(args.iter().map(String::as_str));
+        spawn("sieve-proxy", &refs, START)
+    } else {
+        proxy(&[&ws[0], &ws[1], &ws[2]], None)
+    };
     assert!(wait_ready(&http, &p.admin_url(), START).await);
     let end = Instant::now() + START;
     while http.get(&format!("{}/workers", p.admin_url())).await.json::<serde_json::Value>()["eligible"] != 3 {
         assert!(Instant::now() < end, "the workers never became eligible");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let shards_on_frozen = || async {
+        let table: serde_json::Value = http.get(&format!("{}/workers", p.admin_url())).await.json();
+        let rows = table["workers"].as_array().cloned().unwrap_or_default();
+        let row = rows.iter().find(|w| w["url"] == ws[2].api_url().as_str()).cloned().expect("the frozen worker's row");
+        row["shards"].as_u64().unwrap()
+    };
+    let before = shards_on_frozen().await;
     ws[2].signal(libc::SIGSTOP);
     let frozen = ws[2].pid() as libc::pid_t;
     let thaw = std::thread::spawn(move || {
@@ -152,13 +180,23 @@ async fn a_worker_frozen_on_a_cold_proxy_gets_no_request_refused() {
             })
         })
         .collect();
+    tokio::time::sleep(Duration::from_millis(2900)).await;
+    let sent_while_frozen = shards_on_frozen().await - before;
     let mut codes = Vec::new();
     for c in clients {
         codes.extend(c.await.unwrap());
     }
     thaw.join().unwrap();
     let count = |s: u16| codes.iter().filter(|(c, _)| *c == s).count();
-    eprintln!("{} requests: {} 200, {} 429, {} 504", codes.len(), count(200), count(429), count(504));
+    eprintln!(
+        "{} requests: {} 200, {} 429, {} 504; {sent_while_frozen} shards sent to the frozen worker while frozen",
+        codes.len(),
+        count(200),
+        count(429),
+        count(504)
+    );
+    // The clients' first shards, sent before it was due to answer; then none.
+    assert!(sent_while_frozen <= 6, "{sent_while_frozen} shards sent to a worker frozen for 3 s");
     assert!(codes.len() >= 20, "too few requests to tell: {}", codes.len());
     let refused: Vec<&String> = codes.iter().filter(|(c, _)| *c == 429).map(|(_, t)| t).collect();
     assert!(refused.is_empty(), "{} of {} refused, e.g. {}", refused.len(), codes.len(), refused[0]);

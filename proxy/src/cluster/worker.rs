@@ -58,6 +58,11 @@ pub struct WorkerState {
     pub time_samples: u64,
     pub reported: Option<Reported>,
     pub last_error: Option<String>,
+    /// Each shard in flight here (by [`InFlightGuard`] id) and when it was due: sent plus our
+    /// whole backlog here then, its own compute included. A worker still holding a shard past
+    /// that is late by the difference, and its view says so ([`Worker::view`]).
+    due: Vec<(u64, Instant)>,
+    next_guard: u64,
 }
 
 #[derive(Debug, Default)]
@@ -124,12 +129,17 @@ pub struct WorkerView {
 pub struct InFlightGuard {
     worker: Arc<Worker>,
     cost_us: u64,
+    id: u64,
 }
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
         self.worker.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.worker.in_flight_cost_us.fetch_sub(self.cost_us, Ordering::Relaxed);
+        let mut st = self.worker.state();
+        if let Some(i) = st.due.iter().position(|&(id, _)| id == self.id) {
+            st.due.swap_remove(i);
+        }
     }
 }
 
@@ -173,6 +183,8 @@ impl Worker {
                 time_samples: 0,
                 reported: None,
                 last_error: None,
+                due: Vec::new(),
+                next_guard: 0,
             }),
         })
     }
@@ -197,8 +209,18 @@ impl Worker {
     pub fn begin(self: &Arc<Self>, predicted_ms: f64) -> InFlightGuard {
         let cost_us = (predicted_ms.max(0.0) * 1e3) as u64;
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        self.in_flight_cost_us.fetch_add(cost_us, Ordering::Relaxed);
-        InFlightGuard { worker: self.clone(), cost_us }
+        let backlog_us = self.in_flight_cost_us.fetch_add(cost_us, Ordering::Relaxed) + cost_us;
+        let mut st = self.state();
+        let id = st.next_guard;
+        st.next_guard += 1;
+        st.due.push((id, Instant::now() + Duration::from_micros(backlog_us)));
+        InFlightGuard { worker: self.clone(), cost_us, id }
+    }
+
+    /// How long past its due time the most overdue shard in flight here is (0 when none is).
+    fn overdue_ms(st: &WorkerState, now: Instant) -> f64 {
+        let due = st.due.iter().map(|&(_, due)| due).min();
+        due.map_or(0.0, |due| now.saturating_duration_since(due).as_secs_f64() * 1e3)
     }
 
     /// Whether a new shard may go to this worker now.
@@ -235,8 +257,12 @@ impl Worker {
                 in_flight += (others * weight).round() as u64;
             }
         }
+        // A stall is charged to its worker: still holding a shard this late, it is taken to stay
+        // busy at least as long again (a frozen worker's backlog grows while it is frozen), so
+        // new shards go elsewhere and plans that would use it are predicted late, while the
+        // cluster's error ([`crate::request::admission`]) leaves the stall out.
         WorkerView {
-            backlog_ms: backlog / p.parallelism,
+            backlog_ms: backlog / p.parallelism + Self::overdue_ms(&st, now),
             in_flight,
             time_factor: tf,
             max_batch_tokens: max_batch,
@@ -449,5 +475,28 @@ mod tests {
         assert!(!w.is_eligible(now));
         w.record_health(now, Health::Ready, None, None);
         assert!(w.is_eligible(now), "a ready health check clears a refusal");
+    }
+
+    #[test]
+    fn a_shard_held_past_its_due_time_charges_its_worker() {
+        let w =
+            Arc::new(Worker::new(WorkerEndpoint::new("http://127.0.0.1:1", None), BreakerConfig::default()).unwrap());
+        let model = CostModel { request_ms: 1.0, token_ms: 0.01, token_context_ms: 0.0 };
+        let first = w.begin(40.0);
+        let second = w.begin(60.0);
+        let now = Instant::now();
+        // On time: the backlog is the predicted work.
+        assert!((w.view(now, &model, &params()).backlog_ms - 100.0).abs() < 1.0);
+        // Queued behind the first, the second is due at 100 ms, the first at 40: at 340 ms the
+        // worker is 300 ms late, and that is added to its backlog.
+        let late = now + Duration::from_millis(340);
+        let v = w.view(late, &model, &params());
+        assert!((v.backlog_ms - 400.0).abs() < 2.0, "{v:?}");
+        drop(first);
+        // The second was due at 100 ms: 240 ms late, on 60 ms of backlog.
+        let v = w.view(late, &model, &params());
+        assert!((v.backlog_ms - 300.0).abs() < 2.0, "{v:?}");
+        drop(second);
+        assert_eq!(w.view(late, &model, &params()).backlog_ms, 0.0, "answered: nothing is charged");
     }
 }
