@@ -125,3 +125,29 @@ impl AppState {
         }
     }
 }
+
+impl crate::cluster::ClusterHost for AppState {
+    fn config(&self) -> Arc<ProxyConfig> {
+        AppState::config(self)
+    }
+
+    fn set_config(&self, config: ProxyConfig) {
+        AppState::set_config(self, config)
+    }
+
+    fn pool(&self) -> &WorkerPool {
+        &self.pool
+    }
+
+    fn client(&self) -> &HttpClient {
+        &self.client
+    }
+
+    fn health_wake(&self) -> &Notify {
+        &self.health_wake
+    }
+
+    fn observe_model(&self, model: &str, template: &str) {
+        self.pair_cache.observe_model(model, template)
+    }
+}

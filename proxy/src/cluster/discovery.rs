@@ -17,9 +17,9 @@ use sieve_shared::WorkerEndpoint;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::cluster::ClusterHost;
 use crate::config::{self, Overrides};
 use crate::metrics as m;
-use crate::state::AppState;
 
 #[derive(Default)]
 struct Sources {
@@ -30,7 +30,7 @@ struct Sources {
 }
 
 pub struct Discovery {
-    state: Arc<AppState>,
+    host: Arc<dyn ClusterHost>,
     config_path: Option<PathBuf>,
     overrides: Overrides,
     sources: Mutex<Sources>,
@@ -42,13 +42,13 @@ pub struct Discovery {
 
 impl Discovery {
     pub fn new(
-        state: Arc<AppState>,
+        host: Arc<dyn ClusterHost>,
         config_path: Option<PathBuf>,
         overrides: Overrides,
         cli_workers: Vec<WorkerEndpoint>,
         stop: watch::Receiver<bool>,
     ) -> Arc<Self> {
-        let cfg = state.config();
+        let cfg = host.config();
         let d = Arc::new(Discovery {
             config_path,
             overrides,
@@ -57,7 +57,7 @@ impl Discovery {
             dns_tasks: Mutex::new(Vec::new()),
             file_stamp: Mutex::new(None),
             stop,
-            state,
+            host,
         });
         *lock(&d.file_stamp) = d.stamp();
         d.apply();
@@ -72,7 +72,7 @@ impl Discovery {
         Some(tokio::spawn(async move {
             let mut stop = d.stop.clone();
             loop {
-                let interval = Duration::from_millis(d.state.config().discovery.reload_interval_ms);
+                let interval = Duration::from_millis(d.host.config().discovery.reload_interval_ms);
                 tokio::select! {
                     _ = tokio::time::sleep(interval) => {}
                     _ = stop.changed() => return,
@@ -109,13 +109,13 @@ impl Discovery {
         };
         let dns = cfg.discovery.dns.clone();
         lock(&self.sources).file = cfg.workers.clone();
-        self.state.set_config(cfg);
+        self.host.set_config(cfg);
         if *lock(&self.dns_entries) != dns {
             self.restart_dns(&dns);
         }
         self.apply();
         metrics::counter!(m::CONFIG_RELOADS, "outcome" => "ok").increment(1);
-        Ok(self.state.pool.snapshot().len())
+        Ok(self.host.pool().snapshot().len())
     }
 
     /// Replaces the pool with the union of all sources.
@@ -124,8 +124,8 @@ impl Discovery {
             let s = lock(&self.sources);
             s.cli.iter().chain(s.file.iter()).chain(s.dns.iter().flatten()).cloned().collect()
         };
-        let cfg = self.state.config();
-        let change = self.state.pool.replace(&union, &cfg.breaker);
+        let cfg = self.host.config();
+        let change = self.host.pool().replace(&union, &cfg.breaker);
         for w in &change.added {
             tracing::info!(worker = %w.endpoint, "worker added");
         }
@@ -133,7 +133,7 @@ impl Discovery {
             tracing::info!(worker = %w.endpoint, in_flight = w.in_flight(), "worker removed");
         }
         if !change.added.is_empty() {
-            self.state.health_wake.notify_one();
+            self.host.health_wake().notify_one();
         }
     }
 

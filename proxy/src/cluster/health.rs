@@ -12,31 +12,31 @@ use tokio::task::JoinSet;
 
 use crate::client::HttpClient;
 use crate::cluster::worker::{Health, Worker};
+use crate::cluster::ClusterHost;
 use crate::metrics as m;
-use crate::state::AppState;
 
-pub async fn run(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
+pub async fn run(host: Arc<dyn ClusterHost>, mut stop: watch::Receiver<bool>) {
     loop {
-        let cfg = state.config();
+        let cfg = host.config();
         let timeout = Duration::from_millis(cfg.health.timeout_ms);
         let mut checks = JoinSet::new();
-        for w in state.pool.snapshot().iter() {
+        for w in host.pool().snapshot().iter() {
             if w.ready_uri.is_some() {
-                let (client, w, state) = (state.client.clone(), w.clone(), state.clone());
+                let (client, w, host) = (host.client().clone(), w.clone(), host.clone());
                 checks.spawn(async move {
                     // The model a worker reports: another one than before empties the
                     // pair-score cache before any request is answered from it.
                     if let Some((model, template)) = check(&client, &w, timeout).await {
-                        state.pair_cache.observe_model(&model, &template);
+                        host.observe_model(&model, &template);
                     }
                 });
             }
         }
         while checks.join_next().await.is_some() {}
-        metrics::gauge!(m::WORKERS_ELIGIBLE).set(state.pool.eligible(Instant::now()).len() as f64);
+        metrics::gauge!(m::WORKERS_ELIGIBLE).set(host.pool().eligible(Instant::now()).len() as f64);
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(cfg.health.interval_ms)) => {}
-            _ = state.health_wake.notified() => {}
+            _ = host.health_wake().notified() => {}
             _ = stop.changed() => return,
         }
     }
