@@ -8,7 +8,8 @@
 #                                                      # driver through the NVIDIA container toolkit)
 #
 # Base images are pinned by digest, the tag beside each for people; refresh one deliberately
-# (`docker buildx imagetools inspect TAG` gives the index digest). The build runs the project's
+# (`docker buildx imagetools inspect TAG` gives the index digest). The digests were set without
+# pulling (no container runtime where this was written): the first `docker build` verifies them. The build runs the project's
 # own steps, the ones the test suite runs: scripts/fetch-assets (which fetches by package name
 # with pip) and cargo build --release --locked. tests/deploy.rs checks that every FROM is pinned
 # and every script named here exists.
