@@ -251,6 +251,20 @@ async fn every_dashboard_metric_is_exported_by_a_running_proxy_or_worker() {
         assert!(problems.is_empty(), "{process}'s /metrics: {problems:#?}\n{}", pages[process.as_str()]);
     }
     assert_eq!(report.as_object().unwrap().len(), 3, "{report}");
+
+    // The checker itself finds what the pages had before: no HELP, a gauge named like a
+    // counter, a summary, a histogram whose +Inf bucket is not its count.
+    let bad = concat!(
+        "# TYPE sieve_x_seconds_total gauge\nsieve_x_seconds_total 1\n",
+        "# HELP sieve_s S\n# TYPE sieve_s summary\nsieve_s{quantile=\"0.5\"} 1\nsieve_s_sum 1\nsieve_s_count 1\n",
+        "# HELP sieve_h H\n# TYPE sieve_h histogram\nsieve_h_bucket{le=\"1\"} 2\nsieve_h_bucket{le=\"+Inf\"} 1\n",
+        "sieve_h_sum 1\nsieve_h_count 2\n",
+    );
+    let report = check_exposition(&BTreeMap::from([("bad", bad.to_string())])).await;
+    let problems = report["bad"]["problems"].to_string();
+    for p in ["no HELP", "a gauge named like a counter", "a summary", "not cumulative", "!= _count"] {
+        assert!(problems.contains(p), "the checker missed `{p}`: {problems}");
+    }
 }
 
 /// The venv's Python (`scripts/fetch-assets py`), or a failure naming the command that makes it.
