@@ -1,8 +1,11 @@
 //! Distributed tracing end to end: a `sieve-proxy` process and two `sieve-loadtest sim-worker`
-//! processes export their spans over OTLP/HTTP to a receiver this test runs, and one split
-//! request's spans form one tree: the proxy's request span (the root, or the child of the
-//! client's `traceparent`, sent as an HTTP header or as gRPC call metadata), its plan and shard-attempt spans, each worker's request span under
-//! an attempt, and the worker's queue and compute spans under that.
+//! processes export their spans over OTLP/HTTP to a receiver this test runs, which decodes them
+//! with `opentelemetry-proto`, and one split request's spans form one tree a trace backend links:
+//! the proxy's request span (SERVER: the root, or the child of the client's `traceparent`, sent
+//! as an HTTP header or as gRPC call metadata), its plan and shard-attempt spans (CLIENT), each
+//! worker's request span (SERVER) under an attempt, and the worker's queue and compute spans
+//! under that. Attributes carry OpenTelemetry's HTTP and RPC semantic-convention names with
+//! their types (a status code is an integer), and a refused call's spans have status ERROR.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -15,6 +18,8 @@ use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use prost::Message;
 use sieve_e2e::{catalogue, score_body, spawn, wait_ready, Http, Proc};
 
@@ -28,6 +33,25 @@ struct Got {
     trace: Vec<u8>,
     id: Vec<u8>,
     parent: Vec<u8>,
+    kind: SpanKind,
+    status: StatusCode,
+    attrs: HashMap<String, Value>,
+}
+
+impl Got {
+    fn int(&self, key: &str) -> Option<i64> {
+        match self.attrs.get(key) {
+            Some(Value::IntValue(v)) => Some(*v),
+            _ => None,
+        }
+    }
+
+    fn str(&self, key: &str) -> Option<&str> {
+        match self.attrs.get(key) {
+            Some(Value::StringValue(v)) => Some(v),
+            _ => None,
+        }
+    }
 }
 
 type Received = Arc<Mutex<Vec<Got>>>;
@@ -83,12 +107,21 @@ fn flatten(r: ExportTraceServiceRequest) -> Vec<Got> {
             .unwrap_or_default();
         for ss in rs.scope_spans {
             for s in ss.spans {
+                let status = s.status.as_ref().map_or(StatusCode::Unset, |st| st.code());
+                let attrs = s
+                    .attributes
+                    .iter()
+                    .filter_map(|kv| Some((kv.key.clone(), kv.value.as_ref()?.value.clone()?)))
+                    .collect();
                 out.push(Got {
                     service: service.clone(),
+                    kind: s.kind(),
                     name: s.name,
                     trace: s.trace_id,
                     id: s.span_id,
                     parent: s.parent_span_id,
+                    status,
+                    attrs,
                 });
             }
         }
@@ -145,6 +178,7 @@ fn complete(spans: &[Got]) -> bool {
 
 /// Checks the tree of one request's spans; `client_parent` is the span id the client sent.
 fn check_tree(spans: &[Got], client_parent: &[u8]) {
+    check_links(spans);
     let names: Vec<_> = spans.iter().map(|s| format!("{}/{}", s.service, s.name)).collect();
     assert!(complete(spans), "incomplete trace: {names:?}");
     let by_id: HashMap<&[u8], &Got> = spans.iter().map(|s| (s.id.as_slice(), s)).collect();
@@ -214,7 +248,13 @@ async fn one_split_request_is_one_trace_from_proxy_to_workers() {
             }
         }
     };
-    check_tree(&spans_of(&got, &root_trace, complete).await, &[]);
+    let spans = spans_of(&got, &root_trace, complete).await;
+    check_tree(&spans, &[]);
+    let root = spans.iter().find(|s| s.name == "proxy").unwrap();
+    assert_eq!(root.str("http.request.method"), Some("POST"), "{root:?}");
+    assert_eq!(root.str("http.route"), Some("/v1/score"), "{root:?}");
+    assert_eq!(root.int("http.response.status_code"), Some(200), "{root:?}");
+    assert_eq!(root.status, StatusCode::Unset, "{root:?}");
 
     // The client's traceparent: the same trace id, the proxy's span its child.
     let (trace_hex, parent_hex) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
@@ -230,15 +270,39 @@ async fn one_split_request_is_one_trace_from_proxy_to_workers() {
     assert_eq!(n, 20, "every item scored over gRPC");
     let spans = spans_of(&got, &hex(grpc_trace), complete).await;
     check_tree(&spans, &hex(grpc_parent));
+    let root = spans.iter().find(|s| s.name == "proxy").unwrap();
+    assert_eq!(root.str("rpc.system"), Some("grpc"), "{root:?}");
+    assert_eq!(root.str("rpc.service"), Some("sieve.v1.Sieve"), "{root:?}");
+    assert_eq!(root.str("rpc.method"), Some("Score"), "{root:?}");
+    assert_eq!(root.int("rpc.grpc.status_code"), Some(0), "{root:?}");
+
+    // Refused calls: the proxy's SERVER span has status ERROR, with the code as an integer.
+    let (bad_trace, bad_grpc_trace) = ("6cf92f3577b34da6a3ce929d0e0e4738", "7cf92f3577b34da6a3ce929d0e0e4739");
+    let bad = score_body(" ", &catalogue(2, 1), None);
+    let (status, _) = score(api, &bad, Some(&format!("00-{bad_trace}-{parent_hex}-01"))).await;
+    assert_eq!(status, 422);
+    let n = grpc_score(&p, &bad, &format!("00-{bad_grpc_trace}-{grpc_parent}-01")).await;
+    assert_eq!(n, 0, "the empty query refused over gRPC");
+    let failed = |s: &[Got]| s.iter().any(|s| s.name == "proxy");
+    let spans = spans_of(&got, &hex(bad_trace), failed).await;
+    let root = spans.iter().find(|s| s.name == "proxy").expect("the refused request's span");
+    assert_eq!((root.kind, root.status), (SpanKind::Server, StatusCode::Error), "{root:?}");
+    assert_eq!(root.int("http.response.status_code"), Some(422), "{root:?}");
+    assert_eq!(root.str("error.type"), Some("422"), "{root:?}");
+    let spans = spans_of(&got, &hex(bad_grpc_trace), failed).await;
+    let root = spans.iter().find(|s| s.name == "proxy").expect("the refused gRPC call's span");
+    assert_eq!((root.kind, root.status), (SpanKind::Server, StatusCode::Error), "{root:?}");
+    assert_eq!(root.int("rpc.grpc.status_code"), Some(3), "INVALID_ARGUMENT: {root:?}");
 
     // Every span received belongs to one of the three requests' traces: none was orphaned into
     // a trace of its own (a worker that ignored the traceparent would start one).
     let traces: HashSet<Vec<u8>> = got.lock().unwrap().iter().map(|s| s.trace.clone()).collect();
-    assert_eq!(traces, HashSet::from([root_trace, hex(trace_hex), hex(grpc_trace)]));
+    let want = [root_trace, hex(trace_hex), hex(grpc_trace), hex(bad_trace), hex(bad_grpc_trace)];
+    assert_eq!(traces, HashSet::from(want));
 }
 
 /// A gRPC `Score` call to `p`'s gRPC port of the JSON `body`'s query and items, with
-/// `traceparent` as call metadata; how many scores came back.
+/// `traceparent` as call metadata; how many scores came back (0 for a refused call).
 async fn grpc_score(p: &Proc, body: &serde_json::Value, traceparent: &str) -> usize {
     use sieve_shared::grpc::pb;
     let addr = p.line.split_whitespace().find_map(|w| w.strip_prefix("grpc=")).expect("a grpc= address");
@@ -254,7 +318,39 @@ async fn grpc_score(p: &Proc, body: &serde_json::Value, traceparent: &str) -> us
     let mut req = tonic::Request::new(msg);
     req.metadata_mut().insert("traceparent", traceparent.parse().unwrap());
     let call = tokio::time::timeout(Duration::from_secs(10), client.score(req)).await.expect("an answer in time");
-    call.expect("a gRPC answer").into_inner().scores.len()
+    // A refused call: no scores.
+    call.map_or(0, |r| r.into_inner().scores.len())
+}
+
+/// SERVER → CLIENT → SERVER: the proxy's request span is a SERVER span, each shard attempt a
+/// CLIENT span under it with the worker's address and the answer's status as integers, and each
+/// worker's request span a SERVER span under an attempt; numbers are typed as numbers.
+fn check_links(spans: &[Got]) {
+    let names: Vec<_> = spans.iter().map(|s| format!("{}/{}:{:?}", s.service, s.name, s.kind)).collect();
+    for s in spans {
+        let want = match s.name.as_str() {
+            "proxy" | "sim-worker" | "worker" => SpanKind::Server,
+            "shard_attempt" => SpanKind::Client,
+            _ => SpanKind::Internal,
+        };
+        assert_eq!(s.kind, want, "{} in {names:?}", s.name);
+        for key in ["items", "shards", "pass", "rows", "tokens", "server.port", "http.response.status_code"] {
+            if let Some(v) = s.attrs.get(key) {
+                assert!(matches!(v, Value::IntValue(_)), "{}'s {key} is {v:?}, not an integer", s.name);
+            }
+        }
+    }
+    for a in spans.iter().filter(|s| s.name == "shard_attempt") {
+        assert_eq!(a.str("http.request.method"), Some("POST"), "{a:?}");
+        assert_eq!(a.str("server.address"), Some("127.0.0.1"), "{a:?}");
+        assert!(a.int("server.port").is_some_and(|p| p > 0), "{a:?}");
+        assert_eq!(a.int("http.response.status_code"), Some(200), "{a:?}");
+        assert_eq!(a.status, StatusCode::Unset, "{a:?}");
+    }
+    for w in spans.iter().filter(|s| s.name == "sim-worker") {
+        assert_eq!(w.str("http.route"), Some("/v1/score"), "{w:?}");
+        assert_eq!(w.int("http.response.status_code"), Some(200), "{w:?}");
+    }
 }
 
 fn hex(s: &str) -> Vec<u8> {
@@ -291,6 +387,8 @@ async fn a_worker_s_queue_and_forward_pass_spans_are_children_of_its_request() {
     assert!(done(&spans), "incomplete trace: {names:?}");
     let request = spans.iter().find(|s| s.name == "worker").unwrap();
     assert_eq!(request.parent, hex(parent_hex), "the worker's request span is the caller's child");
+    check_links(&spans);
+    assert_eq!(request.int("http.response.status_code"), Some(200), "{request:?}");
     for s in spans.iter().filter(|s| s.name != "worker") {
         assert!(matches!(s.name.as_str(), "queue" | "forward_pass"), "unexpected span {names:?}");
         assert_eq!(s.parent, request.id, "{} under the request span", s.name);

@@ -133,13 +133,10 @@ fn refresh_gauges(state: &AppState) -> String {
             metrics::gauge!(m::WORKER_BREAKER_STATE, "worker" => url.clone()).set(w.breaker_state(now).as_gauge());
             metrics::gauge!(m::WORKER_READY, "worker" => url.clone()).set(if ok { 1.0 } else { 0.0 });
             metrics::gauge!(m::WORKER_TIME_FACTOR, "worker" => url.clone()).set(view.time_factor);
-            // Counters appear from their first event, as the process's own do.
+            // Every state's count, 0 included, as the process's own counters are from the start.
             for state in BreakerState::ALL {
                 let n = w.counters.breaker_transitions(state);
-                if n > 0 {
-                    metrics::counter!(m::BREAKER_TRANSITIONS, "worker" => url.clone(), "state" => state.name())
-                        .absolute(n);
-                }
+                metrics::counter!(m::BREAKER_TRANSITIONS, "worker" => url.clone(), "state" => state.name()).absolute(n);
             }
         }
     });
@@ -245,9 +242,12 @@ mod tests {
                 assert_eq!(series(&text, metric, url).len(), 1, "{metric} of {url} in:\n{text}");
             }
         }
-        let opened = series(&text, m::BREAKER_TRANSITIONS, b);
-        assert_eq!(opened, [format!("{}{{worker=\"{b}\",state=\"open\"}} 2", m::BREAKER_TRANSITIONS)], "{text}");
-        assert!(series(&text, m::BREAKER_TRANSITIONS, a).is_empty(), "no transition, no series: {text}");
+        let opened = format!("{}{{worker=\"{b}\",state=\"open\"}} 2", m::BREAKER_TRANSITIONS);
+        assert!(series(&text, m::BREAKER_TRANSITIONS, b).contains(&opened.as_str()), "{text}");
+        // No transition yet: every state's series, at 0 (a dashboard panel reads 0, not "No data").
+        let none = series(&text, m::BREAKER_TRANSITIONS, a);
+        assert_eq!(none.len(), BreakerState::ALL.len(), "{text}");
+        assert!(none.iter().all(|l| l.ends_with("} 0")), "{text}");
         assert!(text.contains(&format!("# HELP {}", m::WORKER_READY)), "{text}");
 
         // Discovery (or a reload) drops worker b: none of its series is reported any more.

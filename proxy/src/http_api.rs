@@ -11,7 +11,7 @@ use hyper::body::Incoming;
 use hyper::header::{HeaderName, HeaderValue};
 use hyper::Request;
 use sieve_shared::http::{ByteBudget, HttpResponse};
-use sieve_shared::service::{self, Call, Route, ScoreService, Scored};
+use sieve_shared::service::{self, Call, Protocol, Route, ScoreService, Scored};
 use sieve_shared::{ApiError, Limits, ScoreRequest, ScoreRequestRef};
 
 use crate::drain::Admitted;
@@ -78,8 +78,8 @@ impl ScoreService for Api {
         self.scored(body, req, call).await
     }
 
-    fn observe(&self, route: Route, status: u16, elapsed: Duration) {
-        m::observe_request(route, status, elapsed.as_secs_f64());
+    fn observe(&self, protocol: Protocol, route: Route, status: u16, elapsed: Duration) {
+        m::observe_request(protocol, route, status, elapsed.as_secs_f64());
     }
 }
 

@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 
 use metrics::{Counter, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use sieve_shared::service::Route;
+use sieve_shared::service::{Protocol, Route};
 
 // The names live with every other process's (`sieve_shared::metrics_names`); re-exported so
 // the proxy records them as `metrics::NAME`.
@@ -50,9 +50,9 @@ pub fn code_label(status: u16) -> Cow<'static, str> {
 
 // Handles of the metrics recorded on every request, each registered on its first use and kept.
 // The `metrics` macros look a metric up by its key on every call (a hash and a lock) and wrap
-// the handle in a new `Arc` (an allocation): ~10 of each per request before. Registered on
-// first use, not up front, so a metric appears in `/metrics` when it is first recorded, as
-// before; `handle()` first, so the handle is the installed recorder's, never a no-op one.
+// the handle in a new `Arc` (an allocation): ~10 of each per request before. Kept on first use
+// (the counters among them are registered at zero up front, `register_at_zero`); `handle()`
+// first, so the handle is the installed recorder's, never a no-op one.
 macro_rules! kept_histograms {
     ($($(#[$doc:meta])* $f:ident => $name:expr;)*) => {$(
         $(#[$doc])*
@@ -94,29 +94,100 @@ pub fn prefix_affinity_check(hit: bool) -> &'static Counter {
     })
 }
 
-/// One answered request: [`REQUESTS`] by route and code, [`REQUEST_SECONDS`] by route, with
-/// handles kept per label set (a code the API never answers is counted through the macro).
-pub fn observe_request(route: Route, status: u16, elapsed_secs: f64) {
-    static SECONDS: [OnceLock<Histogram>; Route::ALL.len()] = [const { OnceLock::new() }; Route::ALL.len()];
-    static COUNTS: [[OnceLock<Counter>; API_CODES.len()]; Route::ALL.len()] =
-        [const { [const { OnceLock::new() }; API_CODES.len()] }; Route::ALL.len()];
+/// One answered request: [`REQUESTS`] by protocol, route and code, [`REQUEST_SECONDS`] by
+/// protocol and route, with handles kept per label set (a code the API never answers is counted
+/// through the macro).
+pub fn observe_request(protocol: Protocol, route: Route, status: u16, elapsed_secs: f64) {
+    const P: usize = Protocol::ALL.len();
+    const R: usize = Route::ALL.len();
+    static SECONDS: [[OnceLock<Histogram>; R]; P] = [const { [const { OnceLock::new() }; R] }; P];
+    static COUNTS: [[[OnceLock<Counter>; API_CODES.len()]; R]; P] =
+        [const { [const { [const { OnceLock::new() }; API_CODES.len()] }; R] }; P];
+    let p = Protocol::ALL.iter().position(|&x| x == protocol).unwrap_or(0);
     let r = Route::ALL.iter().position(|&x| x == route).unwrap_or(0);
     match API_CODES.iter().position(|(c, _)| *c == status) {
-        Some(c) => COUNTS[r][c]
+        Some(c) => COUNTS[p][r][c]
             .get_or_init(|| {
                 let _ = handle();
-                metrics::counter!(REQUESTS, "route" => route.name(), "code" => API_CODES[c].1)
+                requests(protocol, route, API_CODES[c].1)
             })
             .increment(1),
-        None => metrics::counter!(REQUESTS, "route" => route.name(), "code" => code_label(status)).increment(1),
+        None => metrics::counter!(
+            REQUESTS, "protocol" => protocol.name(), "route" => route.name(), "code" => code_label(status)
+        )
+        .increment(1),
     }
-    SECONDS[r]
+    SECONDS[p][r]
         .get_or_init(|| {
             let _ = handle();
-            metrics::histogram!(REQUEST_SECONDS, "route" => route.name())
+            metrics::histogram!(REQUEST_SECONDS, "protocol" => protocol.name(), "route" => route.name())
         })
         .record(elapsed_secs);
 }
+
+/// [`REQUESTS`] of one label set, from the recorder installed now (called by `handle()`'s own
+/// initialisation, so it must not call `handle()`).
+fn requests(protocol: Protocol, route: Route, code: &'static str) -> Counter {
+    metrics::counter!(REQUESTS, "protocol" => protocol.name(), "route" => route.name(), "code" => code)
+}
+
+/// The `code` labels [`REQUESTS`] has from the start, per protocol and route: success and the
+/// refusals a dashboard plots (every other code appears at its first answer).
+pub const ZERO_CODES: [&str; 6] = ["200", "422", "429", "500", "503", "504"];
+
+/// Every counter of the process's recorder with the label sets known up front, at zero: a
+/// dashboard panel over a counter that had no event yet shows 0, not "No data". (The per-worker
+/// series, breaker transitions included, are rendered at each scrape: `render_per_worker`.)
+fn register_at_zero() {
+    for p in Protocol::ALL {
+        for r in Route::ALL {
+            for code in ZERO_CODES {
+                requests(p, r, code).increment(0);
+            }
+        }
+    }
+    for name in [
+        RETRIES,
+        RETRIES_DENIED,
+        HEDGES,
+        HEDGE_WINS,
+        HEDGES_DENIED,
+        PARTIAL_RESPONSES,
+        MISSING_ITEMS,
+        ADMISSION_REJECTED,
+        ADMISSION_PARTIAL,
+        ADMISSION_DROPPED_ITEMS,
+        CACHE_HITS,
+        CACHE_MISSES,
+        CACHE_INSERTS,
+        CACHE_EVICTIONS,
+        CACHE_INVALIDATIONS,
+        TRACE_DROPPED,
+        BUFFER_REFUSALS,
+    ] {
+        metrics::counter!(name).increment(0);
+    }
+    for kind in SHARD_FAILURE_KINDS {
+        metrics::counter!(SHARD_FAILURES, "kind" => kind).increment(0);
+    }
+    for outcome in ["ok", "error"] {
+        metrics::counter!(CONFIG_RELOADS, "outcome" => outcome).increment(0);
+    }
+    for outcome in ["hit", "miss"] {
+        metrics::counter!(PREFIX_AFFINITY_CHECKS, "outcome" => outcome).increment(0);
+    }
+    let timers = sieve_shared::metrics_names::http::TIMER_LABELS;
+    for timer in timers {
+        metrics::counter!(sieve_shared::metrics_names::http::TIMEOUTS, "timer" => *timer).increment(0);
+    }
+    for timer in sieve_shared::metrics_names::grpc::TIMER_LABELS {
+        metrics::counter!(sieve_shared::metrics_names::grpc::TIMEOUTS, "timer" => *timer).increment(0);
+    }
+}
+
+/// The `kind` labels of [`SHARD_FAILURES`] (`AttemptError::label`).
+pub const SHARD_FAILURE_KINDS: [&str; 8] =
+    ["connect", "connection", "bad_response", "not_ready", "overloaded", "deadline", "internal", "client_error"];
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
@@ -150,6 +221,7 @@ pub fn handle() -> PrometheusHandle {
                 tracing::warn!("a metrics recorder was already installed; /metrics will be empty");
             }
             describe();
+            register_at_zero();
             handle
         })
         .clone()
@@ -179,8 +251,8 @@ pub fn render_per_worker(record: impl FnOnce()) -> String {
 
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};
-    describe_counter!(REQUESTS, "Requests by route and status code");
-    describe_histogram!(REQUEST_SECONDS, "Request latency, arrival to response");
+    describe_counter!(REQUESTS, "Requests answered, by protocol (http, grpc), route and status code");
+    describe_histogram!(REQUEST_SECONDS, "Request latency, arrival to response, by protocol and route");
     describe_histogram!(REQUEST_ITEMS, "Items per request");
     describe_histogram!(SHARDS_PER_REQUEST, "Shards a request was split into");
     describe_histogram!(SHARD_ITEMS, "Items per shard");
@@ -197,6 +269,12 @@ fn describe() {
     describe_counter!(PARTIAL_RESPONSES, "Responses with missing items (deadline)");
     describe_counter!(MISSING_ITEMS, "Items left unscored by the deadline");
     describe_gauge!(WORKERS_ELIGIBLE, "Workers that can take shards");
+    describe_counter!(ADMISSION_REJECTED, "Requests refused at once (429): no plan could meet their deadline");
+    describe_counter!(
+        ADMISSION_PARTIAL,
+        "Requests answered in part (on_overload: partial): no plan could meet their deadline"
+    );
+    describe_counter!(ADMISSION_DROPPED_ITEMS, "Items left out of admission's partial plans (never sent)");
     describe_histogram!(TOKEN_ESTIMATE_ERROR, "(estimated - reported) / reported tokens per item");
     describe_counter!(CONFIG_RELOADS, "Config reloads by outcome");
     describe_counter!(CACHE_HITS, "Items answered from the pair-score cache");
@@ -231,14 +309,20 @@ mod tests {
     #[test]
     fn kept_handles_record_into_the_installed_recorder() {
         let h = handle();
-        let counted =
-            |text: &str, code: &str| value(text, &format!("{REQUESTS}{{route=\"vllm_score\",code=\"{code}\"}}"));
-        let seconds = |text: &str| value(text, &format!("{REQUEST_SECONDS}_count{{route=\"vllm_score\"}}"));
+        let counted = |text: &str, code: &str| {
+            value(text, &format!("{REQUESTS}{{protocol=\"grpc\",route=\"vllm_score\",code=\"{code}\"}}"))
+        };
+        let seconds =
+            |text: &str| value(text, &format!("{REQUEST_SECONDS}_count{{protocol=\"grpc\",route=\"vllm_score\"}}"));
         let before = h.render();
-        observe_request(Route::VllmScore, 431, 0.5);
-        observe_request(Route::VllmScore, 431, 0.25);
+        // Registered from the start (at zero, unless another test of this process counted).
+        let series = format!("{REQUESTS}{{protocol=\"http\",route=\"score\",code=\"504\"}} ");
+        assert!(before.lines().any(|l| l.starts_with(&series)), "{before}");
+        assert!(before.lines().any(|l| l.starts_with(&format!("{HEDGES} "))), "{before}");
+        observe_request(Protocol::Grpc, Route::VllmScore, 431, 0.5);
+        observe_request(Protocol::Grpc, Route::VllmScore, 431, 0.25);
         // A code the API never answers: counted all the same.
-        observe_request(Route::VllmScore, 299, 0.5);
+        observe_request(Protocol::Grpc, Route::VllmScore, 299, 0.5);
         prefix_affinity_check(false).increment(3);
         let after = h.render();
         assert_eq!(counted(&after, "431") - counted(&before, "431"), 2.0, "{after}");

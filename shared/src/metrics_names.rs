@@ -62,6 +62,8 @@ pub mod http {
     /// send_timeout_ms`, the client stopped reading: connection closed) | `evicted` (idle,
     /// closed for a new connection at `max_connections`).
     pub const TIMEOUTS: &str = "sieve_http_timeouts_total";
+    /// Every `timer` label of [`TIMEOUTS`].
+    pub const TIMER_LABELS: &[&str] = &["send", "evicted"];
 }
 
 /// The gRPC port of any process (proxy, worker, simulated worker).
@@ -72,6 +74,8 @@ pub mod grpc {
     /// `send_timeout_ms`, the client's flow-control window shut: its stream reset) | `evicted`
     /// (no call, closed for a new connection at `max_connections`).
     pub const TIMEOUTS: &str = "sieve_grpc_timeouts_total";
+    /// Every `timer` label of [`TIMEOUTS`].
+    pub const TIMER_LABELS: &[&str] = &["header", "idle", "send", "send_stream", "evicted"];
 }
 
 /// MoE layers of a worker (per-variant selections, rows, time share).

@@ -30,6 +30,29 @@ const ROUTES: [(&str, Route); 5] = [
     ("/score", Route::VllmScore),
 ];
 
+/// The front end a request came through: the `protocol` label of the request metrics, apart
+/// from the `route` label (a gRPC `Score` call and a `POST /v1/score` share the route `score`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// The HTTP/JSON API port.
+    Http,
+    /// The gRPC port (`proto/sieve.proto`).
+    Grpc,
+}
+
+impl Protocol {
+    /// Both, in label order.
+    pub const ALL: [Protocol; 2] = [Protocol::Http, Protocol::Grpc];
+
+    /// The `protocol` label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Http => "http",
+            Protocol::Grpc => "grpc",
+        }
+    }
+}
+
 /// What a scoring call knows besides its request.
 #[derive(Debug, Clone, Copy)]
 pub struct Call {
@@ -90,7 +113,7 @@ pub trait ScoreService: Send + Sync {
     }
 
     /// Records one answered request (not 404/405) in the service's metrics.
-    fn observe(&self, _route: Route, _status: u16, _elapsed: Duration) {}
+    fn observe(&self, _protocol: Protocol, _route: Route, _status: u16, _elapsed: Duration) {}
 
     /// The name of the span a request runs in when tracing is on (`proxy`, `worker`, ...).
     fn span_name(&self) -> &'static str {
@@ -103,8 +126,8 @@ pub trait ScoreService: Send + Sync {
 pub async fn handle<S: ScoreService>(svc: &S, req: Request<Incoming>) -> HttpResponse {
     let arrival = Instant::now();
     let path = req.uri().path();
-    let route = match (req.method(), ROUTES.iter().find(|(p, _)| *p == path)) {
-        (&Method::POST, Some(&(_, route))) => route,
+    let (path, route) = match (req.method(), ROUTES.iter().find(|(p, _)| *p == path)) {
+        (&Method::POST, Some(&(path, route))) => (path, route),
         (_, Some(_)) => {
             let mut r = http::error(&ApiError::new(ErrorKind::MethodNotAllowed, format!("{path} needs POST")));
             r.headers_mut().insert(ALLOW, HeaderValue::from_static("POST"));
@@ -117,8 +140,8 @@ pub async fn handle<S: ScoreService>(svc: &S, req: Request<Incoming>) -> HttpRes
     };
     // The request's span (the caller's `traceparent` its parent): `score` runs in it, so a
     // service finds it as `Span::current()`. `Span::none()`, free, when tracing is off.
-    let span = crate::trace::server_span(req.headers(), svc.span_name(), route.name());
-    let resp = match serve(svc, route, req, arrival).instrument(span).await {
+    let span = crate::trace::server_span(req.headers(), svc.span_name(), route.name(), path);
+    let resp = match serve(svc, route, req, arrival).instrument(span.clone()).await {
         Ok(r) => r,
         Err(e) => {
             if e.kind == ErrorKind::Internal {
@@ -127,7 +150,9 @@ pub async fn handle<S: ScoreService>(svc: &S, req: Request<Incoming>) -> HttpRes
             http::error(&e)
         }
     };
-    svc.observe(route, resp.status().as_u16(), arrival.elapsed());
+    let status = resp.status().as_u16();
+    crate::trace::record_http_status(&span, status);
+    svc.observe(Protocol::Http, route, status, arrival.elapsed());
     resp
 }
 

@@ -165,28 +165,98 @@ macro_rules! span {
     };
 }
 
-/// The span a served request runs in: `name` (with the route), the child of the caller's
-/// `traceparent` when it sent a valid one, else a new trace's root. `Span::none()` when tracing
-/// is off. A malformed `traceparent` is ignored, as the W3C spec asks.
-pub fn server_span(headers: &HeaderMap, name: &'static str, route: &'static str) -> Span {
+/// The span a served HTTP request runs in: a SERVER span named `name`, with OpenTelemetry's
+/// HTTP semantic-convention attributes (`http.request.method`, `http.route` = `path`,
+/// `url.scheme`, and at the answer `http.response.status_code`, [`record_http_status`]) and the
+/// API route as `sieve.route`; the child of the caller's `traceparent` when it sent a valid one,
+/// else a new trace's root. `Span::none()` when tracing is off. A malformed `traceparent` is
+/// ignored, as the W3C spec asks.
+pub fn server_span(headers: &HeaderMap, name: &'static str, route: &'static str, path: &'static str) -> Span {
     if !enabled() {
         return Span::none();
     }
-    request_span(headers.contains_key(TRACEPARENT).then_some(&Headers(headers)), name, route)
+    let span = tracing::info_span!(
+        parent: None,
+        "request",
+        otel.name = name,
+        otel.kind = "server",
+        otel.status_code = tracing::field::Empty,
+        http.request.method = "POST",
+        http.route = path,
+        url.scheme = "http",
+        http.response.status_code = tracing::field::Empty,
+        "error.type" = tracing::field::Empty,
+        sieve.route = route,
+    );
+    with_parent(span, headers.contains_key(TRACEPARENT).then_some(&Headers(headers)))
 }
 
-/// [`server_span`] for a gRPC call: the caller's `traceparent` is read from its metadata (gRPC
-/// clients send trace context as ordinary ASCII metadata, under the same key).
-pub fn grpc_server_span(meta: &MetadataMap, name: &'static str, route: &'static str) -> Span {
+/// [`server_span`] for a gRPC call: a SERVER span with the RPC semantic-convention attributes
+/// (`rpc.system` = `grpc`, `rpc.service`, `rpc.method`, and at the answer
+/// `rpc.grpc.status_code`, [`record_grpc_status`]). The caller's `traceparent` is read from its
+/// metadata (gRPC clients send trace context as ordinary ASCII metadata, under the same key).
+pub fn grpc_server_span(meta: &MetadataMap, name: &'static str, route: &'static str, method: &'static str) -> Span {
     if !enabled() {
         return Span::none();
     }
-    request_span(meta.contains_key(TRACEPARENT).then_some(&Metadata(meta)), name, route)
+    let span = tracing::info_span!(
+        parent: None,
+        "request",
+        otel.name = name,
+        otel.kind = "server",
+        otel.status_code = tracing::field::Empty,
+        rpc.system = "grpc",
+        rpc.service = GRPC_SERVICE,
+        rpc.method = method,
+        rpc.grpc.status_code = tracing::field::Empty,
+        "error.type" = tracing::field::Empty,
+        sieve.route = route,
+    );
+    with_parent(span, meta.contains_key(TRACEPARENT).then_some(&Metadata(meta)))
 }
 
-/// A request span, the child of the trace context in `carrier` when it holds a valid one.
-fn request_span(carrier: Option<&dyn Extractor>, name: &'static str, route: &'static str) -> Span {
-    let span = tracing::info_span!(parent: None, "request", otel.name = name, route = route);
+/// The gRPC service of `proto/sieve.proto`: `rpc.service` of its calls' spans.
+pub const GRPC_SERVICE: &str = "sieve.v1.Sieve";
+
+/// Records an HTTP answer's status on a SERVER or CLIENT span: `http.response.status_code` as
+/// an integer, and for a failure (any 4xx or 5xx: a refused call did not get its scores) the
+/// span's status ERROR with `error.type` = the code.
+pub fn record_http_status(span: &Span, status: u16) {
+    if span.is_none() {
+        return;
+    }
+    span.record("http.response.status_code", i64::from(status));
+    if status >= 400 {
+        span.record("otel.status_code", "error");
+        span.record("error.type", status.to_string().as_str());
+    }
+}
+
+/// Records a gRPC answer's status code (0 = OK) on a SERVER span: `rpc.grpc.status_code` as an
+/// integer, and for any other code the span's status ERROR with `error.type` = the code.
+pub fn record_grpc_status(span: &Span, code: i32) {
+    if span.is_none() {
+        return;
+    }
+    span.record("rpc.grpc.status_code", i64::from(code));
+    if code != 0 {
+        span.record("otel.status_code", "error");
+        span.record("error.type", code.to_string().as_str());
+    }
+}
+
+/// Marks a span failed without a status code to record (a connection that failed, an answer
+/// that could not be read): status ERROR, `error.type` = `kind`.
+pub fn record_error(span: &Span, kind: &str) {
+    if span.is_none() {
+        return;
+    }
+    span.record("otel.status_code", "error");
+    span.record("error.type", kind);
+}
+
+/// `span`, the child of the trace context in `carrier` when it holds a valid one.
+fn with_parent(span: Span, carrier: Option<&dyn Extractor>) -> Span {
     if let Some(carrier) = carrier {
         let cx = TraceContextPropagator::new().extract(carrier);
         if cx.span().span_context().is_valid() {
@@ -278,8 +348,10 @@ mod tests {
         assert_eq!(evaluated, 0, "a span's fields are not evaluated when tracing is off");
         let mut h = HeaderMap::new();
         h.insert(TRACEPARENT, HeaderValue::from_static("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"));
-        assert!(server_span(&h, "proxy", "score").is_none());
-        assert!(grpc_server_span(&MetadataMap::from_headers(h), "proxy", "score").is_none());
+        assert!(server_span(&h, "proxy", "score", "/v1/score").is_none());
+        assert!(grpc_server_span(&MetadataMap::from_headers(h), "proxy", "score", "Score").is_none());
+        record_http_status(&Span::none(), 422);
+        record_grpc_status(&Span::none(), 3);
         assert!(traceparent(&Span::none()).is_none());
     }
 }

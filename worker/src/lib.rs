@@ -10,6 +10,7 @@ pub mod engine;
 pub mod error;
 #[cfg(feature = "test-support")]
 pub mod fuzzing;
+pub mod metrics;
 pub mod model;
 pub mod moe;
 pub mod prompt;

@@ -93,7 +93,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let prometheus = match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
+    let prometheus = match sieve_worker::metrics::install() {
         Ok(h) => Some(h),
         Err(e) => {
             tracing::warn!("metrics disabled: {e}");

@@ -266,7 +266,7 @@ impl SimEngine {
         c.waiting.fetch_add(1, Ordering::Relaxed);
         let waiting = Waiting(&c.waiting);
         // The simulated queue and compute as spans under the request's (tracing on only).
-        let queue_span = sieve_shared::span!("queue", items = pairs);
+        let queue_span = sieve_shared::span!("queue", items = pairs as i64);
         let permit = match deadline {
             Some(d) => match tokio::time::timeout_at(d, self.slots.acquire()).await {
                 Ok(p) => p,
@@ -281,7 +281,7 @@ impl SimEngine {
         .map_err(|_| ApiError::internal("sim worker is shutting down"))?;
         drop(waiting);
         drop(queue_span);
-        let _compute_span = sieve_shared::span!("compute", items = pairs, tokens = total_tokens);
+        let _compute_span = sieve_shared::span!("compute", items = pairs as i64, tokens = total_tokens as i64);
         let start = Instant::now();
         let start_us = (start - self.started).as_micros() as u64;
         c.computing.fetch_add(1, Ordering::Relaxed);
@@ -438,22 +438,33 @@ impl SimEngine {
         }
     }
 
-    /// Prometheus text exposition of the counters.
+    /// Prometheus text exposition of the counters, each family with its HELP and TYPE lines.
     pub fn metrics_text(&self) -> String {
+        use std::fmt::Write as _;
         let c = &self.counters;
         let mut out = String::new();
-        for (name, kind, v) in [
-            (names::REQUESTS, "counter", c.requests.load(Ordering::Relaxed)),
-            (names::COMPLETED, "counter", c.completed.load(Ordering::Relaxed)),
-            (names::PAIRS, "counter", c.pairs.load(Ordering::Relaxed)),
-            (names::TOKENS, "counter", c.tokens.load(Ordering::Relaxed)),
-            (names::FAILURES_INJECTED, "counter", c.failures_injected.load(Ordering::Relaxed)),
-            (names::DEADLINE_DROPS, "counter", c.deadline_drops.load(Ordering::Relaxed)),
-            (names::CANCELLED, "counter", c.cancelled.load(Ordering::Relaxed)),
-            (names::IN_FLIGHT, "gauge", c.in_flight.load(Ordering::Relaxed)),
-            (names::QUEUED_TOKENS, "gauge", c.queued_tokens.load(Ordering::Relaxed)),
+        for (name, kind, help, v) in [
+            (names::REQUESTS, "counter", "Scoring calls received", c.requests.load(Ordering::Relaxed)),
+            (names::COMPLETED, "counter", "Scoring calls answered in full", c.completed.load(Ordering::Relaxed)),
+            (names::PAIRS, "counter", "Pairs scored", c.pairs.load(Ordering::Relaxed)),
+            (names::TOKENS, "counter", "Simulated tokens computed", c.tokens.load(Ordering::Relaxed)),
+            (
+                names::FAILURES_INJECTED,
+                "counter",
+                "Calls failed on purpose by the failure settings",
+                c.failures_injected.load(Ordering::Relaxed),
+            ),
+            (
+                names::DEADLINE_DROPS,
+                "counter",
+                "Calls whose deadline passed before they were scored",
+                c.deadline_drops.load(Ordering::Relaxed),
+            ),
+            (names::CANCELLED, "counter", "Calls whose caller went away", c.cancelled.load(Ordering::Relaxed)),
+            (names::IN_FLIGHT, "gauge", "Calls in progress now", c.in_flight.load(Ordering::Relaxed)),
+            (names::QUEUED_TOKENS, "gauge", "Simulated tokens queued now", c.queued_tokens.load(Ordering::Relaxed)),
         ] {
-            out.push_str(&format!("# TYPE {name} {kind}\n{name} {v}\n"));
+            let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n");
         }
         out
     }

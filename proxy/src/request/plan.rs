@@ -82,8 +82,7 @@ pub fn plan(
     // The request's span (the API handler's, current here): the plan's span and, later, every
     // shard attempt's are its children. Both `Span::none()` when tracing is off.
     let request_span = if sieve_shared::trace::enabled() { tracing::Span::current() } else { tracing::Span::none() };
-    let plan_span =
-        sieve_shared::span!(parent: &request_span, "plan", items = req.items.len(), shards = tracing::field::Empty);
+    let plan_span = sieve_shared::span!(parent: &request_span, "plan", items = req.items.len() as i64, shards = tracing::field::Empty);
     let _in_plan = plan_span.enter();
     let weights = lock(&state.tokens).weights();
     let item_features: Vec<_> = req.items.iter().map(|i| features(i.text())).collect();
@@ -165,7 +164,7 @@ pub fn plan(
         jobs.push(ShardJob { worker, items: s.items, compute_ms: s.compute_ms, finish_ms: s.finish_ms });
     }
 
-    plan_span.record("shards", jobs.len());
+    plan_span.record("shards", jobs.len() as i64);
     let ctx = Arc::new(RequestCtx {
         state: state.clone(),
         cfg,

@@ -96,7 +96,11 @@ impl<S: ScoreService + 'static> GrpcApi<S> {
     /// `traceparent` metadata its parent; the service finds it as `Span::current()` (the
     /// proxy's plan and shard attempts hang under it). `Span::none()` when tracing is off.
     fn span(&self, meta: &MetadataMap, route: Route) -> tracing::Span {
-        crate::trace::grpc_server_span(meta, self.svc.span_name(), route.name())
+        let method = match route {
+            Route::Rerank => "Rerank",
+            _ => "Score",
+        };
+        crate::trace::grpc_server_span(meta, self.svc.span_name(), route.name(), method)
     }
 
     /// Records the call as the HTTP path does (its HTTP status as the code) and turns the
@@ -113,9 +117,12 @@ impl<S: ScoreService + 'static> GrpcApi<S> {
             Ok(_) => 200,
             Err(e) => e.status(),
         };
-        self.svc.observe(route, code, arrival.elapsed());
+        self.svc.observe(crate::service::Protocol::Grpc, route, code, arrival.elapsed());
+        // Run inside the call's span (`instrument`): the current span is the call's.
+        let span = if crate::trace::enabled() { tracing::Span::current() } else { tracing::Span::none() };
         match out {
             Ok(Scored { response, headers }) => {
+                crate::trace::record_grpc_status(&span, 0);
                 let mut r = Response::new(to_message(response));
                 *r.metadata_mut() = MetadataMap::from_headers(headers);
                 Ok(r)
@@ -124,7 +131,9 @@ impl<S: ScoreService + 'static> GrpcApi<S> {
                 if e.kind == ErrorKind::Internal {
                     tracing::warn!(route = route.name(), "gRPC call failed: {}", e.message);
                 }
-                Err(status::to_status(&e))
+                let status = status::to_status(&e);
+                crate::trace::record_grpc_status(&span, status.code() as i32);
+                Err(status)
             }
         }
     }

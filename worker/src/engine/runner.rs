@@ -328,7 +328,7 @@ impl<B: Backend> Runner<B> {
         let _pass_spans: Vec<tracing::Span> = if sieve_shared::trace::enabled() {
             let traced = pass.owners.iter().filter_map(|&j| run.jobs[j].tj.job.trace.as_deref());
             traced
-                .map(|t| sieve_shared::span!(parent: &t.span, "forward_pass", pass = pass.index, rows = pass.rows))
+                .map(|t| sieve_shared::span!(parent: &t.span, "forward_pass", pass = pass.index as i64, rows = pass.rows as i64))
                 .collect()
         } else {
             Vec::new()

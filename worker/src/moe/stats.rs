@@ -46,7 +46,22 @@ impl MoeMonitor {
             forward_seconds: 0.0,
             last_pass: vec![],
         };
+        // Every variant's and row kind's counter from the start, at zero.
+        for v in &inner.setup.variants {
+            metrics::counter!(m::SELECTIONS, "variant" => v.name).increment(0);
+        }
+        for kind in ["real", "padded"] {
+            metrics::counter!(m::ROWS, "kind" => kind).increment(0);
+        }
+        metrics::gauge!(m::TIME_SHARE).set(0.0);
         *self.inner.lock().unwrap_or_else(|p| p.into_inner()) = Some(inner);
+    }
+
+    /// Seconds inside MoE layers and of the forward passes that ran them, since start (`None`
+    /// for a dense model): counters, written at the scrape.
+    pub fn seconds(&self) -> Option<(f64, f64)> {
+        let guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        guard.as_ref().map(|s| (s.moe_seconds, s.forward_seconds))
     }
 
     /// Folds in one forward pass (its MoE records and its total time) and updates the metrics.
@@ -73,8 +88,6 @@ impl MoeMonitor {
         s.forward_seconds += forward_seconds;
         metrics::counter!(m::ROWS, "kind" => "real").increment(rows);
         metrics::counter!(m::ROWS, "kind" => "padded").increment(padded);
-        metrics::gauge!(m::FORWARD_SECONDS).set(s.forward_seconds);
-        metrics::gauge!(m::SECONDS).set(s.moe_seconds);
         metrics::gauge!(m::TIME_SHARE).set(share(s.moe_seconds, s.forward_seconds));
     }
 

@@ -10,7 +10,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::json;
-use sieve_shared::metrics_names::worker as m;
+use sieve_shared::metrics_names::{worker as m, worker_moe as moe_m};
 use sieve_shared::{ApiError, ErrorKind, WorkerStats};
 
 use sieve_shared::http::{self, HttpResponse};
@@ -142,10 +142,23 @@ fn prometheus(app: &AppState) -> HttpResponse {
     metrics::counter!(m::PREFIX_TOKENS_COMPUTED).absolute(pl.prefix_tokens_computed);
     metrics::counter!(m::PREFIX_TOKENS_REUSED, "scope" => "in_batch").absolute(pl.prefix_tokens_reused_in_batch);
     metrics::counter!(m::PREFIX_TOKENS_REUSED, "scope" => "cross_batch").absolute(pl.prefix_tokens_reused_cross_batch);
-    metrics::gauge!(m::RUNNER_BUSY_SECONDS).set(pl.runner_busy_seconds);
-    metrics::gauge!(m::RUNNER_IDLE_WITH_WORK_SECONDS).set(pl.runner_idle_with_work_seconds);
     metrics::counter!(m::BATCH_FAILURES).absolute(pl.batch_failures);
-    let mut r = Response::new(Full::new(Bytes::from(handle.render())));
+    let mut text = handle.render();
+    // Counters of seconds, running f64 totals: written here (the facade's counters are integers).
+    let mut seconds = vec![
+        (m::RUNNER_BUSY_SECONDS, "Seconds the runner computed", pl.runner_busy_seconds),
+        (
+            m::RUNNER_IDLE_WITH_WORK_SECONDS,
+            "Seconds the runner waited for a batch while work was queued",
+            pl.runner_idle_with_work_seconds,
+        ),
+    ];
+    if let Some((moe_seconds, forward_seconds)) = app.state.moe.seconds() {
+        seconds.push((moe_m::SECONDS, "Seconds inside MoE layers", moe_seconds));
+        seconds.push((moe_m::FORWARD_SECONDS, "Seconds of the forward passes that ran MoE layers", forward_seconds));
+    }
+    crate::metrics::write_seconds_counters(&mut text, &seconds);
+    let mut r = Response::new(Full::new(Bytes::from(text)));
     r.headers_mut()
         .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"));
     r

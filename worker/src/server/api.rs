@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use hyper::body::Incoming;
 use hyper::Request;
 use sieve_shared::metrics_names::worker as m;
-use sieve_shared::service::{self, Call, Route, ScoreService, Scored};
+use sieve_shared::service::{self, Call, Protocol, Route, ScoreService, Scored};
 use sieve_shared::{ApiError, Limits, ScoreRequest, ScoreResponse, Timing, TruncationDirection};
 
 use sieve_shared::http::{ByteBudget, HttpResponse};
@@ -47,13 +47,14 @@ impl ScoreService for AppState {
         run(self, &req, call.arrival.into_std()).await.map(Scored::from)
     }
 
-    fn observe(&self, route: Route, status: u16, elapsed: Duration) {
-        let route = route.name();
+    fn observe(&self, protocol: Protocol, route: Route, status: u16, elapsed: Duration) {
+        let (p, route) = (protocol.name(), route.name());
         if status >= 400 {
-            metrics::counter!(m::REQUEST_ERRORS, "route" => route, "status" => status.to_string()).increment(1);
+            metrics::counter!(m::REQUEST_ERRORS, "protocol" => p, "route" => route, "status" => status.to_string())
+                .increment(1);
         }
-        metrics::counter!(m::REQUESTS, "route" => route, "status" => status.to_string()).increment(1);
-        metrics::histogram!(m::REQUEST_SECONDS, "route" => route).record(elapsed.as_secs_f64());
+        metrics::counter!(m::REQUESTS, "protocol" => p, "route" => route, "status" => status.to_string()).increment(1);
+        metrics::histogram!(m::REQUEST_SECONDS, "protocol" => p, "route" => route).record(elapsed.as_secs_f64());
     }
 }
 

@@ -74,8 +74,7 @@ impl AttemptError {
 
     pub fn label(&self) -> &'static str {
         match self {
-            AttemptError::Client(ClientError::Connect(_)) => "connect",
-            AttemptError::Client(_) => "connection",
+            AttemptError::Client(e) => Self::client_label(e),
             AttemptError::BadResponse(_) => "bad_response",
             AttemptError::Api(e) => match e.kind {
                 ErrorKind::NotReady => "not_ready",
@@ -84,6 +83,14 @@ impl AttemptError {
                 ErrorKind::Internal => "internal",
                 _ => "client_error",
             },
+        }
+    }
+
+    /// The `kind` label of a failure to get any answer.
+    pub fn client_label(e: &ClientError) -> &'static str {
+        match e {
+            ClientError::Connect(_) => "connect",
+            _ => "connection",
         }
     }
 
@@ -143,13 +150,22 @@ async fn attempt(
     let sent = Instant::now();
     let deadline_ms = worker_deadline_ms(&ctx);
     let body = ctx.wire.shard(&items, deadline_ms);
-    // The attempt's span (a child of the request's); the worker's spans are its children
-    // through the `traceparent` header. Neither exists when tracing is off.
+    // The attempt's span (a CLIENT child of the request's, with the HTTP client's semantic-
+    // convention attributes); the worker's SERVER span is its child through the `traceparent`
+    // header. Neither exists when tracing is off.
     let span = sieve_shared::span!(
         parent: &ctx.span,
         "shard_attempt",
+        otel.kind = "client",
+        otel.status_code = tracing::field::Empty,
+        http.request.method = "POST",
+        server.address = worker.score_uri.host().unwrap_or_default(),
+        server.port = i64::from(worker.score_uri.port_u16().unwrap_or(80)),
+        url.full = %worker.score_uri,
+        http.response.status_code = tracing::field::Empty,
+        "error.type" = tracing::field::Empty,
         worker = worker.url(),
-        items = items.len(),
+        items = items.len() as i64,
         kind = kind.name(),
         outcome = tracing::field::Empty,
     );
@@ -161,6 +177,12 @@ async fn attempt(
             ctx.state.client.post_json(&worker.score_uri, body, &hdrs).instrument(span.clone()).await
         }
     };
+    if !span.is_none() {
+        match &sending {
+            Ok(reply) => sieve_shared::trace::record_http_status(&span, reply.status.as_u16()),
+            Err(e) => sieve_shared::trace::record_error(&span, AttemptError::client_label(e)),
+        }
+    }
     let result = match sending {
         Err(e) => Err(AttemptError::Client(e)),
         Ok(reply) if reply.status.is_success() => match super::answer::parse_for(&reply.body, items.len()) {
@@ -180,6 +202,9 @@ async fn attempt(
     }
     if !span.is_none() {
         span.record("outcome", result.as_ref().map_or_else(AttemptError::label, |_| "ok"));
+        if let Err(AttemptError::BadResponse(_)) = &result {
+            sieve_shared::trace::record_error(&span, "bad_response");
+        }
     }
     AttemptResult { worker, kind, sent, result }
 }
