@@ -1,6 +1,6 @@
 //! The accept loop every Sieve port runs: a connection cap, hyper's http1 per connection with
-//! the head/idle timer, the send timeout and the JSON-error socket wrapper, a body deadline on every request, and
-//! a stop that is graceful within a bound (or abrupt).
+//! the head/idle timer and the send timeout, a body deadline on every request, and a stop that
+//! is graceful within a bound (or abrupt).
 //!
 //! Why each piece is what it is:
 //!
@@ -238,7 +238,7 @@ pub(crate) fn forget<A>(open: &mut Open<A>, ended: Result<(tokio::task::Id, ()),
     open.remove(&ended.map_or_else(|e| e.id(), |(id, ())| id));
 }
 
-/// One connection: hyper's http1 with the head/idle timer, on the JSON-error socket wrapper;
+/// One connection: hyper's http1 with the head/idle timer, on the activity-reporting socket;
 /// every request gets its body deadline when its head is in. Its activity is idle from now.
 fn connection<F, Fut>(
     stream: TcpStream,
@@ -267,11 +267,7 @@ where
     let timer =
         HeadTimer { activity: activity.clone(), header: config.header_read_timeout(), idle: config.idle_timeout() };
     // The send timeout sits on the socket itself, under every write (ours included).
-    let io = TokioIo::new(ConnIo::new(
-        SendTimeout::new(stream, config.send_timeout(), TIMEOUTS),
-        activity,
-        config.max_header_bytes,
-    ));
+    let io = TokioIo::new(ConnIo::new(SendTimeout::new(stream, config.send_timeout(), TIMEOUTS), activity));
     let mut b = http1::Builder::new();
     b.timer(timer)
         .header_read_timeout(config.header_read_timeout())
