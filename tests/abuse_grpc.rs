@@ -2,7 +2,7 @@
 //! what it held: a connection that never sends the HTTP/2 preface or sends half of it, one that
 //! opens no call and answers every PING, one whose call's answer cannot be delivered (its
 //! flow-control window shut), and one that sends a call and never reads its socket. The port's
-//! `[http]` header, idle and send timeouts must end each (`shared/src/grpc/watchdog.rs`).
+//! `[http]` header, idle and send timeouts must end each (`shared/src/grpc/conn.rs`).
 //!
 //! Everything is bounded: the client gives up after `give_up`, so a server without timers makes
 //! the report say "not ended", never hang.

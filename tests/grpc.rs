@@ -499,3 +499,29 @@ async fn idle_connections_at_the_cap_are_closed_for_a_client_with_a_call() {
         assert!(read.is_ok(), "an idle connection closed for the client");
     }
 }
+
+/// The gRPC port's stop: a graceful one lets the call in progress finish and then ends; a kill
+/// ends the call in progress at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_lets_the_call_in_progress_finish_and_a_kill_does_not() {
+    let medium = CostModel { request_ms: 400.0, token_ms: 0.0, token_context_ms: 0.0 };
+    let w = sim_with(medium, 0.0).await;
+    let mut c = client(&w.grpc_url().unwrap()).await;
+    let call = tokio::spawn(async move { c.score(score_req(&short(2))).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let t0 = Instant::now();
+    tokio::time::timeout(Duration::from_secs(5), w.shutdown_within(Duration::from_secs(3))).await.expect("stopped");
+    assert!(t0.elapsed() < Duration::from_millis(2500), "ended after {:?}, not at its grace", t0.elapsed());
+    let answer = call.await.unwrap().expect("the call in progress is answered");
+    assert_eq!(answer.into_inner().scores.len(), 2);
+
+    let w = sim_with(slow(), 0.0).await;
+    let mut c = client(&w.grpc_url().unwrap()).await;
+    let call = tokio::spawn(async move { c.score(score_req(&short(2))).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let t0 = Instant::now();
+    w.kill();
+    let r = tokio::time::timeout(Duration::from_secs(1), call).await.expect("ended by the kill").unwrap();
+    assert!(r.is_err(), "a killed call is not answered: {r:?}");
+    assert!(t0.elapsed() < Duration::from_secs(1));
+}

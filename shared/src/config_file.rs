@@ -13,6 +13,15 @@ pub struct Removed {
     pub note: &'static str,
 }
 
+/// Keys removed from the sections every process shares (`[grpc]`, `[http]`): refused by every
+/// binary's config, on top of its own list.
+const SHARED_REMOVED: &[Removed] = &[
+    Removed { section: "grpc", key: "inline_streams", note: "tonic's server runs each call on its own task" },
+    Removed { section: "grpc", key: "poll_rounds", note: "tonic's server runs each call on its own task" },
+    Removed { section: "grpc", key: "read_buffer_bytes", note: "tonic's server reads the socket itself" },
+    Removed { section: "grpc", key: "write_buffer_bytes", note: "tonic's server writes the socket itself" },
+];
+
 /// Parses `text` as a `T`, naming an unknown key with its section (see the module doc).
 pub fn parse<T: DeserializeOwned>(text: &str, removed: &[Removed]) -> Result<T, String> {
     toml::from_str(text).map_err(|e| explain(text, &e, removed))
@@ -31,7 +40,7 @@ fn explain(text: &str, e: &toml::de::Error, removed: &[Removed]) -> String {
     let line = text[..at].matches('\n').count() + 1;
     let section = section_at(text, at);
     let place = if section.is_empty() { "at the top level".to_string() } else { format!("in [{section}]") };
-    match removed.iter().find(|r| r.key == key && r.section == section) {
+    match removed.iter().chain(SHARED_REMOVED).find(|r| r.key == key && r.section == section) {
         Some(r) => format!("`{key}` {place} (line {line}) was removed: {}; delete it", r.note),
         None => format!("`{key}` {place} (line {line}) is not a known setting{expected}"),
     }
@@ -104,5 +113,21 @@ mod tests {
         let e = err("[server]\nport = \"x\"\n");
         assert!(e.contains("invalid type"), "{e}");
         assert!(parse::<Config>("[server]\nport = 3\n", REMOVED).is_ok());
+    }
+
+    /// Keys removed from a section every process shares are named as removed, whatever the
+    /// caller's own list.
+    #[test]
+    fn a_removed_grpc_key_says_it_was_removed() {
+        #[derive(Debug, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct WithGrpc {
+            #[allow(dead_code)]
+            grpc: crate::grpc::GrpcConfig,
+        }
+        for key in ["inline_streams", "poll_rounds", "read_buffer_bytes", "write_buffer_bytes"] {
+            let e = parse::<WithGrpc>(&format!("[grpc]\nport = 1\n{key} = 4\n"), &[]).unwrap_err();
+            assert!(e.starts_with(&format!("`{key}` in [grpc] (line 3) was removed: tonic's server")), "{e}");
+        }
     }
 }

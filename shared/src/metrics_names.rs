@@ -68,11 +68,11 @@ pub mod http {
 
 /// The gRPC port of any process (proxy, worker, simulated worker).
 pub mod grpc {
-    /// Counter, label `timer` = `header` (no HTTP/2 preface in time: connection closed) |
-    /// `idle` (no call for `idle_timeout_ms`: GOAWAY) | `send` (the socket took no bytes for
-    /// `send_timeout_ms`: connection closed) | `send_stream` (an answer not taken within
-    /// `send_timeout_ms`, the client's flow-control window shut: its stream reset) | `evicted`
-    /// (no call, closed for a new connection at `max_connections`).
+    /// Counter, label `timer` = `header` (no HTTP/2 preface in time) | `idle` (no call for
+    /// `idle_timeout_ms`) | `send` (the socket took no bytes for `send_timeout_ms`) |
+    /// `send_stream` (an answer not taken within `send_timeout_ms`, the client's flow-control
+    /// window shut) | `evicted` (no call, closed for a new connection at `max_connections`);
+    /// each closes the connection.
     pub const TIMEOUTS: &str = "sieve_grpc_timeouts_total";
     /// Every `timer` label of [`TIMEOUTS`].
     pub const TIMER_LABELS: &[&str] = &["header", "idle", "send", "send_stream", "evicted"];

@@ -79,20 +79,14 @@ fn main() {
     // calls cut into R rounds, each round's percentiles printed (default 8).
     let calls = arg("--calls").unwrap_or(if quick { 400 } else { 4000 });
     let rounds = arg("--rounds").unwrap_or(8).min(calls);
-    // `--inline-streams N`: every process's `[grpc] inline_streams` (else its default). The
-    // value 0 is allowed here, so it is read apart from the counts above. `--grpc KEY=VALUE`
-    // (repeatable): any other `[grpc]` key for every process, e.g. `--grpc write_buffer_bytes=0`
-    // to compare with a key's default in one build.
-    let mut grpc_keys: Vec<String> = args
+    // `--grpc KEY=VALUE` (repeatable): a `[grpc]` key for every process, e.g.
+    // `--grpc max_concurrent_streams=16`, to compare with a key's default in one build.
+    let grpc_keys: Vec<String> = args
         .iter()
         .enumerate()
         .filter(|(_, a)| *a == "--grpc")
         .map(|(i, _)| args.get(i + 1).cloned().expect("--grpc KEY=VALUE"))
         .collect();
-    if let Some(v) = args.iter().position(|a| a == "--inline-streams").and_then(|i| args.get(i + 1)) {
-        let n: u32 = v.parse().unwrap_or_else(|_| panic!("--inline-streams {v}: not a whole number"));
-        grpc_keys.push(format!("inline_streams={n}"));
-    }
     if !grpc_keys.is_empty() {
         write_grpc_config(&grpc_keys);
     }
@@ -112,9 +106,8 @@ fn zero_sim() -> Proc {
     spawn("sieve-loadtest", &args, START)
 }
 
-/// With `--inline-streams N` or `--grpc KEY=VALUE`: a config file of those `[grpc]` keys that
-/// every process of the run is started with (e.g. `inline_streams = 0`: hyper's task per call,
-/// to compare with the default in one build).
+/// With `--grpc KEY=VALUE`: a config file of those `[grpc]` keys that every process of the run
+/// is started with (to compare with the default in one build).
 static GRPC_CONFIG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 fn write_grpc_config(keys: &[String]) {

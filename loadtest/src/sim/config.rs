@@ -147,7 +147,7 @@ pub struct SimFileConfig {
 
 impl SimFileConfig {
     pub fn parse(text: &str) -> Result<Self, String> {
-        let c: SimFileConfig = toml::from_str(text).map_err(|e| e.to_string())?;
+        let c: SimFileConfig = sieve_shared::config_file::parse(text, &[])?;
         c.http.validate()?;
         c.grpc.validate()?;
         c.tracing.validate()?;

@@ -9,21 +9,18 @@
 //! - `wire.rs`: `Score`'s message read in place (texts borrowed from its bytes);
 //! - `deadline.rs`: the `grpc-timeout` header as the request's deadline;
 //! - `status.rs`: API errors as gRPC status codes with rich details;
-//! - `server.rs`: the accept loop (hyper's HTTP/2 under the `[http]` and `[grpc]` limits);
-//! - `inline.rs`: a connection's calls on the connection's own task (no task hop per call);
-//! - `io.rs`: a connection's writes of one poll sent in one write (an answer in one segment);
-//! - `watchdog.rs`: a connection's `[http]` header, idle and send timeouts;
+//! - `server.rs`: tonic's server over our connection stream (the `[http]` connection cap), the
+//!   calls' message budget, read timeout and one-message check;
+//! - `conn.rs`: a connection's socket under the `[http]` header, idle and send timeouts;
 //! - `config.rs`: `[grpc]`.
 
 mod api;
 mod config;
+mod conn;
 mod convert;
 mod deadline;
-mod inline;
-mod io;
 mod server;
 mod status;
-mod watchdog;
 mod wire;
 
 pub use api::GrpcApi;

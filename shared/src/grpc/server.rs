@@ -1,58 +1,47 @@
-//! The gRPC port's accept loop: hyper's HTTP/2 per connection under the `[http]` connection cap
-//! and head size, the `[grpc]` stream cap and keep-alive, a read deadline on every request
-//! message, and a stop that is graceful within a bound (or abrupt) — the HTTP ports' behaviour
-//! (`http/serve.rs`) for HTTP/2.
+//! The gRPC port: tonic's own server over a stream of connections that enforces the `[http]`
+//! limits (`conn.rs`), serving the generated `Sieve` service with `Score` read in place.
 //!
-//! Why not tonic's `transport::Server`: it has no connection cap, a client's `grpc-timeout`
-//! would end a call with CANCELLED at the very moment our deadline returns its partial answer,
-//! and an abrupt stop leaves its connection tasks running. The generated `SieveServer` is a
-//! plain tower service, so it runs on hyper directly. `Score` alone goes around it, to tonic's
-//! unary call handling over our codec (`wire.rs`: the message read in place). Each connection's
-//! calls run on the connection's own task, up to `[grpc] inline_streams`, and a wake-up during
-//! that task's poll is another round of it, not a yield (`inline.rs`); its socket is read in
-//! large chunks and written once per poll of that task (`io.rs`). A call's message counts
-//! against the process's `[http] max_buffered_bytes` budget (the service's
-//! [`ScoreService::buffer_budget`], shared with the HTTP port) frame by frame as it arrives and
-//! until the call is answered; a frame that does not fit fails the call with RESOURCE_EXHAUSTED.
-//! Every connection runs under the `[http]` header, idle and send timeouts (`watchdog.rs`), as
-//! an HTTP/1 connection does, and the port's graceful stop goes through the same watchdog (it
-//! owns the connection, so hyper-util's `GracefulShutdown`, which needs the connection itself,
-//! is not used here).
+//! - Connection cap: a slot per connection, taken at the accept. A connection that finds none
+//!   closes those with no call for [`EVICT_IDLE`] and waits up to [`SLOT_WAIT`] for a slot
+//!   (at most `max_connections` wait at once); without one it is closed unserved (a gRPC client
+//!   sees UNAVAILABLE and may retry).
+//! - Timers: the socket of each connection (`conn.rs`); a call's message must arrive within
+//!   `body_read_timeout_ms` (the request body, [`Timed`]).
+//! - Message size: tonic's codec limit, `[limits] max_body_bytes`; the message's bytes count
+//!   against the process's `[http] max_buffered_bytes` ([`ScoreService::buffer_budget`], shared
+//!   with the HTTP port) frame by frame as they arrive, until the call is answered.
+//! - Deadline: the call's `grpc-timeout` less `[grpc] deadline_margin_ms` is its `deadline_ms`
+//!   (`api.rs`), so a partial answer comes before tonic's own timeout of the call.
+//! - Stop: tonic's graceful shutdown (GOAWAY, calls in progress finish), cut off at the grace
+//!   (or at once for a kill) by closing every connection's socket.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::future::Either;
-use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper::server::conn::http2;
-use hyper::service::service_fn;
-use hyper::Request;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use futures_util::future::{BoxFuture, Either};
+use hyper::body::{Body as HttpBody, Frame, SizeHint};
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Sleep;
+use tonic::body::Body;
 use tonic::codegen::Service;
 use tonic::Status;
 
 use super::api::RawScore;
-use super::inline::StreamExec;
-use super::io::ConnIo;
+use super::conn::{Call, Conn, ConnInfo, ConnWatch, Timers};
 use super::pb::sieve_server::SieveServer;
-use super::watchdog::{self, ConnWatch, Timers, Watchdog};
 use super::wire::RawScoreCodec;
 use super::{status, GrpcApi, GrpcConfig};
-use crate::http::{
-    accepted_or_back_off, evict_idle, forget, stop_connections, HttpConfig, Open, SharedReservation, StopMode,
-    SLOT_WAIT,
-};
+use crate::http::{accepted_or_back_off, ByteBudget, HttpConfig, SharedReservation, StopMode, EVICT_IDLE, SLOT_WAIT};
 use crate::metrics_names::grpc as names;
 use crate::service::ScoreService;
+use crate::sync::lock;
 use crate::{ApiError, ErrorKind};
 
 /// Serves the gRPC API of `svc` on `listener` until `stop` resolves, then ends as it says; with
@@ -66,139 +55,209 @@ where
     let max_message = svc.limits().max_body_bytes;
     let budget = svc.buffer_budget().clone();
     let api = Arc::new(GrpcApi::new(svc, grpc.deadline_margin()));
-    let server =
+    let router =
         SieveServer::from_arc(api.clone()).max_decoding_message_size(max_message).max_encoding_message_size(usize::MAX);
-    let inline_streams = usize::try_from(grpc.inline_streams).unwrap_or(usize::MAX);
-    let poll_rounds = usize::try_from(grpc.poll_rounds).unwrap_or(usize::MAX);
-    let body_timeout = http.body_read_timeout();
+    let calls = Calls { api, router, budget, body_timeout: http.body_read_timeout(), max_message };
+    let open: Open = Arc::new(Mutex::new(Vec::new()));
+    let (conns, mut incoming) = mpsc::channel(64);
+    let accept = tokio::spawn(accept(listener, http.clone(), open.clone(), conns));
+    let incoming = futures_util::stream::poll_fn(move |cx| incoming.poll_recv(cx).map(|c| c.map(Ok::<_, Infallible>)));
+    let (mode_tx, mut mode) = watch::channel(None);
+    let signal = async move {
+        mode_tx.send_replace(Some(stop.await));
+    };
+    let server = tonic::transport::Server::builder()
+        .max_concurrent_streams(grpc.max_concurrent_streams)
+        .http2_keepalive_interval(Some(grpc.keepalive_interval()))
+        .http2_keepalive_timeout(Some(grpc.keepalive_timeout()))
+        .http2_max_header_list_size(u32::try_from(http.max_header_bytes).unwrap_or(u32::MAX))
+        .serve_with_incoming_shutdown(calls, incoming, signal);
+    // A kill, or a graceful stop past its grace: every connection's socket closed.
+    let cut_off = async {
+        let mode = mode.wait_for(Option::is_some).await.ok().and_then(|m| *m);
+        accept.abort();
+        match mode {
+            Some(StopMode::Graceful(None)) => std::future::pending().await,
+            Some(StopMode::Graceful(Some(grace))) => {
+                tokio::time::sleep(grace).await;
+                tracing::warn!("gRPC connections still open after {grace:?}; closing");
+            }
+            Some(StopMode::Kill) | None => {}
+        }
+        for conn in lock(&open).iter().filter_map(Weak::upgrade) {
+            conn.close();
+        }
+    };
+    tokio::pin!(server);
+    let ended = tokio::select! {
+        ended = &mut server => ended,
+        () = cut_off => server.await,
+    };
+    if let Err(e) = ended {
+        tracing::warn!("gRPC server: {e}");
+    }
+}
+
+/// Every connection the port accepted that may still be open.
+type Open = Arc<Mutex<Vec<Weak<ConnWatch>>>>;
+
+/// Accepts connections under the cap and hands them to tonic's server through `conns`, until
+/// the server stops taking them.
+async fn accept(listener: TcpListener, http: HttpConfig, open: Open, conns: mpsc::Sender<Conn>) {
     let timers = Timers { header: http.header_read_timeout(), idle: http.idle_timeout(), send: http.send_timeout() };
-    // The graceful stop, told to every connection's watchdog.
-    let (stopping, stop_rx) = watch::channel(false);
     let slots = Arc::new(Semaphore::new(http.max_connections));
     // Connections at the cap waiting for a slot, at most as many as served ones.
     let waiting = Arc::new(Semaphore::new(http.max_connections));
-    let mut conns = JoinSet::new();
-    // Every connection's task and its calls: the idle ones are closed for one at the cap, as on
-    // the HTTP ports (`http/serve.rs`).
-    let mut open: Open<ConnWatch> = Open::new();
-    let mut recheck = tokio::time::interval(Duration::from_millis(125));
+    let mut waits = JoinSet::new();
+    let mut recheck = tokio::time::interval(EVICT_IDLE / 2);
     recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let wait = SLOT_WAIT.min(http.header_read_timeout());
-    tokio::pin!(stop);
-    let mode = loop {
+    loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let Some(stream) = accepted_or_back_off(accepted, "gRPC accept").await else { continue };
-                // At the cap the connection closes the idle ones and waits a while for a slot;
-                // without one it is closed unserved (a gRPC client sees UNAVAILABLE and may
-                // retry).
-                let slot = slots.clone().try_acquire_owned().map_err(|_| waiting.clone().try_acquire_owned());
-                if let Err(Err(_)) = slot {
+                let _ = stream.set_nodelay(true);
+                let slot = slots.clone().try_acquire_owned();
+                let queued = slot.is_err().then(|| waiting.clone().try_acquire_owned());
+                if let Some(Err(_)) = queued {
                     continue;
                 }
-                if slot.is_err() {
-                    evict_idle(&mut open, names::TIMEOUTS);
+                let watch = ConnWatch::new(timers, queued.is_some());
+                {
+                    let mut open = lock(&open);
+                    open.retain(|c| c.strong_count() > 0);
+                    open.push(Arc::downgrade(&watch));
                 }
-                let watch = ConnWatch::new(timers);
-                if slot.is_err() {
-                    watch.waiting();
+                match slot {
+                    Ok(slot) => {
+                        if conns.send(Conn::new(stream, watch, slot)).await.is_err() {
+                            break;
+                        }
+                    }
+                    Err(_) => {
+                        evict_idle(&open);
+                        let (slots, conns) = (slots.clone(), conns.clone());
+                        waits.spawn(async move {
+                            let Ok(Ok(slot)) = tokio::time::timeout(wait, slots.acquire_owned()).await else { return };
+                            drop(queued);
+                            watch.served();
+                            let _ = conns.send(Conn::new(stream, watch, slot)).await;
+                        });
+                    }
                 }
-                let _ = stream.set_nodelay(true);
-                // Reads in chunks of `read_buffer_bytes`, and each poll's writes in one
-                // (`io.rs`).
-                let (io, out) = ConnIo::new(stream, grpc.read_buffer_bytes, grpc.write_buffer_bytes, http.send_timeout());
-                let io = TokioIo::new(io);
-                // How much of the preface has arrived, for the header timer (`watchdog.rs`).
-                let progress = out.clone();
-                let out = (grpc.write_buffer_bytes > 0).then_some(out);
-                let (server, api, budget) = (server.clone(), api.clone(), budget.clone());
-                let handler = service_fn(move |req: Request<Incoming>| {
-                    // The message's bytes, held by the body as they come and by the call until
-                    // it is answered (tonic drops the body once the message is decoded).
-                    let held = SharedReservation::new(&budget);
-                    let req = req.map(|b| Timed::new(b, body_timeout, held.clone()));
-                    // `Score` read in place (`wire.rs`); `Rerank` and unknown methods
-                    // (UNIMPLEMENTED) by the generated router.
-                    if req.uri().path() == SCORE_PATH {
-                        let api = api.clone();
-                        Either::Left(async move {
-                            let mut grpc = tonic::server::Grpc::new(RawScoreCodec)
-                                .apply_max_message_size_config(Some(max_message), Some(usize::MAX));
-                            let answer = grpc.unary(RawScore(api), req).await;
-                            drop(held);
-                            watchdog::answered();
-                            Ok::<_, Infallible>(answer)
-                        })
-                    } else {
-                        let mut s = server.clone();
-                        let call = s.call(req);
-                        Either::Right(async move {
-                            let answer = call.await;
-                            drop(held);
-                            watchdog::answered();
-                            answer
-                        })
-                    }
-                });
-                // Each connection its own executor: its calls run on its own task (`inline.rs`).
-                let exec = StreamExec::new(inline_streams, watch.clone());
-                let conn = builder(exec.clone(), &grpc, &http).serve_connection(io, handler);
-                let mut stop_rx = stop_rx.clone();
-                let stop = async move {
-                    let _ = stop_rx.wait_for(|stop| *stop).await;
-                };
-                let conn = Watchdog::new(conn, watch.clone(), progress, stop);
-                let conn = exec.drive(conn, out, poll_rounds);
-                let (slots, served) = (slots.clone(), watch.clone());
-                let task = conns.spawn(async move {
-                    let slot = match slot {
-                        Ok(slot) => slot,
-                        Err(Ok(waiting)) => match tokio::time::timeout(wait, slots.acquire_owned()).await {
-                            Ok(Ok(slot)) => {
-                                drop(waiting);
-                                served.served();
-                                slot
-                            }
-                            _ => return,
-                        },
-                        Err(Err(_)) => return,
-                    };
-                    if let Err(e) = conn.await {
-                        tracing::debug!("gRPC connection: {e}");
-                    }
-                    drop(slot);
-                });
-                open.insert(task.id(), (task, watch));
             }
-            _ = recheck.tick(), if waiting.available_permits() < http.max_connections => {
-                evict_idle(&mut open, names::TIMEOUTS);
-            }
-            // Reap finished tasks so the set does not grow with every client.
-            Some(r) = conns.join_next_with_id(), if !conns.is_empty() => forget(&mut open, r),
-            mode = &mut stop => break mode,
+            _ = recheck.tick(), if waiting.available_permits() < http.max_connections => evict_idle(&open),
+            Some(_) = waits.join_next(), if !waits.is_empty() => {}
+            () = conns.closed() => break,
         }
-    };
-    drop(listener);
-    // A graceful stop is told through the connections' watchdogs (GOAWAY, calls in progress
-    // answered).
-    let stop = async {
-        stopping.send_replace(true);
-    };
-    stop_connections(mode, stop, conns, "gRPC connections").await;
+    }
+}
+
+/// Closes the connections with no call for [`EVICT_IDLE`] or more, for connections waiting at
+/// the cap; each counted as `timer="evicted"`.
+fn evict_idle(open: &Open) {
+    let now = std::time::Instant::now();
+    lock(open).retain(|c| {
+        let Some(c) = c.upgrade() else { return false };
+        let idle = c.idle_for(now).is_some_and(|d| d >= EVICT_IDLE);
+        if idle {
+            c.close();
+            metrics::counter!(names::TIMEOUTS, "timer" => "evicted").increment(1);
+        }
+        !idle
+    });
 }
 
 /// `Score`'s gRPC path.
 const SCORE_PATH: &str = "/sieve.v1.Sieve/Score";
 
-/// The HTTP/2 server of one connection, its calls run by `exec`.
-fn builder(exec: StreamExec, grpc: &GrpcConfig, http: &HttpConfig) -> http2::Builder<StreamExec> {
-    let mut b = http2::Builder::new(exec);
-    b.timer(TokioTimer::new())
-        .max_concurrent_streams(grpc.max_concurrent_streams)
-        .keep_alive_interval(grpc.keepalive_interval())
-        .keep_alive_timeout(grpc.keepalive_timeout())
-        .max_header_list_size(u32::try_from(http.max_header_bytes).unwrap_or(u32::MAX));
-    b
+/// Every call of the port: `Score` read in place (`wire.rs`), `Rerank` and unknown methods
+/// (UNIMPLEMENTED) by the generated router; each counted on its connection until its answer
+/// is sent.
+struct Calls<S> {
+    api: Arc<GrpcApi<S>>,
+    router: SieveServer<GrpcApi<S>>,
+    budget: ByteBudget,
+    body_timeout: Duration,
+    max_message: usize,
+}
+
+impl<S> Clone for Calls<S> {
+    fn clone(&self) -> Self {
+        Calls {
+            api: self.api.clone(),
+            router: self.router.clone(),
+            budget: self.budget.clone(),
+            body_timeout: self.body_timeout,
+            max_message: self.max_message,
+        }
+    }
+}
+
+impl<S: ScoreService + 'static> Service<hyper::Request<Body>> for Calls<S> {
+    type Response = hyper::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<hyper::Response<Body>, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: hyper::Request<Body>) -> Self::Future {
+        let call = req.extensions().get::<ConnInfo>().map(|c| c.0.begin());
+        // The message's bytes, held by the body as they come and by the call until it is
+        // answered (tonic drops the body once the message is decoded).
+        let held = SharedReservation::new(&self.budget);
+        let req = req.map(|b| Body::new(Timed::new(b, self.body_timeout, held.clone())));
+        let answer = if req.uri().path() == SCORE_PATH {
+            let (api, max) = (self.api.clone(), self.max_message);
+            Either::Left(async move {
+                let mut grpc =
+                    tonic::server::Grpc::new(RawScoreCodec).apply_max_message_size_config(Some(max), Some(usize::MAX));
+                Ok(grpc.unary(RawScore(api), req).await)
+            })
+        } else {
+            Either::Right(self.router.call(req))
+        };
+        Box::pin(async move {
+            let answer = answer.await?;
+            drop(held);
+            let Some(mut call) = call else { return Ok(answer) };
+            if answer.body().is_end_stream() {
+                call.end();
+                return Ok(answer);
+            }
+            call.answered();
+            Ok(answer.map(|body| Body::new(Sending { body, call })))
+        })
+    }
+}
+
+/// An answer on its way: its call ends with its last frame.
+struct Sending {
+    body: Body,
+    call: Call,
+}
+
+impl HttpBody for Sending {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let frame = std::task::ready!(Pin::new(&mut self.body).poll_frame(cx));
+        if !matches!(&frame, Some(Ok(f)) if f.is_data()) {
+            self.call.end();
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// A request body that must arrive whole within the `[http]` body read timeout (a call's message
@@ -209,7 +268,7 @@ fn builder(exec: StreamExec, grpc: &GrpcConfig, http: &HttpConfig) -> http2::Bui
 /// unary: a byte past the first message fails the call with INVALID_ARGUMENT (tonic would read
 /// and drop a second message, answering OK as if it had never come).
 struct Timed {
-    inner: Incoming,
+    inner: Body,
     deadline: Pin<Box<Sleep>>,
     timeout: Duration,
     held: SharedReservation,
@@ -217,7 +276,7 @@ struct Timed {
 }
 
 impl Timed {
-    fn new(inner: Incoming, timeout: Duration, held: SharedReservation) -> Self {
+    fn new(inner: Body, timeout: Duration, held: SharedReservation) -> Self {
         let deadline = Box::pin(tokio::time::sleep(timeout));
         Timed { inner, deadline, timeout, held, framing: OneMessage::default() }
     }
@@ -247,7 +306,7 @@ impl OneMessage {
     }
 }
 
-impl Body for Timed {
+impl HttpBody for Timed {
     type Data = Bytes;
     type Error = Status;
 
@@ -266,7 +325,7 @@ impl Body for Timed {
                     return Poll::Ready(Some(Err(status::to_status(&e))));
                 }
             }
-            return Poll::Ready(frame.map(|f| f.map_err(|e| Status::from_error(Box::new(e)))));
+            return Poll::Ready(frame);
         }
         if this.deadline.as_mut().poll(cx).is_ready() {
             let e = ApiError::new(

@@ -22,8 +22,8 @@ pub struct HttpConfig {
     /// nothing) ends its connection, so a client that stops reading cannot hold a connection or
     /// a stream forever. Counted between two writes that progress, as nginx's `send_timeout`,
     /// not over the whole answer: a slow but reading client is served. On the gRPC port a call
-    /// whose answer the client's HTTP/2 flow-control window does not take within it is reset
-    /// (RST_STREAM), its connection kept (`grpc/watchdog.rs`).
+    /// whose answer the client's HTTP/2 flow-control window does not take within it closes its
+    /// connection (`grpc/conn.rs`).
     pub send_timeout_ms: u64,
     /// Open connections per port beyond this are answered 503 (JSON) and closed without being
     /// served.

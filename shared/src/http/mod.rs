@@ -34,7 +34,7 @@ pub use body::{collect, read_body, read_body_reserved, BodyDeadline};
 pub use budget::{ByteBudget, Reservation, SharedReservation};
 pub use config::HttpConfig;
 pub(crate) use send_timeout::SendTimeout;
-pub(crate) use serve::{accepted_or_back_off, evict_idle, forget, stop_connections, Idle, Open, SLOT_WAIT};
+pub(crate) use serve::{accepted_or_back_off, EVICT_IDLE, SLOT_WAIT};
 pub use serve::{serve, serve_with_slots, ConnectionSlots};
 
 use crate::{ApiError, ErrorKind};

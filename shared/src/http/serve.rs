@@ -1,6 +1,6 @@
 //! The accept loop every Sieve port runs: a connection cap, hyper's http1 per connection with
-//! the head/idle timer, the send timeout and the JSON-error socket wrapper, a body deadline on every request, and
-//! a stop that is graceful within a bound (or abrupt).
+//! the head/idle timer and the send timeout, a body deadline on every request, and a stop that
+//! is graceful within a bound (or abrupt).
 //!
 //! Why each piece is what it is:
 //!
@@ -54,18 +54,18 @@ use crate::ApiError;
 
 /// How long a connection must have been idle to be closed for one waiting at the cap: a
 /// client that connects to send a request sends it at once.
-const EVICT_IDLE: Duration = Duration::from_millis(250);
+pub(crate) const EVICT_IDLE: Duration = Duration::from_millis(250);
 /// How long a connection at the cap waits for a slot before its 503 (at most the header
 /// timeout): a full port answers quickly, one full of idle connections frees slots well within.
 pub(crate) const SLOT_WAIT: Duration = Duration::from_secs(1);
 
 /// What tells whether a connection is idle: nothing in progress, for how long (`None`: busy).
-pub(crate) trait Idle {
+pub(super) trait Idle {
     fn idle_for(&self, now: std::time::Instant) -> Option<Duration>;
 }
 
 /// A port's open connections: each one's task, and what tells whether it is idle.
-pub(crate) type Open<A> = HashMap<tokio::task::Id, (AbortHandle, Arc<A>)>;
+type Open<A> = HashMap<tokio::task::Id, (AbortHandle, Arc<A>)>;
 
 /// Serves HTTP/1.1 connections with `handler` (one task per connection, keep-alive) under the
 /// limits of `config` until `stop` resolves, then ends as it says. With
@@ -197,14 +197,8 @@ pub(crate) async fn accepted_or_back_off(
 /// Ends a port's connections as `mode` says: at once, or gracefully (`stop` tells every
 /// connection to finish: requests in progress finish, no new ones start; HTTP/2 connections get
 /// GOAWAY) cut off at the grace by aborting what is left; returns once every connection task
-/// has ended. Shared by the HTTP ports (`stop`: hyper-util's graceful shutdown) and the gRPC
-/// port (its connections' watchdogs).
-pub(crate) async fn stop_connections(
-    mode: StopMode,
-    stop: impl Future<Output = ()>,
-    mut conns: JoinSet<()>,
-    what: &str,
-) {
+/// has ended (`stop`: hyper-util's graceful shutdown).
+async fn stop_connections(mode: StopMode, stop: impl Future<Output = ()>, mut conns: JoinSet<()>, what: &str) {
     if let StopMode::Graceful(grace) = mode {
         let all_ended = async {
             stop.await;
@@ -226,7 +220,7 @@ pub(crate) async fn stop_connections(
 /// Closes the connections idle for [`EVICT_IDLE`] or more (their tasks aborted: the socket
 /// closed, the slot freed), for the connections waiting at the cap; each counted in `metric`
 /// as `timer="evicted"`.
-pub(crate) fn evict_idle<A: Idle>(open: &mut Open<A>, metric: &'static str) {
+fn evict_idle<A: Idle>(open: &mut Open<A>, metric: &'static str) {
     let now = std::time::Instant::now();
     open.retain(|_, (task, conn)| {
         let idle = conn.idle_for(now).is_some_and(|d| d >= EVICT_IDLE);
@@ -239,11 +233,11 @@ pub(crate) fn evict_idle<A: Idle>(open: &mut Open<A>, metric: &'static str) {
 }
 
 /// A connection's task ended: it is no longer open.
-pub(crate) fn forget<A>(open: &mut Open<A>, ended: Result<(tokio::task::Id, ()), tokio::task::JoinError>) {
+fn forget<A>(open: &mut Open<A>, ended: Result<(tokio::task::Id, ()), tokio::task::JoinError>) {
     open.remove(&ended.map_or_else(|e| e.id(), |(id, ())| id));
 }
 
-/// One connection: hyper's http1 with the head/idle timer, on the JSON-error socket wrapper;
+/// One connection: hyper's http1 with the head/idle timer, on the activity-reporting socket;
 /// every request gets its body deadline when its head is in. Its activity is idle from now.
 fn connection<F, Fut>(
     stream: TcpStream,
@@ -272,11 +266,7 @@ where
     let timer =
         HeadTimer { activity: activity.clone(), header: config.header_read_timeout(), idle: config.idle_timeout() };
     // The send timeout sits on the socket itself, under every write (ours included).
-    let io = TokioIo::new(ConnIo::new(
-        SendTimeout::new(stream, config.send_timeout(), TIMEOUTS),
-        activity,
-        config.max_header_bytes,
-    ));
+    let io = TokioIo::new(ConnIo::new(SendTimeout::new(stream, config.send_timeout(), TIMEOUTS), activity));
     let mut b = http1::Builder::new();
     b.timer(timer)
         .header_read_timeout(config.header_read_timeout())

@@ -222,21 +222,21 @@ async fn idle_connections_at_the_cap_are_closed_for_a_client_with_a_request() {
     closed(&mut kept).await;
 }
 
+/// A head hyper cannot parse gets hyper's own answer (400 or 431, no body) and the connection
+/// closes; an answer before it on the same connection goes out untouched.
 #[tokio::test]
-async fn hypers_own_parse_errors_are_json() {
+async fn a_head_hyper_cannot_parse_is_refused_and_closed() {
     let srv = start(fast()).await;
     let mut s = TcpStream::connect(srv.addr).await.unwrap();
     s.write_all(b"BAD REQUEST LINE\r\n\r\n").await.unwrap();
-    assert_error(response(&mut s).await, 400, "malformed");
+    assert_eq!(response(&mut s).await.map(|(code, _)| code), Some(400));
     closed(&mut s).await;
 
     let mut s = TcpStream::connect(srv.addr).await.unwrap();
     let big = format!("GET /x HTTP/1.1\r\nhost: t\r\nx-big: {}\r\n\r\n", "a".repeat(20_000));
     // The server may close before reading it all: a failed write is fine, the answer counts.
     let _ = s.write_all(big.as_bytes()).await;
-    let (status, body) = response(&mut s).await.expect("an answer");
-    assert_eq!((status, body["error"]["type"].as_str()), (431, Some("headers_too_large")), "{body}");
-    assert!(body["error"]["message"].as_str().unwrap().contains("8192"), "{body}");
+    assert_eq!(response(&mut s).await.map(|(code, _)| code), Some(431));
 
     // A good request, then garbage, in one write: the first answer is untouched.
     let mut s = TcpStream::connect(srv.addr).await.unwrap();
@@ -245,14 +245,7 @@ async fn hypers_own_parse_errors_are_json() {
     tokio::time::timeout(BOUND, s.read_to_end(&mut all)).await.unwrap().unwrap();
     let text = String::from_utf8(all).unwrap();
     assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
-    assert!(text.contains("{\"len\":2}"), "{text}");
-    let second = &text[text.find("HTTP/1.1 400").expect("then the 400")..];
-    assert!(
-        second.ends_with(
-            r#""code":400,"message":"malformed request head: the request line or a header is not valid HTTP/1.1"}}"#
-        ),
-        "{second}"
-    );
+    assert!(text.contains("{\"len\":2}HTTP/1.1 400 Bad Request\r\n"), "{text}");
 }
 
 #[tokio::test]
