@@ -40,12 +40,12 @@ use tokio::time::Sleep;
 use tonic::codegen::Service;
 use tonic::Status;
 
-use super::api::RawScore;
+use super::api::{RawRerank, RawScore};
 use super::inline::StreamExec;
 use super::io::ConnIo;
 use super::pb::sieve_server::SieveServer;
 use super::watchdog::{self, ConnWatch, Timers, Watchdog};
-use super::wire::RawScoreCodec;
+use super::wire::{RawRerankCodec, RawScoreCodec};
 use super::{status, GrpcApi, GrpcConfig};
 use crate::http::{
     accepted_or_back_off, evict_idle, forget, stop_connections, HttpConfig, Open, SharedReservation, StopMode,
@@ -117,14 +117,22 @@ where
                     // it is answered (tonic drops the body once the message is decoded).
                     let held = SharedReservation::new(&budget);
                     let req = req.map(|b| Timed::new(b, body_timeout, held.clone()));
-                    // `Score` read in place (`wire.rs`); `Rerank` and unknown methods
-                    // (UNIMPLEMENTED) by the generated router.
-                    if req.uri().path() == SCORE_PATH {
-                        let api = api.clone();
+                    // `Score` read in place (`wire.rs`), `Rerank` decoded by `api.rs` (a bad
+                    // message INVALID_ARGUMENT); unknown methods (UNIMPLEMENTED) by the
+                    // generated router.
+                    let path = req.uri().path();
+                    if path == SCORE_PATH || path == RERANK_PATH {
+                        let (api, score) = (api.clone(), path == SCORE_PATH);
                         Either::Left(async move {
-                            let mut grpc = tonic::server::Grpc::new(RawScoreCodec)
-                                .apply_max_message_size_config(Some(max_message), Some(usize::MAX));
-                            let answer = grpc.unary(RawScore(api), req).await;
+                            let answer = if score {
+                                let mut grpc = tonic::server::Grpc::new(RawScoreCodec)
+                                    .apply_max_message_size_config(Some(max_message), Some(usize::MAX));
+                                grpc.unary(RawScore(api), req).await
+                            } else {
+                                let mut grpc = tonic::server::Grpc::new(RawRerankCodec)
+                                    .apply_max_message_size_config(Some(max_message), Some(usize::MAX));
+                                grpc.unary(RawRerank(api), req).await
+                            };
                             drop(held);
                             watchdog::answered();
                             Ok::<_, Infallible>(answer)
@@ -189,6 +197,7 @@ where
 
 /// `Score`'s gRPC path.
 const SCORE_PATH: &str = "/sieve.v1.Sieve/Score";
+const RERANK_PATH: &str = "/sieve.v1.Sieve/Rerank";
 
 /// The HTTP/2 server of one connection, its calls run by `exec`.
 fn builder(exec: StreamExec, grpc: &GrpcConfig, http: &HttpConfig) -> http2::Builder<StreamExec> {
