@@ -1,7 +1,8 @@
 //! One table of public-API cases, run against the three servers of the API: a proxy (in-process,
 //! over two simulated workers), a simulated worker directly, and a real `sieve-worker` process
 //! with the embedded model. Every case gets the same status from all three, every error the
-//! same JSON body; and a request whose body has not arrived holds no proxy admission slot.
+//! same JSON body (Sieve's; TEI's on its `/rerank` route); and a request whose body has not
+//! arrived holds no proxy admission slot.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -9,13 +10,20 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use sieve_e2e::{sims, spawn, test_config, wait_ready, Http, Proc};
 use sieve_loadtest::sim::{SimConfig, SimWorker};
-use sieve_shared::{ErrorKind, Limits};
+use sieve_shared::{ApiConfig, ErrorKind, Limits};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// Small limits, the same on every server, so the limit cases are cheap to send.
 fn limits() -> Limits {
     Limits { max_items: 8, max_item_chars: 200, max_body_bytes: 4096, ..Limits::default() }
+}
+
+/// The model names the cases send besides the served one, aliases on every server (`[api]`).
+const ALIASES: [&str; 3] = ["rerank-v3.5", "m", "any"];
+
+fn api() -> ApiConfig {
+    ApiConfig { model_aliases: ALIASES.map(String::from).to_vec(), ..ApiConfig::default() }
 }
 
 const START: Duration = Duration::from_secs(60);
@@ -106,7 +114,7 @@ impl Drop for TempDir {
 }
 
 fn sim_config() -> SimConfig {
-    SimConfig { limits: limits(), ..SimConfig::default() }
+    SimConfig { limits: limits(), api: api(), ..SimConfig::default() }
 }
 
 async fn servers() -> Servers {
@@ -116,8 +124,8 @@ async fn servers() -> Servers {
     let cfg = dir.0.join("worker.toml");
     let l = limits();
     let toml = format!(
-        "[limits]\nmax_items = {}\nmax_item_chars = {}\nmax_body_bytes = {}\n",
-        l.max_items, l.max_item_chars, l.max_body_bytes
+        "[limits]\nmax_items = {}\nmax_item_chars = {}\nmax_body_bytes = {}\n[api]\nmodel_aliases = {:?}\n",
+        l.max_items, l.max_item_chars, l.max_body_bytes, ALIASES
     );
     std::fs::write(&cfg, toml).unwrap();
     // The model loads while the in-process servers start.
@@ -130,6 +138,7 @@ async fn servers() -> Servers {
     let behind = sims(2, sim_config()).await;
     let mut pc = test_config(behind.iter().map(SimWorker::endpoint).collect());
     pc.limits = limits();
+    pc.api = api();
     let proxy = sieve_e2e::proxy(pc, 2).await;
     assert!(wait_ready(&http, &worker.admin_url(), START).await, "the worker never loaded its model");
     let targets = vec![("proxy", proxy.api_addr), ("sim-worker", direct.api_addr), ("worker", worker.api)];
@@ -196,11 +205,11 @@ fn error_cases() -> Vec<Case> {
             "unknown field `idd`",
         ),
         case(
-            "unknown field inside a document",
+            "an object document without text",
             "/v1/rerank",
             j(json!({"query": "x", "documents": [{"txt": "b"}]})),
             422,
-            "unknown field `txt`",
+            "documents[0] has no field `text`",
         ),
         case("an item that is a number", "/v1/score", j(json!({"query": "x", "items": [3]})), 422, "expected an item"),
         case("empty query", "/v1/score", j(json!({"query": "  ", "items": ["a"]})), 422, "query is empty"),
@@ -270,12 +279,38 @@ fn error_cases() -> Vec<Case> {
             "max_item_tokens must be at least 1",
         ),
         case(
-            "TEI documents",
+            "TEI texts and documents",
             "/rerank",
-            j(json!({"query": "x", "documents": ["a"]})),
+            j(json!({"query": "x", "texts": ["a"], "documents": ["a"]})),
             422,
             "unknown field `documents`",
         ),
+        case("TEI malformed JSON", "/rerank", b"{\"query\": ".to_vec(), 400, "malformed JSON"),
+        case(
+            "vLLM rerank on /rerank: top_n 0",
+            "/rerank",
+            j(json!({"model": "m", "query": "x", "documents": ["a"], "top_n": 0})),
+            422,
+            "top_n must be at least 1",
+        ),
+        Case {
+            headers: vec![("content-encoding", "br")],
+            ..case("a body in brotli", "/v1/score", j(json!({"query": "x", "items": ["a"]})), 415, "gzip or zstd")
+        },
+        Case {
+            headers: vec![("content-encoding", "gzip")],
+            ..case("a gzip body that is not gzip", "/v1/score", b"plain".to_vec(), 400, "not valid gzip")
+        },
+        Case {
+            headers: vec![("content-encoding", "gzip")],
+            ..case(
+                "a gzip body over max_body_bytes decoded",
+                "/v1/rerank",
+                gzip(&json!({"query": "x", "documents": ["a".repeat(5000)]}).to_string().into_bytes()),
+                413,
+                "decodes (gzip) to more than max_body_bytes 4096",
+            )
+        },
         case(
             "TEI too many texts",
             "/rerank",
@@ -320,11 +355,11 @@ fn error_cases() -> Vec<Case> {
             "max_tokens_per_doc and truncate_prompt_tokens must be at least 1",
         ),
         case(
-            "rank_fields other than text",
+            "rank_fields naming a field a document lacks",
             "/v1/rerank",
             j(json!({"query": "x", "documents": [{"text": "a"}], "rank_fields": ["title"]})),
             422,
-            "rank_fields other than",
+            "documents[0] has no field `title`, which rank_fields names",
         ),
         Case { method: "GET", ..case("GET on /rerank", "/rerank", Vec::new(), 405, "/rerank needs POST") },
         Case { method: "GET", ..case("GET on /score", "/score", Vec::new(), 405, "/score needs POST") },
@@ -401,7 +436,18 @@ async fn check_successes(name: &str, addr: SocketAddr) {
     for (i, x) in indices.iter().zip(&rel) {
         assert!(close(s[*i], *x), "{name}: document {i} scored {x} by rerank, {} by score", s[*i]);
     }
-    assert!(results.iter().all(|x| x.get("document").is_none()), "{name}: documents not asked for");
+    // Documents come back unless return_documents is false (vLLM's results always carry them).
+    for x in &results {
+        let i = x["index"].as_u64().unwrap() as usize;
+        let want = items()[i].get("text").cloned().unwrap_or_else(|| items()[i].clone());
+        assert_eq!(x["document"]["text"], want, "{name}: {x}");
+    }
+    // An object document's id is echoed.
+    assert!(results.iter().any(|x| x["id"] == "b" && x["index"] == 1), "{name}: {}", rr.body);
+    let body = json!({"query": query, "documents": items(), "return_documents": false});
+    let none = exchange(addr, "POST", "/v1/rerank", &[], body.to_string().as_bytes()).await;
+    assert_eq!(none.status, 200, "{name}: {}", none.raw_body);
+    assert!(none.body["results"].as_array().unwrap().iter().all(|x| x.get("document").is_none()), "{name}");
     assert!(rr.header("x-sieve-total-ms").is_some(), "{name}: rerank timing header");
     let best_two = indices[..2].to_vec();
     indices.sort_unstable();
@@ -459,9 +505,13 @@ async fn check_drop_in_shapes(name: &str, addr: SocketAddr, s: &[f64]) {
     }
     assert!(tei.header("x-sieve-total-ms").is_some(), "{name}: TEI timing header");
 
-    // vLLM score: data in input order.
+    // vLLM score: data in input order, on /score and (as vLLM serves it) on /v1/score.
     let body = json!({"model": "any", "text_1": query, "text_2": texts});
+    let v1 = exchange(addr, "POST", "/v1/score", &[], body.to_string().as_bytes()).await;
+    assert_eq!(v1.status, 200, "{name}: vLLM score on /v1/score: {}", v1.raw_body);
+    assert_eq!(v1.body["object"], "list", "{name}: {}", v1.body);
     let v = exchange(addr, "POST", "/score", &[], body.to_string().as_bytes()).await;
+    assert_eq!(v.body["data"], v1.body["data"], "{name}: /score and /v1/score");
     assert_eq!(v.status, 200, "{name}: vLLM score: {}", v.raw_body);
     assert_eq!(v.body["object"], "list", "{name}: {}", v.body);
     let data = v.body["data"].as_array().unwrap_or_else(|| panic!("{name}: {}", v.body));
@@ -485,7 +535,59 @@ async fn check_drop_in_shapes(name: &str, addr: SocketAddr, s: &[f64]) {
     }
     assert!(c.body["id"].as_str().is_some_and(|id| !id.is_empty()), "{name}: {}", c.body);
     assert!(c.body["usage"]["total_tokens"].as_u64().is_some(), "{name}: {}", c.body);
-    assert_eq!(c.body["meta"]["api_version"]["version"], "1", "{name}: {}", c.body);
+    // /v2/rerank is Cohere's v2 API: it says so (it said "1" before issue 32).
+    assert_eq!(c.body["meta"]["api_version"]["version"], "2", "{name}: {}", c.body);
+    let c1 = exchange(addr, "POST", "/v1/rerank", &[], body.to_string().as_bytes()).await;
+    assert_eq!(c1.body["meta"]["api_version"]["version"], "1", "{name}: {}", c1.body);
+
+    // vLLM's rerank body on TEI's path: answered as /v1/rerank, each result with its document.
+    let body = json!({"model": "m", "query": query, "documents": texts, "top_n": 2});
+    let v = exchange(addr, "POST", "/rerank", &[], body.to_string().as_bytes()).await;
+    assert_eq!(v.status, 200, "{name}: vLLM /rerank: {}", v.raw_body);
+    let results = v.body["results"].as_array().unwrap_or_else(|| panic!("{name}: {}", v.body));
+    assert_eq!(results.len(), 2, "{name}: {}", v.body);
+    for r in results {
+        let i = r["index"].as_u64().unwrap() as usize;
+        assert!(close(s[i], r["relevance_score"].as_f64().unwrap()), "{name}: vLLM /rerank {i}: {r}");
+        assert_eq!(r["document"]["text"], texts[i], "{name}: {r}");
+    }
+
+    // A model that is neither served nor an alias: 404 naming the served one, on every route,
+    // in the route's own error shape.
+    for (path, body) in [
+        ("/v1/score", json!({"model": "gpt-4", "query": query, "items": texts})),
+        ("/v1/rerank", json!({"model": "gpt-4", "query": query, "documents": texts})),
+        ("/score", json!({"model": "gpt-4", "text_1": query, "text_2": texts})),
+    ] {
+        let a = exchange(addr, "POST", path, &[], body.to_string().as_bytes()).await;
+        assert_eq!(a.status, 404, "{name}: {path}: {}", a.raw_body);
+        let msg = a.body["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.contains("model `gpt-4` not found: this server serves `"), "{name}: {path}: {msg}");
+    }
+    let body = json!({"model": "gpt-4", "query": query, "texts": texts});
+    let a = exchange(addr, "POST", "/rerank", &[], body.to_string().as_bytes()).await;
+    assert_eq!((a.status, &a.body["error_type"]), (404, &json!("Validation")), "{name}: {}", a.raw_body);
+    assert!(a.body["error"].as_str().is_some_and(|m| m.contains("not found")), "{name}: {}", a.raw_body);
+    // Every route takes the served model's aliases (TEI's too).
+    let body = json!({"model": "rerank-v3.5", "query": query, "items": texts});
+    let a = exchange(addr, "POST", "/v1/score", &[], body.to_string().as_bytes()).await;
+    assert_eq!(a.status, 200, "{name}: {}", a.raw_body);
+
+    // Compressed bodies are read: the same scores as the plain body.
+    let plain = json!({"query": query, "items": texts}).to_string().into_bytes();
+    for (encoding, body) in [("gzip", gzip(&plain)), ("zstd", zstd::encode_all(&plain[..], 3).unwrap())] {
+        let a = exchange(addr, "POST", "/v1/score", &[("content-encoding", encoding)], &body).await;
+        assert_eq!(a.status, 200, "{name}: {encoding}: {}", a.raw_body);
+        let got = scores(&a.body);
+        assert!(got.iter().zip(s).all(|(a, b)| close(*a, *b)), "{name}: {encoding}: {got:?} vs {s:?}");
+    }
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    e.write_all(data).unwrap();
+    e.finish().unwrap()
 }
 
 /// Every shape's truncation option is served: a cap the items are under changes no score; a
@@ -550,11 +652,18 @@ async fn proxy_worker_and_sim_worker_answer_every_case_alike() {
         for &(name, addr) in &s.targets {
             let a = exchange(addr, c.method, c.path, &c.headers, &c.body).await;
             assert_eq!(a.status, c.status, "{name}: {}: {}", c.what, a.raw_body);
-            let e = &a.body["error"];
-            assert_eq!(e["code"].as_u64(), Some(u64::from(c.status)), "{name}: {}: {}", c.what, a.raw_body);
-            let kind = ErrorKind::from_status(c.status).unwrap();
-            assert_eq!(e["type"], serde_json::to_value(kind).unwrap(), "{name}: {}: {}", c.what, a.raw_body);
-            let msg = e["message"].as_str().unwrap_or_default();
+            let tei = c.path == "/rerank" && !c.what.starts_with("vLLM");
+            let msg = if tei {
+                // TEI's shape: {"error": "...", "error_type": "..."}.
+                assert_eq!(a.body["error_type"], "Validation", "{name}: {}: {}", c.what, a.raw_body);
+                a.body["error"].as_str().unwrap_or_default()
+            } else {
+                let e = &a.body["error"];
+                assert_eq!(e["code"].as_u64(), Some(u64::from(c.status)), "{name}: {}: {}", c.what, a.raw_body);
+                let kind = ErrorKind::from_status(c.status).unwrap();
+                assert_eq!(e["type"], serde_json::to_value(kind).unwrap(), "{name}: {}: {}", c.what, a.raw_body);
+                e["message"].as_str().unwrap_or_default()
+            };
             assert!(msg.contains(c.says), "{name}: {}: {msg:?} lacks {:?}", c.what, c.says);
             assert_eq!(a.header("content-type"), Some("application/json"), "{name}: {}", c.what);
             if c.status == 405 {
@@ -617,4 +726,47 @@ async fn a_stalled_body_holds_no_proxy_admission_slot() {
     assert_eq!(a.status, 200, "{}", a.raw_body);
     assert_eq!(a.body["scores"], full.body["scores"]);
     assert_eq!(p.state.drain.in_flight(), 0);
+}
+
+/// `[api] cors_allow_origins`: off by default (no CORS headers, a preflight is 405); on, an
+/// allowed origin's preflight is answered and its calls carry the CORS headers, another
+/// origin's do not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cors_is_off_by_default_and_answers_the_origins_configured() {
+    let origin = "https://shop.example";
+    let plain = SimWorker::start_local(SimConfig::default()).await.expect("sim worker");
+    let api = ApiConfig { cors_allow_origins: vec![origin.into()], ..ApiConfig::default() };
+    let cors = SimWorker::start_local(SimConfig { api, ..SimConfig::default() }).await.expect("sim worker");
+    let preflight = [
+        ("origin", origin),
+        ("access-control-request-method", "POST"),
+        ("access-control-request-headers", "content-type,x-sieve-deadline-ms"),
+    ];
+    let body = json!({"query": "red shoes", "items": ["red leather shoes"]}).to_string();
+
+    let a = exchange(plain.api_addr, "OPTIONS", "/v1/score", &preflight, b"").await;
+    assert_eq!(a.status, 405, "{}", a.raw_body);
+    let a = exchange(plain.api_addr, "POST", "/v1/score", &[("origin", origin)], body.as_bytes()).await;
+    assert_eq!(a.status, 200, "{}", a.raw_body);
+    assert_eq!(a.header("access-control-allow-origin"), None, "no CORS unless configured");
+
+    let a = exchange(cors.api_addr, "OPTIONS", "/v1/score", &preflight, b"").await;
+    assert_eq!(a.status, 200, "{}", a.raw_body);
+    assert_eq!(a.header("access-control-allow-origin"), Some(origin));
+    assert!(a.header("access-control-allow-methods").is_some_and(|m| m.contains("POST")), "{:?}", a.headers);
+    assert!(
+        a.header("access-control-allow-headers").is_some_and(|h| h.contains("x-sieve-deadline-ms")),
+        "{:?}",
+        a.headers
+    );
+    let a = exchange(cors.api_addr, "POST", "/v1/score", &[("origin", origin)], body.as_bytes()).await;
+    assert_eq!(a.status, 200, "{}", a.raw_body);
+    assert_eq!(a.header("access-control-allow-origin"), Some(origin));
+    assert!(
+        a.header("access-control-expose-headers").is_some_and(|h| h.contains("x-sieve-total-ms")),
+        "{:?}",
+        a.headers
+    );
+    let a = exchange(cors.api_addr, "POST", "/v1/score", &[("origin", "https://evil.example")], body.as_bytes()).await;
+    assert_eq!(a.header("access-control-allow-origin"), None, "an origin not listed");
 }

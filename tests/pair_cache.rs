@@ -57,6 +57,10 @@ async fn repeats_are_answered_from_the_cache_bit_for_bit() {
     assert_eq!(again.usage.cached_items, 60);
     assert_eq!(again.usage.pairs, 0);
     assert_eq!(again.usage.item_tokens, first.usage.item_tokens);
+    // The tokens a client is told of (Cohere's input_tokens, vLLM's prompt_tokens) are an
+    // uncached call's.
+    assert_eq!(again.usage.prompt_tokens, first.usage.prompt_tokens, "cached items report their tokens");
+    assert_eq!(again.usage.prefix_tokens, first.usage.prefix_tokens);
     assert_eq!(again.model, first.model);
     assert!(again.missing.is_empty());
 
@@ -69,6 +73,7 @@ async fn repeats_are_answered_from_the_cache_bit_for_bit() {
     let direct: ScoreResponse = http.post_json(&format!("{}/v1/score", ws[0].api_url()), &body).await.json();
     assert_eq!(bits(&page.scores), bits(&direct.scores));
     assert_eq!(page.usage.item_tokens, direct.usage.item_tokens);
+    assert_eq!(page.usage.prompt_tokens, direct.usage.prompt_tokens, "half cached, the same token count");
 
     // Opted out: everything is sent again, and the answer says nothing came from the cache.
     let mut opt_out = score_body(QUERY, &items[..60], None);

@@ -298,3 +298,31 @@ async fn sieve_up_keep_running_serves_until_interrupted_and_sieve_score_ranks() 
     assert!(status.success(), "{status:?}");
     assert!(all_closed(&printed_addresses(&printed)), "a process of the cluster is still listening");
 }
+
+/// `sieve up --worker-config FILE` gives every worker the file: a key the workers refuse stops
+/// the cluster naming the worker, and a `[grpc] port` (one port cannot serve two workers)
+/// becomes a free port per worker, so a cluster of two starts and scores.
+#[test]
+fn sieve_up_passes_its_worker_config_to_every_worker() {
+    let dir = std::env::temp_dir().join(format!("sieve-up-worker-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let grpc = dir.join("grpc.toml");
+    // A port taken here: were it given to the workers as is, neither could bind it.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    std::fs::write(&grpc, format!("[grpc]\nport = {}\n", taken.local_addr().unwrap().port())).unwrap();
+    let stdout = sieve_up_demo(&["up", "--sim", "--workers", "2", "--worker-config", grpc.to_str().unwrap()]);
+    assert!(stdout.contains("timing:"), "{stdout}");
+
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "[api]\nno_such_key = 1\n").unwrap();
+    let out = std::process::Command::new(sieve_e2e::bin("sieve"))
+        .args(["up", "--sim", "--workers", "1", "--worker-config", bad.to_str().unwrap()])
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a worker config the workers refuse stops sieve up: {stderr}");
+    assert!(stderr.contains("worker 0"), "{stderr}");
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -735,6 +735,7 @@ async fn sim_worker(a: SimWorkerArgs, file: SimFileConfig) -> anyhow::Result<()>
         None => CostModel::default(),
     };
     let config = SimConfig {
+        api: file.api,
         http: file.http,
         grpc: GrpcConfig { port: a.grpc_port.or(file.grpc.port), ..file.grpc },
         admin: file.admin,

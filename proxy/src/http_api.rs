@@ -61,6 +61,23 @@ impl ScoreService for Api {
         &self.0.buffer_budget
     }
 
+    fn api_config(&self) -> sieve_shared::ApiConfig {
+        self.0.config().api.clone()
+    }
+
+    /// The models the workers report (each once; none before a health check saw one).
+    fn served_models(&self) -> Vec<String> {
+        let mut names: Vec<String> = Vec::new();
+        for w in self.0.pool.snapshot().iter() {
+            if let Some(r) = &w.state().reported {
+                if !r.stats.model.is_empty() && !names.contains(&r.stats.model) {
+                    names.push(r.stats.model.clone());
+                }
+            }
+        }
+        names
+    }
+
     fn admit(&self) -> Result<Admitted<'_>, ApiError> {
         self.0.drain.admit(self.0.config().server.max_in_flight_requests)
     }

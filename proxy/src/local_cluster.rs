@@ -142,6 +142,20 @@ pub async fn wait_ready(
     }
 }
 
+/// Whether a worker config file turns the gRPC port on (`[grpc] port`). A file that cannot be
+/// read or parsed is an error naming it (the workers would refuse it the same way, later).
+fn grpc_port_in(path: &Path) -> Result<bool, ClusterError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ClusterError::Spawn(format!("--worker-config {}", path.display()), e))?;
+    let table: toml::Table = toml::from_str(&text).map_err(|e| {
+        ClusterError::Spawn(
+            format!("--worker-config {}", path.display()),
+            std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()),
+        )
+    })?;
+    Ok(table.get("grpc").and_then(|g| g.get("port")).is_some())
+}
+
 /// The proxy config of a local cluster when none is given.
 const LOCAL_PROXY_CONFIG: &str = "[deadline]\ndefault_ms = 60000\n\n[health]\ninterval_ms = 250\n";
 
@@ -154,6 +168,9 @@ pub struct ClusterSpec {
     pub proxy_port: u16,
     pub proxy_admin_port: u16,
     pub proxy_config: Option<PathBuf>,
+    /// Every worker's config file (`sieve up --worker-config`), given to each as `--config`;
+    /// the ports are `sieve up`'s (a `[grpc] port` in it becomes a free port per worker).
+    pub worker_config: Option<PathBuf>,
     /// How long a worker may take to print its listening line and to become ready (model
     /// download and load included).
     pub worker_timeout: Duration,
@@ -174,6 +191,14 @@ pub async fn start(spec: &ClusterSpec, client: &HttpClient) -> Result<LocalClust
         }
         WorkerKind::Simulated => (sibling("sieve-loadtest", "sieve-loadtest")?, vec!["sim-worker".into()]),
     };
+    let mut base_args = base_args;
+    if let Some(path) = &spec.worker_config {
+        base_args.extend(["--config".into(), path.display().to_string()]);
+        if grpc_port_in(path)? {
+            // One port for every worker cannot be: each takes a free one (its listening line).
+            base_args.extend(["--grpc-port".into(), "0".into()]);
+        }
+    }
     for i in 0..spec.workers {
         let mut args = base_args.clone();
         args.extend([

@@ -50,6 +50,7 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(code) => return code,
     };
+    let default_deadline_ms = config.deadline.default_ms;
     rt.block_on(async move {
         let launch = Launch { config, config_path: cli.config, overrides, workers: cli.workers, admin: None };
         let proxy = match sieve_proxy::start(launch).await {
@@ -60,6 +61,12 @@ fn main() -> ExitCode {
             }
         };
         println!("{}", proxy.listening_line());
+        // The deadline a call without one gets: a newcomer's first 504 is usually this one.
+        tracing::info!(
+            default_deadline_ms,
+            "calls without a deadline get {default_deadline_ms} ms ([deadline] default_ms); a call may set its own with \
+             deadline_ms in the body or the x-sieve-deadline-ms header"
+        );
         wait_for_shutdown(&proxy).await;
         tracing::info!("draining");
         if proxy.drain_and_stop().await {

@@ -144,6 +144,7 @@ mod tests {
             cache: None,
             max_item_tokens: None,
             truncation_direction: None,
+            model: None,
         };
         let response = ScoreResponse {
             scores: vec![Some(0.1), Some(0.9), None],

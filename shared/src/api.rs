@@ -7,6 +7,8 @@ use std::fmt;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
+use crate::ApiError;
+
 /// One candidate item: either a bare string or an object with an optional id. Deserialized by
 /// hand (not `untagged`) so an object with a misspelt or extra field is refused with an error
 /// that names the field, instead of serde's "did not match any variant".
@@ -123,6 +125,11 @@ pub struct ScoreRequest {
     /// Which end of a cut item is kept: `right` (default) cuts the end, `left` the beginning.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub truncation_direction: Option<TruncationDirection>,
+    /// The model the caller means: checked against the served model's name and the `[api]
+    /// model_aliases` (404 naming the served model on a mismatch; `[api] check_model = false`
+    /// accepts any). Absent: whatever the server serves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
 }
 
 /// The end of an item that truncation cuts (`truncation_direction`; TEI's capitalised names too).
@@ -150,6 +157,7 @@ impl ScoreRequest {
             cache: None,
             max_item_tokens: None,
             truncation_direction: None,
+            model: None,
         }
     }
 }
@@ -275,6 +283,8 @@ mod in_place {
         pub max_item_tokens: Option<u32>,
         #[serde(default)]
         pub truncation_direction: Option<TruncationDirection>,
+        #[serde(default, borrow)]
+        pub model: Option<Cow<'a, str>>,
     }
 }
 
@@ -291,6 +301,7 @@ impl<'a> ScoreRequestRef<'a> {
             cache: self.cache,
             max_item_tokens: self.max_item_tokens,
             truncation_direction: self.truncation_direction,
+            model: self.model.map(Cow::into_owned),
         }
     }
 }
@@ -306,6 +317,7 @@ impl From<ScoreRequest> for ScoreRequestRef<'static> {
             cache: r.cache,
             max_item_tokens: r.max_item_tokens,
             truncation_direction: r.truncation_direction,
+            model: r.model.map(Cow::Owned),
         }
     }
 }
@@ -337,7 +349,9 @@ pub struct Usage {
     #[serde(default)]
     pub cached_prefix_tokens: u32,
     /// Items answered from the proxy's pair-score cache instead of being sent to a worker (not
-    /// counted in `pairs`, `prompt_tokens` or `computed_tokens`; always 0 from a worker).
+    /// counted in `pairs` or `computed_tokens`, which count work done; counted in
+    /// `prompt_tokens` and `item_tokens` as when computed, so the tokens a caller is told of are
+    /// the same cached or not; always 0 from a worker).
     #[serde(default)]
     pub cached_items: u32,
     /// Per item, in input order: tokens of the item's own segment (its prompt minus the prefix).
@@ -406,17 +420,147 @@ impl ScoreResponse {
     }
 }
 
+/// A rerank document: a string, or an object (Cohere v1: its fields, `rank_fields` naming the
+/// ones ranked on, `text` by default; an `id` echoed in the results). Deserialized by hand for
+/// a message that says what a document may be.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Document {
+    Text(String),
+    Object(serde_json::Map<String, serde_json::Value>),
+}
+
+impl<'de> Deserialize<'de> for Document {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct DocumentVisitor;
+
+        impl<'de> Visitor<'de> for DocumentVisitor {
+            type Value = Document;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a document: a string, or an object with a `text` field (or the fields rank_fields names)")
+            }
+
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Document, E> {
+                Ok(Document::Text(s.to_string()))
+            }
+
+            fn visit_string<E: de::Error>(self, s: String) -> Result<Document, E> {
+                Ok(Document::Text(s))
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Document, A::Error> {
+                serde_json::Map::deserialize(de::value::MapAccessDeserializer::new(map)).map(Document::Object)
+            }
+        }
+
+        d.deserialize_any(DocumentVisitor)
+    }
+}
+
+impl From<&str> for Document {
+    fn from(s: &str) -> Self {
+        Document::Text(s.to_string())
+    }
+}
+
+impl From<Item> for Document {
+    fn from(item: Item) -> Self {
+        match item {
+            Item::Text(t) => Document::Text(t),
+            Item::Object { id, text } => {
+                let mut m = serde_json::Map::new();
+                if let Some(id) = id {
+                    m.insert("id".into(), serde_json::Value::String(id));
+                }
+                m.insert("text".into(), serde_json::Value::String(text));
+                Document::Object(m)
+            }
+        }
+    }
+}
+
+impl Document {
+    /// The document's `id`, when it is an object with a string (or number) `id`.
+    pub fn id(&self) -> Option<String> {
+        match self {
+            Document::Object(m) => match m.get("id")? {
+                serde_json::Value::String(s) => Some(s.clone()),
+                serde_json::Value::Number(n) => Some(n.to_string()),
+                _ => None,
+            },
+            Document::Text(_) => None,
+        }
+    }
+
+    /// The text scored for document `index`: a string as is; an object's `rank_fields` (default
+    /// `["text"]`): one field's value as is, several as `field: value` lines in their order
+    /// (Cohere's form). A named field that is missing, or not a string, number or boolean, is
+    /// refused by name.
+    pub fn rank_text(&self, index: usize, rank_fields: Option<&[String]>) -> Result<String, ApiError> {
+        let m = match self {
+            Document::Text(t) => return Ok(t.clone()),
+            Document::Object(m) => m,
+        };
+        let text = [String::from("text")];
+        let fields = rank_fields.unwrap_or(&text);
+        let value = |f: &String| -> Result<String, ApiError> {
+            match m.get(f) {
+                Some(serde_json::Value::String(s)) => Ok(s.clone()),
+                Some(v @ (serde_json::Value::Number(_) | serde_json::Value::Bool(_))) => Ok(v.to_string()),
+                Some(_) => Err(ApiError::invalid(format!(
+                    "documents[{index}].{f} is not a string, number or boolean: rank_fields name text fields"
+                ))),
+                None => Err(ApiError::invalid(if rank_fields.is_some() {
+                    format!("documents[{index}] has no field `{f}`, which rank_fields names")
+                } else {
+                    format!(
+                        "documents[{index}] has no field `text`: give each object document a `text`, or name \
+                         its fields in rank_fields"
+                    )
+                })),
+            }
+        };
+        match fields {
+            [one] => value(one),
+            _ => {
+                let lines: Result<Vec<String>, ApiError> =
+                    fields.iter().map(|f| value(f).map(|v| format!("{f}: {v}"))).collect();
+                Ok(lines?.join("\n"))
+            }
+        }
+    }
+
+    /// The document as echoed in a result: its `text` (an object without one: the text
+    /// scored), with an object's other fields.
+    fn echo(&self, index: usize, rank_fields: Option<&[String]>) -> RerankDocument {
+        match self {
+            Document::Text(t) => RerankDocument { text: t.clone(), fields: serde_json::Map::new() },
+            Document::Object(m) => {
+                let mut fields = m.clone();
+                let text = match fields.remove("text") {
+                    Some(serde_json::Value::String(t)) => t,
+                    _ => self.rank_text(index, rank_fields).unwrap_or_default(),
+                };
+                RerankDocument { text, fields }
+            }
+        }
+    }
+}
+
 /// `POST /v1/rerank` (and `/v2/rerank`), in the shape Cohere, Jina and vLLM share. What Sieve
 /// does with each client field is in `compat::rerank`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RerankRequest {
     pub query: String,
-    pub documents: Vec<Item>,
+    pub documents: Vec<Document>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_n: Option<usize>,
-    #[serde(default)]
-    pub return_documents: bool,
+    /// Absent: each result carries its `document` (vLLM's results always do, Jina's by
+    /// default); `false` (Cohere's default, which its SDKs send when asked) leaves it out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub return_documents: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instruction: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -424,10 +568,10 @@ pub struct RerankRequest {
     /// As [`ScoreRequest::on_overload`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_overload: Option<OnOverload>,
-    /// Accepted for client compatibility; the served model is fixed per process.
+    /// As [`ScoreRequest::model`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
-    /// Cohere v1: the document fields to rank on; only `["text"]` is accepted.
+    /// Cohere v1: the fields of object documents to rank on, in order (default `["text"]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank_fields: Option<Vec<String>>,
     /// Cohere v1, refused when set: Sieve does not chunk documents.
@@ -453,20 +597,35 @@ pub struct RerankRequest {
 }
 
 impl RerankRequest {
-    /// The equivalent score call: reranking is scoring followed by a sort.
-    pub fn to_score_request(&self) -> ScoreRequest {
+    /// The equivalent score call: reranking is scoring followed by a sort. Refused (422) when
+    /// an object document lacks a field it is ranked on.
+    pub fn to_score_request(&self) -> Result<ScoreRequest, ApiError> {
         // The clients' caps are one cap: the smallest given (vLLM's -1, "the server's limit",
         // as any value above it). Values out of range were refused by `compat::rerank::check`.
         let vllm = self.truncate_prompt_tokens.map(|n| if n < 0 { u32::MAX } else { clamp_u32(n as u64) });
         let caps = [self.max_tokens_per_doc.map(clamp_u32), vllm, self.max_item_tokens];
-        ScoreRequest {
+        let fields = self.rank_fields.as_deref();
+        let items = self
+            .documents
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let text = d.rank_text(i, fields)?;
+                Ok(match d.id() {
+                    Some(id) => Item::Object { id: Some(id), text },
+                    None => Item::Text(text),
+                })
+            })
+            .collect::<Result<Vec<Item>, ApiError>>()?;
+        Ok(ScoreRequest {
             instruction: self.instruction.clone(),
             deadline_ms: self.deadline_ms,
             on_overload: self.on_overload,
             max_item_tokens: caps.into_iter().flatten().min(),
             truncation_direction: self.truncation_direction,
-            ..ScoreRequest::new(self.query.clone(), self.documents.clone())
-        }
+            model: self.model.clone(),
+            ..ScoreRequest::new(self.query.clone(), items)
+        })
     }
 }
 
@@ -475,15 +634,22 @@ pub fn clamp_u32(n: u64) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
+/// A result's document: the text (as given, or as scored when an object has no `text`) and an
+/// object document's other fields.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RerankDocument {
     pub text: String,
+    #[serde(flatten)]
+    pub fields: serde_json::Map<String, serde_json::Value>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RerankResult {
     pub index: usize,
     pub relevance_score: f32,
+    /// The document's `id`, when it was an object with one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub document: Option<RerankDocument>,
 }
@@ -504,17 +670,18 @@ pub struct RerankResponse {
 impl RerankResponse {
     /// Sorts a score response into rerank results (stable on ties: lower index first).
     pub fn from_scores(req: &RerankRequest, resp: ScoreResponse) -> Self {
+        let echo = req.return_documents != Some(false);
         let mut results: Vec<RerankResult> = resp
             .scores
             .iter()
             .enumerate()
             .filter_map(|(index, s)| {
+                let doc = req.documents.get(index);
                 s.map(|relevance_score| RerankResult {
                     index,
                     relevance_score,
-                    document: req
-                        .return_documents
-                        .then(|| RerankDocument { text: req.documents[index].text().to_string() }),
+                    id: doc.and_then(Document::id),
+                    document: doc.filter(|_| echo).map(|d| d.echo(index, req.rank_fields.as_deref())),
                 })
             })
             .collect();
@@ -525,6 +692,11 @@ impl RerankResponse {
         RerankResponse { results, missing: resp.missing, usage: resp.usage, timing: resp.timing, model: resp.model }
     }
 }
+
+/// How a caller gives a call more time, for 504 and 429 messages: the three places a deadline
+/// comes from, the first found wins.
+pub const RAISE_DEADLINE: &str =
+    "raise it with deadline_ms in the body, the x-sieve-deadline-ms header, or [deadline] default_ms in the proxy's config";
 
 /// Response header names for the timing breakdown.
 pub mod headers {
@@ -655,7 +827,7 @@ mod tests {
             query: "q".into(),
             documents: vec!["a".into(), "b".into(), "c".into()],
             top_n: Some(2),
-            return_documents: true,
+            return_documents: Some(true),
             ..RerankRequest::default()
         };
         let resp = ScoreResponse {

@@ -22,6 +22,8 @@ pub enum ErrorKind {
     TooLarge,
     /// 414: the request target is longer than the HTTP parser accepts.
     UriTooLong,
+    /// 415: the body's `Content-Encoding` is not one the server decodes (gzip, zstd).
+    UnsupportedMediaType,
     /// 422: well-formed but semantically invalid (empty query, no items, wrong field type).
     Invalid,
     /// 429: queues are full; retry later or elsewhere.
@@ -37,7 +39,7 @@ pub enum ErrorKind {
 }
 
 /// Every kind with its status: the one table both directions of the mapping read.
-const STATUS: [(ErrorKind, u16); 14] = [
+const STATUS: [(ErrorKind, u16); 15] = [
     (ErrorKind::Malformed, 400),
     (ErrorKind::Unauthorized, 401),
     (ErrorKind::Forbidden, 403),
@@ -46,6 +48,7 @@ const STATUS: [(ErrorKind, u16); 14] = [
     (ErrorKind::RequestTimeout, 408),
     (ErrorKind::TooLarge, 413),
     (ErrorKind::UriTooLong, 414),
+    (ErrorKind::UnsupportedMediaType, 415),
     (ErrorKind::Invalid, 422),
     (ErrorKind::Overloaded, 429),
     (ErrorKind::HeadersTooLarge, 431),
@@ -185,6 +188,7 @@ mod tests {
             RequestTimeout,
             TooLarge,
             UriTooLong,
+            UnsupportedMediaType,
             Invalid,
             Overloaded,
             HeadersTooLarge,

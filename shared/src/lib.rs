@@ -3,6 +3,8 @@
 //! port runs on, so they all answer bad input the same way.
 
 pub mod api;
+pub mod api_config;
+pub mod body_encoding;
 pub mod child;
 pub mod cli;
 pub mod compat;
@@ -24,6 +26,7 @@ pub mod trace;
 pub mod trace_record;
 
 pub use api::*;
+pub use api_config::ApiConfig;
 pub use cost::{CostFeatures, CostModel};
 pub use error::{ApiError, ErrorKind};
 pub use limits::Limits;

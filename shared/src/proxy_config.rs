@@ -25,6 +25,8 @@ pub struct ProxyConfig {
     pub server: ServerConfig,
     /// Request limits, checked before any shard is sent (the worker's, by default).
     pub limits: Limits,
+    /// The model names a request may give and the CORS origins (`[api]`).
+    pub api: crate::ApiConfig,
     pub deadline: DeadlineConfig,
     pub split: SplitConfig,
     pub admission: AdmissionConfig,

@@ -100,7 +100,7 @@ impl<'a> Scanner<'a> {
         let mut query = None;
         let mut items = None;
         let (mut instruction, mut deadline_ms, mut on_overload, mut cache) = (None, None, None, None);
-        let (mut max_item_tokens, mut truncation_direction) = (None, None);
+        let (mut max_item_tokens, mut truncation_direction, mut model) = (None, None, None);
         // serde refuses an empty object by its missing fields: that is its message to give.
         self.ws();
         if self.peek()? == b'}' {
@@ -120,6 +120,7 @@ impl<'a> Scanner<'a> {
                 "truncation_direction" if truncation_direction.is_none() => {
                     truncation_direction = Some(self.opt(Self::direction)?)
                 }
+                "model" if model.is_none() => model = Some(self.opt(Self::str)?),
                 // Unknown or repeated: serde's error.
                 _ => return None,
             }
@@ -136,6 +137,7 @@ impl<'a> Scanner<'a> {
             cache: cache.flatten(),
             max_item_tokens: max_item_tokens.flatten(),
             truncation_direction: truncation_direction.flatten(),
+            model: model.flatten().map(Cow::Borrowed),
         })
     }
 

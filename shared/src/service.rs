@@ -17,9 +17,11 @@ use tracing::Instrument as _;
 
 use crate::api::headers;
 pub use crate::compat::Route;
-use crate::compat::Shape;
+use crate::compat::{self, Shape};
 use crate::http::{self, read_body_reserved, ByteBudget, HttpResponse};
-use crate::{ApiError, ErrorKind, Limits, ScoreRequest, ScoreRequestRef, ScoreResponse, Timing};
+use crate::{
+    body_encoding, ApiConfig, ApiError, ErrorKind, Limits, ScoreRequest, ScoreRequestRef, ScoreResponse, Timing,
+};
 
 /// Every API path with its route.
 const ROUTES: [(&str, Route); 5] = [
@@ -112,6 +114,17 @@ pub trait ScoreService: Send + Sync {
         self.score(req.into_owned(), call)
     }
 
+    /// `[api]`: the model names accepted and the CORS origins (default: the defaults).
+    fn api_config(&self) -> ApiConfig {
+        ApiConfig::default()
+    }
+
+    /// The names of the models served (the proxy: those its workers report); empty while none
+    /// is known, when a request's `model` is not checked.
+    fn served_models(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// Records one answered request (not 404/405) in the service's metrics.
     fn observe(&self, _protocol: Protocol, _route: Route, _status: u16, _elapsed: Duration) {}
 
@@ -122,14 +135,75 @@ pub trait ScoreService: Send + Sync {
 }
 
 /// Serves one request of the API port: `POST /v1/score`, `POST /v1/rerank`, and the drop-in
-/// routes (`/v2/rerank`, `/rerank`, `/score`).
+/// routes (`/v2/rerank`, `/rerank`, `/score`); behind tower-http's CORS layer when `[api]
+/// cors_allow_origins` names any.
 pub async fn handle<S: ScoreService>(svc: &S, req: Request<Incoming>) -> HttpResponse {
+    let api = svc.api_config();
+    if api.cors_allow_origins.is_empty() {
+        return handle_api(svc, &api, req).await;
+    }
+    use tower::{Layer as _, ServiceExt as _};
+    let inner = tower::service_fn(|req| {
+        let api = &api;
+        async move { Ok::<_, std::convert::Infallible>(handle_api(svc, api, req).await) }
+    });
+    match cors(&api.cors_allow_origins).layer(inner).oneshot(req).await {
+        Ok(r) => r,
+        Err(never) => match never {},
+    }
+}
+
+/// The CORS layer for `origins` (`"*"`: any): POST from those origins, with any request
+/// header, Sieve's response headers readable by the page.
+fn cors(origins: &[String]) -> tower_http::cors::CorsLayer {
+    use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()))
+    };
+    let expose = [headers::QUEUE_MS, headers::COMPUTE_MS, headers::TOTAL_MS, headers::MISSING, "x-sieve-shards"]
+        .map(HeaderName::from_static);
+    CorsLayer::new()
+        .allow_origin(allow)
+        .allow_methods([Method::POST])
+        .allow_headers(AllowHeaders::mirror_request())
+        .expose_headers(expose)
+        .max_age(Duration::from_secs(600))
+}
+
+/// How a route answers errors: Sieve's body, or TEI's on its route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ErrorStyle {
+    Sieve,
+    Tei,
+}
+
+impl ErrorStyle {
+    fn of(route: Route) -> Self {
+        if route == Route::TeiRerank {
+            ErrorStyle::Tei
+        } else {
+            ErrorStyle::Sieve
+        }
+    }
+
+    fn answer(self, e: &ApiError) -> HttpResponse {
+        match self {
+            ErrorStyle::Sieve => http::error(e),
+            ErrorStyle::Tei => compat::tei::error(e),
+        }
+    }
+}
+
+async fn handle_api<S: ScoreService>(svc: &S, api: &ApiConfig, req: Request<Incoming>) -> HttpResponse {
     let arrival = Instant::now();
     let path = req.uri().path();
     let (path, route) = match (req.method(), ROUTES.iter().find(|(p, _)| *p == path)) {
         (&Method::POST, Some(&(path, route))) => (path, route),
-        (_, Some(_)) => {
-            let mut r = http::error(&ApiError::new(ErrorKind::MethodNotAllowed, format!("{path} needs POST")));
+        (_, Some(&(_, route))) => {
+            let e = ApiError::new(ErrorKind::MethodNotAllowed, format!("{path} needs POST"));
+            let mut r = ErrorStyle::of(route).answer(&e);
             r.headers_mut().insert(ALLOW, HeaderValue::from_static("POST"));
             return r;
         }
@@ -138,16 +212,18 @@ pub async fn handle<S: ScoreService>(svc: &S, req: Request<Incoming>) -> HttpRes
             return http::error(&ApiError::new(ErrorKind::NotFound, msg));
         }
     };
+    let v2 = path == "/v2/rerank";
     // The request's span (the caller's `traceparent` its parent): `score` runs in it, so a
     // service finds it as `Span::current()`. `Span::none()`, free, when tracing is off.
     let span = crate::trace::server_span(req.headers(), svc.span_name(), route.name(), path);
-    let resp = match serve(svc, route, req, arrival).instrument(span.clone()).await {
+    let mut style = ErrorStyle::of(route);
+    let resp = match serve(svc, api, route, v2, req, arrival, &mut style).instrument(span.clone()).await {
         Ok(r) => r,
         Err(e) => {
             if e.kind == ErrorKind::Internal {
                 tracing::warn!(route = route.name(), "request failed: {}", e.message);
             }
-            http::error(&e)
+            style.answer(&e)
         }
     };
     let status = resp.status().as_u16();
@@ -158,30 +234,60 @@ pub async fn handle<S: ScoreService>(svc: &S, req: Request<Incoming>) -> HttpRes
 
 async fn serve<S: ScoreService>(
     svc: &S,
+    api: &ApiConfig,
     route: Route,
+    v2: bool,
     req: Request<Incoming>,
     arrival: Instant,
+    style: &mut ErrorStyle,
 ) -> Result<HttpResponse, ApiError> {
     let limits = svc.limits();
     let header_deadline = deadline_header(req.headers());
+    // The rest of the body is not read after these: this connection cannot carry another request.
+    let closing = |e: &ApiError, style: ErrorStyle| {
+        let mut r = style.answer(e);
+        r.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
+        r
+    };
+    let encoding = match body_encoding::of(req.headers()) {
+        Ok(enc) => enc,
+        Err(e) => return Ok(closing(&e, *style)),
+    };
     // The body's bytes count against the process's budget until the answer is built (this
     // function returns), whatever way it ends.
     let mut held = svc.buffer_budget().reservation();
     let body = match read_body_reserved(req, limits.max_body_bytes, &mut held).await {
         Ok(b) => b,
-        Err(e) => {
-            // The rest of the body was not read: this connection cannot carry another request.
-            let mut r = http::error(&e);
-            r.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
-            return Ok(r);
-        }
+        Err(e) => return Ok(closing(&e, *style)),
     };
+    let body = match encoding {
+        None => body,
+        Some(enc) => body_encoding::decode(enc, &body, limits.max_body_bytes, &mut held)?,
+    };
+    if route == Route::TeiRerank && compat::is_vllm_rerank(&body) {
+        *style = ErrorStyle::Sieve;
+    }
     // Admission only now: a body that never arrives holds no in-flight slot.
     let _admitted = svc.admit()?;
-    let (Scored { response, headers: extra }, shape) = match route {
-        // Sieve's own route, the hot path: parsed in place, strings borrowed from the body.
-        Route::Score => {
-            let mut req = ScoreRequestRef::parse(&body)?;
+    let check_model = |model: Option<&str>| match model {
+        Some(m) => api.check_model(m, &svc.served_models()),
+        None => Ok(()),
+    };
+    // Sieve's own route, the hot path: parsed in place, strings borrowed from the body. vLLM
+    // serves its score body on `/v1/score` too: a body that is not Sieve's but has vLLM's keys
+    // is read as vLLM's (looked for only then, off the hot path).
+    let in_place = match route {
+        Route::Score => match ScoreRequestRef::parse(&body) {
+            Ok(req) => Some(req),
+            Err(_) if compat::is_vllm_score(&body) => None,
+            Err(e) => return Err(e),
+        },
+        _ => None,
+    };
+    let route = if route == Route::Score && in_place.is_none() { Route::VllmScore } else { route };
+    let (Scored { response, headers: extra }, shape) = match in_place {
+        Some(mut req) => {
+            check_model(req.model.as_deref())?;
             if req.deadline_ms.is_none() {
                 req.deadline_ms = header_deadline.transpose()?;
             }
@@ -189,9 +295,12 @@ async fn serve<S: ScoreService>(
             (svc.score_in_place(body.clone(), req, Call { arrival }).await?, Shape::Score)
         }
         // The drop-in shapes: converted to an owned call.
-        _ => {
-            let (mut score_req, shape) = Shape::parse(route, &body)?;
-            drop(body);
+        None => {
+            let (mut score_req, mut shape) = Shape::parse(route, &body)?;
+            check_model(score_req.model.as_deref())?;
+            if v2 {
+                shape = shape.v2();
+            }
             if score_req.deadline_ms.is_none() {
                 score_req.deadline_ms = header_deadline.transpose()?;
             }

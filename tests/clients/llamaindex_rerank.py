@@ -24,8 +24,8 @@ def main():
     args = json.load(sys.stdin)
     url, query, docs, top_n = args["base_url"], args["query"], args["documents"], args["top_n"]
     tei = TextEmbeddingInference(base_url=url, top_n=top_n, timeout=30)
-    # Any key: Sieve's API port takes none.
-    jina = JinaRerank(base_url=f"{url}/v1", api_key="sieve-local", top_n=top_n, model="sieve")
+    # Any key: Sieve's API port takes none. JinaRerank's default model is an alias of the served one.
+    jina = JinaRerank(base_url=f"{url}/v1", api_key="sieve-local", top_n=top_n)
     json.dump({"tei": ranked(tei, query, docs), "jina": ranked(jina, query, docs)}, sys.stdout)
 
 

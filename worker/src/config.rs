@@ -22,6 +22,8 @@ pub struct WorkerConfig {
     pub engine: EngineSection,
     pub moe: MoeSection,
     pub limits: Limits,
+    /// The model names a request may give and the CORS origins (`[api]`).
+    pub api: sieve_shared::ApiConfig,
     /// Transport timeouts and the connection cap of both ports.
     pub http: HttpConfig,
     /// The gRPC API port (off unless `port` is set).

@@ -48,6 +48,8 @@ pub struct SimConfig {
     /// (every prefix computed, the default).
     pub prefix_cache_blocks: usize,
     pub limits: Limits,
+    /// The model names a request may give and the CORS origins (`[api]`, as the worker's).
+    pub api: sieve_shared::ApiConfig,
     /// Transport timeouts and the connection cap of both ports (`[http]`, as the worker's).
     pub http: HttpConfig,
     /// The gRPC API port on the API's host (`[grpc]`, as the worker's; off unless `port` is set).
@@ -80,6 +82,7 @@ impl Default for SimConfig {
             prepare_ms_per_item: 0.0,
             prefix_cache_blocks: 0,
             limits: Limits::default(),
+            api: sieve_shared::ApiConfig::default(),
             http: HttpConfig::default(),
             grpc: GrpcConfig::default(),
             admin_host: "127.0.0.1".into(),
@@ -119,6 +122,9 @@ impl SimConfig {
 /// transport and admin sections, with the worker's names and defaults. Every key is optional.
 ///
 /// ```toml
+/// [api]
+/// model_aliases = []     # other names a request's `model` may give for "sim"
+///
 /// [http]
 /// header_read_timeout_ms = 10000
 /// body_read_timeout_ms = 10000
@@ -136,6 +142,7 @@ impl SimConfig {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SimFileConfig {
+    pub api: sieve_shared::ApiConfig,
     pub http: HttpConfig,
     pub grpc: GrpcConfig,
     pub admin: AdminConfig,

@@ -488,6 +488,7 @@ mod tests {
             cache: None,
             max_item_tokens: None,
             truncation_direction: None,
+            model: None,
         }
     }
 

@@ -56,6 +56,14 @@ impl ScoreService for SimEngine {
         SimEngine::buffer_budget(self)
     }
 
+    fn api_config(&self) -> sieve_shared::ApiConfig {
+        self.config().api.clone()
+    }
+
+    fn served_models(&self) -> Vec<String> {
+        vec![self.config().model.clone()]
+    }
+
     fn admit(&self) -> Result<(), ApiError> {
         if self.is_ready() {
             return Ok(());

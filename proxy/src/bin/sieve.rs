@@ -62,9 +62,13 @@ struct UpArgs {
     /// Proxy admin port (default: 9080 with --keep-running, else a free port).
     #[arg(long)]
     admin_port: Option<u16>,
-    /// Proxy config file.
+    /// Proxy config file (default: a 60 s default deadline, quick health checks).
     #[arg(long)]
     proxy_config: Option<PathBuf>,
+    /// A config file for every worker (`sieve-worker --config`, or the sim-worker's with
+    /// --sim): tracing, gRPC, limits, ... Ports stay `sieve up`'s.
+    #[arg(long)]
+    worker_config: Option<PathBuf>,
     /// Seconds a worker may take to start and load its model.
     #[arg(long, default_value_t = 600)]
     worker_timeout: u64,
@@ -141,6 +145,7 @@ fn read_request(path: &Path) -> Result<ScoreRequest, String> {
         cache: None,
         max_item_tokens: None,
         truncation_direction: None,
+        model: None,
     })
 }
 
@@ -168,6 +173,7 @@ async fn up(a: UpArgs) -> Result<(), String> {
         proxy_port: a.port.unwrap_or(default_port(8080)),
         proxy_admin_port: a.admin_port.unwrap_or(default_port(9080)),
         proxy_config: a.proxy_config.clone(),
+        worker_config: a.worker_config.clone(),
         worker_timeout: Duration::from_secs(a.worker_timeout),
     };
     let client = client();
@@ -217,6 +223,7 @@ async fn score(a: ScoreArgs) -> Result<(), String> {
         cache: None,
         max_item_tokens: None,
         truncation_direction: None,
+        model: None,
     };
     let scored = ranking::score(&client(), &a.target, &request).await?;
     print!("{}", ranking::render(&request, &scored, a.top));

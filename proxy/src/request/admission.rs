@@ -132,27 +132,50 @@ pub fn admit(
     }
     let ratio = ratio(plan);
     let limit = limit(plan);
-    let refuse = |plan: &Plan| {
+    // The refusal states the prediction and what the deadline allows in the same terms: the
+    // plan's time as measured shards of its size run (its estimate times `ratio`), against the
+    // time left with `[admission] margin`; the first is over the second, or it was admitted.
+    let message = refusal(plan.shards.len(), plan.makespan_ms, ratio, left_ms, cfg.margin);
+    let refuse = || {
         metrics::counter!(m::ADMISSION_REJECTED).increment(1);
-        ApiError::overloaded(format!(
-            "the deadline cannot be met: the best plan is predicted to finish in {:.0} ms, {:.0} ms are left; \
-             retry later, with a longer deadline_ms, or with \"on_overload\": \"partial\"",
-            plan.makespan_ms * ratio,
-            left_ms
-        ))
+        ApiError::overloaded(message.clone())
     };
     match policy {
-        OnOverload::Reject => Err(refuse(plan)),
+        OnOverload::Reject => Err(refuse()),
         OnOverload::Partial => {
             let dropped = trim(plan, req, candidates, limit);
             if plan.shards.is_empty() {
-                return Err(refuse(plan));
+                return Err(refuse());
             }
             metrics::counter!(m::ADMISSION_PARTIAL).increment(1);
             metrics::counter!(m::ADMISSION_DROPPED_ITEMS).increment(dropped.len() as u64);
             Ok(dropped)
         }
     }
+}
+
+/// The 429's message: the best plan's predicted time (`makespan_ms` estimated, times `ratio`, the
+/// lateness recent shards of its size showed) against what the deadline allows (`left_ms`, with
+/// `margin`), each with a decimal so that neither reads 0 when it is not.
+fn refusal(shards: usize, makespan_ms: f64, ratio: f64, left_ms: f64, margin: f64) -> String {
+    let predicted = makespan_ms * ratio;
+    let allowed = left_ms.max(0.0) * (1.0 + margin);
+    let estimate = if (ratio - 1.0).abs() > 1e-9 {
+        format!(" (estimated {makespan_ms:.1} ms x {ratio:.2}, how late recent shards of its size ran)")
+    } else {
+        String::new()
+    };
+    let left = if left_ms > 0.0 {
+        format!("{left_ms:.1} ms of the deadline are left ({allowed:.1} ms with [admission] margin {margin})")
+    } else {
+        format!("the deadline passed {:.1} ms ago", -left_ms)
+    };
+    format!(
+        "the deadline cannot be met: the best plan ({shards} shard{}) is predicted to take {predicted:.1} ms{estimate}, \
+         and {left}; retry later, with a longer deadline (deadline_ms in the body, the x-sieve-deadline-ms header, \
+         or [deadline] default_ms in the proxy's config), or with \"on_overload\": \"partial\"",
+        if shards == 1 { "" } else { "s" }
+    )
 }
 
 /// The plan of fewest shards that `fits`, else the fastest: `plan_with(cap)` plans on at most
@@ -221,6 +244,21 @@ fn trim(plan: &mut Plan, req: &Request<'_>, candidates: &[Candidate], limit_ms: 
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_refusal_states_the_prediction_over_what_the_deadline_allows() {
+        let m = refusal(2, 30.0, 1.5, 20.0, 0.1);
+        for part in [
+            "(2 shards) is predicted to take 45.0 ms (estimated 30.0 ms x 1.50",
+            "20.0 ms of the deadline are left (22.0 ms with [admission] margin 0.1)",
+            "deadline_ms in the body, the x-sieve-deadline-ms header, or [deadline] default_ms",
+        ] {
+            assert!(m.contains(part), "{m:?} lacks {part:?}");
+        }
+        // A prediction under a millisecond is not "0 ms"; a deadline gone says so.
+        let m = refusal(1, 0.4, 1.0, -3.0, 0.1);
+        assert!(m.contains("(1 shard) is predicted to take 0.4 ms, and the deadline passed 3.0 ms ago"), "{m}");
+    }
+
     use sieve_shared::CostModel;
 
     use super::*;

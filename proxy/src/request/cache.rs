@@ -38,6 +38,10 @@ pub struct Entry {
     pub score: f32,
     /// The item's own-segment tokens the worker reported (`usage.item_tokens`), answered again.
     pub item_tokens: u32,
+    /// The prefix tokens of the call that scored it (`usage.prefix_tokens`): with
+    /// `item_tokens`, the pair's prompt length, counted in `usage.prompt_tokens` when the pair
+    /// is answered from the cache as when computed.
+    pub prefix_tokens: u32,
 }
 
 /// The model and template identity the workers report, with their digest (mixed into every
@@ -147,7 +151,9 @@ impl PairCache {
                 let Some(score) = score.filter(|s| s.is_finite()) else { continue };
                 let (Some(&digest), false) = (lookup.digests.get(i), resp.missing.contains(&k)) else { continue };
                 let item_tokens = resp.usage.item_tokens.get(k).copied().unwrap_or(0);
-                self.entries.insert(key(model.digest, lookup.prefix, digest), Entry { score, item_tokens });
+                let prefix_tokens = resp.usage.prefix_tokens;
+                self.entries
+                    .insert(key(model.digest, lookup.prefix, digest), Entry { score, item_tokens, prefix_tokens });
                 inserted += 1;
             }
         }

@@ -1,7 +1,8 @@
 //! Putting shard answers back together: scores by original index, usage summed, the indices
 //! the deadline left unscored listed in `missing` (never silently absent). A failed shard
 //! fails the request with its error, item indices in the message mapped back to the caller's.
-//! Items answered from the pair-score cache take their stored score and token count.
+//! Items answered from the pair-score cache take their stored score and token counts (their
+//! prompt tokens counted in `usage.prompt_tokens` as a worker counts them).
 
 use std::time::Instant;
 
@@ -64,6 +65,10 @@ pub fn merge(
             if let Some(e) = e {
                 scores[i] = Some(e.score);
                 item_tokens[i] = e.item_tokens;
+                // The pair's prompt, as a worker would count it: the tokens a caller is told
+                // it used are the same cached or not.
+                usage.prompt_tokens += u64::from(e.prefix_tokens) + u64::from(e.item_tokens);
+                prefix = Some(prefix.map_or(e.prefix_tokens, |p| p.min(e.prefix_tokens)));
             }
         }
         model = c.model.clone().unwrap_or_default();
@@ -105,7 +110,8 @@ pub fn merge(
     }
     if !done_any {
         return Err(ApiError::deadline(format!(
-            "the deadline of {budget_ms} ms passed before any of the {n_items} items was scored"
+            "the deadline of {budget_ms} ms passed before any of the {n_items} items was scored; {}",
+            sieve_shared::RAISE_DEADLINE
         )));
     }
     missing.sort_unstable();

@@ -7,13 +7,16 @@
 //! |---|---|---|
 //! | `POST /v1/score` | Sieve's own | (none) |
 //! | `POST /v1/rerank`, `POST /v2/rerank` | Cohere v1/v2, Jina, vLLM rerank | [`rerank`] |
-//! | `POST /rerank` | text-embeddings-inference | [`tei`] |
+//! | `POST /rerank` | text-embeddings-inference (`texts`), or vLLM rerank (`documents`) | [`tei`], [`rerank`] |
 //! | `POST /score` | vLLM score (`text_1`/`text_2`) | [`vllm`] |
+//! | `POST /v1/score` with `text_1`/`text_2` | vLLM score (vLLM serves it there too) | [`vllm`] |
 //!
 //! What no shape can express in its own body (the TEI answer is a bare array) is sent as the
 //! `x-sieve-missing` header: the indices the deadline left unscored, comma-separated. Object
 //! answers carry them as a `missing` field too, as Sieve's own do. Errors are Sieve's JSON error
-//! body on every route, with the same codes.
+//! body with Sieve's codes on every route but TEI's: a `/rerank` body that is not vLLM's is
+//! answered `{"error", "error_type"}` with TEI's codes ([`tei::error`]). Every route takes a
+//! `model` field, checked against the served model (`[api]`, `crate::ApiConfig`).
 
 pub mod rerank;
 pub mod tei;
@@ -64,8 +67,8 @@ impl Route {
 pub enum Shape {
     /// `POST /v1/score`: answered as is.
     Score,
-    /// `POST /v1/rerank`, `/v2/rerank`.
-    Rerank(Box<RerankRequest>),
+    /// `POST /v1/rerank`, `/v2/rerank`, and vLLM's body on `/rerank`.
+    Rerank(Box<RerankRequest>, rerank::Version),
     /// `POST /rerank` (text-embeddings-inference).
     Tei(tei::Rerank),
     /// `POST /score` (vLLM).
@@ -80,11 +83,8 @@ impl Shape {
     pub fn parse(route: Route, body: &[u8]) -> Result<(ScoreRequest, Shape), ApiError> {
         Ok(match route {
             Route::Score => (ApiError::parse_json::<ScoreRequest>(body)?, Shape::Score),
-            Route::Rerank => {
-                let r: RerankRequest = ApiError::parse_json(body)?;
-                rerank::check(&r)?;
-                (r.to_score_request(), Shape::Rerank(Box::new(r)))
-            }
+            Route::Rerank => Self::rerank(body)?,
+            Route::TeiRerank if is_vllm_rerank(body) => Self::rerank(body)?,
             Route::TeiRerank => {
                 let (req, shape) = tei::Rerank::parse(body)?;
                 (req, Shape::Tei(shape))
@@ -96,11 +96,25 @@ impl Shape {
         })
     }
 
+    fn rerank(body: &[u8]) -> Result<(ScoreRequest, Shape), ApiError> {
+        let r: RerankRequest = ApiError::parse_json(body)?;
+        rerank::check(&r)?;
+        Ok((r.to_score_request()?, Shape::Rerank(Box::new(r), rerank::Version::V1)))
+    }
+
+    /// The same shape answering as Cohere's v2 API (`/v2/rerank`: `meta.api_version` "2").
+    pub fn v2(self) -> Shape {
+        match self {
+            Shape::Rerank(r, _) => Shape::Rerank(r, rerank::Version::V2),
+            other => other,
+        }
+    }
+
     /// What the request calls its items, for limit messages (`too many texts: 9 > max_items 8`).
     pub fn items_field(&self) -> &'static str {
         match self {
             Shape::Score => "items",
-            Shape::Rerank(_) => "documents",
+            Shape::Rerank(..) => "documents",
             Shape::Tei(_) => "texts",
             Shape::VllmScore(_) => "text_2",
         }
@@ -111,7 +125,7 @@ impl Shape {
         let missing = resp.missing.clone();
         let mut r = match self {
             Shape::Score => http::json_with_capacity(StatusCode::OK, &resp, resp.json_len_hint()),
-            Shape::Rerank(req) => http::json(StatusCode::OK, &rerank::answer(&req, resp)),
+            Shape::Rerank(req, version) => http::json(StatusCode::OK, &rerank::answer(&req, version, resp)),
             Shape::Tei(req) => http::json(StatusCode::OK, &req.answer(resp)),
             Shape::VllmScore(req) => http::json(StatusCode::OK, &req.answer(resp)),
         };
@@ -123,6 +137,32 @@ impl Shape {
         }
         r
     }
+}
+
+/// Whether a `/rerank` body is vLLM's rerank (`documents`, and no TEI `texts`) rather than
+/// TEI's: only the two keys are looked at, so a body that does not parse is TEI's (and refused
+/// in TEI's shape).
+pub fn is_vllm_rerank(body: &[u8]) -> bool {
+    use serde::de::IgnoredAny;
+    #[derive(serde::Deserialize)]
+    struct Keys {
+        texts: Option<IgnoredAny>,
+        documents: Option<IgnoredAny>,
+    }
+    serde_json::from_slice::<Keys>(body).is_ok_and(|k| k.texts.is_none() && k.documents.is_some())
+}
+
+/// Whether a `/v1/score` body that is not Sieve's is vLLM's score body (`text_1` and `text_2`):
+/// vLLM serves it on `/v1/score` as on `/score`.
+pub fn is_vllm_score(body: &[u8]) -> bool {
+    use serde::de::IgnoredAny;
+    #[derive(serde::Deserialize)]
+    struct Keys {
+        text_1: Option<IgnoredAny>,
+        text_2: Option<IgnoredAny>,
+        query: Option<IgnoredAny>,
+    }
+    serde_json::from_slice::<Keys>(body).is_ok_and(|k| k.text_1.is_some() && k.text_2.is_some() && k.query.is_none())
 }
 
 /// Refuses an option Sieve cannot honour, naming it and saying why, instead of ignoring it.

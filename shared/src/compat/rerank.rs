@@ -2,13 +2,18 @@
 //!
 //! Request fields ([`RerankRequest`]) and what Sieve does with them:
 //!
-//! - `query`, `documents` (strings, or `{"text": ..}` objects with an optional Sieve `id`),
-//!   `top_n` (at least 1; absent = every document; vLLM's `0` for "all" is refused with 422, as
-//!   Cohere refuses it: leave it out instead), `return_documents` (default false, as Cohere's:
-//!   each result then has no `document`; Jina's API defaults to true, so a Jina client that wants
-//!   the texts back sends `true`), `model` (accepted; the served model is fixed per process, and
-//!   the answer names it): as Cohere, Jina and vLLM define them.
-//! - `rank_fields` (Cohere v1): only `["text"]`, the one field a Sieve document has.
+//! - `query`, `documents`, `top_n` (at least 1; absent = every document; vLLM's `0` for "all"
+//!   is refused with 422, as Cohere refuses it: leave it out instead): as Cohere, Jina and vLLM
+//!   define them. A document is a string or an object: its `id` (a string or number, when
+//!   given) is echoed in its result; the text scored is its `text`, or with `rank_fields`
+//!   (Cohere v1) the fields named, in order: one field's value as is, several as `field: value`
+//!   lines (Cohere's form). A named field that is missing is refused with 422 by name.
+//! - `return_documents`: absent or `true`, each result carries `document` (`{"text", ..an
+//!   object's other fields}`): vLLM's results always do and Jina's by default; `false`
+//!   (Cohere's SDKs send it when asked) leaves it out.
+//! - `model`: checked against the served model's name and `[api] model_aliases` (404 naming
+//!   the served model on a mismatch), or accepted whatever it says with `[api] check_model =
+//!   false`; the answer names the served model.
 //! - Truncation: `max_tokens_per_doc` (Cohere v2, Jina), `truncate_prompt_tokens` (vLLM; `-1`
 //!   the server's limit), Sieve's `max_item_tokens` and `truncation_direction`: each document is
 //!   cut to that many of its own tokens (at most `[limits] max_item_tokens`), and to what fits
@@ -21,7 +26,7 @@
 //! The answer is Sieve's rerank answer (`results` best first, each `{index, relevance_score,
 //! document?: {text}}`; `missing`, `usage`, `timing`, `model`) plus what the clients read:
 //! `id` (Cohere, Jina, vLLM), `usage.total_tokens` (Jina, vLLM), `meta` (Cohere: `api_version`,
-//! `tokens.input_tokens`).
+//! "1" on `/v1/rerank` and vLLM's `/rerank`, "2" on `/v2/rerank`; `tokens.input_tokens`).
 
 use serde::Serialize;
 
@@ -40,12 +45,8 @@ pub fn check(r: &RerankRequest) -> Result<(), ApiError> {
     }
     refuse_if(r.priority.is_some(), "priority", "Sieve orders work by deadline (deadline_ms)")?;
     refuse_if(r.relevant_spans.is_some(), "relevant_spans", "Sieve scores whole documents")?;
-    if let Some(fields) = &r.rank_fields {
-        refuse_if(
-            fields.iter().any(|f| f != "text"),
-            "rank_fields other than [\"text\"]",
-            "a Sieve document has one field, `text`",
-        )?;
+    if r.rank_fields.as_ref().is_some_and(Vec::is_empty) {
+        return Err(ApiError::invalid("rank_fields is empty: name the document fields to rank on, or leave it out"));
     }
     if r.top_n == Some(0) {
         return Err(ApiError::invalid("top_n must be at least 1"));
@@ -96,8 +97,17 @@ pub struct MetaTokens {
     pub output_tokens: u64,
 }
 
+/// Which Cohere API a rerank route speaks (`meta.api_version.version`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
+    /// `/v1/rerank`, and vLLM's body on `/rerank`.
+    V1,
+    /// `/v2/rerank`.
+    V2,
+}
+
 /// Sorts a score answer into the rerank answer.
-pub fn answer(req: &RerankRequest, resp: ScoreResponse) -> Answer {
+pub fn answer(req: &RerankRequest, version: Version, resp: ScoreResponse) -> Answer {
     let RerankResponse { results, missing, usage, timing, model } = RerankResponse::from_scores(req, resp);
     let tokens = usage.prompt_tokens;
     Answer {
@@ -108,7 +118,12 @@ pub fn answer(req: &RerankRequest, resp: ScoreResponse) -> Answer {
         timing,
         model,
         meta: Meta {
-            api_version: ApiVersion { version: "1" },
+            api_version: ApiVersion {
+                version: match version {
+                    Version::V1 => "1",
+                    Version::V2 => "2",
+                },
+            },
             tokens: MetaTokens { input_tokens: tokens, output_tokens: 0 },
         },
     }

@@ -11,15 +11,60 @@
 //!   in the `usage.truncated_items` a TEI answer cannot carry, so in the worker's metrics only.
 //! - `truncation_direction` (`Left` | `Right`, either case; default `Right`): which end is cut.
 //!
+//! - `model` (not TEI's: some clients send it): checked as on every route (`[api]`).
+//!
 //! No Sieve fields are added to the body (a TEI client sends none): the deadline comes from the
 //! `x-sieve-deadline-ms` header or the server's default. The answer is TEI's: a JSON array of
 //! `{index, score, text?}`, best first (ties: lower index first); indices a deadline left
 //! unscored are absent from it and listed in the `x-sieve-missing` header.
+//!
+//! Errors are TEI's too ([`error`]): `{"error": "...", "error_type": "..."}`, with TEI's status
+//! for each type: `Validation` 422 (400 for JSON that does not parse, 413 for a body, an item
+//! count or an item over a limit, 404/405 for a wrong route or method), `Overloaded` 429,
+//! `Unhealthy` 503 (not ready, draining), `Backend` 424 (a failure inside the server) and 504
+//! (the deadline passed: TEI has no deadline of its own).
+//!
+//! The same path serves vLLM's rerank body (`documents`, `model`, `top_n`, ...) when the body
+//! has `documents` and no `texts` (`super::Shape::parse`): that one is answered, errors too, as
+//! `/v1/rerank` answers.
 
 use serde::{Deserialize, Serialize};
 
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::StatusCode;
+
 use super::refuse_if;
-use crate::{ApiError, Item, ScoreRequest, ScoreResponse, TruncationDirection};
+use crate::http::{self, HttpResponse};
+use crate::{ApiError, ErrorKind, Item, ScoreRequest, ScoreResponse, TruncationDirection};
+
+/// TEI's error body.
+#[derive(Debug, Clone, Serialize)]
+pub struct ErrorBody<'a> {
+    pub error: &'a str,
+    pub error_type: &'static str,
+}
+
+/// TEI's error type and status for an error of `kind`.
+pub fn error_type(kind: ErrorKind) -> (u16, &'static str) {
+    match kind {
+        ErrorKind::Overloaded => (429, "Overloaded"),
+        ErrorKind::NotReady => (503, "Unhealthy"),
+        ErrorKind::Internal => (424, "Backend"),
+        ErrorKind::DeadlineExceeded => (504, "Backend"),
+        other => (other.status(), "Validation"),
+    }
+}
+
+/// An error as TEI answers it, with the headers Sieve's answer has (`Retry-After`, ...).
+pub fn error(e: &ApiError) -> HttpResponse {
+    let (status, error_type) = error_type(e.kind);
+    let mut r = http::error(e);
+    let body = serde_json::to_vec(&ErrorBody { error: &e.message, error_type }).unwrap_or_default();
+    *r.body_mut() = Full::new(Bytes::from(body));
+    *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    r
+}
 
 /// The request, as TEI defines it.
 #[derive(Debug, Clone, Deserialize)]
@@ -35,6 +80,8 @@ struct Body {
     truncate: Option<bool>,
     #[serde(default)]
     truncation_direction: Option<TruncationDirection>,
+    #[serde(default)]
+    model: Option<String>,
 }
 
 /// What the answer needs of the request: the texts, when they are to be echoed.
@@ -66,6 +113,7 @@ impl Rerank {
             // Any cap above the server's is the server's.
             max_item_tokens: (b.truncate == Some(true)).then_some(u32::MAX),
             truncation_direction: b.truncation_direction,
+            model: b.model,
             ..ScoreRequest::new(b.query, items)
         };
         Ok((req, Rerank { texts }))

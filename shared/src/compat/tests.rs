@@ -90,7 +90,9 @@ fn vllm_score_takes_one_query_in_any_of_its_forms() {
         assert_eq!(shape.items_field(), "text_2");
     }
     let (req, _) = parse(Route::VllmScore, json!({"text_1": "q", "text_2": "a"})).unwrap();
-    assert_eq!(req.items, vec![Item::Text("a".into())]);
+    assert_eq!((req.items, req.model), (vec![Item::Text("a".into())], None));
+    let (req, _) = parse(Route::VllmScore, json!({"model": "m", "text_1": "q", "text_2": "a"})).unwrap();
+    assert_eq!(req.model.as_deref(), Some("m"), "kept for the model check");
     refused(Route::VllmScore, json!({"text_1": ["q", "r"], "text_2": ["a", "b"]}), "text_1[1] differs");
     refused(Route::VllmScore, json!({"text_1": ["q", "q"], "text_2": ["a"]}), "text_1 has 2 entries and text_2 1");
     refused(Route::VllmScore, json!({"text_1": [], "text_2": ["a"]}), "text_1 is empty");
@@ -134,6 +136,7 @@ fn rerank_keeps_its_fields_and_adds_what_cohere_jina_and_vllm_clients_read() {
     assert_eq!(v["usage"]["total_tokens"], 42);
     assert_eq!(v["usage"]["pairs"], 3);
     assert_eq!(v["meta"], json!({"api_version": {"version": "1"}, "tokens": {"input_tokens": 42, "output_tokens": 0}}));
+    assert_eq!(req.model.as_deref(), Some("rerank-v3.5"), "the model is kept for the check");
     // Sieve's own rerank answer still parses from it.
     let back: RerankResponse = serde_json::from_value(v).unwrap();
     assert_eq!(back.results.len(), 2);
@@ -153,12 +156,110 @@ fn rerank_options_sieve_cannot_honour_are_refused_by_name() {
         (json!({"truncate_prompt_tokens": -2}), "must be at least 1"),
         (json!({"priority": 1}), "priority is not supported"),
         (json!({"relevant_spans": {"mode": "x"}}), "relevant_spans is not supported"),
-        (json!({"rank_fields": ["title"]}), "rank_fields other than [\"text\"] is not supported"),
+        (json!({"rank_fields": []}), "rank_fields is empty"),
         (json!({"top_n": 0}), "top_n must be at least 1"),
     ] {
         refused(Route::Rerank, q(extra), says);
     }
     assert!(parse(Route::Rerank, q(json!({"max_chunks_per_doc": null, "rank_fields": ["text"]}))).is_ok());
+    // An object document lacking a field it is ranked on, or one that is not text.
+    let docs = |d: Value, fields: Value| json!({"query": "q", "documents": [d], "rank_fields": fields});
+    refused(Route::Rerank, docs(json!({"title": "t"}), json!(null)), "documents[0] has no field `text`");
+    refused(Route::Rerank, docs(json!({"text": "t"}), json!(["title"])), "has no field `title`, which rank_fields");
+    refused(Route::Rerank, docs(json!({"text": {"a": 1}}), json!(null)), "documents[0].text is not a string");
+    refused(Route::Rerank, json!({"query": "q", "documents": [3]}), "expected a document: a string, or an object");
+}
+
+#[test]
+fn object_documents_rank_on_their_rank_fields_and_echo_their_id() {
+    let body = json!({"query": "q", "top_n": 3, "rank_fields": ["title", "text"], "documents": [
+        {"id": "sku-1", "title": "Boots", "text": "waterproof", "brand": "x"},
+        {"id": 7, "title": "Hat", "text": "felt"},
+        "plain string",
+    ]});
+    let (req, shape) = parse(Route::Rerank, body).unwrap();
+    let texts: Vec<&str> = req.items.iter().map(Item::text).collect();
+    assert_eq!(texts, ["title: Boots\ntext: waterproof", "title: Hat\ntext: felt", "plain string"]);
+    assert_eq!(req.items.iter().map(Item::id).collect::<Vec<_>>(), [Some("sku-1"), Some("7"), None]);
+    let (_, v) = respond(shape, scored(&[Some(0.5), Some(0.9), Some(0.1)]));
+    // Documents come back by default (return_documents absent), with an object's own fields.
+    assert_eq!(
+        v["results"],
+        json!([{"index": 1, "relevance_score": 0.9, "id": "7", "document": {"text": "felt", "id": 7, "title": "Hat"}},
+               {"index": 0, "relevance_score": 0.5, "id": "sku-1",
+                "document": {"text": "waterproof", "id": "sku-1", "title": "Boots", "brand": "x"}},
+               {"index": 2, "relevance_score": 0.1, "document": {"text": "plain string"}}])
+    );
+    // One field: its value as is; an object without `text` echoes the text scored.
+    let body = json!({"query": "q", "rank_fields": ["title"], "return_documents": true,
+                      "documents": [{"title": "Boots"}]});
+    let (req, shape) = parse(Route::Rerank, body).unwrap();
+    assert_eq!(req.items[0].text(), "Boots");
+    let (_, v) = respond(shape, scored(&[Some(0.5)]));
+    assert_eq!(v["results"][0]["document"], json!({"text": "Boots", "title": "Boots"}));
+    // return_documents: false leaves every document out.
+    let (_, shape) =
+        parse(Route::Rerank, json!({"query": "q", "documents": ["a"], "return_documents": false})).unwrap();
+    let (_, v) = respond(shape, scored(&[Some(0.5)]));
+    assert_eq!(v["results"], json!([{"index": 0, "relevance_score": 0.5}]));
+}
+
+#[test]
+fn the_rerank_path_serves_tei_s_body_and_vllm_s_by_their_keys() {
+    let (req, shape) =
+        parse(Route::TeiRerank, json!({"model": "m", "query": "q", "documents": ["a", "b"], "top_n": 1})).unwrap();
+    assert_eq!((req.items.len(), req.model.as_deref()), (2, Some("m")));
+    assert_eq!(shape.items_field(), "documents");
+    let (_, v) = respond(shape, scored(&[Some(0.2), Some(0.7)]));
+    // vLLM's RerankResult.document is required: there without return_documents.
+    assert_eq!(v["results"], json!([{"index": 1, "relevance_score": 0.7, "document": {"text": "b"}}]));
+    assert_eq!(v["usage"]["total_tokens"], 42);
+    assert!(compat_is_vllm(json!({"query": "q", "documents": []})));
+    assert!(!compat_is_vllm(json!({"query": "q", "texts": ["a"], "documents": ["a"]})));
+    assert!(!compat_is_vllm(json!({"query": "q", "texts": ["a"]})));
+    assert!(!is_vllm_rerank(b"{not json"));
+    // TEI's body takes a model too.
+    let (req, _) = parse(Route::TeiRerank, json!({"model": "m", "query": "q", "texts": ["a"]})).unwrap();
+    assert_eq!(req.model.as_deref(), Some("m"));
+}
+
+#[test]
+fn vllm_s_score_body_is_told_from_sieve_s_by_its_keys() {
+    assert!(is_vllm_score(json!({"model": "m", "text_1": "q", "text_2": ["a"]}).to_string().as_bytes()));
+    assert!(!is_vllm_score(json!({"query": "q", "items": ["a"]}).to_string().as_bytes()));
+    assert!(!is_vllm_score(json!({"query": "q", "text_1": "q", "text_2": ["a"]}).to_string().as_bytes()));
+    assert!(!is_vllm_score(b"{\"text_1\": "));
+}
+
+fn compat_is_vllm(v: Value) -> bool {
+    is_vllm_rerank(v.to_string().as_bytes())
+}
+
+#[test]
+fn v2_rerank_reports_api_version_2() {
+    let (_, shape) = parse(Route::Rerank, json!({"query": "q", "documents": ["a"]})).unwrap();
+    let (_, v) = respond(shape.v2(), scored(&[Some(0.5)]));
+    assert_eq!(v["meta"]["api_version"]["version"], "2");
+}
+
+#[tokio::test]
+async fn tei_errors_are_tei_s_body_with_tei_s_codes() {
+    for (e, status, kind) in [
+        (ApiError::invalid("query is empty"), 422, "Validation"),
+        (ApiError::malformed("malformed JSON"), 400, "Validation"),
+        (ApiError::too_large("too many texts"), 413, "Validation"),
+        (ApiError::overloaded("queue full"), 429, "Overloaded"),
+        (ApiError::not_ready("loading"), 503, "Unhealthy"),
+        (ApiError::internal("engine failed"), 424, "Backend"),
+        (ApiError::deadline("deadline passed"), 504, "Backend"),
+    ] {
+        let r = tei::error(&e);
+        assert_eq!(r.status().as_u16(), status, "{e}");
+        if status == 429 || status == 503 {
+            assert!(r.headers().contains_key("retry-after"), "{e}");
+        }
+        assert_eq!(body_json(r).await, json!({"error": e.message, "error_type": kind}));
+    }
 }
 
 #[test]

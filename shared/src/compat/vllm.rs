@@ -7,7 +7,9 @@
 //!   (vLLM's pairwise form, with every pair sharing its query); different queries in one call are
 //!   refused with 422 (send one call per query).
 //! - `text_2`: the items, a string or a list.
-//! - `model`: accepted; the served model is fixed per process, and the answer names it.
+//! - `model`: checked against the served model and `[api] model_aliases` (404 naming the
+//!   served model on a mismatch; `[api] check_model = false` accepts any); the answer names
+//!   the served model.
 //! - `truncate_prompt_tokens`: each `text_2` entry cut to that many of its own tokens (`-1`:
 //!   the server's limit, `[limits] max_item_tokens`), and to what fits the model's context.
 //! - `priority`: refused with 422 when set: Sieve orders work by deadline.
@@ -44,7 +46,6 @@ impl Texts {
 #[serde(deny_unknown_fields)]
 struct Body {
     #[serde(default)]
-    #[allow(dead_code)] // Accepted for client compatibility; the served model is fixed.
     model: Option<String>,
     text_1: Texts,
     text_2: Texts,
@@ -118,7 +119,7 @@ impl Score {
                 )));
             }
         }
-        Ok((ScoreRequest { max_item_tokens, ..ScoreRequest::new(query, items) }, Score))
+        Ok((ScoreRequest { max_item_tokens, model: b.model, ..ScoreRequest::new(query, items) }, Score))
     }
 
     pub fn answer(self, resp: ScoreResponse) -> Answer {

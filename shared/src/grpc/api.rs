@@ -156,19 +156,56 @@ impl<S: ScoreService + 'static> pb::sieve_server::Sieve for GrpcApi<S> {
     async fn rerank(&self, request: Request<pb::RerankRequest>) -> Result<Response<pb::RerankResponse>, Status> {
         let arrival = Instant::now();
         let (meta, _, msg) = request.into_parts();
+        self.rerank_msg(meta, Ok(msg), arrival).await
+    }
+}
+
+impl<S: ScoreService + 'static> GrpcApi<S> {
+    /// `Rerank` on its message's raw bytes: a message that does not decode is INVALID_ARGUMENT
+    /// (as a malformed JSON body is 400), counted as any answered call.
+    async fn rerank_raw(&self, request: Request<Bytes>) -> Result<Response<pb::RerankResponse>, Status> {
+        use prost::Message as _;
+        let arrival = Instant::now();
+        let (meta, _, bytes) = request.into_parts();
+        let msg = pb::RerankRequest::decode(bytes)
+            .map_err(|e| ApiError::malformed(format!("the RerankRequest message does not decode: {e}")));
+        self.rerank_msg(meta, msg, arrival).await
+    }
+
+    async fn rerank_msg(
+        &self,
+        meta: MetadataMap,
+        msg: Result<pb::RerankRequest, ApiError>,
+        arrival: Instant,
+    ) -> Result<Response<pb::RerankResponse>, Status> {
         let span = self.span(&meta, Route::Rerank);
         async {
-            let rerank = match convert::rerank_request(msg) {
+            let rerank = match msg.and_then(convert::rerank_request) {
                 Ok(r) => r,
                 Err(e) => return self.finish(Route::Rerank, arrival, Err(e), |_| pb::RerankResponse::default()),
             };
-            let out = self.run(&meta, Ok(rerank.to_score_request()), "documents", rerank.top_n, arrival).await;
+            let out = self.run(&meta, rerank.to_score_request(), "documents", rerank.top_n, arrival).await;
             self.finish(Route::Rerank, arrival, out, |s| {
                 convert::rerank_response(RerankResponse::from_scores(&rerank, s))
             })
         }
         .instrument(span)
         .await
+    }
+}
+
+/// `Rerank` as tonic's unary call over [`wire::RawRerankCodec`]: the message decoded here, so a
+/// malformed one is INVALID_ARGUMENT and counted (the generated route's codec answers INTERNAL
+/// before the call is seen).
+pub(super) struct RawRerank<S>(pub(super) Arc<GrpcApi<S>>);
+
+impl<S: ScoreService + 'static> tonic::server::UnaryService<Bytes> for RawRerank<S> {
+    type Response = pb::RerankResponse;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<pb::RerankResponse>, Status>> + Send>>;
+
+    fn call(&mut self, request: Request<Bytes>) -> Self::Future {
+        let api = self.0.clone();
+        Box::pin(async move { api.rerank_raw(request).await })
     }
 }
 

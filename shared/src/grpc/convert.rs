@@ -37,6 +37,7 @@ pub(super) fn score_request(r: pb::ScoreRequest) -> Result<ScoreRequest, ApiErro
         cache: r.cache,
         max_item_tokens: r.max_item_tokens,
         truncation_direction: direction(r.max_item_tokens, r.truncate_left),
+        model: None,
     })
 }
 
@@ -49,10 +50,10 @@ pub(super) fn rerank_request(r: pb::RerankRequest) -> Result<RerankRequest, ApiE
     Ok(RerankRequest {
         on_overload: on_overload(r.on_overload)?,
         query: r.query,
-        documents: r.documents.into_iter().map(item).collect(),
+        documents: r.documents.into_iter().map(|d| item(d).into()).collect(),
         // A u32 always fits a usize on the platforms we build for; saturate rather than assume.
         top_n: r.top_n.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
-        return_documents: r.return_documents,
+        return_documents: Some(r.return_documents),
         instruction: r.instruction,
         deadline_ms: r.deadline_ms,
         model: r.model,
@@ -143,7 +144,7 @@ mod tests {
         assert!(e.message.contains("on_overload 9"), "{}", e.message);
         let r =
             rerank_request(pb::RerankRequest { top_n: Some(3), return_documents: true, ..Default::default() }).unwrap();
-        assert_eq!((r.top_n, r.return_documents, r.on_overload), (Some(3), true, None));
+        assert_eq!((r.top_n, r.return_documents, r.on_overload), (Some(3), Some(true), None));
     }
 
     #[test]

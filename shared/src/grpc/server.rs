@@ -33,10 +33,10 @@ use tonic::body::Body;
 use tonic::codegen::Service;
 use tonic::Status;
 
-use super::api::RawScore;
+use super::api::{RawRerank, RawScore};
 use super::conn::{Call, Conn, ConnInfo, ConnWatch, Timers};
 use super::pb::sieve_server::SieveServer;
-use super::wire::RawScoreCodec;
+use super::wire::{RawRerankCodec, RawScoreCodec};
 use super::{status, GrpcApi, GrpcConfig};
 use crate::http::{accepted_or_back_off, ByteBudget, HttpConfig, SharedReservation, StopMode, EVICT_IDLE, SLOT_WAIT};
 use crate::metrics_names::grpc as names;
@@ -170,9 +170,10 @@ fn evict_idle(open: &Open) {
 
 /// `Score`'s gRPC path.
 const SCORE_PATH: &str = "/sieve.v1.Sieve/Score";
+const RERANK_PATH: &str = "/sieve.v1.Sieve/Rerank";
 
-/// Every call of the port: `Score` read in place (`wire.rs`), `Rerank` and unknown methods
-/// (UNIMPLEMENTED) by the generated router; each counted on its connection until its answer
+/// Every call of the port: `Score` read in place (`wire.rs`), `Rerank` decoded by `api.rs` (a
+/// bad message INVALID_ARGUMENT), unknown methods (UNIMPLEMENTED) by the generated router; each counted on its connection until its answer
 /// is sent.
 struct Calls<S> {
     api: Arc<GrpcApi<S>>,
@@ -209,12 +210,19 @@ impl<S: ScoreService + 'static> Service<hyper::Request<Body>> for Calls<S> {
         // answered (tonic drops the body once the message is decoded).
         let held = SharedReservation::new(&self.budget);
         let req = req.map(|b| Body::new(Timed::new(b, self.body_timeout, held.clone())));
-        let answer = if req.uri().path() == SCORE_PATH {
-            let (api, max) = (self.api.clone(), self.max_message);
+        let path = req.uri().path();
+        let answer = if path == SCORE_PATH || path == RERANK_PATH {
+            let (api, max, score) = (self.api.clone(), self.max_message, path == SCORE_PATH);
             Either::Left(async move {
-                let mut grpc =
-                    tonic::server::Grpc::new(RawScoreCodec).apply_max_message_size_config(Some(max), Some(usize::MAX));
-                Ok(grpc.unary(RawScore(api), req).await)
+                Ok(if score {
+                    let mut grpc = tonic::server::Grpc::new(RawScoreCodec)
+                        .apply_max_message_size_config(Some(max), Some(usize::MAX));
+                    grpc.unary(RawScore(api), req).await
+                } else {
+                    let mut grpc = tonic::server::Grpc::new(RawRerankCodec)
+                        .apply_max_message_size_config(Some(max), Some(usize::MAX));
+                    grpc.unary(RawRerank(api), req).await
+                })
             })
         } else {
             Either::Right(self.router.call(req))

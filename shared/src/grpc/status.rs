@@ -24,7 +24,9 @@ const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 fn code(kind: ErrorKind) -> Code {
     match kind {
-        ErrorKind::Malformed | ErrorKind::Invalid | ErrorKind::UriTooLong => Code::InvalidArgument,
+        ErrorKind::Malformed | ErrorKind::Invalid | ErrorKind::UriTooLong | ErrorKind::UnsupportedMediaType => {
+            Code::InvalidArgument
+        }
         ErrorKind::TooLarge | ErrorKind::HeadersTooLarge => Code::OutOfRange,
         ErrorKind::Overloaded => Code::ResourceExhausted,
         ErrorKind::NotReady => Code::Unavailable,

@@ -41,6 +41,26 @@ impl Codec for RawScoreCodec {
     }
 }
 
+/// `Rerank`'s codec: the request as its raw bytes (decoded by `api.rs`, so that a malformed
+/// message is INVALID_ARGUMENT), the answer encoded by prost.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct RawRerankCodec;
+
+impl Codec for RawRerankCodec {
+    type Encode = pb::RerankResponse;
+    type Decode = Bytes;
+    type Encoder = tonic_prost::ProstEncoder<pb::RerankResponse>;
+    type Decoder = RawDecoder;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        tonic_prost::ProstEncoder::default()
+    }
+
+    fn decoder(&mut self) -> RawDecoder {
+        RawDecoder
+    }
+}
+
 /// The message's bytes, split off tonic's decode buffer (no copy).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct RawDecoder;
@@ -154,6 +174,7 @@ pub(super) fn score_request(msg: &[u8]) -> Result<ScoreRequestRef<'_>, ApiError>
         cache: None,
         max_item_tokens: None,
         truncation_direction: None,
+        model: None,
     };
     let mut on_overload = 0i32;
     let mut left = false;

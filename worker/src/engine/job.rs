@@ -181,8 +181,9 @@ impl ScoreJob {
 
 pub fn deadline_error(arrived: Instant, now: Instant) -> ApiError {
     ApiError::deadline(format!(
-        "deadline passed after {:.0} ms before any item could be scored",
-        now.saturating_duration_since(arrived).as_secs_f64() * 1e3
+        "deadline passed after {:.0} ms before any item could be scored; {}",
+        now.saturating_duration_since(arrived).as_secs_f64() * 1e3,
+        sieve_shared::RAISE_DEADLINE
     ))
 }
 

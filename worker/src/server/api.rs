@@ -36,6 +36,14 @@ impl ScoreService for AppState {
         &self.buffer_budget
     }
 
+    fn api_config(&self) -> sieve_shared::ApiConfig {
+        self.api.clone()
+    }
+
+    fn served_models(&self) -> Vec<String> {
+        self.model_name.get().cloned().into_iter().collect()
+    }
+
     fn admit(&self) -> Result<(), ApiError> {
         if self.state.draining.load(Ordering::Acquire) {
             return Err(ApiError::not_ready("draining: not accepting new work"));

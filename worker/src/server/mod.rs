@@ -21,6 +21,8 @@ pub struct AppState {
     pub engine: OnceLock<Arc<EngineHandle>>,
     pub state: Arc<EngineState>,
     pub limits: Limits,
+    /// `[api]`: model aliases and CORS.
+    pub api: sieve_shared::ApiConfig,
     pub model_name: OnceLock<String>,
     /// Set with the model: a digest of its prompt template and score head.
     pub template_id: OnceLock<String>,
@@ -41,6 +43,7 @@ impl AppState {
             engine: OnceLock::new(),
             state: Arc::new(EngineState::default()),
             limits,
+            api: sieve_shared::ApiConfig::default(),
             model_name: OnceLock::new(),
             template_id: OnceLock::new(),
             device,
@@ -54,6 +57,12 @@ impl AppState {
     /// The budget of `[http] max_buffered_bytes` bytes.
     pub fn with_buffer_budget(mut self, max_buffered_bytes: usize) -> Self {
         self.buffer_budget = ByteBudget::new(max_buffered_bytes);
+        self
+    }
+
+    /// `[api]`.
+    pub fn with_api(mut self, api: sieve_shared::ApiConfig) -> Self {
+        self.api = api;
         self
     }
 

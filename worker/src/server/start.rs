@@ -64,7 +64,8 @@ pub async fn start(cfg: WorkerConfig, prometheus: Option<PrometheusHandle>) -> R
     let app = Arc::new(
         AppState::new(cfg.limits.clone(), dev.to_string(), prometheus)
             .with_admin(admin_auth)
-            .with_buffer_budget(cfg.http.max_buffered_bytes),
+            .with_buffer_budget(cfg.http.max_buffered_bytes)
+            .with_api(cfg.api.clone()),
     );
     let mut running = serve(app.clone(), &cfg.server, &cfg.http).await?;
     if cfg.grpc.port.is_some() {

@@ -302,6 +302,7 @@ mod tests {
             cache: None,
             max_item_tokens: None,
             truncation_direction: None,
+            model: None,
         };
         let wire = ShardWire::new(Bytes::new(), &ScoreRequestRef::from(whole.clone()));
         assert!(wire.items.iter().all(|f| matches!(f, Frag::Own(_))));
@@ -338,6 +339,7 @@ mod tests {
                 cache: None,
                 max_item_tokens: None,
                 truncation_direction: None,
+                model: None,
             };
             let json = if pretty { serde_json::to_vec_pretty(&whole) } else { serde_json::to_vec(&whole) };
             let body = Bytes::from(json.unwrap());
