@@ -11,10 +11,10 @@ use std::time::Instant;
 
 use sieve_proxy::cluster::worker::WorkerView;
 use sieve_proxy::split::load_price::Price;
-use sieve_proxy::split::Request;
 use sieve_proxy::split::{
     exhaustive_steps, heavy_tailed_tokens, split_by_cost_priced, split_exhaustive, Candidate, Plan, EXHAUSTIVE_STEPS,
 };
+use sieve_proxy::split::{Request, NO_GROUPS};
 use sieve_shared::CostModel;
 
 /// Mean µs per call of `f` over `n` calls after a warm-up, and the last plan.
@@ -33,7 +33,7 @@ fn time(n: usize, f: impl Fn() -> Plan) -> (f64, Plan) {
 fn main() {
     let model = CostModel::default();
     let tokens = heavy_tailed_tokens(1000, 1);
-    let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model };
+    let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model, groups: &NO_GROUPS };
     // W̄ for the load price: requests of this one's work sent whole.
     let mean_request_ms = model.call_ms(req.prefix, tokens.iter().copied());
     println!("split decision, 1,000 items per request (mean of 500 runs after 50 warm-up runs)");
@@ -91,7 +91,7 @@ fn by_size() {
         let cands: Vec<Candidate> = views.iter().map(Candidate::from).collect();
         for items in [20usize, 50, 100, 120, 200, 500, 1000] {
             let tokens = heavy_tailed_tokens(items, 1);
-            let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model };
+            let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model, groups: &NO_GROUPS };
             let price = Price::of(&views, model.call_ms(req.prefix, tokens.iter().copied()));
             let (us, _) = time(500, || split_by_cost_priced(black_box(&req), black_box(&cands), 64, 0.02, price));
             let steps = exhaustive_steps(items, workers.min(64));

@@ -64,6 +64,19 @@ impl CostFeatures {
         f
     }
 
+    /// Adds items of own lengths `items` that share their first `run` tokens (after a
+    /// `prefix`-token prefix) computed once: the run attends to the prefix, each item's rest
+    /// to the prefix and the run. One item alone costs what [`Self::of_call`] counts for it.
+    pub fn add_run_group(&mut self, prefix: f64, run: f64, items: impl IntoIterator<Item = f64>) {
+        self.tokens += run;
+        self.token_context += run * (prefix + run / 2.0);
+        for n in items {
+            let rest = (n - run).max(0.0);
+            self.tokens += rest;
+            self.token_context += rest * (prefix + run + rest / 2.0);
+        }
+    }
+
     pub fn as_array(&self) -> [f64; 3] {
         [self.requests, self.tokens, self.token_context]
     }
@@ -132,6 +145,21 @@ mod tests {
         let two = m.call_ms(100.0, [50.0, 50.0]);
         assert!((two - one - m.pair_ms(50.0, 100.0)).abs() < 1e-9);
         assert!((one - (1.0 + m.prefix_ms(100.0) + m.pair_ms(50.0, 100.0))).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_run_group_pays_its_run_once() {
+        let m = CostModel::default();
+        let (p, run) = (50.0, 30.0);
+        let alone = CostFeatures::of_call(p, 0.0, [100.0]);
+        let mut one = CostFeatures::of_call(p, 0.0, []);
+        one.add_run_group(p, run, [100.0]);
+        assert!((m.predict(&one) - m.predict(&alone)).abs() < 1e-9, "one member: the same as alone");
+        let apart = CostFeatures::of_call(p, 0.0, [100.0, 80.0, 60.0]);
+        let mut grouped = CostFeatures::of_call(p, 0.0, []);
+        grouped.add_run_group(p, run, [100.0, 80.0, 60.0]);
+        assert!((apart.tokens - grouped.tokens - 2.0 * run).abs() < 1e-9, "the run once, not three times");
+        assert!(m.predict(&grouped) < m.predict(&apart));
     }
 
     #[test]

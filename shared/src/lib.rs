@@ -13,6 +13,7 @@ pub mod cost;
 pub mod error;
 pub mod grpc;
 pub mod http;
+pub mod item_runs;
 pub mod json_cursor;
 pub mod limits;
 pub mod metrics_names;

@@ -192,8 +192,12 @@ impl Default for DeadlineConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SplitMode {
-    /// Choose the shard count and pack by predicted cost (the design).
+    /// Choose the shard count and pack by predicted cost (the design); items that begin alike
+    /// stay on one shard, their shared run counted once.
     Cost,
+    /// `cost` blind to items that begin alike: every item packed alone (the comparison's
+    /// baseline for item groups).
+    CostUngrouped,
     /// Consecutive chunks of `fixed_items` items (the request-level baseline).
     Fixed,
     /// The whole request to one worker.

@@ -3,6 +3,7 @@
 //! ```text
 //! cargo bench -p sieve-worker --bench engine            # all sections
 //! cargo bench -p sieve-worker --bench engine -- prefill # one section: prefill | request | pipeline | catalogue
+//! cargo bench -p sieve-worker --bench engine -- threshold  # only when named: item_prefix_min_tokens swept
 //! ```
 //! Prints: prefill tokens/s for one 512-token sequence; for a realistic call (one query, 64 items
 //! of 40–120 tokens, prefix ~80 tokens) pairs/s and tokens/s with prefix reuse off, with in-batch
@@ -87,9 +88,22 @@ fn start(m: LoadedModel<CpuBackend>, backend: CpuBackend, reuse: bool) -> Arc<En
 }
 
 fn start_with(m: LoadedModel<CpuBackend>, backend: CpuBackend, reuse: bool, item_sharing: bool) -> Arc<EngineHandle> {
+    start_sharing(m, backend, reuse, item_sharing.then_some(WorkerConfig::default().engine.item_prefix_min_tokens))
+}
+
+/// An engine sharing items' leading runs of at least `min_tokens` (None: no item sharing).
+fn start_sharing(
+    m: LoadedModel<CpuBackend>,
+    backend: CpuBackend,
+    reuse: bool,
+    min_tokens: Option<usize>,
+) -> Arc<EngineHandle> {
     let mut cfg = WorkerConfig::default();
     cfg.engine.prefix_reuse = reuse;
-    cfg.engine.item_prefix_sharing = item_sharing;
+    cfg.engine.item_prefix_sharing = min_tokens.is_some();
+    if let Some(n) = min_tokens {
+        cfg.engine.item_prefix_min_tokens = n;
+    }
     let ecfg = engine_config(&cfg, m.model.config.max_position);
     let parts = EngineParts { backend, model: m.model, encoder: m.tokenizer, builder: m.builder };
     EngineHandle::start(parts, ecfg, Arc::new(EngineState::default())).expect("engine")
@@ -325,6 +339,61 @@ fn catalogue_section() {
     sharing_case("realistic call (no shared headers)", &items, 3);
 }
 
+/// The shortest shared run (`[engine] item_prefix_min_tokens`) swept on the catalogue call: one
+/// engine per threshold and one without sharing, the same calls interleaved across them.
+fn threshold_section() {
+    let items = catalogue_items(200, 8, 12, 18);
+    let thresholds: Vec<Option<usize>> = std::env::var("SIEVE_BENCH_MIN_TOKENS")
+        .unwrap_or_else(|_| "4,8,16,32".into())
+        .split(',')
+        .filter_map(|t| t.trim().parse().ok())
+        .map(Some)
+        .chain([None])
+        .collect();
+    let engines: Vec<Arc<EngineHandle>> = thresholds
+        .iter()
+        .map(|&t| {
+            let (m, backend) = load(0);
+            let e = start_sharing(m, backend, true, t);
+            call(&e, "warm up", &items[..4]);
+            e
+        })
+        .collect();
+    let reps = 2;
+    let mut best = vec![(f64::INFINITY, f64::INFINITY); engines.len()];
+    let mut usage: Vec<sieve_shared::Usage> = vec![Default::default(); engines.len()];
+    for r in 0..reps {
+        let q = format!("{QUERY} (threshold rep {r})");
+        let mut scores = vec![];
+        // Each rep in another order, so no variant always runs first or last.
+        let order: Vec<usize> = (0..engines.len()).map(|i| (i + r) % engines.len()).collect();
+        for &k in &order {
+            let c0 = cpu_seconds();
+            let (t, u, s) = call(&engines[k], &q, &items);
+            best[k] = (best[k].0.min(t), best[k].1.min(cpu_seconds() - c0));
+            usage[k] = u;
+            scores.push(s);
+        }
+        assert!(scores.windows(2).all(|w| w[0] == w[1]), "the threshold must not change scores");
+    }
+    let off = engines.len() - 1;
+    println!("threshold sweep, catalogue call: {} items, best of {reps}, interleaved", items.len());
+    for (k, t) in thresholds.iter().enumerate() {
+        let label = t.map_or("off".to_string(), |t| format!("min {t}"));
+        println!(
+            "  {label:<8} {:7.3} s ({:6.2} CPU-s)  {:7} tokens computed  {:6} item tokens shared  CPU time {:+.1}% vs off",
+            best[k].0,
+            best[k].1,
+            usage[k].computed_tokens,
+            usage[k].item_shared_tokens,
+            (best[k].1 / best[off].1 - 1.0) * 100.0
+        );
+    }
+    for e in engines {
+        e.shutdown();
+    }
+}
+
 fn main() {
     let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
     let want = |s: &str| filter.is_empty() || filter.iter().any(|f| s.contains(f.as_str()));
@@ -341,5 +410,9 @@ fn main() {
     }
     if want("catalogue") {
         catalogue_section();
+    }
+    // Only when named: it loads one engine per threshold.
+    if filter.iter().any(|f| f == "threshold") {
+        threshold_section();
     }
 }

@@ -117,10 +117,24 @@ pub const AFFINITY_STRATEGY: Strategy = Strategy {
     prefix_affinity: true,
 };
 
-/// Strategies run only when named, numbered after the six of `all`.
-const NAMED_ONLY: [&Strategy; 2] = [&CACHE_STRATEGY, &AFFINITY_STRATEGY];
+/// Strategy 9, run only when named: ours with the cost split blind to items that begin alike
+/// (every item packed alone, `split.mode = "cost_ungrouped"`), against `ours` on a catalogue
+/// workload (`group_size`, `header_fraction`) for what keeping groups together saves.
+pub const UNGROUPED_STRATEGY: Strategy = Strategy {
+    key: "ours-ungrouped",
+    name: "9 ours, items not grouped",
+    split: SplitMode::CostUngrouped,
+    policy: PolicyKind::LeastLoaded,
+    hedge: false,
+    admission: true,
+    cache: false,
+    prefix_affinity: false,
+};
 
-/// Parses `all` (strategies 1-6) or a comma-separated list of keys or numbers (1-8).
+/// Strategies run only when named, numbered after the six of `all`.
+const NAMED_ONLY: [&Strategy; 3] = [&CACHE_STRATEGY, &AFFINITY_STRATEGY, &UNGROUPED_STRATEGY];
+
+/// Parses `all` (strategies 1-6) or a comma-separated list of keys or numbers (1-9).
 pub fn parse_strategies(s: &str) -> Result<Vec<Strategy>, String> {
     if s.trim() == "all" {
         return Ok(STRATEGIES.to_vec());
@@ -134,7 +148,7 @@ pub fn parse_strategies(s: &str) -> Result<Vec<Strategy>, String> {
                 .enumerate()
                 .find(|(i, st)| st.key == p || (i + 1).to_string() == p)
                 .map(|(_, st)| *st)
-                .ok_or_else(|| format!("unknown strategy '{p}' (expected all, 1-8 or one of {})", keys()))
+                .ok_or_else(|| format!("unknown strategy '{p}' (expected all, 1-9 or one of {})", keys()))
         })
         .collect()
 }
@@ -219,5 +233,8 @@ mod tests {
         let affinity = parse_strategies("ours,8").unwrap();
         assert_eq!((affinity[1].key, affinity[1].prefix_affinity), ("ours-affinity", true));
         assert!(!affinity[0].prefix_affinity, "ours is the baseline");
+        let ungrouped = parse_strategies("ours,9").unwrap();
+        assert_eq!((ungrouped[1].key, ungrouped[1].split), ("ours-ungrouped", SplitMode::CostUngrouped));
+        assert_eq!(ungrouped[1].proxy_config(&base).split.mode, SplitMode::CostUngrouped);
     }
 }

@@ -1,7 +1,9 @@
 //! The simulated engine: validates a call like the worker, waits for a batch slot (FIFO),
 //! "computes" for the cost model's time (scaled by speed, slowdowns and jitter), honours the
 //! deadline like the worker (work that cannot finish in time is dropped with 504), injects
-//! failures part-way through compute, and answers with deterministic scores.
+//! failures part-way through compute, and answers with deterministic scores. Items of a call
+//! that begin alike compute their shared run once, as the worker's item prefix sharing does
+//! (the same grouping rule as the proxy's split, `sieve_shared::item_runs`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,6 +13,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, StandardNormal};
 use sieve_shared::http::ByteBudget;
+use sieve_shared::item_runs::{leading_runs, ItemRun, DEFAULT_MIN_RUN_TOKENS};
 use sieve_shared::metrics_names::sim as names;
 use sieve_shared::{ApiError, CostFeatures, ScoreRequest, ScoreResponse, Timing, Usage, WorkerStats};
 use tokio::sync::Semaphore;
@@ -95,6 +98,16 @@ impl Drop for InFlight<'_> {
             self.c.cancelled.fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+/// The call's items that begin alike, by the worker's default threshold, their runs counted by
+/// the simulated tokenizer.
+fn item_runs(req: &ScoreRequest) -> Vec<ItemRun> {
+    if req.items.len() < 2 {
+        return Vec::new();
+    }
+    let texts: Vec<&str> = req.items.iter().map(|i| i.text()).collect();
+    leading_runs(&texts, DEFAULT_MIN_RUN_TOKENS as f64, |t| f64::from(tokens::count_tokens(t)))
 }
 
 struct Waiting<'a>(&'a AtomicU64);
@@ -190,8 +203,20 @@ impl SimEngine {
     /// As [`Self::nominal_compute_ms`] when `cached` of the prefix tokens come from the prefix
     /// cache (not computed).
     pub fn nominal_compute_ms_cached(&self, prefix: u32, cached: u32, items: &[u32]) -> f64 {
+        self.nominal_compute_ms_shared(prefix, cached, items, &[])
+    }
+
+    /// As [`Self::nominal_compute_ms_cached`] when the `runs` of items share leading runs:
+    /// each run is computed once, each member's rest after it.
+    pub fn nominal_compute_ms_shared(&self, prefix: u32, cached: u32, items: &[u32], runs: &[ItemRun]) -> f64 {
         let passes = self.passes(prefix, items);
-        let features = CostFeatures::of_call(f64::from(prefix), f64::from(cached), items.iter().map(|&n| f64::from(n)));
+        let mut in_run = vec![false; items.len()];
+        runs.iter().flat_map(|r| &r.items).for_each(|&i| in_run[i] = true);
+        let alone = (0..items.len()).filter(|&i| !in_run[i]).map(|i| f64::from(items[i]));
+        let mut features = CostFeatures::of_call(f64::from(prefix), f64::from(cached), alone);
+        for r in runs {
+            features.add_run_group(f64::from(prefix), r.tokens, r.items.iter().map(|&i| f64::from(items[i])));
+        }
         let one_pass = self.config.cost.predict(&features);
         // A call over the batch limit runs as several passes, each paying the fixed cost.
         (one_pass + (passes - 1) as f64 * self.config.cost.request_ms) / self.settings().speed
@@ -305,7 +330,8 @@ impl SimEngine {
         // starts computing, committed when it succeeds, as the worker's batches do).
         let blocks = (self.config.prefix_cache_blocks > 0).then(|| PrefixBlocks::of(&req.query, instruction));
         let cached_prefix = blocks.as_ref().map_or(0, |b| self.prefix_cache.lookup(b)).min(prefix);
-        let nominal_ms = self.nominal_compute_ms_cached(prefix, cached_prefix, &item_tokens);
+        let runs = item_runs(&req);
+        let nominal_ms = self.nominal_compute_ms_shared(prefix, cached_prefix, &item_tokens, &runs);
         // A stall holds the slot like compute does (the worker is paused, not idle).
         let compute = Duration::from_secs_f64((nominal_ms * self.slowdown() * noise + stall_ms / settings.speed) / 1e3);
         if let Some(d) = deadline {
@@ -346,7 +372,9 @@ impl SimEngine {
         if let Some(b) = &blocks {
             self.prefix_cache.commit(b);
         }
-        let computed_tokens = total_tokens - u64::from(cached_prefix);
+        // Every member but one computes the run as the worker reports it: item tokens shared.
+        let item_shared_tokens: u64 = runs.iter().map(|r| (r.items.len() as u64 - 1) * r.tokens as u64).sum();
+        let computed_tokens = total_tokens - u64::from(cached_prefix) - item_shared_tokens;
         c.completed.fetch_add(1, Ordering::Relaxed);
         c.pairs.fetch_add(pairs, Ordering::Relaxed);
         c.tokens.fetch_add(computed_tokens, Ordering::Relaxed);
@@ -370,7 +398,7 @@ impl SimEngine {
                 cached_prefix_tokens: cached_prefix,
                 cached_items: 0,
                 item_tokens,
-                item_shared_tokens: 0,
+                item_shared_tokens,
                 truncated_items: 0,
             },
             timing: Timing {
@@ -596,14 +624,35 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn items_that_begin_alike_compute_their_run_once() {
+        let cost = CostModel { request_ms: 1.0, token_ms: 0.1, token_context_ms: 1e-4 };
+        let e = engine(SimConfig { cost, ..SimConfig::default() });
+        let header = "shoes run trail brand acme store acme shop mesh upper"; // ten tokens
+        let grouped: Vec<String> = (0..4).map(|v| format!("{header} {v} colour c{v} size s{v}")).collect();
+        let apart: Vec<String> = (0..4).map(|v| format!("x{v} {header} {v} colour c{v} size s{v}")).collect();
+        let call = |items: &[String]| req(&items.iter().map(String::as_str).collect::<Vec<_>>(), None);
+        let a = e.score(call(&grouped), Instant::now()).await.unwrap();
+        let b = e.score(call(&apart), Instant::now()).await.unwrap();
+        // The header (10 tokens) computed once, not four times; the scores are the texts' own.
+        assert_eq!(a.usage.item_shared_tokens, 3 * 10);
+        assert_eq!(b.usage.item_shared_tokens, 0);
+        assert_eq!(a.usage.computed_tokens + 30 + 4, b.usage.computed_tokens, "b's items are a token longer");
+        assert!(a.timing.compute_ms < b.timing.compute_ms - 30.0 * 0.1 * 0.9, "{:?} {:?}", a.timing, b.timing);
+        // One member alone: no sharing.
+        let one = e.score(call(&grouped[..1]), Instant::now()).await.unwrap();
+        assert_eq!(one.usage.item_shared_tokens, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn latency_follows_the_cost_model_over_shapes_speeds_and_slowdowns() {
         let cost = CostModel { request_ms: 3.0, token_ms: 0.02, token_context_ms: 1e-4 };
         for (speed, slowdown) in [(1.0, 1.0), (0.5, 1.0), (4.0, 3.0)] {
             let e = engine(SimConfig { cost, speed, ..SimConfig::default() });
             e.update(&SimSettingsUpdate { slowdown: Some(slowdown), ..Default::default() }).unwrap();
             for (words, n) in [(1usize, 1usize), (30, 5), (200, 40)] {
-                let item = "word ".repeat(words);
-                let items: Vec<&str> = std::iter::repeat_n(item.as_str(), n).collect();
+                // Items that do not begin alike (no shared run to compute once).
+                let texts: Vec<String> = (0..n).map(|k| format!("{k}{}", " word".repeat(words))).collect();
+                let items: Vec<&str> = texts.iter().map(String::as_str).collect();
                 let t0 = Instant::now();
                 let r = e.score(req(&items, None), t0).await.unwrap();
                 let p = f64::from(r.usage.prefix_tokens);

@@ -59,13 +59,25 @@ impl CostEstimator {
     }
 }
 
-/// The cost features of a shard as the worker reported it.
+/// The cost features of a shard as the worker reported it. Item tokens a group's shared run
+/// saved (`item_shared_tokens`) were not computed: the items' tokens and their attention are
+/// scaled down by the share saved (where in the items they lay is not reported).
 pub fn reported_features(usage: &Usage) -> CostFeatures {
-    CostFeatures::of_call(
-        f64::from(usage.prefix_tokens),
+    let prefix = f64::from(usage.prefix_tokens);
+    let mut f = CostFeatures::of_call(
+        prefix,
         f64::from(usage.cached_prefix_tokens),
         usage.item_tokens.iter().map(|&n| f64::from(n)),
-    )
+    );
+    let items: f64 = usage.item_tokens.iter().map(|&n| f64::from(n)).sum();
+    if usage.item_shared_tokens > 0 && items > 0.0 {
+        let shared = (usage.item_shared_tokens as f64).min(items);
+        let bare = CostFeatures::of_call(prefix, f64::from(usage.cached_prefix_tokens), []);
+        let kept = 1.0 - shared / items;
+        f.tokens = bare.tokens + items - shared;
+        f.token_context = bare.token_context + (f.token_context - bare.token_context) * kept;
+    }
+    f
 }
 
 /// Moves a worker's time factor toward its latest measured/predicted ratio.
@@ -102,6 +114,17 @@ mod tests {
         assert!(after < 0.02, "relative error {after:.4} after recalibration (before {before:.3})");
         let m = est.model();
         assert!((m.token_ms - truth.token_ms).abs() / truth.token_ms < 0.1, "{m:?}");
+    }
+
+    #[test]
+    fn item_tokens_a_shared_run_saved_are_not_counted_as_computed() {
+        let mut usage = Usage { prefix_tokens: 50, item_tokens: vec![100; 8], ..Usage::default() };
+        let plain = reported_features(&usage);
+        usage.item_shared_tokens = 7 * 40;
+        let shared = reported_features(&usage);
+        assert_eq!(plain.tokens - shared.tokens, 280.0);
+        assert!(shared.token_context < plain.token_context && shared.token_context > 0.0);
+        assert_eq!(shared.requests, 1.0);
     }
 
     #[test]

@@ -229,7 +229,11 @@ fn trim(plan: &mut Plan, req: &Request<'_>, candidates: &[Candidate], limit_ms: 
                 }
             }
             kept.sort_unstable();
-            s.tokens = req.prefix + kept.iter().map(|&i| req.item_tokens[i]).sum::<f64>();
+            // Items kept by their own cost; a group's members left together pay its run once.
+            if !req.groups.is_empty() && !kept.is_empty() {
+                compute = compute.min(tf * req.shard_ms(&candidates[s.candidate], &kept));
+            }
+            s.tokens = req.shard_tokens(&kept);
             s.compute_ms = if kept.is_empty() { 0.0 } else { compute };
             s.items = kept;
         }
@@ -262,7 +266,7 @@ mod tests {
     use sieve_shared::CostModel;
 
     use super::*;
-    use crate::split::split_by_cost;
+    use crate::split::{split_by_cost, NO_GROUPS};
 
     const MODEL: CostModel = CostModel { request_ms: 10.0, token_ms: 0.1, token_context_ms: 0.0 };
 
@@ -280,7 +284,7 @@ mod tests {
     #[test]
     fn a_stall_only_window_admits_and_a_queueing_window_refuses() {
         let tokens = vec![100.0; 64];
-        let req = Request { item_tokens: &tokens, prefix: 50.0, model: &MODEL };
+        let req = Request { item_tokens: &tokens, prefix: 50.0, model: &MODEL, groups: &NO_GROUPS };
         // Every worker has a little backlog: the plan waits, so it is held to the measured error.
         let cands = busy(&[1.0; 8]);
         let wide = split_by_cost(&req, &cands, 8, 0.0);
@@ -324,7 +328,7 @@ mod tests {
     #[test]
     fn a_plan_that_fits_is_admitted_whole() {
         let tokens = vec![100.0; 20];
-        let req = Request { item_tokens: &tokens, prefix: 50.0, model: &MODEL };
+        let req = Request { item_tokens: &tokens, prefix: 50.0, model: &MODEL, groups: &NO_GROUPS };
         let cands = busy(&[0.0, 0.0]);
         let mut plan = split_by_cost(&req, &cands, 8, 0.0);
         let before = plan.clone();
@@ -337,7 +341,7 @@ mod tests {
     #[test]
     fn a_late_plan_is_refused_or_trimmed_by_the_policy() {
         let tokens: Vec<f64> = (0..40).map(|i| 20.0 + 10.0 * i as f64).collect();
-        let req = Request { item_tokens: &tokens, prefix: 50.0, model: &MODEL };
+        let req = Request { item_tokens: &tokens, prefix: 50.0, model: &MODEL, groups: &NO_GROUPS };
         // One idle worker, one with 1 s of backlog: the split keeps to the idle one.
         let cands = busy(&[0.0, 1000.0]);
         let full = split_by_cost(&req, &cands, 8, 0.0);
@@ -387,7 +391,7 @@ mod tests {
     #[test]
     fn nothing_in_time_is_refused_even_when_partial() {
         let tokens = vec![100.0; 10];
-        let req = Request { item_tokens: &tokens, prefix: 50.0, model: &MODEL };
+        let req = Request { item_tokens: &tokens, prefix: 50.0, model: &MODEL, groups: &NO_GROUPS };
         let cands = busy(&[500.0, 600.0]);
         let mut plan = split_by_cost(&req, &cands, 8, 0.0);
         let e = admit(&on(), OnOverload::Partial, 400.0, |_, _| 1.0, &mut plan, &req, &cands, |_| None).unwrap_err();
@@ -397,7 +401,7 @@ mod tests {
     #[test]
     fn the_best_plan_is_tried_before_refusing() {
         let tokens = vec![100.0; 40];
-        let req = Request { item_tokens: &tokens, prefix: 50.0, model: &MODEL };
+        let req = Request { item_tokens: &tokens, prefix: 50.0, model: &MODEL, groups: &NO_GROUPS };
         let cands = busy(&[0.0; 4]);
         let one = crate::split::split_whole(&req, &cands, 0);
         let best = split_by_cost(&req, &cands, 8, 0.0);
@@ -414,7 +418,7 @@ mod tests {
     #[test]
     fn the_fallback_is_the_fewest_shards_in_time() {
         let tokens = vec![100.0; 64];
-        let req = Request { item_tokens: &tokens, prefix: 50.0, model: &MODEL };
+        let req = Request { item_tokens: &tokens, prefix: 50.0, model: &MODEL, groups: &NO_GROUPS };
         // Every worker has a little backlog: plans wait, so they are held to the ratio.
         let cands = busy(&[1.0; 8]);
         let with = |cap: usize| split_by_cost(&req, &cands, cap, 0.0);

@@ -1,6 +1,7 @@
-//! Stage 1, plan: estimate every item's tokens, take the eligible workers and their load (the
-//! views, built once), cut the shards with the configured split policy, and pay each shard's
-//! retry and hedge allowance into the budgets.
+//! Stage 1, plan, in its steps: estimate every item's tokens; take the eligible workers and
+//! their load (the views, built once); split: find the items that begin alike and cut the shards
+//! with the configured split policy; admit: refuse or trim a plan the deadline would cut. Then
+//! each shard's retry and hedge allowance is paid into the budgets.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,10 +13,11 @@ use sieve_shared::{ApiError, CostModel, ProxyConfig, ScoreRequestRef};
 
 use super::dispatch::shard_body::ShardWire;
 use super::{admission, RequestCtx};
+use crate::balancer::Policy;
 use crate::cluster::worker::{Worker, WorkerView};
-use crate::estimate::token_estimator::features;
+use crate::estimate::token_estimator::{features, Features};
 use crate::metrics as m;
-use crate::split::{self, SplitPolicy};
+use crate::split::{self, ItemGroups, SplitPolicy};
 use crate::state::AppState;
 use sieve_shared::pair_key::digest_of_prefix;
 
@@ -68,6 +70,121 @@ pub struct Planned {
     pub dropped: Vec<usize>,
 }
 
+/// Step 1's estimates: every item's and the prefix's tokens, and the text features they came
+/// from (kept for the estimator's lessons).
+struct Estimates {
+    item_features: Vec<Features>,
+    query_features: Features,
+    instruction_features: Option<Features>,
+    item_tokens: Vec<f64>,
+    prefix_tokens: f64,
+}
+
+/// Step 1, estimate: tokens of every item (an item the workers will cut costs its cap at most)
+/// and of the shared prefix.
+fn estimate(state: &AppState, cfg: &ProxyConfig, req: &ScoreRequestRef<'_>) -> Estimates {
+    let weights = lock(&state.tokens).weights();
+    let item_features: Vec<_> = req.items.iter().map(|i| features(i.text())).collect();
+    let query_features = features(&req.query);
+    let instruction_features = req.instruction.as_deref().map(features);
+    let cap = req.max_item_tokens.map_or(f64::INFINITY, |n| f64::from(n.min(cfg.limits.max_item_tokens)));
+    let item_tokens: Vec<f64> = item_features.iter().map(|f| weights.item_tokens(f).min(cap)).collect();
+    let prefix_tokens = weights.prefix_tokens(&query_features, instruction_features.as_ref());
+    Estimates { item_features, query_features, instruction_features, item_tokens, prefix_tokens }
+}
+
+/// Step 2, eligible: the workers that can take shards now and their views, those that answered
+/// this prefix lately marked as holding it (cache-aware routing). Returns the prefix's digest.
+fn eligible(
+    state: &AppState,
+    cfg: &ProxyConfig,
+    req: &ScoreRequestRef<'_>,
+    now: Instant,
+    model: &CostModel,
+) -> Result<(Eligible, u128), ApiError> {
+    let mut eligible = Eligible::at(state, cfg, now, model, &[]);
+    if eligible.workers.is_empty() {
+        return Err(ApiError::not_ready(format!("no worker is ready ({} configured)", state.pool.snapshot().len())));
+    }
+    let prefix_digest = digest_of_prefix(req.instruction.as_deref(), &req.query);
+    if cfg.split.prefix_affinity {
+        state.prefix_holders.mark(prefix_digest, &eligible.workers, &mut eligible.views, now);
+    }
+    Ok((eligible, prefix_digest))
+}
+
+/// What the split sees: the items to send as 0..k (their tokens, and the groups among them
+/// that begin alike).
+struct SplitItems {
+    tokens: Vec<f64>,
+    groups: ItemGroups,
+}
+
+/// Step 3's input: the items to send (`todo`, else all), and, unless the split is blind to
+/// them, the groups among them whose texts share a leading run.
+fn split_items(
+    state: &AppState,
+    cfg: &ProxyConfig,
+    req: &ScoreRequestRef<'_>,
+    todo: Option<&[usize]>,
+    item_tokens: &[f64],
+) -> SplitItems {
+    let tokens: Vec<f64> = match todo {
+        Some(t) => t.iter().map(|&i| item_tokens[i]).collect(),
+        None => item_tokens.to_vec(),
+    };
+    let groups = if cfg.split.mode == SplitMode::CostUngrouped || tokens.len() < 2 {
+        ItemGroups::default()
+    } else {
+        let texts: Vec<&str> = match todo {
+            Some(t) => t.iter().map(|&i| req.items[i].text()).collect(),
+            None => req.items.iter().map(|i| i.text()).collect(),
+        };
+        ItemGroups::find(&texts, &tokens, &lock(&state.tokens).weights())
+    };
+    SplitItems { tokens, groups }
+}
+
+/// Step 4, admit: refuse (or trim) a plan the deadline would cut, before anything is queued.
+/// Returns the items left out (`on_overload: partial`), as indices of the split's items.
+#[allow(clippy::too_many_arguments)]
+fn admit(
+    state: &AppState,
+    cfg: &ProxyConfig,
+    req: &ScoreRequestRef<'_>,
+    plan: &mut split::Plan,
+    split_req: &split::Request<'_>,
+    eligible: &Eligible,
+    balance: &dyn Policy,
+    now: Instant,
+    deadline: Instant,
+) -> Result<Vec<usize>, ApiError> {
+    // The plan's shards index the views, so the candidates are the views in the same order.
+    let cands: Vec<split::Candidate> = eligible.views.iter().map(split::Candidate::from).collect();
+    // What the workers get: the time left less what their answers need to come back.
+    let left_ms = deadline.saturating_duration_since(now).as_secs_f64() * 1e3;
+    let left_ms = left_ms - state.answer_margin.margin_ms(left_ms);
+    // Before refusing a late plan: the plan of fewest shards (least work) that is in time,
+    // else the fastest (no tolerance, no price of work).
+    let cost_mode = matches!(cfg.split.mode, SplitMode::Cost | SplitMode::CostUngrouped);
+    let best = |fits: &dyn Fn(&split::Plan) -> bool| {
+        cost_mode.then(|| {
+            admission::fewest_shards_within(fits, cfg.split.max_shards, |cap| {
+                let fastest = split::CostSplit::new(cap, 0.0, false);
+                fastest.plan(split_req, &eligible.views, balance)
+            })
+        })
+    };
+    let on_overload = req.on_overload.unwrap_or_default();
+    // How late predictions run, as measured lately on shards of about the plan's length, stalls
+    // left out: the admission quantile q for one shard, q^(1/k) for each of k (all k in time
+    // with chance q); face value until measured.
+    let late_ratio = |k: usize, makespan_ms: f64| {
+        admission::late_ratio(&state.ratios, &cfg.admission, cfg.hedge.min_samples, k, makespan_ms)
+    };
+    admission::admit(&cfg.admission, on_overload, left_ms, late_ratio, plan, split_req, &cands, best)
+}
+
 /// The request's shared context and its shards, the budgets paid. `todo`: the caller's indices
 /// of the items to send, ascending (the others were answered from the cache); none: all.
 pub fn plan(
@@ -84,65 +201,20 @@ pub fn plan(
     let request_span = if sieve_shared::trace::enabled() { tracing::Span::current() } else { tracing::Span::none() };
     let plan_span = sieve_shared::span!(parent: &request_span, "plan", items = req.items.len() as i64, shards = tracing::field::Empty);
     let _in_plan = plan_span.enter();
-    let weights = lock(&state.tokens).weights();
-    let item_features: Vec<_> = req.items.iter().map(|i| features(i.text())).collect();
-    let query_features = features(&req.query);
-    let instruction_features = req.instruction.as_deref().map(features);
-    // An item the workers will cut costs its cap at most.
-    let cap = req.max_item_tokens.map_or(f64::INFINITY, |n| f64::from(n.min(cfg.limits.max_item_tokens)));
-    let item_tokens: Vec<f64> = item_features.iter().map(|f| weights.item_tokens(f).min(cap)).collect();
-    let prefix_tokens = weights.prefix_tokens(&query_features, instruction_features.as_ref());
+    let est = estimate(state, &cfg, req);
 
     let now = Instant::now();
     let model = state.cost_model();
-    let mut eligible = Eligible::at(state, &cfg, now, &model, &[]);
-    if eligible.workers.is_empty() {
-        return Err(ApiError::not_ready(format!("no worker is ready ({} configured)", state.pool.snapshot().len())));
-    }
+    let (eligible, prefix_digest) = eligible(state, &cfg, req, now, &model)?;
     // The split sees only the items to send, as 0..k; `caller` maps its indices back.
-    let todo_tokens: Vec<f64>;
-    let split_tokens = match todo {
-        Some(t) => {
-            todo_tokens = t.iter().map(|&i| item_tokens[i]).collect();
-            &todo_tokens
-        }
-        None => &item_tokens,
-    };
     let caller = |k: usize| todo.map_or(k, |t| t[k]);
-    // Cache-aware routing: the workers that answered this prefix lately plan without its compute.
-    let prefix_digest = digest_of_prefix(req.instruction.as_deref(), &req.query);
-    if cfg.split.prefix_affinity {
-        state.prefix_holders.mark(prefix_digest, &eligible.workers, &mut eligible.views, now);
-    }
-    let split_req = split::Request { item_tokens: split_tokens, prefix: prefix_tokens, model: &model };
+    let items = split_items(state, &cfg, req, todo, &est.item_tokens);
+    let split_req =
+        split::Request { item_tokens: &items.tokens, prefix: est.prefix_tokens, model: &model, groups: &items.groups };
     let balance = state.policy();
     let mut plan = state.split().plan(&split_req, &eligible.views, balance.as_ref());
-    // Admission: refuse (or trim) a plan the deadline would cut, before anything is queued. The
-    // plan's shards index the views, so the candidates are the views in the same order.
-    let cands: Vec<split::Candidate> = eligible.views.iter().map(split::Candidate::from).collect();
-    // What the workers get: the time left less what their answers need to come back.
-    let left_ms = deadline.saturating_duration_since(now).as_secs_f64() * 1e3;
-    let left_ms = left_ms - state.answer_margin.margin_ms(left_ms);
-    // Before refusing a late plan: the plan of fewest shards (least work) that is in time,
-    // else the fastest (no tolerance, no price of work).
-    let best = |fits: &dyn Fn(&split::Plan) -> bool| {
-        (cfg.split.mode == SplitMode::Cost).then(|| {
-            admission::fewest_shards_within(fits, cfg.split.max_shards, |cap| {
-                let fastest = split::CostSplit::new(cap, 0.0, false);
-                fastest.plan(&split_req, &eligible.views, balance.as_ref())
-            })
-        })
-    };
-    let on_overload = req.on_overload.unwrap_or_default();
-    // How late predictions run, as measured lately on shards of about the plan's length, stalls
-    // left out: the admission quantile q for one shard, q^(1/k) for each of k (all k in time
-    // with chance q); face value until measured.
-    let late_ratio = |k: usize, makespan_ms: f64| {
-        admission::late_ratio(&state.ratios, &cfg.admission, cfg.hedge.min_samples, k, makespan_ms)
-    };
-    let mut dropped =
-        admission::admit(&cfg.admission, on_overload, left_ms, late_ratio, &mut plan, &split_req, &cands, best)
-            .map_err(|e| too_long(&eligible.workers, &item_tokens, prefix_tokens).unwrap_or(e))?;
+    let mut dropped = admit(state, &cfg, req, &mut plan, &split_req, &eligible, balance.as_ref(), now, deadline)
+        .map_err(|e| too_long(&eligible.workers, &est.item_tokens, est.prefix_tokens).unwrap_or(e))?;
     if todo.is_some() {
         dropped.iter_mut().for_each(|k| *k = caller(*k));
     }
@@ -169,11 +241,11 @@ pub fn plan(
         state: state.clone(),
         cfg,
         wire: ShardWire::new(body, req),
-        item_features,
-        query_features,
-        instruction_features,
-        item_tokens,
-        prefix_tokens,
+        item_features: est.item_features,
+        query_features: est.query_features,
+        instruction_features: est.instruction_features,
+        item_tokens: est.item_tokens,
+        prefix_tokens: est.prefix_tokens,
         prefix_digest,
         arrival,
         deadline,

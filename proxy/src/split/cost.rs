@@ -24,6 +24,12 @@
 //! prefix to it; Θ counts requests, from the running mean of the plans' work this split
 //! keeps), θ·Σ (f_j² − a_j²)/2 over the plan's workers while some worker is idle.
 //!
+//! Items that begin alike ([`super::ItemGroups`]): a worker computes a group's shared run once
+//! per call holding two or more of its members, so the packing places a group as one unit whose
+//! cost is its run once plus each member's rest, and cuts a group into pieces only where it costs
+//! more than a k-th of the request (a shard's fair share): a scattered group would pay its run
+//! on every shard it reaches. The load price still chooses k, on the grouped costs.
+//!
 //! Cache-aware routing: a candidate that holds the request's prefix in its prefix cache
 //! ([`super::Candidate::holds_prefix`]) pays no prefix on its shards, so its b_j is earlier and
 //! its shards cheaper; [`holders_first`] moves such a holder to the front of the ranking when it
@@ -34,6 +40,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::groups::{Units, NO_GROUPS};
 use super::load_price::Price;
 use super::{ranked, Candidate, Plan, Request, ShardPlan, SplitPolicy};
 use crate::balancer::Policy;
@@ -55,13 +62,21 @@ pub struct CostSplit {
     pub tolerance: f64,
     /// Price each plan's delay to others by the cluster's load ([`super::load_price`]).
     pub load_aware: bool,
+    /// Keep items that begin alike together (`split.mode = "cost"`); false: every item packed
+    /// alone (`"cost_ungrouped"`, the comparison's baseline).
+    pub grouped: bool,
     /// W̄, the mean work of the plans made: the load price counts requests by it.
     mean_work: MeanWork,
 }
 
 impl CostSplit {
     pub fn new(max_shards: usize, tolerance: f64, load_aware: bool) -> CostSplit {
-        CostSplit { max_shards, tolerance, load_aware, mean_work: MeanWork::default() }
+        CostSplit { max_shards, tolerance, load_aware, grouped: true, mean_work: MeanWork::default() }
+    }
+
+    /// The same split blind to item groups.
+    pub fn ungrouped(self) -> CostSplit {
+        CostSplit { grouped: false, ..self }
     }
 }
 
@@ -96,6 +111,8 @@ impl SplitPolicy for CostSplit {
     }
 
     fn plan(&self, req: &Request<'_>, views: &[WorkerView], balance: &dyn Policy) -> Plan {
+        let ungrouped = Request { groups: &NO_GROUPS, ..*req };
+        let req = if self.grouped { req } else { &ungrouped };
         let (mut cands, mut workers) = ranked(views, balance);
         holders_first(req, &mut cands, &mut workers);
         if !self.load_aware {
@@ -197,17 +214,33 @@ pub fn split_exhaustive(
     tolerance: f64,
     price: Price,
 ) -> Plan {
-    let order = longest_first(req.item_tokens);
     let pairs: Vec<f64> = req.item_tokens.iter().map(|&n| req.model.pair_ms(n, req.prefix)).collect();
+    // What is packed for k shards, longest first: the items themselves when nothing is grouped
+    // (the same for every k), else groups as units, cut where larger than a k-th.
+    let units_for = |k: usize| {
+        let units =
+            Units::of(req.groups, req.item_tokens, &pairs, req.prefix, req.model, k, room(req, &candidates[..k]));
+        let order = longest_first(&units.tokens);
+        (units, order)
+    };
+    let same_units = req.groups.is_empty().then(|| units_for(1));
 
-    let mut packer = Packer::new(req, &pairs, candidates);
+    let mut packer = Packer::new(req, candidates);
     // (k, score) for every k tried.
     let mut evaluated: Vec<(usize, f64)> = Vec::new();
     let mut eval = |k: usize, evaluated: &mut Vec<(usize, f64)>| -> f64 {
         if let Some(&(_, ms)) = evaluated.iter().find(|e| e.0 == k) {
             return ms;
         }
-        let makespan = packer.pack(&order, k, false);
+        let own;
+        let (units, order) = match &same_units {
+            Some(u) => u,
+            None => {
+                own = units_for(k);
+                &own
+            }
+        };
+        let makespan = packer.pack(units, order, k, false);
         let ms = if price.is_none() {
             makespan
         } else {
@@ -251,8 +284,12 @@ pub fn split_exhaustive(
     }
     let best = evaluated.iter().map(|e| e.1).fold(f64::INFINITY, f64::min);
     let k = evaluated.iter().filter(|e| e.1 <= best * (1.0 + tolerance)).map(|e| e.0).min().unwrap_or(1);
-    packer.pack(&order, k, true);
-    packer.into_plan()
+    let (units, order) = match same_units {
+        Some(u) => u,
+        None => units_for(k),
+    };
+    packer.pack(&units, &order, k, true);
+    packer.into_plan(&units)
 }
 
 /// A plan's total work X: every shard's compute, its fixed cost and prefix included (what
@@ -264,7 +301,12 @@ pub fn work_ms(plan: &Plan) -> f64 {
 /// k from the fluid model, then one heap packing of it (see the module doc).
 fn split_fluid(req: &Request<'_>, candidates: &[Candidate], k_max: usize, tolerance: f64, price: Price) -> Plan {
     let pairs: Vec<f64> = req.item_tokens.iter().map(|&n| req.model.pair_ms(n, req.prefix)).collect();
-    let total: f64 = pairs.iter().sum();
+    // The items' total time: a group's run once (groups whole; cutting one adds little).
+    let total: f64 = if req.groups.is_empty() {
+        pairs.iter().sum()
+    } else {
+        Units::of(req.groups, req.item_tokens, &pairs, req.prefix, req.model, 1, f64::INFINITY).cost.iter().sum()
+    };
     let longest = pairs.iter().copied().fold(0.0, f64::max);
     let start = |c: &Candidate| c.available_ms + c.time_factor * req.first_shard_ms(c);
 
@@ -296,7 +338,20 @@ fn split_fluid(req: &Request<'_>, candidates: &[Candidate], k_max: usize, tolera
     by_start.extend(candidates[..k].iter().enumerate().map(|(j, c)| (start(c), j)));
     by_start.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
     let (_, used) = water_level(&by_start, candidates, total);
-    pack_earliest(req, &pairs, candidates, &by_start[..used.max(1)])
+    let slots = &by_start[..used.max(1)];
+    let packed: Vec<Candidate> = slots.iter().map(|&(_, j)| candidates[j]).collect();
+    let units = Units::of(req.groups, req.item_tokens, &pairs, req.prefix, req.model, slots.len(), room(req, &packed));
+    pack_earliest(req, &units, candidates, slots)
+}
+
+/// The most tokens a group's piece may have on `candidates`: the smallest shard token limit
+/// less the prefix (unbounded without limits), so that a piece fits a shard of its own.
+fn room(req: &Request<'_>, candidates: &[Candidate]) -> f64 {
+    candidates
+        .iter()
+        .filter(|c| c.max_batch_tokens > 0)
+        .map(|c| c.max_batch_tokens as f64 - req.prefix)
+        .fold(f64::INFINITY, f64::min)
 }
 
 /// The fluid finish T of `total` item time over the candidates `by_start` (sorted by start b):
@@ -323,28 +378,28 @@ fn order_key(x: f64) -> u64 {
     (b ^ ((((b >> 63) as u64) >> 1) as i64)) as u64 ^ (1 << 63)
 }
 
-/// Longest item first onto the worker of `slots` (one shard each, opened up front) that is free
-/// earliest; an item past a worker's token limit opens another shard there. Empty shards are
+/// Longest unit first onto the worker of `slots` (one shard each, opened up front) that is free
+/// earliest; a unit past a worker's token limit opens another shard there. Empty shards are
 /// left out of the plan.
-fn pack_earliest(req: &Request<'_>, pairs: &[f64], candidates: &[Candidate], slots: &[(f64, usize)]) -> Plan {
+fn pack_earliest(req: &Request<'_>, units: &Units, candidates: &[Candidate], slots: &[(f64, usize)]) -> Plan {
     // Shards in the order they were opened: candidate, tokens, compute, item count.
     let mut shards: Vec<(usize, f64, f64, usize)> = slots
         .iter()
         .map(|&(_, j)| (j, req.prefix, candidates[j].time_factor * req.first_shard_ms(&candidates[j]), 0))
         .collect();
-    // Per slot: its open shard. Per item: its shard.
+    // Per slot: its open shard. Per unit: its shard.
     let mut open: Vec<usize> = (0..slots.len()).collect();
-    let mut shard_of = vec![0u32; pairs.len()];
+    let mut shard_of = vec![0u32; units.len()];
     // Per slot: when it is free; the heap holds (its order key, slot), earliest first.
     let mut finish: Vec<f64> = slots.iter().map(|&(b, _)| b).collect();
     let mut heap: BinaryHeap<Reverse<(u64, usize)>> =
         finish.iter().enumerate().map(|(slot, &f)| Reverse((order_key(f), slot))).collect();
-    for i in longest_first(req.item_tokens) {
-        // The earliest-free slot takes the item; its entry is updated in place (one sift).
+    for i in longest_first(&units.tokens) {
+        // The earliest-free slot takes the unit; its entry is updated in place (one sift).
         let Some(mut top) = heap.peek_mut() else { break };
         let slot = top.0 .1;
         let c = &candidates[slots[slot].1];
-        let n = req.item_tokens[i];
+        let n = units.tokens[i];
         let s = &shards[open[slot]];
         if c.max_batch_tokens > 0 && s.3 > 0 && s.1 + n > c.max_batch_tokens as f64 {
             let first = c.time_factor * req.first_shard_ms(c);
@@ -353,7 +408,7 @@ fn pack_earliest(req: &Request<'_>, pairs: &[f64], candidates: &[Candidate], slo
             finish[slot] += first;
         }
         let s = &mut shards[open[slot]];
-        let delta = c.time_factor * pairs[i];
+        let delta = c.time_factor * units.cost[i];
         s.1 += n;
         s.2 += delta;
         s.3 += 1;
@@ -361,10 +416,14 @@ fn pack_earliest(req: &Request<'_>, pairs: &[f64], candidates: &[Candidate], slo
         finish[slot] += delta;
         top.0 .0 = order_key(finish[slot]);
     }
-    // Items into their shards in index order: each shard's list comes out ascending.
+    // Items into their shards in unit order: each shard's list comes out ascending when the
+    // units are the items, and is sorted when they are not.
     let mut items: Vec<Vec<usize>> = shards.iter().map(|s| Vec::with_capacity(s.3)).collect();
-    for (i, &s) in shard_of.iter().enumerate() {
-        items[s as usize].push(i);
+    for (u, &s) in shard_of.iter().enumerate() {
+        units.push_items(u, &mut items[s as usize]);
+    }
+    if !units.are_items() {
+        items.iter_mut().for_each(|i| i.sort_unstable());
     }
     let mut worker_finish: Vec<f64> = candidates.iter().map(|c| c.available_ms).collect();
     let mut plan = Vec::with_capacity(shards.len());
@@ -379,10 +438,10 @@ fn pack_earliest(req: &Request<'_>, pairs: &[f64], candidates: &[Candidate], slo
     Plan { shards: plan, makespan_ms }
 }
 
-/// Longest-processing-time packing onto the first k candidates, reusing its buffers across k.
+/// Longest-processing-time packing of units onto the first k candidates, reusing its buffers
+/// across k.
 struct Packer<'a> {
     req: &'a Request<'a>,
-    pairs: &'a [f64],
     candidates: &'a [Candidate],
     /// Per candidate of the current pack: a new shard's fixed cost there.
     first: Vec<f64>,
@@ -392,15 +451,14 @@ struct Packer<'a> {
     shard_candidate: Vec<usize>,
     shard_tokens: Vec<f64>,
     shard_compute: Vec<f64>,
-    /// Only filled on the final pack.
+    /// Only filled on the final pack: units, then (into_plan) their items.
     shard_items: Vec<Vec<usize>>,
 }
 
 impl<'a> Packer<'a> {
-    fn new(req: &'a Request<'a>, pairs: &'a [f64], candidates: &'a [Candidate]) -> Self {
+    fn new(req: &'a Request<'a>, candidates: &'a [Candidate]) -> Self {
         Packer {
             req,
-            pairs,
             candidates,
             first: Vec::new(),
             finish: Vec::new(),
@@ -412,8 +470,9 @@ impl<'a> Packer<'a> {
         }
     }
 
-    /// Packs onto k candidates; returns the makespan. `keep_items` records the assignment.
-    fn pack(&mut self, order: &[usize], k: usize, keep_items: bool) -> f64 {
+    /// Packs `units` (in `order`) onto k candidates; returns the makespan. `keep_items` records
+    /// the assignment.
+    fn pack(&mut self, units: &Units, order: &[usize], k: usize, keep_items: bool) -> f64 {
         // Per candidate: a shard's fixed cost there (the prefix is free on a holder).
         self.first.clear();
         self.first.extend(self.candidates[..k].iter().map(|c| self.req.first_shard_ms(c)));
@@ -426,8 +485,8 @@ impl<'a> Packer<'a> {
         self.shard_compute.clear();
         self.shard_items.clear();
         for &i in order {
-            let n = self.req.item_tokens[i];
-            let pair = self.pairs[i];
+            let n = units.tokens[i];
+            let pair = units.cost[i];
             let mut best = (f64::INFINITY, 0usize, false);
             for j in 0..k {
                 let c = &self.candidates[j];
@@ -464,11 +523,18 @@ impl<'a> Packer<'a> {
         self.shard_candidate.iter().map(|&j| self.finish[j]).fold(0.0, f64::max)
     }
 
-    fn into_plan(self) -> Plan {
+    fn into_plan(self, units: &Units) -> Plan {
         let mut worker_finish: Vec<f64> = self.candidates.iter().map(|c| c.available_ms).collect();
         let mut shards = Vec::with_capacity(self.shard_candidate.len());
-        for (s, mut items) in self.shard_items.into_iter().enumerate() {
+        for (s, packed) in self.shard_items.into_iter().enumerate() {
             let c = self.shard_candidate[s];
+            let mut items = if units.are_items() {
+                packed
+            } else {
+                let mut items = Vec::with_capacity(packed.len());
+                packed.iter().for_each(|&u| units.push_items(u, &mut items));
+                items
+            };
             items.sort_unstable();
             worker_finish[c] += self.shard_compute[s];
             shards.push(ShardPlan {

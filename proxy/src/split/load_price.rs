@@ -158,7 +158,7 @@ mod tests {
     use sieve_shared::CostModel;
 
     use super::*;
-    use crate::split::{split_by_cost, split_by_cost_priced, work_ms, Candidate, Plan, Request};
+    use crate::split::{split_by_cost, split_by_cost_priced, work_ms, Candidate, Plan, Request, NO_GROUPS};
 
     fn view(backlog_ms: f64, in_flight: u64) -> WorkerView {
         WorkerView { backlog_ms, in_flight, time_factor: 1.0, max_batch_tokens: 0, holds_prefix: false }
@@ -195,7 +195,7 @@ mod tests {
     fn the_price_is_the_pools_while_all_are_busy_and_each_workers_while_one_is_idle() {
         let model = CostModel { request_ms: 10.0, token_ms: 0.1, token_context_ms: 0.0 };
         let tokens = vec![100.0; 4];
-        let req = Request { item_tokens: &tokens, prefix: 0.0, model: &model };
+        let req = Request { item_tokens: &tokens, prefix: 0.0, model: &model, groups: &NO_GROUPS };
         let c = vec![Candidate { available_ms: 5.0, time_factor: 1.0, max_batch_tokens: 0, holds_prefix: false }];
         let plan = split_by_cost(&req, &c, 1, 0.0);
         // One shard of 10 + 40 ms after 5 ms: X = 50, (55² − 5²)/2 = 5·50 + 50²/2 = 1500.
@@ -232,7 +232,7 @@ mod tests {
     fn a_quiet_cluster_splits_over_its_idle_workers_and_taking_them_all_pays() {
         let model = CostModel { request_ms: 10.0, token_ms: 0.02, token_context_ms: 0.0 };
         let tokens: Vec<f64> = (0..400).map(|i| 40.0 + (i % 7) as f64 * 30.0).collect();
-        let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model };
+        let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model, groups: &NO_GROUPS };
         // Eight idle workers ranked first, eight with four 50 ms shards queued.
         let views: Vec<WorkerView> = (0..16).map(|i| if i < 8 { view(0.0, 0) } else { view(200.0, 4) }).collect();
         let cands: Vec<Candidate> = views.iter().map(Candidate::from).collect();
@@ -255,7 +255,7 @@ mod tests {
     fn shards_fall_toward_one_on_the_least_loaded_as_the_cluster_fills() {
         let model = CostModel { request_ms: 10.0, token_ms: 0.02, token_context_ms: 0.0 };
         let tokens: Vec<f64> = (0..200).map(|i| 40.0 + (i % 7) as f64 * 30.0).collect();
-        let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model };
+        let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model, groups: &NO_GROUPS };
         let mut counts = Vec::new();
         for queued in [0u64, 1, 2, 4, 8, 16] {
             // Every worker has `queued` shards of 40 ms; the first-ranked has one fewer.
@@ -283,7 +283,7 @@ mod tests {
         // moment, one or two shards each, the backlogs far from level (46 to 196 ms).
         let model = CostModel { request_ms: 8.0, token_ms: 0.02, token_context_ms: 0.0 };
         let tokens: Vec<f64> = (0..300).map(|i| 50.0 + (i % 7) as f64 * 20.0).collect();
-        let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model };
+        let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model, groups: &NO_GROUPS };
         let views: Vec<WorkerView> = (0..16).map(|i| view(46.0 + 10.0 * i as f64, 1 + u64::from(i >= 8))).collect();
         let cands: Vec<Candidate> = views.iter().map(Candidate::from).collect();
         let whole = model.call_ms(req.prefix, tokens.iter().copied());

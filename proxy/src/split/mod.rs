@@ -8,18 +8,20 @@
 
 mod cost;
 mod fixed;
+pub mod groups;
 pub mod load_price;
 mod whole;
 
 use std::sync::Arc;
 
 use sieve_shared::proxy_config::{SplitConfig, SplitMode};
-use sieve_shared::{CostFeatures, CostModel};
+use sieve_shared::CostModel;
 
 pub use cost::{
     exhaustive_steps, split_by_cost, split_by_cost_priced, split_exhaustive, work_ms, CostSplit, EXHAUSTIVE_STEPS,
 };
 pub use fixed::{split_fixed, FixedSplit};
+pub use groups::{ItemGroups, NO_GROUPS};
 pub use whole::{split_whole, WholeSplit};
 
 use crate::balancer::Policy;
@@ -38,6 +40,7 @@ pub trait SplitPolicy: Send + Sync {
 pub fn build(cfg: &SplitConfig) -> Arc<dyn SplitPolicy> {
     match cfg.mode {
         SplitMode::Cost => Arc::new(CostSplit::new(cfg.max_shards, cfg.tolerance, cfg.load_aware)),
+        SplitMode::CostUngrouped => Arc::new(CostSplit::new(cfg.max_shards, cfg.tolerance, cfg.load_aware).ungrouped()),
         SplitMode::Fixed => Arc::new(FixedSplit { items: cfg.fixed_items }),
         SplitMode::None => Arc::new(WholeSplit),
     }
@@ -64,7 +67,8 @@ pub struct ShardPlan {
     pub candidate: usize,
     /// Indices of the request's items, ascending.
     pub items: Vec<usize>,
-    /// Estimated tokens: prefix + items.
+    /// Estimated tokens computed: prefix + items, the shared run of a group's members on the
+    /// shard once.
     pub tokens: f64,
     /// Predicted compute time on its worker.
     pub compute_ms: f64,
@@ -88,6 +92,8 @@ pub struct Request<'a> {
     /// Estimated shared-prefix tokens.
     pub prefix: f64,
     pub model: &'a CostModel,
+    /// Items that begin alike: a shard pays a group's run once ([`NO_GROUPS`]: none).
+    pub groups: &'a ItemGroups,
 }
 
 impl Request<'_> {
@@ -101,10 +107,16 @@ impl Request<'_> {
         }
     }
 
-    /// Predicted compute of a shard of `items` on `c` (time factor 1).
-    fn shard_ms(&self, c: &Candidate, items: impl IntoIterator<Item = f64>) -> f64 {
+    /// Predicted compute of a shard of `items` (ascending) on `c` (time factor 1).
+    pub(crate) fn shard_ms(&self, c: &Candidate, items: &[usize]) -> f64 {
         let cached = if c.holds_prefix { self.prefix } else { 0.0 };
-        self.model.predict(&CostFeatures::of_call(self.prefix, cached, items))
+        self.model.predict(&self.groups.call_features(self.prefix, cached, self.item_tokens, items))
+    }
+
+    /// Estimated tokens a shard of `items` (ascending) computes, the prefix included.
+    pub(crate) fn shard_tokens(&self, items: &[usize]) -> f64 {
+        let f = self.groups.call_features(self.prefix, 0.0, self.item_tokens, items);
+        f.tokens
     }
 }
 
@@ -141,8 +153,8 @@ pub(crate) fn plan_from_groups(req: &Request<'_>, candidates: &[Candidate], grou
     let mut shards = Vec::with_capacity(groups.len());
     for (c, items) in groups {
         let Some(cand) = candidates.get(c) else { continue };
-        let tokens = req.prefix + items.iter().map(|&i| req.item_tokens[i]).sum::<f64>();
-        let compute_ms = cand.time_factor * req.shard_ms(cand, items.iter().map(|&i| req.item_tokens[i]));
+        let tokens = req.shard_tokens(&items);
+        let compute_ms = cand.time_factor * req.shard_ms(cand, &items);
         finish[c] += compute_ms;
         shards.push(ShardPlan { candidate: c, items, tokens, compute_ms, finish_ms: finish[c] });
     }
@@ -194,7 +206,7 @@ mod tests {
             let tokens = skewed(m, seed);
             let max_item = tokens.iter().copied().fold(0.0, f64::max);
             assert!(max_item > 10.0 * tokens.iter().copied().fold(f64::INFINITY, f64::min), "lengths are skewed");
-            let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model };
+            let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model, groups: &NO_GROUPS };
             let plan = split_by_cost(&req, &idle(workers), 64, 0.02);
             check_partition(&plan, m);
             assert!(plan.shards.len() >= 2, "m={m}: a large request is split");
@@ -211,7 +223,7 @@ mod tests {
     fn busy_and_slow_workers_get_less_and_finish_together() {
         let model = CostModel::default();
         let tokens = skewed(400, 7);
-        let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model };
+        let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model, groups: &NO_GROUPS };
         let mut cands = idle(4);
         cands[1].available_ms = 20.0; // already has 20 ms of work
         cands[2].time_factor = 3.0; // three times slower
@@ -232,13 +244,13 @@ mod tests {
     fn fan_out_stops_where_fixed_costs_dominate() {
         let model = CostModel { request_ms: 10.0, token_ms: 0.005, token_context_ms: 0.0 };
         let tokens = vec![10.0; 4];
-        let req = Request { item_tokens: &tokens, prefix: 50.0, model: &model };
+        let req = Request { item_tokens: &tokens, prefix: 50.0, model: &model, groups: &NO_GROUPS };
         let plan = split_by_cost(&req, &idle(8), 64, 0.02);
         assert_eq!(plan.shards.len(), 1, "four tiny items are not worth a second call");
         // Without the tolerance the model's 1.5% gain buys a call per item.
         assert_eq!(split_by_cost(&req, &idle(8), 64, 0.0).shards.len(), 4);
         let tokens = vec![400.0; 400];
-        let req = Request { item_tokens: &tokens, prefix: 50.0, model: &model };
+        let req = Request { item_tokens: &tokens, prefix: 50.0, model: &model, groups: &NO_GROUPS };
         assert_eq!(split_by_cost(&req, &idle(8), 64, 0.02).shards.len(), 8);
         assert_eq!(split_by_cost(&req, &idle(8), 3, 0.02).shards.len(), 3, "max_shards caps the fan-out");
     }
@@ -247,7 +259,7 @@ mod tests {
     fn shards_respect_the_batch_token_limit() {
         let model = CostModel::default();
         let tokens = skewed(300, 9);
-        let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model };
+        let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model, groups: &NO_GROUPS };
         let limit = 4000u64;
         let cands =
             vec![Candidate { available_ms: 0.0, time_factor: 1.0, max_batch_tokens: limit, holds_prefix: false }; 2];
@@ -264,7 +276,7 @@ mod tests {
     fn many_workers_use_the_coarse_search() {
         let model = CostModel::default();
         let tokens = skewed(1000, 11);
-        let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model };
+        let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model, groups: &NO_GROUPS };
         let plan = split_by_cost(&req, &idle(64), 64, 0.02);
         check_partition(&plan, 1000);
         // Compare with an exhaustive search over k.
@@ -298,7 +310,8 @@ mod tests {
                     holds_prefix: next() < 0.2,
                 })
                 .collect();
-            let req = Request { item_tokens: &tokens, prefix: 20.0 + next() * 100.0, model: &model };
+            let req =
+                Request { item_tokens: &tokens, prefix: 20.0 + next() * 100.0, model: &model, groups: &NO_GROUPS };
             let k_max = workers.min(m);
             assert!(exhaustive_steps(m, k_max) > EXHAUSTIVE_STEPS, "case {case} takes the fluid path");
             let fluid = split_by_cost(&req, &cands, 64, 0.02);
@@ -318,7 +331,7 @@ mod tests {
     fn fixed_and_whole_modes() {
         let model = CostModel::default();
         let tokens = vec![100.0; 10];
-        let req = Request { item_tokens: &tokens, prefix: 50.0, model: &model };
+        let req = Request { item_tokens: &tokens, prefix: 50.0, model: &model, groups: &NO_GROUPS };
         let plan = split_fixed(&req, &idle(2), 4, &[1, 0, 1]);
         assert_eq!(plan.shards.iter().map(|s| s.items.len()).collect::<Vec<_>>(), vec![4, 4, 2]);
         assert_eq!(plan.shards[2].candidate, 1);
@@ -346,7 +359,7 @@ mod tests {
         let ranking = [2usize, 0, 1];
         let model = CostModel::default();
         let tokens = skewed(200, 13);
-        let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model };
+        let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model, groups: &NO_GROUPS };
 
         let cfg = SplitConfig::default();
         let cost = build(&cfg);
@@ -380,7 +393,7 @@ mod tests {
         // of a shard's compute.
         let model = CostModel { request_ms: 2.0, token_ms: 0.005, token_context_ms: 5e-6 };
         let tokens = vec![40.0; 4];
-        let req = Request { item_tokens: &tokens, prefix: 1500.0, model: &model };
+        let req = Request { item_tokens: &tokens, prefix: 1500.0, model: &model, groups: &NO_GROUPS };
         let view = |backlog_ms, holds_prefix| WorkerView {
             backlog_ms,
             in_flight: u64::from(backlog_ms > 0.0),
@@ -411,6 +424,95 @@ mod tests {
         let saves = model.prefix_ms(req.prefix);
         let short = [view(0.0, false), view(0.0, false), view(0.0, false), view(saves / 2.0, true)];
         assert_eq!(on(&split.plan(&req, &short, &LeastLoaded)), vec![3]);
+    }
+
+    /// A catalogue request: `m` items of 100 tokens in groups of 8 sharing a 40-token run.
+    fn catalogue(m: usize) -> (Vec<f64>, ItemGroups) {
+        let tokens = (0..m).map(|i| 80.0 + (i * 37 % 41) as f64).collect();
+        let items: Vec<Vec<usize>> = (0..m / 8).map(|g| (g * 8..g * 8 + 8).collect()).collect();
+        (tokens, ItemGroups { run: vec![40.0; items.len()], items })
+    }
+
+    /// Per group: the shards holding its members.
+    fn spans(plan: &Plan, groups: &ItemGroups) -> Vec<usize> {
+        groups
+            .items
+            .iter()
+            .map(|members| plan.shards.iter().filter(|s| members.iter().any(|i| s.items.contains(i))).count())
+            .collect()
+    }
+
+    #[test]
+    fn groups_stay_on_one_shard_and_pay_their_run_once() {
+        let model = CostModel::default();
+        // 200 items (the exhaustive path on 8 workers) and 800 (the fluid one on 16).
+        for (m, workers) in [(200, 8), (800, 16)] {
+            let (tokens, groups) = catalogue(m);
+            let grouped = Request { item_tokens: &tokens, prefix: 60.0, model: &model, groups: &groups };
+            let blind = Request { groups: &NO_GROUPS, ..grouped };
+            let plan = split_by_cost(&grouped, &idle(workers), 64, 0.02);
+            check_partition(&plan, m);
+            assert!(plan.shards.len() >= 2, "still split");
+            assert!(
+                spans(&plan, &groups).iter().all(|&n| n == 1),
+                "m={m}: a group scattered: {:?}",
+                spans(&plan, &groups)
+            );
+            // Each shard is predicted at its real cost: a group's run once, not per member.
+            for s in &plan.shards {
+                let exact = grouped.shard_ms(&idle(1)[0], &s.items);
+                assert!((s.compute_ms - exact).abs() < 1e-9 * exact, "{} vs {exact}", s.compute_ms);
+                assert!((s.tokens - grouped.shard_tokens(&s.items)).abs() < 1e-9 * s.tokens);
+                assert!(s.tokens < 60.0 + s.items.iter().map(|&i| tokens[i]).sum::<f64>(), "the run counted once");
+            }
+            // Today's split scatters the groups, and its plan costs more once the workers share
+            // what its shards happen to hold.
+            let today = split_by_cost(&blind, &idle(workers), 64, 0.02);
+            assert!(spans(&today, &groups).iter().any(|&n| n > 1), "m={m}: the blind split keeps every group");
+            let real: Vec<(usize, Vec<usize>)> = today.shards.iter().map(|s| (s.candidate, s.items.clone())).collect();
+            let today_real = plan_from_groups(&grouped, &idle(workers), real);
+            assert!(work_ms(&plan) < work_ms(&today_real), "{} vs {}", work_ms(&plan), work_ms(&today_real));
+            assert!(
+                plan.makespan_ms <= today_real.makespan_ms * 1.02,
+                "{} vs {}",
+                plan.makespan_ms,
+                today_real.makespan_ms
+            );
+        }
+    }
+
+    #[test]
+    fn a_group_larger_than_a_fair_share_is_cut() {
+        let model = CostModel::default();
+        let tokens = vec![100.0; 120];
+        // One family of 96 items and 24 items alone, on 8 idle workers.
+        let groups = ItemGroups { run: vec![40.0], items: vec![(0..96).collect()] };
+        let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model, groups: &groups };
+        let plan = split_by_cost(&req, &idle(8), 64, 0.02);
+        check_partition(&plan, 120);
+        let n = spans(&plan, &groups)[0];
+        assert!(n >= 4, "the family is cut across shards: {n}");
+        assert!(spread(&plan) <= 1.15, "and the shards still finish together: {:.3}", spread(&plan));
+        // Whole, it would be one shard's work several times over.
+        let whole = split_whole(&req, &idle(1), 0);
+        assert!(plan.makespan_ms < whole.makespan_ms / 3.0);
+    }
+
+    #[test]
+    fn the_fixed_and_whole_splits_predict_a_groups_run_once() {
+        let model = CostModel::default();
+        let (tokens, groups) = catalogue(64);
+        let req = Request { item_tokens: &tokens, prefix: 60.0, model: &model, groups: &groups };
+        let blind = Request { groups: &NO_GROUPS, ..req };
+        let (a, b) = (split_whole(&req, &idle(1), 0), split_whole(&blind, &idle(1), 0));
+        let saved = 8.0 * 7.0 * 40.0;
+        assert!(
+            (b.shards[0].tokens - a.shards[0].tokens - saved).abs() < 1e-6,
+            "{} {}",
+            a.shards[0].tokens,
+            b.shards[0].tokens
+        );
+        assert!(a.makespan_ms < b.makespan_ms);
     }
 
     mod properties {
@@ -445,6 +547,21 @@ mod tests {
             })
         }
 
+        /// Groups among `m` items: each item labelled 0 (alone) or a group 1..=4, each group
+        /// with a run of its own (at most its shortest member).
+        fn groups_of(labels: &[u8], runs: &[f64], tokens: &[f64]) -> ItemGroups {
+            let mut g = ItemGroups::default();
+            for label in 1..=4u8 {
+                let items: Vec<usize> = (0..tokens.len()).filter(|&i| labels.get(i) == Some(&label)).collect();
+                if items.len() >= 2 {
+                    let shortest = items.iter().map(|&i| tokens[i]).fold(f64::INFINITY, f64::min);
+                    g.run.push(runs[usize::from(label) - 1].min(shortest));
+                    g.items.push(items);
+                }
+            }
+            g
+        }
+
         /// What holds for a plan of any mode.
         fn check_plan(plan: &Plan, req: &Request<'_>, n_candidates: usize) -> Result<(), TestCaseError> {
             let m = req.item_tokens.len();
@@ -457,12 +574,20 @@ mod tests {
                     prop_assert!(i < m, "item {i} of {m}");
                     seen[i] += 1;
                 }
-                let tokens = req.prefix + s.items.iter().map(|&i| req.item_tokens[i]).sum::<f64>();
+                // Tokens: at most every item's own (a group's run once where its members are
+                // together), at least what the shard computes (two pieces of a group on one
+                // shard are each counted with the run).
+                let all = req.prefix + s.items.iter().map(|&i| req.item_tokens[i]).sum::<f64>();
+                let computed = req.shard_tokens(&s.items);
+                let eps = 1e-6 * all.max(1.0);
                 prop_assert!(
-                    (s.tokens - tokens).abs() <= 1e-6 * tokens.max(1.0),
-                    "shard tokens {} vs {tokens}",
+                    s.tokens <= all + eps && s.tokens >= computed - eps,
+                    "shard tokens {} vs {computed}..{all}",
                     s.tokens
                 );
+                if req.groups.is_empty() {
+                    prop_assert!((s.tokens - all).abs() <= eps, "shard tokens {} vs {all}", s.tokens);
+                }
                 prop_assert!(s.compute_ms >= 0.0 && s.finish_ms >= s.compute_ms - 1e-9, "{s:?}");
             }
             prop_assert!(seen.iter().all(|&n| n == 1), "items not covered exactly once: {seen:?}");
@@ -482,10 +607,30 @@ mod tests {
                 cands in candidates(),
                 max_shards in 0usize..20,
                 tolerance in 0.0..0.1f64,
+                labels in prop::collection::vec(prop_oneof![2 => Just(0u8), 3 => 1..=4u8], 0..300),
+                runs in prop::collection::vec(1.0..200.0f64, 4),
             ) {
-                let req = Request { item_tokens: &item_tokens, prefix, model: &model };
+                let groups = groups_of(&labels, &runs, &item_tokens);
+                let req = Request { item_tokens: &item_tokens, prefix, model: &model, groups: &groups };
                 let plan = split_by_cost(&req, &cands, max_shards, tolerance);
                 check_plan(&plan, &req, cands.len())?;
+                // A group reaches more shards only where it is larger than a shard's fair share
+                // (a k-th of the items' cost, groups whole, k at most the workers it may use).
+                let k_max = max_shards.max(1).min(cands.len()).min(item_tokens.len());
+                let pairs: Vec<f64> = item_tokens.iter().map(|&n| model.pair_ms(n, prefix)).collect();
+                let whole = groups::Units::of(&groups, &item_tokens, &pairs, prefix, &model, 1, f64::INFINITY);
+                let total: f64 = whole.cost.iter().sum();
+                let limited = cands.iter().any(|c| c.max_batch_tokens > 0);
+                for (g, members) in groups.items.iter().enumerate().filter(|_| !limited) {
+                    let cost = whole.cost[whole.items.iter().position(|u| u == members).unwrap()];
+                    let allowed = if total > 0.0 { (cost * k_max as f64 / total + 1e-9).ceil().max(1.0) } else { 1.0 };
+                    let reached = plan.shards.iter().filter(|s| members.iter().any(|i| s.items.contains(i))).count();
+                    // A piece is never cut (a token limit opens another shard for a whole unit).
+                    prop_assert!(
+                        reached as f64 <= allowed,
+                        "group {g} of {} items on {reached} shards, {allowed} allowed", members.len()
+                    );
+                }
                 // Workers used: at most max_shards (at least one is always used).
                 let mut used: Vec<usize> = plan.shards.iter().map(|s| s.candidate).collect();
                 used.sort_unstable();
@@ -515,7 +660,7 @@ mod tests {
                 chunk in 0usize..50,
                 picks in prop::collection::vec(any::<prop::sample::Index>(), 0..40),
             ) {
-                let req = Request { item_tokens: &item_tokens, prefix, model: &model };
+                let req = Request { item_tokens: &item_tokens, prefix, model: &model, groups: &NO_GROUPS };
                 let assignment: Vec<usize> = picks.iter().map(|p| p.index(cands.len())).collect();
                 let plan = split_fixed(&req, &cands, chunk, &assignment);
                 check_plan(&plan, &req, cands.len())?;
@@ -531,7 +676,7 @@ mod tests {
 
             #[test]
             fn whole_split_is_one_shard(item_tokens in items(), model in model(), cands in candidates(), pick in any::<prop::sample::Index>()) {
-                let req = Request { item_tokens: &item_tokens, prefix: 10.0, model: &model };
+                let req = Request { item_tokens: &item_tokens, prefix: 10.0, model: &model, groups: &NO_GROUPS };
                 let c = pick.index(cands.len());
                 let plan = split_whole(&req, &cands, c);
                 check_plan(&plan, &req, cands.len())?;
