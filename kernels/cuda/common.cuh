@@ -33,6 +33,10 @@ __device__ __forceinline__ bf16_t f32_to_bf16(float f) {
 __device__ __forceinline__ float bf16x2_lo(u32 w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16x2_hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
 
+// SwiGLU of one element, silu(g) * u: the one expression of silu_mul.cu and of the GEMM's fused
+// epilogue (mma_tile.cuh), so that both give the same bits.
+__device__ __forceinline__ float silu_times(float g, float u) { return (g / (1.0f + expf(-g))) * u; }
+
 // Sum over the 32 lanes by an xor butterfly: every lane ends with the same value.
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

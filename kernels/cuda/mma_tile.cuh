@@ -19,6 +19,16 @@
 // split-K). Both shapes, and the first tile (mma_tile_v1.cuh), give the same bits for a row.
 // Rows past `rows` and columns past `n` are zero-filled in shared memory and never stored.
 // Requires k % 8 == 0 (16-byte cp.async chunks).
+//
+// SwiGLU epilogue (SWIGLU = true, gemm.cu's dense_gemm_swiglu_*): W is the MLP's stacked
+// [gate; up] weight, n = 2 * inter rows, and the tile runs over its rows interleaved in blocks of
+// 8 — tile column 16b + j is gate row 8b + j for j < 8 and up row inter + 8b + j - 8 otherwise
+// (gemm_swiglu_row: only the rows the B copies read move, the weight is not re-laid). So n8
+// tiles 2i and 2i + 1 of a warp hold the gate and up of the same 8 columns in the same lanes'
+// registers, and the epilogue stores act[r, 8b + j] = bf16(silu_times(gate, up)) to a bf16
+// [.., inter] output instead of the f32 gate/up pair: the same bits as the plain GEMM, silu_mul_f32
+// and cast_bf16 in turn (each gate and up element is the same K chain whatever its tile column).
+// Requires inter % 8 == 0 and beta == 0.
 #ifndef SIEVE_MMA_TILE_CUH
 #define SIEVE_MMA_TILE_CUH
 
@@ -84,9 +94,16 @@ struct GemmShape<128> {
     static constexpr int BN = GEMM_BN_BM128, WM = 64, WN = 32;
 };
 
+// The weight row of tile column `col` with the SwiGLU interleave (n = 2 * inter columns).
+__device__ __forceinline__ int gemm_swiglu_row(int col, int inter) {
+    const int b = col >> 4, j = col & 15;
+    return j < 8 ? b * 8 + j : inter + b * 8 + j - 8;
+}
+
 // Block: GemmShape<BM> threads ((BM / WM) * (BN / WN) warps), gemm_smem_bytes of dynamic shared
-// memory. `a` points at row 0 of the row space, `w` at the [n, k] weight.
-template <int BM>
+// memory. `a` points at row 0 of the row space, `w` at the [n, k] weight. With SWIGLU, `c` is the
+// bf16 [.., n / 2] activation (see above).
+template <int BM, bool SWIGLU = false>
 __device__ __forceinline__ void gemm_tile(const bf16_t* __restrict__ a, const bf16_t* __restrict__ w,
                                           float* __restrict__ c, long long row_base, u32 r0, u32 rows, int n0,
                                           int n, int k, float beta) {
@@ -124,7 +141,8 @@ __device__ __forceinline__ void gemm_tile(const bf16_t* __restrict__ a, const bf
     for (int i = 0; i < B_CHUNKS; ++i) {
         const int id = tid + i * THREADS, r = id >> 2, ch = id & 3;
         b_ok[i] = n0 + r < n;
-        b_src[i] = w + (b_ok[i] ? (long long)(n0 + r) * k : 0) + ch * 8;
+        const int w_row = SWIGLU ? gemm_swiglu_row(n0 + r, n >> 1) : n0 + r;
+        b_src[i] = w + (b_ok[i] ? (long long)w_row * k : 0) + ch * 8;
         b_dst[i] = gemm_swz(r, ch);
     }
     auto load_stage = [&](int stage, int k0) {
@@ -200,6 +218,27 @@ __device__ __forceinline__ void gemm_tile(const bf16_t* __restrict__ a, const bf
     }
     cp_async_wait<0>();  // only empty groups remain; leave none behind
 
+    if (SWIGLU) {
+        // n8 tiles (2i, 2i + 1) are the gate and up of act columns 8b .. 8b + 7, b their first
+        // tile column / 16; lane (g, tg) stores columns 2tg, 2tg + 1 as one 4-byte bf16 pair.
+        const int inter = n >> 1;
+        bf16_t* act = reinterpret_cast<bf16_t*>(c);
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+            for (int ni = 0; ni < NI; ni += 2)
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const u32 r = r0 + warp_m * WM + mi * 16 + g + half * 8;
+                    const int col = ((n0 + warp_n * WN + ni * 8) >> 1) + tg * 2;
+                    if (r >= rows || col >= inter) continue;
+                    const float v0 = silu_times(acc[mi][ni][half * 2], acc[mi][ni + 1][half * 2]);
+                    const float v1 = silu_times(acc[mi][ni][half * 2 + 1], acc[mi][ni + 1][half * 2 + 1]);
+                    *reinterpret_cast<u32*>(act + (row_base + r) * inter + col) =
+                        (u32)f32_to_bf16(v0) | ((u32)f32_to_bf16(v1) << 16);
+                }
+        return;
+    }
     // Epilogue: lane (g, tg) holds rows g and g + 8, columns 2tg and 2tg + 1 of each 16x8 tile;
     // the two columns go as one 8-byte store when both exist and n is even (8-byte aligned).
     const bool pairs = (n & 1) == 0;

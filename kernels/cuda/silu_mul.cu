@@ -1,5 +1,7 @@
 // SwiGLU activation: out[r, c] = silu(gate[r, c]) * up[r, c], with gate_up = [gate | up] halves
 // of width `inter`. f32 output for the dense MLP; bf16 output feeds the MoE down-projection GEMM.
+// (With fused epilogues the dense MLP computes this in the gate/up GEMM instead: gemm.cu's
+// dense_gemm_swiglu_*.)
 //
 // Launch: 1-D grid-stride over rows * inter elements, any grid/block.
 #include "common.cuh"
@@ -8,7 +10,7 @@ __device__ __forceinline__ float silu_mul_one(const float* gate_up, long long i,
     const long long r = i / inter, c = i % inter;
     const float g = gate_up[r * 2 * inter + c];
     const float u = gate_up[r * 2 * inter + inter + c];
-    return (g / (1.0f + expf(-g))) * u;
+    return silu_times(g, u);
 }
 
 extern "C" __global__ void silu_mul_f32(const float* __restrict__ gate_up, float* __restrict__ out, long long n, int inter) {

@@ -251,23 +251,25 @@ impl Dense {
             let pb = b.prepare_batch(layout, cache).expect("batch");
             let mut x = b.zeros(rows, h).expect("x");
             b.embed(&emb, &pb, &mut x).expect("embed");
+            // As the worker runs it: the projections' inputs are operands (bf16, written by the
+            // norm and the gate/up GEMM's epilogue, on the fused engine).
             let (mut t, mut qkv, mut att) = (
-                b.zeros(rows, h).expect("t"),
+                b.zeros(0, 0).expect("t"),
                 b.zeros(rows, l.qkv_dim()).expect("qkv"),
                 b.zeros(rows, l.q_dim()).expect("att"),
             );
-            let (mut gu, mut act) =
-                (b.zeros(rows, 2 * self.inter).expect("gu"), b.zeros(rows, self.inter).expect("act"));
+            let (mut gu, mut act) = (b.zeros(0, 0).expect("gu"), b.zeros(0, 0).expect("act"));
+            b.reshape_operand(&mut t, rows, h).expect("t");
+            b.reshape_operand(&mut act, rows, self.inter).expect("act");
             for (layer, (wqkv, wo, wgu, wd)) in ws.iter().enumerate() {
                 b.rms_norm(&x, &norm, 1e-6, &mut t).expect("norm");
                 b.matmul(&t, wqkv, None, &mut qkv).expect("qkv");
-                b.qk_norm_rope(&mut qkv, l, Some(&hn), Some(&hn), 1e-6, rope, &pb).expect("rope");
-                b.write_kv(&qkv, l, cache, layer, &pb).expect("kv");
+                b.qk_norm_rope_write_kv(&mut qkv, l, Some(&hn), Some(&hn), 1e-6, rope, cache, layer, &pb)
+                    .expect("rope");
                 b.attention(&qkv, l, cache, layer, &pb, &mut att).expect("attention");
                 b.matmul_add(&att, wo, &mut x).expect("o");
                 b.rms_norm(&x, &norm, 1e-6, &mut t).expect("norm");
-                b.matmul(&t, wgu, None, &mut gu).expect("gate_up");
-                b.silu_mul(&gu, &mut act).expect("silu");
+                b.matmul_silu_mul(&t, wgu, &mut gu, &mut act).expect("gate_up");
                 b.matmul_add(&act, wd, &mut x).expect("down");
             }
             let last: Vec<u32> = layout.seqs.iter().map(|s| s.q_row + s.q_len - 1).collect();
@@ -331,6 +333,7 @@ fn main() {
     let engines: Vec<(String, CudaBackend)> = [
         (GemmEngine::Tiled, AttentionEngine::Simt),
         (GemmEngine::Tiled, AttentionEngine::Mma),
+        (GemmEngine::TiledUnfused, AttentionEngine::Mma),
         (GemmEngine::TiledV1, AttentionEngine::Mma),
         (GemmEngine::Cublas, AttentionEngine::Mma),
     ]

@@ -168,6 +168,15 @@ pub trait Backend: Send + Sync + 'static {
         }
         Ok(())
     }
+    /// Makes `t` a `[rows, cols]` GEMM operand whose contents are unspecified: a tensor that
+    /// [`Backend::rms_norm`] or [`Backend::matmul_silu_mul`] writes and only [`Backend::matmul`],
+    /// [`Backend::matmul_add`] and [`Backend::to_host`] read. A backend whose projections round
+    /// their input (CUDA: bf16) may store it at that precision, so the op writing it rounds once
+    /// and no cast pass runs: the same bits as an f32 tensor cast by the projection. By default
+    /// an ordinary tensor.
+    fn reshape_operand(&self, t: &mut Self::Tensor, rows: usize, cols: usize) -> Result<()> {
+        self.reshape_scratch(t, rows, cols)
+    }
     fn prepare_batch(&self, layout: &BatchLayout, cache: &Self::KvCache) -> Result<Self::Batch>;
 
     // ---- ops ----
@@ -208,6 +217,24 @@ pub trait Backend: Send + Sync + 'static {
         layer: usize,
         batch: &Self::Batch,
     ) -> Result<()>;
+    /// [`Backend::qk_norm_rope`], then [`Backend::write_kv`] of the same rows to `layer`; a
+    /// backend may do both in one pass, with the same bits.
+    #[allow(clippy::too_many_arguments)]
+    fn qk_norm_rope_write_kv(
+        &self,
+        qkv: &mut Self::Tensor,
+        layout: QkvLayout,
+        q_norm: Option<&Self::Vector>,
+        k_norm: Option<&Self::Vector>,
+        eps: f32,
+        rope: RopeConfig,
+        cache: &mut Self::KvCache,
+        layer: usize,
+        batch: &Self::Batch,
+    ) -> Result<()> {
+        self.qk_norm_rope(qkv, layout, q_norm, k_norm, eps, rope, batch)?;
+        self.write_kv(qkv, layout, cache, layer, batch)
+    }
     /// Causal GQA attention for every query row over its sequence's context (see [`AttnSeq`]),
     /// softmax scale `1/sqrt(head_dim)`. `out` is `[rows, n_heads * head_dim]`.
     #[allow(clippy::too_many_arguments)]
@@ -222,6 +249,23 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<()>;
     /// `out = silu(gate) * up` where `gate_up = [gate | up]` column halves.
     fn silu_mul(&self, gate_up: &Self::Tensor, out: &mut Self::Tensor) -> Result<()>;
+    /// The dense MLP's first half, `out = silu(x · Gᵀ) * (x · Uᵀ)` for `w` = `[G; U]` (the gate
+    /// and up weights stacked, `[2 * inter, in]`) and `out` `[rows, inter]` (ordinary or an
+    /// operand, [`Backend::reshape_operand`]). `gate_up` is scratch the backend may use (made
+    /// `[rows, 2 * inter]` then) or leave alone. By default [`Backend::matmul`] into `gate_up`,
+    /// then [`Backend::silu_mul`]; a backend may fuse them, with the same bits.
+    fn matmul_silu_mul(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        gate_up: &mut Self::Tensor,
+        out: &mut Self::Tensor,
+    ) -> Result<()> {
+        let (rows, inter) = self.shape(out);
+        self.reshape_scratch(gate_up, rows, 2 * inter)?;
+        self.matmul(x, w, None, gate_up)?;
+        self.silu_mul(gate_up, out)
+    }
     /// `out[i] = x[rows[i]]`.
     fn gather_rows(&self, x: &Self::Tensor, rows: &[u32], out: &mut Self::Tensor) -> Result<()>;
     /// One dot product per row with `v` (the folded score head): `x[r] · v`.

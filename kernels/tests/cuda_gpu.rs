@@ -461,3 +461,46 @@ fn moe_threshold_autotune_runs_and_fits() {
     assert!(th.is_finite() && th > 0.0, "threshold {th}");
     println!("calibrated threshold {th}: {samples:?}");
 }
+
+/// The fused engine (`GemmEngine::Tiled`: bf16 operands written by the norm, SiLU·mul in the
+/// gate/up GEMM's epilogue) against the same tile unfused (`TiledUnfused`) on the device: the
+/// norm's bf16 operand is the unfused f32 norm rounded, the fused activation the unfused one
+/// rounded, and the down projection's output and the small model's scores the same bits. An
+/// intermediate size the fused kernel cannot take (36) runs the unfused GEMM and `silu_mul_bf16`.
+#[test]
+fn fused_epilogues_give_the_unfused_bits() {
+    let Some(f) = gpu_with("fused_epilogues_give_the_unfused_bits", GemmEngine::Tiled) else { return };
+    let u = gpu_with("fused_epilogues_give_the_unfused_bits (unfused)", GemmEngine::TiledUnfused).expect("gpu");
+    let mut r = rng(71);
+    let round = |v: &[f32]| -> Vec<f32> { v.iter().map(|&x| twin::warp::round_bf16(x)).collect() };
+    for &(m, hidden, inter) in &[(1usize, 1024usize, 3072usize), (77, 256, 200), (5, 64, 36), (2049, 1024, 3072)] {
+        let (x, nw) = (random(&mut r, m * hidden), random(&mut r, hidden));
+        let (wgu, wd) = (random(&mut r, 2 * inter * hidden), random(&mut r, hidden * inter));
+        let run = |b: &CudaBackend| {
+            let xt = b.from_host(&x, m, hidden).unwrap();
+            let nv = b.vector(&nw).unwrap();
+            let (gu_w, d_w) =
+                (b.linear_weight(&wgu, 2 * inter, hidden).unwrap(), b.linear_weight(&wd, hidden, inter).unwrap());
+            let (mut xn, mut act, mut gu) = (b.zeros(0, 0).unwrap(), b.zeros(0, 0).unwrap(), b.zeros(0, 0).unwrap());
+            b.reshape_operand(&mut xn, m, hidden).unwrap();
+            b.rms_norm(&xt, &nv, 1e-6, &mut xn).unwrap();
+            b.reshape_operand(&mut act, m, inter).unwrap();
+            b.matmul_silu_mul(&xn, &gu_w, &mut gu, &mut act).unwrap();
+            let mut acc = b.from_host(&x, m, hidden).unwrap();
+            b.matmul_add(&act, &d_w, &mut acc).unwrap();
+            assert_eq!((xn.is_bf16(), act.is_bf16()), (b.gemm_engine().fused(), b.gemm_engine().fused()));
+            (b.to_host(&xn).unwrap(), b.to_host(&act).unwrap(), b.to_host(&acc).unwrap())
+        };
+        let ((fx, fa, fo), (ux, ua, uo)) = (run(&f), run(&u));
+        let what = format!("{m} rows, hidden {hidden}, inter {inter}");
+        assert_bits_eq(&format!("{what}: bf16 norm vs the f32 norm rounded"), &fx, &round(&ux));
+        assert_bits_eq(&format!("{what}: fused activation vs unfused rounded"), &fa, &round(&ua));
+        assert_bits_eq(&format!("{what}: down projection"), &fo, &uo);
+    }
+    let model = MiniModel::random(&mut r, 2);
+    let (passes, slots) = prefix_and_items(&mut r, model.vocab);
+    let (a, b) = (model.scores(&f, &passes, slots), model.scores(&u, &passes, slots));
+    for (p, (a, b)) in a.iter().zip(&b).enumerate() {
+        assert_bits_eq(&format!("model scores, pass {p}: fused vs unfused"), a, b);
+    }
+}

@@ -514,3 +514,105 @@ fn tiled_gemm_kernels_agree_bitwise_across_tiles_and_batches() {
         }
     }
 }
+
+/// The fused SwiGLU GEMM (gemm.cu `dense_gemm_swiglu_*`), replayed fragment by fragment with its
+/// interleaved weight rows: bitwise what the unfused passes give — the plain tiled GEMM into
+/// [gate | up], `silu_mul_f32`, then `cast_bf16` — at BLOCK_M 64 and 128, on all rows and on
+/// fewer. Partial row and column tiles (m 150; n = 2 · 72 = 144 is not a multiple of 64 or 128)
+/// and a K that is not a multiple of the K step.
+#[test]
+fn fused_swiglu_gemm_is_bitwise_the_unfused_passes() {
+    let mut g = rng(17);
+    let (m, inter, k) = (150, 72, 136);
+    let n = 2 * inter;
+    let xb: Vec<u16> = random(&mut g, m * k).iter().map(|&v| twin::warp::to_bf16(v)).collect();
+    let wb: Vec<u16> = random(&mut g, n * k).iter().map(|&v| twin::warp::to_bf16(v)).collect();
+    for bm in [64, 128] {
+        let mut gate_up = vec![f32::NAN; m * n];
+        twin::dense_gemm(bm, &xb, &wb, &mut gate_up, m, n, k, 0.0);
+        let mut act = vec![f32::NAN; m * inter];
+        twin::silu_mul_f32(&gate_up, &mut act, inter);
+        let mut want = vec![0u16; m * inter];
+        twin::cast_bf16(&act, &mut want);
+        let mut got = vec![0xffffu16; m * inter];
+        twin::dense_gemm_swiglu(bm, &xb, &wb, &mut got, m, n, k);
+        let diff = got.iter().zip(&want).position(|(a, b)| a != b);
+        assert_eq!(
+            diff,
+            None,
+            "BLOCK_M {bm}: first differing element (row, col) {:?}",
+            diff.map(|i| (i / inter, i % inter))
+        );
+        for (row, rows) in [(0usize, 1usize), (7, 5), (64, 70)] {
+            let mut part = vec![0xffffu16; rows * inter];
+            twin::dense_gemm_swiglu(bm, &xb[row * k..(row + rows) * k], &wb, &mut part, rows, n, k);
+            assert_eq!(part, got[row * inter..(row + rows) * inter], "BLOCK_M {bm}: rows {row}..{} alone", row + rows);
+        }
+    }
+}
+
+/// `matmul_silu_mul` through the Backend: the fused engine's activation is the unfused engine's
+/// rounded to bf16 (the down projection rounds it anyway), whatever the batch; shapes the fused
+/// kernel cannot take (inter % 8 != 0, K % 8 != 0) run the unfused passes.
+#[test]
+fn fused_matmul_silu_mul_matches_the_unfused_engine() {
+    let fused = TwinBackend::tiled();
+    let unfused = TwinBackend { gemm: GemmEngine::TiledUnfused, ..Default::default() };
+    assert!(fused.gemm.fused() && !unfused.gemm.fused());
+    let mut g = rng(18);
+    for &(m, inter, k) in &[(1, 16, 8), (40, 24, 64), (130, 72, 40), (9, 20, 32), (9, 16, 12)] {
+        let w = random(&mut g, 2 * inter * k);
+        let (wf, wu) =
+            (fused.linear_weight(&w, 2 * inter, k).unwrap(), unfused.linear_weight(&w, 2 * inter, k).unwrap());
+        let x = tensor(&mut g, m, k);
+        let mut scratch = HostTensor::zeros(0, 0);
+        let (mut got, mut want) = (HostTensor::zeros(m, inter), HostTensor::zeros(m, inter));
+        fused.matmul_silu_mul(&x, &wf, &mut scratch, &mut got).unwrap();
+        unfused.matmul_silu_mul(&x, &wu, &mut scratch, &mut want).unwrap();
+        let want = if fused.gemm.swiglu_fused_for(k, inter) { rounded(&want.data) } else { want.data };
+        assert_bits_eq(&format!("{m}x{inter}x{k}"), &got.data, &want);
+        let x1 = HostTensor { data: x.row(m - 1).to_vec(), rows: 1, cols: k };
+        let mut one = HostTensor::zeros(1, inter);
+        fused.matmul_silu_mul(&x1, &wf, &mut scratch, &mut one).unwrap();
+        assert_bits_eq(&format!("{m}x{inter}x{k}: last row alone"), &one.data, got.row(m - 1));
+    }
+}
+
+/// rope.cu with its K/V write (the fused engine's `qk_norm_rope_write_kv`) against
+/// `qk_norm_rope` then kv_write.cu's `write_kv` (the unfused engine): the same rotated q and k
+/// heads in place and the same bits in both whole pools of both layers (rows at scattered slots
+/// of layer 1), for both RoPE layouts, with and without the q/k norms, GQA and MHA.
+#[test]
+fn fused_rope_kv_write_is_bitwise_the_two_kernels() {
+    let fused = TwinBackend::tiled();
+    let unfused = TwinBackend { gemm: GemmEngine::TiledUnfused, ..Default::default() };
+    let mut g = rng(19);
+    for &(n_heads, n_kv_heads, head_dim, rotary_dim) in &[(4, 2, 64, 64), (3, 3, 32, 16)] {
+        let layout = QkvLayout { n_heads, n_kv_heads, head_dim };
+        let mut b = LayoutBuilder::default();
+        b.push_seq(&[], 5);
+        b.layout.positions = vec![3, 0, 17, 4095, 9];
+        b.layout.row_slots = vec![6, 2, 7, 0, 3];
+        let (qn, kn) = (random(&mut g, head_dim), random(&mut g, head_dim));
+        for rope_layout in [RopeLayout::Interleaved, RopeLayout::HalfSplit] {
+            for norms in [false, true] {
+                let rope = RopeConfig { theta: 10_000.0, rotary_dim, layout: rope_layout };
+                let (q, k) = if norms { (Some(&qn), Some(&kn)) } else { (None, None) };
+                let qkv = tensor(&mut g, 5, layout.qkv_dim());
+                let run = |t: &TwinBackend| {
+                    let mut cache = t.kv_cache(2, 8, n_kv_heads, head_dim).unwrap();
+                    let batch = t.prepare_batch(&b.layout, &cache).unwrap();
+                    let mut x = qkv.clone();
+                    t.qk_norm_rope_write_kv(&mut x, layout, q, k, 1e-6, rope, &mut cache, 1, &batch).unwrap();
+                    (x.data, cache.k, cache.v)
+                };
+                let ((fx, fk, fv), (ux, uk, uv)) = (run(&fused), run(&unfused));
+                let what = format!("{layout:?} {rope_layout} norms {norms}");
+                assert_bits_eq(&format!("{what}: qkv"), &fx, &ux);
+                assert_eq!(fk, uk, "{what}: K pools");
+                assert_eq!(fv, uv, "{what}: V pools");
+                assert!(uk[1].iter().any(|&v| v != 0) && uv[1].iter().any(|&v| v != 0), "{what}: nothing written");
+            }
+        }
+    }
+}

@@ -81,8 +81,9 @@ pub struct ModelSection {
     /// Compute threads (0 = all cores).
     pub threads: usize,
     /// CUDA dense projections: `tiled` (our tensor-core GEMM: a row's bits never depend on its
-    /// batch) or `cublas` (faster, but cuBLAS picks kernels by problem size, so scores can move
-    /// in the last bits with batch composition).
+    /// batch; with fused epilogues: bf16 GEMM inputs written by the norm, SiLU·mul in the gate/up
+    /// GEMM) or `cublas` (faster, but cuBLAS picks kernels by problem size, so scores can move
+    /// in the last bits with batch composition); `tiled_unfused` and `tiled_v1` to compare.
     pub gemm: Gemm,
     /// CUDA attention: `mma` (tensor cores, head sizes 64 and 128; others fall back to `simt`)
     /// or `simt` (the earlier kernel, kept to compare against). Both keep a row's bits
@@ -109,6 +110,10 @@ pub enum Gemm {
     /// The earlier tiled kernel (same bits as `tiled`), kept to measure against.
     #[serde(rename = "tiled_v1")]
     TiledV1,
+    /// The `tiled` kernel without its fused epilogues (f32 activations between the ops, a cast
+    /// before each GEMM, SiLU·mul in its own pass): the same bits, kept to measure against.
+    #[serde(rename = "tiled_unfused")]
+    TiledUnfused,
 }
 
 impl Default for ModelSection {

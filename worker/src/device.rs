@@ -119,6 +119,7 @@ pub fn start_engine(
                 Gemm::Tiled => GemmEngine::Tiled,
                 Gemm::Cublas => GemmEngine::Cublas,
                 Gemm::TiledV1 => GemmEngine::TiledV1,
+                Gemm::TiledUnfused => GemmEngine::TiledUnfused,
             };
             let attention = match cfg.model.attention {
                 Attention::Mma => AttentionEngine::Mma,

@@ -27,8 +27,15 @@ pub enum GemmEngine {
     Cublas,
     /// Our tensor-core tile (kernels/cuda/gemm.cu, mma_tile.cuh): the same K order for every row
     /// whatever the batch — batch-invariant by construction. Needs in_features % 8 == 0 (else
-    /// cuBLAS runs).
+    /// cuBLAS runs). With fused epilogues: GEMM operands are bf16 tensors written by the op
+    /// before ([`crate::Backend::reshape_operand`]: RMSNorm stores bf16, no cast pass), and the
+    /// dense MLP's gate/up GEMM applies SiLU·mul in its epilogue and stores the bf16 input of the
+    /// down projection ([`crate::Backend::matmul_silu_mul`]). The same bits as
+    /// [`GemmEngine::TiledUnfused`].
     Tiled,
+    /// The same tile with every op in its own pass, activations f32 between them (each GEMM
+    /// casts its input first): what [`GemmEngine::Tiled`] fuses, kept to measure against.
+    TiledUnfused,
     /// The first tensor-core tile (mma_tile_v1.cuh), the same bits as [`GemmEngine::Tiled`];
     /// kept to measure the current tile against in the same run.
     TiledV1,
@@ -37,7 +44,21 @@ pub enum GemmEngine {
 impl GemmEngine {
     /// Whether a `[*, k]` projection can take the tiled path.
     pub fn tiled_for(self, k: usize) -> bool {
-        matches!(self, GemmEngine::Tiled | GemmEngine::TiledV1) && k.is_multiple_of(8) && k > 0
+        matches!(self, GemmEngine::Tiled | GemmEngine::TiledUnfused | GemmEngine::TiledV1)
+            && k.is_multiple_of(8)
+            && k > 0
+    }
+
+    /// Whether GEMM operands are stored bf16 by the op that writes them and the dense MLP's
+    /// SiLU·mul runs in the gate/up GEMM's epilogue ([`GemmEngine::Tiled`] only).
+    pub fn fused(self) -> bool {
+        self == GemmEngine::Tiled
+    }
+
+    /// Whether `matmul_silu_mul` of a `[*, k]` input through a `[2 * inter, k]` weight runs as
+    /// one fused launch.
+    pub fn swiglu_fused_for(self, k: usize, inter: usize) -> bool {
+        self.fused() && self.tiled_for(k) && inter.is_multiple_of(8) && inter > 0
     }
 
     /// BLOCK_M of the tiled engines for an `m x n` output (speed only: every BLOCK_M gives the

@@ -24,7 +24,7 @@ macro_rules! kernel_source {
     };
 }
 
-pub const RMSNORM: KernelSource = kernel_source!("rmsnorm.cu", ["rms_norm_rows"]);
+pub const RMSNORM: KernelSource = kernel_source!("rmsnorm.cu", ["rms_norm_rows", "rms_norm_rows_bf16"]);
 pub const ROPE: KernelSource = kernel_source!("rope.cu", ["qk_norm_rope"]);
 pub const SILU_MUL: KernelSource = kernel_source!("silu_mul.cu", ["silu_mul_f32", "silu_mul_bf16"]);
 pub const KV_WRITE: KernelSource = kernel_source!("kv_write.cu", ["write_kv"]);
@@ -39,8 +39,17 @@ pub const MOE_PERMUTE: KernelSource =
     kernel_source!("moe_permute.cu", ["moe_chunk_counts", "moe_offsets", "moe_scatter", "moe_unpermute"]);
 pub const MOE_SELECT: KernelSource = kernel_source!("moe_select.cu", ["moe_select_tile"]);
 pub const MOE_GEMM: KernelSource = kernel_source!("moe_gemm.cu", ["moe_gemm_bm64", "moe_gemm_bm128"]);
-pub const GEMM: KernelSource =
-    kernel_source!("gemm.cu", ["dense_gemm_bm64", "dense_gemm_bm128", "dense_gemm_v1_bm64", "dense_gemm_v1_bm128"]);
+pub const GEMM: KernelSource = kernel_source!(
+    "gemm.cu",
+    [
+        "dense_gemm_bm64",
+        "dense_gemm_bm128",
+        "dense_gemm_v1_bm64",
+        "dense_gemm_v1_bm128",
+        "dense_gemm_swiglu_bm64",
+        "dense_gemm_swiglu_bm128"
+    ]
+);
 
 /// Every kernel source; the CUDA backend loads them all at start-up.
 pub const ALL: &[KernelSource] = &[

@@ -138,21 +138,22 @@ impl MiniModel {
             let batch = b.prepare_batch(layout, &cache).unwrap();
             let mut x = b.zeros(rows, self.hidden).unwrap();
             b.embed(&embed, &batch, &mut x).unwrap();
-            let mut h = b.zeros(rows, self.hidden).unwrap();
+            // The projections' inputs are operands, as in the worker (bf16 on CUDA's fused engine).
+            let mut h = b.zeros(0, 0).unwrap();
+            b.reshape_operand(&mut h, rows, self.hidden).unwrap();
             let mut qkv = b.zeros(rows, l.qkv_dim()).unwrap();
             let mut attn = b.zeros(rows, l.q_dim()).unwrap();
-            let mut gu = b.zeros(rows, 2 * self.inter).unwrap();
-            let mut act = b.zeros(rows, self.inter).unwrap();
+            let mut gu = b.zeros(0, 0).unwrap();
+            let mut act = b.zeros(0, 0).unwrap();
+            b.reshape_operand(&mut act, rows, self.inter).unwrap();
             for (layer, (an, wqkv, bqkv, qn, kn, wo, mn, wgu, wd)) in weights.iter().enumerate() {
                 b.rms_norm(&x, an, eps, &mut h).unwrap();
                 b.matmul(&h, wqkv, Some(bqkv), &mut qkv).unwrap();
-                b.qk_norm_rope(&mut qkv, l, Some(qn), Some(kn), eps, rope, &batch).unwrap();
-                b.write_kv(&qkv, l, &mut cache, layer, &batch).unwrap();
+                b.qk_norm_rope_write_kv(&mut qkv, l, Some(qn), Some(kn), eps, rope, &mut cache, layer, &batch).unwrap();
                 b.attention(&qkv, l, &cache, layer, &batch, &mut attn).unwrap();
                 b.matmul_add(&attn, wo, &mut x).unwrap();
                 b.rms_norm(&x, mn, eps, &mut h).unwrap();
-                b.matmul(&h, wgu, None, &mut gu).unwrap();
-                b.silu_mul(&gu, &mut act).unwrap();
+                b.matmul_silu_mul(&h, wgu, &mut gu, &mut act).unwrap();
                 b.matmul_add(&act, wd, &mut x).unwrap();
             }
             let last: Vec<u32> = layout.seqs.iter().filter(|s| s.q_len > 0).map(|s| s.q_row + s.q_len - 1).collect();

@@ -98,13 +98,12 @@ impl<B: Backend> Mlp<B> {
         Ok(Mlp { gate_up, down, intermediate })
     }
 
-    /// `acc += mlp(x)`.
+    /// `acc += mlp(x)`. The activation is the down projection's operand (on CUDA with fused
+    /// epilogues: bf16, written by the gate/up GEMM's epilogue; `s.gate_up` then stays unused).
     pub fn forward_add(&self, backend: &B, x: &B::Tensor, acc: &mut B::Tensor, s: &mut MlpScratch<B>) -> Result<()> {
         let (rows, _) = backend.shape(x);
-        backend.reshape_scratch(&mut s.gate_up, rows, 2 * self.intermediate)?;
-        backend.matmul(x, &self.gate_up, None, &mut s.gate_up)?;
-        backend.reshape_scratch(&mut s.act, rows, self.intermediate)?;
-        backend.silu_mul(&s.gate_up, &mut s.act)?;
+        backend.reshape_operand(&mut s.act, rows, self.intermediate)?;
+        backend.matmul_silu_mul(x, &self.gate_up, &mut s.gate_up, &mut s.act)?;
         backend.matmul_add(&s.act, &self.down, acc)?;
         Ok(())
     }

@@ -40,6 +40,12 @@ pub enum Ffn<B: Backend> {
 }
 
 impl<B: Backend> Ffn<B> {
+    /// Whether the input is a GEMM operand ([`Backend::reshape_operand`]): read only by
+    /// projections (the dense MLP), not by the MoE routing.
+    fn input_is_operand(&self) -> bool {
+        matches!(self, Ffn::Dense(_))
+    }
+
     /// `acc += ffn(x)`.
     fn forward_add(
         &self,
@@ -76,12 +82,16 @@ pub struct DecoderLayer<B: Backend> {
 /// reused instead of reallocated for every layer.
 pub struct Scratch<B: Backend> {
     x: B::Tensor,
+    /// The normed input of the next projection (a GEMM operand).
     xn: B::Tensor,
+    /// The normed input of a MoE layer (f32: its routing reads it).
+    xf: B::Tensor,
     qkv: B::Tensor,
     attn: B::Tensor,
     mlp: layers::MlpScratch<B>,
     last_attn: B::Tensor,
     last_x: B::Tensor,
+    last_xn: B::Tensor,
     out: B::Tensor,
     /// The MoE log and what the last pass's MoE layers did.
     pub moe: MoeRun<B>,
@@ -93,11 +103,13 @@ impl<B: Backend> Scratch<B> {
         Ok(Scratch {
             x: t()?,
             xn: t()?,
+            xf: t()?,
             qkv: t()?,
             attn: t()?,
             mlp: layers::MlpScratch { gate_up: t()?, act: t()? },
             last_attn: t()?,
             last_x: t()?,
+            last_xn: t()?,
             out: t()?,
             moe: MoeRun::new(backend)?,
         })
@@ -249,11 +261,11 @@ impl<B: Backend> Model<B> {
         };
         let ql = self.config.qkv_layout();
         let eps = self.config.rms_eps;
-        let Scratch { x, xn, qkv, attn, mlp, last_attn, last_x, out, moe } = scratch;
+        let Scratch { x, xn, xf, qkv, attn, mlp, last_attn, last_x, last_xn, out, moe } = scratch;
         let select = self.moe_policy.select();
         backend.reshape_scratch(x, rows, h)?;
         backend.embed(&self.embed, &batch, x)?;
-        backend.reshape_scratch(xn, rows, h)?;
+        backend.reshape_operand(xn, rows, h)?;
         backend.reshape_scratch(qkv, rows, ql.qkv_dim())?;
         backend.reshape_scratch(attn, rows, ql.q_dim())?;
         let n_layers = self.layers.len();
@@ -264,8 +276,8 @@ impl<B: Backend> Model<B> {
             let a = &layer.attn;
             backend.rms_norm(x, &layer.input_norm, eps, xn)?;
             backend.matmul(xn, &a.qkv, a.qkv_bias.as_ref(), qkv)?;
-            backend.qk_norm_rope(qkv, ql, a.q_norm.as_ref(), a.k_norm.as_ref(), eps, self.config.rope, &batch)?;
-            backend.write_kv(qkv, ql, cache, i, &batch)?;
+            let (qn, kn) = (a.q_norm.as_ref(), a.k_norm.as_ref());
+            backend.qk_norm_rope_write_kv(qkv, ql, qn, kn, eps, self.config.rope, cache, i, &batch)?;
             if let (true, Some(lb)) = (i + 1 == n_layers, &last_batch) {
                 // Only the scored rows matter after the last layer: attend, project and run
                 // the MLP for them alone.
@@ -277,15 +289,27 @@ impl<B: Backend> Model<B> {
                 backend.gather_rows(x, out_rows, last_x)?;
                 backend.matmul_add(last_attn, &a.o, last_x)?;
                 backend.reshape_scratch(out, n, h)?;
-                backend.rms_norm(last_x, &layer.post_attn_norm, eps, out)?;
-                layer.ffn.forward_add(backend, out, last_x, mlp, moe, select)?;
+                let ffn_in = if layer.ffn.input_is_operand() {
+                    backend.reshape_operand(last_xn, n, h)?;
+                    &mut *last_xn
+                } else {
+                    &mut *out
+                };
+                backend.rms_norm(last_x, &layer.post_attn_norm, eps, ffn_in)?;
+                layer.ffn.forward_add(backend, ffn_in, last_x, mlp, moe, select)?;
                 backend.rms_norm(last_x, &self.final_norm, eps, out)?;
                 return Ok(());
             }
             backend.attention(qkv, ql, cache, i, &batch, attn)?;
             backend.matmul_add(attn, &a.o, x)?;
-            backend.rms_norm(x, &layer.post_attn_norm, eps, xn)?;
-            layer.ffn.forward_add(backend, xn, x, mlp, moe, select)?;
+            let ffn_in = if layer.ffn.input_is_operand() {
+                &mut *xn
+            } else {
+                backend.reshape_scratch(xf, rows, h)?;
+                &mut *xf
+            };
+            backend.rms_norm(x, &layer.post_attn_norm, eps, ffn_in)?;
+            layer.ffn.forward_add(backend, ffn_in, x, mlp, moe, select)?;
         }
         let n = out_rows.len();
         backend.reshape_scratch(last_x, n, h)?;

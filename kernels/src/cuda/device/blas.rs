@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t};
 use cudarc::cublas::{result as blas_result, CudaBlas};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut};
 
 use crate::backend::{KernelError, Result};
 
@@ -29,7 +29,7 @@ impl Blas {
     #[allow(clippy::too_many_arguments)]
     pub fn gemm_bf16(
         &self,
-        x: &CudaSlice<u16>,
+        x: &CudaView<'_, u16>,
         w: &CudaSlice<u16>,
         out: &mut CudaSlice<f32>,
         m: usize,

@@ -29,6 +29,7 @@ pub struct KernelLoadReport {
 /// Every kernel entry point, resolved.
 pub(crate) struct Kernels {
     pub rms_norm_rows: CudaFunction,
+    pub rms_norm_rows_bf16: CudaFunction,
     pub qk_norm_rope: CudaFunction,
     pub silu_mul_f32: CudaFunction,
     pub silu_mul_bf16: CudaFunction,
@@ -53,6 +54,8 @@ pub(crate) struct Kernels {
     pub dense_gemm_bm128: CudaFunction,
     pub dense_gemm_v1_bm64: CudaFunction,
     pub dense_gemm_v1_bm128: CudaFunction,
+    pub dense_gemm_swiglu_bm64: CudaFunction,
+    pub dense_gemm_swiglu_bm128: CudaFunction,
 }
 
 /// The compile target for a device: a cubin for its exact architecture when this NVRTC knows
@@ -127,6 +130,7 @@ impl Kernels {
         use sources::*;
         let k = Kernels {
             rms_norm_rows: f(&RMSNORM, "rms_norm_rows")?,
+            rms_norm_rows_bf16: f(&RMSNORM, "rms_norm_rows_bf16")?,
             qk_norm_rope: f(&ROPE, "qk_norm_rope")?,
             silu_mul_f32: f(&SILU_MUL, "silu_mul_f32")?,
             silu_mul_bf16: f(&SILU_MUL, "silu_mul_bf16")?,
@@ -151,6 +155,8 @@ impl Kernels {
             dense_gemm_bm128: f(&GEMM, "dense_gemm_bm128")?,
             dense_gemm_v1_bm64: f(&GEMM, "dense_gemm_v1_bm64")?,
             dense_gemm_v1_bm128: f(&GEMM, "dense_gemm_v1_bm128")?,
+            dense_gemm_swiglu_bm64: f(&GEMM, "dense_gemm_swiglu_bm64")?,
+            dense_gemm_swiglu_bm128: f(&GEMM, "dense_gemm_swiglu_bm128")?,
         };
         // Head sizes up to 256 need a little over the 48 KiB of dynamic shared memory a kernel
         // gets without opting in.
@@ -165,9 +171,14 @@ impl Kernels {
                 .map_err(driver_err("tensor-core attention shared memory limit"))?;
         }
         // The GEMM tile's cp.async ring (BLOCK_M 128: 64 KiB) is also past the default 48 KiB.
-        for (f, bm) in
-            [(&k.dense_gemm_bm64, 64), (&k.dense_gemm_bm128, 128), (&k.moe_gemm_bm64, 64), (&k.moe_gemm_bm128, 128)]
-        {
+        for (f, bm) in [
+            (&k.dense_gemm_bm64, 64),
+            (&k.dense_gemm_bm128, 128),
+            (&k.dense_gemm_swiglu_bm64, 64),
+            (&k.dense_gemm_swiglu_bm128, 128),
+            (&k.moe_gemm_bm64, 64),
+            (&k.moe_gemm_bm128, 128),
+        ] {
             f.set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, GemmShape::of(bm).smem_bytes as i32)
                 .map_err(driver_err("GEMM shared memory limit"))?;
         }

@@ -3,19 +3,47 @@
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, DeviceRepr, PinnedHostSlice,
-    ValidAsZeroBits,
+    CudaContext, CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr,
+    PinnedHostSlice, ValidAsZeroBits,
 };
 
 use super::{driver_err, CudaBackend};
-use crate::backend::{BatchLayout, Result};
+use crate::backend::{BatchLayout, KernelError, Result};
 use crate::cuda::layout::PackedBatch;
 
-/// An f32 activation matrix `[rows, cols]` on the device.
+/// An activation matrix `[rows, cols]` on the device: f32, or bf16 for a GEMM operand
+/// (`Backend::reshape_operand` with fused epilogues), then packed two to a word of `buf`.
 pub struct CudaTensor {
     pub(crate) buf: CudaSlice<f32>,
     pub(crate) rows: usize,
     pub(crate) cols: usize,
+    pub(crate) bf16: bool,
+}
+
+impl CudaTensor {
+    /// An f32 tensor on `buf`.
+    pub(crate) fn f32(buf: CudaSlice<f32>, rows: usize, cols: usize) -> Self {
+        CudaTensor { buf, rows, cols, bf16: false }
+    }
+
+    /// Whether the tensor is stored bf16 (a GEMM operand).
+    pub fn is_bf16(&self) -> bool {
+        self.bf16
+    }
+
+    /// The bf16 elements of an operand.
+    pub(crate) fn bf16_view(&self) -> Result<CudaView<'_, u16>> {
+        // SAFETY: u16 is plain data; the length is checked against the buffer by transmute.
+        unsafe { self.buf.transmute::<u16>(self.rows * self.cols) }
+            .ok_or_else(|| KernelError::Device("bf16 tensor storage too small".into()))
+    }
+
+    pub(crate) fn bf16_view_mut(&mut self) -> Result<CudaViewMut<'_, u16>> {
+        let n = self.rows * self.cols;
+        // SAFETY: as in bf16_view.
+        unsafe { self.buf.transmute_mut::<u16>(n) }
+            .ok_or_else(|| KernelError::Device("bf16 tensor storage too small".into()))
+    }
 }
 
 /// A bf16 matrix on the device: a linear weight `[out, in]` or an embedding `[vocab, hidden]`.
@@ -94,7 +122,7 @@ impl Staging {
                 unsafe { self.ctx.alloc_pinned::<u32>(cap) }.map_err(driver_err("allocating pinned host memory"))?;
             self.buf = Some(b);
         }
-        self.buf.as_mut().ok_or_else(|| crate::backend::KernelError::Device("staging buffer".into()))
+        self.buf.as_mut().ok_or_else(|| KernelError::Device("staging buffer".into()))
     }
 
     /// Copies `data` (any 4-byte plain type) to `dst` asynchronously through pinned memory.
@@ -163,7 +191,7 @@ impl<T: DeviceRepr + ValidAsZeroBits> Scratch<T> {
             self.buf = None; // freed in stream order before the new allocation
             self.buf = Some(alloc(stream, len)?);
         }
-        self.buf.as_mut().ok_or_else(|| crate::backend::KernelError::Device("scratch buffer".into()))
+        self.buf.as_mut().ok_or_else(|| KernelError::Device("scratch buffer".into()))
     }
 }
 

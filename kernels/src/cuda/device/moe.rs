@@ -83,6 +83,9 @@ impl CudaBackend {
     ) -> Result<CudaMoeStats> {
         let MoeDims { hidden, inter, n_experts } = w.dims;
         check_moe(w.dims, routing)?;
+        if x.bf16 || router_logits.bf16 || out.bf16 {
+            return Err(KernelError::Shape("moe: a bf16 GEMM operand where an f32 tensor is needed".into()));
+        }
         let tokens = x.rows;
         if x.cols != hidden
             || router_logits.rows != tokens

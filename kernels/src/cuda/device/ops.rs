@@ -1,6 +1,6 @@
 //! `Backend` for `CudaBackend`: shape checks (shared with the CPU twin), then one launch each.
 
-use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::memory::{alloc, CudaBatch, CudaKvCache, CudaMatrix, CudaTensor, CudaVector};
 use super::{driver_err, CudaBackend};
@@ -28,6 +28,14 @@ fn shape(t: &CudaTensor) -> (usize, usize) {
     (t.rows, t.cols)
 }
 
+/// Ops other than the projections read and write f32 tensors only.
+fn f32_only(op: &str, ts: &[&CudaTensor]) -> Result<()> {
+    if ts.iter().any(|t| t.bf16) {
+        return Err(KernelError::Shape(format!("{op}: a bf16 GEMM operand where an f32 tensor is needed")));
+    }
+    Ok(())
+}
+
 pub(crate) fn to_bf16_par(data: &[f32]) -> Vec<u16> {
     use rayon::prelude::*;
     data.par_iter().map(|&x| to_bf16(x)).collect()
@@ -39,7 +47,7 @@ impl CudaBackend {
         &self,
         qkv: &CudaTensor,
         layout: QkvLayout,
-        (k, v): (&cudarc::driver::CudaView<'_, u16>, &cudarc::driver::CudaView<'_, u16>),
+        (k, v): (&CudaView<'_, u16>, &CudaView<'_, u16>),
         batch: &CudaBatch,
         out: &mut CudaTensor,
     ) -> Result<()> {
@@ -92,19 +100,12 @@ impl CudaBackend {
         out: &mut CudaTensor,
         accumulate: bool,
     ) -> Result<()> {
-        let n = x.rows * x.cols;
+        f32_only("projection output", &[out])?;
         if x.rows == 0 {
             return Ok(());
         }
         let mut scratch = self.gemm_input.lock().unwrap_or_else(|p| p.into_inner());
-        let xb = scratch.get(&self.stream, n)?;
-        let n_i64 = n as i64;
-        // SAFETY (all launches in this file): arguments match the kernel's signature; every index
-        // a kernel forms is bounded by the shape checks run before it.
-        unsafe {
-            self.stream.launch_builder(&self.k.cast_bf16).arg(&x.buf).arg(&mut *xb).arg(&n_i64).launch(grid_stride(n))
-        }
-        .map_err(driver_err("cast_bf16"))?;
+        let xb = self.gemm_operand(x, &mut scratch)?;
         let beta = match bias {
             Some(b) => {
                 let total = (out.rows * out.cols) as i64;
@@ -125,10 +126,110 @@ impl CudaBackend {
             None => 0.0,
         };
         if !self.gemm.tiled_for(w.cols) {
-            return self.blas.gemm_bf16(xb, &w.buf, &mut out.buf, x.rows, w.rows, w.cols, beta);
+            return self.blas.gemm_bf16(&xb, &w.buf, &mut out.buf, x.rows, w.rows, w.cols, beta);
         }
         let bm = self.gemm.block_m(x.rows, w.rows);
-        self.launch_tiled(self.gemm == GemmEngine::TiledV1, bm, xb, w, out, x.rows, beta)
+        self.launch_tiled(self.gemm == GemmEngine::TiledV1, bm, &xb, w, out, x.rows, beta)
+    }
+
+    /// A projection's bf16 input: an operand as it is, else `x` cast into `scratch` (held by
+    /// the caller until the GEMM reading it is enqueued).
+    fn gemm_operand<'a>(
+        &self,
+        x: &'a CudaTensor,
+        scratch: &'a mut super::memory::Scratch<u16>,
+    ) -> Result<CudaView<'a, u16>> {
+        if x.bf16 {
+            return x.bf16_view();
+        }
+        let n = x.rows * x.cols;
+        let xb = scratch.get(&self.stream, n)?;
+        let n_i64 = n as i64;
+        // SAFETY (all launches in this file): arguments match the kernel's signature; every index
+        // a kernel forms is bounded by the shape checks run before it.
+        unsafe {
+            self.stream.launch_builder(&self.k.cast_bf16).arg(&x.buf).arg(&mut *xb).arg(&n_i64).launch(grid_stride(n))
+        }
+        .map_err(driver_err("cast_bf16"))?;
+        Ok(xb.slice(0..n))
+    }
+
+    /// rope.cu's `qk_norm_rope`, with its K/V write to `kv`'s layer when given.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_qk_norm_rope(
+        &self,
+        qkv: &mut CudaTensor,
+        layout: QkvLayout,
+        (q_norm, k_norm): (Option<&CudaVector>, Option<&CudaVector>),
+        eps: f32,
+        rope: RopeConfig,
+        batch: &CudaBatch,
+        kv: Option<(&mut CudaKvCache, usize)>,
+    ) -> Result<()> {
+        checks::qk_norm_rope(shape(qkv), layout, q_norm.map(|v| v.len), k_norm.map(|v| v.len), batch.packed.num_rows)?;
+        f32_only("qk_norm_rope", &[qkv])?;
+        check_rope_shape(layout, rope)?;
+        if qkv.rows == 0 {
+            return Ok(());
+        }
+        let (qkv_cols, n_heads, n_kv_heads, head_dim) =
+            (qkv.cols as i32, layout.n_heads as i32, layout.n_kv_heads as i32, layout.head_dim as i32);
+        let (use_q, use_k) = (q_norm.is_some() as i32, k_norm.is_some() as i32);
+        let (theta, rotary_dim, interleaved) =
+            (rope.theta as f64, rope.rotary_dim as i32, (rope.layout == RopeLayout::Interleaved) as i32);
+        // Norm weights and the K/V pools go as raw device addresses: null when absent (the kernel
+        // never reads or writes them then).
+        let addr = |v: Option<&CudaVector>| -> u64 { v.map_or(0, |v| v.buf.device_ptr(&self.stream).0) };
+        let (q_addr, k_addr) = (addr(q_norm), addr(k_norm));
+        let (k_pool, v_pool) = match kv {
+            Some((cache, layer)) => {
+                let range = cache.layer_range(layer);
+                let k = cache.k.slice_mut(range.clone()).device_ptr_mut(&self.stream).0;
+                let v = cache.v.slice_mut(range).device_ptr_mut(&self.stream).0;
+                (k, v)
+            }
+            None => (0u64, 0u64),
+        };
+        let cfg = per_row(qkv.rows, ROPE_THREADS, rope_smem_bytes(layout.head_dim, rope.rotary_dim));
+        let positions = batch.view(&batch.packed.positions);
+        let row_slots = batch.view(&batch.packed.row_slots);
+        let mut b = self.stream.launch_builder(&self.k.qk_norm_rope);
+        b.arg(&mut qkv.buf).arg(&positions).arg(&q_addr).arg(&k_addr);
+        b.arg(&qkv_cols)
+            .arg(&n_heads)
+            .arg(&n_kv_heads)
+            .arg(&head_dim)
+            .arg(&eps)
+            .arg(&use_q)
+            .arg(&use_k)
+            .arg(&theta)
+            .arg(&rotary_dim)
+            .arg(&interleaved)
+            .arg(&row_slots)
+            .arg(&k_pool)
+            .arg(&v_pool);
+        unsafe { b.launch(cfg) }.map_err(driver_err("qk_norm_rope"))?;
+        Ok(())
+    }
+
+    /// The fused SwiGLU GEMM (gemm.cu `dense_gemm_swiglu_*`): act = bf16(silu(x·Gᵀ) · (x·Uᵀ)).
+    fn launch_swiglu(&self, x: &CudaTensor, w: &CudaMatrix, act: &mut CudaTensor) -> Result<()> {
+        let mut scratch = self.gemm_input.lock().unwrap_or_else(|p| p.into_inner());
+        let xb = self.gemm_operand(x, &mut scratch)?;
+        let (m, n) = (x.rows, w.rows);
+        let bm = self.gemm.block_m(m, n);
+        let f = if bm == 64 { &self.k.dense_gemm_swiglu_bm64 } else { &self.k.dense_gemm_swiglu_bm128 };
+        let s = GemmShape::of(bm);
+        let cfg = LaunchConfig {
+            grid_dim: (m.div_ceil(bm) as u32, n.div_ceil(s.bn) as u32, 1),
+            block_dim: (s.threads, 1, 1),
+            shared_mem_bytes: s.smem_bytes as u32,
+        };
+        let (m, n, k) = (m as i32, n as i32, w.cols as i32);
+        let mut out = act.bf16_view_mut()?;
+        unsafe { self.stream.launch_builder(f).arg(&xb).arg(&w.buf).arg(&mut out).arg(&m).arg(&n).arg(&k).launch(cfg) }
+            .map_err(driver_err("dense_gemm_swiglu"))?;
+        Ok(())
     }
 
     /// One tiled GEMM launch: out (+)= xb · Wᵀ over `m` rows of bf16 `xb`, with the first tile
@@ -138,7 +239,7 @@ impl CudaBackend {
         &self,
         v1: bool,
         bm: usize,
-        xb: &CudaSlice<u16>,
+        xb: &CudaView<'_, u16>,
         w: &CudaMatrix,
         out: &mut CudaTensor,
         m: usize,
@@ -190,18 +291,13 @@ impl CudaBackend {
                 w.cols
             )));
         }
+        f32_only("matmul_tiled", &[out])?;
         if x.rows == 0 {
             return Ok(());
         }
-        let n = x.rows * x.cols;
         let mut scratch = self.gemm_input.lock().unwrap_or_else(|p| p.into_inner());
-        let xb = scratch.get(&self.stream, n)?;
-        let n_i64 = n as i64;
-        unsafe {
-            self.stream.launch_builder(&self.k.cast_bf16).arg(&x.buf).arg(&mut *xb).arg(&n_i64).launch(grid_stride(n))
-        }
-        .map_err(driver_err("cast_bf16"))?;
-        self.launch_tiled(v1, bm, xb, w, out, x.rows, 0.0)
+        let xb = self.gemm_operand(x, &mut scratch)?;
+        self.launch_tiled(v1, bm, &xb, w, out, x.rows, 0.0)
     }
 }
 
@@ -242,16 +338,40 @@ impl Backend for CudaBackend {
     }
 
     fn zeros(&self, rows: usize, cols: usize) -> Result<CudaTensor> {
-        Ok(CudaTensor { buf: alloc(&self.stream, rows * cols)?, rows, cols })
+        Ok(CudaTensor::f32(alloc(&self.stream, rows * cols)?, rows, cols))
     }
 
     fn from_host(&self, data: &[f32], rows: usize, cols: usize) -> Result<CudaTensor> {
         checks::host_data(data.len(), rows, cols, "tensor")?;
-        Ok(CudaTensor { buf: self.upload(data)?, rows, cols })
+        Ok(CudaTensor::f32(self.upload(data)?, rows, cols))
     }
 
     fn to_host(&self, t: &CudaTensor) -> Result<Vec<f32>> {
-        self.lock_staging().download(&self.stream, &t.buf, t.rows * t.cols)
+        let n = t.rows * t.cols;
+        if !t.bf16 {
+            return self.lock_staging().download(&self.stream, &t.buf, n);
+        }
+        // Two bf16 to a word, the lower index in the low half.
+        let words: Vec<f32> = self.lock_staging().download(&self.stream, &t.buf, n.div_ceil(2))?;
+        Ok((0..n).map(|i| f32::from_bits(((words[i / 2].to_bits() >> (16 * (i % 2))) & 0xffff) << 16)).collect())
+    }
+
+    fn reshape_scratch(&self, t: &mut CudaTensor, rows: usize, cols: usize) -> Result<()> {
+        if t.bf16 || shape(t) != (rows, cols) {
+            *t = self.zeros(rows, cols)?;
+        }
+        Ok(())
+    }
+
+    fn reshape_operand(&self, t: &mut CudaTensor, rows: usize, cols: usize) -> Result<()> {
+        if !self.gemm.fused() {
+            return self.reshape_scratch(t, rows, cols);
+        }
+        if !t.bf16 || shape(t) != (rows, cols) {
+            let words = (rows * cols).div_ceil(2);
+            *t = CudaTensor { buf: alloc(&self.stream, words)?, rows, cols, bf16: true };
+        }
+        Ok(())
     }
 
     fn shape(&self, t: &CudaTensor) -> (usize, usize) {
@@ -296,10 +416,18 @@ impl Backend for CudaBackend {
 
     fn rms_norm(&self, x: &CudaTensor, w: &CudaVector, eps: f32, out: &mut CudaTensor) -> Result<()> {
         checks::rms_norm(shape(x), w.len, shape(out))?;
+        f32_only("rms_norm input", &[x])?;
         if x.rows == 0 {
             return Ok(());
         }
-        let cols = x.cols as i32;
+        let (cols, cfg) = (x.cols as i32, per_row(x.rows, RMS_THREADS, 0));
+        if out.bf16 {
+            let mut o = out.bf16_view_mut()?;
+            let mut b = self.stream.launch_builder(&self.k.rms_norm_rows_bf16);
+            b.arg(&x.buf).arg(&w.buf).arg(&mut o).arg(&cols).arg(&eps);
+            unsafe { b.launch(cfg) }.map_err(driver_err("rms_norm_rows_bf16"))?;
+            return Ok(());
+        }
         unsafe {
             self.stream
                 .launch_builder(&self.k.rms_norm_rows)
@@ -308,7 +436,7 @@ impl Backend for CudaBackend {
                 .arg(&mut out.buf)
                 .arg(&cols)
                 .arg(&eps)
-                .launch(per_row(x.rows, RMS_THREADS, 0))
+                .launch(cfg)
         }
         .map_err(driver_err("rms_norm_rows"))?;
         Ok(())
@@ -324,35 +452,27 @@ impl Backend for CudaBackend {
         rope: RopeConfig,
         batch: &CudaBatch,
     ) -> Result<()> {
-        checks::qk_norm_rope(shape(qkv), layout, q_norm.map(|v| v.len), k_norm.map(|v| v.len), batch.packed.num_rows)?;
-        check_rope_shape(layout, rope)?;
-        if qkv.rows == 0 {
-            return Ok(());
+        self.launch_qk_norm_rope(qkv, layout, (q_norm, k_norm), eps, rope, batch, None)
+    }
+
+    fn qk_norm_rope_write_kv(
+        &self,
+        qkv: &mut CudaTensor,
+        layout: QkvLayout,
+        q_norm: Option<&CudaVector>,
+        k_norm: Option<&CudaVector>,
+        eps: f32,
+        rope: RopeConfig,
+        cache: &mut CudaKvCache,
+        layer: usize,
+        batch: &CudaBatch,
+    ) -> Result<()> {
+        if !self.gemm.fused() {
+            self.qk_norm_rope(qkv, layout, q_norm, k_norm, eps, rope, batch)?;
+            return self.write_kv(qkv, layout, cache, layer, batch);
         }
-        let (qkv_cols, n_heads, n_kv_heads, head_dim) =
-            (qkv.cols as i32, layout.n_heads as i32, layout.n_kv_heads as i32, layout.head_dim as i32);
-        let (use_q, use_k) = (q_norm.is_some() as i32, k_norm.is_some() as i32);
-        let (theta, rotary_dim, interleaved) =
-            (rope.theta as f64, rope.rotary_dim as i32, (rope.layout == RopeLayout::Interleaved) as i32);
-        // Norm weights go as raw device addresses: null when absent (the kernel never reads them then).
-        let addr = |v: Option<&CudaVector>| -> u64 { v.map_or(0, |v| v.buf.device_ptr(&self.stream).0) };
-        let (q_addr, k_addr) = (addr(q_norm), addr(k_norm));
-        let cfg = per_row(qkv.rows, ROPE_THREADS, rope_smem_bytes(layout.head_dim, rope.rotary_dim));
-        let positions = batch.view(&batch.packed.positions);
-        let mut b = self.stream.launch_builder(&self.k.qk_norm_rope);
-        b.arg(&mut qkv.buf).arg(&positions).arg(&q_addr).arg(&k_addr);
-        b.arg(&qkv_cols)
-            .arg(&n_heads)
-            .arg(&n_kv_heads)
-            .arg(&head_dim)
-            .arg(&eps)
-            .arg(&use_q)
-            .arg(&use_k)
-            .arg(&theta)
-            .arg(&rotary_dim)
-            .arg(&interleaved);
-        unsafe { b.launch(cfg) }.map_err(driver_err("qk_norm_rope"))?;
-        Ok(())
+        checks::write_kv(shape(qkv), layout, cache.dims(), layer, batch.packed.num_rows)?;
+        self.launch_qk_norm_rope(qkv, layout, (q_norm, k_norm), eps, rope, batch, Some((cache, layer)))
     }
 
     fn write_kv(
@@ -364,6 +484,7 @@ impl Backend for CudaBackend {
         batch: &CudaBatch,
     ) -> Result<()> {
         checks::write_kv(shape(qkv), layout, cache.dims(), layer, batch.packed.num_rows)?;
+        f32_only("write_kv", &[qkv])?;
         if qkv.rows == 0 {
             return Ok(());
         }
@@ -399,6 +520,7 @@ impl Backend for CudaBackend {
         out: &mut CudaTensor,
     ) -> Result<()> {
         checks::attention(shape(qkv), layout, cache.dims(), layer, batch.packed.num_rows, shape(out))?;
+        f32_only("attention", &[qkv, out])?;
         if batch.packed.num_q_tiles == 0 {
             return Ok(());
         }
@@ -438,11 +560,19 @@ impl Backend for CudaBackend {
 
     fn silu_mul(&self, gate_up: &CudaTensor, out: &mut CudaTensor) -> Result<()> {
         checks::silu_mul(shape(gate_up), shape(out))?;
+        f32_only("silu_mul input", &[gate_up])?;
         let n = out.rows * out.cols;
         if n == 0 {
             return Ok(());
         }
         let (n_i64, inter) = (n as i64, out.cols as i32);
+        if out.bf16 {
+            let mut o = out.bf16_view_mut()?;
+            let mut b = self.stream.launch_builder(&self.k.silu_mul_bf16);
+            b.arg(&gate_up.buf).arg(&mut o).arg(&n_i64).arg(&inter);
+            unsafe { b.launch(grid_stride(n)) }.map_err(driver_err("silu_mul_bf16"))?;
+            return Ok(());
+        }
         unsafe {
             self.stream
                 .launch_builder(&self.k.silu_mul_f32)
@@ -456,8 +586,29 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
+    fn matmul_silu_mul(
+        &self,
+        x: &CudaTensor,
+        w: &CudaMatrix,
+        gate_up: &mut CudaTensor,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
+        let (rows, inter) = shape(out);
+        checks::matmul(shape(x), (w.rows, w.cols), (rows, 2 * inter), None)?;
+        if out.bf16 && self.gemm.swiglu_fused_for(w.cols, inter) {
+            if rows == 0 {
+                return Ok(());
+            }
+            return self.launch_swiglu(x, w, out);
+        }
+        self.reshape_scratch(gate_up, rows, 2 * inter)?;
+        self.matmul(x, w, None, gate_up)?;
+        self.silu_mul(gate_up, out)
+    }
+
     fn gather_rows(&self, x: &CudaTensor, rows: &[u32], out: &mut CudaTensor) -> Result<()> {
         checks::gather_rows(shape(x), rows, shape(out))?;
+        f32_only("gather_rows", &[x, out])?;
         if rows.is_empty() {
             return Ok(());
         }
@@ -478,6 +629,7 @@ impl Backend for CudaBackend {
 
     fn dot_rows(&self, x: &CudaTensor, v: &CudaVector) -> Result<Vec<f32>> {
         checks::dot_rows(shape(x), v.len)?;
+        f32_only("dot_rows", &[x])?;
         if x.rows == 0 {
             return Ok(Vec::new());
         }

@@ -7,10 +7,10 @@
 use super::attention::{attention_prefill, AttentionArgs};
 use super::attention_mma::{attention_mma, AttentionMmaArgs};
 use super::elementwise::{broadcast_rows, cast_bf16, dot_rows, embed_rows, gather_rows, silu_mul_f32, write_kv};
-use super::gemm::{dense_gemm, dense_gemm_v1, gemm_bf16};
+use super::gemm::{dense_gemm, dense_gemm_swiglu, dense_gemm_v1, gemm_bf16};
 use super::rmsnorm::rms_norm_rows;
-use super::rope::{qk_norm_rope, QkNormRopeArgs};
-use super::warp::to_bf16_vec;
+use super::rope::{qk_norm_rope, qk_norm_rope_kv, KvOut, QkNormRopeArgs};
+use super::warp::{from_bf16, to_bf16_vec};
 use crate::backend::*;
 use crate::cuda::layout::{check_rope_shape, PackedBatch};
 use crate::cuda::{checks, AttentionEngine, GemmEngine};
@@ -63,6 +63,28 @@ pub struct TwinBatch {
 
 fn shape(t: &HostTensor) -> (usize, usize) {
     (t.rows, t.cols)
+}
+
+fn rope_args<'a>(
+    qkv_cols: usize,
+    layout: QkvLayout,
+    q_norm: Option<&'a Vec<f32>>,
+    k_norm: Option<&'a Vec<f32>>,
+    eps: f32,
+    rope: RopeConfig,
+) -> QkNormRopeArgs<'a> {
+    QkNormRopeArgs {
+        qkv_cols,
+        n_heads: layout.n_heads,
+        n_kv_heads: layout.n_kv_heads,
+        head_dim: layout.head_dim,
+        eps,
+        q_norm: q_norm.map(|v| v.as_slice()),
+        k_norm: k_norm.map(|v| v.as_slice()),
+        theta: rope.theta as f64,
+        rotary_dim: rope.rotary_dim,
+        interleaved: rope.layout == RopeLayout::Interleaved,
+    }
 }
 
 impl TwinBackend {
@@ -190,19 +212,40 @@ impl Backend for TwinBackend {
             batch.packed.num_rows,
         )?;
         check_rope_shape(layout, rope)?;
-        let args = QkNormRopeArgs {
-            qkv_cols: qkv.cols,
-            n_heads: layout.n_heads,
-            n_kv_heads: layout.n_kv_heads,
-            head_dim: layout.head_dim,
-            eps,
-            q_norm: q_norm.map(|v| v.as_slice()),
-            k_norm: k_norm.map(|v| v.as_slice()),
-            theta: rope.theta as f64,
-            rotary_dim: rope.rotary_dim,
-            interleaved: rope.layout == RopeLayout::Interleaved,
-        };
+        let args = rope_args(qkv.cols, layout, q_norm, k_norm, eps, rope);
         qk_norm_rope(&mut qkv.data, &batch.layout.positions, args);
+        Ok(())
+    }
+
+    /// With fused epilogues ([`GemmEngine::fused`]), rope.cu's `qk_norm_rope` with its K/V write.
+    fn qk_norm_rope_write_kv(
+        &self,
+        qkv: &mut HostTensor,
+        layout: QkvLayout,
+        q_norm: Option<&Vec<f32>>,
+        k_norm: Option<&Vec<f32>>,
+        eps: f32,
+        rope: RopeConfig,
+        cache: &mut TwinKvCache,
+        layer: usize,
+        batch: &TwinBatch,
+    ) -> Result<()> {
+        if !self.gemm.fused() {
+            self.qk_norm_rope(qkv, layout, q_norm, k_norm, eps, rope, batch)?;
+            return self.write_kv(qkv, layout, cache, layer, batch);
+        }
+        checks::qk_norm_rope(
+            shape(qkv),
+            layout,
+            q_norm.map(|v| v.len()),
+            k_norm.map(|v| v.len()),
+            batch.packed.num_rows,
+        )?;
+        checks::write_kv(shape(qkv), layout, cache.dims(), layer, batch.packed.num_rows)?;
+        check_rope_shape(layout, rope)?;
+        let args = rope_args(qkv.cols, layout, q_norm, k_norm, eps, rope);
+        let kv = KvOut { row_slots: &batch.layout.row_slots, k_pool: &mut cache.k[layer], v_pool: &mut cache.v[layer] };
+        qk_norm_rope_kv(&mut qkv.data, &batch.layout.positions, args, Some(kv));
         Ok(())
     }
 
@@ -282,6 +325,33 @@ impl Backend for TwinBackend {
         checks::silu_mul(shape(gate_up), shape(out))?;
         silu_mul_f32(&gate_up.data, &mut out.data, out.cols);
         Ok(())
+    }
+
+    /// With fused epilogues ([`GemmEngine::fused`]), gemm.cu's `dense_gemm_swiglu_*`: `out`
+    /// holds the bf16 activation the kernel stores (as f32 values).
+    fn matmul_silu_mul(
+        &self,
+        x: &HostTensor,
+        w: &TwinMatrix,
+        gate_up: &mut HostTensor,
+        out: &mut HostTensor,
+    ) -> Result<()> {
+        let (rows, inter) = shape(out);
+        checks::matmul(shape(x), (w.rows, w.cols), (rows, 2 * inter), None)?;
+        if self.gemm.swiglu_fused_for(w.cols, inter) {
+            let mut xb = vec![0u16; x.data.len()];
+            cast_bf16(&x.data, &mut xb);
+            let mut act = vec![0u16; rows * inter];
+            let bm = self.gemm.block_m(rows, w.rows);
+            dense_gemm_swiglu(bm, &xb, &w.data, &mut act, rows, w.rows, w.cols);
+            for (o, &a) in out.data.iter_mut().zip(&act) {
+                *o = from_bf16(a);
+            }
+            return Ok(());
+        }
+        self.reshape_scratch(gate_up, rows, 2 * inter)?;
+        self.matmul(x, w, None, gate_up)?;
+        self.silu_mul(gate_up, out)
     }
 
     fn gather_rows(&self, x: &HostTensor, rows: &[u32], out: &mut HostTensor) -> Result<()> {

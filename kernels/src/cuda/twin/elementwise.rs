@@ -4,11 +4,15 @@
 use super::warp::{block_sum, from_bf16, strided_fma_partials, to_bf16};
 use crate::cuda::sources::consts::SCORE_THREADS;
 
+/// `silu_times` (common.cuh): silu(g) * u, the one expression of silu_mul.cu and the GEMM's
+/// SwiGLU epilogue.
+pub(crate) fn silu_times(g: f32, u: f32) -> f32 {
+    (g / (1.0 + (-g).exp())) * u
+}
+
 fn silu_mul_one(gate_up: &[f32], i: usize, inter: usize) -> f32 {
     let (r, c) = (i / inter, i % inter);
-    let g = gate_up[r * 2 * inter + c];
-    let u = gate_up[r * 2 * inter + inter + c];
-    (g / (1.0 + (-g).exp())) * u
+    silu_times(gate_up[r * 2 * inter + c], gate_up[r * 2 * inter + inter + c])
 }
 
 /// `silu_mul_f32`: out[i] over rows * inter elements.

@@ -37,6 +37,23 @@ pub fn dense_gemm(block_m: usize, x: &[u16], w: &[u16], out: &mut [f32], m: usiz
     }
 }
 
+/// Twin of kernels/cuda/gemm.cu's `dense_gemm_swiglu_bm64` / `dense_gemm_swiglu_bm128`: the
+/// `dense_gemm` grid over the n = 2 · inter rows of the stacked [gate; up] weight, each tile
+/// reading them interleaved and storing act[m, inter] = bf16(silu(gate) · up).
+#[allow(clippy::too_many_arguments)]
+pub fn dense_gemm_swiglu(block_m: usize, x: &[u16], w: &[u16], act: &mut [u16], m: usize, n: usize, k: usize) {
+    use super::mma_tile::{gemm_block_order, gemm_tile_to, Tile, TileOut};
+    let bn = crate::cuda::GemmShape::of(block_m).bn;
+    let (tiles_m, tiles_n) = (m.div_ceil(block_m), n.div_ceil(bn));
+    for by in 0..tiles_n {
+        for bx in 0..tiles_m {
+            let (tm, tn) = gemm_block_order(bx, by, tiles_m, tiles_n);
+            let t = Tile { a: x, w, row_base: 0, r0: tm * block_m, rows: m, n0: tn * bn, n, k, beta: 0.0 };
+            gemm_tile_to(block_m, t, TileOut::Swiglu(act));
+        }
+    }
+}
+
 /// Twin of kernels/cuda/gemm.cu's `dense_gemm_v1_bm64` / `dense_gemm_v1_bm128`: grid
 /// (ceil(m / bm), ceil(n / 64)), each block one `gemm_tile_v1`.
 #[allow(clippy::too_many_arguments)]

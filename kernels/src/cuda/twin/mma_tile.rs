@@ -6,7 +6,9 @@
 //! type"), and the epilogue's stores. Every index is the kernel's expression, so a wrong row
 //! address, chunk, swizzle, stage or fragment index in the kernel scrambles this twin's output too.
 
+use super::elementwise::silu_times;
 use super::fragments::{ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16, AFrag, BFrag, CFrag};
+use super::warp::to_bf16;
 use crate::cuda::sources::consts::{GEMM_BK, GEMM_GROUP_M, GEMM_STAGES};
 use crate::cuda::GemmShape;
 
@@ -83,8 +85,31 @@ pub(crate) struct Tile<'a> {
     pub beta: f32,
 }
 
+/// `gemm_swiglu_row`: the weight row of tile column `col` with the SwiGLU interleave.
+pub(crate) fn gemm_swiglu_row(col: usize, inter: usize) -> usize {
+    let (b, j) = (col >> 4, col & 15);
+    if j < 8 {
+        b * 8 + j
+    } else {
+        inter + b * 8 + j - 8
+    }
+}
+
+/// Where a tile's epilogue stores: the f32 `c`, or (`gemm_tile<BM, true>`) the bf16 SwiGLU
+/// activation `[.., n / 2]`.
+pub(crate) enum TileOut<'a> {
+    F32(&'a mut [f32]),
+    Swiglu(&'a mut [u16]),
+}
+
 /// `gemm_tile<BM>`: one block, its threads replayed in order between the kernel's barriers.
 pub(crate) fn gemm_tile(bm: usize, t: Tile<'_>, c: &mut [f32]) {
+    gemm_tile_to(bm, t, TileOut::F32(c))
+}
+
+/// `gemm_tile<BM, SWIGLU>`.
+pub(crate) fn gemm_tile_to(bm: usize, t: Tile<'_>, out: TileOut<'_>) {
+    let swiglu = matches!(out, TileOut::Swiglu(_));
     let (bn, wm, wn) = warp_tiles(bm);
     let shape = GemmShape::of(bm);
     let warps_n = bn / wn;
@@ -113,7 +138,8 @@ pub(crate) fn gemm_tile(bm: usize, t: Tile<'_>, c: &mut [f32]) {
                 let id = tid + i * threads;
                 let (r, ch) = (id >> 2, id & 3);
                 let ok = n0 + r < n && k0 + ch * 8 < k;
-                let src = (n0 + r) * k + ch * 8 + k0;
+                let w_row = if swiglu { gemm_swiglu_row(n0 + r, n >> 1) } else { n0 + r };
+                let src = w_row * k + ch * 8 + k0;
                 smem.cp_async16(b_s + stage * b_stage + gemm_swz(r, ch), ok.then(|| &w[src..src + 8]));
             }
         }
@@ -169,6 +195,36 @@ pub(crate) fn gemm_tile(bm: usize, t: Tile<'_>, c: &mut [f32]) {
         }
     }
 
+    let c = match out {
+        TileOut::F32(c) => c,
+        TileOut::Swiglu(act) => {
+            // n8 tiles (2i, 2i + 1): the gate and up of act columns 8b .. 8b + 7.
+            let inter = n >> 1;
+            for (warp, wacc) in acc.iter().enumerate() {
+                let (warp_m, warp_n) = (warp / warps_n, warp % warps_n);
+                for lane in 0..32 {
+                    let (g, tg) = (lane >> 2, lane & 3);
+                    for mi in 0..mi_n {
+                        for ni in (0..ni_n).step_by(2) {
+                            for half in 0..2 {
+                                let r = r0 + warp_m * wm + mi * 16 + g + half * 8;
+                                let col = ((n0 + warp_n * wn + ni * 8) >> 1) + tg * 2;
+                                if r >= rows || col >= inter {
+                                    continue;
+                                }
+                                for j in 0..2 {
+                                    let (gate, up) =
+                                        (wacc[mi][ni][lane][half * 2 + j], wacc[mi][ni + 1][lane][half * 2 + j]);
+                                    act[(row_base + r) * inter + col + j] = to_bf16(silu_times(gate, up));
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            return;
+        }
+    };
     for (warp, wacc) in acc.iter().enumerate() {
         let (warp_m, warp_n) = (warp / warps_n, warp % warps_n);
         for lane in 0..32 {
@@ -211,6 +267,20 @@ pub(crate) fn gemm_block_order(bx: usize, by: usize, tiles_m: usize, tiles_n: us
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn swiglu_interleave_is_a_bijection_pairing_gate_and_up() {
+        let inter = 48;
+        let mut seen = vec![false; 2 * inter];
+        for col in 0..2 * inter {
+            let r = gemm_swiglu_row(col, inter);
+            assert!(!std::mem::replace(&mut seen[r], true), "row {r} twice");
+            // Tile columns 16b + j and 16b + 8 + j: gate and up of act column 8b + j.
+            if col & 8 == 0 {
+                assert_eq!(gemm_swiglu_row(col + 8, inter), r + inter, "column {col}");
+            }
+        }
+    }
 
     #[test]
     fn block_order_visits_every_tile_once() {

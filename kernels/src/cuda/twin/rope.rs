@@ -1,6 +1,6 @@
 //! Twin of kernels/cuda/rope.cu (`qk_norm_rope`).
 
-use super::warp::warp_sum;
+use super::warp::{to_bf16, warp_sum};
 use crate::cuda::sources::consts::ROPE_THREADS;
 
 /// Arguments of one `qk_norm_rope` launch.
@@ -18,9 +18,23 @@ pub struct QkNormRopeArgs<'a> {
     pub interleaved: bool,
 }
 
+/// The K/V write fused into `qk_norm_rope` (a non-null `k_pool`): the layer's pools and each
+/// row's slot.
+pub struct KvOut<'a> {
+    pub row_slots: &'a [u32],
+    pub k_pool: &'a mut [u16],
+    pub v_pool: &'a mut [u16],
+}
+
 /// grid (rows), block ROPE_THREADS: the row's angle table in double, then warp w takes heads
 /// w, w + 4, ...: load, optional RMSNorm (lane-strided fmaf + warp_sum), rotate, store.
 pub fn qk_norm_rope(qkv: &mut [f32], positions: &[u32], a: QkNormRopeArgs<'_>) {
+    qk_norm_rope_kv(qkv, positions, a, None)
+}
+
+/// `qk_norm_rope` with its K/V write (`kv` is `Some`): the row's v heads to the V pool, each
+/// rotated k head to the K pool, bf16 at the row's slot.
+pub fn qk_norm_rope_kv(qkv: &mut [f32], positions: &[u32], a: QkNormRopeArgs<'_>, mut kv: Option<KvOut<'_>>) {
     let half = a.rotary_dim / 2;
     let hd = a.head_dim;
     let warps = ROPE_THREADS as usize / 32;
@@ -34,6 +48,13 @@ pub fn qk_norm_rope(qkv: &mut [f32], positions: &[u32], a: QkNormRopeArgs<'_>) {
             sin_t[i] = s;
         }
         let row_vals = &mut qkv[row * a.qkv_cols..(row + 1) * a.qkv_cols];
+        let (q_dim, kv_dim) = (a.n_heads * hd, a.n_kv_heads * hd);
+        let slot = kv.as_ref().map_or(0, |kv| kv.row_slots[row] as usize);
+        if let Some(kv) = kv.as_mut() {
+            for j in 0..kv_dim {
+                kv.v_pool[slot * kv_dim + j] = to_bf16(row_vals[q_dim + kv_dim + j]);
+            }
+        }
         // Warps are independent (disjoint heads); replay them one after another.
         for warp in 0..warps {
             let mut h = warp;
@@ -64,6 +85,12 @@ pub fn qk_norm_rope(qkv: &mut [f32], positions: &[u32], a: QkNormRopeArgs<'_>) {
                     buf[ib] = (x0 * sin_t[i] + x1 * cos_t[i]) as f32;
                 }
                 row_vals[off..off + hd].copy_from_slice(&buf);
+                if let (false, Some(kv)) = (is_q, kv.as_mut()) {
+                    let k_dst = slot * kv_dim + (h - a.n_heads) * hd;
+                    for (d, &v) in buf.iter().enumerate() {
+                        kv.k_pool[k_dst + d] = to_bf16(v);
+                    }
+                }
                 h += warps;
             }
         }
