@@ -338,6 +338,19 @@ async fn a_worker_process_answers_grpc_as_it_answers_http() {
     assert!(g.usage.as_ref().is_some_and(|u| u.computed_tokens > 0), "{g:?}");
     let empty = pb::ScoreRequest { query: String::new(), ..score_req(&texts) };
     expect_err(score(&mut c, empty).await, Code::InvalidArgument, "query is empty", "invalid", false);
+    // `model` is checked as on HTTP: the served name is answered, another is NOT_FOUND naming it.
+    let served = g.model.clone();
+    let rerank = |model: &str| pb::RerankRequest {
+        query: QUERY.into(),
+        documents: items(&texts),
+        model: Some(model.into()),
+        ..Default::default()
+    };
+    let ok = tokio::time::timeout(CALL, c.rerank(rerank(&served))).await.unwrap();
+    assert_eq!(ok.expect("the served model is answered").into_inner().results.len(), texts.len());
+    let s = tokio::time::timeout(CALL, c.rerank(rerank("no-such-model"))).await.unwrap().expect_err("a wrong model");
+    assert_eq!(s.code(), Code::NotFound, "{s:?}");
+    assert!(s.message().contains("no-such-model") && s.message().contains(&served), "{}", s.message());
 }
 
 /// A request body fed by hand: what the test sends, when it sends it, and never an end.

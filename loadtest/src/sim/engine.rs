@@ -283,7 +283,10 @@ impl SimEngine {
                     tokio::time::sleep_until(d).await;
                     in_flight.finished = true;
                     c.deadline_drops.fetch_add(1, Ordering::Relaxed);
-                    return Err(ApiError::deadline("deadline passed while preparing"));
+                    return Err(ApiError::deadline(format!(
+                        "deadline passed while preparing; {}",
+                        sieve_shared::RAISE_DEADLINE
+                    )));
                 }
                 _ => tokio::time::sleep_until(ready).await,
             }
@@ -298,7 +301,10 @@ impl SimEngine {
                 Err(_) => {
                     in_flight.finished = true;
                     c.deadline_drops.fetch_add(1, Ordering::Relaxed);
-                    return Err(ApiError::deadline("deadline passed while queued"));
+                    return Err(ApiError::deadline(format!(
+                        "deadline passed while queued; {}",
+                        sieve_shared::RAISE_DEADLINE
+                    )));
                 }
             },
             None => self.slots.acquire().await,
@@ -339,8 +345,9 @@ impl SimEngine {
                 in_flight.finished = true;
                 c.deadline_drops.fetch_add(1, Ordering::Relaxed);
                 return Err(ApiError::deadline(format!(
-                    "cannot finish within the deadline: {nominal_ms:.1} ms of compute, {:.1} ms left",
-                    d.saturating_duration_since(start).as_secs_f64() * 1e3
+                    "cannot finish within the deadline: {nominal_ms:.1} ms of compute, {:.1} ms left; {}",
+                    d.saturating_duration_since(start).as_secs_f64() * 1e3,
+                    sieve_shared::RAISE_DEADLINE
                 )));
             }
         }
@@ -359,7 +366,10 @@ impl SimEngine {
                 drop(permit);
                 in_flight.finished = true;
                 c.deadline_drops.fetch_add(1, Ordering::Relaxed);
-                return Err(ApiError::deadline("deadline passed during compute"));
+                return Err(ApiError::deadline(format!(
+                    "deadline passed during compute; {}",
+                    sieve_shared::RAISE_DEADLINE
+                )));
             }
             // No compute (a zero cost model): answered now. Tokio's timer rounds a deadline up
             // to its next millisecond tick, so even a sleep until now would hold the answer 1-2
@@ -586,6 +596,7 @@ mod tests {
         let t0 = Instant::now();
         let err = e.score(req(&["x"], Some(50)), t0).await.unwrap_err();
         assert_eq!(err.status(), 504);
+        assert!(err.message.contains("x-sieve-deadline-ms"), "says how to raise it: {}", err.message);
         assert!(t0.elapsed() < Duration::from_millis(1), "dropped at once, not after computing");
     }
 

@@ -180,7 +180,12 @@ impl<S: ScoreService + 'static> GrpcApi<S> {
     ) -> Result<Response<pb::RerankResponse>, Status> {
         let span = self.span(&meta, Route::Rerank);
         async {
-            let rerank = match msg.and_then(convert::rerank_request) {
+            // `model`, when named, must be one served (or an alias), as on the HTTP routes.
+            let checked = msg.and_then(convert::rerank_request).and_then(|r| match &r.model {
+                Some(m) => self.svc.api_config().check_model(m, &self.svc.served_models()).map(|()| r),
+                None => Ok(r),
+            });
+            let rerank = match checked {
                 Ok(r) => r,
                 Err(e) => return self.finish(Route::Rerank, arrival, Err(e), |_| pb::RerankResponse::default()),
             };

@@ -34,7 +34,10 @@ fn code(kind: ErrorKind) -> Code {
         ErrorKind::Internal => Code::Internal,
         ErrorKind::Unauthorized => Code::Unauthenticated,
         ErrorKind::Forbidden => Code::PermissionDenied,
-        ErrorKind::NotFound | ErrorKind::MethodNotAllowed => Code::Unimplemented,
+        // On this port only a `model` no worker serves is not found (an unknown method is the
+        // router's UNIMPLEMENTED).
+        ErrorKind::NotFound => Code::NotFound,
+        ErrorKind::MethodNotAllowed => Code::Unimplemented,
     }
 }
 
