@@ -215,11 +215,11 @@ impl<S: ScoreService + 'static> Service<hyper::Request<Body>> for Calls<S> {
             let (api, max, score) = (self.api.clone(), self.max_message, path == SCORE_PATH);
             Either::Left(async move {
                 Ok(if score {
-                    let mut grpc = tonic::server::Grpc::new(RawScoreCodec)
+                    let mut grpc = tonic::server::Grpc::new(RawScoreCodec::default())
                         .apply_max_message_size_config(Some(max), Some(usize::MAX));
                     grpc.unary(RawScore(api), req).await
                 } else {
-                    let mut grpc = tonic::server::Grpc::new(RawRerankCodec)
+                    let mut grpc = tonic::server::Grpc::new(RawRerankCodec::default())
                         .apply_max_message_size_config(Some(max), Some(usize::MAX));
                     grpc.unary(RawRerank(api), req).await
                 })

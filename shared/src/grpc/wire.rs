@@ -22,14 +22,21 @@ use super::pb;
 use crate::api::{ItemRef, OnOverload, ScoreRequestRef};
 use crate::ApiError;
 
-/// `Score`'s codec: the request as its raw bytes, the answer encoded by prost.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct RawScoreCodec;
+/// A unary call's codec: the request as its raw bytes (read by its handler: `Score` in place,
+/// `Rerank` decoded by `api.rs`, so that a malformed message is INVALID_ARGUMENT), the answer `T`
+/// encoded by prost.
+pub(super) struct RawCodec<T>(std::marker::PhantomData<fn() -> T>);
 
-impl Codec for RawScoreCodec {
-    type Encode = pb::ScoreResponse;
+impl<T> Default for RawCodec<T> {
+    fn default() -> Self {
+        RawCodec(std::marker::PhantomData)
+    }
+}
+
+impl<T: prost::Message + Send + 'static> Codec for RawCodec<T> {
+    type Encode = T;
     type Decode = Bytes;
-    type Encoder = tonic_prost::ProstEncoder<pb::ScoreResponse>;
+    type Encoder = tonic_prost::ProstEncoder<T>;
     type Decoder = RawDecoder;
 
     fn encoder(&mut self) -> Self::Encoder {
@@ -41,25 +48,8 @@ impl Codec for RawScoreCodec {
     }
 }
 
-/// `Rerank`'s codec: the request as its raw bytes (decoded by `api.rs`, so that a malformed
-/// message is INVALID_ARGUMENT), the answer encoded by prost.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct RawRerankCodec;
-
-impl Codec for RawRerankCodec {
-    type Encode = pb::RerankResponse;
-    type Decode = Bytes;
-    type Encoder = tonic_prost::ProstEncoder<pb::RerankResponse>;
-    type Decoder = RawDecoder;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        tonic_prost::ProstEncoder::default()
-    }
-
-    fn decoder(&mut self) -> RawDecoder {
-        RawDecoder
-    }
-}
+pub(super) type RawScoreCodec = RawCodec<pb::ScoreResponse>;
+pub(super) type RawRerankCodec = RawCodec<pb::RerankResponse>;
 
 /// The message's bytes, split off tonic's decode buffer (no copy).
 #[derive(Debug, Clone, Copy)]
