@@ -136,17 +136,7 @@ fn read_request(path: &Path) -> Result<ScoreRequest, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let (query, items) = ranking::parse_items_file(&text).map_err(|e| format!("{}: {e}", path.display()))?;
     let query = query.ok_or_else(|| format!("{}: no query", path.display()))?;
-    Ok(ScoreRequest {
-        query,
-        items,
-        instruction: None,
-        deadline_ms: None,
-        on_overload: None,
-        cache: None,
-        max_item_tokens: None,
-        truncation_direction: None,
-        model: None,
-    })
+    Ok(ScoreRequest::new(query, items))
 }
 
 async fn up(a: UpArgs) -> Result<(), String> {
