@@ -2,7 +2,7 @@
 //! what it held: a connection that never sends the HTTP/2 preface or sends half of it, one that
 //! opens no call and answers every PING, one whose call's answer cannot be delivered (its
 //! flow-control window shut), and one that sends a call and never reads its socket. The port's
-//! `[http]` header, idle and send timeouts must end each (`shared/src/grpc/conn.rs`).
+//! `[http]` header, idle and send timeouts must end each (`server/src/grpc/conn.rs`).
 //!
 //! Everything is bounded: the client gives up after `give_up`, so a server without timers makes
 //! the report say "not ended", never hang.
@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use prost::Message as _;
-use sieve_shared::grpc::pb;
-use sieve_shared::http::HttpConfig;
+use sieve_server::grpc::pb;
+use sieve_shared::http_config::HttpConfig;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 

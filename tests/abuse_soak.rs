@@ -41,7 +41,7 @@ async fn a_proxy_and_two_workers_hold_their_targets_under_abuse() {
 async fn grpc_attacks_end_within_their_timers_while_calls_are_answered() {
     use sieve_e2e::abuse_grpc::{self, GrpcAttack};
     use sieve_loadtest::sim::{SimConfig, SimWorker};
-    use sieve_shared::grpc::pb::{self, sieve_client::SieveClient};
+    use sieve_server::grpc::pb::{self, sieve_client::SieveClient};
     use std::time::{Duration, Instant};
 
     /// How late past its timer an end may come (a loaded 2-core machine).

@@ -263,7 +263,7 @@ fn error_cases() -> Vec<Case> {
         Case { method: "GET", ..case("GET on /v1/score", "/v1/score", Vec::new(), 405, "/v1/score needs POST") },
         Case { method: "PUT", ..case("PUT on /v1/rerank", "/v1/rerank", Vec::new(), 405, "/v1/rerank needs POST") },
         case("unknown route", "/v1/scores", j(json!({"query": "x", "items": ["a"]})), 404, "no route /v1/scores"),
-        // The drop-in shapes (shared/src/compat): the same limits and errors, their own field names.
+        // The drop-in shapes (server/src/compat): the same limits and errors, their own field names.
         case(
             "TEI raw_scores",
             "/rerank",

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use sieve_e2e::{catalogue, proxy, sims, spawn, test_config, wait_ready, Http, Proc};
 use sieve_loadtest::sim::{SimConfig, SimWorker};
-use sieve_shared::grpc::pb::sieve_client::SieveClient;
-use sieve_shared::grpc::pb::{self, OnOverload};
+use sieve_server::grpc::pb::sieve_client::SieveClient;
+use sieve_server::grpc::pb::{self, OnOverload};
 use sieve_shared::{CostModel, Limits, RerankResponse, ScoreResponse};
 use tonic::transport::Channel;
 use tonic::Code;
@@ -439,7 +439,7 @@ async fn raw_score_messages(url: &str, msgs: &[&[u8]]) -> (String, String, Optio
     (get("grpc-status"), get("grpc-message").replace("%20", " "), answer)
 }
 
-/// `Score`'s message is read in place (`shared/src/grpc/wire.rs`): a message that is not valid
+/// `Score`'s message is read in place (`server/src/grpc/wire.rs`): a message that is not valid
 /// protobuf is INVALID_ARGUMENT saying what is wrong, and a text whose neighbouring bytes in the
 /// message happen to be `"` (a 34-byte text, then an unknown field of key 0x22) still reaches
 /// the workers as itself, not spliced as if it were a JSON literal: the proxy answers it as it

@@ -50,7 +50,7 @@ fn scored(r: &ScoreResponse) -> usize {
 /// cut off by the proxy's own timer. Each deadline in `deadlines_ms` costs three times its
 /// length (direct, HTTP, gRPC) on one worker.
 async fn partial_answers_through_the_proxy(deadlines_ms: &[u64]) {
-    use sieve_shared::grpc::pb;
+    use sieve_server::grpc::pb;
     let http = Http::new();
     let w = worker();
     assert!(sieve_e2e::wait_ready(&http, &w.admin_url(), LOAD).await, "worker {} never ready", w.api);

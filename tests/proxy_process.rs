@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use sieve_e2e::{all_closed, catalogue, printed_addresses, score_body, sieve_up_demo, spawn, wait_ready, Http, Proc};
 use sieve_proxy::metrics as m;
-use sieve_shared::child;
+use sieve_server::child;
 use sieve_shared::ScoreResponse;
 
 const QUERY: &str = "waterproof trail running shoes";

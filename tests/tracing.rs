@@ -304,7 +304,7 @@ async fn one_split_request_is_one_trace_from_proxy_to_workers() {
 /// A gRPC `Score` call to `p`'s gRPC port of the JSON `body`'s query and items, with
 /// `traceparent` as call metadata; how many scores came back (0 for a refused call).
 async fn grpc_score(p: &Proc, body: &serde_json::Value, traceparent: &str) -> usize {
-    use sieve_shared::grpc::pb;
+    use sieve_server::grpc::pb;
     let addr = p.line.split_whitespace().find_map(|w| w.strip_prefix("grpc=")).expect("a grpc= address");
     let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
     let mut client = pb::sieve_client::SieveClient::new(ch);

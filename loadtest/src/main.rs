@@ -23,7 +23,7 @@ use sieve_loadtest::report::{self, RunData, RunInfo};
 use sieve_loadtest::run::{self, LoadMode, RunSpec, TraceSource};
 use sieve_loadtest::sim::{SimConfig, SimFileConfig, SimWorker, Slowdown, Stall};
 use sieve_loadtest::workload::WorkloadSpec;
-use sieve_shared::grpc::GrpcConfig;
+use sieve_shared::grpc_config::GrpcConfig;
 use sieve_shared::CostModel;
 
 #[derive(Parser)]
@@ -424,7 +424,7 @@ fn main() -> ExitCode {
     let _trace = match &cli.command {
         Command::SimWorker(a) => {
             let started = sim_file_config(a.config.as_deref()).and_then(|f| {
-                let guard = sieve_shared::cli::init_tracing_with("info", "sieve-sim-worker", &f.log, &f.tracing)
+                let guard = sieve_server::cli::init_tracing_with("info", "sieve-sim-worker", &f.log, &f.tracing)
                     .map_err(|e| anyhow::anyhow!(e))?;
                 sim_file = Some(f);
                 Ok(guard)
@@ -438,11 +438,11 @@ fn main() -> ExitCode {
             }
         }
         _ => {
-            sieve_shared::cli::init_tracing("info");
+            sieve_server::cli::init_tracing("info");
             None
         }
     };
-    let rt = match sieve_shared::cli::runtime("sieve-loadtest") {
+    let rt = match sieve_server::cli::runtime("sieve-loadtest") {
         Ok(rt) => rt,
         Err(code) => return code,
     };
@@ -761,7 +761,7 @@ async fn sim_worker(a: SimWorkerArgs, file: SimFileConfig) -> anyhow::Result<()>
     };
     let worker = SimWorker::start(config, &a.host, a.port, a.admin_port).await?;
     println!("{}", worker.listening_line());
-    sieve_shared::cli::shutdown_signal().await;
+    sieve_server::cli::shutdown_signal().await;
     // Drain like the real worker: refuse new calls, finish running ones, close the connections;
     // all within the drain timeout.
     worker.drain();

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 use std::time::Duration;
 
-pub use sieve_shared::child::parse_listening;
-use sieve_shared::child::{self, spawn_listening, Listening, SpawnError};
+pub use sieve_server::child::parse_listening;
+use sieve_server::child::{self, spawn_listening, Listening, SpawnError};
 
 /// A child process that printed its listening line. Killed when dropped.
 pub struct Proc {

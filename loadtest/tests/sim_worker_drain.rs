@@ -6,7 +6,7 @@ use std::net::TcpStream;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use sieve_shared::child::{self, spawn_listening, KillOnDrop};
+use sieve_server::child::{self, spawn_listening, KillOnDrop};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sieve-loadtest");
 

@@ -4,7 +4,7 @@
 //! the same bytes), the limits check, and the token features of every item (what the plan
 //! computes per request). `cargo bench -p sieve-proxy --bench request_read`.
 //!
-//! Then the same request as a gRPC `Score` message: read in place (`sieve_shared::grpc`'s
+//! Then the same request as a gRPC `Score` message: read in place (`sieve_server::grpc`'s
 //! reader, against the JSON scanner above), and each protocol's shard bodies built from what
 //! was read (`ShardWire`: the JSON body's texts spliced, the message's texts encoded) and cut
 //! into four shards of consecutive items, as the proxy sends them. What the proxy adds to a gRPC
@@ -17,7 +17,7 @@ use bytes::Bytes;
 use prost::Message as _;
 use sieve_proxy::estimate::token_estimator::features;
 use sieve_proxy::request::dispatch::shard_body::ShardWire;
-use sieve_shared::grpc::{pb, read_score_request};
+use sieve_server::grpc::{pb, read_score_request};
 use sieve_shared::{ApiError, Limits, ScoreRequestRef};
 
 mod support;

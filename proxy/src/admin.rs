@@ -11,7 +11,7 @@ use std::time::Instant;
 use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
 use serde::Serialize;
-use sieve_shared::http::AdminAuth;
+use sieve_server::http::AdminAuth;
 use sieve_shared::{ApiError, CostModel, ErrorKind};
 
 use crate::cluster::breaker::BreakerState;
@@ -19,7 +19,7 @@ use crate::cluster::discovery::Discovery;
 use crate::cluster::worker::WorkerRow;
 use crate::metrics as m;
 use crate::state::AppState;
-use sieve_shared::http::{error, json, text, HttpResponse};
+use sieve_server::http::{error, json, text, HttpResponse};
 use sieve_shared::sync::lock;
 
 #[derive(Serialize)]

@@ -3,11 +3,11 @@
 
 use std::path::Path;
 
-use sieve_shared::cli::PortTargets;
+use sieve_server::cli::PortTargets;
 use sieve_shared::ProxyConfig;
 
 /// Command-line values that override the file: the listening flags every server takes.
-pub type Overrides = sieve_shared::cli::PortFlags;
+pub type Overrides = sieve_server::cli::PortFlags;
 
 fn apply(overrides: &Overrides, cfg: &mut ProxyConfig) {
     overrides.apply(PortTargets {

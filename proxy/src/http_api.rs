@@ -1,4 +1,4 @@
-//! The scoring API port: the shared API ([`sieve_shared::service`]) over the proxy's fan-out,
+//! The scoring API port: the shared API ([`sieve_server::service`]) over the proxy's fan-out,
 //! with the proxy's admission (drain, `max_in_flight_requests`), its metrics and its
 //! `x-sieve-shards` header.
 
@@ -10,8 +10,8 @@ use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::header::{HeaderName, HeaderValue};
 use hyper::Request;
-use sieve_shared::http::{ByteBudget, HttpResponse};
-use sieve_shared::service::{self, Call, Protocol, Route, ScoreService, Scored};
+use sieve_server::http::{ByteBudget, HttpResponse};
+use sieve_server::service::{self, Call, Protocol, Route, ScoreService, Scored};
 use sieve_shared::{ApiError, Limits, ScoreRequest, ScoreRequestRef};
 
 use crate::drain::Admitted;
@@ -28,10 +28,10 @@ const SHARDS: HeaderName = HeaderName::from_static("x-sieve-shards");
 
 /// A shard count as a header value, formatted on the stack (one allocation, not two).
 fn count_header(n: usize) -> HeaderValue {
-    sieve_shared::http::formatted_header(format_args!("{n}")).unwrap_or_else(|| HeaderValue::from(n))
+    sieve_server::http::formatted_header(format_args!("{n}")).unwrap_or_else(|| HeaderValue::from(n))
 }
 
-/// The proxy as a [`ScoreService`] (also served over gRPC, `sieve_shared::grpc`).
+/// The proxy as a [`ScoreService`] (also served over gRPC, `sieve_server::grpc`).
 pub(crate) struct Api(pub(crate) Arc<AppState>);
 
 impl Api {

@@ -27,8 +27,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sieve_shared::http::{AdminAuth, StopMode, Stopper};
-use sieve_shared::{http, ProxyConfig, WorkerEndpoint};
+use sieve_server::http;
+use sieve_server::http::{AdminAuth, StopMode, Stopper};
+use sieve_shared::{ProxyConfig, WorkerEndpoint};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -104,7 +105,7 @@ pub async fn start(launch: Launch) -> Result<RunningProxy> {
     )));
     if let Some(listener) = grpc {
         let api = Arc::new(http_api::Api(state.clone()));
-        tasks.push(tokio::spawn(sieve_shared::grpc::serve(
+        tasks.push(tokio::spawn(sieve_server::grpc::serve(
             listener,
             api,
             grpc_cfg,

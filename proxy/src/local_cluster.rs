@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use sieve_shared::child::{self, spawn_listening, Listening, SpawnError};
+use sieve_server::child::{self, spawn_listening, Listening, SpawnError};
 
 use crate::client::HttpClient;
 

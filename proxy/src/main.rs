@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use sieve_proxy::{Launch, Overrides};
-use sieve_shared::cli::PortFlags;
+use sieve_server::cli::PortFlags;
 use sieve_shared::WorkerEndpoint;
 
 #[derive(Parser)]
@@ -39,14 +39,14 @@ fn main() -> ExitCode {
     };
     // After the config: it says the log format and where spans go. Held until exit, when the
     // spans still buffered are sent.
-    let _trace = match sieve_shared::cli::init_tracing_with("info", "sieve-proxy", &config.log, &config.tracing) {
+    let _trace = match sieve_server::cli::init_tracing_with("info", "sieve-proxy", &config.log, &config.tracing) {
         Ok(g) => g,
         Err(e) => {
             eprintln!("sieve-proxy: {e}");
             return ExitCode::from(2);
         }
     };
-    let rt = match sieve_shared::cli::runtime("sieve-proxy") {
+    let rt = match sieve_server::cli::runtime("sieve-proxy") {
         Ok(rt) => rt,
         Err(code) => return code,
     };

@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 
 use metrics::{Counter, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use sieve_shared::service::{Protocol, Route};
+use sieve_server::service::{Protocol, Route};
 
 // The names live with every other process's (`sieve_shared::metrics_names`); re-exported so
 // the proxy records them as `metrics::NAME`.

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use metrics_exporter_prometheus::PrometheusHandle;
-use sieve_shared::http::ByteBudget;
+use sieve_server::http::ByteBudget;
 use sieve_shared::sync::lock;
 use sieve_shared::{CostModel, ProxyConfig};
 use tokio::sync::Notify;

@@ -5,7 +5,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use sieve_shared::child::{spawn_listening, KillOnDrop};
+use sieve_server::child::{spawn_listening, KillOnDrop};
 
 const PROXY: &str = env!("CARGO_BIN_EXE_sieve-proxy");
 

@@ -123,7 +123,7 @@ mod tests {
         #[serde(deny_unknown_fields)]
         struct WithGrpc {
             #[allow(dead_code)]
-            grpc: crate::grpc::GrpcConfig,
+            grpc: crate::grpc_config::GrpcConfig,
         }
         for key in ["inline_streams", "poll_rounds", "read_buffer_bytes", "write_buffer_bytes"] {
             let e = parse::<WithGrpc>(&format!("[grpc]\nport = 1\n{key} = 4\n"), &[]).unwrap_err();

@@ -1,18 +1,15 @@
-//! Types both Sieve processes speak: the scoring API on the wire, its errors and limits,
-//! configuration, and metric names; and the one HTTP/1.1 server plumbing (`http`) every Sieve
-//! port runs on, so they all answer bad input the same way.
+//! Types every Sieve process speaks: the scoring API on the wire, its errors and limits, the
+//! cost model, configuration (the proxy's, and the `[http]`, `[admin]`, `[grpc]`, `[tracing]`
+//! and `[log]` sections every server reads), and metric names. No server here: the ports that
+//! speak these types are `sieve-server`'s.
 
 pub mod api;
 pub mod api_config;
-pub mod body_encoding;
-pub mod child;
-pub mod cli;
-pub mod compat;
 pub mod config_file;
 pub mod cost;
 pub mod error;
-pub mod grpc;
-pub mod http;
+pub mod grpc_config;
+pub mod http_config;
 pub mod item_runs;
 pub mod json_cursor;
 pub mod limits;
@@ -20,10 +17,9 @@ pub mod metrics_names;
 pub mod pair_key;
 pub mod proxy_config;
 pub mod score_scan;
-pub mod service;
 pub mod stats;
 pub mod sync;
-pub mod trace;
+pub mod trace_config;
 pub mod trace_record;
 
 pub use api::*;

@@ -9,7 +9,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::config_file::{self, Removed};
-use crate::http::{AdminConfig, HttpConfig};
+use crate::http_config::{AdminConfig, HttpConfig};
 use crate::{CostModel, Limits};
 
 /// Keys the proxy no longer reads: a file that still sets one is refused with the note.
@@ -48,13 +48,13 @@ pub struct ProxyConfig {
     /// Transport timeouts and the connection cap of both ports (a restart applies changes).
     pub http: HttpConfig,
     /// The gRPC API port (off unless `port` is set; a restart applies changes).
-    pub grpc: crate::grpc::GrpcConfig,
+    pub grpc: crate::grpc_config::GrpcConfig,
     /// Who may use the admin routes (`POST /reload`, `POST /drain` always need the token).
     pub admin: AdminConfig,
     /// Span export over OTLP (off by default; read at start-up, a restart applies changes).
-    pub tracing: crate::trace::TracingConfig,
+    pub tracing: crate::trace_config::TracingConfig,
     /// The log format (read at start-up).
-    pub log: crate::trace::LogConfig,
+    pub log: crate::trace_config::LogConfig,
     /// The static worker list (`[[workers]]` tables). Hot-reloaded when the file changes.
     pub workers: Vec<WorkerEndpoint>,
 }

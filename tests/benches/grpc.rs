@@ -52,8 +52,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use sieve_e2e::{catalogue, spawn, wait_ready, Http, Proc};
-use sieve_shared::grpc::pb;
-use sieve_shared::grpc::pb::sieve_client::SieveClient;
+use sieve_server::grpc::pb;
+use sieve_server::grpc::pb::sieve_client::SieveClient;
 use sieve_shared::ScoreResponse;
 use tonic::transport::Channel;
 

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use sieve_shared::http::{AdminConfig, HttpConfig};
+use sieve_shared::http_config::{AdminConfig, HttpConfig};
 use sieve_shared::Limits;
 
 use crate::device::Device;
@@ -27,15 +27,15 @@ pub struct WorkerConfig {
     /// Transport timeouts and the connection cap of both ports.
     pub http: HttpConfig,
     /// The gRPC API port (off unless `port` is set).
-    pub grpc: sieve_shared::grpc::GrpcConfig,
+    pub grpc: sieve_shared::grpc_config::GrpcConfig,
     /// Who may use the admin port's routes (`POST /drain` always needs the token).
     pub admin: AdminConfig,
     /// Overrides the model's default prompt template.
     pub template: Option<PromptTemplate>,
     /// Span export over OTLP (off by default).
-    pub tracing: sieve_shared::trace::TracingConfig,
+    pub tracing: sieve_shared::trace_config::TracingConfig,
     /// The log format.
-    pub log: sieve_shared::trace::LogConfig,
+    pub log: sieve_shared::trace_config::LogConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -260,8 +260,8 @@ mod tests {
         assert_eq!(c.moe, MoeSection::default());
         assert_eq!(c.http, HttpConfig::default());
         assert_eq!(c.admin, AdminConfig::default());
-        assert_eq!(c.tracing, sieve_shared::trace::TracingConfig::default());
-        assert_eq!(c.log, sieve_shared::trace::LogConfig::default());
+        assert_eq!(c.tracing, sieve_shared::trace_config::TracingConfig::default());
+        assert_eq!(c.log, sieve_shared::trace_config::LogConfig::default());
         assert!(c.tracing.otlp_endpoint.is_empty(), "tracing is off by default");
         assert_eq!(c.server.admin_host, "127.0.0.1");
     }

@@ -14,8 +14,8 @@ use std::sync::OnceLock;
 
 use arbitrary::Unstructured;
 use sieve_kernels::cpu::CpuBackend;
-use sieve_shared::compat::Shape;
-use sieve_shared::service::Route;
+use sieve_server::compat::Shape;
+use sieve_server::service::Route;
 use sieve_shared::{ApiError, Limits};
 
 use crate::model::gguf::test_writer::{gguf_bytes, TestTensor};
@@ -89,7 +89,7 @@ pub fn hf_config(data: &[u8]) -> Result<()> {
 }
 
 /// A request body as the API parses it on every route (Sieve's score and rerank, and the drop-in
-/// shapes of `sieve_shared::compat`), each checked against the default [`Limits`]. Every error is
+/// shapes of `sieve_server::compat`), each checked against the default [`Limits`]. Every error is
 /// a client error with the status the API documents (400 malformed, 413 too large, 422 invalid).
 pub fn request_json(data: &[u8]) -> std::result::Result<(), ApiError> {
     let limits = Limits::default();

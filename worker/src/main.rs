@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use sieve_shared::cli::{PortFlags, PortTargets};
+use sieve_server::cli::{PortFlags, PortTargets};
 use sieve_worker::config::WorkerConfig;
 use sieve_worker::WorkerError;
 
@@ -86,7 +86,7 @@ fn main() -> ExitCode {
     };
     // After the config: it says the log format and where spans go. Held until exit, when the
     // spans still buffered are sent.
-    let _trace = match sieve_shared::cli::init_tracing_with("info", "sieve-worker", &cfg.log, &cfg.tracing) {
+    let _trace = match sieve_server::cli::init_tracing_with("info", "sieve-worker", &cfg.log, &cfg.tracing) {
         Ok(g) => g,
         Err(e) => {
             eprintln!("sieve-worker: {e}");
@@ -101,7 +101,7 @@ fn main() -> ExitCode {
         }
     };
     // Two runtime threads: the model runs on its own compute pool; the runtime only moves bytes.
-    let rt = match sieve_shared::cli::runtime_with_threads("sieve-worker", 2) {
+    let rt = match sieve_server::cli::runtime_with_threads("sieve-worker", 2) {
         Ok(rt) => rt,
         Err(code) => return code,
     };
@@ -122,7 +122,7 @@ async fn serve(cfg: WorkerConfig, prometheus: Option<metrics_exporter_prometheus
     let app = worker.app.clone();
     let shutdown = async {
         tokio::select! {
-            _ = sieve_shared::cli::shutdown_signal() => tracing::info!("signal: draining"),
+            _ = sieve_server::cli::shutdown_signal() => tracing::info!("signal: draining"),
             _ = app.drain_requested.notified() => tracing::info!("POST /drain: draining"),
         }
     };

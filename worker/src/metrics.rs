@@ -9,8 +9,8 @@
 
 use metrics::{describe_counter, describe_gauge, describe_histogram};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
+use sieve_server::service::{Protocol, Route};
 use sieve_shared::metrics_names::{grpc, http, worker as m, worker_moe as moe};
-use sieve_shared::service::{Protocol, Route};
 
 /// Latency buckets: 1 ms to 10 s, about three per decade.
 pub const SECONDS_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];

@@ -7,7 +7,7 @@ use std::net::TcpStream;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use sieve_shared::child::{self, spawn_listening, KillOnDrop};
+use sieve_server::child::{self, spawn_listening, KillOnDrop};
 use sieve_worker::assets;
 
 /// One exchange on a fresh connection: (status, body).

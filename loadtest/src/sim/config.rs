@@ -4,8 +4,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use sieve_shared::grpc::GrpcConfig;
-use sieve_shared::http::{AdminConfig, HttpConfig};
+use sieve_shared::grpc_config::GrpcConfig;
+use sieve_shared::http_config::{AdminConfig, HttpConfig};
 use sieve_shared::{CostModel, Limits};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -147,9 +147,9 @@ pub struct SimFileConfig {
     pub grpc: GrpcConfig,
     pub admin: AdminConfig,
     /// Span export over OTLP, as the worker's (off by default).
-    pub tracing: sieve_shared::trace::TracingConfig,
+    pub tracing: sieve_shared::trace_config::TracingConfig,
     /// The log format, as the worker's.
-    pub log: sieve_shared::trace::LogConfig,
+    pub log: sieve_shared::trace_config::LogConfig,
 }
 
 impl SimFileConfig {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, StandardNormal};
-use sieve_shared::http::ByteBudget;
+use sieve_server::http::ByteBudget;
 use sieve_shared::item_runs::{leading_runs, ItemRun, DEFAULT_MIN_RUN_TOKENS};
 use sieve_shared::metrics_names::sim as names;
 use sieve_shared::{ApiError, CostFeatures, ScoreRequest, ScoreResponse, Timing, Usage, WorkerStats};
@@ -294,7 +294,7 @@ impl SimEngine {
         c.waiting.fetch_add(1, Ordering::Relaxed);
         let waiting = Waiting(&c.waiting);
         // The simulated queue and compute as spans under the request's (tracing on only).
-        let queue_span = sieve_shared::span!("queue", items = pairs as i64);
+        let queue_span = sieve_server::span!("queue", items = pairs as i64);
         let permit = match deadline {
             Some(d) => match tokio::time::timeout_at(d, self.slots.acquire()).await {
                 Ok(p) => p,
@@ -312,7 +312,7 @@ impl SimEngine {
         .map_err(|_| ApiError::internal("sim worker is shutting down"))?;
         drop(waiting);
         drop(queue_span);
-        let _compute_span = sieve_shared::span!("compute", items = pairs as i64, tokens = total_tokens as i64);
+        let _compute_span = sieve_server::span!("compute", items = pairs as i64, tokens = total_tokens as i64);
         let start = Instant::now();
         let start_us = (start - self.started).as_micros() as u64;
         c.computing.fetch_add(1, Ordering::Relaxed);

@@ -8,8 +8,8 @@ use hyper::{Method, Request, StatusCode};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sieve_shared::http::{self, read_body, AdminAuth, ByteBudget, HttpResponse, StopMode};
-use sieve_shared::service::{self, Call, ScoreService, Scored};
+use sieve_server::http::{self, read_body, AdminAuth, ByteBudget, HttpResponse, StopMode};
+use sieve_server::service::{self, Call, ScoreService, Scored};
 use sieve_shared::{ApiError, ErrorKind, Limits, ScoreRequest};
 use tokio::sync::watch;
 

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sieve_shared::http::{bind, AdminAuth};
+use sieve_server::http::{bind, AdminAuth};
 
 use sieve_shared::WorkerEndpoint;
 use tokio::sync::watch;
@@ -54,7 +54,7 @@ impl SimWorker {
         let engine = Arc::new(SimEngine::new(config));
         let (stop, stop_rx) = watch::channel(Stop::Running);
         let e = engine.clone();
-        let api_task = tokio::spawn(sieve_shared::http::serve(
+        let api_task = tokio::spawn(sieve_server::http::serve(
             api,
             http_cfg.clone(),
             move |r| http::api(e.clone(), r),
@@ -62,7 +62,7 @@ impl SimWorker {
         ));
         let mut tasks = vec![api_task];
         if let Some(l) = grpc {
-            let serve = sieve_shared::grpc::serve(
+            let serve = sieve_server::grpc::serve(
                 l,
                 engine.clone(),
                 grpc_cfg,
@@ -72,7 +72,7 @@ impl SimWorker {
             tasks.push(tokio::spawn(serve));
         }
         let e = engine.clone();
-        let admin_task = tokio::spawn(sieve_shared::http::serve(
+        let admin_task = tokio::spawn(sieve_server::http::serve(
             admin,
             http_cfg,
             move |r| http::admin(e.clone(), auth.clone(), r),
@@ -157,7 +157,7 @@ impl Drop for SimWorker {
 mod tests {
     use std::time::Duration;
 
-    use sieve_shared::http::AdminConfig;
+    use sieve_shared::http_config::AdminConfig;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpStream;
 

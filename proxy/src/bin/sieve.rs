@@ -93,9 +93,9 @@ struct ScoreArgs {
 }
 
 fn main() -> ExitCode {
-    sieve_shared::cli::init_tracing("warn");
+    sieve_server::cli::init_tracing("warn");
     let cli = Cli::parse();
-    let rt = match sieve_shared::cli::runtime("sieve") {
+    let rt = match sieve_server::cli::runtime("sieve") {
         Ok(rt) => rt,
         Err(code) => return code,
     };
@@ -186,14 +186,14 @@ async fn up(a: UpArgs) -> Result<(), String> {
         print!("{}", ranking::render(&request, &scored, None));
         if a.keep_running {
             println!("\nserving on {proxy_url} — POST /v1/score, /v1/rerank; Ctrl-C to stop");
-            sieve_shared::cli::shutdown_signal().await;
+            sieve_server::cli::shutdown_signal().await;
         }
         cluster.shutdown();
         Ok::<(), String>(())
     };
     tokio::select! {
         r = work => r,
-        _ = sieve_shared::cli::shutdown_signal() => {
+        _ = sieve_server::cli::shutdown_signal() => {
             eprintln!("sieve: stopping");
             Ok(())
         }

@@ -75,7 +75,7 @@ async fn score_untraced(
     req: ScoreRequestRef<'_>,
     arrival: Instant,
 ) -> Result<(ScoreResponse, MergeStats), ApiError> {
-    // `req` was validated against these limits by the API handler (`sieve_shared::service`).
+    // `req` was validated against these limits by the API handler (`sieve_server::service`).
     let cfg = state.config();
     let budget_ms = req.deadline_ms.unwrap_or(cfg.deadline.default_ms);
     let deadline = arrival + Duration::from_millis(budget_ms);

@@ -198,8 +198,8 @@ pub fn plan(
 ) -> Result<Planned, ApiError> {
     // The request's span (the API handler's, current here): the plan's span and, later, every
     // shard attempt's are its children. Both `Span::none()` when tracing is off.
-    let request_span = if sieve_shared::trace::enabled() { tracing::Span::current() } else { tracing::Span::none() };
-    let plan_span = sieve_shared::span!(parent: &request_span, "plan", items = req.items.len() as i64, shards = tracing::field::Empty);
+    let request_span = if sieve_server::trace::enabled() { tracing::Span::current() } else { tracing::Span::none() };
+    let plan_span = sieve_server::span!(parent: &request_span, "plan", items = req.items.len() as i64, shards = tracing::field::Empty);
     let _in_plan = plan_span.enter();
     let est = estimate(state, &cfg, req);
 

@@ -244,7 +244,7 @@ impl EngineHandle {
         let (ticket, slot) = Ticket::new(st.clone(), pairs, s.arrived, deadline);
         // Opened before the job is built (it takes the items); no span, no box, when off.
         let trace = (!s.span.is_none()).then(|| {
-            let queue = sieve_shared::span!(parent: &s.span, "queue", items = s.items.len() as i64);
+            let queue = sieve_server::span!(parent: &s.span, "queue", items = s.items.len() as i64);
             Box::new(CallSpans { queue: Mutex::new(queue), span: s.span })
         });
         let job = ScoreJob {

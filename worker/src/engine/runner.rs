@@ -325,10 +325,10 @@ impl<B: Backend> Runner<B> {
         }
         // One span per call in the pass, each under its call's span (carried in the job: this
         // thread has no span context of its own). No allocation when tracing is off.
-        let _pass_spans: Vec<tracing::Span> = if sieve_shared::trace::enabled() {
+        let _pass_spans: Vec<tracing::Span> = if sieve_server::trace::enabled() {
             let traced = pass.owners.iter().filter_map(|&j| run.jobs[j].tj.job.trace.as_deref());
             traced
-                .map(|t| sieve_shared::span!(parent: &t.span, "forward_pass", pass = pass.index as i64, rows = pass.rows as i64))
+                .map(|t| sieve_server::span!(parent: &t.span, "forward_pass", pass = pass.index as i64, rows = pass.rows as i64))
                 .collect()
         } else {
             Vec::new()

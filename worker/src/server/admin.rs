@@ -13,7 +13,7 @@ use serde_json::json;
 use sieve_shared::metrics_names::{worker as m, worker_moe as moe_m};
 use sieve_shared::{ApiError, ErrorKind, WorkerStats};
 
-use sieve_shared::http::{self, HttpResponse};
+use sieve_server::http::{self, HttpResponse};
 
 use super::AppState;
 
@@ -170,7 +170,8 @@ mod tests {
     use std::net::{SocketAddr, TcpStream};
     use std::time::Duration;
 
-    use sieve_shared::http::{bind, serve, AdminAuth, HttpConfig};
+    use sieve_server::http::{bind, serve, AdminAuth};
+    use sieve_shared::http_config::HttpConfig;
     use sieve_shared::Limits;
 
     use super::*;

@@ -1,4 +1,4 @@
-//! The scoring API port: the shared API ([`sieve_shared::service`]) over `run`, with the
+//! The scoring API port: the shared API ([`sieve_server::service`]) over `run`, with the
 //! worker's drain refusal and its metrics.
 
 use std::sync::atomic::Ordering;
@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 
 use hyper::body::Incoming;
 use hyper::Request;
+use sieve_server::service::{self, Call, Protocol, Route, ScoreService, Scored};
 use sieve_shared::metrics_names::worker as m;
-use sieve_shared::service::{self, Call, Protocol, Route, ScoreService, Scored};
 use sieve_shared::{ApiError, Limits, ScoreRequest, ScoreResponse, Timing, TruncationDirection};
 
-use sieve_shared::http::{ByteBudget, HttpResponse};
+use sieve_server::http::{ByteBudget, HttpResponse};
 
 use super::AppState;
 use crate::engine::{CancellationToken, Submission};
@@ -91,7 +91,7 @@ async fn run(app: &AppState, r: &ScoreRequest, arrived: Instant) -> Result<Score
         deadline: r.deadline_ms.map(Duration::from_millis),
         cancel,
         // The request's span (the API handler's), for the engine's spans.
-        span: if sieve_shared::trace::enabled() { tracing::Span::current() } else { tracing::Span::none() },
+        span: if sieve_server::trace::enabled() { tracing::Span::current() } else { tracing::Span::none() },
         truncate: r.max_item_tokens.map(|n| crate::prompt::Truncate {
             max_tokens: n.min(app.limits.max_item_tokens) as usize,
             left: r.truncation_direction == Some(TruncationDirection::Left),

@@ -9,7 +9,8 @@ mod tests;
 use std::sync::{Arc, OnceLock};
 
 use metrics_exporter_prometheus::PrometheusHandle;
-use sieve_shared::http::{AdminAuth, ByteBudget, HttpConfig};
+use sieve_server::http::{AdminAuth, ByteBudget};
+use sieve_shared::http_config::HttpConfig;
 use sieve_shared::Limits;
 use tokio::sync::Notify;
 
@@ -72,4 +73,4 @@ impl AppState {
     }
 }
 
-pub use sieve_shared::http::HttpResponse;
+pub use sieve_server::http::HttpResponse;

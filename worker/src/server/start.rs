@@ -9,8 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use metrics_exporter_prometheus::PrometheusHandle;
-use sieve_shared::grpc::{self, GrpcConfig};
-use sieve_shared::http::{self, bind, AdminAuth, HttpConfig, StopMode, Stopper};
+use sieve_server::grpc;
+use sieve_server::http::{self, bind, AdminAuth, StopMode, Stopper};
+use sieve_shared::grpc_config::GrpcConfig;
+use sieve_shared::http_config::HttpConfig;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use sieve_kernels::reference::ReferenceBackend;
-use sieve_shared::http::HttpConfig;
+use sieve_shared::http_config::HttpConfig;
 use sieve_shared::Limits;
 
 use super::*;

@@ -122,12 +122,12 @@ pub struct AttemptResult {
 
 /// The call's header names, made once (a name given as a string is copied per call).
 const DEADLINE_MS: HeaderName = HeaderName::from_static(headers::DEADLINE_MS);
-const TRACEPARENT: HeaderName = HeaderName::from_static(sieve_shared::trace::TRACEPARENT);
+const TRACEPARENT: HeaderName = HeaderName::from_static(sieve_server::trace::TRACEPARENT);
 
 /// `n` as a header value, written on the stack and copied once: `HeaderValue::from(u64)`
 /// allocates a buffer and then a second, shrunk one.
 fn number_header(n: u64) -> HeaderValue {
-    sieve_shared::http::formatted_header(format_args!("{n}")).unwrap_or_else(|| HeaderValue::from(n))
+    sieve_server::http::formatted_header(format_args!("{n}")).unwrap_or_else(|| HeaderValue::from(n))
 }
 
 /// The worker's deadline for a call sent now: the request's time left, less the margin its
@@ -153,7 +153,7 @@ async fn attempt(
     // The attempt's span (a CLIENT child of the request's, with the HTTP client's semantic-
     // convention attributes); the worker's SERVER span is its child through the `traceparent`
     // header. Neither exists when tracing is off.
-    let span = sieve_shared::span!(
+    let span = sieve_server::span!(
         parent: &ctx.span,
         "shard_attempt",
         otel.kind = "client",
@@ -170,7 +170,7 @@ async fn attempt(
         outcome = tracing::field::Empty,
     );
     let deadline_hdr = (DEADLINE_MS, number_header(deadline_ms));
-    let sending = match sieve_shared::trace::traceparent(&span) {
+    let sending = match sieve_server::trace::traceparent(&span) {
         None => ctx.state.client.post_json(&worker.score_uri, body, &[deadline_hdr]).await,
         Some(tp) => {
             let hdrs = [deadline_hdr, (TRACEPARENT, tp)];
@@ -179,8 +179,8 @@ async fn attempt(
     };
     if !span.is_none() {
         match &sending {
-            Ok(reply) => sieve_shared::trace::record_http_status(&span, reply.status.as_u16()),
-            Err(e) => sieve_shared::trace::record_error(&span, AttemptError::client_label(e)),
+            Ok(reply) => sieve_server::trace::record_http_status(&span, reply.status.as_u16()),
+            Err(e) => sieve_server::trace::record_error(&span, AttemptError::client_label(e)),
         }
     }
     let result = match sending {
@@ -203,7 +203,7 @@ async fn attempt(
     if !span.is_none() {
         span.record("outcome", result.as_ref().map_or_else(AttemptError::label, |_| "ok"));
         if let Err(AttemptError::BadResponse(_)) = &result {
-            sieve_shared::trace::record_error(&span, "bad_response");
+            sieve_server::trace::record_error(&span, "bad_response");
         }
     }
     AttemptResult { worker, kind, sent, result }
