@@ -2,13 +2,14 @@
 //! The documented example is `configs/worker.toml`. Unknown keys are errors, named with their
 //! section (`sieve_shared::config_file`), so a typo never silently falls back to a default.
 
+use std::fmt;
 use std::path::Path;
+use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 use sieve_shared::http_config::{AdminConfig, HttpConfig};
 use sieve_shared::Limits;
 
-use crate::device::Device;
 use crate::model::loader::HeadChoice;
 pub use crate::moe::config::MoeSection;
 use crate::prompt::PromptTemplate;
@@ -114,6 +115,55 @@ pub enum Gemm {
     /// before each GEMM, SiLU·mul in its own pass): the same bits, kept to measure against.
     #[serde(rename = "tiled_unfused")]
     TiledUnfused,
+}
+
+/// Where the model runs: `cpu`, or `cuda:N` (`cuda` is `cuda:0`). In the config and on the
+/// command line it is that string; a bad one is refused when the config is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum Device {
+    #[default]
+    Cpu,
+    Cuda(usize),
+}
+
+impl FromStr for Device {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Device, String> {
+        match s {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Device::Cuda)
+                .ok_or_else(|| format!("device '{s}': expected cpu or cuda:N (N a GPU index)")),
+        }
+    }
+}
+
+impl TryFrom<String> for Device {
+    type Error = String;
+
+    fn try_from(s: String) -> std::result::Result<Device, String> {
+        s.parse()
+    }
+}
+
+impl From<Device> for String {
+    fn from(d: Device) -> String {
+        d.to_string()
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
 }
 
 impl Default for ModelSection {

@@ -1,67 +1,15 @@
 //! Device selection: builds the backend for `--device` and starts the engine on it.
 
-use std::fmt;
-use std::str::FromStr;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 use sieve_kernels::cuda::{AttentionEngine, CudaBackend, CudaOptions, GemmEngine};
 use sieve_kernels::Backend;
 
 use crate::assets;
-use crate::config::{Attention, Gemm, WorkerConfig};
+use crate::config::{Attention, Device, Gemm, WorkerConfig};
 use crate::engine::{EngineConfig, EngineHandle, EngineParts, EngineState, PrefixCacheConfig};
 use crate::model::loader::{self, LoadOptions};
 use crate::{moe, Result, WorkerError};
-
-/// Where the model runs: `cpu`, or `cuda:N` (`cuda` is `cuda:0`). In the config and on the
-/// command line it is that string; a bad one is refused when the config is read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub enum Device {
-    #[default]
-    Cpu,
-    Cuda(usize),
-}
-
-impl FromStr for Device {
-    type Err = String;
-
-    fn from_str(s: &str) -> std::result::Result<Device, String> {
-        match s {
-            "cpu" => Ok(Device::Cpu),
-            "cuda" => Ok(Device::Cuda(0)),
-            _ => s
-                .strip_prefix("cuda:")
-                .and_then(|n| n.parse().ok())
-                .map(Device::Cuda)
-                .ok_or_else(|| format!("device '{s}': expected cpu or cuda:N (N a GPU index)")),
-        }
-    }
-}
-
-impl TryFrom<String> for Device {
-    type Error = String;
-
-    fn try_from(s: String) -> std::result::Result<Device, String> {
-        s.parse()
-    }
-}
-
-impl From<Device> for String {
-    fn from(d: Device) -> String {
-        d.to_string()
-    }
-}
-
-impl fmt::Display for Device {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Device::Cpu => f.write_str("cpu"),
-            Device::Cuda(n) => write!(f, "cuda:{n}"),
-        }
-    }
-}
 
 pub fn engine_config(cfg: &WorkerConfig, model_max_position: usize) -> EngineConfig {
     let e = &cfg.engine;
