@@ -10,7 +10,6 @@ use serde::{Deserialize, Serialize};
 use sieve_shared::http_config::{AdminConfig, HttpConfig};
 use sieve_shared::Limits;
 
-use crate::model::loader::HeadChoice;
 pub use crate::moe::config::MoeSection;
 use crate::prompt::PromptTemplate;
 use crate::{Result, WorkerError};
@@ -90,6 +89,17 @@ pub struct ModelSection {
     /// or `simt` (the earlier kernel, kept to compare against). Both keep a row's bits
     /// independent of its batch.
     pub attention: Attention,
+}
+
+/// How the score head is chosen (`model.head`: `auto`, `yes_no` or `classifier`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HeadChoice {
+    /// A classifier when the checkpoint has `score.weight`, else yes/no.
+    #[default]
+    Auto,
+    YesNo,
+    Classifier,
 }
 
 /// CUDA attention kernels (`model.attention`): see [`ModelSection::attention`].

@@ -4,25 +4,14 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 use sieve_kernels::Backend;
 
 use super::config::{Arch, ModelConfig};
 use super::{arch, GgufFile, HeadSpec, HfCheckpoint, Model, WeightSource};
+use crate::config::HeadChoice;
 use crate::prompt::{PromptBuilder, PromptTemplate};
 use crate::tokenizer::Tokenizer;
 use crate::{Result, WorkerError};
-
-/// How the score head is chosen (`model.head`: `auto`, `yes_no` or `classifier`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum HeadChoice {
-    /// A classifier when the checkpoint has `score.weight`, else yes/no.
-    #[default]
-    Auto,
-    YesNo,
-    Classifier,
-}
 
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
