@@ -1,32 +1,39 @@
-//! The HTTP client to workers: hyper-util's pooled client (HTTP/1 keep-alive connections per
-//! worker, `TCP_NODELAY`, the `[client]` connect timeout, idle timeout and idle cap), bodies read
-//! whole with a size cap. Dropping a call's future closes its connection unless the response had
-//! already arrived whole: hyper closes an HTTP/1 connection whose response or body is no longer
-//! wanted, which is how a hedge's loser (or a call past the deadline) is cancelled on the worker.
+//! The HTTP client to workers: HTTP/1 keep-alive connections reused across shards, bodies read
+//! whole with a size cap. Each call drives its own connection in the calling task
+//! ([`conn`]: no connection task, no channel between the two) and hands it back to a pool of
+//! idle connections ([`pool`]) once its response is complete. Dropping a call's future closes
+//! its connection, which is how a hedge's loser (or a call past the deadline) is cancelled on
+//! the worker.
 
+mod conn;
+mod pool;
 #[cfg(test)]
 mod tests;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Limited};
 use hyper::body::{Body, Frame, SizeHint};
-use hyper::header::{HeaderName, HeaderValue, CONTENT_TYPE};
+use hyper::header::{HeaderName, HeaderValue, CONTENT_TYPE, HOST};
 use hyper::{HeaderMap, Method, Request, StatusCode, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use sieve_shared::proxy_config::ClientConfig;
+
+use self::conn::{CallError, Conn};
+use self::pool::Pool;
 
 #[derive(Clone)]
 pub struct HttpClient {
-    client: Client<HttpConnector, Chunks>,
+    pool: Arc<Pool>,
+    connector: HttpConnector,
+    http1: hyper::client::conn::http1::Builder,
     max_response_bytes: usize,
+    max_idle_per_worker: usize,
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -55,12 +62,13 @@ impl HttpClient {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_millis(cfg.connect_timeout_ms)));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_millis(cfg.pool_idle_timeout_ms))
-            .pool_max_idle_per_host(cfg.max_idle_per_worker)
-            .pool_timer(TokioTimer::new())
-            .build(connector);
-        HttpClient { client, max_response_bytes: cfg.max_response_bytes }
+        HttpClient {
+            pool: Pool::new(Duration::from_millis(cfg.pool_idle_timeout_ms), cfg.max_idle_per_worker),
+            connector,
+            http1: hyper::client::conn::http1::Builder::new(),
+            max_response_bytes: cfg.max_response_bytes,
+            max_idle_per_worker: cfg.max_idle_per_worker,
+        }
     }
 
     /// `headers` are typed names (`HeaderName::from_static` in a `const`): a name given as a
@@ -71,7 +79,7 @@ impl HttpClient {
         body: impl Into<Chunks>,
         headers: &[(HeaderName, HeaderValue)],
     ) -> Result<Reply, ClientError> {
-        let mut req = Request::builder().method(Method::POST).uri(uri.clone());
+        let mut req = Request::builder().method(Method::POST).uri(origin_form(uri));
         for (name, value) in headers {
             req = req.header(name, value.clone());
         }
@@ -79,40 +87,56 @@ impl HttpClient {
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
             .body(body.into())
             .map_err(|e| ClientError::Request(e.to_string()))?;
-        self.send(req).await
+        self.send(uri, req).await
     }
 
     pub async fn get(&self, uri: &Uri) -> Result<Reply, ClientError> {
         let req = Request::builder()
             .method(Method::GET)
-            .uri(uri.clone())
+            .uri(origin_form(uri))
             .body(Chunks::default())
             .map_err(|e| ClientError::Request(e.to_string()))?;
-        self.send(req).await
+        self.send(uri, req).await
     }
 
-    /// Sends `req` (an absolute URI) on an idle connection to its worker or a new one (hyper
-    /// moves a request that an idle connection closed on before writing it to a new connection)
-    /// and reads the whole answer.
-    async fn send(&self, req: Request<Chunks>) -> Result<Reply, ClientError> {
-        let resp = self.client.request(req).await.map_err(|e| {
-            if e.is_connect() {
-                ClientError::Connect(error_chain(&e))
-            } else {
-                ClientError::Broken(error_chain(&e))
+    /// Sends `req` (its URI the path of `uri`) on an idle connection to `uri`'s worker or a new
+    /// one. A request that an idle connection closed on before writing it goes on a new
+    /// connection (as hyper's pooled client does); a connection that cannot be made is
+    /// [`ClientError::Connect`].
+    async fn send(&self, uri: &Uri, mut req: Request<Chunks>) -> Result<Reply, ClientError> {
+        let key = uri.authority().ok_or_else(|| ClientError::Request(format!("no host in {uri}")))?;
+        let mut reused = self.pool.take(key);
+        loop {
+            let fresh = reused.is_none();
+            let mut conn = match reused.take() {
+                Some(conn) => conn,
+                None => Conn::open(&self.connector, &self.http1, uri).await?,
+            };
+            req.headers_mut().insert(HOST, conn.host.clone());
+            match conn.call(req, self.max_response_bytes).await {
+                Ok((resp, keep_alive)) => {
+                    if keep_alive && self.max_idle_per_worker > 0 {
+                        self.pool.put(key, conn);
+                    }
+                    let (parts, body) = resp.into_parts();
+                    return Ok(Reply { status: parts.status, headers: parts.headers, body });
+                }
+                Err(CallError::NotSent(back, _)) if !fresh => req = *back,
+                Err(CallError::NotSent(_, msg)) => return Err(ClientError::Broken(msg)),
+                Err(CallError::Failed(e)) => return Err(e),
             }
-        })?;
-        let (parts, body) = resp.into_parts();
-        let body = Limited::new(body, self.max_response_bytes).collect().await.map_err(|e| {
-            if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
-                ClientError::TooLarge(self.max_response_bytes)
-            } else {
-                ClientError::Broken(error_chain(&*e))
-            }
-        })?;
-        Ok(Reply { status: parts.status, headers: parts.headers, body: body.to_bytes() })
+        }
     }
 }
+
+/// The request line's target: the path and query alone (the worker is named by `host`).
+fn origin_form(uri: &Uri) -> Uri {
+    match uri.path_and_query() {
+        Some(pq) => Uri::from(pq.clone()),
+        None => Uri::from_static("/"),
+    }
+}
+
 /// A request body sent as the chunks it is made of, with its exact length (so a
 /// `content-length`): hyper queues them for one vectored write, so a shard's items can go out as
 /// a slice of the caller's body without being copied into a buffer of their own.

@@ -247,15 +247,15 @@ async fn dropping_a_call_mid_answer_closes_its_connection() {
 }
 
 #[tokio::test]
-async fn a_response_over_the_cap_is_refused() {
-    // Not kept in memory: hyper discards what already arrived of it (and keeps the connection
-    // if that was all of it) or closes the connection.
-    let (uri, _) = server(Mode::Big(10_000)).await;
+async fn a_response_over_the_cap_is_refused_and_its_connection_closed() {
+    let (uri, counts) = server(Mode::Big(10_000)).await;
     let c = client(ClientConfig { max_response_bytes: 1000, ..ClientConfig::default() });
     let e = c.post_json(&uri, Bytes::from_static(b"a"), &[]).await.unwrap_err();
     assert!(matches!(e, ClientError::TooLarge(1000)), "{e:?}");
+    eventually("connection closed", || counts.closed_by_client.load(Ordering::SeqCst) == 1).await;
     let e = c.get(&uri).await.unwrap_err();
     assert!(matches!(e, ClientError::TooLarge(1000)), "{e:?}");
+    assert_eq!(counts.accepted.load(Ordering::SeqCst), 2, "the first connection was not reused");
 }
 
 #[tokio::test]
