@@ -22,6 +22,8 @@ enum Mode {
     Silent,
     /// Answers the first request as `Echo`, then closes the connection 20 ms later.
     EchoThenClose,
+    /// Sends the head and half of a 1,000-byte body, then nothing more.
+    HalfBody,
 }
 
 #[derive(Default)]
@@ -60,6 +62,13 @@ async fn connection(mut sock: TcpStream, mode: Mode, counts: Arc<Counts>) {
             Mode::Close => ("connection: close\r\n", body),
             Mode::Big(n) => ("", vec![b'x'; n]),
             Mode::Silent => continue,
+            Mode::HalfBody => {
+                let head = "HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n";
+                if sock.write_all(head.as_bytes()).await.is_err() || sock.write_all(&[b'x'; 500]).await.is_err() {
+                    return;
+                }
+                continue;
+            }
         };
         let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n{extra}\r\n", payload.len());
         if sock.write_all(head.as_bytes()).await.is_err() || sock.write_all(&payload).await.is_err() {
@@ -223,6 +232,18 @@ async fn dropping_a_call_closes_its_connection() {
     assert!(call.await.is_err(), "the silent worker never answers");
     eventually("the worker saw the connection close", || counts.closed_by_client.load(Ordering::SeqCst) == 1).await;
     assert_eq!(counts.requests.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn dropping_a_call_mid_answer_closes_its_connection() {
+    let (uri, counts) = server(Mode::HalfBody).await;
+    let c = client(ClientConfig::default());
+    let call = tokio::time::timeout(Duration::from_millis(100), c.post_json(&uri, Bytes::from_static(b"a"), &[]));
+    assert!(call.await.is_err(), "the answer never ends");
+    eventually("the worker saw the connection close", || counts.closed_by_client.load(Ordering::SeqCst) == 1).await;
+    let again = tokio::time::timeout(Duration::from_millis(100), c.post_json(&uri, Bytes::from_static(b"b"), &[]));
+    assert!(again.await.is_err());
+    assert_eq!(counts.accepted.load(Ordering::SeqCst), 2, "the half-read connection was not reused");
 }
 
 #[tokio::test]
