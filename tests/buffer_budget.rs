@@ -118,7 +118,7 @@ async fn clients_hoarding_large_bodies_cannot_grow_the_proxy_past_its_budget() {
     let small = score_body(QUERY, &catalogue(4, 1), None);
     assert_eq!(http.post_json(&score_url, &small).await.status, 200);
     let (h, mu) = (&http, &metrics_url);
-    let buffered = move || async move { metric(&h.get(mu).await.text(), m::BUFFERED_BYTES).unwrap_or(-1.0) };
+    let buffered = move || async move { metric(&h.get(mu).await.text(), m::BUFFERED_BYTES.name).unwrap_or(-1.0) };
     let (rss_start, _) = memory_kib(proxy.pid()).expect("proxy RSS");
 
     // Three bodies of 4 MiB, 3.5 MiB of each sent, held one after the other: 12 of 14 MiB.
@@ -167,8 +167,8 @@ async fn clients_hoarding_large_bodies_cannot_grow_the_proxy_past_its_budget() {
     let r = http.post_json(&score_url, &small).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let page = http.get(&metrics_url).await.text();
-    assert!(metric(&page, m::BUFFER_REFUSALS).is_some_and(|n| n >= 10.0), "refusals counted: {page}");
-    assert_eq!(metric(&page, m::BUFFERED_BYTES), Some(0.0));
+    assert!(metric(&page, m::BUFFER_REFUSALS.name).is_some_and(|n| n >= 10.0), "refusals counted: {page}");
+    assert_eq!(metric(&page, m::BUFFERED_BYTES.name), Some(0.0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

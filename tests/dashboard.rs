@@ -116,8 +116,8 @@ fn every_dashboard_metric_is_a_defined_name() {
         wm::PREFIX_HITS,
         moe::SELECTIONS,
     ] {
-        assert!(defined.contains(c), "{c} not read from the name file");
-        assert!(names.contains(c), "the dashboard has no panel for {c}");
+        assert!(defined.contains(c.name), "{c} not read from the name file");
+        assert!(names.contains(c.name), "the dashboard has no panel for {c}");
     }
     let unknown: Vec<_> = names.difference(&defined).collect();
     assert!(unknown.is_empty(), "the dashboard names metrics no constant defines: {unknown:?}");

@@ -63,7 +63,7 @@ async fn proxy_and_sim_worker_binaries_keep_the_command_line_contract() {
     assert_eq!(workers["workers"].as_array().map(Vec::len), Some(2));
     let metrics = http.get(&format!("{}/metrics", p.admin_url())).await.text();
     for name in [m::REQUESTS, m::SHARD_ITEMS, m::WORKER_IN_FLIGHT, m::WORKER_BREAKER_STATE] {
-        assert!(metrics.contains(name), "/metrics lacks {name}");
+        assert!(metrics.contains(name.name), "/metrics lacks {name}");
     }
 }
 

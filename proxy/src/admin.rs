@@ -151,6 +151,7 @@ mod tests {
     use std::net::SocketAddr;
     use std::time::Duration;
 
+    use sieve_shared::metrics_names::Metric;
     use sieve_shared::{ProxyConfig, WorkerEndpoint};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpStream;
@@ -217,9 +218,9 @@ mod tests {
     }
 
     /// The lines of `text` naming `metric` with the label `worker="url"`.
-    fn series<'a>(text: &'a str, metric: &str, url: &str) -> Vec<&'a str> {
+    fn series<'a>(text: &'a str, metric: Metric, url: &str) -> Vec<&'a str> {
         let label = format!("worker=\"{url}\"");
-        text.lines().filter(|l| l.starts_with(metric) && l.contains(&label)).collect()
+        text.lines().filter(|l| l.starts_with(metric.name) && l.contains(&label)).collect()
     }
 
     #[tokio::test]
@@ -255,7 +256,7 @@ mod tests {
         let text = scrape(proxy.admin_addr).await;
         assert!(!text.contains(b), "a removed worker is still reported:\n{text}");
         assert_eq!(series(&text, m::WORKER_READY, a).len(), 1, "{text}");
-        assert!(text.contains(m::WORKERS_ELIGIBLE), "the process's own series stay: {text}");
+        assert!(text.contains(m::WORKERS_ELIGIBLE.name), "the process's own series stay: {text}");
         proxy.stop().await;
     }
 

@@ -96,7 +96,9 @@ impl ScoreService for Api {
     }
 
     fn observe(&self, protocol: Protocol, route: Route, status: u16, elapsed: Duration) {
-        m::observe_request(protocol, route, status, elapsed.as_secs_f64());
+        let (p, r) = (protocol.name(), route.name());
+        metrics::counter!(m::REQUESTS, "protocol" => p, "route" => r, "code" => status.to_string()).increment(1);
+        metrics::histogram!(m::REQUEST_SECONDS, "protocol" => p, "route" => r).record(elapsed.as_secs_f64());
     }
 }
 

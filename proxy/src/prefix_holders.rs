@@ -88,7 +88,7 @@ impl PrefixHolders {
         let expected = holders.as_ref().is_some_and(|hs| hs.iter().any(|h| self.live(h, w, now)));
         if expected {
             let hit = cached_prefix_tokens >= prefix_tokens;
-            m::prefix_affinity_check(hit).increment(1);
+            metrics::counter!(m::PREFIX_AFFINITY_CHECKS, "outcome" => if hit { "hit" } else { "miss" }).increment(1);
             if !hit {
                 self.forget(prefix, w);
                 return;

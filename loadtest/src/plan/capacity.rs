@@ -192,7 +192,7 @@ impl CacheCounts {
                 .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
                 .sum::<f64>() as u64
         };
-        CacheCounts { hits: value(names::CACHE_HITS), misses: value(names::CACHE_MISSES) }
+        CacheCounts { hits: value(names::CACHE_HITS.name), misses: value(names::CACHE_MISSES.name) }
     }
 }
 

@@ -478,32 +478,23 @@ impl SimEngine {
 
     /// Prometheus text exposition of the counters, each family with its HELP and TYPE lines.
     pub fn metrics_text(&self) -> String {
-        use std::fmt::Write as _;
         let c = &self.counters;
+        let v = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
         let mut out = String::new();
-        for (name, kind, help, v) in [
-            (names::REQUESTS, "counter", "Scoring calls received", c.requests.load(Ordering::Relaxed)),
-            (names::COMPLETED, "counter", "Scoring calls answered in full", c.completed.load(Ordering::Relaxed)),
-            (names::PAIRS, "counter", "Pairs scored", c.pairs.load(Ordering::Relaxed)),
-            (names::TOKENS, "counter", "Simulated tokens computed", c.tokens.load(Ordering::Relaxed)),
-            (
-                names::FAILURES_INJECTED,
-                "counter",
-                "Calls failed on purpose by the failure settings",
-                c.failures_injected.load(Ordering::Relaxed),
-            ),
-            (
-                names::DEADLINE_DROPS,
-                "counter",
-                "Calls whose deadline passed before they were scored",
-                c.deadline_drops.load(Ordering::Relaxed),
-            ),
-            (names::CANCELLED, "counter", "Calls whose caller went away", c.cancelled.load(Ordering::Relaxed)),
-            (names::IN_FLIGHT, "gauge", "Calls in progress now", c.in_flight.load(Ordering::Relaxed)),
-            (names::QUEUED_TOKENS, "gauge", "Simulated tokens queued now", c.queued_tokens.load(Ordering::Relaxed)),
-        ] {
-            let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n");
-        }
+        sieve_shared::metrics_names::write_values(
+            &mut out,
+            &[
+                (names::REQUESTS, v(&c.requests)),
+                (names::COMPLETED, v(&c.completed)),
+                (names::PAIRS, v(&c.pairs)),
+                (names::TOKENS, v(&c.tokens)),
+                (names::FAILURES_INJECTED, v(&c.failures_injected)),
+                (names::DEADLINE_DROPS, v(&c.deadline_drops)),
+                (names::CANCELLED, v(&c.cancelled)),
+                (names::IN_FLIGHT, v(&c.in_flight)),
+                (names::QUEUED_TOKENS, v(&c.queued_tokens)),
+            ],
+        );
         out
     }
 }

@@ -39,11 +39,11 @@ pub fn on_success(
     let now = Instant::now();
     note_breaker(worker, worker.on_success(now));
     let elapsed_ms = now.saturating_duration_since(shard_start).as_secs_f64() * 1e3;
-    m::shard_actual_seconds().record(elapsed_ms / 1e3);
+    metrics::histogram!(m::SHARD_ACTUAL_SECONDS).record(elapsed_ms / 1e3);
     if kind != AttemptKind::Retry && predicted_finish_ms > 0.0 {
         let ratio = elapsed_ms / predicted_finish_ms;
         ctx.state.ratios.record(ratio, predicted_finish_ms);
-        m::shard_time_ratio().record(ratio);
+        metrics::histogram!(m::SHARD_TIME_RATIO).record(ratio);
     }
     // A partial answer's compute covers only some of its items: it would teach the cost model
     // that items are cheaper than they are (and its batch may not have committed the prefix).
@@ -61,7 +61,7 @@ pub fn on_success(
         let estimated: f64 = items.iter().map(|&i| ctx.item_tokens[i]).sum();
         let reported: f64 = usage.item_tokens.iter().map(|&n| f64::from(n)).sum();
         if reported > 0.0 {
-            m::token_estimate_error().record((estimated - reported) / reported);
+            metrics::histogram!(m::TOKEN_ESTIMATE_ERROR).record((estimated - reported) / reported);
         }
         lock(&ctx.state.tokens).observe(
             items.iter().map(|&i| &ctx.item_features[i]).zip(usage.item_tokens.iter().copied()),

@@ -219,16 +219,16 @@ pub fn plan(
         dropped.iter_mut().for_each(|k| *k = caller(*k));
     }
 
-    m::request_items().record(req.items.len() as f64);
-    m::shards_per_request().record(plan.shards.len() as f64);
+    metrics::histogram!(m::REQUEST_ITEMS).record(req.items.len() as f64);
+    metrics::histogram!(m::SHARDS_PER_REQUEST).record(plan.shards.len() as f64);
     let mut jobs = Vec::with_capacity(plan.shards.len());
     for mut s in plan.shards {
         if todo.is_some() {
             s.items.iter_mut().for_each(|k| *k = caller(*k));
         }
-        m::shard_items().record(s.items.len() as f64);
-        m::shard_tokens().record(s.tokens);
-        m::shard_predicted_seconds().record(s.finish_ms / 1e3);
+        metrics::histogram!(m::SHARD_ITEMS).record(s.items.len() as f64);
+        metrics::histogram!(m::SHARD_TOKENS).record(s.tokens);
+        metrics::histogram!(m::SHARD_PREDICTED_SECONDS).record(s.finish_ms / 1e3);
         // Every shard sent earns retry and hedge allowance.
         state.retry_budget.deposit(cfg.retry.budget_ratio);
         state.hedge_budget.deposit(cfg.hedge.budget_ratio * s.compute_ms);

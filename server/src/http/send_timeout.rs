@@ -38,12 +38,12 @@ pub(crate) struct SendTimeout<T> {
     timed_out: bool,
     /// The counter (label `timer="send"`) a timeout adds to: the port's protocol family
     /// (`metrics_names::http` or `::grpc`).
-    metric: &'static str,
+    metric: sieve_shared::metrics_names::Metric,
 }
 
 impl<T> SendTimeout<T> {
     /// `inner`'s writes under `timeout`, counted in `metric` when it runs out.
-    pub(crate) fn new(inner: T, timeout: Duration, metric: &'static str) -> Self {
+    pub(crate) fn new(inner: T, timeout: Duration, metric: sieve_shared::metrics_names::Metric) -> Self {
         SendTimeout { inner, timeout, sleep: None, stalled: false, timed_out: false, metric }
     }
 

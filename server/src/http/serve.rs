@@ -220,7 +220,7 @@ async fn stop_connections(mode: StopMode, stop: impl Future<Output = ()>, mut co
 /// Closes the connections idle for [`EVICT_IDLE`] or more (their tasks aborted: the socket
 /// closed, the slot freed), for the connections waiting at the cap; each counted in `metric`
 /// as `timer="evicted"`.
-fn evict_idle<A: Idle>(open: &mut Open<A>, metric: &'static str) {
+fn evict_idle<A: Idle>(open: &mut Open<A>, metric: sieve_shared::metrics_names::Metric) {
     let now = std::time::Instant::now();
     open.retain(|_, (task, conn)| {
         let idle = conn.idle_for(now).is_some_and(|d| d >= EVICT_IDLE);

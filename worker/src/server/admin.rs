@@ -146,18 +146,14 @@ fn prometheus(app: &AppState) -> HttpResponse {
     let mut text = handle.render();
     // Counters of seconds, running f64 totals: written here (the facade's counters are integers).
     let mut seconds = vec![
-        (m::RUNNER_BUSY_SECONDS, "Seconds the runner computed", pl.runner_busy_seconds),
-        (
-            m::RUNNER_IDLE_WITH_WORK_SECONDS,
-            "Seconds the runner waited for a batch while work was queued",
-            pl.runner_idle_with_work_seconds,
-        ),
+        (m::RUNNER_BUSY_SECONDS, pl.runner_busy_seconds),
+        (m::RUNNER_IDLE_WITH_WORK_SECONDS, pl.runner_idle_with_work_seconds),
     ];
     if let Some((moe_seconds, forward_seconds)) = app.state.moe.seconds() {
-        seconds.push((moe_m::SECONDS, "Seconds inside MoE layers", moe_seconds));
-        seconds.push((moe_m::FORWARD_SECONDS, "Seconds of the forward passes that ran MoE layers", forward_seconds));
+        seconds.push((moe_m::SECONDS, moe_seconds));
+        seconds.push((moe_m::FORWARD_SECONDS, forward_seconds));
     }
-    crate::metrics::write_seconds_counters(&mut text, &seconds);
+    sieve_shared::metrics_names::write_values(&mut text, &seconds);
     let mut r = Response::new(Full::new(Bytes::from(text)));
     r.headers_mut()
         .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"));
