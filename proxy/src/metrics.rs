@@ -7,8 +7,8 @@
 use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use sieve_shared::metrics_names::{self as names, grpc, http};
 use sieve_server::service::{Protocol, Route};
+use sieve_shared::metrics_names::{self as names, grpc, http};
 
 // Re-exported so the proxy records them as `metrics::NAME`.
 pub use sieve_shared::metrics_names::proxy::*;

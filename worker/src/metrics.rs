@@ -8,8 +8,8 @@
 //! (`metrics_names::write_values`), as the engine's running totals.
 
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
-use sieve_shared::metrics_names::{self as names, grpc, http, worker as m, worker_moe as moe};
 use sieve_server::service::{Protocol, Route};
+use sieve_shared::metrics_names::{self as names, grpc, http, worker as m, worker_moe as moe};
 
 /// Latency buckets: 1 ms to 10 s, about three per decade.
 pub const SECONDS_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
