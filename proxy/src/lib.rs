@@ -15,6 +15,7 @@ pub mod estimate;
 pub mod http_api;
 pub mod local_cluster;
 pub mod metrics;
+pub mod pair_cache;
 pub mod prefix_holders;
 pub mod ranking;
 pub mod request;

@@ -21,8 +21,8 @@ use crate::estimate::answer_margin::AnswerMargin;
 use crate::estimate::cost_estimator::CostEstimator;
 use crate::estimate::latency_ratio::RatioTracker;
 use crate::estimate::token_estimator::TokenEstimator;
+use crate::pair_cache::PairCache;
 use crate::prefix_holders::PrefixHolders;
-use crate::request::cache::PairCache;
 use crate::request_trace::Trace;
 use crate::split::{self, SplitPolicy};
 

@@ -1,5 +1,5 @@
 //! The pair-score cache's key, entry weight and cache shape, in one place so the proxy's cache
-//! (`proxy/src/request/cache.rs`) and the capacity planner's replay of it
+//! (`proxy/src/pair_cache.rs`) and the capacity planner's replay of it
 //! (`loadtest/src/plan/pair.rs`) are the same cache: the same 128-bit XXH3 key over (model,
 //! instruction and query, item text), the same per-entry weight, TTL and hasher, hence the same
 //! moka admission and eviction decisions.

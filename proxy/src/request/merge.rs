@@ -8,14 +8,8 @@ use std::time::Instant;
 
 use sieve_shared::{ApiError, ScoreResponse, Timing, Usage};
 
-use crate::request::cache::Lookup;
-use crate::request::dispatch::ShardOutcome;
-
-pub struct ShardResult {
-    /// The caller's indices of the shard's items, in the order they were sent.
-    pub items: Vec<usize>,
-    pub outcome: ShardOutcome,
-}
+use crate::pair_cache::Lookup;
+use crate::request::shard::{ShardOutcome, ShardResult};
 
 /// Summary figures for metrics and logs.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -153,7 +147,7 @@ pub fn remap_item_indices(mut e: ApiError, items: &[usize]) -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::dispatch::ShardDone;
+    use crate::request::shard::ShardDone;
 
     fn done(items: &[usize], scores: &[f32], tokens: &[u32], prefix: u32) -> ShardResult {
         let response = ScoreResponse {

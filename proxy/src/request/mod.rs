@@ -23,11 +23,11 @@ use crate::request_trace;
 use crate::state::AppState;
 
 pub mod admission;
-pub mod cache;
 pub mod dispatch;
 pub mod feedback;
 pub mod merge;
 pub mod plan;
+pub mod shard;
 
 use dispatch::shard_body::ShardWire;
 use merge::MergeStats;
@@ -97,11 +97,15 @@ async fn score_untraced(
         drop(req);
         results = dispatch::run(ctx, jobs).await?;
         if let Some(l) = &lookup {
-            state.pair_cache.store(l, &results);
+            let answers = results.iter().filter_map(|r| match &r.outcome {
+                shard::ShardOutcome::Done(d) => Some((&r.items[..], &d.response)),
+                _ => None,
+            });
+            state.pair_cache.store(l, answers);
         }
         if !dropped.is_empty() {
             // Left out by admission: never sent, answered as missing.
-            results.push(merge::ShardResult { items: dropped, outcome: dispatch::ShardOutcome::Missed });
+            results.push(shard::ShardResult { items: dropped, outcome: shard::ShardOutcome::Missed });
         }
     }
     let (resp, stats) = merge::merge(n_items, ids, budget_ms, results, arrival, lookup.as_ref())?;

@@ -12,41 +12,15 @@ use sieve_shared::sync::lock;
 use sieve_shared::{ApiError, CostModel, ProxyConfig, ScoreRequestRef};
 
 use super::dispatch::shard_body::ShardWire;
+use super::shard::{Eligible, ShardJob};
 use super::{admission, RequestCtx};
 use crate::balancer::Policy;
-use crate::cluster::worker::{Worker, WorkerView};
+use crate::cluster::worker::Worker;
 use crate::estimate::token_estimator::{features, Features};
 use crate::metrics as m;
 use crate::split::{self, ItemGroups, SplitPolicy};
 use crate::state::AppState;
 use sieve_shared::pair_key::digest_of_prefix;
-
-/// A shard as planned: where it goes first and what it is predicted to take.
-pub struct ShardJob {
-    pub worker: Arc<Worker>,
-    pub items: Vec<usize>,
-    pub compute_ms: f64,
-    pub finish_ms: f64,
-}
-
-/// The eligible workers at one instant and how loaded each is, in the pool's order: what the
-/// split and every later retry or hedge decision rank.
-pub struct Eligible {
-    pub workers: Vec<Arc<Worker>>,
-    pub views: Vec<WorkerView>,
-}
-
-impl Eligible {
-    /// The workers that can take shards at `now`, less those in `exclude`.
-    pub fn at(state: &AppState, cfg: &ProxyConfig, now: Instant, model: &CostModel, exclude: &[Arc<Worker>]) -> Self {
-        let params = AppState::view_params(cfg);
-        let mut workers: Vec<Arc<Worker>> = state.pool.eligible(now);
-        // In place: no second vector per request.
-        workers.retain(|w| !exclude.iter().any(|x| Arc::ptr_eq(x, w)));
-        let views = workers.iter().map(|w| w.view(now, model, &params)).collect();
-        Eligible { workers, views }
-    }
-}
 
 /// A request refused as late whose prompt no worker would take anyway is too large: a 429
 /// would say "retry later", and no retry can help (a request admitted gets the worker's own

@@ -20,13 +20,12 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::FutureExt as _;
 use futures_util::stream::{FuturesUnordered, StreamExt as _};
-use sieve_shared::{ApiError, ScoreResponse};
+use sieve_shared::ApiError;
 
 use self::attempt::{AttemptError, AttemptKind, AttemptResult};
 use self::in_flight::InFlight;
 use super::feedback;
-use super::merge::ShardResult;
-use super::plan::{Eligible, ShardJob};
+use super::shard::{Eligible, ShardDone, ShardJob, ShardOutcome, ShardResult};
 use super::RequestCtx;
 use crate::cluster::worker::{Worker, WorkerView};
 use crate::metrics as m;
@@ -34,22 +33,6 @@ use crate::metrics as m;
 /// How long an attempt still out at the request's deadline is watched for its answer's lag:
 /// later than this, its worker stalled.
 const LATE_WATCH: Duration = Duration::from_secs(1);
-
-pub enum ShardOutcome {
-    Done(ShardDone),
-    /// Every attempt failed (or one failed in a way another worker would repeat).
-    Failed(ApiError),
-    /// The deadline passed first.
-    Missed,
-}
-
-pub struct ShardDone {
-    pub response: ScoreResponse,
-    /// When the winning attempt was sent, after the request's arrival.
-    pub sent_after_ms: f64,
-    pub hedged: bool,
-    pub retries: u32,
-}
 
 /// Runs every shard concurrently; the outcomes in plan order, with each shard's items. The
 /// shards are polled in the request's own task (a `FuturesUnordered` polls only those woken), as

@@ -24,10 +24,8 @@ use moka::notification::RemovalCause;
 use moka::sync::Cache;
 use sieve_shared::pair_key::{self, digest_of_item, digest_of_model, digest_of_prefix, key, BuildDigestHasher};
 use sieve_shared::proxy_config::CacheConfig;
-use sieve_shared::ScoreRequestRef;
+use sieve_shared::{ScoreRequestRef, ScoreResponse};
 
-use super::dispatch::ShardOutcome;
-use super::merge::ShardResult;
 use crate::metrics as m;
 
 pub use sieve_shared::pair_key::ENTRY_BYTES;
@@ -132,22 +130,21 @@ impl PairCache {
         Lookup { prefix, digests, found, hits, todo, model: model.map(|m| m.name.clone()) }
     }
 
-    /// Stores what the workers answered for `lookup`'s request: every finite score of a shard
-    /// that completed, under the model its worker reported, except the items it listed missing.
-    pub fn store(&self, lookup: &Lookup, results: &[ShardResult]) {
+    /// Stores what the workers answered for `lookup`'s request, one (the shard's items, its
+    /// worker's answer) pair per shard that completed: every finite score, under the model its
+    /// worker reported, except the items it listed missing.
+    pub fn store<'r>(&self, lookup: &Lookup, answers: impl IntoIterator<Item = (&'r [usize], &'r ScoreResponse)>) {
         let mut inserted = 0u64;
-        for r in results {
-            let ShardOutcome::Done(d) = &r.outcome else { continue };
-            let resp = &d.response;
+        for (items, resp) in answers {
             self.observe_model(&resp.model, &resp.template);
             let model = self.model.load();
             let Some(model) = model.as_ref().filter(|m| m.name == resp.model && m.template == resp.template) else {
                 continue;
             };
-            if resp.scores.len() != r.items.len() {
+            if resp.scores.len() != items.len() {
                 continue; // not an answer to this shard: store nothing from it
             }
-            for (k, (&i, score)) in r.items.iter().zip(&resp.scores).enumerate() {
+            for (k, (&i, score)) in items.iter().zip(&resp.scores).enumerate() {
                 let Some(score) = score.filter(|s| s.is_finite()) else { continue };
                 let (Some(&digest), false) = (lookup.digests.get(i), resp.missing.contains(&k)) else { continue };
                 let item_tokens = resp.usage.item_tokens.get(k).copied().unwrap_or(0);
@@ -170,8 +167,14 @@ impl PairCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::dispatch::ShardDone;
-    use sieve_shared::{ScoreResponse, Timing, Usage};
+    use sieve_shared::{Timing, Usage};
+
+    /// A completed shard: its items and its answer.
+    type Answer = (Vec<usize>, ScoreResponse);
+
+    fn answers(a: &[Answer]) -> impl Iterator<Item = (&[usize], &ScoreResponse)> {
+        a.iter().map(|(items, resp)| (&items[..], resp))
+    }
 
     fn cache() -> PairCache {
         PairCache::new(&CacheConfig::default())
@@ -182,18 +185,12 @@ mod tests {
     }
 
     /// A completed shard of `items` with `scores`, from a worker serving `model`.
-    fn done(model: &str, items: &[usize], scores: &[Option<f32>], missing: &[usize]) -> ShardResult {
+    fn done(model: &str, items: &[usize], scores: &[Option<f32>], missing: &[usize]) -> Answer {
         done_with(model, "t", items, scores, missing)
     }
 
     /// As [`done`], from a worker reporting `template`.
-    fn done_with(
-        model: &str,
-        template: &str,
-        items: &[usize],
-        scores: &[Option<f32>],
-        missing: &[usize],
-    ) -> ShardResult {
+    fn done_with(model: &str, template: &str, items: &[usize], scores: &[Option<f32>], missing: &[usize]) -> Answer {
         let response = ScoreResponse {
             scores: scores.to_vec(),
             ids: None,
@@ -203,10 +200,7 @@ mod tests {
             model: model.into(),
             template: template.into(),
         };
-        ShardResult {
-            items: items.to_vec(),
-            outcome: ShardOutcome::Done(ShardDone { response, sent_after_ms: 0.0, hedged: false, retries: 0 }),
-        }
+        (items.to_vec(), response)
     }
 
     const REQ: &str = r#"{"query":"q","items":["a","b","c","d"]}"#;
@@ -217,7 +211,7 @@ mod tests {
         let first = c.lookup(&req(REQ));
         assert_eq!((first.hits, &first.todo[..], first.model.as_deref()), (0, &[0, 1, 2, 3][..], None));
         let s = [Some(f32::from_bits(0x3f80_0001)), Some(-0.0), Some(1e-40)];
-        c.store(&first, &[done("m", &[0, 2, 3], &s, &[])]);
+        c.store(&first, answers(&[done("m", &[0, 2, 3], &s, &[])]));
         let again = c.lookup(&req(REQ));
         assert_eq!(again.hits, 3);
         assert_eq!(again.todo, vec![1]);
@@ -234,13 +228,12 @@ mod tests {
         let partial = done("m", &[0, 1], &[Some(0.5), Some(0.25)], &[1]);
         let nulls = done("m", &[2], &[None], &[]);
         let nan = done("m", &[3], &[Some(f32::NAN)], &[]);
-        let failed = ShardResult { items: vec![3], outcome: ShardOutcome::Missed };
-        c.store(&l, &[partial, nulls, nan, failed]);
+        c.store(&l, answers(&[partial, nulls, nan]));
         let again = c.lookup(&req(REQ));
         assert_eq!(again.todo, vec![1, 2, 3], "only item 0 was answered");
         // An answer of the wrong length is not this shard's: nothing from it.
         let c = cache();
-        c.store(&l, &[done("m", &[0, 1], &[Some(1.0)], &[])]);
+        c.store(&l, answers(&[done("m", &[0, 1], &[Some(1.0)], &[])]));
         assert_eq!(c.lookup(&req(REQ)).hits, 0);
     }
 
@@ -248,7 +241,7 @@ mod tests {
     fn the_key_is_the_whole_pair_and_the_model() {
         let c = cache();
         let l = c.lookup(&req(r#"{"query":"q","items":["ab"]}"#));
-        c.store(&l, &[done("m", &[0], &[Some(1.0)], &[])]);
+        c.store(&l, answers(&[done("m", &[0], &[Some(1.0)], &[])]));
         for other in [
             r#"{"query":"qa","items":["b"]}"#,
             r#"{"query":"q","items":["ab"],"instruction":""}"#,
@@ -265,7 +258,7 @@ mod tests {
     fn another_model_empties_the_cache() {
         let c = cache();
         let l = c.lookup(&req(REQ));
-        c.store(&l, &[done("m1", &[0, 1, 2, 3], &[Some(1.0); 4], &[])]);
+        c.store(&l, answers(&[done("m1", &[0, 1, 2, 3], &[Some(1.0); 4], &[])]));
         assert_eq!(c.lookup(&req(REQ)).hits, 4);
         c.observe_model("", "");
         assert_eq!(c.lookup(&req(REQ)).hits, 4, "a worker still loading changes nothing");
@@ -276,7 +269,7 @@ mod tests {
         assert_eq!(c.entry_count(), 0);
         // Answers of the new model are stored under it.
         let l = c.lookup(&req(REQ));
-        c.store(&l, &[done("m2", &[0], &[Some(2.0)], &[])]);
+        c.store(&l, answers(&[done("m2", &[0], &[Some(2.0)], &[])]));
         let under_m2 = c.lookup(&req(REQ));
         assert_eq!((under_m2.hits, under_m2.found[0].unwrap().score), (1, 2.0));
     }
@@ -285,12 +278,12 @@ mod tests {
     fn another_template_of_the_same_model_empties_the_cache() {
         let c = cache();
         let l = c.lookup(&req(REQ));
-        c.store(&l, &[done_with("m", "t1", &[0, 1], &[Some(1.0); 2], &[])]);
+        c.store(&l, answers(&[done_with("m", "t1", &[0, 1], &[Some(1.0); 2], &[])]));
         assert_eq!(c.lookup(&req(REQ)).hits, 2);
         c.observe_model("m", "t2");
         assert_eq!(c.lookup(&req(REQ)).hits, 0, "another template scores differently: emptied");
         // The new template's answers are stored under it, apart from the old one's.
-        c.store(&l, &[done_with("m", "t2", &[0], &[Some(2.0)], &[])]);
+        c.store(&l, answers(&[done_with("m", "t2", &[0], &[Some(2.0)], &[])]));
         let now = c.lookup(&req(REQ));
         assert_eq!((now.hits, now.found[0].map(|e| e.score)), (1, Some(2.0)));
         assert_ne!(digest_of_model("m", "t1"), digest_of_model("m", "t2"), "the template is in the key");
@@ -302,12 +295,12 @@ mod tests {
         let items: Vec<String> = (0..1000).map(|i| format!("\"item {i}\"")).collect();
         let json = format!(r#"{{"query":"q","items":[{}]}}"#, items.join(","));
         let l = c.lookup(&req(&json));
-        c.store(&l, &[done("m", &(0..1000).collect::<Vec<_>>(), &[Some(0.5); 1000], &[])]);
+        c.store(&l, answers(&[done("m", &(0..1000).collect::<Vec<_>>(), &[Some(0.5); 1000], &[])]));
         let held = c.entry_count();
         assert!(held > 0 && held <= 100, "{held} entries held, bound 100");
         let zero = PairCache::new(&CacheConfig { max_bytes: 0, ..CacheConfig::default() });
         let l = zero.lookup(&req(REQ));
-        zero.store(&l, &[done("m", &[0], &[Some(1.0)], &[])]);
+        zero.store(&l, answers(&[done("m", &[0], &[Some(1.0)], &[])]));
         assert_eq!(zero.lookup(&req(REQ)).hits, 0, "max_bytes 0 holds nothing");
     }
 }
