@@ -13,11 +13,12 @@ use sieve_e2e::{bin, proxy, sims, test_config};
 use sieve_loadtest::arrivals::RateProfile;
 use sieve_loadtest::client::Http;
 use sieve_loadtest::dist::Dist;
-use sieve_loadtest::plan::synth::Replay;
-use sieve_loadtest::plan::{pair, trace};
+use sieve_loadtest::plan::pair;
 use sieve_loadtest::run::{self, LoadMode, RunSpec, TraceSource};
 use sieve_loadtest::sim::SimConfig;
 use sieve_loadtest::summary::Outcome;
+use sieve_loadtest::trace;
+use sieve_loadtest::trace::synth::Replay;
 use sieve_loadtest::workload::WorkloadSpec;
 use sieve_shared::WorkerEndpoint;
 

@@ -27,6 +27,7 @@ pub mod run;
 pub mod sim;
 pub mod summary;
 pub mod text_bitmap;
+pub mod trace;
 pub mod workload;
 
 pub use error::LoadtestError;

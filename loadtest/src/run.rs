@@ -1,6 +1,6 @@
 //! Driving load at a target: open loop (Poisson arrivals at a rate, sent whatever the target
 //! does, latency counted from the arrival), a replayed trace (open loop at the trace's own
-//! arrival times, texts made from its hashes by `plan::synth`) or closed loop (N clients, each
+//! arrival times, texts made from its hashes by `trace::synth`) or closed loop (N clients, each
 //! sending its next request when the last one is answered), bounded by duration and request
 //! count. Each
 //! answer is classified (complete, partial, error, wrong scores) into a [`Record`].
@@ -18,9 +18,9 @@ use tokio::time::Instant;
 
 use crate::arrivals::{PoissonArrivals, RateProfile};
 use crate::client::{Http, HttpError};
-use crate::plan::synth::Replay;
 use crate::sim::scores;
 use crate::summary::{new_histogram, Outcome, Record};
+use crate::trace::synth::Replay;
 use crate::workload::{GenRequest, WorkloadGen, WorkloadSpec};
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -23,7 +23,6 @@ use serde::Serialize;
 use sieve_shared::metrics_names::proxy as names;
 use sieve_shared::CostModel;
 
-use super::synth::Replay;
 use crate::arrivals::RateProfile;
 use crate::client::Http;
 use crate::compare::cluster::{ProxyProc, SimCluster};
@@ -32,6 +31,7 @@ use crate::run::{self, LoadMode, RunSpec, TraceSource};
 use crate::sim::tokens::TEMPLATE_TAIL_TOKENS;
 use crate::sim::SimConfig;
 use crate::summary::Summary;
+use crate::trace::synth::Replay;
 use crate::workload::WorkloadSpec;
 
 #[derive(Debug, Clone)]

@@ -2,14 +2,12 @@
 //! trace (`[request_trace]`), the pair-score cache's hit rate against its size ([`pair`]), the
 //! workers' prefix-cache hit rate against their cache blocks ([`prefix`]), and the number of
 //! sim-workers that keeps the p99 under a target under the trace's own arrivals
-//! ([`capacity`]); tables, plots and a JSON report. [`trace`] reads the file, [`synth`] makes
-//! texts from its hashes (also for `sieve-loadtest run --trace`).
+//! ([`capacity`]); tables, plots and a JSON report. [`crate::trace`] reads the file, and its
+//! `synth` makes texts from its hashes (also for `sieve-loadtest run --trace`).
 
 pub mod capacity;
 pub mod pair;
 pub mod prefix;
-pub mod synth;
-pub mod trace;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -18,10 +16,10 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::plot::{self, CurveChart};
+use crate::trace::synth::Replay;
 use capacity::{CapacityPlan, CapacitySpec};
 use pair::PairPoint;
 use prefix::{PrefixPoint, Routing};
-use synth::Replay;
 
 #[derive(Debug, Clone)]
 pub struct PlanSpec {
@@ -116,7 +114,7 @@ pub fn stats(files: &[PathBuf], replay: &Replay) -> TraceStats {
 
 /// Runs the plan: reads the trace, prints the tables, writes `plan.json` and the plots.
 pub async fn plan(spec: &PlanSpec) -> Result<PlanReport, String> {
-    let records = trace::read(&spec.traces)?;
+    let records = crate::trace::read(&spec.traces)?;
     let replay = Arc::new(Replay::new(records));
     let st = stats(&spec.traces, &replay);
     println!(

@@ -18,7 +18,7 @@ use std::time::Duration;
 use serde::Serialize;
 use sieve_shared::pair_key::{self, digest_of_item, digest_of_model, digest_of_prefix, key, BuildDigestHasher};
 
-use super::synth::{text, Replay, INSTRUCTION_WORDS};
+use crate::trace::synth::{text, Replay, INSTRUCTION_WORDS};
 
 /// One point of the curve.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -112,7 +112,7 @@ impl Digests {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::trace::TraceRecord;
+    use crate::trace::TraceRecord;
 
     fn rec(t_ms: u64, query: u64, items: Vec<u64>, latency_ms: f64) -> TraceRecord {
         TraceRecord {

@@ -28,8 +28,8 @@ use rand::SeedableRng;
 use serde::Serialize;
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::synth::{Replay, INSTRUCTION_WORDS, MAX_WORDS};
 use crate::sim::tokens::TEMPLATE_HEAD_TOKENS;
+use crate::trace::synth::{Replay, INSTRUCTION_WORDS, MAX_WORDS};
 
 /// Tokens per cached block (the worker's `kv_block_size`).
 pub const BLOCK_TOKENS: u32 = 16;
@@ -180,7 +180,7 @@ pub fn curve(replay: &Replay, workers: usize, blocks: &[usize], seed: u64) -> Ve
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::trace::TraceRecord;
+    use crate::trace::TraceRecord;
 
     fn rec(query: u64, items: usize, prefix_tokens: u32) -> TraceRecord {
         TraceRecord {

@@ -6,6 +6,8 @@
 //! A bad line is an error naming its file and line, never skipped: a plan from a silently
 //! shortened trace would be a wrong plan.
 
+pub mod synth;
+
 use std::io::BufRead;
 use std::path::Path;
 

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::trace::TraceRecord;
+use super::TraceRecord;
 use crate::sim::tokens::{TEMPLATE_HEAD_TOKENS, TEMPLATE_TAIL_TOKENS};
 use crate::workload::{GenRequest, WORDS};
 
@@ -123,7 +123,7 @@ pub struct Replay {
 }
 
 impl Replay {
-    /// `records` in arrival order (as [`super::trace::read`] returns them).
+    /// `records` in arrival order (as [`super::read`] returns them).
     pub fn new(records: Vec<TraceRecord>) -> Replay {
         let lengths = Lengths::of(&records);
         let t0_ms = records.first().map_or(0, |r| r.t_ms);
