@@ -16,8 +16,7 @@ pub mod moe;
 pub mod prompt;
 pub mod server;
 pub mod tokenize_pool;
-pub mod tokenizer;
 
 pub use error::{Result, WorkerError};
+pub use model::tokenizer::Tokenizer;
 pub use server::start::{start, RunningWorker, StartError};
-pub use tokenizer::Tokenizer;

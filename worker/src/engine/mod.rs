@@ -33,6 +33,7 @@ use sieve_kernels::Backend;
 use sieve_shared::ApiError;
 pub use tokio_util::sync::CancellationToken;
 
+use crate::config::DEFAULT_ITEM_SHARING_MIN_TOKENS;
 use crate::model::Model;
 use crate::prompt::{PromptBuilder, TextEncoder};
 pub use job::{CallSlot, CallSpans, JobOutput, JobResult, ScoreJob, Ticket};
@@ -67,9 +68,6 @@ pub struct EngineConfig {
     pub item_sharing_min_tokens: Option<usize>,
     pub fault: Option<FaultHook>,
 }
-
-/// The default shortest run worth sharing between items (`[engine] item_prefix_min_tokens`).
-pub const DEFAULT_ITEM_SHARING_MIN_TOKENS: usize = 8;
 
 impl Default for EngineConfig {
     fn default() -> Self {

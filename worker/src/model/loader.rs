@@ -7,10 +7,10 @@ use std::sync::Arc;
 use sieve_kernels::Backend;
 
 use super::config::{Arch, ModelConfig};
+use super::tokenizer::Tokenizer;
 use super::{arch, GgufFile, HeadSpec, HfCheckpoint, Model, WeightSource};
 use crate::config::HeadChoice;
 use crate::prompt::{PromptBuilder, PromptTemplate};
-use crate::tokenizer::Tokenizer;
 use crate::{Result, WorkerError};
 
 #[derive(Debug, Clone)]

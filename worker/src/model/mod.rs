@@ -10,6 +10,7 @@ pub mod gguf;
 pub mod head;
 pub mod layers;
 pub mod loader;
+pub mod moe_layer;
 pub mod safetensors;
 pub mod source;
 #[cfg(test)]
@@ -18,16 +19,17 @@ pub(crate) mod test_assets;
 pub mod testgen;
 #[cfg(test)]
 pub(crate) mod tests;
+pub mod tokenizer;
 
 use std::time::Instant;
 
 use sieve_kernels::{AttnSeq, Backend, BatchLayout, MoeSelect};
 
-pub use crate::moe::{MoeFfn, MoePassStats, MoePolicy, MoeRun};
 pub use config::{Arch, ModelConfig, MoeConfig};
 pub use gguf::GgufFile;
 pub use head::{HeadKind, ScoreHead};
 use layers::{load_norm, Attention, Mlp};
+pub use moe_layer::{MoeFfn, MoePassStats, MoePolicy, MoeRun};
 pub use safetensors::HfCheckpoint;
 pub use source::{HostWeight, WeightSource};
 

@@ -515,7 +515,7 @@ pub struct GeneratedModel {
 /// (copied from beside it, or a minimal one).
 pub fn generate(spec: &TestModelSpec, out_dir: &Path, tokenizer_json: &Path) -> Result<GeneratedModel> {
     spec.validate()?;
-    let tokenizer = crate::tokenizer::Tokenizer::from_file(tokenizer_json)?;
+    let tokenizer = crate::model::tokenizer::Tokenizer::from_file(tokenizer_json)?;
     let vocab = spec.vocab_size.unwrap_or_else(|| tokenizer.vocab_size());
     if vocab < tokenizer.vocab_size() {
         return Err(WorkerError::Config(format!(

@@ -11,9 +11,8 @@ use serde_json::json;
 use sieve_kernels::moe::{AutotuneReport, MoeCostModel, MoeVariant};
 use sieve_kernels::Backend;
 
-use super::config::{MoePolicyKind, MoeSection};
-use super::layer::MoePolicy;
-use crate::model::Model;
+use crate::config::{MoePolicyKind, MoeSection};
+use crate::model::{Model, MoePolicy};
 use crate::{Result, WorkerError};
 
 /// What the MoE layers of the loaded model were set up with (shown in `/stats`).

@@ -7,8 +7,8 @@ use std::sync::Mutex;
 use serde_json::json;
 use sieve_shared::metrics_names::worker_moe as m;
 
-use super::layer::MoePassStats;
 use super::setup::MoeSetup;
+use crate::model::MoePassStats;
 
 #[derive(Debug, Default)]
 pub struct MoeMonitor {

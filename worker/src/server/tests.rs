@@ -266,7 +266,7 @@ fn stats_show_the_moe_section_of_a_moe_model() {
     let mut model =
         Model::load(&backend, &random_source(&c, 5), c.clone(), HeadSpec::YesNo { yes: 3, no: 4 }, false).unwrap();
     let dir = crate::model::test_assets::TempDir::new("moe-stats");
-    let moe_cfg = MoeSection { policy: crate::moe::MoePolicyKind::PaddingRatio, ..Default::default() };
+    let moe_cfg = MoeSection { policy: crate::config::MoePolicyKind::PaddingRatio, ..Default::default() };
     let setup = crate::moe::setup::configure(&backend, &mut model, "tiny-moe", &moe_cfg, dir.path()).unwrap().unwrap();
     app.state.moe.init(setup);
     let encoder: Arc<dyn TextEncoder> = Arc::new(ModEncoder(c.vocab as u32));

@@ -19,8 +19,8 @@ use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
+use super::gguf::GgufFile;
 use crate::error::{Result, WorkerError};
-use crate::model::gguf::GgufFile;
 
 /// llama.cpp token types (`llama_token_type`) as stored in `tokenizer.ggml.token_type`.
 const TOKEN_TYPE_CONTROL: i32 = 3;

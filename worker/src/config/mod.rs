@@ -10,9 +10,14 @@ use serde::{Deserialize, Serialize};
 use sieve_shared::http_config::{AdminConfig, HttpConfig};
 use sieve_shared::Limits;
 
-pub use crate::moe::config::MoeSection;
+mod moe;
+
 use crate::prompt::PromptTemplate;
 use crate::{Result, WorkerError};
+pub use moe::{MoePolicyKind, MoeSection, MoeVariantSetting};
+
+/// The default shortest run worth sharing between items (`[engine] item_prefix_min_tokens`).
+pub const DEFAULT_ITEM_SHARING_MIN_TOKENS: usize = 8;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -243,7 +248,7 @@ impl Default for EngineSection {
             deadline_pass_fraction: 0.8,
             tokenize_threads: 0,
             item_prefix_sharing: true,
-            item_prefix_min_tokens: crate::engine::DEFAULT_ITEM_SHARING_MIN_TOKENS,
+            item_prefix_min_tokens: DEFAULT_ITEM_SHARING_MIN_TOKENS,
         }
     }
 }
@@ -313,7 +318,7 @@ mod tests {
 
     #[test]
     fn the_example_config_parses_and_matches_the_defaults() {
-        let c = WorkerConfig::from_toml(include_str!("../../configs/worker.toml")).unwrap();
+        let c = WorkerConfig::from_toml(include_str!("../../../configs/worker.toml")).unwrap();
         c.validate().unwrap();
         assert_eq!(c.engine, EngineSection::default());
         assert_eq!(c.server, ServerConfig::default());

@@ -7,9 +7,9 @@ use std::time::Duration;
 use sieve_kernels::moe::{MoeCostModel, MoeLayerHost, MoeLayerStats, MoeRouting, MoeSelect, SharedExpertHost};
 use sieve_kernels::Backend;
 
-use crate::model::config::MoeConfig;
-use crate::model::layers::{load, load_stacked};
-use crate::model::source::WeightSource;
+use super::config::MoeConfig;
+use super::layers::{load, load_stacked};
+use super::source::WeightSource;
 use crate::{Result, WorkerError};
 
 /// One MoE layer on the backend.
