@@ -1,6 +1,6 @@
 //! A cursor over JSON bytes for the scanners made for one shape each (`score_scan.rs` for score
 //! requests, the proxy's reader of worker answers): the steps every such scanner takes —
-//! whitespace, punctuation, `null`, and strings without escapes found sixteen bytes a step —
+//! whitespace, punctuation, `null`, and strings without escapes found 32 bytes a step —
 //! each giving `None`/`false` where the bytes are not the plain case, so the caller can hand the
 //! body to serde_json instead.
 
@@ -89,18 +89,23 @@ pub fn plain_prefix_len(b: &[u8]) -> usize {
 /// Where the string whose contents start at `b[from]` stops being plain: the index of its first
 /// `"`, `\\` or control character (below 0x20), or `b.len()`; and whether a byte past ASCII came
 /// before it. The item texts of a request are most of its bytes, and this is the pass that finds
-/// them: sixteen bytes a step, each step's tests written so that the compiler vectorises them
-/// (a byte compare per class, ORed), then the step holding the end a byte at a time.
+/// them: 32 bytes a step, each step's tests ORed into one byte so that the compiler vectorises
+/// them (32 is the width it does so at for the x86-64 baseline; 16 ran a byte at a time), then
+/// the step holding the end a byte at a time.
 fn string_end(b: &[u8], from: usize) -> (usize, bool) {
-    const STEP: usize = 16;
+    const STEP: usize = 32;
     let mut high = 0u8;
     let mut i = from;
     for chunk in b[from..].as_chunks::<STEP>().0 {
-        let stop = chunk.iter().fold(false, |s, &c| s | (c == b'"') | (c == b'\\') | (c < 0x20));
-        if stop {
+        let (mut stop, mut h) = (0u8, 0u8);
+        for &c in chunk {
+            stop |= u8::from(c == b'"') | u8::from(c == b'\\') | u8::from(c < 0x20);
+            h |= c;
+        }
+        if stop != 0 {
             break;
         }
-        high |= chunk.iter().fold(0, |h, &c| h | c);
+        high |= h;
         i += STEP;
     }
     string_end_bytewise(b, i, high >= 0x80)
