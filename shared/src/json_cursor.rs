@@ -1,11 +1,9 @@
-//! A cursor over JSON bytes for the scanners made for one shape each (`score_scan.rs` for score
-//! requests, the proxy's reader of worker answers): the steps every such scanner takes —
-//! whitespace, punctuation, `null`, and strings without escapes found 32 bytes a step —
+//! A cursor over JSON bytes for the score request's scanner (`score_scan.rs`): the steps it
+//! takes — whitespace, punctuation, `null`, and strings without escapes found 32 bytes a step —
 //! each giving `None`/`false` where the bytes are not the plain case, so the caller can hand the
 //! body to serde_json instead.
 
-/// A position in `b`; the scanners add their own steps in `impl` blocks of their own (in this
-/// crate) or wrap it (elsewhere).
+/// A position in `b`; the scanner adds its own steps in an `impl` block of its own.
 pub struct JsonCursor<'a> {
     pub b: &'a [u8],
     pub at: usize,

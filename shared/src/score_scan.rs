@@ -12,7 +12,6 @@
 //! [`ApiError::parse_json`], so what is accepted, what is refused and every message stay serde's
 //! own. What the scanner accepts it reads exactly as serde does: the same strings (borrowed, as
 //! serde borrows an escape-free string), the same `None`s for absent and `null` fields.
-//! (`proxy/src/request/dispatch/answer.rs` does the same for the workers' answers.)
 
 use std::borrow::Cow;
 
