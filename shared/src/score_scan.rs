@@ -5,14 +5,13 @@
 //! serde's escape scan (eight bytes a step), a visitor call and a `Vec` grown by doubling. The
 //! scanner reads the shape a client writes (the fields of [`ScoreRequestRef`], each at most
 //! once; strings without escapes; items as strings or `{id, text}` objects) in one pass, finding
-//! each string's end sixteen bytes a step and checking UTF-8 only in the strings that have a byte
+//! each string's end 32 bytes a step and checking UTF-8 only in the strings that have a byte
 //! past ASCII. Anything else — an unknown or repeated field, an escape or control character in a
 //! string, a number that is not a plain `u64`, a missing field, anything malformed, bytes after
 //! the object — makes the scanner give up, and the body is parsed again by
 //! [`ApiError::parse_json`], so what is accepted, what is refused and every message stay serde's
 //! own. What the scanner accepts it reads exactly as serde does: the same strings (borrowed, as
 //! serde borrows an escape-free string), the same `None`s for absent and `null` fields.
-//! (`proxy/src/request/dispatch/answer.rs` does the same for the workers' answers.)
 
 use std::borrow::Cow;
 

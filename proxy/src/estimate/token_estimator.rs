@@ -67,33 +67,27 @@ const fn ascii_class(c: u8) -> usize {
 }
 
 /// The class counts of an all-ASCII text, added to `counts`; `false` (and `counts` untouched)
-/// when a byte is not ASCII. This runs on every item of every request (the whole body's text),
-/// so on x86-64 it is written with the vector instructions themselves ([`x86`]): 32 bytes a step
-/// where the CPU has AVX2 (checked at run time), else 16 (SSE2, which every x86-64 CPU has).
-/// Elsewhere the portable [`ascii_counts_in`] runs, 16 bytes a step as the compiler vectorises
-/// it. All of them give the same counts (`every_width_counts_the_same` holds them equal).
-/// Measured on product texts of 276 bytes on average (an AMD EPYC with AVX-512, the best of 40
-/// interleaved rounds on the shared build machine): the portable code compiled for AVX2 32 bytes a
-/// step ran 6.9 GB/s, the AVX2 intrinsics 8.1; 16 bytes a step 3.1 GB/s, the SSE2 intrinsics
-/// 6.9 (the per-step work is a handful of instructions per class, every counter in a register).
-/// The AVX2 path now loads its last partial step where it lies (overlapping the one before)
-/// instead of copying it out zero-padded: 3.08-3.16 µs per 100 texts against 3.80-3.83 (9.7 GB/s;
-/// an AVX-512BW version, 64-byte masked steps counted with `popcnt`, ran 7.9 and was not kept).
+/// when a byte is not ASCII. This runs on every item of every request (the whole body's text):
+/// the portable [`ascii_counts_in`], which the compiler vectorises, 32 bytes a step compiled for
+/// AVX2 where the CPU has it (checked at run time), else 16 bytes a step for the target's
+/// baseline (SSE2 on x86-64).
 fn ascii_counts(bytes: &[u8], counts: &mut [u32; FEATURES]) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         // The standard library caches what it detects: after the first call the check is a load.
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2 (checked just above).
-            return unsafe { x86::ascii_counts_avx2(bytes, counts) };
+            return unsafe { ascii_counts_avx2(bytes, counts) };
         }
-        // SAFETY: every x86-64 CPU has SSE2 (the target's baseline).
-        unsafe { x86::ascii_counts_sse2(bytes, counts) }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        ascii_counts_in::<16>(bytes, counts)
-    }
+    ascii_counts_in::<16>(bytes, counts)
+}
+
+/// [`ascii_counts_in`] 32 bytes a step, compiled with AVX2 enabled.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn ascii_counts_avx2(bytes: &[u8], counts: &mut [u32; FEATURES]) -> bool {
+    ascii_counts_in::<32>(bytes, counts)
 }
 
 /// The class totals of an all-ASCII text (letters, digits, graphic 0x21..=0x7e, whitespace,
@@ -120,202 +114,6 @@ fn steps<const L: usize>(bytes: &[u8]) -> impl Iterator<Item = [u8; L]> + '_ {
     whole.iter().copied().chain(last)
 }
 
-/// [`ascii_counts`] in SSE2 and AVX2 instructions. Per step: each class a byte mask (0xff where
-/// the byte is in it) by unsigned range compares, subtracted from a per-lane `u8` counter (adding
-/// one), the counters summed (`sad`) into `u64` totals before they can overflow; a word start
-/// is an alphanumeric byte whose previous byte (the previous step's last byte for the first) is
-/// not; every byte ORed into one register whose top bits say whether any byte is past ASCII.
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    #[allow(clippy::wildcard_imports)]
-    use std::arch::x86_64::*;
-
-    use super::{add_totals, steps, FEATURES};
-
-    /// 0xff in each lane of `x` in `lo..lo + n` (unsigned, `n` >= 1).
-    #[inline]
-    #[target_feature(enable = "sse2")]
-    fn in_range(x: __m128i, lo: u8, n: u8) -> __m128i {
-        let t = _mm_sub_epi8(x, _mm_set1_epi8(lo as i8));
-        _mm_cmpeq_epi8(_mm_min_epu8(t, _mm_set1_epi8((n - 1) as i8)), t)
-    }
-
-    /// The two `u64` sums of `sad` against zero: the sum of the 16 `u8` lanes.
-    #[inline]
-    #[target_feature(enable = "sse2")]
-    fn sum_u8(acc: __m128i) -> u64 {
-        let s = _mm_sad_epu8(acc, _mm_setzero_si128());
-        (_mm_cvtsi128_si64(s) + _mm_cvtsi128_si64(_mm_unpackhi_epi64(s, s))) as u64
-    }
-
-    #[target_feature(enable = "sse2")]
-    pub(super) fn ascii_counts_sse2(bytes: &[u8], counts: &mut [u32; FEATURES]) -> bool {
-        let zero = _mm_setzero_si128();
-        let (mut letters, mut digits, mut graphic, mut space, mut words) = (zero, zero, zero, zero, zero);
-        let mut totals = [0u64; 5];
-        let (mut high, mut prev_alnum) = (zero, zero);
-        let mut n = 0u8;
-        for c in steps::<16>(bytes) {
-            // SAFETY: `c` is 16 bytes (an unaligned load).
-            let x = unsafe { _mm_loadu_si128(c.as_ptr().cast()) };
-            let letter = in_range(_mm_or_si128(x, _mm_set1_epi8(0x20)), b'a', 26);
-            let digit = in_range(x, b'0', 10);
-            let alnum = _mm_or_si128(letter, digit);
-            // \t \n \x0b \x0c \r and space.
-            let blank = _mm_or_si128(in_range(x, 0x09, 5), _mm_cmpeq_epi8(x, _mm_set1_epi8(b' ' as i8)));
-            let before = _mm_or_si128(_mm_slli_si128::<1>(alnum), _mm_srli_si128::<15>(prev_alnum));
-            letters = _mm_sub_epi8(letters, letter);
-            digits = _mm_sub_epi8(digits, digit);
-            graphic = _mm_sub_epi8(graphic, in_range(x, 0x21, 0x5e));
-            space = _mm_sub_epi8(space, blank);
-            words = _mm_sub_epi8(words, _mm_andnot_si128(before, alnum));
-            high = _mm_or_si128(high, x);
-            prev_alnum = alnum;
-            n += 1;
-            if n == u8::MAX {
-                for (t, acc) in totals.iter_mut().zip([&mut letters, &mut digits, &mut graphic, &mut space, &mut words])
-                {
-                    *t += sum_u8(*acc);
-                    *acc = zero;
-                }
-                n = 0;
-            }
-        }
-        if _mm_movemask_epi8(high) != 0 {
-            return false;
-        }
-        for (t, acc) in totals.iter_mut().zip([letters, digits, graphic, space, words]) {
-            *t += sum_u8(acc);
-        }
-        add_totals(bytes, totals, counts);
-        true
-    }
-
-    /// [`in_range`], 32 lanes.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn in_range32(x: __m256i, lo: u8, n: u8) -> __m256i {
-        let t = _mm256_sub_epi8(x, _mm256_set1_epi8(lo as i8));
-        _mm256_cmpeq_epi8(_mm256_min_epu8(t, _mm256_set1_epi8((n - 1) as i8)), t)
-    }
-
-    /// The sum of the 32 `u8` lanes.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn sum_u8_32(acc: __m256i) -> u64 {
-        let s = _mm256_sad_epu8(acc, _mm256_setzero_si256());
-        let s = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
-        (_mm_cvtsi128_si64(s) + _mm_cvtsi128_si64(_mm_unpackhi_epi64(s, s))) as u64
-    }
-
-    /// 0xff in the lanes at and past `32 - new` of 32 (the last `new` bytes), 0 before: a window
-    /// of 32 into 32 zeros then 32 0xff.
-    const NEW_LANES: [u8; 64] = {
-        let mut m = [0u8; 64];
-        let mut i = 32;
-        while i < 64 {
-            m[i] = 0xff;
-            i += 1;
-        }
-        m
-    };
-
-    /// The AVX2 counters of [`ascii_counts_avx2`].
-    struct Counters32 {
-        acc: [__m256i; 5],
-        totals: [u64; 5],
-        high: __m256i,
-        prev_alnum: __m256i,
-        steps: u8,
-    }
-
-    impl Counters32 {
-        /// Counts the lanes of `x` that are set in `new` (all of them but in the last, overlapping
-        /// step); a lane's previous byte is the lane before it, or for the first lane the previous
-        /// step's last.
-        #[inline]
-        #[target_feature(enable = "avx2")]
-        fn step(&mut self, x: __m256i, new: __m256i) {
-            let letter = in_range32(_mm256_or_si256(x, _mm256_set1_epi8(0x20)), b'a', 26);
-            let digit = in_range32(x, b'0', 10);
-            let alnum = _mm256_or_si256(letter, digit);
-            let blank = _mm256_or_si256(in_range32(x, 0x09, 5), _mm256_cmpeq_epi8(x, _mm256_set1_epi8(b' ' as i8)));
-            // Each byte's previous byte: `alnum` one byte up across the two 128-bit halves, the
-            // previous step's last byte in the first lane.
-            let carried = _mm256_permute2x128_si256::<0x21>(self.prev_alnum, alnum);
-            let before = _mm256_alignr_epi8::<15>(alnum, carried);
-            let classes = [letter, digit, in_range32(x, 0x21, 0x5e), blank, _mm256_andnot_si256(before, alnum)];
-            for (acc, class) in self.acc.iter_mut().zip(classes) {
-                *acc = _mm256_sub_epi8(*acc, _mm256_and_si256(class, new));
-            }
-            self.high = _mm256_or_si256(self.high, _mm256_and_si256(x, new));
-            self.prev_alnum = alnum;
-            self.steps += 1;
-            if self.steps == u8::MAX {
-                self.flush();
-            }
-        }
-
-        #[inline]
-        #[target_feature(enable = "avx2")]
-        fn flush(&mut self) {
-            for (t, acc) in self.totals.iter_mut().zip(self.acc.iter_mut()) {
-                *t += sum_u8_32(*acc);
-                *acc = _mm256_setzero_si256();
-            }
-            self.steps = 0;
-        }
-    }
-
-    /// Whole 32-byte steps loaded from the text where they lie; the last partial step is the
-    /// text's last 32 bytes (overlapping the step before) with only its new lanes counted, so
-    /// no step is copied. A text shorter than 32 bytes is one zero-padded step (a zero byte is
-    /// in no class).
-    #[target_feature(enable = "avx2")]
-    pub(super) fn ascii_counts_avx2(bytes: &[u8], counts: &mut [u32; FEATURES]) -> bool {
-        let zero = _mm256_setzero_si256();
-        let all = _mm256_set1_epi8(-1);
-        let mut c = Counters32 { acc: [zero; 5], totals: [0; 5], high: zero, prev_alnum: zero, steps: 0 };
-        if bytes.len() < 32 {
-            let mut padded = [0u8; 32];
-            padded[..bytes.len()].copy_from_slice(bytes);
-            // SAFETY: `padded` is 32 bytes (an unaligned load).
-            c.step(unsafe { _mm256_loadu_si256(padded.as_ptr().cast()) }, all);
-        } else {
-            let (whole, rest) = bytes.as_chunks::<32>();
-            for chunk in whole {
-                // SAFETY: `chunk` is 32 bytes (an unaligned load).
-                c.step(unsafe { _mm256_loadu_si256(chunk.as_ptr().cast()) }, all);
-            }
-            if !rest.is_empty() {
-                // SAFETY: `bytes.len() >= 32`: its last 32 bytes are inside it; `NEW_LANES` is
-                // 64 bytes and `rest.len() < 32`, so the mask's 32 bytes are inside it.
-                let (x, new) = unsafe {
-                    (
-                        _mm256_loadu_si256(bytes.as_ptr().add(bytes.len() - 32).cast()),
-                        _mm256_loadu_si256(NEW_LANES.as_ptr().add(rest.len()).cast()),
-                    )
-                };
-                c.step(x, new);
-            }
-        }
-        if _mm256_movemask_epi8(c.high) != 0 {
-            return false;
-        }
-        c.flush();
-        add_totals(bytes, c.totals, counts);
-        true
-    }
-}
-
-/// [`ascii_counts`] `L` bytes a step, written for the compiler to vectorise (one register of
-/// `L` bytes): fixed-size arrays, no scalar remainder loop (the last bytes are a zero-padded
-/// step, and a zero byte is in no class), per-lane `u8` counters flushed before they can
-/// overflow, the ASCII check folded in. A word starts where an alphanumeric byte follows a
-/// non-alphanumeric one (or starts the text). Inlined into each caller, so each is compiled
-/// with its caller's target features. The path of CPUs other than x86-64, and the oracle the
-/// x86 paths are tested against.
-#[cfg(any(test, not(target_arch = "x86_64")))]
 #[inline(always)]
 fn ascii_counts_in<const L: usize>(bytes: &[u8], counts: &mut [u32; FEATURES]) -> bool {
     // Letters, digits, graphic (0x21..=0x7e), whitespace, word starts. One loop body (no
@@ -359,7 +157,6 @@ fn ascii_counts_in<const L: usize>(bytes: &[u8], counts: &mut [u32; FEATURES]) -
 }
 
 /// Adds the per-lane counters into the totals and clears them.
-#[cfg(any(test, not(target_arch = "x86_64")))]
 #[inline(always)]
 fn flush<const L: usize>(lanes: &mut [[u8; L]; 5], totals: &mut [u64; 5]) {
     for (t, l) in totals.iter_mut().zip(lanes.iter_mut()) {
@@ -538,15 +335,10 @@ mod tests {
         let (a, c) = run(&|c| ascii_counts_in::<32>(bytes, c));
         out.push(("32", a, c));
         #[cfg(target_arch = "x86_64")]
-        {
-            // SAFETY: every x86-64 CPU has SSE2.
-            let (a, c) = run(&|c| unsafe { x86::ascii_counts_sse2(bytes, c) });
-            out.push(("sse2", a, c));
-            if std::arch::is_x86_feature_detected!("avx2") {
-                // SAFETY: the CPU has AVX2.
-                let (a, c) = run(&|c| unsafe { x86::ascii_counts_avx2(bytes, c) });
-                out.push(("avx2", a, c));
-            }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2.
+            let (a, c) = run(&|c| unsafe { ascii_counts_avx2(bytes, c) });
+            out.push(("avx2", a, c));
         }
         let (a, c) = run(&|c| ascii_counts(bytes, c));
         out.push(("dispatched", a, c));

@@ -185,7 +185,7 @@ async fn attempt(
     }
     let result = match sending {
         Err(e) => Err(AttemptError::Client(e)),
-        Ok(reply) if reply.status.is_success() => match super::answer::parse_for(&reply.body, items.len()) {
+        Ok(reply) if reply.status.is_success() => match serde_json::from_slice::<ScoreResponse>(&reply.body) {
             Ok(r) => check_shard_response(r, items.len()).map_err(AttemptError::BadResponse),
             Err(e) => Err(AttemptError::BadResponse(format!("unreadable score response: {e}"))),
         },

@@ -5,7 +5,6 @@
 //! their connections ([`attempt`]). A shard's attempts are polled in the same task
 //! ([`in_flight`]). Each answer is fed back ([`feedback`](super::feedback)) as it arrives.
 
-pub mod answer;
 pub mod attempt;
 mod hedge;
 mod in_flight;
