@@ -1,11 +1,11 @@
 //! What reading a score request costs the proxy before it plans: µs per request of 100 and 1,000
 //! product-text items (~270 bytes each), for the parse in place (the request's scanner,
-//! `ScoreRequestRef::parse`, against serde_json's derive as `ApiError::parse_json` runs it, on
+//! `ScoreRequest::parse`, against serde_json's derive as `ApiError::parse_json` runs it, on
 //! the same bytes), the limits check, and the token features of every item (what the plan
 //! computes per request). `cargo bench -p sieve-proxy --bench request_read`.
 //!
-//! Then the same request as a gRPC `Score` message: read in place (`sieve_server::grpc`'s
-//! reader, against the JSON scanner above), and each protocol's shard bodies built from what
+//! Then the same request as a gRPC `Score` message: decoded by prost and converted, as the gRPC
+//! port reads it (`sieve_server::grpc::read_score_request`, against the JSON scanner above), and each protocol's shard bodies built from what
 //! was read (`ShardWire`: the JSON body's texts spliced, the message's texts encoded) and cut
 //! into four shards of consecutive items, as the proxy sends them. What the proxy adds to a gRPC
 //! call beyond an HTTP one is the second less the first: the read is paid by a worker answering
@@ -18,7 +18,7 @@ use prost::Message as _;
 use sieve_proxy::estimate::token_estimator::features;
 use sieve_proxy::request::dispatch::shard_body::ShardWire;
 use sieve_server::grpc::{pb, read_score_request};
-use sieve_shared::{ApiError, Limits, ScoreRequestRef};
+use sieve_shared::{ApiError, Limits, ScoreRequest};
 
 mod support;
 use support::time;
@@ -82,15 +82,15 @@ fn main() {
             "deadline_ms": 10_000,
         }))
         .expect("serialise");
-        let scanned = ScoreRequestRef::parse(&body).expect("scanner");
-        let serde: ScoreRequestRef = ApiError::parse_json(&body).expect("serde");
+        let scanned = ScoreRequest::parse(&body).expect("scanner");
+        let serde: ScoreRequest = ApiError::parse_json(&body).expect("serde");
         assert_eq!(scanned, serde, "the scanner reads what serde reads");
         assert!(sieve_shared::score_scan::scan(&body).is_some(), "the scanner reads it itself");
         let n = 200_000 / items;
-        let scan = time(n, || ScoreRequestRef::parse(black_box(&body)).expect("scanner"));
-        let serde = time(n, || ApiError::parse_json::<ScoreRequestRef>(black_box(&body)).expect("serde"));
+        let scan = time(n, || ScoreRequest::parse(black_box(&body)).expect("scanner"));
+        let serde = time(n, || ApiError::parse_json::<ScoreRequest>(black_box(&body)).expect("serde"));
         let limits = Limits::default();
-        let check = time(n, || limits.check_ref(black_box(&scanned), "items").expect("valid"));
+        let check = time(n, || limits.check_as(black_box(&scanned), "items").expect("valid"));
         let feats = time(n, || scanned.items.iter().map(|i| features(black_box(i.text()))[5]).sum::<f64>());
         let text_bytes: usize = texts.iter().map(String::len).sum();
         let gbs = text_bytes as f64 / feats / 1e3;
@@ -114,7 +114,7 @@ fn main() {
             ..Default::default()
         }
         .encode_to_vec();
-        let json_req = ScoreRequestRef::parse(&body).expect("scanner");
+        let json_req = ScoreRequest::parse(&body).expect("scanner");
         let grpc_req = read_score_request(&msg).expect("proto");
         assert_eq!(json_req, grpc_req, "both protocols carry the same request");
         // Four shards of consecutive items, as a 100-item call over four workers is cut.
@@ -128,7 +128,7 @@ fn main() {
             assert_eq!(got, want, "{name}: the same shard bodies from either protocol");
         }
         let n = 200_000 / items;
-        let scan = time(n, || ScoreRequestRef::parse(black_box(&body)).expect("scanner"));
+        let scan = time(n, || ScoreRequest::parse(black_box(&body)).expect("scanner"));
         let proto = time(n, || read_score_request(black_box(&msg)).expect("proto"));
         let json_wire = time(n, || shards(&ShardWire::new(body.clone(), black_box(&json_req))));
         let grpc_wire = time(n, || shards(&ShardWire::new(Bytes::new(), black_box(&grpc_req))));

@@ -12,7 +12,7 @@ use hyper::header::{HeaderName, HeaderValue};
 use hyper::Request;
 use sieve_server::http::{ByteBudget, HttpResponse};
 use sieve_server::service::{self, Call, Protocol, Route, ScoreService, Scored};
-use sieve_shared::{ApiError, Limits, ScoreRequest, ScoreRequestRef};
+use sieve_shared::{ApiError, Limits, ScoreRequest};
 
 use crate::drain::Admitted;
 use crate::metrics as m;
@@ -37,7 +37,7 @@ pub(crate) struct Api(pub(crate) Arc<AppState>);
 impl Api {
     /// Both entry points: a request built from owned strings (the rerank route, in-process
     /// callers) has an empty `body`; one parsed in place keeps the body its items point into.
-    async fn scored(&self, body: Bytes, req: ScoreRequestRef<'_>, call: Call) -> Result<Scored, ApiError> {
+    async fn scored(&self, body: Bytes, req: ScoreRequest<'_>, call: Call) -> Result<Scored, ApiError> {
         let (response, stats) = request::score(&self.0, body, req, call.arrival.into_std()).await?;
         let mut scored = Scored::from(response);
         scored.headers.insert(SHARDS, count_header(stats.shards));
@@ -82,16 +82,11 @@ impl ScoreService for Api {
         self.0.drain.admit(self.0.config().server.max_in_flight_requests)
     }
 
-    async fn score(&self, req: ScoreRequest, call: Call) -> Result<Scored, ApiError> {
-        self.scored(Bytes::new(), req.into(), call).await
+    async fn score(&self, req: ScoreRequest<'static>, call: Call) -> Result<Scored, ApiError> {
+        self.scored(Bytes::new(), req, call).await
     }
 
-    async fn score_in_place<'a>(
-        &'a self,
-        body: Bytes,
-        req: ScoreRequestRef<'a>,
-        call: Call,
-    ) -> Result<Scored, ApiError> {
+    async fn score_in_place<'a>(&'a self, body: Bytes, req: ScoreRequest<'a>, call: Call) -> Result<Scored, ApiError> {
         self.scored(body, req, call).await
     }
 

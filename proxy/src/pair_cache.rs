@@ -24,7 +24,7 @@ use moka::notification::RemovalCause;
 use moka::sync::Cache;
 use sieve_shared::pair_key::{self, digest_of_item, digest_of_model, digest_of_prefix, key, BuildDigestHasher};
 use sieve_shared::proxy_config::CacheConfig;
-use sieve_shared::{ScoreRequestRef, ScoreResponse};
+use sieve_shared::{ScoreRequest, ScoreResponse};
 
 use crate::metrics as m;
 
@@ -115,7 +115,7 @@ impl PairCache {
     }
 
     /// Looks every item of `req` up under the current model.
-    pub fn lookup(&self, req: &ScoreRequestRef<'_>) -> Lookup {
+    pub fn lookup(&self, req: &ScoreRequest<'_>) -> Lookup {
         let prefix = digest_of_prefix(req.instruction.as_deref(), &req.query);
         let digests: Vec<u128> = req.items.iter().map(|i| digest_of_item(i.text())).collect();
         let model = self.model.load_full();
@@ -180,7 +180,7 @@ mod tests {
         PairCache::new(&CacheConfig::default())
     }
 
-    fn req(json: &str) -> ScoreRequestRef<'_> {
+    fn req(json: &str) -> ScoreRequest<'_> {
         serde_json::from_str(json).unwrap()
     }
 

@@ -12,19 +12,20 @@ use crate::client::HttpClient;
 /// Items (and maybe a query) from a file: a JSON object like `configs/demo-request.json`
 /// (`query`, `items`), a JSON array of items (strings or `{"id", "text"}`), or plain text with
 /// one item per line.
-pub fn parse_items_file(text: &str) -> Result<(Option<String>, Vec<Item>), String> {
+pub fn parse_items_file(text: &str) -> Result<(Option<String>, Vec<Item<'_>>), String> {
     let trimmed = text.trim_start();
     if trimmed.starts_with('{') {
         #[derive(serde::Deserialize)]
-        struct File {
+        struct File<'a> {
             #[serde(default)]
             query: Option<String>,
-            items: Vec<Item>,
+            #[serde(borrow)]
+            items: Vec<Item<'a>>,
         }
         let f: File = serde_json::from_str(text).map_err(|e| format!("items file: {e}"))?;
         Ok((f.query, f.items))
     } else if trimmed.starts_with('[') {
-        let items: Vec<Item> = serde_json::from_str(text).map_err(|e| format!("items file: {e}"))?;
+        let items: Vec<Item<'_>> = serde_json::from_str(text).map_err(|e| format!("items file: {e}"))?;
         Ok((None, items))
     } else {
         Ok((None, text.lines().map(str::trim).filter(|l| !l.is_empty()).map(Item::from).collect()))
@@ -38,7 +39,7 @@ pub struct Scored {
     pub shards: Option<usize>,
 }
 
-pub async fn score(client: &HttpClient, target: &str, req: &ScoreRequest) -> Result<Scored, String> {
+pub async fn score(client: &HttpClient, target: &str, req: &ScoreRequest<'_>) -> Result<Scored, String> {
     let uri: hyper::Uri =
         format!("{}/v1/score", target.trim_end_matches('/')).parse().map_err(|e| format!("{target}: {e}"))?;
     let body = serde_json::to_vec(req).map_err(|e| e.to_string())?;
@@ -56,7 +57,7 @@ pub async fn score(client: &HttpClient, target: &str, req: &ScoreRequest) -> Res
 }
 
 /// The ranking, best first (ties: input order), then a timing line.
-pub fn render(req: &ScoreRequest, scored: &Scored, top: Option<usize>) -> String {
+pub fn render(req: &ScoreRequest<'_>, scored: &Scored, top: Option<usize>) -> String {
     let resp = &scored.response;
     let mut order: Vec<usize> = (0..req.items.len()).collect();
     order.sort_by(|&a, &b| {

@@ -14,7 +14,7 @@ use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use sieve_shared::proxy_config::RequestTraceConfig;
-use sieve_shared::{ApiError, ScoreRequestRef, ScoreResponse};
+use sieve_shared::{ApiError, ScoreRequest, ScoreResponse};
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::metrics as m;
@@ -35,7 +35,7 @@ pub struct Pending {
 }
 
 impl Pending {
-    pub fn new(req: &ScoreRequestRef<'_>, arrival: Instant) -> Self {
+    pub fn new(req: &ScoreRequest<'_>, arrival: Instant) -> Self {
         Pending {
             arrival,
             query: xxh3_64(req.query.as_bytes()),
@@ -186,7 +186,7 @@ mod tests {
     }
 
     fn record(req: &str) -> Record {
-        let r: ScoreRequestRef = serde_json::from_str(req).unwrap();
+        let r: ScoreRequest = serde_json::from_str(req).unwrap();
         let resp = ScoreResponse {
             scores: vec![Some(0.5); r.items.len()],
             ids: None,

@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, ALLOW, CONNECTION};
 use hyper::{Method, Request};
 use sieve_shared::api::headers;
-use sieve_shared::{ApiConfig, ApiError, ErrorKind, Limits, ScoreRequest, ScoreRequestRef, ScoreResponse, Timing};
+use sieve_shared::{ApiConfig, ApiError, ErrorKind, Limits, ScoreRequest, ScoreResponse, Timing};
 // Tokio's clock, so the simulated worker's tests can run with time paused.
 use tokio::time::Instant;
 use tracing::Instrument as _;
@@ -97,7 +97,7 @@ pub trait ScoreService: Send + Sync {
 
     /// Scores a parsed and validated request (`deadline_ms` already taken from the header when
     /// the body had none).
-    fn score(&self, req: ScoreRequest, call: Call) -> impl Future<Output = Result<Scored, ApiError>> + Send;
+    fn score(&self, req: ScoreRequest<'static>, call: Call) -> impl Future<Output = Result<Scored, ApiError>> + Send;
 
     /// Scores a `POST /v1/score` request as parsed in place: `req`'s borrowed strings point
     /// into `body` (validated as for [`score`](Self::score)). The default makes the request
@@ -106,7 +106,7 @@ pub trait ScoreService: Send + Sync {
     fn score_in_place<'a>(
         &'a self,
         body: Bytes,
-        req: ScoreRequestRef<'a>,
+        req: ScoreRequest<'a>,
         call: Call,
     ) -> impl Future<Output = Result<Scored, ApiError>> + Send + 'a {
         drop(body);
@@ -276,7 +276,7 @@ async fn serve<S: ScoreService>(
     // serves its score body on `/v1/score` too: a body that is not Sieve's but has vLLM's keys
     // is read as vLLM's (looked for only then, off the hot path).
     let in_place = match route {
-        Route::Score => match ScoreRequestRef::parse(&body) {
+        Route::Score => match ScoreRequest::parse(&body) {
             Ok(req) => Some(req),
             Err(_) if compat::is_vllm_score(&body) => None,
             Err(e) => return Err(e),
@@ -290,7 +290,7 @@ async fn serve<S: ScoreService>(
             if req.deadline_ms.is_none() {
                 req.deadline_ms = header_deadline.transpose()?;
             }
-            limits.check_ref(&req, "items")?;
+            limits.check_as(&req, "items")?;
             (svc.score_in_place(body.clone(), req, Call { arrival }).await?, Shape::Score)
         }
         // The drop-in shapes: converted to an owned call.
@@ -304,7 +304,7 @@ async fn serve<S: ScoreService>(
                 score_req.deadline_ms = header_deadline.transpose()?;
             }
             limits.check_as(&score_req, shape.items_field())?;
-            (svc.score(score_req, Call { arrival }).await?, shape)
+            (svc.score(score_req.into_owned(), Call { arrival }).await?, shape)
         }
     };
     let timing = response.timing;

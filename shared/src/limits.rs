@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ApiError, Item, ItemRef, ScoreRequest, ScoreRequestRef};
+use crate::{ApiError, Item, ScoreRequest};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -52,22 +52,15 @@ fn check_truncation(max_item_tokens: Option<u32>) -> Result<(), ApiError> {
 impl Limits {
     /// Checks everything that can be checked without a tokenizer. The first violation wins;
     /// the message names the field and the limit.
-    pub fn check(&self, req: &ScoreRequest) -> Result<(), ApiError> {
+    pub fn check(&self, req: &ScoreRequest<'_>) -> Result<(), ApiError> {
         self.check_as(req, "items")
     }
 
     /// [`check`](Self::check), naming the items `field` in messages (`documents` for a rerank
     /// call).
-    pub fn check_as(&self, req: &ScoreRequest, field: &str) -> Result<(), ApiError> {
+    pub fn check_as(&self, req: &ScoreRequest<'_>, field: &str) -> Result<(), ApiError> {
         check_truncation(req.max_item_tokens)?;
         let items = req.items.iter().map(Item::text);
-        self.check_parts(&req.query, req.instruction.as_deref(), items, req.deadline_ms, field)
-    }
-
-    /// [`check_as`](Self::check_as) on a request parsed in place (the API handler's form).
-    pub fn check_ref(&self, req: &ScoreRequestRef<'_>, field: &str) -> Result<(), ApiError> {
-        check_truncation(req.max_item_tokens)?;
-        let items = req.items.iter().map(ItemRef::text);
         self.check_parts(&req.query, req.instruction.as_deref(), items, req.deadline_ms, field)
     }
 
@@ -137,8 +130,8 @@ impl Limits {
 mod tests {
     use super::*;
 
-    fn req(query: &str, items: Vec<&str>) -> ScoreRequest {
-        ScoreRequest::new(query.into(), items.into_iter().map(Into::into).collect())
+    fn req<'a>(query: &'a str, items: Vec<&'a str>) -> ScoreRequest<'a> {
+        ScoreRequest::new(query, items.into_iter().map(Into::into).collect())
     }
 
     #[test]

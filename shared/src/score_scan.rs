@@ -3,7 +3,7 @@
 //! Every score call is one JSON object: a query, a few hundred item strings, a few optional
 //! fields. Through serde that is one UTF-8 check of the whole body, then for every string
 //! serde's escape scan (eight bytes a step), a visitor call and a `Vec` grown by doubling. The
-//! scanner reads the shape a client writes (the fields of [`ScoreRequestRef`], each at most
+//! scanner reads the shape a client writes (the fields of [`ScoreRequest`], each at most
 //! once; strings without escapes; items as strings or `{id, text}` objects) in one pass, finding
 //! each string's end 32 bytes a step and checking UTF-8 only in the strings that have a byte
 //! past ASCII. Anything else — an unknown or repeated field, an escape or control character in a
@@ -15,7 +15,7 @@
 
 use std::borrow::Cow;
 
-use crate::api::{ItemRef, OnOverload, ScoreRequestRef, TruncationDirection};
+use crate::api::{Item, OnOverload, ScoreRequest, TruncationDirection};
 use crate::json_cursor::JsonCursor as Scanner;
 use crate::ApiError;
 
@@ -25,9 +25,9 @@ const ITEM_BYTES_GUESS: usize = 256;
 /// The largest first size: a body of many short items grows from here.
 const MAX_ITEMS_GUESS: usize = 4096;
 
-impl<'a> ScoreRequestRef<'a> {
+impl<'a> ScoreRequest<'a> {
     /// A `POST /v1/score` body parsed in place: the scanner's reading, or serde's where the
-    /// scanner gives up. Exactly `ApiError::parse_json::<ScoreRequestRef>(body)`: the same
+    /// scanner gives up. Exactly `ApiError::parse_json::<ScoreRequest>(body)`: the same
     /// request, or the same error and message. (Here rather than in `api.rs`, so that the wire
     /// types do not import their scanner.)
     pub fn parse(body: &'a [u8]) -> Result<Self, ApiError> {
@@ -40,7 +40,7 @@ impl<'a> ScoreRequestRef<'a> {
 
 /// The scanner alone: `None` wherever it leaves the body to serde (benches and tests compare the
 /// two).
-pub fn scan(body: &[u8]) -> Option<ScoreRequestRef<'_>> {
+pub fn scan(body: &[u8]) -> Option<ScoreRequest<'_>> {
     let mut s = Scanner::new(body);
     let r = s.request()?;
     s.ws();
@@ -94,7 +94,7 @@ impl<'a> Scanner<'a> {
         Some(k)
     }
 
-    fn request(&mut self) -> Option<ScoreRequestRef<'a>> {
+    fn request(&mut self) -> Option<ScoreRequest<'a>> {
         self.eat(b'{')?;
         let mut query = None;
         let mut items = None;
@@ -127,7 +127,7 @@ impl<'a> Scanner<'a> {
                 break;
             }
         }
-        Some(ScoreRequestRef {
+        Some(ScoreRequest {
             query: Cow::Borrowed(query?),
             items: items?,
             instruction: instruction.flatten().map(Cow::Borrowed),
@@ -156,7 +156,7 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    fn items(&mut self) -> Option<Vec<ItemRef<'a>>> {
+    fn items(&mut self) -> Option<Vec<Item<'a>>> {
         self.eat(b'[')?;
         // Sized from the bytes left at a guess of 256 bytes an item (capped), so a usual request
         // takes one or two allocations instead of doubling its way up from four.
@@ -170,7 +170,7 @@ impl<'a> Scanner<'a> {
         loop {
             self.ws();
             let item = match self.peek()? {
-                b'"' => ItemRef::Text(Cow::Borrowed(self.str()?)),
+                b'"' => Item::Text(Cow::Borrowed(self.str()?)),
                 b'{' => self.item_object()?,
                 _ => return None,
             };
@@ -182,7 +182,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// `{"text": ..., "id": ...}`, `id` optional (or `null`), each once.
-    fn item_object(&mut self) -> Option<ItemRef<'a>> {
+    fn item_object(&mut self) -> Option<Item<'a>> {
         self.eat(b'{')?;
         let (mut id, mut text) = (None, None);
         self.ws();
@@ -199,7 +199,7 @@ impl<'a> Scanner<'a> {
                 break;
             }
         }
-        Some(ItemRef::Object { id: id.flatten().map(Cow::Borrowed), text: Cow::Borrowed(text?) })
+        Some(Item::Object { id: id.flatten().map(Cow::Borrowed), text: Cow::Borrowed(text?) })
     }
 }
 
@@ -212,7 +212,7 @@ mod tests {
     /// The scanner's reading is serde's, or the scanner gives up; `parse` is `parse_json`
     /// either way (the same request, or the same error: kind and message).
     fn same_as_serde(body: &[u8]) -> Option<bool> {
-        let serde: Result<ScoreRequestRef, ApiError> = ApiError::parse_json(body);
+        let serde: Result<ScoreRequest, ApiError> = ApiError::parse_json(body);
         let scanned = scan(body);
         if let Some(s) = &scanned {
             assert_eq!(Some(s), serde.as_ref().ok(), "{:?}", String::from_utf8_lossy(body));
@@ -220,7 +220,7 @@ mod tests {
             let inside = |t: &str| body.as_ptr_range().contains(&t.as_ptr()) || t.is_empty();
             assert!(inside(&s.query) && s.items.iter().all(|i| inside(i.text())));
         }
-        match (ScoreRequestRef::parse(body), serde) {
+        match (ScoreRequest::parse(body), serde) {
             (Ok(a), Ok(b)) => assert_eq!(a, b),
             (Err(a), Err(b)) => assert_eq!((a.kind, a.message), (b.kind, b.message)),
             (a, b) => panic!("{:?}: parse {a:?}, serde {b:?}", String::from_utf8_lossy(body)),

@@ -238,7 +238,7 @@ impl SimEngine {
     }
 
     /// Scores a call. `arrival` is when its request arrived (queue time counts from there).
-    pub async fn score(&self, req: ScoreRequest, arrival: Instant) -> Result<ScoreResponse, ApiError> {
+    pub async fn score(&self, req: ScoreRequest<'_>, arrival: Instant) -> Result<ScoreResponse, ApiError> {
         let c = &self.counters;
         c.requests.fetch_add(1, Ordering::Relaxed);
         if !self.ready.load(Ordering::SeqCst) {
@@ -507,10 +507,10 @@ mod tests {
     use super::*;
     use sieve_shared::{CostModel, Item};
 
-    fn req(items: &[&str], deadline_ms: Option<u64>) -> ScoreRequest {
+    fn req(items: &[&str], deadline_ms: Option<u64>) -> ScoreRequest<'static> {
         ScoreRequest {
             query: "trail running shoes".into(),
-            items: items.iter().map(|&s| Item::from(s)).collect(),
+            items: items.iter().map(|&s| Item::from(s.to_string())).collect(),
             instruction: None,
             deadline_ms,
             on_overload: None,

@@ -74,7 +74,7 @@ impl ScoreService for SimEngine {
         Err(ApiError::not_ready(if self.is_draining() { "sim worker is draining" } else { "sim worker is not ready" }))
     }
 
-    async fn score(&self, req: ScoreRequest, call: Call) -> Result<Scored, ApiError> {
+    async fn score(&self, req: ScoreRequest<'_>, call: Call) -> Result<Scored, ApiError> {
         SimEngine::score(self, req, call.arrival).await.map(Scored::from)
     }
 }

@@ -132,11 +132,11 @@ fn default_request() -> Result<PathBuf, String> {
         .ok_or_else(|| "configs/demo-request.json not found; pass --request FILE".into())
 }
 
-fn read_request(path: &Path) -> Result<ScoreRequest, String> {
+fn read_request(path: &Path) -> Result<ScoreRequest<'static>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let (query, items) = ranking::parse_items_file(&text).map_err(|e| format!("{}: {e}", path.display()))?;
     let query = query.ok_or_else(|| format!("{}: no query", path.display()))?;
-    Ok(ScoreRequest::new(query, items))
+    Ok(ScoreRequest::new(query, items).into_owned())
 }
 
 async fn up(a: UpArgs) -> Result<(), String> {
@@ -205,15 +205,9 @@ async fn score(a: ScoreArgs) -> Result<(), String> {
     let (file_query, items) = ranking::parse_items_file(&text)?;
     let query = a.query.or(file_query).ok_or("--query is required (the items file has none)")?;
     let request = ScoreRequest {
-        query,
-        items,
-        instruction: a.instruction,
+        instruction: a.instruction.map(Into::into),
         deadline_ms: a.deadline_ms,
-        on_overload: None,
-        cache: None,
-        max_item_tokens: None,
-        truncation_direction: None,
-        model: None,
+        ..ScoreRequest::new(query, items)
     };
     let scored = ranking::score(&client(), &a.target, &request).await?;
     print!("{}", ranking::render(&request, &scored, a.top));

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use sieve_shared::{ApiError, ProxyConfig, ScoreRequestRef, ScoreResponse};
+use sieve_shared::{ApiError, ProxyConfig, ScoreRequest, ScoreResponse};
 
 use crate::estimate::token_estimator::Features;
 use crate::metrics as m;
@@ -58,7 +58,7 @@ pub struct RequestCtx {
 pub async fn score(
     state: &Arc<AppState>,
     body: Bytes,
-    req: ScoreRequestRef<'_>,
+    req: ScoreRequest<'_>,
     arrival: Instant,
 ) -> Result<(ScoreResponse, MergeStats), ApiError> {
     let traced = state.request_trace.sampled().then(|| request_trace::Pending::new(&req, arrival));
@@ -72,7 +72,7 @@ pub async fn score(
 async fn score_untraced(
     state: &Arc<AppState>,
     body: Bytes,
-    req: ScoreRequestRef<'_>,
+    req: ScoreRequest<'_>,
     arrival: Instant,
 ) -> Result<(ScoreResponse, MergeStats), ApiError> {
     // `req` was validated against these limits by the API handler (`sieve_server::service`).

@@ -9,7 +9,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use sieve_shared::proxy_config::SplitMode;
 use sieve_shared::sync::lock;
-use sieve_shared::{ApiError, CostModel, ProxyConfig, ScoreRequestRef};
+use sieve_shared::{ApiError, CostModel, ProxyConfig, ScoreRequest};
 
 use super::dispatch::shard_body::ShardWire;
 use super::shard::{Eligible, ShardJob};
@@ -56,7 +56,7 @@ struct Estimates {
 
 /// Step 1, estimate: tokens of every item (an item the workers will cut costs its cap at most)
 /// and of the shared prefix.
-fn estimate(state: &AppState, cfg: &ProxyConfig, req: &ScoreRequestRef<'_>) -> Estimates {
+fn estimate(state: &AppState, cfg: &ProxyConfig, req: &ScoreRequest<'_>) -> Estimates {
     let weights = lock(&state.tokens).weights();
     let item_features: Vec<_> = req.items.iter().map(|i| features(i.text())).collect();
     let query_features = features(&req.query);
@@ -72,7 +72,7 @@ fn estimate(state: &AppState, cfg: &ProxyConfig, req: &ScoreRequestRef<'_>) -> E
 fn eligible(
     state: &AppState,
     cfg: &ProxyConfig,
-    req: &ScoreRequestRef<'_>,
+    req: &ScoreRequest<'_>,
     now: Instant,
     model: &CostModel,
 ) -> Result<(Eligible, u128), ApiError> {
@@ -99,7 +99,7 @@ struct SplitItems {
 fn split_items(
     state: &AppState,
     cfg: &ProxyConfig,
-    req: &ScoreRequestRef<'_>,
+    req: &ScoreRequest<'_>,
     todo: Option<&[usize]>,
     item_tokens: &[f64],
 ) -> SplitItems {
@@ -125,7 +125,7 @@ fn split_items(
 fn admit(
     state: &AppState,
     cfg: &ProxyConfig,
-    req: &ScoreRequestRef<'_>,
+    req: &ScoreRequest<'_>,
     plan: &mut split::Plan,
     split_req: &split::Request<'_>,
     eligible: &Eligible,
@@ -165,7 +165,7 @@ pub fn plan(
     state: &Arc<AppState>,
     cfg: Arc<ProxyConfig>,
     body: Bytes,
-    req: &ScoreRequestRef<'_>,
+    req: &ScoreRequest<'_>,
     todo: Option<&[usize]>,
     arrival: Instant,
     deadline: Instant,

@@ -80,7 +80,7 @@ impl Shape {
     /// can tell is refused here (unknown fields, wrong types, options Sieve cannot honour); the
     /// limits are the caller's, through [`Limits::check_as`](sieve_shared::Limits::check_as) with
     /// [`items_field`](Self::items_field).
-    pub fn parse(route: Route, body: &[u8]) -> Result<(ScoreRequest, Shape), ApiError> {
+    pub fn parse(route: Route, body: &[u8]) -> Result<(ScoreRequest<'_>, Shape), ApiError> {
         Ok(match route {
             Route::Score => (ApiError::parse_json::<ScoreRequest>(body)?, Shape::Score),
             Route::Rerank => Self::rerank(body)?,
@@ -96,7 +96,7 @@ impl Shape {
         })
     }
 
-    fn rerank(body: &[u8]) -> Result<(ScoreRequest, Shape), ApiError> {
+    fn rerank(body: &[u8]) -> Result<(ScoreRequest<'static>, Shape), ApiError> {
         let r: RerankRequest = ApiError::parse_json(body)?;
         rerank::check(&r)?;
         Ok((r.to_score_request()?, Shape::Rerank(Box::new(r), rerank::Version::V1)))

@@ -100,7 +100,7 @@ pub struct Rank {
 }
 
 impl Rerank {
-    pub(super) fn parse(body: &[u8]) -> Result<(ScoreRequest, Rerank), ApiError> {
+    pub(super) fn parse(body: &[u8]) -> Result<(ScoreRequest<'static>, Rerank), ApiError> {
         let b: Body = ApiError::parse_json(body)?;
         refuse_if(
             b.raw_scores,
@@ -108,12 +108,12 @@ impl Rerank {
             "Sieve serves the sigmoid of the relevance logit, in (0, 1) (TEI's raw_scores: false)",
         )?;
         let texts = b.return_text.then(|| b.texts.clone());
-        let items = b.texts.into_iter().map(Item::Text).collect();
+        let items = b.texts.into_iter().map(Item::from).collect();
         let req = ScoreRequest {
             // Any cap above the server's is the server's.
             max_item_tokens: (b.truncate == Some(true)).then_some(u32::MAX),
             truncation_direction: b.truncation_direction,
-            model: b.model,
+            model: b.model.map(Into::into),
             ..ScoreRequest::new(b.query, items)
         };
         Ok((req, Rerank { texts }))

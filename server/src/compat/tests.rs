@@ -3,8 +3,8 @@ use sieve_shared::{Item, RerankResponse, Timing, Usage};
 
 use super::*;
 
-fn parse(route: Route, v: Value) -> Result<(ScoreRequest, Shape), ApiError> {
-    Shape::parse(route, v.to_string().as_bytes())
+fn parse(route: Route, v: Value) -> Result<(ScoreRequest<'static>, Shape), ApiError> {
+    Shape::parse(route, v.to_string().as_bytes()).map(|(req, shape)| (req.into_owned(), shape))
 }
 
 fn refused(route: Route, v: Value, says: &str) {

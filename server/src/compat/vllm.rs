@@ -87,7 +87,7 @@ struct AnswerUsage {
 }
 
 impl Score {
-    pub(super) fn parse(body: &[u8]) -> Result<(ScoreRequest, Score), ApiError> {
+    pub(super) fn parse(body: &[u8]) -> Result<(ScoreRequest<'static>, Score), ApiError> {
         let b: Body = ApiError::parse_json(body)?;
         let max_item_tokens = match b.truncate_prompt_tokens {
             None => None,
@@ -101,7 +101,7 @@ impl Score {
         };
         refuse_if(b.priority.is_some(), "priority", "Sieve orders work by deadline")?;
         let queries = b.text_1.into_vec();
-        let items: Vec<Item> = b.text_2.into_vec().into_iter().map(Item::Text).collect();
+        let items: Vec<Item> = b.text_2.into_vec().into_iter().map(Item::from).collect();
         let Some(query) = queries.first().cloned() else {
             return Err(ApiError::invalid("text_1 is empty: one query is required"));
         };
@@ -119,7 +119,7 @@ impl Score {
                 )));
             }
         }
-        Ok((ScoreRequest { max_item_tokens, model: b.model, ..ScoreRequest::new(query, items) }, Score))
+        Ok((ScoreRequest { max_item_tokens, model: b.model.map(Into::into), ..ScoreRequest::new(query, items) }, Score))
     }
 
     pub fn answer(self, resp: ScoreResponse) -> Answer {

@@ -2,10 +2,9 @@
 //! (`service::serve`) — admit, parse, deadline, limits, score, observe — on a decoded message.
 //! The message size limit is the codec's (`max_decoding_message_size`, set in `server.rs`).
 //!
-//! `Score` is served by [`RawScore`]: its message read in place (`wire.rs`) and scored as a
-//! `POST /v1/score` body is, where the generated route would decode it into owned strings first.
-//! The generated `Sieve::score` stays for a caller that mounts `SieveServer` on its own; both read
-//! the same fields with the same checks (`wire.rs`'s tests hold them equal).
+//! `Score` and `Rerank` are served by [`RawScore`] and [`RawRerank`]: the message arrives as its
+//! bytes (`wire.rs`) and is decoded here, so a malformed one is INVALID_ARGUMENT. The generated
+//! `Sieve` methods stay for a caller that mounts `SieveServer` on its own.
 //!
 //! Cancellation: hyper drops this call's future when the client resets its stream (or the
 //! connection closes), and with it the `score` future, exactly as for an HTTP client that goes
@@ -17,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use sieve_shared::{ApiError, ErrorKind, RerankResponse, ScoreRequest, ScoreRequestRef, ScoreResponse};
+use sieve_shared::{ApiError, ErrorKind, RerankResponse, ScoreRequest, ScoreResponse};
 
 // Tokio's clock, as the HTTP path's: the simulated worker's tests run with time paused.
 use tokio::time::Instant;
@@ -46,7 +45,7 @@ impl<S: ScoreService + 'static> GrpcApi<S> {
     async fn run(
         &self,
         meta: &MetadataMap,
-        req: Result<ScoreRequest, ApiError>,
+        req: Result<ScoreRequest<'static>, ApiError>,
         field: &str,
         top_n: Option<usize>,
         arrival: Instant,
@@ -64,28 +63,24 @@ impl<S: ScoreService + 'static> GrpcApi<S> {
         svc.score(req, Call { arrival }).await
     }
 
-    /// [`run`](Self::run) for a `Score` message read in place: borrowed texts, as
-    /// `service::serve` runs `POST /v1/score`.
-    async fn run_in_place(&self, meta: &MetadataMap, msg: &Bytes, arrival: Instant) -> Result<Scored, ApiError> {
-        let svc = self.svc.as_ref();
-        let limits = svc.limits();
-        let _admitted = svc.admit()?;
-        let mut req: ScoreRequestRef<'_> = wire::score_request(msg)?;
-        let grpc = deadline::from_metadata(meta, self.deadline_margin, &limits)?;
-        req.deadline_ms = deadline::effective(req.deadline_ms, grpc);
-        limits.check_ref(&req, "items")?;
-        // No body: the texts are raw strings in a protobuf message (`msg`, alive for the whole
-        // call), never JSON literals a proxy may splice into its shards.
-        svc.score_in_place(Bytes::new(), req, Call { arrival }).await
-    }
-
-    /// `Score` on its message's raw bytes.
+    /// `Score` on its message's raw bytes: a message that does not decode is INVALID_ARGUMENT
+    /// (as a malformed JSON body is 400), counted as any answered call.
     async fn score_raw(&self, request: Request<Bytes>) -> Result<Response<pb::ScoreResponse>, Status> {
         let arrival = Instant::now();
         let (meta, _, msg) = request.into_parts();
+        let req = wire::decode(msg, "ScoreRequest").and_then(convert::score_request);
+        self.score_msg(meta, req, arrival).await
+    }
+
+    async fn score_msg(
+        &self,
+        meta: MetadataMap,
+        req: Result<ScoreRequest<'static>, ApiError>,
+        arrival: Instant,
+    ) -> Result<Response<pb::ScoreResponse>, Status> {
         let span = self.span(&meta, Route::Score);
         async {
-            let out = self.run_in_place(&meta, &msg, arrival).await;
+            let out = self.run(&meta, req, "items", None, arrival).await;
             self.finish(Route::Score, arrival, out, convert::score_response)
         }
         .instrument(span)
@@ -144,13 +139,7 @@ impl<S: ScoreService + 'static> pb::sieve_server::Sieve for GrpcApi<S> {
     async fn score(&self, request: Request<pb::ScoreRequest>) -> Result<Response<pb::ScoreResponse>, Status> {
         let arrival = Instant::now();
         let (meta, _, msg) = request.into_parts();
-        let span = self.span(&meta, Route::Score);
-        async {
-            let out = self.run(&meta, convert::score_request(msg), "items", None, arrival).await;
-            self.finish(Route::Score, arrival, out, convert::score_response)
-        }
-        .instrument(span)
-        .await
+        self.score_msg(meta, convert::score_request(msg), arrival).await
     }
 
     async fn rerank(&self, request: Request<pb::RerankRequest>) -> Result<Response<pb::RerankResponse>, Status> {
@@ -164,11 +153,9 @@ impl<S: ScoreService + 'static> GrpcApi<S> {
     /// `Rerank` on its message's raw bytes: a message that does not decode is INVALID_ARGUMENT
     /// (as a malformed JSON body is 400), counted as any answered call.
     async fn rerank_raw(&self, request: Request<Bytes>) -> Result<Response<pb::RerankResponse>, Status> {
-        use prost::Message as _;
         let arrival = Instant::now();
         let (meta, _, bytes) = request.into_parts();
-        let msg = pb::RerankRequest::decode(bytes)
-            .map_err(|e| ApiError::malformed(format!("the RerankRequest message does not decode: {e}")));
+        let msg = wire::decode(bytes, "RerankRequest");
         self.rerank_msg(meta, msg, arrival).await
     }
 

@@ -9,10 +9,10 @@ use sieve_shared::{
     TruncationDirection, Usage,
 };
 
-fn item(i: pb::Item) -> Item {
+fn item(i: pb::Item) -> Item<'static> {
     match i.id {
-        Some(id) => Item::Object { id: Some(id), text: i.text },
-        None => Item::Text(i.text),
+        Some(id) => Item::Object { id: Some(id.into()), text: i.text.into() },
+        None => Item::Text(i.text.into()),
     }
 }
 
@@ -27,12 +27,12 @@ fn on_overload(v: i32) -> Result<Option<OnOverload>, ApiError> {
     }
 }
 
-pub(super) fn score_request(r: pb::ScoreRequest) -> Result<ScoreRequest, ApiError> {
+pub(super) fn score_request(r: pb::ScoreRequest) -> Result<ScoreRequest<'static>, ApiError> {
     Ok(ScoreRequest {
         on_overload: on_overload(r.on_overload)?,
-        query: r.query,
+        query: r.query.into(),
         items: r.items.into_iter().map(item).collect(),
-        instruction: r.instruction,
+        instruction: r.instruction.map(Into::into),
         deadline_ms: r.deadline_ms,
         cache: r.cache,
         max_item_tokens: r.max_item_tokens,
@@ -42,7 +42,7 @@ pub(super) fn score_request(r: pb::ScoreRequest) -> Result<ScoreRequest, ApiErro
 }
 
 /// `truncate_left` as the JSON's `truncation_direction` (said only when something is cut).
-pub(super) fn direction(max_item_tokens: Option<u32>, left: bool) -> Option<TruncationDirection> {
+fn direction(max_item_tokens: Option<u32>, left: bool) -> Option<TruncationDirection> {
     max_item_tokens.map(|_| if left { TruncationDirection::Left } else { TruncationDirection::Right })
 }
 
@@ -134,7 +134,7 @@ mod tests {
         .unwrap();
         assert_eq!(r.cache, Some(false), "the cache opt-out reaches the call");
         assert_eq!((r.max_item_tokens, r.truncation_direction), (Some(30), Some(TruncationDirection::Left)));
-        assert_eq!(r.items, vec![Item::Text("a".into()), Item::Object { id: Some("x".into()), text: "b".into() }]);
+        assert_eq!(r.items, vec![Item::from("a"), Item::Object { id: Some("x".into()), text: "b".into() }]);
         assert_eq!(
             (r.instruction.as_deref(), r.deadline_ms, r.on_overload),
             (Some("i"), Some(40), Some(OnOverload::Partial))

@@ -6,7 +6,7 @@
 //!
 //! - `api.rs`: the `Sieve` service (admission, limits, deadline, scoring, metrics);
 //! - `convert.rs`: messages to and from the JSON API's types;
-//! - `wire.rs`: `Score`'s message read in place (texts borrowed from its bytes);
+//! - `wire.rs`: the codec that hands a call its message's bytes (decoded in `api.rs`);
 //! - `deadline.rs`: the `grpc-timeout` header as the request's deadline;
 //! - `status.rs`: API errors as gRPC status codes with rich details;
 //! - `server.rs`: tonic's server over our connection stream (the `[http]` connection cap), the
@@ -29,10 +29,10 @@ pub use server::serve;
 pub(crate) use sieve_shared::grpc_config::GrpcConfig;
 pub use status::{to_status, GRPC_ERROR_DOMAIN};
 
-/// `Score`'s message read in place, as the gRPC port reads it (`wire.rs`): public so the
-/// proxy's `request_read` bench can put its cost beside the JSON parse of the same request.
-pub fn read_score_request(msg: &[u8]) -> Result<sieve_shared::ScoreRequestRef<'_>, sieve_shared::ApiError> {
-    wire::score_request(msg)
+/// `Score`'s message as the gRPC port reads it (prost's decode, then `convert.rs`): public so
+/// the proxy's `request_read` bench can put its cost beside the JSON read of the same request.
+pub fn read_score_request(msg: &[u8]) -> Result<sieve_shared::ScoreRequest<'static>, sieve_shared::ApiError> {
+    wire::decode(msg, "ScoreRequest").and_then(convert::score_request)
 }
 
 /// The messages and the service generated from `proto/sieve.proto` (by `server/build.rs`):

@@ -1,5 +1,5 @@
 //! The gRPC port: tonic's own server over a stream of connections that enforces the `[http]`
-//! limits (`conn.rs`), serving the generated `Sieve` service with `Score` read in place.
+//! limits (`conn.rs`), serving the generated `Sieve` service (`Score` and `Rerank` decoded in `api.rs`).
 //!
 //! - Connection cap: a slot per connection, taken at the accept. A connection that finds none
 //!   closes those with no call for [`EVICT_IDLE`] and waits up to [`SLOT_WAIT`] for a slot
@@ -172,8 +172,8 @@ fn evict_idle(open: &Open) {
 const SCORE_PATH: &str = "/sieve.v1.Sieve/Score";
 const RERANK_PATH: &str = "/sieve.v1.Sieve/Rerank";
 
-/// Every call of the port: `Score` read in place (`wire.rs`), `Rerank` decoded by `api.rs` (a
-/// bad message INVALID_ARGUMENT), unknown methods (UNIMPLEMENTED) by the generated router; each counted on its connection until its answer
+/// Every call of the port: `Score` and `Rerank` decoded by `api.rs` (a bad message
+/// INVALID_ARGUMENT), unknown methods (UNIMPLEMENTED) by the generated router; each counted on its connection until its answer
 /// is sent.
 struct Calls<S> {
     api: Arc<GrpcApi<S>>,

@@ -51,7 +51,7 @@ impl ScoreService for AppState {
         Ok(())
     }
 
-    async fn score(&self, req: ScoreRequest, call: Call) -> Result<Scored, ApiError> {
+    async fn score(&self, req: ScoreRequest<'_>, call: Call) -> Result<Scored, ApiError> {
         run(self, &req, call.arrival.into_std()).await.map(Scored::from)
     }
 
@@ -67,7 +67,7 @@ impl ScoreService for AppState {
 }
 
 /// Queues and awaits one scoring call (already validated by the shared API handler).
-async fn run(app: &AppState, r: &ScoreRequest, arrived: Instant) -> Result<ScoreResponse, ApiError> {
+async fn run(app: &AppState, r: &ScoreRequest<'_>, arrived: Instant) -> Result<ScoreResponse, ApiError> {
     if app.state.draining.load(Ordering::Acquire) {
         return Err(ApiError::not_ready("draining: not accepting new work"));
     }
@@ -84,9 +84,9 @@ async fn run(app: &AppState, r: &ScoreRequest, arrived: Instant) -> Result<Score
     // mid-pass at the next layer.
     let _cancel_on_drop = cancel.clone().drop_guard();
     let ticket = engine.submit(Submission {
-        query: r.query.clone(),
+        query: r.query.to_string(),
         items: r.items.iter().map(|i| i.text().to_string()).collect(),
-        instruction: r.instruction.clone(),
+        instruction: r.instruction.as_deref().map(str::to_string),
         arrived,
         deadline: r.deadline_ms.map(Duration::from_millis),
         cancel,

@@ -14,7 +14,7 @@ use std::io::Write as _;
 use std::ops::Range;
 
 use bytes::Bytes;
-use sieve_shared::api::{ItemRef, ScoreRequestRef};
+use sieve_shared::api::{Item, ScoreRequest};
 
 /// Where an item's JSON lies.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,14 +37,14 @@ pub struct ShardWire {
 
 impl ShardWire {
     /// The pieces of `req`, whose borrowed strings (if any) point into `body`.
-    pub fn new(body: Bytes, req: &ScoreRequestRef<'_>) -> Self {
+    pub fn new(body: Bytes, req: &ScoreRequest<'_>) -> Self {
         // Sized for every item encoded here (none spliced): one allocation for a request of
         // owned strings (a gRPC call's), a little spare for one parsed in place.
         let texts: usize = req
             .items
             .iter()
             .map(|i| match i {
-                ItemRef::Text(Cow::Borrowed(_)) => 0,
+                Item::Text(Cow::Borrowed(_)) => 0,
                 _ => i.text().len() + i.id().map_or(0, str::len) + 16,
             })
             .sum();
@@ -68,7 +68,7 @@ impl ShardWire {
             .items
             .iter()
             .map(|item| match item {
-                ItemRef::Text(Cow::Borrowed(t)) => match literal_in(&body, t) {
+                Item::Text(Cow::Borrowed(t)) => match literal_in(&body, t) {
                     Some(r) => Frag::Body(r),
                     None => own_item(&mut own, head, item),
                 },
@@ -172,16 +172,16 @@ fn needs_escape(b: &[u8]) -> bool {
     sieve_shared::json_cursor::plain_prefix_len(b) < b.len()
 }
 
-/// An item's JSON (`ItemRef`'s serde form: a string, or `{"id":…,"text":…}` without an absent
+/// An item's JSON (`Item`'s serde form: a string, or `{"id":…,"text":…}` without an absent
 /// id) into the request's own bytes, after a comma unless it is the first thing past `head`.
-fn own_item(own: &mut Vec<u8>, head: usize, item: &ItemRef<'_>) -> Frag {
+fn own_item(own: &mut Vec<u8>, head: usize, item: &Item<'_>) -> Frag {
     if own.len() > head {
         own.push(b',');
     }
     let start = own.len();
     match item {
-        ItemRef::Text(t) => encode(own, t),
-        ItemRef::Object { id, text } => {
+        Item::Text(t) => encode(own, t),
+        Item::Object { id, text } => {
             own.push(b'{');
             if let Some(id) = id {
                 own.extend_from_slice(b"\"id\":");
@@ -203,8 +203,9 @@ mod tests {
     use sieve_shared::{ApiError, Item, ScoreRequest};
 
     /// The `ScoreRequest` a worker reads from the shard of `items`.
-    fn shard_request(wire: &ShardWire, items: &[usize]) -> ScoreRequest {
-        serde_json::from_slice(&wire.shard(items, 77).concat()).expect("a shard body is a ScoreRequest")
+    fn shard_request(wire: &ShardWire, items: &[usize]) -> ScoreRequest<'static> {
+        let body = wire.shard(items, 77).concat();
+        serde_json::from_slice::<ScoreRequest>(&body).expect("a shard body is a ScoreRequest").into_owned()
     }
 
     fn check(wire: &ShardWire, whole: &ScoreRequest, items: &[usize]) {
@@ -219,11 +220,12 @@ mod tests {
     #[test]
     fn every_deadline_fits_the_tail() {
         let body = Bytes::from_static(br#"{"query":"q","items":["a","b"]}"#);
-        let req = ScoreRequestRef::parse(&body).unwrap();
+        let req = ScoreRequest::parse(&body).unwrap();
         let wire = ShardWire::new(body.clone(), &req);
         for ms in [0, 1, 77, u64::MAX] {
             for items in [&[0, 1][..], &[1, 0][..]] {
-                let r: ScoreRequest = serde_json::from_slice(&wire.shard(items, ms).concat()).unwrap();
+                let shard = wire.shard(items, ms).concat();
+                let r: ScoreRequest = serde_json::from_slice(&shard).unwrap();
                 assert_eq!(r.deadline_ms, Some(ms));
             }
         }
@@ -234,7 +236,7 @@ mod tests {
         let json = r#"{"items": ["plain", "esc\"aped \u00e9", {"id": "x", "text": "obj"}, {"text":"t\nn"}, "ünï"],
                        "query": "q \"1\"", "instruction": "be brief", "deadline_ms": 500, "on_overload": "partial"}"#;
         let body = Bytes::from(json);
-        let req: ScoreRequestRef<'_> = ApiError::parse_json(&body).unwrap();
+        let req: ScoreRequest<'_> = ApiError::parse_json(&body).unwrap();
         let wire = ShardWire::new(body.clone(), &req);
         let whole = req.into_owned();
         for items in [vec![0, 1, 2, 3, 4], vec![4, 0], vec![2], vec![3, 1]] {
@@ -249,7 +251,7 @@ mod tests {
         let body_json = r#"{"query": "q", "items": [ "a" ,"b",
             "c", "d\u00e9", "e"], "deadline_ms": 5}"#;
         let body = Bytes::from(body_json);
-        let req: ScoreRequestRef<'_> = ApiError::parse_json(&body).unwrap();
+        let req: ScoreRequest<'_> = ApiError::parse_json(&body).unwrap();
         let wire = ShardWire::new(body.clone(), &req);
         let whole = req.into_owned();
         let chunks = wire.shard(&[0, 1, 2], 9);
@@ -304,7 +306,7 @@ mod tests {
             truncation_direction: None,
             model: None,
         };
-        let wire = ShardWire::new(Bytes::new(), &ScoreRequestRef::from(whole.clone()));
+        let wire = ShardWire::new(Bytes::new(), &whole.clone());
         assert!(wire.items.iter().all(|f| matches!(f, Frag::Own(_))));
         check(&wire, &whole, &[2, 0, 1]);
         // Consecutive encoded items are one slice of the request's own bytes, uncopied.
@@ -331,7 +333,7 @@ mod tests {
             pick in prop::collection::vec(any::<prop::sample::Index>(), 1..12),
         ) {
             let whole = ScoreRequest {
-                query,
+                query: query.into(),
                 items: texts.into_iter().map(Item::from).collect(),
                 instruction: Some("i".into()),
                 deadline_ms: None,
@@ -343,7 +345,7 @@ mod tests {
             };
             let json = if pretty { serde_json::to_vec_pretty(&whole) } else { serde_json::to_vec(&whole) };
             let body = Bytes::from(json.unwrap());
-            let req: ScoreRequestRef<'_> = ApiError::parse_json(&body).unwrap();
+            let req: ScoreRequest<'_> = ApiError::parse_json(&body).unwrap();
             let wire = ShardWire::new(body.clone(), &req);
             let items: Vec<usize> = pick.iter().map(|p| p.index(whole.items.len())).collect();
             let shard = shard_request(&wire, &items);
@@ -360,7 +362,7 @@ mod tests {
             id in prop::option::of(any::<String>()),
         ) {
             for t in [text, plain] {
-                let items = [ItemRef::Text(Cow::Owned(t.clone())), ItemRef::Object {
+                let items = [Item::Text(Cow::Owned(t.clone())), Item::Object {
                     id: id.clone().map(Cow::Owned),
                     text: Cow::Owned(t),
                 }];
