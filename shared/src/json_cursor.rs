@@ -87,10 +87,32 @@ pub fn plain_prefix_len(b: &[u8]) -> usize {
 /// Where the string whose contents start at `b[from]` stops being plain: the index of its first
 /// `"`, `\\` or control character (below 0x20), or `b.len()`; and whether a byte past ASCII came
 /// before it. The item texts of a request are most of its bytes, and this is the pass that finds
-/// them: 32 bytes a step, each step's tests ORed into one byte so that the compiler vectorises
-/// them (32 is the width it does so at for the x86-64 baseline; 16 ran a byte at a time), then
-/// the step holding the end a byte at a time.
+/// them: [`string_end_in`], compiled with AVX2 enabled where the CPU has it (checked at run
+/// time; twice as fast on the 2-core AMD EPYC), else for the target's baseline.
 fn string_end(b: &[u8], from: usize) -> (usize, bool) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // The standard library caches what it detects: after the first call the check is a load.
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { string_end_avx2(b, from) };
+        }
+    }
+    string_end_in(b, from)
+}
+
+/// [`string_end_in`] compiled with AVX2 enabled.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn string_end_avx2(b: &[u8], from: usize) -> (usize, bool) {
+    string_end_in(b, from)
+}
+
+/// [`string_end`] 32 bytes a step, each step's tests ORed into one byte so that the compiler
+/// vectorises them (32 is the width it does so at for the x86-64 baseline; 16 ran a byte at a
+/// time), then the step holding the end a byte at a time.
+#[inline(always)]
+fn string_end_in(b: &[u8], from: usize) -> (usize, bool) {
     const STEP: usize = 32;
     let mut high = 0u8;
     let mut i = from;
@@ -124,7 +146,7 @@ fn string_end_bytewise(b: &[u8], from: usize, mut high: bool) -> (usize, bool) {
 mod tests {
     use super::*;
 
-    /// The stepped search against the bytewise reference, the stop and a byte past ASCII at
+    /// The stepped search (as dispatched, and for the baseline) against the bytewise reference, the stop and a byte past ASCII at
     /// every offset across several steps, and from offsets inside a step.
     #[test]
     fn string_ends_are_found_at_every_offset() {
@@ -146,6 +168,7 @@ mod tests {
                         let want = string_end_bytewise(&b, from, false);
                         assert_eq!(want.0, len);
                         assert_eq!(string_end(&b, from), want, "len {len}, stop {stop:?}, from {from}");
+                        assert_eq!(string_end_in(&b, from), want, "baseline: len {len}, stop {stop:?}, from {from}");
                     }
                 }
             }
