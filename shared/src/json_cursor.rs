@@ -146,8 +146,9 @@ fn string_end_bytewise(b: &[u8], from: usize, mut high: bool) -> (usize, bool) {
 mod tests {
     use super::*;
 
-    /// The stepped search (as dispatched, and for the baseline) against the bytewise reference, the stop and a byte past ASCII at
-    /// every offset across several steps, and from offsets inside a step.
+    /// The stepped search (as dispatched, and for the baseline) against the bytewise reference:
+    /// the stop and a byte past ASCII at every offset across several steps, and from offsets
+    /// inside a step.
     #[test]
     fn string_ends_are_found_at_every_offset() {
         for len in 0usize..200 {
