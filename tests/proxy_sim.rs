@@ -227,11 +227,12 @@ async fn a_hedge_denied_for_want_of_an_idle_worker_is_tried_again() {
 async fn the_deadline_gives_a_partial_answer_with_missing_indices() {
     let http = Http::new();
     let ws = sims(2, SimConfig::default()).await;
-    // Half the items on each worker, whatever the load price makes of the stats the direct
-    // call below leaves behind (a worker briefly reported busy).
+    // Half the items on each worker, whatever the stats the direct call below leaves behind
+    // (a worker briefly reported busy): round robin gives two shards two workers.
     let mut cfg = no_hedge(test_config(endpoints(&ws)));
     cfg.split.mode = SplitMode::Fixed;
     cfg.split.fixed_items = 50;
+    cfg.balance.policy = PolicyKind::RoundRobin;
     let p = proxy(cfg, 2).await;
     let items = catalogue(100, 6);
     let want = direct(&http, &ws[0], &score_body(QUERY, &items, None)).await;
