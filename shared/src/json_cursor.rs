@@ -3,6 +3,8 @@
 //! each giving `None`/`false` where the bytes are not the plain case, so the caller can hand the
 //! body to serde_json instead.
 
+use wide::u8x32;
+
 /// A position in `b`; the scanner adds its own steps in an `impl` block of its own.
 pub struct JsonCursor<'a> {
     pub b: &'a [u8],
@@ -88,7 +90,7 @@ pub fn plain_prefix_len(b: &[u8]) -> usize {
 /// `"`, `\\` or control character (below 0x20), or `b.len()`; and whether a byte past ASCII came
 /// before it. The item texts of a request are most of its bytes, and this is the pass that finds
 /// them: [`string_end_in`], compiled with AVX2 enabled where the CPU has it (checked at run
-/// time; twice as fast on the 2-core AMD EPYC), else for the target's baseline.
+/// time), else for the target's baseline.
 fn string_end(b: &[u8], from: usize) -> (usize, bool) {
     #[cfg(target_arch = "x86_64")]
     {
@@ -108,27 +110,26 @@ fn string_end_avx2(b: &[u8], from: usize) -> (usize, bool) {
     string_end_in(b, from)
 }
 
-/// [`string_end`] 32 bytes a step, each step's tests ORed into one byte so that the compiler
-/// vectorises them (32 is the width it does so at for the x86-64 baseline; 16 ran a byte at a
-/// time), then the step holding the end a byte at a time.
+/// [`string_end`] 32 bytes a step: the step's stops and its bytes past ASCII as bit masks, so
+/// the first stop is the lowest bit; the last, partial step a byte at a time.
 #[inline(always)]
 fn string_end_in(b: &[u8], from: usize) -> (usize, bool) {
-    const STEP: usize = 32;
-    let mut high = 0u8;
+    let mut high = 0u32;
     let mut i = from;
-    for chunk in b[from..].as_chunks::<STEP>().0 {
-        let (mut stop, mut h) = (0u8, 0u8);
-        for &c in chunk {
-            stop |= u8::from(c == b'"') | u8::from(c == b'\\') | u8::from(c < 0x20);
-            h |= c;
+    for chunk in b[from..].as_chunks::<32>().0 {
+        let x = u8x32::from(*chunk);
+        let control = x.min(u8x32::splat(0x1f)).simd_eq(x);
+        let stops = (x.simd_eq(u8x32::splat(b'"')) | x.simd_eq(u8x32::splat(b'\\')) | control).to_bitmask();
+        // A lane's top bit: a byte past ASCII.
+        let past_ascii = x.to_bitmask();
+        if stops != 0 {
+            let at = stops.trailing_zeros();
+            return (i + at as usize, high | (past_ascii & ((1 << at) - 1)) != 0);
         }
-        if stop != 0 {
-            break;
-        }
-        high |= h;
-        i += STEP;
+        high |= past_ascii;
+        i += 32;
     }
-    string_end_bytewise(b, i, high >= 0x80)
+    string_end_bytewise(b, i, high != 0)
 }
 
 /// [`string_end`] a byte at a time (`high`: a byte past ASCII was seen before `from`).

@@ -8,6 +8,7 @@
 //! moves the weights to the deployed tokenizer within a few hundred items.
 
 use sieve_shared::proxy_config::EstimatorConfig;
+use wide::u8x32;
 
 use crate::estimate::online_fit::{dot, OnlineFit};
 
@@ -68,101 +69,71 @@ const fn ascii_class(c: u8) -> usize {
 
 /// The class counts of an all-ASCII text, added to `counts`; `false` (and `counts` untouched)
 /// when a byte is not ASCII. This runs on every item of every request (the whole body's text):
-/// the portable [`ascii_counts_in`], which the compiler vectorises, 32 bytes a step compiled for
-/// AVX2 where the CPU has it (checked at run time), else 16 bytes a step for the target's
-/// baseline (SSE2 on x86-64).
+/// [`ascii_counts_in`], compiled with AVX2 and POPCNT enabled where the CPU has them (checked at
+/// run time), else for the target's baseline.
 fn ascii_counts(bytes: &[u8], counts: &mut [u32; FEATURES]) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         // The standard library caches what it detects: after the first call the check is a load.
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked just above).
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("popcnt") {
+            // SAFETY: the CPU has AVX2 and POPCNT (checked just above).
             return unsafe { ascii_counts_avx2(bytes, counts) };
         }
     }
-    ascii_counts_in::<16>(bytes, counts)
+    ascii_counts_in(bytes, counts)
 }
 
-/// [`ascii_counts_in`] 32 bytes a step, compiled with AVX2 enabled.
+/// [`ascii_counts_in`] compiled with AVX2 and POPCNT enabled.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,popcnt")]
 fn ascii_counts_avx2(bytes: &[u8], counts: &mut [u32; FEATURES]) -> bool {
-    ascii_counts_in::<32>(bytes, counts)
+    ascii_counts_in(bytes, counts)
 }
 
-/// The class totals of an all-ASCII text (letters, digits, graphic 0x21..=0x7e, whitespace,
-/// word starts) added into `counts` as [`ascii_counts_in`] does.
-fn add_totals(bytes: &[u8], totals: [u64; 5], counts: &mut [u32; FEATURES]) {
-    let [letters, digits, graphic, space, words] = totals.map(|t| t as u32);
+/// The lanes of `x` in `lo..lo + n` (unsigned, `n` >= 1) as a bit mask.
+#[inline(always)]
+fn in_range(x: u8x32, lo: u8, n: u8) -> u32 {
+    let t = x - u8x32::splat(lo);
+    t.min(u8x32::splat(n - 1)).simd_eq(t).to_bitmask()
+}
+
+/// 32 bytes a step, each class a bit mask whose ones are counted; the last step zero-padded (a
+/// zero byte is in no class and not alphanumeric, so padding counts nothing).
+#[inline(always)]
+fn ascii_counts_in(bytes: &[u8], counts: &mut [u32; FEATURES]) -> bool {
+    let (whole, rest) = bytes.as_chunks::<32>();
+    let mut last = [0u8; 32];
+    last[..rest.len()].copy_from_slice(rest);
+    // Letters, digits, graphic (0x21..=0x7e), whitespace, word starts.
+    let mut totals = [0u32; 5];
+    let (mut past_ascii, mut alnum_before) = (0u32, 0u32);
+    for chunk in whole.iter().chain([&last]) {
+        let x = u8x32::from(*chunk);
+        let letter = in_range(x | u8x32::splat(0x20), b'a', 26);
+        let digit = in_range(x, b'0', 10);
+        let alnum = letter | digit;
+        // \t \n \x0b \x0c \r and space.
+        let blank = in_range(x, 0x09, 5) | x.simd_eq(u8x32::splat(b' ')).to_bitmask();
+        totals[0] += letter.count_ones();
+        totals[1] += digit.count_ones();
+        totals[2] += in_range(x, 0x21, 0x5e).count_ones();
+        totals[3] += blank.count_ones();
+        totals[4] += (alnum & !((alnum << 1) | alnum_before)).count_ones();
+        alnum_before = alnum >> 31;
+        // A lane's top bit: a byte past ASCII.
+        past_ascii |= x.to_bitmask();
+    }
+    if past_ascii != 0 {
+        return false;
+    }
+    let [letters, digits, graphic, space, words] = totals;
     counts[1] += letters;
     counts[2] += digits;
     counts[3] += graphic - letters - digits;
     counts[4] += space;
     counts[5] += words;
     counts[8] += bytes.len() as u32 - graphic - space;
-}
-
-/// The text's bytes as whole steps of `L` bytes, the last one zero-padded (a zero byte is in no
-/// class and not alphanumeric, so padding counts nothing).
-fn steps<const L: usize>(bytes: &[u8]) -> impl Iterator<Item = [u8; L]> + '_ {
-    let (whole, rest) = bytes.as_chunks::<L>();
-    let last = (!rest.is_empty()).then(|| {
-        let mut c = [0u8; L];
-        c[..rest.len()].copy_from_slice(rest);
-        c
-    });
-    whole.iter().copied().chain(last)
-}
-
-#[inline(always)]
-fn ascii_counts_in<const L: usize>(bytes: &[u8], counts: &mut [u32; FEATURES]) -> bool {
-    // Letters, digits, graphic (0x21..=0x7e), whitespace, word starts. One loop body (no
-    // closure or helper per step), so the counters stay in registers.
-    let mut lanes = [[0u8; L]; 5];
-    let mut totals = [0u64; 5];
-    let mut high = [0u8; L];
-    let mut prev_alnum = 0u8;
-    let mut n = 0u8;
-    for c in steps::<L>(bytes) {
-        let mut alnum = [0u8; L];
-        for i in 0..L {
-            let b = c[i];
-            let letter = u8::from((b | 0x20).wrapping_sub(b'a') < 26);
-            let digit = u8::from(b.wrapping_sub(b'0') < 10);
-            lanes[0][i] += letter;
-            lanes[1][i] += digit;
-            lanes[2][i] += u8::from(b.wrapping_sub(0x21) < 0x5e);
-            // \t \n \x0b \x0c \r and space.
-            lanes[3][i] += u8::from((b.wrapping_sub(0x09) < 5) | (b == b' '));
-            alnum[i] = letter | digit;
-            high[i] |= b;
-        }
-        for i in 0..L {
-            let before = if i == 0 { prev_alnum } else { alnum[i - 1] };
-            lanes[4][i] += alnum[i] & (before ^ 1);
-        }
-        prev_alnum = alnum[L - 1];
-        n += 1;
-        if n == u8::MAX {
-            flush(&mut lanes, &mut totals);
-            n = 0;
-        }
-    }
-    flush(&mut lanes, &mut totals);
-    if high.iter().fold(0, |a, &h| a | h) >= 0x80 {
-        return false;
-    }
-    add_totals(bytes, totals, counts);
     true
-}
-
-/// Adds the per-lane counters into the totals and clears them.
-#[inline(always)]
-fn flush<const L: usize>(lanes: &mut [[u8; L]; 5], totals: &mut [u64; 5]) {
-    for (t, l) in totals.iter_mut().zip(lanes.iter_mut()) {
-        *t += l.iter().map(|&x| u64::from(x)).sum::<u64>();
-        *l = [0; L];
-    }
 }
 
 fn is_cjk(c: char) -> bool {
@@ -322,21 +293,19 @@ mod tests {
         }
     }
 
-    /// Every vector width the CPU can run, on the same bytes.
-    fn every_width(bytes: &[u8]) -> Vec<(&'static str, bool, [u32; FEATURES])> {
+    /// Every build of the count the CPU can run, on the same bytes: the baseline first.
+    fn every_build(bytes: &[u8]) -> Vec<(&'static str, bool, [u32; FEATURES])> {
         let run = |f: &dyn Fn(&mut [u32; FEATURES]) -> bool| {
             let mut c = [0u32; FEATURES];
             let ascii = f(&mut c);
             (ascii, c)
         };
         let mut out = Vec::new();
-        let (a, c) = run(&|c| ascii_counts_in::<16>(bytes, c));
-        out.push(("16", a, c));
-        let (a, c) = run(&|c| ascii_counts_in::<32>(bytes, c));
-        out.push(("32", a, c));
+        let (a, c) = run(&|c| ascii_counts_in(bytes, c));
+        out.push(("baseline", a, c));
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2.
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("popcnt") {
+            // SAFETY: the CPU has AVX2 and POPCNT.
             let (a, c) = run(&|c| unsafe { ascii_counts_avx2(bytes, c) });
             out.push(("avx2", a, c));
         }
@@ -346,30 +315,30 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// The wide paths give exactly the portable path's counts (and the same ASCII verdict),
-        /// for any bytes and any length (lengths around every step size and the flush included).
+        /// The AVX2 build gives exactly the baseline's counts (and the same ASCII verdict), for
+        /// any bytes and any length.
         #[test]
-        fn every_width_counts_the_same(
+        fn every_build_counts_the_same(
             bytes in proptest::collection::vec(proptest::prop_oneof![
                 8 => 0x20u8..0x7f,
                 2 => 0u8..0x20,
                 1 => proptest::num::u8::ANY,
             ], 0..20_000),
         ) {
-            let all = every_width(&bytes);
+            let all = every_build(&bytes);
             let (_, a0, c0) = all[0];
             for (name, a, c) in &all[1..] {
-                proptest::prop_assert_eq!((*a, *c), (a0, c0), "{} against 16 bytes a step", name);
+                proptest::prop_assert_eq!((*a, *c), (a0, c0), "{} against the baseline", name);
             }
         }
     }
 
     #[test]
-    fn every_width_counts_long_ascii_texts_the_same() {
-        // Past 255 steps of each path (the per-lane counters' flush), ASCII only.
+    fn every_build_counts_long_ascii_texts_the_same() {
+        // Around every step boundary, and past any small counter's range, ASCII only.
         let text = "Trail runner, size 42 (EU)\tblack/red ~\x01 ".repeat(1000);
         for len in [0, 1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 4_080, 4_081, 8_160, 8_161, text.len()] {
-            let all = every_width(&text.as_bytes()[..len]);
+            let all = every_build(&text.as_bytes()[..len]);
             assert!(all[0].1, "ASCII");
             for (name, a, c) in &all[1..] {
                 assert_eq!((*a, *c), (all[0].1, all[0].2), "{name}, {len} bytes");

@@ -24,8 +24,8 @@
 //! call held up, with the calls queued behind it on its worker) is not predicted by load, so
 //! refusing a request does not avoid one (the next request meets stalls as often), while a wide
 //! plan held to the q^(1/k) quantile is held to about the worst shard of the window, which with
-//! a few percent of calls stalled is a stall: measured at half load, with 3% of calls stalled,
-//! ours without hedging refused 20-86 requests that would mostly have been answered. Admission is
+//! a few percent of calls stalled is a stall, and it would refuse requests that would mostly
+//! have been answered. Admission is
 //! for the work *queueing* makes late, and queueing is told from a stall by what the other
 //! shards of the moment did: queueing makes every shard late at once, a stall one worker's. So
 //! a shard that took more than `[admission] stall_factor` (2) times the median ratio of the
@@ -39,7 +39,7 @@
 //! its own stall could not be foreseen either. The shards that lag are still hedged (hedging's
 //! quantile counts every shard): a stall is what a hedge is for. One cost: a size of shard that
 //! runs more than `stall_factor` times the median error for a reason of its own (short shards
-//! on a GPU ran 1.5x) would be left out too; that moves only short plans, which the deadline
+//! run slower on a GPU) would be left out too; that moves only short plans, which the deadline
 //! rarely reaches, since a plan is held to the shards of about its own length.
 //!
 //! A plan whose every shard starts at once on an idle worker is taken at face value: it queues

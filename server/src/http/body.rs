@@ -1,8 +1,8 @@
 //! Reading a request body into ONE contiguous buffer, bounded in size and in time.
 //!
 //! Collecting hyper's frames (`http_body_util::Collected`) keeps every frame as its own slice of
-//! hyper's read buffer, so a body trickled one byte at a time pins a whole buffer per byte
-//! (~3.5 KB each, measured). Here each frame is copied into one buffer and dropped at once (a
+//! hyper's read buffer, so a body trickled one byte at a time pins a whole buffer per byte.
+//! Here each frame is copied into one buffer and dropped at once (a
 //! `Vec`, or from 256 KiB on a mapping of its own that is unmapped on drop: `body_buf.rs`):
 //! memory per request is at most its declared Content-Length (or `max`) plus a constant.
 //!

@@ -6,28 +6,25 @@
 //! Why not always a `Vec`: glibc's allocator raises its mmap threshold each time a large block
 //! is freed, so later large body buffers come from its heaps, which keep their pages after a
 //! free and fragment across the threads' arenas. Under clients that make a process read many
-//! large bodies (refused over the budget, or timed out, and freed over and over) its RSS was
-//! about twice the bytes `[http] max_buffered_bytes` lets it hold (the abuse soak's hoards with
-//! a 32 MiB budget: 57-67 MiB of growth; 28 MiB with large blocks mapped). A mapping is
-//! unmapped whatever the allocator does, so RSS follows the budget. Small bodies (the usual
-//! request) stay on the allocator: a mapping per request would cost system calls.
+//! large bodies (refused over the budget, or timed out, and freed over and over) its RSS grew to
+//! about twice the bytes `[http] max_buffered_bytes` lets it hold. A mapping is unmapped
+//! whatever the allocator does, so RSS follows the budget. Small bodies (the usual request) stay
+//! on the allocator: a mapping per request would cost system calls.
 //!
-//! Why a pool: a fresh mapping per large body, unmapped when the request is done, cost the
-//! proxy about 70 page faults and an unmap (with its TLB shootdown across the runtime's
-//! threads) per 276 KB body: 150-250 µs of system time per 1,000-item request, a quarter of its
-//! CPU (against a `Vec`, measured by the proxy's `/proc` times over 1,000 requests). A mapping
-//! a request is done with goes back to the pool, up to its byte bound (`MapPool::new`), its
-//! pages still in place, and the next large body takes it: no fault, no unmap. What the pool
+//! Why a pool: a fresh mapping per large body costs its page faults and an unmap (with a TLB
+//! shootdown across the runtime's threads) per request, a large share of the proxy's CPU on
+//! large requests. A mapping a request is done with goes back to the pool, up to its byte bound
+//! (`MapPool::new`), its pages still in place, and the next large body takes it. What the pool
 //! holds is the one memory outside the budget, and it is bounded. A body that takes a pooled
 //! mapping reserves the mapping's whole length, whose pages are in memory whatever the body has
 //! sent so far, and takes only one no longer than its declared length: otherwise clients that
 //! trickle large declared bodies would each hold a pooled mapping's pages on a small
-//! reservation, and the process's RSS would outgrow its budget (the abuse soak saw twice it).
+//! reservation, and the process's RSS would outgrow its budget.
 //!
 //! A mapping grows without a copy: `mremap` moves its pages to a larger range (Linux; elsewhere
 //! the bytes are copied into a new mapping). A body declared large starts as a mapping, so its
-//! bytes are never copied from the heap either: a 276 KB body had been copied about 200 KB more
-//! as its buffer doubled (callgrind on the proxy: ~0.2 M of ~2.7 M instructions a request).
+//! bytes are never copied from the heap either. The figures behind each choice are in
+//! `docs/benchmarks/proxy-overhead.md`.
 
 use std::sync::{Arc, Mutex};
 
