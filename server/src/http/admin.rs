@@ -57,10 +57,6 @@ impl AdminAuth {
         AdminAuth { token: token.map(|t| t.as_bytes().to_vec()), protect_reads }
     }
 
-    pub fn has_token(&self) -> bool {
-        self.token.is_some()
-    }
-
     /// Whether `req` may use its route: `changes_state` routes always need the token, the
     /// others only with `protect_reads`. 401 for a missing or wrong token, 403 when none is
     /// configured.
