@@ -34,7 +34,10 @@ pub struct ItemRun {
 /// header is not merged into the short run it shares with its neighbours, and many small
 /// families do not stay apart when one short run over all of them saves more.
 pub fn leading_runs(texts: &[&str], min_tokens: f64, tokens_of: impl Fn(&str) -> f64) -> Vec<ItemRun> {
-    let order = sorted(texts);
+    let mut order: Vec<usize> = (0..texts.len()).collect();
+    // Equal texts are interchangeable here (a group's members are sorted again): no need for a
+    // stable sort.
+    order.sort_unstable_by(|&a, &b| texts[a].cmp(texts[b]));
     // Between sorted neighbours j-1 and j (index j; 0 unused): the shared run, bytes and tokens.
     let mut shared = vec![(0usize, 0.0f64); order.len()];
     for j in 1..order.len() {
@@ -51,22 +54,6 @@ pub fn leading_runs(texts: &[&str], min_tokens: f64, tokens_of: impl Fn(&str) ->
     let mut out = Vec::new();
     best_cut(&order, &shared, 0, order.len(), min_tokens, &mut out);
     out
-}
-
-/// The indices of `texts` in the texts' order. Sorted on each text's first 8 bytes as a
-/// big-endian number (zero-padded: its order is the texts' order), the whole texts compared only
-/// where those tie. Equal texts are interchangeable here (a group's members are sorted again), so
-/// the sort need not be stable.
-fn sorted(texts: &[&str]) -> Vec<usize> {
-    let head = |t: &str| {
-        let mut k = [0u8; 8];
-        let n = t.len().min(8);
-        k[..n].copy_from_slice(&t.as_bytes()[..n]);
-        u64::from_be_bytes(k)
-    };
-    let mut keyed: Vec<(u64, usize)> = texts.iter().enumerate().map(|(i, t)| (head(t), i)).collect();
-    keyed.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| texts[a.1].cmp(texts[b.1])));
-    keyed.into_iter().map(|(_, i)| i).collect()
 }
 
 /// The groups of sorted range `lo..hi` that save the most tokens, pushed onto `out`; returns
@@ -198,29 +185,5 @@ mod tests {
         assert!(seen.iter().all(|&n| n <= 1));
         // Each family of two or more variants is one group (its brand block is its own).
         assert_eq!(groups.len(), (0..20).filter(|g| g % 5 >= 1).count());
-    }
-
-    /// The keyed sort puts the texts in their own order, where they tie on their first 8 bytes
-    /// (shorter texts, zero bytes, equal texts) as anywhere else.
-    #[test]
-    fn texts_are_sorted_in_their_order() {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
-        const WORDS: [&str; 6] = ["a", "ab", "\0", "b", "abcdefgh", "\u{e9}"];
-        for _ in 0..500 {
-            let texts: Vec<String> = (0..next(12))
-                .map(|_| (0..next(6)).map(|_| WORDS[next(6) as usize]).collect::<Vec<_>>().join(" "))
-                .collect();
-            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-            let got: Vec<&str> = sorted(&refs).into_iter().map(|i| refs[i]).collect();
-            let mut want = refs.clone();
-            want.sort();
-            assert_eq!(got, want);
-        }
     }
 }
