@@ -138,18 +138,23 @@ def batch_invariance(args, query, items):
     return {"items": len(items), "differing": diffs, "max_abs": max(abs(a - b) for a, b in zip(together, alone))}
 
 
-def matrix_rate(torch):
-    n = 8192
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+def matrix_rate(torch, device, dtype):
+    n = 8192 if device == "cuda" else 1024
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
     for _ in range(3):
         a @ b
-    torch.cuda.synchronize()
+    sync(torch, device)
     t = time.perf_counter()
     for _ in range(10):
         a @ b
-    torch.cuda.synchronize()
+    sync(torch, device)
     return 10 * 2 * n**3 / (time.perf_counter() - t) / 1e12
+
+
+def sync(torch, device):
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def torch_side(args, cfg, calls):
@@ -162,7 +167,10 @@ def torch_side(args, cfg, calls):
     suf = tok.encode(SUFFIX, add_special_tokens=False).ids
     yes, no = tok.token_to_id("yes"), tok.token_to_id("no")
     pad = tok.token_to_id("<|endoftext|>") or 0
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16, attn_implementation="sdpa").cuda()
+    device = args.torch_device
+    # bf16 on the GPU, as transformers' users serve; f32 on a CPU (the script's own check).
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, attn_implementation="sdpa").to(device)
     model.eval()
 
     def score(query, items):
@@ -171,8 +179,8 @@ def torch_side(args, cfg, calls):
         for i in range(0, len(ids), args.torch_batch):
             chunk = ids[i : i + args.torch_batch]
             width = max(len(x) for x in chunk)
-            inp = torch.tensor([[pad] * (width - len(x)) + x for x in chunk], device="cuda")
-            mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in chunk], device="cuda")
+            inp = torch.tensor([[pad] * (width - len(x)) + x for x in chunk], device=device)
+            mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in chunk], device=device)
             # Positions from each sequence's first real token, as Sieve counts them.
             pos = (mask.cumsum(-1) - 1).clamp(min=0)
             with torch.no_grad():
@@ -183,13 +191,15 @@ def torch_side(args, cfg, calls):
 
     out = {}
     for m, cs in calls.items():
+        if args.torch_agreement_only:
+            break
         score(cs[0][0], cs[0][1][: min(m, 8)])  # warm-up
         lat, tokens = [], 0
         t0 = time.perf_counter()
         for q, items in cs:
             t = time.perf_counter()
             _, n_tok = score(q, items)
-            torch.cuda.synchronize()
+            sync(torch, device)
             lat.append(time.perf_counter() - t)
             tokens += n_tok
         wall = time.perf_counter() - t0
@@ -205,7 +215,7 @@ def torch_side(args, cfg, calls):
             "tflops": tok_s * flops_per_token(cfg, avg_len / 2) / 1e12,
         }
         print(f"torch {m:>4} items: {out[m]}", flush=True)
-    return out, score, matrix_rate(torch)
+    return out, score, matrix_rate(torch, device, dtype)
 
 
 def logit(s):
@@ -223,8 +233,10 @@ def main():
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--query-words", type=int, default=130, help="~200-token prefix with the template")
     ap.add_argument("--item-words", type=int, default=95, help="~100-token items")
-    ap.add_argument("--torch", action="store_true", help="also run transformers on the GPU")
+    ap.add_argument("--torch", action="store_true", help="also run transformers on the same pairs")
+    ap.add_argument("--torch-device", default="cuda", help="cuda (bf16), or cpu (f32: checks the script without a GPU)")
     ap.add_argument("--torch-batch", type=int, default=64)
+    ap.add_argument("--torch-agreement-only", action="store_true", help="transformers scores the probe call only, untimed")
     ap.add_argument("--matrix-tflops", type=float, default=0.0, help="the GPU's measured bf16 rate (else measured)")
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
@@ -259,7 +271,7 @@ def main():
     json.dump(result, open(args.json, "w"), indent=1)
 
     print(f"\n### {args.label}: Sieve worker over HTTP" + (" against transformers" if args.torch else "") + "\n")
-    print(f"Matrix rate used: {rate:.0f} TFLOP/s (bf16, 8192^3 through PyTorch, this run)\n" if rate else "")
+    print(f"Matrix rate used: {rate:.0f} TFLOP/s (through PyTorch, this run: bf16 8192^3 on a GPU, f32 1024^3 on a CPU)\n" if rate else "")
     print("| side | items | p50 ms | p99 ms | pairs/s (1 call at a time) | pairs/s (busy) | computed tok/s | TFLOP/s | of matrix rate |")
     print("|---|---|---|---|---|---|---|---|---|")
     for side in ("sieve", "torch"):
