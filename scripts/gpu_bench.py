@@ -287,7 +287,7 @@ def main():
     if "agreement" in result:
         a = result["agreement"]
         print(
-            f"Agreement with transformers over {a['pairs']} pairs: |Δ logit| p50 {a['p50_abs_logit_diff']:.4f}, max {a['max_abs_logit_diff']:.4f} "
+            f"Agreement with transformers over {a['pairs']} pairs: |Δ logit| p50 {a['p50_abs_logit_diff']:.3g}, max {a['max_abs_logit_diff']:.3g} "
             f"(logit spread {a['transformers_logit_spread']:.2f}; tolerance {a['tolerance']:.3f}: {'within' if a['within'] else 'OUTSIDE'})."
         )
     ok = bi["differing"] == 0 and result.get("agreement", {}).get("within", True)
