@@ -19,6 +19,7 @@ and transformers for the PyTorch side.
 """
 
 import argparse
+import functools
 import json
 import math
 import random
@@ -139,10 +140,10 @@ def batch_invariance(args, query, items):
     return {"items": len(items), "differing": diffs, "max_abs": max(abs(a - b) for a, b in zip(together, alone))}
 
 
-def matrix_rate(torch, device, dtype):
+def matrix_rate(torch, device):
     n = 8192 if device == "cuda" else 1024
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     for _ in range(3):
         a @ b
     sync(torch, device)
@@ -169,16 +170,11 @@ def torch_side(args, cfg, calls):
     yes, no = tok.token_to_id("yes"), tok.token_to_id("no")
     pad = tok.token_to_id("<|endoftext|>") or 0
     device = args.torch_device
-    # bf16, as transformers' users serve on a GPU.
-    dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[args.torch_dtype]
-    # The f32 reference below is f32 throughout, not TF32.
+    # bf16, as transformers' users serve; the f32 reference below is f32 throughout, not TF32.
     torch.backends.cuda.matmul.allow_tf32 = False
 
     def load(dtype):
         return AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, attn_implementation="sdpa").to(device).eval()
-
-    def scorer(model):
-        return lambda query, items: score_with(model, query, items)
 
     def score_with(model, query, items):
         ids = [pre + tok.encode(body(query, it), add_special_tokens=False).ids + suf for it in items]
@@ -196,7 +192,7 @@ def torch_side(args, cfg, calls):
             logits.extend((last[:, yes] - last[:, no]).float().tolist())
         return logits, sum(len(x) for x in ids)
 
-    score = scorer(load(dtype))
+    score = functools.partial(score_with, load(torch.bfloat16))
     out = {}
     for m, cs in calls.items():
         if args.torch_agreement_only:
@@ -224,8 +220,8 @@ def torch_side(args, cfg, calls):
         }
         print(f"torch {m:>4} items: {out[m]}", flush=True)
     # The reference both sides are held to: the same checkpoint in f32 (scores the probe only).
-    exact = score if dtype == torch.float32 else scorer(load(torch.float32))
-    return out, score, matrix_rate(torch, device, dtype), exact
+    exact = functools.partial(score_with, load(torch.float32))
+    return out, score, matrix_rate(torch, device), exact
 
 
 def agreement(scores, sieve, served, exact):
@@ -267,7 +263,6 @@ def main():
     ap.add_argument("--item-words", type=int, default=95, help="~100-token items")
     ap.add_argument("--torch", action="store_true", help="also run transformers on the same pairs")
     ap.add_argument("--torch-device", default="cuda", help="cuda, or cpu (checks the script without a GPU)")
-    ap.add_argument("--torch-dtype", default="bf16", choices=["bf16", "f32"], help="the dtype transformers serves in")
     ap.add_argument("--torch-batch", type=int, default=64)
     ap.add_argument("--torch-agreement-only", action="store_true", help="transformers scores the probe call only, untimed")
     ap.add_argument("--matrix-tflops", type=float, default=0.0, help="the GPU's measured bf16 rate (else measured)")
@@ -295,7 +290,7 @@ def main():
     json.dump(result, open(args.json, "w"), indent=1)
 
     print(f"\n### {args.label}: Sieve worker over HTTP" + (" against transformers" if args.torch else "") + "\n")
-    print(f"Matrix rate used: {rate:.0f} TFLOP/s (through PyTorch in the served dtype, this run: 8192^3 on a GPU, 1024^3 on a CPU)\n" if rate else "")
+    print(f"Matrix rate used: {rate:.0f} TFLOP/s (bf16 through PyTorch, this run: 8192^3 on a GPU, 1024^3 on a CPU)\n" if rate else "")
     print("| side | items | p50 ms | p99 ms | pairs/s (1 call at a time) | pairs/s (busy) | computed tok/s | TFLOP/s | of matrix rate |")
     print("|---|---|---|---|---|---|---|---|---|")
     for side in ("sieve", "torch"):

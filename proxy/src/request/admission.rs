@@ -20,27 +20,26 @@
 //! while it delays the next ones. Held to the quantile, what is admitted finishes in time but
 //! for that quantile's tail, and the work refused is the work that would have been wasted.
 //!
-//! Stalls are left out of that error. A stall (a GC pause, throttling, a noisy neighbour: one
-//! call held up, with the calls queued behind it on its worker) is not predicted by load, so
-//! refusing a request does not avoid one (the next request meets stalls as often), while a wide
-//! plan held to the q^(1/k) quantile is held to about the worst shard of the window, which with
-//! a few percent of calls stalled is a stall, and it would refuse requests that would mostly
-//! have been answered. Admission is
-//! for the work *queueing* makes late, and queueing is told from a stall by what the other
-//! shards of the moment did: queueing makes every shard late at once, a stall one worker's. So
-//! a shard that took more than `[admission] stall_factor` (2) times the median ratio of the
-//! shards measured just before it (the latest 64, this request's and others') counts as a stall
-//! and is left out ([`crate::estimate::latency_ratio`]); in a burst the median rises with the
-//! lateness within a fraction of a second, and from then on the late shards count. The
-//! reference is the latest shards of every request rather than the request's own other shards
-//! so that a plan of one shard (a whole request, which has no others) is judged the same way,
-//! and so that nothing waits for a request's last shard (a stalled one may end at the deadline).
-//! A one-shard plan is thus held to the q quantile of the error without stalls, like any plan:
-//! its own stall could not be foreseen either. The shards that lag are still hedged (hedging's
-//! quantile counts every shard): a stall is what a hedge is for. One cost: a size of shard that
-//! runs more than `stall_factor` times the median error for a reason of its own (short shards
-//! run slower on a GPU) would be left out too; that moves only short plans, which the deadline
-//! rarely reaches, since a plan is held to the shards of about its own length.
+//! Stalls are left out of that error. A stall (a GC pause, throttling, a noisy neighbour: one call
+//! held up, with the calls queued behind it on its worker) is not predicted by load, so refusing a
+//! request does not avoid one (the next request meets stalls as often), while a wide plan held to
+//! the q^(1/k) quantile is held to about the worst shard of the window, which with a few percent of
+//! calls stalled is a stall, and it would refuse requests that would mostly have been answered.
+//! Admission is for the work *queueing* makes late, and queueing is told from a stall by what the
+//! other shards of the moment did: queueing makes every shard late at once, a stall one worker's.
+//! So a shard that took more than `[admission] stall_factor` (2) times the median ratio of the
+//! shards measured just before it (the latest 64, this request's and others') counts as a stall and
+//! is left out ([`crate::estimate::latency_ratio`]); in a burst the median rises with the lateness
+//! within a fraction of a second, and from then on the late shards count. The reference is the
+//! latest shards of every request rather than the request's own other shards so that a plan of one
+//! shard (a whole request, which has no others) is judged the same way, and so that nothing waits
+//! for a request's last shard (a stalled one may end at the deadline). A one-shard plan is thus
+//! held to the q quantile of the error without stalls, like any plan: its own stall could not be
+//! foreseen either. The shards that lag are still hedged (hedging's quantile counts every shard): a
+//! stall is what a hedge is for. One cost: a size of shard that runs more than `stall_factor` times
+//! the median error for a reason of its own (short shards run slower on a GPU) would be left out
+//! too; that moves only short plans, which the deadline rarely reaches, since a plan is held to the
+//! shards of about its own length.
 //!
 //! A plan whose every shard starts at once on an idle worker is taken at face value: it queues
 //! ahead of nobody, so holding it to an error measured under an earlier overload would only
