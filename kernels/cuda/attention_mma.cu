@@ -20,6 +20,9 @@
 // (≤ AMMA_BQ), first and end key tile, flags. Launch: grid (units, n_heads), block AMMA_THREADS,
 // dynamic shared memory (AMMA_BQ + 4 * AMMA_BK) * (HD + AMMA_PAD) bf16. Warp w owns the tile's
 // query rows 16w .. 16w + 15. Requires HD % 16 == 0 and kv_dim % 8 == 0 (16-byte cp.async rows).
+// Output: f32 rows in `out`; or, given `out_bf16`, the own pass stores bf16 rows there (two to a
+// word: the O projection's operand, rounded once as its cast would) and `out` holds only the
+// shared passes' f32 state.
 #include "mma_tile.cuh"
 
 #define AMMA_BQ 64
@@ -28,7 +31,7 @@
 #define AMMA_PAD 8
 
 #define AMMA_LOAD_STATE 1    // start from the state the shared pass left
-#define AMMA_STORE_STATE 2   // leave the state (m, l in `ml`, unnormalised o in `out`)
+#define AMMA_STORE_STATE 2   // leave the state (m, l in `ml`, unnormalised o in `out`, always f32)
 #define AMMA_CAUSAL 4        // mask keys past each row's position (the shared pass never needs to)
 
 // Four 8x8 bf16 matrices, transposed: lane t receives, of matrix i, the elements at (row 2(t%4),
@@ -49,8 +52,8 @@ __device__ __forceinline__ void attention_mma(const float* __restrict__ qkv, con
                                               const bf16_t* __restrict__ v_pool, const u32* __restrict__ seqs,
                                               const u32* __restrict__ key_slots, const u32* __restrict__ rows,
                                               const u32* __restrict__ units, float* __restrict__ out,
-                                              float* __restrict__ ml, int qkv_cols, int n_heads, int n_kv_heads,
-                                              float scale_log2) {
+                                              float* __restrict__ ml, u32* __restrict__ out_bf16, int qkv_cols,
+                                              int n_heads, int n_kv_heads, float scale_log2) {
     constexpr int LD = HD + AMMA_PAD;  // 16-byte aligned rows, conflict-free fragment loads
     constexpr int KSTEPS = HD / 16, NT = AMMA_BK / 8, DT = HD / 8, CHUNKS = HD / 8;
     extern __shared__ __align__(16) bf16_t amma_smem[];
@@ -219,11 +222,17 @@ __device__ __forceinline__ void attention_mma(const float* __restrict__ qkv, con
     for (int x = 0; x < 2; ++x) {
         if (rr[x] >= (int)n_rows) continue;
         const long long row = rows[rows_begin + rr[x]];
-        float* dst = out + row * q_dim + h * HD + tg * 2;
+        const long long at = row * q_dim + h * HD + tg * 2;
         const bool store_state = flags & AMMA_STORE_STATE;
         const float inv_l = store_state ? 1.0f : 1.0f / l[x];
+        if (out_bf16 && !store_state) {
+            // The O projection's operand: the f32 value rounded once, as its cast would.
 #pragma unroll
-        for (int dt = 0; dt < DT; ++dt) *(float2*)&dst[dt * 8] = make_float2(o[dt][2 * x] * inv_l, o[dt][2 * x + 1] * inv_l);
+            for (int dt = 0; dt < DT; ++dt) out_bf16[(at + dt * 8) / 2] = pack_bf16x2(o[dt][2 * x] * inv_l, o[dt][2 * x + 1] * inv_l);
+        } else {
+#pragma unroll
+            for (int dt = 0; dt < DT; ++dt) *(float2*)&out[at + dt * 8] = make_float2(o[dt][2 * x] * inv_l, o[dt][2 * x + 1] * inv_l);
+        }
         if (store_state && tg == 0) {
             ml[(row * n_heads + h) * 2] = m[x];
             ml[(row * n_heads + h) * 2 + 1] = l[x];
@@ -235,15 +244,15 @@ __device__ __forceinline__ void attention_mma(const float* __restrict__ qkv, con
 extern "C" __global__ void __launch_bounds__(AMMA_THREADS)
 attention_mma_hd64(const float* __restrict__ qkv, const bf16_t* __restrict__ k_pool, const bf16_t* __restrict__ v_pool,
                    const u32* __restrict__ seqs, const u32* __restrict__ key_slots, const u32* __restrict__ rows,
-                   const u32* __restrict__ units, float* __restrict__ out, float* __restrict__ ml, int qkv_cols,
+                   const u32* __restrict__ units, float* __restrict__ out, float* __restrict__ ml, u32* __restrict__ out_bf16, int qkv_cols,
                    int n_heads, int n_kv_heads, float scale_log2) {
-    attention_mma<64>(qkv, k_pool, v_pool, seqs, key_slots, rows, units, out, ml, qkv_cols, n_heads, n_kv_heads, scale_log2);
+    attention_mma<64>(qkv, k_pool, v_pool, seqs, key_slots, rows, units, out, ml, out_bf16, qkv_cols, n_heads, n_kv_heads, scale_log2);
 }
 
 extern "C" __global__ void __launch_bounds__(AMMA_THREADS)
 attention_mma_hd128(const float* __restrict__ qkv, const bf16_t* __restrict__ k_pool, const bf16_t* __restrict__ v_pool,
                     const u32* __restrict__ seqs, const u32* __restrict__ key_slots, const u32* __restrict__ rows,
-                    const u32* __restrict__ units, float* __restrict__ out, float* __restrict__ ml, int qkv_cols,
+                    const u32* __restrict__ units, float* __restrict__ out, float* __restrict__ ml, u32* __restrict__ out_bf16, int qkv_cols,
                     int n_heads, int n_kv_heads, float scale_log2) {
-    attention_mma<128>(qkv, k_pool, v_pool, seqs, key_slots, rows, units, out, ml, qkv_cols, n_heads, n_kv_heads, scale_log2);
+    attention_mma<128>(qkv, k_pool, v_pool, seqs, key_slots, rows, units, out, ml, out_bf16, qkv_cols, n_heads, n_kv_heads, scale_log2);
 }

@@ -1,4 +1,5 @@
-// Row gathers: the embedding lookup (bf16 table -> f32 rows) and gather_rows (f32 -> f32).
+// Row gathers: the embedding lookup (bf16 table -> f32 rows) and gather_rows (f32 -> f32; bf16
+// operand rows are moved as f32 bits, two to a word, with half the columns).
 //
 // Launch: grid (output rows), block GATHER_THREADS. Indices are validated on the host.
 #include "common.cuh"

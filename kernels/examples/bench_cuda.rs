@@ -252,14 +252,12 @@ impl Dense {
             let mut x = b.zeros(rows, h).expect("x");
             b.embed(&emb, &pb, &mut x).expect("embed");
             // As the worker runs it: the projections' inputs are operands (bf16, written by the
-            // norm and the gate/up GEMM's epilogue, on the fused engine).
-            let (mut t, mut qkv, mut att) = (
-                b.zeros(0, 0).expect("t"),
-                b.zeros(rows, l.qkv_dim()).expect("qkv"),
-                b.zeros(rows, l.q_dim()).expect("att"),
-            );
+            // norm, the attention and the gate/up GEMM's epilogue, on the fused engine).
+            let (mut t, mut qkv, mut att) =
+                (b.zeros(0, 0).expect("t"), b.zeros(rows, l.qkv_dim()).expect("qkv"), b.zeros(0, 0).expect("att"));
             let (mut gu, mut act) = (b.zeros(0, 0).expect("gu"), b.zeros(0, 0).expect("act"));
             b.reshape_operand(&mut t, rows, h).expect("t");
+            b.reshape_operand(&mut att, rows, l.q_dim()).expect("att");
             b.reshape_operand(&mut act, rows, self.inter).expect("act");
             for (layer, (wqkv, wo, wgu, wd)) in ws.iter().enumerate() {
                 b.rms_norm(&x, &norm, 1e-6, &mut t).expect("norm");

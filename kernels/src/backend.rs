@@ -169,8 +169,9 @@ pub trait Backend: Send + Sync + 'static {
         Ok(())
     }
     /// Makes `t` a `[rows, cols]` GEMM operand whose contents are unspecified: a tensor that
-    /// [`Backend::rms_norm`] or [`Backend::matmul_silu_mul`] writes and only [`Backend::matmul`],
-    /// [`Backend::matmul_add`] and [`Backend::to_host`] read. A backend whose projections round
+    /// [`Backend::rms_norm`], [`Backend::matmul_silu_mul`] or [`Backend::attention`] writes and
+    /// only [`Backend::matmul`], [`Backend::matmul_add`], [`Backend::to_host`] and
+    /// [`Backend::gather_rows`] (into another operand) read. A backend whose projections round
     /// their input (CUDA: bf16) may store it at that precision, so the op writing it rounds once
     /// and no cast pass runs: the same bits as an f32 tensor cast by the projection. By default
     /// an ordinary tensor.

@@ -221,12 +221,14 @@ fn embed_and_qk_norm_rope() {
     }
 }
 
-/// write_kv then attention over a prefix pass and an items pass (shared prefix slots).
+/// write_kv then attention over a prefix pass and an items pass (shared prefix slots), into
+/// f32 rows or (`operand`) a GEMM operand.
 fn attention_case<B: Backend>(
     b: &B,
     layout: QkvLayout,
     passes: &[(BatchLayout, Vec<f32>)],
     num_slots: usize,
+    operand: bool,
 ) -> Vec<Vec<f32>> {
     let mut cache = b.kv_cache(2, num_slots, layout.n_kv_heads, layout.head_dim).unwrap();
     passes
@@ -237,6 +239,9 @@ fn attention_case<B: Backend>(
             let q = b.from_host(qkv, rows, layout.qkv_dim()).unwrap();
             b.write_kv(&q, layout, &mut cache, 1, &pb).unwrap();
             let mut out = b.zeros(rows, layout.q_dim()).unwrap();
+            if operand {
+                b.reshape_operand(&mut out, rows, layout.q_dim()).unwrap();
+            }
             b.attention(&q, layout, &cache, 1, &pb, &mut out).unwrap();
             b.to_host(&out).unwrap()
         })
@@ -257,13 +262,20 @@ fn paged_attention_over_a_shared_prefix() {
                 (b, q)
             })
             .collect();
-        let got = attention_case(&g, layout, &passes, slots);
-        let tw = attention_case(&t, layout, &passes, slots);
-        let cp = attention_case(&c, layout, &passes, slots);
+        let got = attention_case(&g, layout, &passes, slots, false);
+        let tw = attention_case(&t, layout, &passes, slots, false);
+        let cp = attention_case(&c, layout, &passes, slots, false);
         let twin_tol = if t.attention.mma_for(head_dim) { MMA_TWIN_TOL } else { TWIN_TOL };
         for p in 0..passes.len() {
             assert_close(&format!("attention {layout:?} pass {p} vs twin"), &got[p], &tw[p], twin_tol);
             assert_close(&format!("attention {layout:?} pass {p} vs cpu"), &got[p], &cp[p], BF16_TOL);
+        }
+        // Into the O projection's operand (bf16 with fused epilogues): the f32 rows rounded once.
+        assert!(g.gemm_engine().fused());
+        let op = attention_case(&g, layout, &passes, slots, true);
+        for p in 0..passes.len() {
+            let rounded: Vec<f32> = got[p].iter().map(|&x| twin::warp::round_bf16(x)).collect();
+            assert_bits_eq(&format!("attention {layout:?} pass {p}: operand vs f32 rounded"), &op[p], &rounded);
         }
         // Batch invariance on the device: each item alone gives the same bits.
         for i in 0..passes[1].0.seqs.len() {
@@ -271,7 +283,7 @@ fn paged_attention_over_a_shared_prefix() {
             let s = passes[1].0.seqs[i];
             let w = layout.qkv_dim();
             let q = passes[1].1[s.q_row as usize * w..(s.q_row + s.q_len) as usize * w].to_vec();
-            let solo = attention_case(&g, layout, &[passes[0].clone(), (alone, q)], slots);
+            let solo = attention_case(&g, layout, &[passes[0].clone(), (alone, q)], slots, false);
             let od = layout.q_dim();
             assert_bits_eq(
                 &format!("attention {layout:?} item {i} alone vs batched"),
@@ -497,6 +509,18 @@ fn fused_epilogues_give_the_unfused_bits() {
         assert_bits_eq(&format!("{what}: fused activation vs unfused rounded"), &fa, &round(&ua));
         assert_bits_eq(&format!("{what}: down projection"), &fo, &uo);
     }
+    // Operand rows gathered as they are (the last layer's scored rows).
+    let (x, nw) = (random(&mut r, 5 * 64), random(&mut r, 64));
+    let gathered = |b: &CudaBackend| {
+        let (xt, nv) = (b.from_host(&x, 5, 64).unwrap(), b.vector(&nw).unwrap());
+        let (mut xn, mut out) = (b.zeros(0, 0).unwrap(), b.zeros(0, 0).unwrap());
+        b.reshape_operand(&mut xn, 5, 64).unwrap();
+        b.rms_norm(&xt, &nv, 1e-6, &mut xn).unwrap();
+        b.reshape_operand(&mut out, 3, 64).unwrap();
+        b.gather_rows(&xn, &[4, 0, 4], &mut out).unwrap();
+        b.to_host(&out).unwrap()
+    };
+    assert_bits_eq("gathered operand rows vs the f32 rows rounded", &gathered(&f), &round(&gathered(&u)));
     let model = MiniModel::random(&mut r, 2);
     let (passes, slots) = prefix_and_items(&mut r, model.vocab);
     let (a, b) = (model.scores(&f, &passes, slots), model.scores(&u, &passes, slots));

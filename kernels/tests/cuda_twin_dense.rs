@@ -339,6 +339,64 @@ fn tensor_core_attention_rows_do_not_depend_on_prefix_sharing() {
     }
 }
 
+/// The kernel's operand output (fused epilogues): the own pass stores each row's f32 value
+/// rounded once to bf16, the value the O projection's cast would make, while the shared passes'
+/// state stays f32 in `out`.
+#[test]
+fn tensor_core_attention_into_an_operand_is_the_f32_rows_rounded() {
+    let twin = TwinBackend::default();
+    let layout = QkvLayout { n_heads: 4, n_kv_heads: 2, head_dim: 64 };
+    let mut g = rng(37);
+    let (p, lens) = (150, [20, 64, 1, 33]);
+    let mut cache = twin.kv_cache(1, 1024, 2, 64).unwrap();
+    let mut b = LayoutBuilder { next_slot: 3, ..Default::default() };
+    b.push_seq(&[], p);
+    let prefix = tensor(&mut g, p, layout.qkv_dim());
+    let batch = twin.prepare_batch(&b.layout, &cache).unwrap();
+    twin.write_kv(&prefix, layout, &mut cache, 0, &batch).unwrap();
+    let slots = b.context_slots(0);
+    let mut b = LayoutBuilder { next_slot: b.next_slot, ..Default::default() };
+    for n in lens {
+        b.push_seq(&slots, n);
+    }
+    let rows = b.layout.num_rows();
+    let qkv = tensor(&mut g, rows, layout.qkv_dim());
+    let batch = twin.prepare_batch(&b.layout, &cache).unwrap();
+    twin.write_kv(&qkv, layout, &mut cache, 0, &batch).unwrap();
+    let pk = &batch.packed;
+    assert!(!pk.attn_shared_levels.is_empty(), "no shared pass");
+    let args = twin::AttentionMmaArgs {
+        qkv: &qkv.data,
+        k_pool: &cache.k[0],
+        v_pool: &cache.v[0],
+        seqs: pk.slice(&pk.seqs),
+        key_slots: pk.slice(&pk.key_slots),
+        rows: pk.slice(&pk.attn_rows),
+        qkv_cols: qkv.cols,
+        n_heads: layout.n_heads,
+        n_kv_heads: layout.n_kv_heads,
+        head_dim: layout.head_dim,
+        scale_log2: twin::attention_scale_log2(layout.head_dim),
+    };
+    let run = |mut out_bf16: Option<&mut [u16]>| {
+        let (mut out, mut ml) = (vec![0f32; rows * layout.q_dim()], vec![0f32; rows * layout.n_heads * 2]);
+        for level in &pk.attn_shared_levels {
+            twin::attention_mma(args, pk.slice(level), &mut out, &mut ml, out_bf16.as_deref_mut());
+        }
+        twin::attention_mma(args, pk.slice(&pk.attn_own_units), &mut out, &mut ml, out_bf16);
+        out
+    };
+    let f32_rows = run(None);
+    let mut operand = vec![0u16; rows * layout.q_dim()];
+    run(Some(&mut operand));
+    let operand: Vec<f32> = operand.iter().map(|&h| twin::warp::from_bf16(h)).collect();
+    assert_bits_eq("operand vs the f32 rows rounded", &operand, &rounded(&f32_rows));
+    // And through the backend: the same rows as the twin backend's f32 attention.
+    let mut out = HostTensor::zeros(rows, layout.q_dim());
+    twin.attention(&qkv, layout, &cache, 0, &batch, &mut out).unwrap();
+    assert_bits_eq("the launch sequence vs TwinBackend::attention", &f32_rows, &out.data);
+}
+
 /// Two levels of sharing, as a call whose items share a run after the query prefix lays them
 /// out: prefix tiles for every item, then the run's tiles for the items of the group, in two
 /// shared passes. Each item's rows are bitwise those of its whole prompt as one sequence.

@@ -142,7 +142,8 @@ impl MiniModel {
             let mut h = b.zeros(0, 0).unwrap();
             b.reshape_operand(&mut h, rows, self.hidden).unwrap();
             let mut qkv = b.zeros(rows, l.qkv_dim()).unwrap();
-            let mut attn = b.zeros(rows, l.q_dim()).unwrap();
+            let mut attn = b.zeros(0, 0).unwrap();
+            b.reshape_operand(&mut attn, rows, l.q_dim()).unwrap();
             let mut gu = b.zeros(0, 0).unwrap();
             let mut act = b.zeros(0, 0).unwrap();
             b.reshape_operand(&mut act, rows, self.inter).unwrap();

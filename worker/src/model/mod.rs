@@ -269,7 +269,8 @@ impl<B: Backend> Model<B> {
         backend.embed(&self.embed, &batch, x)?;
         backend.reshape_operand(xn, rows, h)?;
         backend.reshape_scratch(qkv, rows, ql.qkv_dim())?;
-        backend.reshape_scratch(attn, rows, ql.q_dim())?;
+        // Read only by the O projection (and gathered for it): an operand.
+        backend.reshape_operand(attn, rows, ql.q_dim())?;
         let n_layers = self.layers.len();
         for (i, layer) in self.layers.iter().enumerate() {
             if let Some(hook) = hook {
@@ -285,7 +286,7 @@ impl<B: Backend> Model<B> {
                 // the MLP for them alone.
                 backend.attention(qkv, ql, cache, i, lb, attn)?;
                 let n = out_rows.len();
-                backend.reshape_scratch(last_attn, n, ql.q_dim())?;
+                backend.reshape_operand(last_attn, n, ql.q_dim())?;
                 backend.gather_rows(attn, out_rows, last_attn)?;
                 backend.reshape_scratch(last_x, n, h)?;
                 backend.gather_rows(x, out_rows, last_x)?;

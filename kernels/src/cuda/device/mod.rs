@@ -95,8 +95,17 @@ pub struct CudaBackend {
     staging: Mutex<memory::Staging>,
     /// bf16 copy of a GEMM's activation; held across the cast and the GEMM it feeds.
     gemm_input: Mutex<memory::Scratch<u16>>,
-    /// The tensor-core attention's (m, l) per row and head between its two passes.
-    attention_state: Mutex<memory::Scratch<f32>>,
+    /// What the attention keeps between its passes, and its f32 rows when it writes an operand.
+    attention_state: Mutex<AttentionScratch>,
+}
+
+/// The attention's scratch: the tensor-core kernel's (m, l) per row and head between its passes,
+/// and f32 rows (with a bf16 output, [`crate::Backend::reshape_operand`]: the shared passes'
+/// unnormalised o, or the SIMT kernel's output before its cast).
+#[derive(Default)]
+struct AttentionScratch {
+    ml: memory::Scratch<f32>,
+    rows: memory::Scratch<f32>,
 }
 
 pub(crate) fn driver_err(what: &str) -> impl Fn(DriverError) -> KernelError + '_ {
@@ -146,7 +155,7 @@ impl CudaBackend {
             attention: opts.attention,
             staging,
             gemm_input: Mutex::new(memory::Scratch::default()),
-            attention_state: Mutex::new(memory::Scratch::default()),
+            attention_state: Mutex::new(AttentionScratch::default()),
         })
     }
 

@@ -1,6 +1,6 @@
 //! `Backend` for `CudaBackend`: shape checks (shared with the CPU twin), then one launch each.
 
-use cudarc::driver::{CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::memory::{alloc, CudaBatch, CudaKvCache, CudaMatrix, CudaTensor, CudaVector};
 use super::{driver_err, CudaBackend};
@@ -56,7 +56,16 @@ impl CudaBackend {
         let (qkv_cols, n_heads, n_kv_heads) = (qkv.cols as i32, layout.n_heads as i32, layout.n_kv_heads as i32);
         let scale_log2 = attention_scale_log2(layout.head_dim);
         let mut state = self.attention_state.lock().unwrap_or_else(|e| e.into_inner());
-        let ml = state.get(&self.stream, p.num_rows * layout.n_heads * 2)?;
+        let super::AttentionScratch { ml, rows } = &mut *state;
+        let ml = ml.get(&self.stream, p.num_rows * layout.n_heads * 2)?;
+        // An operand: the own pass stores bf16 rows into `out`, the shared passes' f32 state goes
+        // to scratch (a null pointer: f32 rows into `out`, the state with them).
+        let (f32_rows, bf16_rows): (&mut CudaSlice<f32>, u64) = if out.bf16 {
+            let bf16_rows = out.buf.device_ptr_mut(&self.stream).0;
+            (rows.get(&self.stream, p.num_rows * layout.q_dim())?, bf16_rows)
+        } else {
+            (&mut out.buf, 0)
+        };
         for units in p.attn_shared_levels.iter().chain([&p.attn_own_units]) {
             let n_units = units.len() / ATTN_UNIT_WORDS;
             if n_units == 0 {
@@ -77,8 +86,9 @@ impl CudaBackend {
                     .arg(&batch.view(&p.key_slots))
                     .arg(&batch.view(&p.attn_rows))
                     .arg(&batch.view(units))
-                    .arg(&mut out.buf)
+                    .arg(&mut *f32_rows)
                     .arg(&mut *ml)
+                    .arg(&bf16_rows)
                     .arg(&qkv_cols)
                     .arg(&n_heads)
                     .arg(&n_kv_heads)
@@ -87,6 +97,44 @@ impl CudaBackend {
             }
             .map_err(driver_err("attention_mma"))?;
         }
+        Ok(())
+    }
+
+    /// attention.cu's SIMT kernel, f32 rows into `out`.
+    fn attention_simt(
+        &self,
+        qkv: &CudaTensor,
+        layout: QkvLayout,
+        (k, v): (&CudaView<'_, u16>, &CudaView<'_, u16>),
+        batch: &CudaBatch,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let (qkv_cols, n_heads, n_kv_heads, head_dim) =
+            (qkv.cols as i32, layout.n_heads as i32, layout.n_kv_heads as i32, layout.head_dim as i32);
+        let scale = attention_scale(layout.head_dim);
+        let cfg = LaunchConfig {
+            grid_dim: (batch.packed.num_q_tiles as u32, layout.n_heads as u32, 1),
+            block_dim: (ATT_THREADS, 1, 1),
+            shared_mem_bytes: attention_smem_bytes(layout.head_dim) as u32,
+        };
+        unsafe {
+            self.stream
+                .launch_builder(&self.k.attention_prefill)
+                .arg(&qkv.buf)
+                .arg(k)
+                .arg(v)
+                .arg(&batch.view(&batch.packed.seqs))
+                .arg(&batch.view(&batch.packed.key_slots))
+                .arg(&batch.view(&batch.packed.q_tiles))
+                .arg(&mut *out)
+                .arg(&qkv_cols)
+                .arg(&n_heads)
+                .arg(&n_kv_heads)
+                .arg(&head_dim)
+                .arg(&scale)
+                .launch(cfg)
+        }
+        .map_err(driver_err("attention_prefill"))?;
         Ok(())
     }
 
@@ -520,41 +568,29 @@ impl Backend for CudaBackend {
         out: &mut CudaTensor,
     ) -> Result<()> {
         checks::attention(shape(qkv), layout, cache.dims(), layer, batch.packed.num_rows, shape(out))?;
-        f32_only("attention", &[qkv, out])?;
+        f32_only("attention", &[qkv])?;
         if batch.packed.num_q_tiles == 0 {
             return Ok(());
         }
         let range = cache.layer_range(layer);
         let (k, v) = (cache.k.slice(range.clone()), cache.v.slice(range));
-        let (qkv_cols, n_heads, n_kv_heads, head_dim) =
-            (qkv.cols as i32, layout.n_heads as i32, layout.n_kv_heads as i32, layout.head_dim as i32);
         if self.attention.mma_for(layout.head_dim) {
             return self.attention_mma(qkv, layout, (&k, &v), batch, out);
         }
-        let scale = attention_scale(layout.head_dim);
-        let cfg = LaunchConfig {
-            grid_dim: (batch.packed.num_q_tiles as u32, layout.n_heads as u32, 1),
-            block_dim: (ATT_THREADS, 1, 1),
-            shared_mem_bytes: attention_smem_bytes(layout.head_dim) as u32,
-        };
-        unsafe {
-            self.stream
-                .launch_builder(&self.k.attention_prefill)
-                .arg(&qkv.buf)
-                .arg(&k)
-                .arg(&v)
-                .arg(&batch.view(&batch.packed.seqs))
-                .arg(&batch.view(&batch.packed.key_slots))
-                .arg(&batch.view(&batch.packed.q_tiles))
-                .arg(&mut out.buf)
-                .arg(&qkv_cols)
-                .arg(&n_heads)
-                .arg(&n_kv_heads)
-                .arg(&head_dim)
-                .arg(&scale)
-                .launch(cfg)
+        if !out.bf16 {
+            return self.attention_simt(qkv, layout, (&k, &v), batch, &mut out.buf);
         }
-        .map_err(driver_err("attention_prefill"))?;
+        // An operand: the SIMT kernel's f32 rows, then their cast.
+        let mut state = self.attention_state.lock().unwrap_or_else(|e| e.into_inner());
+        let n = out.rows * out.cols;
+        let rows = state.rows.get(&self.stream, n)?;
+        self.attention_simt(qkv, layout, (&k, &v), batch, rows)?;
+        let n_i64 = n as i64;
+        let mut o = out.bf16_view_mut()?;
+        unsafe {
+            self.stream.launch_builder(&self.k.cast_bf16).arg(&*rows).arg(&mut o).arg(&n_i64).launch(grid_stride(n))
+        }
+        .map_err(driver_err("cast_bf16"))?;
         Ok(())
     }
 
@@ -608,12 +644,20 @@ impl Backend for CudaBackend {
 
     fn gather_rows(&self, x: &CudaTensor, rows: &[u32], out: &mut CudaTensor) -> Result<()> {
         checks::gather_rows(shape(x), rows, shape(out))?;
-        f32_only("gather_rows", &[x, out])?;
+        if x.bf16 != out.bf16 || (x.bf16 && x.cols % 2 == 1) {
+            return Err(KernelError::Shape(format!(
+                "gather_rows: a {} tensor into a {} one of {} columns (bf16 rows are moved as whole words)",
+                if x.bf16 { "bf16" } else { "f32" },
+                if out.bf16 { "bf16" } else { "f32" },
+                out.cols
+            )));
+        }
         if rows.is_empty() {
             return Ok(());
         }
         let idx = self.upload(rows)?;
-        let cols = x.cols as i32;
+        // bf16 rows (an even count per row) are moved two to a word, as f32 bits.
+        let cols = if x.bf16 { x.cols / 2 } else { x.cols } as i32;
         unsafe {
             self.stream
                 .launch_builder(&self.k.gather_rows)

@@ -43,8 +43,16 @@ fn quad_reduce(v: &mut [f32; 32], op: impl Fn(f32, f32) -> f32) {
     }
 }
 
-/// One launch: grid (units, n_heads). `ml` holds (m, l) per (row, head).
-pub fn attention_mma(a: AttentionMmaArgs<'_>, units: &[u32], out: &mut [f32], ml: &mut [f32]) {
+/// One launch: grid (units, n_heads). `ml` holds (m, l) per (row, head). With `out_bf16` (the
+/// O projection's operand) the own pass stores its rows there, rounded once, and `out` holds
+/// only the shared passes' f32 state.
+pub fn attention_mma(
+    a: AttentionMmaArgs<'_>,
+    units: &[u32],
+    out: &mut [f32],
+    ml: &mut [f32],
+    mut out_bf16: Option<&mut [u16]>,
+) {
     let (bq, bk, hd) = (AMMA_BQ as usize, AMMA_BK as usize, a.head_dim);
     let ld = hd + AMMA_PAD as usize;
     let (ksteps, nt_n, dt_n) = (hd / 16, bk / 8, hd / 8);
@@ -208,8 +216,11 @@ pub fn attention_mma(a: AttentionMmaArgs<'_>, units: &[u32], out: &mut [f32], ml
                         let inv_l = if store_state { 1.0 } else { 1.0 / l[lane][x] };
                         for dt in 0..dt_n {
                             let dst = row * q_dim + h * hd + dt * 8 + (lane & 3) * 2;
-                            out[dst] = o[dt][lane][2 * x] * inv_l;
-                            out[dst + 1] = o[dt][lane][2 * x + 1] * inv_l;
+                            let (lo, hi) = (o[dt][lane][2 * x] * inv_l, o[dt][lane][2 * x + 1] * inv_l);
+                            match out_bf16.as_deref_mut() {
+                                Some(ob) if !store_state => (ob[dst], ob[dst + 1]) = (to_bf16(lo), to_bf16(hi)),
+                                _ => (out[dst], out[dst + 1]) = (lo, hi),
+                            }
                         }
                         if store_state && lane & 3 == 0 {
                             ml[(row * a.n_heads + h) * 2] = m[lane][x];

@@ -299,9 +299,9 @@ impl Backend for TwinBackend {
             };
             let mut ml = vec![0f32; p.num_rows * layout.n_heads * 2];
             for level in &p.attn_shared_levels {
-                attention_mma(args, p.slice(level), &mut out.data, &mut ml);
+                attention_mma(args, p.slice(level), &mut out.data, &mut ml, None);
             }
-            attention_mma(args, p.slice(&p.attn_own_units), &mut out.data, &mut ml);
+            attention_mma(args, p.slice(&p.attn_own_units), &mut out.data, &mut ml, None);
             return Ok(());
         }
         let args = AttentionArgs {
