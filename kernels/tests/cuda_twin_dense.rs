@@ -363,38 +363,14 @@ fn tensor_core_attention_into_an_operand_is_the_f32_rows_rounded() {
     let qkv = tensor(&mut g, rows, layout.qkv_dim());
     let batch = twin.prepare_batch(&b.layout, &cache).unwrap();
     twin.write_kv(&qkv, layout, &mut cache, 0, &batch).unwrap();
-    let pk = &batch.packed;
-    assert!(!pk.attn_shared_levels.is_empty(), "no shared pass");
-    let args = twin::AttentionMmaArgs {
-        qkv: &qkv.data,
-        k_pool: &cache.k[0],
-        v_pool: &cache.v[0],
-        seqs: pk.slice(&pk.seqs),
-        key_slots: pk.slice(&pk.key_slots),
-        rows: pk.slice(&pk.attn_rows),
-        qkv_cols: qkv.cols,
-        n_heads: layout.n_heads,
-        n_kv_heads: layout.n_kv_heads,
-        head_dim: layout.head_dim,
-        scale_log2: twin::attention_scale_log2(layout.head_dim),
-    };
-    let run = |mut out_bf16: Option<&mut [u16]>| {
-        let (mut out, mut ml) = (vec![0f32; rows * layout.q_dim()], vec![0f32; rows * layout.n_heads * 2]);
-        for level in &pk.attn_shared_levels {
-            twin::attention_mma(args, pk.slice(level), &mut out, &mut ml, out_bf16.as_deref_mut());
-        }
-        twin::attention_mma(args, pk.slice(&pk.attn_own_units), &mut out, &mut ml, out_bf16);
-        out
-    };
-    let f32_rows = run(None);
-    let mut operand = vec![0u16; rows * layout.q_dim()];
-    run(Some(&mut operand));
+    assert!(!batch.packed.attn_shared_levels.is_empty(), "no shared pass");
+    let q_dim = layout.q_dim();
+    let mut f32_rows = vec![0f32; rows * q_dim];
+    batch.attention_mma(&qkv, layout, &cache, 0, &mut f32_rows, None);
+    let (mut state, mut operand) = (vec![0f32; rows * q_dim], vec![0u16; rows * q_dim]);
+    batch.attention_mma(&qkv, layout, &cache, 0, &mut state, Some(&mut operand));
     let operand: Vec<f32> = operand.iter().map(|&h| twin::warp::from_bf16(h)).collect();
     assert_bits_eq("operand vs the f32 rows rounded", &operand, &rounded(&f32_rows));
-    // And through the backend: the same rows as the twin backend's f32 attention.
-    let mut out = HostTensor::zeros(rows, layout.q_dim());
-    twin.attention(&qkv, layout, &cache, 0, &batch, &mut out).unwrap();
-    assert_bits_eq("the launch sequence vs TwinBackend::attention", &f32_rows, &out.data);
 }
 
 /// Two levels of sharing, as a call whose items share a run after the query prefix lays them

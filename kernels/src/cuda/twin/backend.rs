@@ -61,6 +61,40 @@ pub struct TwinBatch {
     pub packed: PackedBatch,
 }
 
+impl TwinBatch {
+    /// attention_mma.cu's launches for this batch over `layer`: the shared passes, then the own
+    /// pass, into f32 `out`, or (`out_bf16`, an operand) bf16 rows with `out` the f32 state.
+    pub fn attention_mma(
+        &self,
+        qkv: &HostTensor,
+        layout: QkvLayout,
+        cache: &TwinKvCache,
+        layer: usize,
+        out: &mut [f32],
+        mut out_bf16: Option<&mut [u16]>,
+    ) {
+        let p = &self.packed;
+        let args = AttentionMmaArgs {
+            qkv: &qkv.data,
+            k_pool: &cache.k[layer],
+            v_pool: &cache.v[layer],
+            seqs: p.slice(&p.seqs),
+            key_slots: p.slice(&p.key_slots),
+            rows: p.slice(&p.attn_rows),
+            qkv_cols: qkv.cols,
+            n_heads: layout.n_heads,
+            n_kv_heads: layout.n_kv_heads,
+            head_dim: layout.head_dim,
+            scale_log2: attention_scale_log2(layout.head_dim),
+        };
+        let mut ml = vec![0f32; p.num_rows * layout.n_heads * 2];
+        for level in &p.attn_shared_levels {
+            attention_mma(args, p.slice(level), out, &mut ml, out_bf16.as_deref_mut());
+        }
+        attention_mma(args, p.slice(&p.attn_own_units), out, &mut ml, out_bf16);
+    }
+}
+
 fn shape(t: &HostTensor) -> (usize, usize) {
     (t.rows, t.cols)
 }
@@ -284,24 +318,7 @@ impl Backend for TwinBackend {
         checks::attention(shape(qkv), layout, cache.dims(), layer, batch.packed.num_rows, shape(out))?;
         let p = &batch.packed;
         if self.attention.mma_for(layout.head_dim) {
-            let args = AttentionMmaArgs {
-                qkv: &qkv.data,
-                k_pool: &cache.k[layer],
-                v_pool: &cache.v[layer],
-                seqs: p.slice(&p.seqs),
-                key_slots: p.slice(&p.key_slots),
-                rows: p.slice(&p.attn_rows),
-                qkv_cols: qkv.cols,
-                n_heads: layout.n_heads,
-                n_kv_heads: layout.n_kv_heads,
-                head_dim: layout.head_dim,
-                scale_log2: attention_scale_log2(layout.head_dim),
-            };
-            let mut ml = vec![0f32; p.num_rows * layout.n_heads * 2];
-            for level in &p.attn_shared_levels {
-                attention_mma(args, p.slice(level), &mut out.data, &mut ml, None);
-            }
-            attention_mma(args, p.slice(&p.attn_own_units), &mut out.data, &mut ml, None);
+            batch.attention_mma(qkv, layout, cache, layer, &mut out.data, None);
             return Ok(());
         }
         let args = AttentionArgs {
