@@ -228,10 +228,12 @@ __device__ __forceinline__ void attention_mma(const float* __restrict__ qkv, con
         if (out_bf16 && !store_state) {
             // The O projection's operand: the f32 value rounded once, as its cast would.
 #pragma unroll
-            for (int dt = 0; dt < DT; ++dt) out_bf16[(at + dt * 8) / 2] = pack_bf16x2(o[dt][2 * x] * inv_l, o[dt][2 * x + 1] * inv_l);
+            for (int dt = 0; dt < DT; ++dt)
+                out_bf16[(at + dt * 8) / 2] = pack_bf16x2(o[dt][2 * x] * inv_l, o[dt][2 * x + 1] * inv_l);
         } else {
 #pragma unroll
-            for (int dt = 0; dt < DT; ++dt) *(float2*)&out[at + dt * 8] = make_float2(o[dt][2 * x] * inv_l, o[dt][2 * x + 1] * inv_l);
+            for (int dt = 0; dt < DT; ++dt)
+                *(float2*)&out[at + dt * 8] = make_float2(o[dt][2 * x] * inv_l, o[dt][2 * x + 1] * inv_l);
         }
         if (store_state && tg == 0) {
             ml[(row * n_heads + h) * 2] = m[x];
@@ -244,15 +246,17 @@ __device__ __forceinline__ void attention_mma(const float* __restrict__ qkv, con
 extern "C" __global__ void __launch_bounds__(AMMA_THREADS)
 attention_mma_hd64(const float* __restrict__ qkv, const bf16_t* __restrict__ k_pool, const bf16_t* __restrict__ v_pool,
                    const u32* __restrict__ seqs, const u32* __restrict__ key_slots, const u32* __restrict__ rows,
-                   const u32* __restrict__ units, float* __restrict__ out, float* __restrict__ ml, u32* __restrict__ out_bf16, int qkv_cols,
-                   int n_heads, int n_kv_heads, float scale_log2) {
-    attention_mma<64>(qkv, k_pool, v_pool, seqs, key_slots, rows, units, out, ml, out_bf16, qkv_cols, n_heads, n_kv_heads, scale_log2);
+                   const u32* __restrict__ units, float* __restrict__ out, float* __restrict__ ml,
+                   u32* __restrict__ out_bf16, int qkv_cols, int n_heads, int n_kv_heads, float scale_log2) {
+    attention_mma<64>(qkv, k_pool, v_pool, seqs, key_slots, rows, units, out, ml, out_bf16, qkv_cols, n_heads,
+                       n_kv_heads, scale_log2);
 }
 
 extern "C" __global__ void __launch_bounds__(AMMA_THREADS)
 attention_mma_hd128(const float* __restrict__ qkv, const bf16_t* __restrict__ k_pool, const bf16_t* __restrict__ v_pool,
                     const u32* __restrict__ seqs, const u32* __restrict__ key_slots, const u32* __restrict__ rows,
-                    const u32* __restrict__ units, float* __restrict__ out, float* __restrict__ ml, u32* __restrict__ out_bf16, int qkv_cols,
-                    int n_heads, int n_kv_heads, float scale_log2) {
-    attention_mma<128>(qkv, k_pool, v_pool, seqs, key_slots, rows, units, out, ml, out_bf16, qkv_cols, n_heads, n_kv_heads, scale_log2);
+                    const u32* __restrict__ units, float* __restrict__ out, float* __restrict__ ml,
+                    u32* __restrict__ out_bf16, int qkv_cols, int n_heads, int n_kv_heads, float scale_log2) {
+    attention_mma<128>(qkv, k_pool, v_pool, seqs, key_slots, rows, units, out, ml, out_bf16, qkv_cols, n_heads,
+                       n_kv_heads, scale_log2);
 }
