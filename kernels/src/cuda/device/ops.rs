@@ -1,6 +1,6 @@
 //! `Backend` for `CudaBackend`: shape checks (shared with the CPU twin), then one launch each.
 
-use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::memory::{alloc, CudaBatch, CudaKvCache, CudaMatrix, CudaTensor, CudaVector};
 use super::{driver_err, CudaBackend};
@@ -192,14 +192,18 @@ impl CudaBackend {
         }
         let n = x.rows * x.cols;
         let xb = scratch.get(&self.stream, n)?;
+        self.cast_bf16(&x.buf, &mut xb.slice_mut(0..n), n)?;
+        Ok(xb.slice(0..n))
+    }
+
+    /// convert.cu's `cast_bf16`: the first `n` values of `x`, rounded, into `out`.
+    fn cast_bf16(&self, x: &CudaSlice<f32>, out: &mut CudaViewMut<'_, u16>, n: usize) -> Result<()> {
         let n_i64 = n as i64;
         // SAFETY (all launches in this file): arguments match the kernel's signature; every index
         // a kernel forms is bounded by the shape checks run before it.
-        unsafe {
-            self.stream.launch_builder(&self.k.cast_bf16).arg(&x.buf).arg(&mut *xb).arg(&n_i64).launch(grid_stride(n))
-        }
-        .map_err(driver_err("cast_bf16"))?;
-        Ok(xb.slice(0..n))
+        unsafe { self.stream.launch_builder(&self.k.cast_bf16).arg(x).arg(out).arg(&n_i64).launch(grid_stride(n)) }
+            .map_err(driver_err("cast_bf16"))?;
+        Ok(())
     }
 
     /// rope.cu's `qk_norm_rope`, with its K/V write to `kv`'s layer when given.
@@ -585,13 +589,7 @@ impl Backend for CudaBackend {
         let n = out.rows * out.cols;
         let rows = state.rows.get(&self.stream, n)?;
         self.attention_simt(qkv, layout, (&k, &v), batch, rows)?;
-        let n_i64 = n as i64;
-        let mut o = out.bf16_view_mut()?;
-        unsafe {
-            self.stream.launch_builder(&self.k.cast_bf16).arg(&*rows).arg(&mut o).arg(&n_i64).launch(grid_stride(n))
-        }
-        .map_err(driver_err("cast_bf16"))?;
-        Ok(())
+        self.cast_bf16(rows, &mut out.bf16_view_mut()?, n)
     }
 
     fn silu_mul(&self, gate_up: &CudaTensor, out: &mut CudaTensor) -> Result<()> {
