@@ -136,17 +136,10 @@ mod tests {
 
     #[test]
     fn renders_best_first_with_missing_last() {
-        let req = ScoreRequest {
-            query: "q".into(),
-            items: vec!["low".into(), Item::Object { id: Some("sku-9".into()), text: "high".into() }, "gone".into()],
-            instruction: None,
-            deadline_ms: None,
-            on_overload: None,
-            cache: None,
-            max_item_tokens: None,
-            truncation_direction: None,
-            model: None,
-        };
+        let req = ScoreRequest::new(
+            "q",
+            vec!["low".into(), Item::Object { id: Some("sku-9".into()), text: "high".into() }, "gone".into()],
+        );
         let response = ScoreResponse {
             scores: vec![Some(0.1), Some(0.9), None],
             ids: None,

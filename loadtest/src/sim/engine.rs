@@ -508,17 +508,8 @@ mod tests {
     use sieve_shared::{CostModel, Item};
 
     fn req(items: &[&str], deadline_ms: Option<u64>) -> ScoreRequest<'static> {
-        ScoreRequest {
-            query: "trail running shoes".into(),
-            items: items.iter().map(|&s| Item::from(s.to_string())).collect(),
-            instruction: None,
-            deadline_ms,
-            on_overload: None,
-            cache: None,
-            max_item_tokens: None,
-            truncation_direction: None,
-            model: None,
-        }
+        let items = items.iter().map(|&s| Item::from(s.to_string())).collect();
+        ScoreRequest { deadline_ms, ..ScoreRequest::new("trail running shoes", items) }
     }
 
     fn engine(cfg: SimConfig) -> SimEngine {

@@ -295,17 +295,10 @@ mod tests {
 
     #[test]
     fn a_request_of_owned_strings_is_encoded() {
-        let whole = ScoreRequest {
-            query: "q".into(),
-            items: vec!["a\u{1}b".into(), Item::Object { id: Some("7".into()), text: "c".into() }, "d".into()],
-            instruction: None,
-            deadline_ms: None,
-            on_overload: None,
-            cache: None,
-            max_item_tokens: None,
-            truncation_direction: None,
-            model: None,
-        };
+        let whole = ScoreRequest::new(
+            "q",
+            vec!["a\u{1}b".into(), Item::Object { id: Some("7".into()), text: "c".into() }, "d".into()],
+        );
         let wire = ShardWire::new(Bytes::new(), &whole.clone());
         assert!(wire.items.iter().all(|f| matches!(f, Frag::Own(_))));
         check(&wire, &whole, &[2, 0, 1]);
@@ -333,15 +326,8 @@ mod tests {
             pick in prop::collection::vec(any::<prop::sample::Index>(), 1..12),
         ) {
             let whole = ScoreRequest {
-                query: query.into(),
-                items: texts.into_iter().map(Item::from).collect(),
                 instruction: Some("i".into()),
-                deadline_ms: None,
-                on_overload: None,
-                cache: None,
-                max_item_tokens: None,
-                truncation_direction: None,
-                model: None,
+                ..ScoreRequest::new(query, texts.into_iter().map(Item::from).collect())
             };
             let json = if pretty { serde_json::to_vec_pretty(&whole) } else { serde_json::to_vec(&whole) };
             let body = Bytes::from(json.unwrap());
