@@ -261,9 +261,9 @@ impl Dense {
             b.reshape_operand(&mut act, rows, self.inter).expect("act");
             for (layer, (wqkv, wo, wgu, wd)) in ws.iter().enumerate() {
                 b.rms_norm(&x, &norm, 1e-6, &mut t).expect("norm");
-                b.matmul(&t, wqkv, None, &mut qkv).expect("qkv");
-                b.qk_norm_rope_write_kv(&mut qkv, l, Some(&hn), Some(&hn), 1e-6, rope, cache, layer, &pb)
-                    .expect("rope");
+                let norms = (Some(&hn), Some(&hn));
+                b.matmul_qk_norm_rope_write_kv(&t, wqkv, None, &mut qkv, l, norms, 1e-6, rope, cache, layer, &pb)
+                    .expect("qkv");
                 b.attention(&qkv, l, cache, layer, &pb, &mut att).expect("attention");
                 b.matmul_add(&att, wo, &mut x).expect("o");
                 b.rms_norm(&x, &norm, 1e-6, &mut t).expect("norm");

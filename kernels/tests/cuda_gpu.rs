@@ -478,6 +478,51 @@ fn moe_threshold_autotune_runs_and_fits() {
     println!("calibrated threshold {th}: {samples:?}");
 }
 
+/// The QKV projection with the q/k norm, RoPE and the K/V write in its epilogue
+/// (`dense_gemm_qkv_*`, `Tiled`) against the same tile unfused on the device: the q columns, and
+/// attention over the pools it wrote, are the same bits. Qwen3-0.6B's heads (16 / 8 of 128:
+/// BLOCK_M 128) for one row, a few tiles and many, and SmolLM2-135M's (9 / 3 of 64, interleaved:
+/// BLOCK_M 64).
+/// CPU twin: cuda_twin_dense.rs `fused_qkv_gemm_is_bitwise_the_unfused_kernels`.
+#[test]
+fn fused_qkv_epilogue_gives_the_unfused_bits() {
+    let Some(f) = gpu_with("fused_qkv_epilogue_gives_the_unfused_bits", GemmEngine::Tiled) else { return };
+    let u = gpu_with("fused_qkv_epilogue_gives_the_unfused_bits (unfused)", GemmEngine::TiledUnfused).expect("gpu");
+    let mut r = rng(72);
+    for &(m, hidden, n_heads, n_kv_heads, hd, rl) in &[
+        (1usize, 1024usize, 16usize, 8usize, 128usize, RopeLayout::HalfSplit),
+        (300, 1024, 16, 8, 128, RopeLayout::HalfSplit),
+        (2300, 1024, 16, 8, 128, RopeLayout::HalfSplit),
+        (77, 576, 9, 3, 64, RopeLayout::Interleaved),
+    ] {
+        let l = QkvLayout { n_heads, n_kv_heads, head_dim: hd };
+        let n = l.qkv_dim();
+        let mut lb = LayoutBuilder::default();
+        lb.push_seq(&[], m);
+        let (x, w) = (random(&mut r, m * hidden), random(&mut r, n * hidden));
+        let (qn, kn) = (random(&mut r, hd), random(&mut r, hd));
+        let rope = RopeConfig { theta: 1_000_000.0, rotary_dim: hd, layout: rl };
+        let run = |b: &CudaBackend| {
+            let (xt, wt) = (b.from_host(&x, m, hidden).unwrap(), b.linear_weight(&w, n, hidden).unwrap());
+            let (qv, kv) = (b.vector(&qn).unwrap(), b.vector(&kn).unwrap());
+            let mut cache = b.kv_cache(1, m, n_kv_heads, hd).unwrap();
+            let batch = b.prepare_batch(&lb.layout, &cache).unwrap();
+            let mut qkv = b.zeros(m, n).unwrap();
+            let norms = (Some(&qv), Some(&kv));
+            b.matmul_qk_norm_rope_write_kv(&xt, &wt, None, &mut qkv, l, norms, 1e-6, rope, &mut cache, 0, &batch)
+                .unwrap();
+            let mut out = b.zeros(m, l.q_dim()).unwrap();
+            b.attention(&qkv, l, &cache, 0, &batch, &mut out).unwrap();
+            let q: Vec<f32> = b.to_host(&qkv).unwrap().chunks(n).flat_map(|row| row[..l.q_dim()].to_vec()).collect();
+            (q, b.to_host(&out).unwrap())
+        };
+        let ((fq, fo), (uq, uo)) = (run(&f), run(&u));
+        let what = format!("{m} rows, {l:?}");
+        assert_bits_eq(&format!("{what}: q columns"), &fq, &uq);
+        assert_bits_eq(&format!("{what}: attention over the written pools"), &fo, &uo);
+    }
+}
+
 /// The fused engine (`GemmEngine::Tiled`: bf16 operands written by the norm, SiLU·mul in the
 /// gate/up GEMM's epilogue) against the same tile unfused (`TiledUnfused`) on the device: the
 /// norm's bf16 operand is the unfused f32 norm rounded, the fused activation the unfused one

@@ -26,6 +26,8 @@ pub struct PackedBatch {
     pub attn_own_units: Range<usize>,
     pub num_rows: usize,
     pub num_q_tiles: usize,
+    /// One past the largest row position: the rows the RoPE angle table must have.
+    pub positions_end: usize,
 }
 
 impl PackedBatch {
@@ -69,6 +71,7 @@ impl PackedBatch {
             attn_own_units,
             num_rows: layout.num_rows(),
             num_q_tiles,
+            positions_end: layout.positions.iter().max().map_or(0, |&p| p as usize + 1),
         }
     }
 
@@ -236,10 +239,10 @@ pub fn attention_smem_bytes(head_dim: usize) -> usize {
     ATT_BQ as usize * head_dim * 4 + ATT_BK as usize * (head_dim + 2) * 2 + ATT_BK as usize * head_dim * 2
 }
 
-/// Dynamic shared memory of the rope kernel, in bytes.
-pub fn rope_smem_bytes(head_dim: usize, rotary_dim: usize) -> usize {
+/// Dynamic shared memory of the rope kernel, in bytes: one head per warp.
+pub fn rope_smem_bytes(head_dim: usize) -> usize {
     use super::sources::consts::ROPE_THREADS;
-    rotary_dim * 8 + (ROPE_THREADS as usize / 32) * head_dim * 4
+    (ROPE_THREADS as usize / 32) * head_dim * 4
 }
 
 #[cfg(test)]

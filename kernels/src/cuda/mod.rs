@@ -30,7 +30,8 @@ pub enum GemmEngine {
     /// cuBLAS runs). With fused epilogues: GEMM operands are bf16 tensors written by the op
     /// before ([`crate::Backend::reshape_operand`]: RMSNorm stores bf16, no cast pass), and the
     /// dense MLP's gate/up GEMM applies SiLU·mul in its epilogue and stores the bf16 input of the
-    /// down projection ([`crate::Backend::matmul_silu_mul`]). The same bits as
+    /// down projection ([`crate::Backend::matmul_silu_mul`]), and the QKV GEMM's epilogue runs the
+    /// q/k norm, RoPE and the K/V write ([`crate::Backend::matmul_qk_norm_rope_write_kv`]). The same bits as
     /// [`GemmEngine::TiledUnfused`].
     Tiled,
     /// The same tile with every op in its own pass, activations f32 between them (each GEMM
@@ -61,6 +62,12 @@ impl GemmEngine {
         self.fused() && self.tiled_for(k) && inter.is_multiple_of(8) && inter > 0
     }
 
+    /// Whether the QKV projection of a `[*, k]` input (no bias) runs with the q/k norm, RoPE and
+    /// the K/V write in its epilogue: the GEMM tile must hold whole heads.
+    pub fn qkv_fused_for(self, k: usize, head_dim: usize) -> bool {
+        self.fused() && self.tiled_for(k) && head_dim > 0 && GemmShape::of(128).bn.is_multiple_of(head_dim)
+    }
+
     /// BLOCK_M of the tiled engines for an `m x n` output (speed only: every BLOCK_M gives the
     /// same bits). The first tile has BLOCK_M 64 up to 256 rows.
     pub fn block_m(self, m: usize, n: usize) -> usize {
@@ -68,6 +75,15 @@ impl GemmEngine {
             GemmEngine::TiledV1 if m <= 256 => 64,
             GemmEngine::TiledV1 => 128,
             _ => tiled_block_m(m, n),
+        }
+    }
+
+    /// BLOCK_M of a fused QKV launch ([`GemmEngine::qkv_fused_for`]): [`GemmEngine::block_m`]'s,
+    /// unless that tile is narrower than a head.
+    pub fn qkv_block_m(self, m: usize, n: usize, head_dim: usize) -> usize {
+        match self.block_m(m, n) {
+            64 if GemmShape::of(64).bn.is_multiple_of(head_dim) => 64,
+            _ => 128,
         }
     }
 }

@@ -16,6 +16,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../../cuda/common.cuh")),
     ("mma_tile.cuh", include_str!("../../cuda/mma_tile.cuh")),
     ("mma_tile_v1.cuh", include_str!("../../cuda/mma_tile_v1.cuh")),
+    ("rope.cuh", include_str!("../../cuda/rope.cuh")),
 ];
 
 macro_rules! kernel_source {
@@ -25,7 +26,7 @@ macro_rules! kernel_source {
 }
 
 pub const RMSNORM: KernelSource = kernel_source!("rmsnorm.cu", ["rms_norm_rows", "rms_norm_rows_bf16"]);
-pub const ROPE: KernelSource = kernel_source!("rope.cu", ["qk_norm_rope"]);
+pub const ROPE: KernelSource = kernel_source!("rope.cu", ["qk_norm_rope", "rope_table"]);
 pub const SILU_MUL: KernelSource = kernel_source!("silu_mul.cu", ["silu_mul_f32", "silu_mul_bf16"]);
 pub const KV_WRITE: KernelSource = kernel_source!("kv_write.cu", ["write_kv"]);
 pub const ATTENTION: KernelSource = kernel_source!("attention.cu", ["attention_prefill"]);
@@ -47,7 +48,9 @@ pub const GEMM: KernelSource = kernel_source!(
         "dense_gemm_v1_bm64",
         "dense_gemm_v1_bm128",
         "dense_gemm_swiglu_bm64",
-        "dense_gemm_swiglu_bm128"
+        "dense_gemm_swiglu_bm128",
+        "dense_gemm_qkv_bm64",
+        "dense_gemm_qkv_bm128"
     ]
 );
 

@@ -61,7 +61,8 @@ pub struct MiniModel {
 pub struct MiniLayer {
     pub attn_norm: Vec<f32>,
     pub qkv: Vec<f32>,
-    pub qkv_bias: Vec<f32>,
+    /// Odd layers only (Qwen2-style); even layers take the fused QKV epilogue where it exists.
+    pub qkv_bias: Option<Vec<f32>>,
     pub q_norm: Vec<f32>,
     pub k_norm: Vec<f32>,
     pub o: Vec<f32>,
@@ -80,10 +81,10 @@ impl MiniModel {
         let layout = QkvLayout { n_heads: 4, n_kv_heads: 2, head_dim: 32 };
         let ws = |fan_in: usize| 1.0 / (fan_in as f32).sqrt();
         let per_layer = (0..layers)
-            .map(|_| MiniLayer {
+            .map(|i| MiniLayer {
                 attn_norm: (0..hidden).map(|_| 1.0 + g.random_range(-0.1..0.1)).collect(),
                 qkv: rand_vec(g, layout.qkv_dim() * hidden, ws(hidden)),
-                qkv_bias: rand_vec(g, layout.qkv_dim(), 0.1),
+                qkv_bias: (i % 2 == 1).then(|| rand_vec(g, layout.qkv_dim(), 0.1)),
                 q_norm: (0..layout.head_dim).map(|_| 1.0 + g.random_range(-0.1..0.1)).collect(),
                 k_norm: (0..layout.head_dim).map(|_| 1.0 + g.random_range(-0.1..0.1)).collect(),
                 o: rand_vec(g, hidden * layout.q_dim(), ws(layout.q_dim())),
@@ -119,7 +120,7 @@ impl MiniModel {
                 (
                     b.vector(&w.attn_norm).unwrap(),
                     b.linear_weight(&w.qkv, l.qkv_dim(), self.hidden).unwrap(),
-                    b.vector(&w.qkv_bias).unwrap(),
+                    w.qkv_bias.as_ref().map(|v| b.vector(v).unwrap()),
                     b.vector(&w.q_norm).unwrap(),
                     b.vector(&w.k_norm).unwrap(),
                     b.linear_weight(&w.o, self.hidden, l.q_dim()).unwrap(),
@@ -149,8 +150,21 @@ impl MiniModel {
             b.reshape_operand(&mut act, rows, self.inter).unwrap();
             for (layer, (an, wqkv, bqkv, qn, kn, wo, mn, wgu, wd)) in weights.iter().enumerate() {
                 b.rms_norm(&x, an, eps, &mut h).unwrap();
-                b.matmul(&h, wqkv, Some(bqkv), &mut qkv).unwrap();
-                b.qk_norm_rope_write_kv(&mut qkv, l, Some(qn), Some(kn), eps, rope, &mut cache, layer, &batch).unwrap();
+                let norms = (Some(qn), Some(kn));
+                b.matmul_qk_norm_rope_write_kv(
+                    &h,
+                    wqkv,
+                    bqkv.as_ref(),
+                    &mut qkv,
+                    l,
+                    norms,
+                    eps,
+                    rope,
+                    &mut cache,
+                    layer,
+                    &batch,
+                )
+                .unwrap();
                 b.attention(&qkv, l, &cache, layer, &batch, &mut attn).unwrap();
                 b.matmul_add(&attn, wo, &mut x).unwrap();
                 b.rms_norm(&x, mn, eps, &mut h).unwrap();

@@ -278,9 +278,21 @@ impl<B: Backend> Model<B> {
             }
             let a = &layer.attn;
             backend.rms_norm(x, &layer.input_norm, eps, xn)?;
-            backend.matmul(xn, &a.qkv, a.qkv_bias.as_ref(), qkv)?;
-            let (qn, kn) = (a.q_norm.as_ref(), a.k_norm.as_ref());
-            backend.qk_norm_rope_write_kv(qkv, ql, qn, kn, eps, self.config.rope, cache, i, &batch)?;
+            let norms = (a.q_norm.as_ref(), a.k_norm.as_ref());
+            let rope = self.config.rope;
+            backend.matmul_qk_norm_rope_write_kv(
+                xn,
+                &a.qkv,
+                a.qkv_bias.as_ref(),
+                qkv,
+                ql,
+                norms,
+                eps,
+                rope,
+                cache,
+                i,
+                &batch,
+            )?;
             if let (true, Some(lb)) = (i + 1 == n_layers, &last_batch) {
                 // Only the scored rows matter after the last layer: attend, project and run
                 // the MLP for them alone.

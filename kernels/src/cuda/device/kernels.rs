@@ -31,6 +31,7 @@ pub(crate) struct Kernels {
     pub rms_norm_rows: CudaFunction,
     pub rms_norm_rows_bf16: CudaFunction,
     pub qk_norm_rope: CudaFunction,
+    pub rope_table: CudaFunction,
     pub silu_mul_f32: CudaFunction,
     pub silu_mul_bf16: CudaFunction,
     pub write_kv: CudaFunction,
@@ -56,6 +57,8 @@ pub(crate) struct Kernels {
     pub dense_gemm_v1_bm128: CudaFunction,
     pub dense_gemm_swiglu_bm64: CudaFunction,
     pub dense_gemm_swiglu_bm128: CudaFunction,
+    pub dense_gemm_qkv_bm64: CudaFunction,
+    pub dense_gemm_qkv_bm128: CudaFunction,
 }
 
 /// The compile target for a device: a cubin for its exact architecture when this NVRTC knows
@@ -132,6 +135,7 @@ impl Kernels {
             rms_norm_rows: f(&RMSNORM, "rms_norm_rows")?,
             rms_norm_rows_bf16: f(&RMSNORM, "rms_norm_rows_bf16")?,
             qk_norm_rope: f(&ROPE, "qk_norm_rope")?,
+            rope_table: f(&ROPE, "rope_table")?,
             silu_mul_f32: f(&SILU_MUL, "silu_mul_f32")?,
             silu_mul_bf16: f(&SILU_MUL, "silu_mul_bf16")?,
             write_kv: f(&KV_WRITE, "write_kv")?,
@@ -157,6 +161,8 @@ impl Kernels {
             dense_gemm_v1_bm128: f(&GEMM, "dense_gemm_v1_bm128")?,
             dense_gemm_swiglu_bm64: f(&GEMM, "dense_gemm_swiglu_bm64")?,
             dense_gemm_swiglu_bm128: f(&GEMM, "dense_gemm_swiglu_bm128")?,
+            dense_gemm_qkv_bm64: f(&GEMM, "dense_gemm_qkv_bm64")?,
+            dense_gemm_qkv_bm128: f(&GEMM, "dense_gemm_qkv_bm128")?,
         };
         // Head sizes up to 256 need a little over the 48 KiB of dynamic shared memory a kernel
         // gets without opting in.
@@ -176,6 +182,8 @@ impl Kernels {
             (&k.dense_gemm_bm128, 128),
             (&k.dense_gemm_swiglu_bm64, 64),
             (&k.dense_gemm_swiglu_bm128, 128),
+            (&k.dense_gemm_qkv_bm64, 64),
+            (&k.dense_gemm_qkv_bm128, 128),
             (&k.moe_gemm_bm64, 64),
             (&k.moe_gemm_bm128, 128),
         ] {

@@ -17,6 +17,7 @@ mod kernels;
 mod memory;
 mod moe;
 mod ops;
+mod rope;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -97,6 +98,8 @@ pub struct CudaBackend {
     gemm_input: Mutex<memory::Scratch<u16>>,
     /// What the attention keeps between its passes, and its f32 rows when it writes an operand.
     attention_state: Mutex<AttentionScratch>,
+    /// The RoPE angle table (rope.cu `rope_table`) of the last rope config, for the positions seen.
+    rope_table: Mutex<rope::RopeTable>,
 }
 
 /// The attention's scratch: the tensor-core kernel's (m, l) per row and head between its passes,
@@ -156,6 +159,7 @@ impl CudaBackend {
             staging,
             gemm_input: Mutex::new(memory::Scratch::default()),
             attention_state: Mutex::new(AttentionScratch::default()),
+            rope_table: Mutex::new(rope::RopeTable::default()),
         })
     }
 

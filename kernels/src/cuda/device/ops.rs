@@ -1,13 +1,13 @@
 //! `Backend` for `CudaBackend`: shape checks (shared with the CPU twin), then one launch each.
 
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::memory::{alloc, CudaBatch, CudaKvCache, CudaMatrix, CudaTensor, CudaVector};
 use super::{driver_err, CudaBackend};
 use crate::backend::*;
 use crate::cuda::checks;
 use crate::cuda::layout::{
-    attention_mma_smem_bytes, attention_smem_bytes, check_rope_shape, rope_smem_bytes, PackedBatch, ATTN_UNIT_WORDS,
+    attention_mma_smem_bytes, attention_smem_bytes, check_rope_shape, PackedBatch, ATTN_UNIT_WORDS,
 };
 use crate::cuda::sources::consts::*;
 use crate::cuda::twin::{attention_scale, attention_scale_log2, warp::to_bf16};
@@ -182,7 +182,7 @@ impl CudaBackend {
 
     /// A projection's bf16 input: an operand as it is, else `x` cast into `scratch` (held by
     /// the caller until the GEMM reading it is enqueued).
-    fn gemm_operand<'a>(
+    pub(super) fn gemm_operand<'a>(
         &self,
         x: &'a CudaTensor,
         scratch: &'a mut super::memory::Scratch<u16>,
@@ -203,64 +203,6 @@ impl CudaBackend {
         // a kernel forms is bounded by the shape checks run before it.
         unsafe { self.stream.launch_builder(&self.k.cast_bf16).arg(x).arg(out).arg(&n_i64).launch(grid_stride(n)) }
             .map_err(driver_err("cast_bf16"))?;
-        Ok(())
-    }
-
-    /// rope.cu's `qk_norm_rope`, with its K/V write to `kv`'s layer when given.
-    #[allow(clippy::too_many_arguments)]
-    fn launch_qk_norm_rope(
-        &self,
-        qkv: &mut CudaTensor,
-        layout: QkvLayout,
-        (q_norm, k_norm): (Option<&CudaVector>, Option<&CudaVector>),
-        eps: f32,
-        rope: RopeConfig,
-        batch: &CudaBatch,
-        kv: Option<(&mut CudaKvCache, usize)>,
-    ) -> Result<()> {
-        checks::qk_norm_rope(shape(qkv), layout, q_norm.map(|v| v.len), k_norm.map(|v| v.len), batch.packed.num_rows)?;
-        f32_only("qk_norm_rope", &[qkv])?;
-        check_rope_shape(layout, rope)?;
-        if qkv.rows == 0 {
-            return Ok(());
-        }
-        let (qkv_cols, n_heads, n_kv_heads, head_dim) =
-            (qkv.cols as i32, layout.n_heads as i32, layout.n_kv_heads as i32, layout.head_dim as i32);
-        let (use_q, use_k) = (q_norm.is_some() as i32, k_norm.is_some() as i32);
-        let (theta, rotary_dim, interleaved) =
-            (rope.theta as f64, rope.rotary_dim as i32, (rope.layout == RopeLayout::Interleaved) as i32);
-        // Norm weights and the K/V pools go as raw device addresses: null when absent (the kernel
-        // never reads or writes them then).
-        let addr = |v: Option<&CudaVector>| -> u64 { v.map_or(0, |v| v.buf.device_ptr(&self.stream).0) };
-        let (q_addr, k_addr) = (addr(q_norm), addr(k_norm));
-        let (k_pool, v_pool) = match kv {
-            Some((cache, layer)) => {
-                let range = cache.layer_range(layer);
-                let k = cache.k.slice_mut(range.clone()).device_ptr_mut(&self.stream).0;
-                let v = cache.v.slice_mut(range).device_ptr_mut(&self.stream).0;
-                (k, v)
-            }
-            None => (0u64, 0u64),
-        };
-        let cfg = per_row(qkv.rows, ROPE_THREADS, rope_smem_bytes(layout.head_dim, rope.rotary_dim));
-        let positions = batch.view(&batch.packed.positions);
-        let row_slots = batch.view(&batch.packed.row_slots);
-        let mut b = self.stream.launch_builder(&self.k.qk_norm_rope);
-        b.arg(&mut qkv.buf).arg(&positions).arg(&q_addr).arg(&k_addr);
-        b.arg(&qkv_cols)
-            .arg(&n_heads)
-            .arg(&n_kv_heads)
-            .arg(&head_dim)
-            .arg(&eps)
-            .arg(&use_q)
-            .arg(&use_k)
-            .arg(&theta)
-            .arg(&rotary_dim)
-            .arg(&interleaved)
-            .arg(&row_slots)
-            .arg(&k_pool)
-            .arg(&v_pool);
-        unsafe { b.launch(cfg) }.map_err(driver_err("qk_norm_rope"))?;
         Ok(())
     }
 
@@ -525,6 +467,35 @@ impl Backend for CudaBackend {
         }
         checks::write_kv(shape(qkv), layout, cache.dims(), layer, batch.packed.num_rows)?;
         self.launch_qk_norm_rope(qkv, layout, (q_norm, k_norm), eps, rope, batch, Some((cache, layer)))
+    }
+
+    fn matmul_qk_norm_rope_write_kv(
+        &self,
+        x: &CudaTensor,
+        w: &CudaMatrix,
+        bias: Option<&CudaVector>,
+        qkv: &mut CudaTensor,
+        layout: QkvLayout,
+        (q_norm, k_norm): (Option<&CudaVector>, Option<&CudaVector>),
+        eps: f32,
+        rope: RopeConfig,
+        cache: &mut CudaKvCache,
+        layer: usize,
+        batch: &CudaBatch,
+    ) -> Result<()> {
+        if bias.is_some() || !self.gemm.qkv_fused_for(w.cols, layout.head_dim) {
+            self.matmul(x, w, bias, qkv)?;
+            return self.qk_norm_rope_write_kv(qkv, layout, q_norm, k_norm, eps, rope, cache, layer, batch);
+        }
+        checks::matmul(shape(x), (w.rows, w.cols), shape(qkv), None)?;
+        checks::qk_norm_rope(shape(qkv), layout, q_norm.map(|v| v.len), k_norm.map(|v| v.len), batch.packed.num_rows)?;
+        checks::write_kv(shape(qkv), layout, cache.dims(), layer, batch.packed.num_rows)?;
+        f32_only("the QKV projection's output", &[qkv])?;
+        check_rope_shape(layout, rope)?;
+        if x.rows == 0 {
+            return Ok(());
+        }
+        self.launch_qkv(x, w, qkv, layout, (q_norm, k_norm), eps, rope, (cache, layer), batch)
     }
 
     fn write_kv(

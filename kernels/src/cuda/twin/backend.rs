@@ -7,9 +7,10 @@
 use super::attention::{attention_prefill, AttentionArgs};
 use super::attention_mma::{attention_mma, AttentionMmaArgs};
 use super::elementwise::{broadcast_rows, cast_bf16, dot_rows, embed_rows, gather_rows, silu_mul_f32, write_kv};
-use super::gemm::{dense_gemm, dense_gemm_swiglu, dense_gemm_v1, gemm_bf16};
+use super::gemm::{dense_gemm, dense_gemm_qkv, dense_gemm_swiglu, dense_gemm_v1, gemm_bf16};
+use super::mma_tile::QkvOut;
 use super::rmsnorm::rms_norm_rows;
-use super::rope::{qk_norm_rope, qk_norm_rope_kv, KvOut, QkNormRopeArgs};
+use super::rope::{qk_norm_rope, qk_norm_rope_kv, rope_table_rows, KvOut, QkNormRopeArgs};
 use super::warp::{from_bf16, to_bf16_vec};
 use crate::backend::*;
 use crate::cuda::layout::{check_rope_shape, PackedBatch};
@@ -99,13 +100,21 @@ fn shape(t: &HostTensor) -> (usize, usize) {
     (t.rows, t.cols)
 }
 
+/// The launch's angle table: rope.cu's `rope_table` at the batch's positions.
+fn rope_cs(rope: RopeConfig, batch: &TwinBatch) -> Vec<f64> {
+    let mut positions: Vec<usize> = batch.layout.positions.iter().map(|&p| p as usize).collect();
+    positions.sort_unstable();
+    positions.dedup();
+    rope_table_rows(rope.theta as f64, rope.rotary_dim, batch.packed.positions_end, positions)
+}
+
 fn rope_args<'a>(
     qkv_cols: usize,
     layout: QkvLayout,
     q_norm: Option<&'a Vec<f32>>,
     k_norm: Option<&'a Vec<f32>>,
     eps: f32,
-    rope: RopeConfig,
+    (rope, rope_cs): (RopeConfig, &'a [f64]),
 ) -> QkNormRopeArgs<'a> {
     QkNormRopeArgs {
         qkv_cols,
@@ -115,7 +124,7 @@ fn rope_args<'a>(
         eps,
         q_norm: q_norm.map(|v| v.as_slice()),
         k_norm: k_norm.map(|v| v.as_slice()),
-        theta: rope.theta as f64,
+        rope_cs,
         rotary_dim: rope.rotary_dim,
         interleaved: rope.layout == RopeLayout::Interleaved,
     }
@@ -246,7 +255,8 @@ impl Backend for TwinBackend {
             batch.packed.num_rows,
         )?;
         check_rope_shape(layout, rope)?;
-        let args = rope_args(qkv.cols, layout, q_norm, k_norm, eps, rope);
+        let cs = rope_cs(rope, batch);
+        let args = rope_args(qkv.cols, layout, q_norm, k_norm, eps, (rope, &cs));
         qk_norm_rope(&mut qkv.data, &batch.layout.positions, args);
         Ok(())
     }
@@ -277,9 +287,64 @@ impl Backend for TwinBackend {
         )?;
         checks::write_kv(shape(qkv), layout, cache.dims(), layer, batch.packed.num_rows)?;
         check_rope_shape(layout, rope)?;
-        let args = rope_args(qkv.cols, layout, q_norm, k_norm, eps, rope);
+        let cs = rope_cs(rope, batch);
+        let args = rope_args(qkv.cols, layout, q_norm, k_norm, eps, (rope, &cs));
         let kv = KvOut { row_slots: &batch.layout.row_slots, k_pool: &mut cache.k[layer], v_pool: &mut cache.v[layer] };
         qk_norm_rope_kv(&mut qkv.data, &batch.layout.positions, args, Some(kv));
+        Ok(())
+    }
+
+    /// With fused epilogues and a tile that holds whole heads ([`GemmEngine::qkv_fused_for`]),
+    /// gemm.cu's `dense_gemm_qkv_*`: qkv's k and v columns are left as they were.
+    fn matmul_qk_norm_rope_write_kv(
+        &self,
+        x: &HostTensor,
+        w: &TwinMatrix,
+        bias: Option<&Vec<f32>>,
+        qkv: &mut HostTensor,
+        layout: QkvLayout,
+        (q_norm, k_norm): (Option<&Vec<f32>>, Option<&Vec<f32>>),
+        eps: f32,
+        rope: RopeConfig,
+        cache: &mut TwinKvCache,
+        layer: usize,
+        batch: &TwinBatch,
+    ) -> Result<()> {
+        if bias.is_some() || !self.gemm.qkv_fused_for(w.cols, layout.head_dim) {
+            self.matmul(x, w, bias, qkv)?;
+            return self.qk_norm_rope_write_kv(qkv, layout, q_norm, k_norm, eps, rope, cache, layer, batch);
+        }
+        checks::matmul(shape(x), (w.rows, w.cols), shape(qkv), None)?;
+        checks::qk_norm_rope(
+            shape(qkv),
+            layout,
+            q_norm.map(|v| v.len()),
+            k_norm.map(|v| v.len()),
+            batch.packed.num_rows,
+        )?;
+        checks::write_kv(shape(qkv), layout, cache.dims(), layer, batch.packed.num_rows)?;
+        check_rope_shape(layout, rope)?;
+        let mut xb = vec![0u16; x.data.len()];
+        cast_bf16(&x.data, &mut xb);
+        let cs = rope_cs(rope, batch);
+        let (rows, n) = (x.rows, w.rows);
+        let mut out = QkvOut {
+            qkv: &mut qkv.data,
+            positions: &batch.layout.positions,
+            row_slots: &batch.layout.row_slots,
+            rope_cs: &cs,
+            q_norm: q_norm.map(|v| v.as_slice()),
+            k_norm: k_norm.map(|v| v.as_slice()),
+            k_pool: &mut cache.k[layer],
+            v_pool: &mut cache.v[layer],
+            n_heads: layout.n_heads,
+            n_kv_heads: layout.n_kv_heads,
+            head_dim: layout.head_dim,
+            rotary_dim: rope.rotary_dim,
+            interleaved: rope.layout == RopeLayout::Interleaved,
+            eps,
+        };
+        dense_gemm_qkv(self.gemm.qkv_block_m(rows, n, layout.head_dim), &xb, &w.data, &mut out, rows, n, w.cols);
         Ok(())
     }
 

@@ -3,7 +3,9 @@
 //! this twin fixes the numerics that matter — bf16 inputs, f32 accumulation — with a sequential
 //! fmaf over K.
 
+use super::mma_tile::QkvOut;
 use super::warp::from_bf16;
+use crate::cuda::GemmShape;
 
 /// out[r, n] = beta * out[r, n] + Σ_k x[r, k] · w[n, k], with x and w bf16, accumulation in f32.
 pub fn gemm_bf16(x: &[u16], w: &[u16], out: &mut [f32], rows: usize, n: usize, k: usize, beta: f32) {
@@ -26,7 +28,7 @@ pub fn gemm_bf16(x: &[u16], w: &[u16], out: &mut [f32], rows: usize, n: usize, k
 #[allow(clippy::too_many_arguments)]
 pub fn dense_gemm(block_m: usize, x: &[u16], w: &[u16], out: &mut [f32], m: usize, n: usize, k: usize, beta: f32) {
     use super::mma_tile::{gemm_block_order, gemm_tile, Tile};
-    let bn = crate::cuda::GemmShape::of(block_m).bn;
+    let bn = GemmShape::of(block_m).bn;
     let (tiles_m, tiles_n) = (m.div_ceil(block_m), n.div_ceil(bn));
     for by in 0..tiles_n {
         for bx in 0..tiles_m {
@@ -43,13 +45,28 @@ pub fn dense_gemm(block_m: usize, x: &[u16], w: &[u16], out: &mut [f32], m: usiz
 #[allow(clippy::too_many_arguments)]
 pub fn dense_gemm_swiglu(block_m: usize, x: &[u16], w: &[u16], act: &mut [u16], m: usize, n: usize, k: usize) {
     use super::mma_tile::{gemm_block_order, gemm_tile_to, Tile, TileOut};
-    let bn = crate::cuda::GemmShape::of(block_m).bn;
+    let bn = GemmShape::of(block_m).bn;
     let (tiles_m, tiles_n) = (m.div_ceil(block_m), n.div_ceil(bn));
     for by in 0..tiles_n {
         for bx in 0..tiles_m {
             let (tm, tn) = gemm_block_order(bx, by, tiles_m, tiles_n);
             let t = Tile { a: x, w, row_base: 0, r0: tm * block_m, rows: m, n0: tn * bn, n, k, beta: 0.0 };
             gemm_tile_to(block_m, t, TileOut::Swiglu(act));
+        }
+    }
+}
+
+/// Twin of kernels/cuda/gemm.cu's `dense_gemm_qkv_bm64` / `dense_gemm_qkv_bm128`: the
+/// `dense_gemm` grid, each tile's heads normed, rotated and stored by the QKV epilogue.
+pub fn dense_gemm_qkv(block_m: usize, x: &[u16], w: &[u16], out: &mut QkvOut<'_>, m: usize, n: usize, k: usize) {
+    use super::mma_tile::{gemm_block_order, gemm_tile_to, Tile, TileOut};
+    let bn = GemmShape::of(block_m).bn;
+    let (tiles_m, tiles_n) = (m.div_ceil(block_m), n.div_ceil(bn));
+    for by in 0..tiles_n {
+        for bx in 0..tiles_m {
+            let (tm, tn) = gemm_block_order(bx, by, tiles_m, tiles_n);
+            let t = Tile { a: x, w, row_base: 0, r0: tm * block_m, rows: m, n0: tn * bn, n, k, beta: 0.0 };
+            gemm_tile_to(block_m, t, TileOut::Qkv(out));
         }
     }
 }

@@ -1,4 +1,5 @@
-//! Twin of kernels/cuda/rope.cu (`qk_norm_rope`).
+//! Twin of kernels/cuda/rope.cu (`rope_table`, `qk_norm_rope`) and rope.cuh (`norm_rope_head`,
+//! which the QKV GEMM's epilogue shares: `twin::mma_tile`).
 
 use super::warp::{to_bf16, warp_sum};
 use crate::cuda::sources::consts::ROPE_THREADS;
@@ -13,7 +14,8 @@ pub struct QkNormRopeArgs<'a> {
     pub eps: f32,
     pub q_norm: Option<&'a [f32]>,
     pub k_norm: Option<&'a [f32]>,
-    pub theta: f64,
+    /// The angle table ([`rope_table`]), covering every row's position.
+    pub rope_cs: &'a [f64],
     pub rotary_dim: usize,
     pub interleaved: bool,
 }
@@ -26,8 +28,71 @@ pub struct KvOut<'a> {
     pub v_pool: &'a mut [u16],
 }
 
-/// grid (rows), block ROPE_THREADS: the row's angle table in double, then warp w takes heads
-/// w, w + 4, ...: load, optional RMSNorm (lane-strided fmaf + warp_sum), rotate, store.
+/// `rope_table`: row p is cos(p · theta^(-2i / rotary_dim)) for the rotary_dim / 2 pairs i, then
+/// their sin, in double.
+pub fn rope_table(theta: f64, rotary_dim: usize, n_pos: usize) -> Vec<f64> {
+    rope_table_rows(theta, rotary_dim, n_pos, 0..n_pos)
+}
+
+/// The `n_pos` rows of [`rope_table`], computed only at `positions` (the rest zero): what a
+/// launch reads of it, without the cost of every row up to a large position.
+pub fn rope_table_rows(
+    theta: f64,
+    rotary_dim: usize,
+    n_pos: usize,
+    positions: impl IntoIterator<Item = usize>,
+) -> Vec<f64> {
+    let half = rotary_dim / 2;
+    let mut cs = vec![0f64; n_pos * rotary_dim];
+    for p in positions {
+        for i in 0..half {
+            let inv_freq = theta.powf(-(2.0 * i as f64) / rotary_dim as f64);
+            let (s, c) = (p as f64 * inv_freq).sin_cos();
+            cs[p * rotary_dim + i] = c;
+            cs[p * rotary_dim + half + i] = s;
+        }
+    }
+    cs
+}
+
+/// rope.cuh's `norm_rope_head` on one head: optional RMSNorm (lane-strided fmaf + warp_sum),
+/// then the rotation by the row's table row `cs`, in double, rounded once.
+pub(crate) fn norm_rope_head(
+    buf: &mut [f32],
+    w: Option<&[f32]>,
+    eps: f32,
+    cs: &[f64],
+    rotary_dim: usize,
+    interleaved: bool,
+) {
+    let hd = buf.len();
+    if let Some(w) = w {
+        let lanes: [f32; 32] = std::array::from_fn(|lane| {
+            let mut acc = 0f32;
+            let mut d = lane;
+            while d < hd {
+                acc = buf[d].mul_add(buf[d], acc);
+                d += 32;
+            }
+            acc
+        });
+        let inv = 1.0f32 / (warp_sum(lanes) / hd as f32 + eps).sqrt();
+        for d in 0..hd {
+            buf[d] = (buf[d] * inv) * w[d];
+        }
+    }
+    let half = rotary_dim / 2;
+    for i in 0..half {
+        let (ia, ib) = if interleaved { (2 * i, 2 * i + 1) } else { (i, i + half) };
+        let (x0, x1) = (buf[ia] as f64, buf[ib] as f64);
+        let (c, s) = (cs[i], cs[half + i]);
+        buf[ia] = (x0 * c - x1 * s) as f32;
+        buf[ib] = (x0 * s + x1 * c) as f32;
+    }
+}
+
+/// grid (rows), block ROPE_THREADS: warp w takes heads w, w + 4, ...: load, `norm_rope_head`
+/// at the row's table row, store.
 pub fn qk_norm_rope(qkv: &mut [f32], positions: &[u32], a: QkNormRopeArgs<'_>) {
     qk_norm_rope_kv(qkv, positions, a, None)
 }
@@ -35,18 +100,10 @@ pub fn qk_norm_rope(qkv: &mut [f32], positions: &[u32], a: QkNormRopeArgs<'_>) {
 /// `qk_norm_rope` with its K/V write (`kv` is `Some`): the row's v heads to the V pool, each
 /// rotated k head to the K pool, bf16 at the row's slot.
 pub fn qk_norm_rope_kv(qkv: &mut [f32], positions: &[u32], a: QkNormRopeArgs<'_>, mut kv: Option<KvOut<'_>>) {
-    let half = a.rotary_dim / 2;
     let hd = a.head_dim;
     let warps = ROPE_THREADS as usize / 32;
     for (row, &pos) in positions.iter().enumerate() {
-        let pos = pos as f64;
-        let (mut cos_t, mut sin_t) = (vec![0f64; half], vec![0f64; half]);
-        for i in 0..half {
-            let inv_freq = a.theta.powf(-(2.0 * i as f64) / a.rotary_dim as f64);
-            let (s, c) = (pos * inv_freq).sin_cos();
-            cos_t[i] = c;
-            sin_t[i] = s;
-        }
+        let cs = &a.rope_cs[pos as usize * a.rotary_dim..(pos as usize + 1) * a.rotary_dim];
         let row_vals = &mut qkv[row * a.qkv_cols..(row + 1) * a.qkv_cols];
         let (q_dim, kv_dim) = (a.n_heads * hd, a.n_kv_heads * hd);
         let slot = kv.as_ref().map_or(0, |kv| kv.row_slots[row] as usize);
@@ -63,27 +120,7 @@ pub fn qk_norm_rope_kv(qkv: &mut [f32], positions: &[u32], a: QkNormRopeArgs<'_>
                 let off = if is_q { h * hd } else { a.n_heads * hd + (h - a.n_heads) * hd };
                 let w = if is_q { a.q_norm } else { a.k_norm };
                 let mut buf = row_vals[off..off + hd].to_vec();
-                if let Some(w) = w {
-                    let lanes: [f32; 32] = std::array::from_fn(|lane| {
-                        let mut acc = 0f32;
-                        let mut d = lane;
-                        while d < hd {
-                            acc = buf[d].mul_add(buf[d], acc);
-                            d += 32;
-                        }
-                        acc
-                    });
-                    let inv = 1.0f32 / (warp_sum(lanes) / hd as f32 + a.eps).sqrt();
-                    for d in 0..hd {
-                        buf[d] = (buf[d] * inv) * w[d];
-                    }
-                }
-                for i in 0..half {
-                    let (ia, ib) = if a.interleaved { (2 * i, 2 * i + 1) } else { (i, i + half) };
-                    let (x0, x1) = (buf[ia] as f64, buf[ib] as f64);
-                    buf[ia] = (x0 * cos_t[i] - x1 * sin_t[i]) as f32;
-                    buf[ib] = (x0 * sin_t[i] + x1 * cos_t[i]) as f32;
-                }
+                norm_rope_head(&mut buf, w, a.eps, cs, a.rotary_dim, a.interleaved);
                 row_vals[off..off + hd].copy_from_slice(&buf);
                 if let (false, Some(kv)) = (is_q, kv.as_mut()) {
                     let k_dst = slot * kv_dim + (h - a.n_heads) * hd;

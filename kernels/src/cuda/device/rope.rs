@@ -1,0 +1,177 @@
+//! The attention block's input on the device: the RoPE angle table, rope.cu's `qk_norm_rope`
+//! (with its K/V write) and gemm.cu's `dense_gemm_qkv_*`, which runs the QKV projection, the
+//! q/k norm, RoPE and the K/V write in one launch.
+
+use std::sync::MutexGuard;
+
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+
+use super::memory::{alloc, CudaBatch, CudaKvCache, CudaMatrix, CudaTensor, CudaVector};
+use super::ops::grid_stride;
+use super::{driver_err, CudaBackend};
+use crate::backend::{KernelError, QkvLayout, Result, RopeConfig, RopeLayout};
+use crate::cuda::checks;
+use crate::cuda::layout::{check_rope_shape, rope_smem_bytes};
+use crate::cuda::sources::consts::ROPE_THREADS;
+use crate::cuda::GemmShape;
+
+/// Positions the angle table is first built for; it grows by powers of two past that.
+const ROPE_TABLE_MIN_POSITIONS: usize = 4096;
+/// Positions past this are refused (the table would be gigabytes).
+const ROPE_TABLE_MAX_POSITIONS: usize = 1 << 20;
+
+/// rope.cu's angle table for one (theta, rotary_dim): cos and sin in double of every rotated
+/// pair at positions `0..positions`. Computed once on the device instead of in every layer's
+/// kernel (and in every column tile of the fused QKV GEMM); rebuilt when a batch reaches past it.
+#[derive(Default)]
+pub(crate) struct RopeTable {
+    key: Option<(u32, usize)>,
+    positions: usize,
+    buf: Option<CudaSlice<f64>>,
+}
+
+/// The q/k norm weights, as the kernels take them: raw device addresses, 0 when absent.
+type NormAddrs = (u64, u64);
+
+impl CudaBackend {
+    /// The angle table for `rope`, covering positions `0..n_pos` (held locked while the caller
+    /// enqueues the launch that reads it).
+    fn rope_table(&self, rope: RopeConfig, n_pos: usize) -> Result<MutexGuard<'_, RopeTable>> {
+        if n_pos > ROPE_TABLE_MAX_POSITIONS {
+            return Err(KernelError::Shape(format!(
+                "rope: position {} is past the {ROPE_TABLE_MAX_POSITIONS} the angle table supports",
+                n_pos - 1
+            )));
+        }
+        let mut t = self.rope_table.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (rope.theta.to_bits(), rope.rotary_dim);
+        if t.key == Some(key) && t.positions >= n_pos && t.buf.is_some() {
+            return Ok(t);
+        }
+        let positions = n_pos.next_power_of_two().max(ROPE_TABLE_MIN_POSITIONS);
+        t.buf = None; // freed in stream order before the new allocation
+        let mut buf = alloc::<f64>(&self.stream, positions * rope.rotary_dim)?;
+        let half = rope.rotary_dim / 2;
+        if half > 0 {
+            let (n, theta, rotary_dim) = (positions as i32, rope.theta as f64, rope.rotary_dim as i32);
+            let mut b = self.stream.launch_builder(&self.k.rope_table);
+            b.arg(&mut buf).arg(&n).arg(&theta).arg(&rotary_dim);
+            // SAFETY: the arguments match rope_table's signature; it writes positions * rotary_dim values.
+            unsafe { b.launch(grid_stride(positions * half)) }.map_err(driver_err("rope_table"))?;
+        }
+        *t = RopeTable { key: Some(key), positions, buf: Some(buf) };
+        Ok(t)
+    }
+
+    fn norm_addrs(&self, q_norm: Option<&CudaVector>, k_norm: Option<&CudaVector>) -> NormAddrs {
+        let addr = |v: Option<&CudaVector>| -> u64 { v.map_or(0, |v| v.buf.device_ptr(&self.stream).0) };
+        (addr(q_norm), addr(k_norm))
+    }
+
+    /// The raw addresses of `layer`'s K and V pools.
+    fn pool_addrs(&self, cache: &mut CudaKvCache, layer: usize) -> (u64, u64) {
+        let range = cache.layer_range(layer);
+        let k = cache.k.slice_mut(range.clone()).device_ptr_mut(&self.stream).0;
+        let v = cache.v.slice_mut(range).device_ptr_mut(&self.stream).0;
+        (k, v)
+    }
+
+    /// rope.cu's `qk_norm_rope`, with its K/V write to `kv`'s layer when given.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_qk_norm_rope(
+        &self,
+        qkv: &mut CudaTensor,
+        layout: QkvLayout,
+        (q_norm, k_norm): (Option<&CudaVector>, Option<&CudaVector>),
+        eps: f32,
+        rope: RopeConfig,
+        batch: &CudaBatch,
+        kv: Option<(&mut CudaKvCache, usize)>,
+    ) -> Result<()> {
+        checks::qk_norm_rope(
+            (qkv.rows, qkv.cols),
+            layout,
+            q_norm.map(|v| v.len),
+            k_norm.map(|v| v.len),
+            batch.packed.num_rows,
+        )?;
+        if qkv.bf16 {
+            return Err(KernelError::Shape("qk_norm_rope: a bf16 GEMM operand where an f32 tensor is needed".into()));
+        }
+        check_rope_shape(layout, rope)?;
+        if qkv.rows == 0 {
+            return Ok(());
+        }
+        let table = self.rope_table(rope, batch.packed.positions_end)?;
+        let (qkv_cols, n_heads, n_kv_heads, head_dim) =
+            (qkv.cols as i32, layout.n_heads as i32, layout.n_kv_heads as i32, layout.head_dim as i32);
+        let (rotary_dim, interleaved) = (rope.rotary_dim as i32, (rope.layout == RopeLayout::Interleaved) as i32);
+        // Norm weights and the K/V pools go as raw device addresses: null when absent (the kernel
+        // never reads or writes them then).
+        let (q_addr, k_addr) = self.norm_addrs(q_norm, k_norm);
+        let (k_pool, v_pool) = match kv {
+            Some((cache, layer)) => self.pool_addrs(cache, layer),
+            None => (0u64, 0u64),
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (qkv.rows as u32, 1, 1),
+            block_dim: (ROPE_THREADS, 1, 1),
+            shared_mem_bytes: rope_smem_bytes(layout.head_dim) as u32,
+        };
+        let positions = batch.view(&batch.packed.positions);
+        let row_slots = batch.view(&batch.packed.row_slots);
+        let cs = table.buf.as_ref().ok_or_else(|| KernelError::Device("rope table".into()))?;
+        let mut b = self.stream.launch_builder(&self.k.qk_norm_rope);
+        b.arg(&mut qkv.buf).arg(&positions).arg(cs).arg(&q_addr).arg(&k_addr);
+        b.arg(&qkv_cols).arg(&n_heads).arg(&n_kv_heads).arg(&head_dim).arg(&eps).arg(&rotary_dim).arg(&interleaved);
+        b.arg(&row_slots).arg(&k_pool).arg(&v_pool);
+        // SAFETY: the arguments match the kernel's signature; the shapes were checked above.
+        unsafe { b.launch(cfg) }.map_err(driver_err("qk_norm_rope"))?;
+        Ok(())
+    }
+
+    /// gemm.cu's `dense_gemm_qkv_*`: qkv's q columns = the normed, rotated q heads of x · Wᵀ,
+    /// `layer`'s K/V pools = its k (normed, rotated) and v heads at each row's slot. The caller
+    /// has checked the shapes and that the engine fuses this layout (`GemmEngine::qkv_fused_for`).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_qkv(
+        &self,
+        x: &CudaTensor,
+        w: &CudaMatrix,
+        qkv: &mut CudaTensor,
+        layout: QkvLayout,
+        norms: (Option<&CudaVector>, Option<&CudaVector>),
+        eps: f32,
+        rope: RopeConfig,
+        (cache, layer): (&mut CudaKvCache, usize),
+        batch: &CudaBatch,
+    ) -> Result<()> {
+        let table = self.rope_table(rope, batch.packed.positions_end)?;
+        let mut scratch = self.gemm_input.lock().unwrap_or_else(|p| p.into_inner());
+        let xb = self.gemm_operand(x, &mut scratch)?;
+        let (m, n) = (x.rows, w.rows);
+        let bm = self.gemm.qkv_block_m(m, n, layout.head_dim);
+        let s = GemmShape::of(bm);
+        let f = if bm == 64 { &self.k.dense_gemm_qkv_bm64 } else { &self.k.dense_gemm_qkv_bm128 };
+        let cfg = LaunchConfig {
+            grid_dim: (m.div_ceil(bm) as u32, n.div_ceil(s.bn) as u32, 1),
+            block_dim: (s.threads, 1, 1),
+            shared_mem_bytes: s.smem_bytes as u32,
+        };
+        let (q_addr, k_addr) = self.norm_addrs(norms.0, norms.1);
+        let (k_pool, v_pool) = self.pool_addrs(cache, layer);
+        let positions = batch.view(&batch.packed.positions);
+        let row_slots = batch.view(&batch.packed.row_slots);
+        let cs = table.buf.as_ref().ok_or_else(|| KernelError::Device("rope table".into()))?;
+        let (mi, ni, ki) = (m as i32, n as i32, w.cols as i32);
+        let (n_heads, n_kv_heads, head_dim) = (layout.n_heads as i32, layout.n_kv_heads as i32, layout.head_dim as i32);
+        let (rotary_dim, interleaved) = (rope.rotary_dim as i32, (rope.layout == RopeLayout::Interleaved) as i32);
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&xb).arg(&w.buf).arg(&mut qkv.buf).arg(&mi).arg(&ni).arg(&ki);
+        b.arg(&positions).arg(&row_slots).arg(cs).arg(&q_addr).arg(&k_addr).arg(&k_pool).arg(&v_pool);
+        b.arg(&n_heads).arg(&n_kv_heads).arg(&head_dim).arg(&rotary_dim).arg(&interleaved).arg(&eps);
+        // SAFETY: the arguments match the kernel's signature; the shapes were checked by the caller.
+        unsafe { b.launch(cfg) }.map_err(driver_err("dense_gemm_qkv"))?;
+        Ok(())
+    }
+}
