@@ -2,7 +2,8 @@
 //! reject exactly the same inputs (with the same messages). A kernel never sees an index it
 //! could run out of bounds with.
 
-use crate::backend::{BatchLayout, KernelError, QkvLayout, Result};
+use super::layout::check_rope_shape;
+use crate::backend::{BatchLayout, KernelError, QkvLayout, Result, RopeConfig};
 
 pub fn check(cond: bool, msg: impl FnOnce() -> String) -> Result<()> {
     if cond {
@@ -44,6 +45,22 @@ pub fn qk_norm_rope(
         }
     }
     Ok(())
+}
+
+/// [`qk_norm_rope`], the rope config and [`write_kv`]: what every fused launch that norms,
+/// rotates and writes the K/V of a QKV tensor checks. `norms` = the q and k norm lengths.
+pub fn qk_norm_rope_write_kv(
+    qkv: Shape,
+    layout: QkvLayout,
+    norms: (Option<usize>, Option<usize>),
+    rope: RopeConfig,
+    cache: (usize, usize, usize),
+    layer: usize,
+    batch_rows: usize,
+) -> Result<()> {
+    qk_norm_rope(qkv, layout, norms.0, norms.1, batch_rows)?;
+    check_rope_shape(layout, rope)?;
+    write_kv(qkv, layout, cache, layer, batch_rows)
 }
 
 /// `cache` = (num_layers, num_slots, kv_dim).

@@ -6,9 +6,7 @@ use super::memory::{alloc, CudaBatch, CudaKvCache, CudaMatrix, CudaTensor, CudaV
 use super::{driver_err, CudaBackend};
 use crate::backend::*;
 use crate::cuda::checks;
-use crate::cuda::layout::{
-    attention_mma_smem_bytes, attention_smem_bytes, check_rope_shape, PackedBatch, ATTN_UNIT_WORDS,
-};
+use crate::cuda::layout::{attention_mma_smem_bytes, attention_smem_bytes, PackedBatch, ATTN_UNIT_WORDS};
 use crate::cuda::sources::consts::*;
 use crate::cuda::twin::{attention_scale, attention_scale_log2, warp::to_bf16};
 use crate::cuda::{GemmEngine, GemmShape};
@@ -488,10 +486,9 @@ impl Backend for CudaBackend {
             return self.qk_norm_rope_write_kv(qkv, layout, q_norm, k_norm, eps, rope, cache, layer, batch);
         }
         checks::matmul(shape(x), (w.rows, w.cols), shape(qkv), None)?;
-        checks::qk_norm_rope(shape(qkv), layout, q_norm.map(|v| v.len), k_norm.map(|v| v.len), batch.packed.num_rows)?;
-        checks::write_kv(shape(qkv), layout, cache.dims(), layer, batch.packed.num_rows)?;
+        let norms = (q_norm.map(|v| v.len), k_norm.map(|v| v.len));
+        checks::qk_norm_rope_write_kv(shape(qkv), layout, norms, rope, cache.dims(), layer, batch.packed.num_rows)?;
         f32_only("the QKV projection's output", &[qkv])?;
-        check_rope_shape(layout, rope)?;
         if x.rows == 0 {
             return Ok(());
         }

@@ -278,15 +278,8 @@ impl Backend for TwinBackend {
             self.qk_norm_rope(qkv, layout, q_norm, k_norm, eps, rope, batch)?;
             return self.write_kv(qkv, layout, cache, layer, batch);
         }
-        checks::qk_norm_rope(
-            shape(qkv),
-            layout,
-            q_norm.map(|v| v.len()),
-            k_norm.map(|v| v.len()),
-            batch.packed.num_rows,
-        )?;
-        checks::write_kv(shape(qkv), layout, cache.dims(), layer, batch.packed.num_rows)?;
-        check_rope_shape(layout, rope)?;
+        let norms = (q_norm.map(|v| v.len()), k_norm.map(|v| v.len()));
+        checks::qk_norm_rope_write_kv(shape(qkv), layout, norms, rope, cache.dims(), layer, batch.packed.num_rows)?;
         let cs = rope_cs(rope, batch);
         let args = rope_args(qkv.cols, layout, q_norm, k_norm, eps, (rope, &cs));
         let kv = KvOut { row_slots: &batch.layout.row_slots, k_pool: &mut cache.k[layer], v_pool: &mut cache.v[layer] };
@@ -315,15 +308,8 @@ impl Backend for TwinBackend {
             return self.qk_norm_rope_write_kv(qkv, layout, q_norm, k_norm, eps, rope, cache, layer, batch);
         }
         checks::matmul(shape(x), (w.rows, w.cols), shape(qkv), None)?;
-        checks::qk_norm_rope(
-            shape(qkv),
-            layout,
-            q_norm.map(|v| v.len()),
-            k_norm.map(|v| v.len()),
-            batch.packed.num_rows,
-        )?;
-        checks::write_kv(shape(qkv), layout, cache.dims(), layer, batch.packed.num_rows)?;
-        check_rope_shape(layout, rope)?;
+        let norms = (q_norm.map(|v| v.len()), k_norm.map(|v| v.len()));
+        checks::qk_norm_rope_write_kv(shape(qkv), layout, norms, rope, cache.dims(), layer, batch.packed.num_rows)?;
         let mut xb = vec![0u16; x.data.len()];
         cast_bf16(&x.data, &mut xb);
         let cs = rope_cs(rope, batch);

@@ -3,7 +3,7 @@
 //! this twin fixes the numerics that matter — bf16 inputs, f32 accumulation — with a sequential
 //! fmaf over K.
 
-use super::mma_tile::QkvOut;
+use super::mma_tile::{gemm_block_order, gemm_tile, gemm_tile_to, QkvOut, Tile, TileOut};
 use super::warp::from_bf16;
 use crate::cuda::GemmShape;
 
@@ -23,19 +23,26 @@ pub fn gemm_bf16(x: &[u16], w: &[u16], out: &mut [f32], rows: usize, n: usize, k
     }
 }
 
+/// The (first row, first column) of each block's tile of a dense launch at BLOCK_M `block_m`
+/// over an `m x n` output, in launch order (grid (ceil(m / bm), ceil(n / bn)), x fastest, each
+/// block's tile from `gemm_block_order`).
+fn dense_tiles(block_m: usize, m: usize, n: usize) -> impl Iterator<Item = (usize, usize)> {
+    let bn = GemmShape::of(block_m).bn;
+    let (tiles_m, tiles_n) = (m.div_ceil(block_m), n.div_ceil(bn));
+    (0..tiles_n).flat_map(move |by| {
+        (0..tiles_m).map(move |bx| {
+            let (tm, tn) = gemm_block_order(bx, by, tiles_m, tiles_n);
+            (tm * block_m, tn * bn)
+        })
+    })
+}
+
 /// Twin of kernels/cuda/gemm.cu's `dense_gemm_bm64` / `dense_gemm_bm128`: grid
 /// (ceil(m / bm), ceil(n / bn)), each block the `gemm_tile` that `gemm_block_order` gives it.
 #[allow(clippy::too_many_arguments)]
 pub fn dense_gemm(block_m: usize, x: &[u16], w: &[u16], out: &mut [f32], m: usize, n: usize, k: usize, beta: f32) {
-    use super::mma_tile::{gemm_block_order, gemm_tile, Tile};
-    let bn = GemmShape::of(block_m).bn;
-    let (tiles_m, tiles_n) = (m.div_ceil(block_m), n.div_ceil(bn));
-    for by in 0..tiles_n {
-        for bx in 0..tiles_m {
-            let (tm, tn) = gemm_block_order(bx, by, tiles_m, tiles_n);
-            let t = Tile { a: x, w, row_base: 0, r0: tm * block_m, rows: m, n0: tn * bn, n, k, beta };
-            gemm_tile(block_m, t, out);
-        }
+    for (r0, n0) in dense_tiles(block_m, m, n) {
+        gemm_tile(block_m, Tile { a: x, w, row_base: 0, r0, rows: m, n0, n, k, beta }, out);
     }
 }
 
@@ -44,30 +51,16 @@ pub fn dense_gemm(block_m: usize, x: &[u16], w: &[u16], out: &mut [f32], m: usiz
 /// reading them interleaved and storing act[m, inter] = bf16(silu(gate) · up).
 #[allow(clippy::too_many_arguments)]
 pub fn dense_gemm_swiglu(block_m: usize, x: &[u16], w: &[u16], act: &mut [u16], m: usize, n: usize, k: usize) {
-    use super::mma_tile::{gemm_block_order, gemm_tile_to, Tile, TileOut};
-    let bn = GemmShape::of(block_m).bn;
-    let (tiles_m, tiles_n) = (m.div_ceil(block_m), n.div_ceil(bn));
-    for by in 0..tiles_n {
-        for bx in 0..tiles_m {
-            let (tm, tn) = gemm_block_order(bx, by, tiles_m, tiles_n);
-            let t = Tile { a: x, w, row_base: 0, r0: tm * block_m, rows: m, n0: tn * bn, n, k, beta: 0.0 };
-            gemm_tile_to(block_m, t, TileOut::Swiglu(act));
-        }
+    for (r0, n0) in dense_tiles(block_m, m, n) {
+        gemm_tile_to(block_m, Tile { a: x, w, row_base: 0, r0, rows: m, n0, n, k, beta: 0.0 }, TileOut::Swiglu(act));
     }
 }
 
 /// Twin of kernels/cuda/gemm.cu's `dense_gemm_qkv_bm64` / `dense_gemm_qkv_bm128`: the
 /// `dense_gemm` grid, each tile's heads normed, rotated and stored by the QKV epilogue.
 pub fn dense_gemm_qkv(block_m: usize, x: &[u16], w: &[u16], out: &mut QkvOut<'_>, m: usize, n: usize, k: usize) {
-    use super::mma_tile::{gemm_block_order, gemm_tile_to, Tile, TileOut};
-    let bn = GemmShape::of(block_m).bn;
-    let (tiles_m, tiles_n) = (m.div_ceil(block_m), n.div_ceil(bn));
-    for by in 0..tiles_n {
-        for bx in 0..tiles_m {
-            let (tm, tn) = gemm_block_order(bx, by, tiles_m, tiles_n);
-            let t = Tile { a: x, w, row_base: 0, r0: tm * block_m, rows: m, n0: tn * bn, n, k, beta: 0.0 };
-            gemm_tile_to(block_m, t, TileOut::Qkv(out));
-        }
+    for (r0, n0) in dense_tiles(block_m, m, n) {
+        gemm_tile_to(block_m, Tile { a: x, w, row_base: 0, r0, rows: m, n0, n, k, beta: 0.0 }, TileOut::Qkv(out));
     }
 }
 

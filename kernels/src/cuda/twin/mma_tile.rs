@@ -226,21 +226,10 @@ pub(crate) fn gemm_tile_to(bm: usize, t: Tile<'_>, out: TileOut<'_, '_>) {
         TileOut::Qkv(q) => {
             // Stage the accumulators, then warp w takes the (row, head) units w, w + warps, ...
             let mut st = vec![0f32; bm * bn];
-            for (warp, wacc) in acc.iter().enumerate() {
-                let (warp_m, warp_n) = (warp / warps_n, warp % warps_n);
-                for lane in 0..32 {
-                    let (g, tg) = (lane >> 2, lane & 3);
-                    for mi in 0..mi_n {
-                        for ni in 0..ni_n {
-                            for half in 0..2 {
-                                let (r, col) = (warp_m * wm + mi * 16 + g + half * 8, warp_n * wn + ni * 8 + tg * 2);
-                                st[gemm_stage_idx(bn, r, col)] = wacc[mi][ni][lane][half * 2];
-                                st[gemm_stage_idx(bn, r, col + 1)] = wacc[mi][ni][lane][half * 2 + 1];
-                            }
-                        }
-                    }
-                }
-            }
+            for_each_pair(&acc, (warps_n, wm, wn), |r, col, v| {
+                st[gemm_stage_idx(bn, r, col)] = v[0];
+                st[gemm_stage_idx(bn, r, col + 1)] = v[1];
+            });
             let hd = q.head_dim;
             let (per_tile, q_dim, kv_dim) = (bn / hd, q.n_heads * hd, q.n_kv_heads * hd);
             for warp in 0..warps {
@@ -304,26 +293,37 @@ pub(crate) fn gemm_tile_to(bm: usize, t: Tile<'_>, out: TileOut<'_, '_>) {
             return;
         }
     };
+    for_each_pair(&acc, (warps_n, wm, wn), |r, col, v| {
+        let (r, col) = (r0 + r, n0 + col);
+        if r >= rows || col >= n {
+            return;
+        }
+        let dst = (row_base + r) * n + col;
+        for j in 0..2 {
+            if col + j < n {
+                let o = &mut c[dst + j];
+                *o = if beta != 0.0 { beta.mul_add(*o, v[j]) } else { v[j] };
+            }
+        }
+    });
+}
+
+/// Every accumulator pair of the block's warps, with its tile-local (row, first column): lane
+/// (g, tg) holds rows g and g + 8, columns 2tg and 2tg + 1 of each 16x8 mma tile.
+fn for_each_pair(
+    acc: &[Vec<Vec<CFrag>>],
+    (warps_n, wm, wn): (usize, usize, usize),
+    mut f: impl FnMut(usize, usize, [f32; 2]),
+) {
     for (warp, wacc) in acc.iter().enumerate() {
         let (warp_m, warp_n) = (warp / warps_n, warp % warps_n);
         for lane in 0..32 {
             let (g, tg) = (lane >> 2, lane & 3);
-            for mi in 0..mi_n {
-                for ni in 0..ni_n {
+            for (mi, row_tiles) in wacc.iter().enumerate() {
+                for (ni, frag) in row_tiles.iter().enumerate() {
                     for half in 0..2 {
-                        let r = r0 + warp_m * wm + mi * 16 + g + half * 8;
-                        let col = n0 + warp_n * wn + ni * 8 + tg * 2;
-                        if r >= rows || col >= n {
-                            continue;
-                        }
-                        let dst = (row_base + r) * n + col;
-                        let v = [wacc[mi][ni][lane][half * 2], wacc[mi][ni][lane][half * 2 + 1]];
-                        for j in 0..2 {
-                            if col + j < n {
-                                let o = &mut c[dst + j];
-                                *o = if beta != 0.0 { beta.mul_add(*o, v[j]) } else { v[j] };
-                            }
-                        }
+                        let (r, col) = (warp_m * wm + mi * 16 + g + half * 8, warp_n * wn + ni * 8 + tg * 2);
+                        f(r, col, [frag[lane][half * 2], frag[lane][half * 2 + 1]]);
                     }
                 }
             }
