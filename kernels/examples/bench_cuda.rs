@@ -9,7 +9,9 @@
 //!    expert size 768) for batch sizes 1..64 sequences: each fixed grouped-GEMM variant
 //!    (BLOCK_M 64, BLOCK_M 128) against the device-side auto selector, with the histogram's
 //!    padding ratio — the baseline is measured in the same run;
-//! 4. a synthetic 28-layer dense model through the `Backend` trait, per GEMM / attention engine
+//! 4. the fused epilogues one layer segment at a time (`bench_fusions`): unfused engine, fused
+//!    engine without the segment's GEMM epilogue, fused engine;
+//! 5. a synthetic 28-layer dense model through the `Backend` trait, per GEMM / attention engine
 //!    pair (tiled, tiled v1, cuBLAS): pairs/s and tokens/s, with the CPU backend on the smallest
 //!    batch as the same-run baseline (`--no-cpu` skips it).
 //!
@@ -211,6 +213,87 @@ fn bench_moe(g: &CudaBackend, rng: &mut impl Rng, reps: usize) {
     }
 }
 
+/// Which fused epilogue pays: one Qwen3-0.6B layer at a 200-item call's 20k rows, split into
+/// its three segments, timed (event median ms) on the unfused engine (`TiledUnfused`), on the
+/// fused engine with the segment's GEMM epilogue left out (its op then runs as the GEMM and a
+/// kernel after it), and on the fused engine as the worker runs it.
+fn bench_fusions(f: &CudaBackend, u: &CudaBackend, rng: &mut impl Rng, reps: usize) {
+    let (h, inter, l) = (1024, 3072, QkvLayout { n_heads: 16, n_kv_heads: 8, head_dim: 128 });
+    let (pre, batch, slots) = scoring_batch(200, 200, 100);
+    let rows = batch.num_rows();
+    let rope = RopeConfig { theta: 1_000_000.0, rotary_dim: l.head_dim, layout: RopeLayout::HalfSplit };
+    let (x, norm, hn) = (random(rng, rows * h, 1.0), vec![1.0; h], vec![1.0; l.head_dim]);
+    let (wqkv, wo) = (random(rng, l.qkv_dim() * h, 0.03), random(rng, h * l.q_dim(), 0.03));
+    let (wgu, wd) = (random(rng, 2 * inter * h, 0.03), random(rng, h * inter, 0.02));
+    println!("\nFused epilogues, one Qwen3-0.6B layer at {rows} rows (200 items of 100 over a 200-token prefix): event median ms");
+    println!("{:>34} {:>10} {:>16} {:>10}", "segment", "unfused", "fused, no epi.", "fused");
+    // Per engine: (norm → QKV → q/k norm, RoPE, K/V write), (attention → O projection + residual),
+    // (norm → gate/up, SiLU·mul → down projection + residual); the epilogue-less QKV and MLP runs.
+    let time = |b: &CudaBackend| -> [f64; 5] {
+        let mut cache = b.kv_cache(1, slots, l.n_kv_heads, l.head_dim).expect("cache");
+        let pb = b.prepare_batch(&pre, &cache).expect("batch");
+        let q = b.zeros(pre.num_rows(), l.qkv_dim()).expect("q");
+        b.write_kv(&q, l, &mut cache, 0, &pb).expect("prefix kv");
+        let bb = b.prepare_batch(&batch, &cache).expect("batch");
+        let (xt, nv, hv) =
+            (b.from_host(&x, rows, h).expect("x"), b.vector(&norm).expect("n"), b.vector(&hn).expect("n"));
+        let (wqkv, wo) =
+            (b.linear_weight(&wqkv, l.qkv_dim(), h).expect("w"), b.linear_weight(&wo, h, l.q_dim()).expect("w"));
+        let (wgu, wd) = (b.linear_weight(&wgu, 2 * inter, h).expect("w"), b.linear_weight(&wd, h, inter).expect("w"));
+        let (mut t, mut att, mut act) =
+            (b.zeros(0, 0).expect("t"), b.zeros(0, 0).expect("a"), b.zeros(0, 0).expect("a"));
+        b.reshape_operand(&mut t, rows, h).expect("t");
+        b.reshape_operand(&mut att, rows, l.q_dim()).expect("att");
+        b.reshape_operand(&mut act, rows, inter).expect("act");
+        let (mut qkv, mut gu, mut acc) = (
+            b.zeros(rows, l.qkv_dim()).expect("qkv"),
+            b.zeros(0, 0).expect("gu"),
+            b.from_host(&x, rows, h).expect("acc"),
+        );
+        let norms = (Some(&hv), Some(&hv));
+        let mut qkv_seg = |fused: bool| {
+            b.rms_norm(&xt, &nv, 1e-6, &mut t).expect("norm");
+            if fused {
+                b.matmul_qk_norm_rope_write_kv(&t, &wqkv, None, &mut qkv, l, norms, 1e-6, rope, &mut cache, 0, &bb)
+                    .expect("qkv");
+            } else {
+                b.matmul(&t, &wqkv, None, &mut qkv).expect("qkv");
+                b.qk_norm_rope_write_kv(&mut qkv, l, norms.0, norms.1, 1e-6, rope, &mut cache, 0, &bb).expect("rope");
+            }
+        };
+        let qkv_off = gpu_ms(b, reps, || qkv_seg(false));
+        let qkv_on = gpu_ms(b, reps, || qkv_seg(true));
+        let attn = gpu_ms(b, reps, || {
+            b.attention(&qkv, l, &cache, 0, &bb, &mut att).expect("attention");
+            b.matmul_add(&att, &wo, &mut acc).expect("o");
+        });
+        let mut mlp_seg = |fused: bool| {
+            b.rms_norm(&xt, &nv, 1e-6, &mut t).expect("norm");
+            if fused {
+                b.matmul_silu_mul(&t, &wgu, &mut gu, &mut act).expect("gate_up");
+            } else {
+                b.reshape_scratch(&mut gu, rows, 2 * inter).expect("gu");
+                b.matmul(&t, &wgu, None, &mut gu).expect("gate_up");
+                b.silu_mul(&gu, &mut act).expect("silu_mul");
+            }
+            b.matmul_add(&act, &wd, &mut acc).expect("down");
+        };
+        let mlp_off = gpu_ms(b, reps, || mlp_seg(false));
+        let mlp_on = gpu_ms(b, reps, || mlp_seg(true));
+        [qkv_off, qkv_on, attn, mlp_off, mlp_on]
+    };
+    let (tf, tu) = (time(f), time(u));
+    let rows_out = [
+        ("norm, QKV, q/k norm + RoPE + K/V", tu[1], Some(tf[0]), tf[1]),
+        ("attention, O projection", tu[2], None, tf[2]),
+        ("norm, gate/up + SiLU·mul, down", tu[4], Some(tf[3]), tf[4]),
+    ];
+    for (name, unfused, no_epi, fused) in rows_out {
+        let no_epi = no_epi.map_or("-".to_string(), |v| format!("{v:.3}"));
+        println!("{name:>34} {unfused:>10.3} {no_epi:>16} {fused:>10.3}");
+    }
+}
+
 /// A Qwen3-0.6B-shaped dense stack with random weights, through the Backend trait.
 struct Dense {
     layers: usize,
@@ -328,6 +411,12 @@ fn main() {
     };
     println!("\nDense model (28 layers, hidden 1024, Qwen3-0.6B shapes, random weights): prefix 200 tokens + items of 100 tokens");
     println!("{:>8} {:>14} {:>14} {:>22}", "items", "pairs/s", "tokens/s", "backend");
+    let engine =
+        |gemm| CudaBackend::with_options(&CudaOptions { gemm, ..CudaOptions::new(0).with_asset_cache(&cache) });
+    match (engine(GemmEngine::Tiled), engine(GemmEngine::TiledUnfused)) {
+        (Ok(f), Ok(u)) => bench_fusions(&f, &u, &mut rng, reps),
+        (Err(e), _) | (_, Err(e)) => println!("fused epilogues: no tiled backend: {e}"),
+    }
     let engines: Vec<(String, CudaBackend)> = [
         (GemmEngine::Tiled, AttentionEngine::Simt),
         (GemmEngine::Tiled, AttentionEngine::Mma),
