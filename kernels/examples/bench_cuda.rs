@@ -2,7 +2,7 @@
 //!
 //! 1. dense GEMM (bf16, f32 accumulate) on Qwen3-0.6B/4B-like projection shapes: TFLOP/s, for
 //!    cuBLAS, the first batch-invariant tiled kernel (v1) and the current one at each BLOCK_M
-//!    (the same-run baselines for each other); `--gemm-only` stops after this table;
+//!    (the same-run baselines for each other);
 //! 2. varlen paged attention on a scoring batch (one shared prefix, many items): tokens/s and
 //!    TFLOP/s, the tensor-core kernel against the SIMT kernel in the same run;
 //! 3. the MoE layer at Qwen3-30B-A3B-like expert shapes (128 experts, top-8, hidden 2048,
@@ -15,7 +15,9 @@
 //!    pair (tiled, tiled v1, cuBLAS): pairs/s and tokens/s, with the CPU backend on the smallest
 //!    batch as the same-run baseline (`--no-cpu` skips it).
 //!
-//!   cargo run --release -p sieve-kernels --example bench_cuda [-- --quick] [-- --no-cpu] [-- --gemm-only]
+//!   cargo run --release -p sieve-kernels --example bench_cuda [-- --quick] [--no-cpu] [--only SECTION]...
+//!
+//! SECTION: gemm, attention, moe, fusions, dense (1 to 5 above; all when none is named).
 //!
 //! GPU timings are CUDA-event medians of the enqueued work; end-to-end figures are wall clock.
 //! Without a GPU it says so and exits with status 1.
@@ -370,16 +372,28 @@ impl Dense {
     }
 }
 
+/// The sections, in run order; `--only NAME` (repeatable) runs just those, so that a run can
+/// give each its own process (scripts/gpu-bench: a kernel fault ends one section, not all).
+const SECTIONS: [&str; 5] = ["gemm", "attention", "moe", "fusions", "dense"];
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
     let with_cpu = !args.iter().any(|a| a == "--no-cpu");
-    let gemm_only = args.iter().any(|a| a == "--gemm-only");
+    let only: Vec<&str> = args.windows(2).filter(|w| w[0] == "--only").map(|w| w[1].as_str()).collect();
+    if let Some(bad) = only.iter().find(|s| !SECTIONS.contains(s)) {
+        eprintln!("bench_cuda: no section {bad:?}; --only takes one of {SECTIONS:?}");
+        std::process::exit(2);
+    }
+    let runs = |section: &str| only.is_empty() || only.contains(&section);
     let reps = if quick { 5 } else { 21 };
     let cache = std::env::var_os("SIEVE_CACHE")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.cache"));
-    let mut g = match CudaBackend::with_options(&CudaOptions::new(0).with_asset_cache(&cache)) {
+    let engine = |gemm, attention| {
+        CudaBackend::with_options(&CudaOptions { gemm, attention, ..CudaOptions::new(0).with_asset_cache(&cache) })
+    };
+    let mut g = match engine(GemmEngine::default(), AttentionEngine::default()) {
         Ok(g) => g,
         Err(e) => {
             eprintln!("bench_cuda: no usable GPU on this machine, nothing measured: {e}");
@@ -396,13 +410,25 @@ fn main() {
         g.kernel_load_report()
     );
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    bench_gemm(&g, &mut rng, reps);
-    if gemm_only {
+    if runs("gemm") {
+        bench_gemm(&g, &mut rng, reps);
+    }
+    if runs("attention") {
+        bench_attention(&mut g, &mut rng, reps);
+    }
+    if runs("moe") {
+        bench_moe(&g, &mut rng, reps);
+    }
+    if runs("fusions") {
+        match (engine(GemmEngine::Tiled, AttentionEngine::Mma), engine(GemmEngine::TiledUnfused, AttentionEngine::Mma))
+        {
+            (Ok(f), Ok(u)) => bench_fusions(&f, &u, &mut rng, reps),
+            (Err(e), _) | (_, Err(e)) => println!("fused epilogues: no tiled backend: {e}"),
+        }
+    }
+    if !runs("dense") {
         return;
     }
-    bench_attention(&mut g, &mut rng, reps);
-    bench_moe(&g, &mut rng, reps);
-
     let model = Dense {
         layers: 28,
         hidden: 1024,
@@ -411,12 +437,6 @@ fn main() {
     };
     println!("\nDense model (28 layers, hidden 1024, Qwen3-0.6B shapes, random weights): prefix 200 tokens + items of 100 tokens");
     println!("{:>8} {:>14} {:>14} {:>22}", "items", "pairs/s", "tokens/s", "backend");
-    let engine =
-        |gemm| CudaBackend::with_options(&CudaOptions { gemm, ..CudaOptions::new(0).with_asset_cache(&cache) });
-    match (engine(GemmEngine::Tiled), engine(GemmEngine::TiledUnfused)) {
-        (Ok(f), Ok(u)) => bench_fusions(&f, &u, &mut rng, reps),
-        (Err(e), _) | (_, Err(e)) => println!("fused epilogues: no tiled backend: {e}"),
-    }
     let engines: Vec<(String, CudaBackend)> = [
         (GemmEngine::Tiled, AttentionEngine::Simt),
         (GemmEngine::Tiled, AttentionEngine::Mma),
@@ -425,10 +445,7 @@ fn main() {
         (GemmEngine::Cublas, AttentionEngine::Mma),
     ]
     .into_iter()
-    .filter_map(|(gemm, attention)| {
-        let opts = CudaOptions { gemm, attention, ..CudaOptions::new(0).with_asset_cache(&cache) };
-        CudaBackend::with_options(&opts).ok().map(|b| (format!("cuda {gemm:?}/{attention:?}"), b))
-    })
+    .filter_map(|(gemm, attention)| engine(gemm, attention).ok().map(|b| (format!("cuda {gemm:?}/{attention:?}"), b)))
     .collect();
     for items in [20usize, 100, 500] {
         for (name, e) in &engines {
