@@ -9,9 +9,14 @@
 // exits, and every block of the variant the selector did not choose (the `choice` flag) exits
 // at once.
 // The tile itself is mma_tile.cuh's gemm_tile; both variants give the same bits.
+//
+// moe_gemm_swiglu_bm64 / moe_gemm_swiglu_bm128: the same launch over the experts' stacked
+// [gate; up] weights (n = 2 * inter) with gemm_tile's SwiGLU epilogue: act[rows, inter] =
+// bf16(silu(gate) * up), the gate/up GEMM, silu_mul_bf16 and its f32 [rows, 2 * inter] in one
+// launch, with the same bits. Requires inter % 8 == 0.
 #include "mma_tile.cuh"
 
-template <int BM>
+template <int BM, int EPI = GEMM_EPI_F32>
 __device__ __forceinline__ void grouped_gemm(const bf16_t* __restrict__ a, const bf16_t* __restrict__ w,
                                              float* __restrict__ c, const u32* __restrict__ counts,
                                              const u32* __restrict__ offsets, const u32* __restrict__ tiles,
@@ -19,8 +24,8 @@ __device__ __forceinline__ void grouped_gemm(const bf16_t* __restrict__ a, const
     const u32 tile = blockIdx.x;
     if (tile >= n_tiles) return;
     const u32 e = tiles[2 * tile], r0 = tiles[2 * tile + 1];
-    gemm_tile<BM>(a, w + (long long)e * n * k, c, offsets[e], r0, counts[e], blockIdx.y * GemmShape<BM>::BN, n, k,
-                  0.0f);
+    gemm_tile<BM, EPI>(a, w + (long long)e * n * k, c, offsets[e], r0, counts[e], blockIdx.y * GemmShape<BM>::BN, n,
+                       k, 0.0f);
 }
 
 // n_tiles = [tiles at BLOCK_M 64, tiles at BLOCK_M 128] (moe_offsets); choice = the selector's BLOCK_M.
@@ -38,4 +43,20 @@ moe_gemm_bm128(const bf16_t* __restrict__ a, const bf16_t* __restrict__ w, float
                const u32* __restrict__ n_tiles, const int* __restrict__ choice, int n, int k) {
     if (*choice != 128) return;
     grouped_gemm<128>(a, w, c, counts, offsets, tiles, n_tiles[1], n, k);
+}
+
+extern "C" __global__ void __launch_bounds__(128, 4)
+moe_gemm_swiglu_bm64(const bf16_t* __restrict__ a, const bf16_t* __restrict__ w, bf16_t* __restrict__ act,
+                     const u32* __restrict__ counts, const u32* __restrict__ offsets, const u32* __restrict__ tiles,
+                     const u32* __restrict__ n_tiles, const int* __restrict__ choice, int n, int k) {
+    if (*choice != 64) return;
+    grouped_gemm<64, GEMM_EPI_SWIGLU>(a, w, reinterpret_cast<float*>(act), counts, offsets, tiles, n_tiles[0], n, k);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+moe_gemm_swiglu_bm128(const bf16_t* __restrict__ a, const bf16_t* __restrict__ w, bf16_t* __restrict__ act,
+                      const u32* __restrict__ counts, const u32* __restrict__ offsets, const u32* __restrict__ tiles,
+                      const u32* __restrict__ n_tiles, const int* __restrict__ choice, int n, int k) {
+    if (*choice != 128) return;
+    grouped_gemm<128, GEMM_EPI_SWIGLU>(a, w, reinterpret_cast<float*>(act), counts, offsets, tiles, n_tiles[1], n, k);
 }

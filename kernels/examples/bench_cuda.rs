@@ -8,7 +8,8 @@
 //! 3. the MoE layer at Qwen3-30B-A3B-like expert shapes (128 experts, top-8, hidden 2048,
 //!    expert size 768) for batch sizes 1..64 sequences: each fixed grouped-GEMM variant
 //!    (BLOCK_M 64, BLOCK_M 128) against the device-side auto selector, with the histogram's
-//!    padding ratio — the baseline is measured in the same run;
+//!    padding ratio — the baseline is measured in the same run — and the auto selector with the
+//!    gate/up GEMM's SwiGLU epilogue (the fused engine);
 //! 4. the fused epilogues one layer segment at a time (`bench_fusions`): unfused engine, fused
 //!    engine without the segment's GEMM epilogue, fused engine;
 //! 5. a synthetic 28-layer dense model through the `Backend` trait, per GEMM / attention engine
@@ -161,20 +162,21 @@ fn bench_attention(g: &mut CudaBackend, rng: &mut impl Rng, reps: usize) {
     g.set_attention_engine(AttentionEngine::default());
 }
 
-fn bench_moe(g: &CudaBackend, rng: &mut impl Rng, reps: usize) {
+/// `g` runs the unfused layer (gate/up GEMM, then `silu_mul_bf16`); `fused`, on the fused
+/// engine, the gate/up GEMM with the SwiGLU epilogue (column "auto fused", auto policy).
+fn bench_moe(g: &CudaBackend, fused: Option<&CudaBackend>, rng: &mut impl Rng, reps: usize) {
     let dims = MoeDims { hidden: 2048, inter: 768, n_experts: 128 };
     let routing = MoeRouting { top_k: 8, renormalize: true };
     println!("\nMoE layer, {} experts top-{}, hidden {}, expert size {} (event median ms; padding ratio = padded rows at 128 / real rows)", dims.n_experts, routing.top_k, dims.hidden, dims.inter);
-    let w = g
-        .moe_expert_weights(
-            dims,
-            &random(rng, dims.n_experts * 2 * dims.inter * dims.hidden, 0.02),
-            &random(rng, dims.n_experts * dims.hidden * dims.inter, 0.02),
-        )
-        .expect("moe weights");
+    let (wgu, wd) = (
+        random(rng, dims.n_experts * 2 * dims.inter * dims.hidden, 0.02),
+        random(rng, dims.n_experts * dims.hidden * dims.inter, 0.02),
+    );
+    let w = g.moe_expert_weights(dims, &wgu, &wd).expect("moe weights");
+    let fw = fused.map(|f| f.moe_expert_weights(dims, &wgu, &wd).expect("moe weights"));
     println!(
-        "{:>6} {:>8} {:>10} {:>10} {:>10} {:>10} {:>7} {:>10}",
-        "seqs", "tokens", "pad@128", "BM64", "BM128", "auto", "chose", "auto/best"
+        "{:>6} {:>8} {:>10} {:>10} {:>10} {:>10} {:>7} {:>10} {:>11}",
+        "seqs", "tokens", "pad@128", "BM64", "BM128", "auto", "chose", "auto/best", "auto fused"
     );
     let (mut sum64, mut sum128, mut sum_auto) = (0.0, 0.0, 0.0);
     for seqs in [1usize, 2, 4, 8, 16, 32, 64] {
@@ -187,6 +189,23 @@ fn bench_moe(g: &CudaBackend, rng: &mut impl Rng, reps: usize) {
         };
         let (t64, t128, ta) =
             (time(TilePolicy::Fixed(BlockM::M64)), time(TilePolicy::Fixed(BlockM::M128)), time(TilePolicy::default()));
+        let t_fused = match (fused, &fw) {
+            (Some(f), Some(fw)) => {
+                let (fx, fl) = (
+                    f.from_host(&g.to_host(&x).expect("x"), tokens, dims.hidden).expect("x"),
+                    f.from_host(&g.to_host(&logits).expect("l"), tokens, dims.n_experts).expect("l"),
+                );
+                let mut fo = f.zeros(tokens, dims.hidden).expect("out");
+                let policy = TilePolicy::default();
+                format!(
+                    "{:.3}",
+                    gpu_ms(f, reps, || drop(
+                        f.moe_forward(&fx, &fl, fw, routing, policy, &mut fo, false).expect("moe")
+                    ))
+                )
+            }
+            _ => "-".to_string(),
+        };
         let stats = g
             .moe_forward(&x, &logits, &w, routing, TilePolicy::default(), &mut out, false)
             .expect("moe")
@@ -196,7 +215,7 @@ fn bench_moe(g: &CudaBackend, rng: &mut impl Rng, reps: usize) {
         sum128 += t128;
         sum_auto += ta;
         println!(
-            "{seqs:>6} {tokens:>8} {:>10.2} {t64:>10.3} {t128:>10.3} {ta:>10.3} {:>7} {:>10.3}",
+            "{seqs:>6} {tokens:>8} {:>10.2} {t64:>10.3} {t128:>10.3} {ta:>10.3} {:>7} {:>10.3} {t_fused:>11}",
             stats.padded128 as f64 / stats.real_rows.max(1) as f64,
             stats.block_m,
             ta / t64.min(t128)
@@ -417,7 +436,8 @@ fn main() {
         bench_attention(&mut g, &mut rng, reps);
     }
     if runs("moe") {
-        bench_moe(&g, &mut rng, reps);
+        let fused = engine(GemmEngine::Tiled, AttentionEngine::Mma).ok();
+        bench_moe(&g, fused.as_ref(), &mut rng, reps);
     }
     if runs("fusions") {
         match (engine(GemmEngine::Tiled, AttentionEngine::Mma), engine(GemmEngine::TiledUnfused, AttentionEngine::Mma))

@@ -298,15 +298,21 @@ fn paged_attention_over_a_shared_prefix() {
     }
 }
 
+/// Also the fused engine's gate/up GEMM with the SwiGLU epilogue (`moe_gemm_swiglu_*`): bitwise
+/// the unfused GEMM and `silu_mul_bf16` at each variant (CPU twin: cuda_twin_moe.rs
+/// `moe_layer_matches_the_per_token_loop_for_every_variant`).
 #[test]
 fn moe_layer_matches_twin_for_every_variant() {
     let Some(g) = gpu("moe_layer_matches_twin_for_every_variant") else { return };
+    let f = gpu_with("moe_layer_matches_twin_for_every_variant (fused)", GemmEngine::Tiled).expect("gpu");
+    assert!(!g.gemm_engine().fused() && f.gemm_engine().fused());
     let mut r = rng(64);
     let dims = MoeDims { hidden: 256, inter: 192, n_experts: 64 };
     let gate_up: Vec<f32> = random(&mut r, 64 * 2 * 192 * 256).iter().map(|v| v * 0.1).collect();
     let down: Vec<f32> = random(&mut r, 64 * 256 * 192).iter().map(|v| v * 0.1).collect();
     let tw = TwinMoeWeights::new(dims, &gate_up, &down).unwrap();
     let gw = g.moe_expert_weights(dims, &gate_up, &down).unwrap();
+    let fw = f.moe_expert_weights(dims, &gate_up, &down).unwrap();
     for &(tokens, top_k) in &[(1usize, 8usize), (13, 8), (200, 4), (1024, 8)] {
         let routing = MoeRouting { top_k, renormalize: true };
         let x = random(&mut r, tokens * 256);
@@ -322,6 +328,14 @@ fn moe_layer_matches_twin_for_every_variant() {
             let (want, want_choice) = twin::moe_forward(&x, &logits, &tw, routing, policy).unwrap();
             assert_eq!(choice, want_choice, "{tokens} tokens {policy:?}: selector");
             assert_close(&format!("MoE {tokens} tokens top-{top_k} {policy:?} vs twin"), &got, &want, MMA_TWIN_TOL);
+            let (fx, fl) = (f.from_host(&x, tokens, 256).unwrap(), f.from_host(&logits, tokens, 64).unwrap());
+            let mut fused = f.zeros(tokens, 256).unwrap();
+            f.moe_forward(&fx, &fl, &fw, routing, policy, &mut fused, false).unwrap();
+            assert_bits_eq(
+                &format!("MoE {tokens} tokens {policy:?}: SwiGLU epilogue vs unfused"),
+                &f.to_host(&fused).unwrap(),
+                &got,
+            );
             outs.push(got);
         }
         assert_bits_eq(&format!("MoE {tokens} tokens: auto vs BLOCK_M 64"), &outs[0], &outs[1]);

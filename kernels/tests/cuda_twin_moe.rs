@@ -301,6 +301,14 @@ fn moe_layer_matches_the_per_token_loop_for_every_variant() {
         }
         assert_bits_eq("auto vs BLOCK_M 64", &outs[0], &outs[1]);
         assert_bits_eq("auto vs BLOCK_M 128", &outs[0], &outs[2]);
+        // The fused engine's gate/up GEMM stores the activation itself (moe_gemm_swiglu_*):
+        // the same bits as the GEMM then silu_mul_bf16, at each variant.
+        for (policy, unfused) in
+            [TilePolicy::Fixed(BlockM::M64), TilePolicy::Fixed(BlockM::M128)].into_iter().zip(&outs[1..])
+        {
+            let (fused, _, _) = twin::moe_forward_with_counts(&x, &logits, &weights, routing, policy, true).unwrap();
+            assert_bits_eq(&format!("MoE {tokens} tokens {policy:?}: SwiGLU epilogue vs unfused"), &fused, unfused);
+        }
     }
 }
 

@@ -39,7 +39,8 @@ pub const MOE_ROUTING: KernelSource = kernel_source!("moe_routing.cu", ["moe_top
 pub const MOE_PERMUTE: KernelSource =
     kernel_source!("moe_permute.cu", ["moe_chunk_counts", "moe_offsets", "moe_scatter", "moe_unpermute"]);
 pub const MOE_SELECT: KernelSource = kernel_source!("moe_select.cu", ["moe_select_tile"]);
-pub const MOE_GEMM: KernelSource = kernel_source!("moe_gemm.cu", ["moe_gemm_bm64", "moe_gemm_bm128"]);
+pub const MOE_GEMM: KernelSource =
+    kernel_source!("moe_gemm.cu", ["moe_gemm_bm64", "moe_gemm_bm128", "moe_gemm_swiglu_bm64", "moe_gemm_swiglu_bm128"]);
 pub const GEMM: KernelSource = kernel_source!(
     "gemm.cu",
     [

@@ -51,6 +51,8 @@ pub(crate) struct Kernels {
     pub moe_select_tile: CudaFunction,
     pub moe_gemm_bm64: CudaFunction,
     pub moe_gemm_bm128: CudaFunction,
+    pub moe_gemm_swiglu_bm64: CudaFunction,
+    pub moe_gemm_swiglu_bm128: CudaFunction,
     pub dense_gemm_bm64: CudaFunction,
     pub dense_gemm_bm128: CudaFunction,
     pub dense_gemm_v1_bm64: CudaFunction,
@@ -155,6 +157,8 @@ impl Kernels {
             moe_select_tile: f(&MOE_SELECT, "moe_select_tile")?,
             moe_gemm_bm64: f(&MOE_GEMM, "moe_gemm_bm64")?,
             moe_gemm_bm128: f(&MOE_GEMM, "moe_gemm_bm128")?,
+            moe_gemm_swiglu_bm64: f(&MOE_GEMM, "moe_gemm_swiglu_bm64")?,
+            moe_gemm_swiglu_bm128: f(&MOE_GEMM, "moe_gemm_swiglu_bm128")?,
             dense_gemm_bm64: f(&GEMM, "dense_gemm_bm64")?,
             dense_gemm_bm128: f(&GEMM, "dense_gemm_bm128")?,
             dense_gemm_v1_bm64: f(&GEMM, "dense_gemm_v1_bm64")?,
@@ -186,6 +190,8 @@ impl Kernels {
             (&k.dense_gemm_qkv_bm128, 128),
             (&k.moe_gemm_bm64, 64),
             (&k.moe_gemm_bm128, 128),
+            (&k.moe_gemm_swiglu_bm64, 64),
+            (&k.moe_gemm_swiglu_bm128, 128),
         ] {
             f.set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, GemmShape::of(bm).smem_bytes as i32)
                 .map_err(driver_err("GEMM shared memory limit"))?;

@@ -200,6 +200,14 @@ pub(crate) fn alloc<T: DeviceRepr + ValidAsZeroBits>(stream: &Arc<CudaStream>, l
     stream.alloc_zeros::<T>(len.max(1)).map_err(driver_err("device allocation"))
 }
 
+/// A device buffer of `len` elements (at least one) left unset: only for buffers the kernels
+/// write in full before anything reads them.
+pub(crate) fn alloc_unset<T: DeviceRepr>(stream: &Arc<CudaStream>, len: usize) -> Result<CudaSlice<T>> {
+    // SAFETY: device memory of plain values; the caller's kernels write every element before any
+    // kernel or copy reads it.
+    unsafe { stream.alloc::<T>(len.max(1)) }.map_err(driver_err("device allocation"))
+}
+
 impl CudaBackend {
     pub(crate) fn upload<T: DeviceRepr + Copy + ValidAsZeroBits>(&self, data: &[T]) -> Result<CudaSlice<T>> {
         let mut dst = alloc::<T>(&self.stream, data.len())?;

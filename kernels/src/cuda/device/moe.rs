@@ -4,9 +4,9 @@
 //! layer never waits on the host. Both grouped-GEMM variants are launched with grids sized for
 //! the worst case; the one the selector did not pick exits at once.
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, DevicePtrMut, LaunchConfig, PushKernelArg};
 
-use super::memory::{alloc, CudaTensor};
+use super::memory::{alloc, alloc_unset, CudaTensor};
 use super::ops::{grid_stride, to_bf16_par};
 use super::{driver_err, CudaBackend};
 use crate::backend::{Backend, KernelError, Result};
@@ -124,11 +124,12 @@ impl CudaBackend {
         let mut n_tiles = alloc::<u32>(s, 2)?;
         let mut choice = alloc::<i32>(s, 1)?;
         let mut stats = stats;
-        let mut xp = alloc::<u16>(s, n_assign * hidden)?;
+        // Every row of these is written before it is read (each permuted row belongs to one
+        // scheduled tile): no zero fill, which at thousands of tokens is gigabytes per layer.
+        let mut xp = alloc_unset::<u16>(s, n_assign * hidden)?;
         let mut dest = alloc::<u32>(s, n_assign)?;
-        let mut gate_up_out = alloc::<f32>(s, n_assign * 2 * inter)?;
-        let mut act = alloc::<u16>(s, n_assign * inter)?;
-        let mut y = alloc::<f32>(s, n_assign * hidden)?;
+        let mut act = alloc_unset::<u16>(s, n_assign * inter)?;
+        let mut y = alloc_unset::<f32>(s, n_assign * hidden)?;
 
         let (tokens_i, ne_i, k_i, renorm) = (tokens as i32, n_experts as i32, k as i32, routing.renormalize as i32);
         let (n_assign_i, chunks_i, hidden_i, inter_i, accumulate_i) =
@@ -199,45 +200,47 @@ impl CudaBackend {
         }
         .map_err(driver_err("moe_scatter"))?;
 
-        let gemm =
-            |a: &CudaSlice<u16>, wts: &CudaSlice<u16>, c: &mut CudaSlice<f32>, n: usize, kdim: usize| -> Result<()> {
-                let (n_i, k_i) = (n as i32, kdim as i32);
-                for (f, tiles, grid_x, bm, what) in [
-                    (&self.k.moe_gemm_bm64, &tiles64, max64, 64, "moe_gemm_bm64"),
-                    (&self.k.moe_gemm_bm128, &tiles128, max128, 128, "moe_gemm_bm128"),
-                ] {
-                    let shape = GemmShape::of(bm);
-                    let ny = n.div_ceil(shape.bn) as u32;
-                    unsafe {
-                        s.launch_builder(f)
-                            .arg(a)
-                            .arg(wts)
-                            .arg(&mut *c)
-                            .arg(&counts)
-                            .arg(&offsets)
-                            .arg(tiles)
-                            .arg(&n_tiles)
-                            .arg(&choice)
-                            .arg(&n_i)
-                            .arg(&k_i)
-                            .launch(launch_cfg((grid_x as u32, ny), shape.threads, shape.smem_bytes))
-                    }
-                    .map_err(driver_err(what))?;
-                }
-                Ok(())
-            };
-        gemm(&xp, &w.gate_up, &mut gate_up_out, 2 * inter, hidden)?;
-        let n_act = (n_assign * inter) as i64;
-        unsafe {
-            s.launch_builder(&self.k.silu_mul_bf16)
-                .arg(&gate_up_out)
-                .arg(&mut act)
-                .arg(&n_act)
-                .arg(&inter_i)
-                .launch(grid_stride(n_act as usize))
+        // Both variants of a grouped GEMM (the one the selector did not choose exits at once);
+        // `c` (a device address) is f32 [n_assign, n], or with the SwiGLU pair the bf16 act
+        // [n_assign, n / 2].
+        let gemm = |pair: [&CudaFunction; 2],
+                    a: &CudaSlice<u16>,
+                    wts: &CudaSlice<u16>,
+                    c: u64,
+                    n: usize,
+                    kdim: usize|
+         -> Result<()> {
+            let (n_i, k_i) = (n as i32, kdim as i32);
+            for (f, tiles, grid_x, bm) in [(pair[0], &tiles64, max64, 64), (pair[1], &tiles128, max128, 128)] {
+                let shape = GemmShape::of(bm);
+                let ny = n.div_ceil(shape.bn) as u32;
+                let mut b = s.launch_builder(f);
+                b.arg(a).arg(wts).arg(&c);
+                b.arg(&counts).arg(&offsets).arg(tiles).arg(&n_tiles).arg(&choice).arg(&n_i).arg(&k_i);
+                unsafe { b.launch(launch_cfg((grid_x as u32, ny), shape.threads, shape.smem_bytes)) }
+                    .map_err(driver_err("moe_gemm"))?;
+            }
+            Ok(())
+        };
+        if self.gemm.swiglu_fused_for(hidden, inter) {
+            let pair = [&self.k.moe_gemm_swiglu_bm64, &self.k.moe_gemm_swiglu_bm128];
+            gemm(pair, &xp, &w.gate_up, act.device_ptr_mut(s).0, 2 * inter, hidden)?;
+        } else {
+            let mut gate_up_out = alloc_unset::<f32>(s, n_assign * 2 * inter)?;
+            let c = gate_up_out.device_ptr_mut(s).0;
+            gemm([&self.k.moe_gemm_bm64, &self.k.moe_gemm_bm128], &xp, &w.gate_up, c, 2 * inter, hidden)?;
+            let n_act = (n_assign * inter) as i64;
+            unsafe {
+                s.launch_builder(&self.k.silu_mul_bf16)
+                    .arg(&gate_up_out)
+                    .arg(&mut act)
+                    .arg(&n_act)
+                    .arg(&inter_i)
+                    .launch(grid_stride(n_act as usize))
+            }
+            .map_err(driver_err("silu_mul_bf16"))?;
         }
-        .map_err(driver_err("silu_mul_bf16"))?;
-        gemm(&act, &w.down, &mut y, hidden, inter)?;
+        gemm([&self.k.moe_gemm_bm64, &self.k.moe_gemm_bm128], &act, &w.down, y.device_ptr_mut(s).0, hidden, inter)?;
         unsafe {
             s.launch_builder(&self.k.moe_unpermute)
                 .arg(&y)

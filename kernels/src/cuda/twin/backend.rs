@@ -490,8 +490,10 @@ impl Backend for TwinBackend {
         }
         let mut logits = HostTensor::zeros(x.rows, n_experts);
         self.project(x, &w.router, None, &mut logits, false);
+        let dims = w.experts.dims;
+        let fused = self.gemm.swiglu_fused_for(dims.hidden, dims.inter);
         let (out, choice, counts) =
-            super::moe::moe_forward_with_counts(&x.data, &logits.data, &w.experts, routing, policy)?;
+            super::moe::moe_forward_with_counts(&x.data, &logits.data, &w.experts, routing, policy, fused)?;
         // The GPU's un-permute adds into acc (accumulate = 1): acc + Σ_j w·y, as here.
         for (a, o) in acc.data.iter_mut().zip(&out) {
             *a += o;

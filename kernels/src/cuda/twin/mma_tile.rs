@@ -104,6 +104,17 @@ pub(crate) enum TileOut<'a, 'b> {
     Qkv(&'a mut QkvOut<'b>),
 }
 
+impl<'b> TileOut<'_, 'b> {
+    /// The same destination for one more tile.
+    pub(crate) fn reborrow(&mut self) -> TileOut<'_, 'b> {
+        match self {
+            TileOut::F32(c) => TileOut::F32(c),
+            TileOut::Swiglu(act) => TileOut::Swiglu(act),
+            TileOut::Qkv(q) => TileOut::Qkv(q),
+        }
+    }
+}
+
 /// mma_tile.cuh's `QkvEpilogue`, with the f32 QKV activation `[.., n]` the q heads go to.
 pub struct QkvOut<'a> {
     pub qkv: &'a mut [f32],

@@ -1,10 +1,13 @@
 //! The MoE layer on the twin kernels, in the order the GPU pipeline launches them:
 //! route → count → offsets and tile schedules → select → scatter → gate/up grouped GEMM (both
-//! variants launched, one runs) → SiLU·up to bf16 → down grouped GEMM → weighted un-permute.
+//! variants launched, one runs) → SiLU·up to bf16 (in the gate/up GEMM's epilogue on the fused
+//! engine) → down grouped GEMM → weighted un-permute.
 
 use super::elementwise::silu_mul_bf16;
-use super::moe_gemm::{max_tiles, moe_gemm, GroupedGemmArgs};
-use super::moe_permute::{moe_chunk_counts, moe_offsets, moe_scatter, moe_select_tile, moe_unpermute, n_chunks};
+use super::moe_gemm::{max_tiles, moe_gemm, moe_gemm_swiglu, GroupedGemmArgs};
+use super::moe_permute::{
+    moe_chunk_counts, moe_offsets, moe_scatter, moe_select_tile, moe_unpermute, n_chunks, Offsets,
+};
 use super::moe_routing::moe_topk_softmax;
 use super::warp::to_bf16_vec;
 use crate::backend::{KernelError, Result};
@@ -43,16 +46,19 @@ pub fn moe_forward(
     routing: MoeRouting,
     policy: TilePolicy,
 ) -> Result<(Vec<f32>, TileChoice)> {
-    moe_forward_with_counts(x, router_logits, w, routing, policy).map(|(out, choice, _)| (out, choice))
+    moe_forward_with_counts(x, router_logits, w, routing, policy, false).map(|(out, choice, _)| (out, choice))
 }
 
-/// [`moe_forward`], also returning the token-per-expert histogram the selector saw.
+/// [`moe_forward`], also returning the token-per-expert histogram the selector saw; with
+/// `swiglu_fused` the gate/up GEMM stores the activation itself (`moe_gemm_swiglu_*`, the fused
+/// engine), the same bits.
 pub fn moe_forward_with_counts(
     x: &[f32],
     router_logits: &[f32],
     w: &TwinMoeWeights,
     routing: MoeRouting,
     policy: TilePolicy,
+    swiglu_fused: bool,
 ) -> Result<(Vec<f32>, TileChoice, Vec<u32>)> {
     let MoeDims { hidden, inter, n_experts } = w.dims;
     check_moe(w.dims, routing)?;
@@ -79,32 +85,54 @@ pub fn moe_forward_with_counts(
     let choice = moe_select_tile(&off.counts, threshold, force);
     let (dest, xp) = moe_scatter(x, &ids, &off, k, hidden, n_experts);
 
-    let gemm = |a: &[u16], wts: &[u16], n: usize, kdim: usize| {
-        let mut c = vec![0f32; n_assign * n];
-        for bm in [64usize, 128] {
-            let tiles = if bm == 64 { &off.tiles64 } else { &off.tiles128 };
-            let args = GroupedGemmArgs {
-                a,
-                w: wts,
-                counts: &off.counts,
-                offsets: &off.offsets,
-                tiles,
-                n_tiles: off.n_tiles,
-                choice: choice.block_m,
-                n,
-                k: kdim,
-            };
-            moe_gemm(bm, args, max_tiles(n_assign, n_experts, bm), &mut c);
-        }
-        c
-    };
-    let gate_up = gemm(&xp, &w.gate_up, 2 * inter, hidden);
+    let launches = |a, wts, n, kdim| grouped_launches(&off, choice.block_m, n_experts, a, wts, (n, kdim));
     let mut act = vec![0u16; n_assign * inter];
-    silu_mul_bf16(&gate_up, &mut act, inter);
-    let y = gemm(&act, &w.down, hidden, inter);
+    if swiglu_fused {
+        for (bm, args, grid_x) in launches(&xp, &w.gate_up, 2 * inter, hidden) {
+            moe_gemm_swiglu(bm, args, grid_x, &mut act);
+        }
+    } else {
+        let mut gate_up = vec![0f32; n_assign * 2 * inter];
+        for (bm, args, grid_x) in launches(&xp, &w.gate_up, 2 * inter, hidden) {
+            moe_gemm(bm, args, grid_x, &mut gate_up);
+        }
+        silu_mul_bf16(&gate_up, &mut act, inter);
+    }
+    let mut y = vec![0f32; n_assign * hidden];
+    for (bm, args, grid_x) in launches(&act, &w.down, hidden, inter) {
+        moe_gemm(bm, args, grid_x, &mut y);
+    }
     let mut out = vec![0f32; tokens * hidden];
     moe_unpermute(&y, &dest, &weights, &mut out, k, hidden, false);
     Ok((out, choice, off.counts))
+}
+
+/// Both variants' launches of one grouped GEMM over `a` [rows, k] and `wts` [n_experts, n, k],
+/// with their grids (the one the selector did not choose returns at once).
+fn grouped_launches<'a>(
+    off: &'a Offsets,
+    choice: u32,
+    n_experts: usize,
+    a: &'a [u16],
+    wts: &'a [u16],
+    (n, k): (usize, usize),
+) -> [(usize, GroupedGemmArgs<'a>, usize); 2] {
+    let n_assign = a.len() / k;
+    [64usize, 128].map(|bm| {
+        let tiles = if bm == 64 { &off.tiles64 } else { &off.tiles128 };
+        let args = GroupedGemmArgs {
+            a,
+            w: wts,
+            counts: &off.counts,
+            offsets: &off.offsets,
+            tiles,
+            n_tiles: off.n_tiles,
+            choice,
+            n,
+            k,
+        };
+        (bm, args, max_tiles(n_assign, n_experts, bm))
+    })
 }
 
 /// One MoE layer for the twin's `Backend::moe_ffn`: the router as a bf16 projection, the experts.

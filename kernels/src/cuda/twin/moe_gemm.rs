@@ -1,7 +1,7 @@
 //! Twin of kernels/cuda/moe_gemm.cu: the grouped launch over the device-built tile schedule, each
 //! block one `gemm_tile` (twin in mma_tile.rs).
 
-use super::mma_tile::{gemm_tile, Tile};
+use super::mma_tile::{gemm_tile_to, Tile, TileOut};
 use crate::cuda::GemmShape;
 
 /// Arguments of one grouped-GEMM launch (both variants get the same).
@@ -26,6 +26,16 @@ pub struct GroupedGemmArgs<'a> {
 /// `moe_gemm_bm64` / `moe_gemm_bm128`: grid (the host's worst-case tile count, ceil(n / BN)).
 /// Writes only rows of scheduled tiles; `c` must be sized [rows, n].
 pub fn moe_gemm(block_m: usize, args: GroupedGemmArgs<'_>, grid_x: usize, c: &mut [f32]) {
+    moe_gemm_to(block_m, args, grid_x, TileOut::F32(c))
+}
+
+/// `moe_gemm_swiglu_bm64` / `moe_gemm_swiglu_bm128`: the same launch over the stacked [gate; up]
+/// weights (n = 2 · inter), storing act [rows, inter] = bf16(silu(gate) · up).
+pub fn moe_gemm_swiglu(block_m: usize, args: GroupedGemmArgs<'_>, grid_x: usize, act: &mut [u16]) {
+    moe_gemm_to(block_m, args, grid_x, TileOut::Swiglu(act))
+}
+
+fn moe_gemm_to(block_m: usize, args: GroupedGemmArgs<'_>, grid_x: usize, mut out: TileOut<'_, '_>) {
     assert!(block_m == 64 || block_m == 128, "BLOCK_M {block_m}");
     if args.choice != block_m as u32 {
         return;
@@ -50,7 +60,7 @@ pub fn moe_gemm(block_m: usize, args: GroupedGemmArgs<'_>, grid_x: usize, c: &mu
                 k,
                 beta: 0.0,
             };
-            gemm_tile(block_m, t, c);
+            gemm_tile_to(block_m, t, out.reborrow());
         }
     }
 }
