@@ -105,6 +105,7 @@ impl CudaBackend {
             )));
         }
         let s = &self.stream;
+        // The call's statistics start at zero: with no tokens no kernel writes them.
         let stats = alloc::<u32>(s, 4)?;
         let mut counts = alloc::<u32>(s, n_experts)?;
         let k = routing.top_k;
@@ -114,20 +115,22 @@ impl CudaBackend {
         }
         let chunks = n_chunks(n_assign);
         let (max64, max128) = (max_tiles(n_assign, n_experts, 64), max_tiles(n_assign, n_experts, 128));
-        let mut ids = alloc::<u32>(s, n_assign)?;
-        let mut weights = alloc::<f32>(s, n_assign)?;
-        let mut chunk_counts = alloc::<u32>(s, chunks * n_experts)?;
-        let mut chunk_base = alloc::<u32>(s, chunks * n_experts)?;
-        let mut offsets = alloc::<u32>(s, n_experts + 1)?;
-        let mut tiles64 = alloc::<u32>(s, 2 * max64)?;
-        let mut tiles128 = alloc::<u32>(s, 2 * max128)?;
-        let mut n_tiles = alloc::<u32>(s, 2)?;
-        let mut choice = alloc::<i32>(s, 1)?;
+        // The kernels write every element of these that a later kernel reads (the routing, the
+        // histogram per chunk, offsets, each schedule up to its tile count, the choice, every
+        // permuted row and its expert output): no zero fill, which at thousands of tokens is
+        // gigabytes per layer, and at a few tokens a dozen launches.
+        let mut ids = alloc_unset::<u32>(s, n_assign)?;
+        let mut weights = alloc_unset::<f32>(s, n_assign)?;
+        let mut chunk_counts = alloc_unset::<u32>(s, chunks * n_experts)?;
+        let mut chunk_base = alloc_unset::<u32>(s, chunks * n_experts)?;
+        let mut offsets = alloc_unset::<u32>(s, n_experts + 1)?;
+        let mut tiles64 = alloc_unset::<u32>(s, 2 * max64)?;
+        let mut tiles128 = alloc_unset::<u32>(s, 2 * max128)?;
+        let mut n_tiles = alloc_unset::<u32>(s, 2)?;
+        let mut choice = alloc_unset::<i32>(s, 1)?;
         let mut stats = stats;
-        // Every row of these is written before it is read (each permuted row belongs to one
-        // scheduled tile): no zero fill, which at thousands of tokens is gigabytes per layer.
         let mut xp = alloc_unset::<u16>(s, n_assign * hidden)?;
-        let mut dest = alloc::<u32>(s, n_assign)?;
+        let mut dest = alloc_unset::<u32>(s, n_assign)?;
         let mut act = alloc_unset::<u16>(s, n_assign * inter)?;
         let mut y = alloc_unset::<f32>(s, n_assign * hidden)?;
 
