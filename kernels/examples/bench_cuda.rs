@@ -27,7 +27,7 @@ use std::time::Instant;
 
 use rand::{Rng, SeedableRng};
 use sieve_kernels::cuda::moe::{BlockM, MoeDims, MoeRouting, TilePolicy};
-use sieve_kernels::cuda::{tiled_block_m, AttentionEngine, CudaBackend, CudaOptions, GemmEngine};
+use sieve_kernels::cuda::{tiled_block_m, AttentionEngine, CudaBackend, CudaMoeWeights, CudaOptions, GemmEngine};
 use sieve_kernels::{AttnSeq, Backend, BatchLayout, CpuBackend, QkvLayout, RopeConfig, RopeLayout};
 
 fn random(rng: &mut impl Rng, n: usize, scale: f32) -> Vec<f32> {
@@ -181,31 +181,24 @@ fn bench_moe(g: &CudaBackend, fused: Option<&CudaBackend>, rng: &mut impl Rng, r
     let (mut sum64, mut sum128, mut sum_auto) = (0.0, 0.0, 0.0);
     for seqs in [1usize, 2, 4, 8, 16, 32, 64] {
         let tokens = seqs * 120; // ~120 item tokens per scored pair
-        let x = g.from_host(&random(rng, tokens * dims.hidden, 1.0), tokens, dims.hidden).expect("x");
-        let logits = g.from_host(&random(rng, tokens * dims.n_experts, 3.0), tokens, dims.n_experts).expect("logits");
-        let mut out = g.zeros(tokens, dims.hidden).expect("out");
-        let mut time = |policy| {
-            gpu_ms(g, reps, || drop(g.moe_forward(&x, &logits, &w, routing, policy, &mut out, false).expect("moe")))
+        let (xs, ls) = (random(rng, tokens * dims.hidden, 1.0), random(rng, tokens * dims.n_experts, 3.0));
+        let upload = |b: &CudaBackend| {
+            let x = b.from_host(&xs, tokens, dims.hidden).expect("x");
+            (x, b.from_host(&ls, tokens, dims.n_experts).expect("logits"), b.zeros(tokens, dims.hidden).expect("out"))
         };
-        let (t64, t128, ta) =
-            (time(TilePolicy::Fixed(BlockM::M64)), time(TilePolicy::Fixed(BlockM::M128)), time(TilePolicy::default()));
-        let t_fused = match (fused, &fw) {
-            (Some(f), Some(fw)) => {
-                let (fx, fl) = (
-                    f.from_host(&g.to_host(&x).expect("x"), tokens, dims.hidden).expect("x"),
-                    f.from_host(&g.to_host(&logits).expect("l"), tokens, dims.n_experts).expect("l"),
-                );
-                let mut fo = f.zeros(tokens, dims.hidden).expect("out");
-                let policy = TilePolicy::default();
-                format!(
-                    "{:.3}",
-                    gpu_ms(f, reps, || drop(
-                        f.moe_forward(&fx, &fl, fw, routing, policy, &mut fo, false).expect("moe")
-                    ))
-                )
-            }
-            _ => "-".to_string(),
+        let time = |b: &CudaBackend, w: &CudaMoeWeights, policy| {
+            let (x, logits, mut out) = upload(b);
+            gpu_ms(b, reps, || drop(b.moe_forward(&x, &logits, w, routing, policy, &mut out, false).expect("moe")))
         };
+        let (t64, t128, ta) = (
+            time(g, &w, TilePolicy::Fixed(BlockM::M64)),
+            time(g, &w, TilePolicy::Fixed(BlockM::M128)),
+            time(g, &w, TilePolicy::default()),
+        );
+        let t_fused = fused
+            .zip(fw.as_ref())
+            .map_or("-".to_string(), |(f, fw)| format!("{:.3}", time(f, fw, TilePolicy::default())));
+        let (x, logits, mut out) = upload(g);
         let stats = g
             .moe_forward(&x, &logits, &w, routing, TilePolicy::default(), &mut out, false)
             .expect("moe")

@@ -27,7 +27,7 @@ fn shape(t: &CudaTensor) -> (usize, usize) {
 }
 
 /// Ops other than the projections read and write f32 tensors only.
-fn f32_only(op: &str, ts: &[&CudaTensor]) -> Result<()> {
+pub(super) fn f32_only(op: &str, ts: &[&CudaTensor]) -> Result<()> {
     if ts.iter().any(|t| t.bf16) {
         return Err(KernelError::Shape(format!("{op}: a bf16 GEMM operand where an f32 tensor is needed")));
     }

@@ -7,7 +7,7 @@ use std::sync::MutexGuard;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::memory::{alloc, CudaBatch, CudaKvCache, CudaMatrix, CudaTensor, CudaVector};
-use super::ops::grid_stride;
+use super::ops::{f32_only, grid_stride};
 use super::{driver_err, CudaBackend};
 use crate::backend::{KernelError, QkvLayout, Result, RopeConfig, RopeLayout};
 use crate::cuda::checks;
@@ -95,9 +95,7 @@ impl CudaBackend {
             k_norm.map(|v| v.len),
             batch.packed.num_rows,
         )?;
-        if qkv.bf16 {
-            return Err(KernelError::Shape("qk_norm_rope: a bf16 GEMM operand where an f32 tensor is needed".into()));
-        }
+        f32_only("qk_norm_rope", &[qkv])?;
         check_rope_shape(layout, rope)?;
         if qkv.rows == 0 {
             return Ok(());
