@@ -14,11 +14,14 @@
 //!    engine without the segment's GEMM epilogue, fused engine;
 //! 5. a synthetic 28-layer dense model through the `Backend` trait, per GEMM / attention engine
 //!    pair (tiled, tiled v1, cuBLAS): pairs/s and tokens/s, with the CPU backend on the smallest
-//!    batch as the same-run baseline (`--no-cpu` skips it).
+//!    batch as the same-run baseline (`--no-cpu` skips it);
+//! 6. Hopper's wgmma GEMM (sm_90 only) on the shapes of 1 against cuBLAS and the mma.sync tile,
+//!    whether its bits equal the tile's, and the dense model of 5 on it against the same tile
+//!    unfused (its own section: a fault in it ends only its process).
 //!
 //!   cargo run --release -p sieve-kernels --example bench_cuda [-- --quick] [--no-cpu] [--only SECTION]...
 //!
-//! SECTION: gemm, attention, moe, fusions, dense (1 to 5 above; all when none is named).
+//! SECTION: gemm, attention, moe, fusions, dense, wgmma (1 to 6 above; all when none is named).
 //!
 //! GPU timings are CUDA-event medians of the enqueued work; end-to-end figures are wall clock.
 //! Without a GPU it says so and exits with status 1.
@@ -27,7 +30,9 @@ use std::time::Instant;
 
 use rand::{Rng, SeedableRng};
 use sieve_kernels::cuda::moe::{BlockM, MoeDims, MoeRouting, TilePolicy};
-use sieve_kernels::cuda::{tiled_block_m, AttentionEngine, CudaBackend, CudaMoeWeights, CudaOptions, GemmEngine};
+use sieve_kernels::cuda::{
+    tiled_block_m, AttentionEngine, CudaBackend, CudaMoeWeights, CudaOptions, GemmEngine, WgmmaShape,
+};
 use sieve_kernels::{AttnSeq, Backend, BatchLayout, CpuBackend, QkvLayout, RopeConfig, RopeLayout};
 
 fn random(rng: &mut impl Rng, n: usize, scale: f32) -> Vec<f32> {
@@ -108,6 +113,50 @@ fn bench_gemm(g: &CudaBackend, rng: &mut impl Rng, reps: usize) {
             println!(
                 "{name:>14} {m:>6} {cublas:>9.1} {v1:>9.1} {t64:>9.1} {t128:>9.1} {bm:>6} {:>8.0}%",
                 100.0 * auto / cublas
+            );
+        }
+    }
+}
+
+/// The wgmma GEMM (gemm_wgmma.cu) at BLOCK_N 128 and 256 and the one `WgmmaShape::bn_for`
+/// picks, against cuBLAS and the mma.sync tile at its auto BLOCK_M, on `bench_gemm`'s shapes;
+/// "bits" says whether the wgmma output equals the tile's bit for bit.
+fn bench_wgmma_gemm(g: &CudaBackend, rng: &mut impl Rng, reps: usize) {
+    println!("\nwgmma GEMM (gemm_wgmma.cu, sm_90a), TFLOP/s (event median, with the bf16 cast of x):");
+    println!(
+        "{:>14} {:>6} {:>9} {:>9} {:>9} {:>9} {:>6} {:>9} {:>9} {:>7}",
+        "shape", "M", "cuBLAS", "tiled", "WG128", "WG256", "auto", "auto/cuB", "auto/tld", "bits"
+    );
+    let flops = |m: usize, n: usize, k: usize, ms: f64| 2.0 * (m * n * k) as f64 / (ms * 1e-3) / 1e12;
+    for &(name, n, k) in &[
+        ("qkv 0.6B", 4096, 1024),
+        ("gate_up 0.6B", 6144, 1024),
+        ("down 0.6B", 1024, 3072),
+        ("gate_up 4B", 19456, 2560),
+    ] {
+        let w = g.linear_weight(&random(rng, n * k, 0.05), n, k).expect("weight");
+        for m in [16usize, 128, 512, 2048, 4096, 8192] {
+            let x = g.from_host(&random(rng, m * k, 1.0), m, k).expect("x");
+            let (mut out, mut tiled_out) = (g.zeros(m, n).expect("out"), g.zeros(m, n).expect("out"));
+            let cublas = flops(m, n, k, gpu_ms(g, reps, || g.matmul(&x, &w, None, &mut out).expect("matmul")));
+            let tiled = flops(
+                m,
+                n,
+                k,
+                gpu_ms(g, reps, || g.matmul_tiled(&x, &w, &mut tiled_out, false, tiled_block_m(m, n)).expect("tiled")),
+            );
+            let mut wg =
+                |bn: usize| flops(m, n, k, gpu_ms(g, reps, || g.matmul_wgmma(&x, &w, &mut out, bn).expect("wgmma")));
+            let (w128, w256) = (wg(128), wg(256));
+            let bn = WgmmaShape::bn_for(m, n);
+            let auto = if bn == 128 { w128 } else { w256 };
+            g.matmul_wgmma(&x, &w, &mut out, bn).expect("wgmma");
+            let same = g.to_host(&out).expect("out") == g.to_host(&tiled_out).expect("tiled out");
+            println!(
+                "{name:>14} {m:>6} {cublas:>9.1} {tiled:>9.1} {w128:>9.1} {w256:>9.1} {bn:>6} {:>8.0}% {:>8.0}% {:>7}",
+                100.0 * auto / cublas,
+                100.0 * auto / tiled,
+                if same { "same" } else { "differ" }
             );
         }
     }
@@ -386,7 +435,7 @@ impl Dense {
 
 /// The sections, in run order; `--only NAME` (repeatable) runs just those, so that a run can
 /// give each its own process (scripts/gpu-bench: a kernel fault ends one section, not all).
-const SECTIONS: [&str; 5] = ["gemm", "attention", "moe", "fusions", "dense"];
+const SECTIONS: [&str; 6] = ["gemm", "attention", "moe", "fusions", "dense", "wgmma"];
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -439,36 +488,51 @@ fn main() {
             (Err(e), _) | (_, Err(e)) => println!("fused epilogues: no tiled backend: {e}"),
         }
     }
-    if !runs("dense") {
-        return;
-    }
     let model = Dense {
         layers: 28,
         hidden: 1024,
         inter: 3072,
         layout: QkvLayout { n_heads: 16, n_kv_heads: 8, head_dim: 128 },
     };
-    println!("\nDense model (28 layers, hidden 1024, Qwen3-0.6B shapes, random weights): prefix 200 tokens + items of 100 tokens");
-    println!("{:>8} {:>14} {:>14} {:>22}", "items", "pairs/s", "tokens/s", "backend");
-    let engines: Vec<(String, CudaBackend)> = [
-        (GemmEngine::Tiled, AttentionEngine::Simt),
-        (GemmEngine::Tiled, AttentionEngine::Mma),
-        (GemmEngine::TiledUnfused, AttentionEngine::Mma),
-        (GemmEngine::TiledV1, AttentionEngine::Mma),
-        (GemmEngine::Cublas, AttentionEngine::Mma),
-    ]
-    .into_iter()
-    .filter_map(|(gemm, attention)| engine(gemm, attention).ok().map(|b| (format!("cuda {gemm:?}/{attention:?}"), b)))
-    .collect();
-    for items in [20usize, 100, 500] {
-        for (name, e) in &engines {
-            let (p, t) = model.pairs_per_s(e, &mut rng, items, 100, 200);
-            println!("{items:>8} {p:>14.1} {t:>14.0} {name:>22}");
+    let dense_table = |rng: &mut rand::rngs::StdRng, pairs: &[(GemmEngine, AttentionEngine)], cpu: bool| {
+        println!("\nDense model (28 layers, hidden 1024, Qwen3-0.6B shapes, random weights): prefix 200 tokens + items of 100 tokens");
+        println!("{:>8} {:>14} {:>14} {:>22}", "items", "pairs/s", "tokens/s", "backend");
+        let engines: Vec<(String, CudaBackend)> = pairs
+            .iter()
+            .filter_map(|&(gemm, attention)| {
+                engine(gemm, attention).ok().map(|b| (format!("cuda {gemm:?}/{attention:?}"), b))
+            })
+            .collect();
+        for items in [20usize, 100, 500] {
+            for (name, e) in &engines {
+                let (p, t) = model.pairs_per_s(e, rng, items, 100, 200);
+                println!("{items:>8} {p:>14.1} {t:>14.0} {name:>22}");
+            }
+            if cpu && items == 20 {
+                let cpu = CpuBackend::new(0).expect("cpu");
+                let (p, t) = model.pairs_per_s(&cpu, rng, items, 100, 200);
+                println!("{items:>8} {p:>14.1} {t:>14.0} {:>22}", "cpu");
+            }
         }
-        if with_cpu && items == 20 {
-            let cpu = CpuBackend::new(0).expect("cpu");
-            let (p, t) = model.pairs_per_s(&cpu, &mut rng, items, 100, 200);
-            println!("{items:>8} {p:>14.1} {t:>14.0} {:>22}", "cpu");
+    };
+    if runs("dense") {
+        let pairs = [
+            (GemmEngine::Tiled, AttentionEngine::Simt),
+            (GemmEngine::Tiled, AttentionEngine::Mma),
+            (GemmEngine::TiledUnfused, AttentionEngine::Mma),
+            (GemmEngine::TiledV1, AttentionEngine::Mma),
+            (GemmEngine::Cublas, AttentionEngine::Mma),
+        ];
+        dense_table(&mut rng, &pairs, with_cpu);
+    }
+    if runs("wgmma") {
+        if g.info().arch.number() != 90 {
+            println!("\nwgmma: NOT RUN (sm_{}; the wgmma GEMM needs sm_90)", g.info().arch.number());
+            return;
         }
+        bench_wgmma_gemm(&g, &mut rng, reps);
+        // The wgmma engine has no fused epilogues yet: the same tile unfused is its baseline.
+        let pairs = [(GemmEngine::TiledUnfused, AttentionEngine::Mma), (GemmEngine::Wgmma, AttentionEngine::Mma)];
+        dense_table(&mut rng, &pairs, false);
     }
 }

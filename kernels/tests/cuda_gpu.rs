@@ -451,6 +451,81 @@ fn tiled_gemm_kernels_agree_bitwise() {
     }
 }
 
+/// The wgmma GEMM (gemm_wgmma.cu, sm_90 only) on the device: both BLOCK_N give the same bits,
+/// a row alone gives the bits it gets among many, and it agrees with its twin (which replays the
+/// descriptors' layout) within the tensor cores' summation. Prints whether its bits equal the
+/// mma.sync tile's (nothing promises they do: the engines are separate). Then the engine through
+/// the Backend: a small model's scores near the twin's, and an item's score alone the same bits
+/// as in the batch.
+/// CPU twin: cuda_twin_dense.rs `tiled_gemm_kernels_agree_bitwise_across_tiles_and_batches`.
+#[test]
+fn wgmma_gemm_is_batch_invariant_and_matches_its_twin() {
+    let test = "wgmma_gemm_is_batch_invariant_and_matches_its_twin";
+    let Some(g) = gpu(test) else { return };
+    if g.info().arch.number() != 90 {
+        println!("{test}: NOT RUN on this GPU: sm_{} (the wgmma GEMM needs sm_90)", g.info().arch.number());
+        let err = gpu_with_result(GemmEngine::Wgmma).err().expect("the wgmma engine must be refused here");
+        assert!(err.to_string().contains("wgmma"), "{err}");
+        return;
+    }
+    let mut r = rng(72);
+    for &(m, n, k) in
+        &[(1usize, 128usize, 64usize), (77, 130, 72), (300, 200, 136), (1000, 1024, 1024), (2048, 512, 2048)]
+    {
+        let (x, wd) = (random(&mut r, m * k), random(&mut r, n * k));
+        let w = g.linear_weight(&wd, n, k).unwrap();
+        let run = |bn: usize, x: &[f32], rows: usize| {
+            let xt = g.from_host(x, rows, k).unwrap();
+            let mut out = g.zeros(rows, n).unwrap();
+            g.matmul_wgmma(&xt, &w, &mut out, bn).unwrap();
+            g.to_host(&out).unwrap()
+        };
+        let base = run(256, &x, m);
+        for bn in [128usize, 256] {
+            let what = format!("{m}x{n}x{k} wgmma BLOCK_N {bn}");
+            assert_bits_eq(&format!("{what} vs BLOCK_N 256"), &run(bn, &x, m), &base);
+            for (row, rows) in [(0usize, 1usize), (m / 3, (m - m / 3).min(65))] {
+                let part = run(bn, &x[row * k..(row + rows) * k], rows);
+                assert_bits_eq(
+                    &format!("{what}: rows {row}..{} alone", row + rows),
+                    &part,
+                    &base[row * n..(row + rows) * n],
+                );
+            }
+        }
+        if m * n * k <= 10_000_000 {
+            let xb: Vec<u16> = x.iter().map(|&v| twin::warp::to_bf16(v)).collect();
+            let wb: Vec<u16> = wd.iter().map(|&v| twin::warp::to_bf16(v)).collect();
+            let mut want = vec![0f32; m * n];
+            twin::dense_gemm_wgmma(256, &xb, &wb, &mut want, m, n, k, 0.0);
+            assert_close(&format!("{m}x{n}x{k} wgmma vs twin"), &base, &want, TWIN_TOL);
+        }
+        let xt = g.from_host(&x, m, k).unwrap();
+        let mut tiled = g.zeros(m, n).unwrap();
+        g.matmul_tiled(&xt, &w, &mut tiled, false, 128).unwrap();
+        let tiled = g.to_host(&tiled).unwrap();
+        let differ = base.iter().zip(&tiled).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        println!("{test}: {m}x{n}x{k}: {differ} of {} outputs differ in bits from the mma.sync tile", m * n);
+    }
+    let wg = gpu_with(test, GemmEngine::Wgmma).expect("gpu");
+    let model = MiniModel::random(&mut r, 2);
+    let (passes, slots) = prefix_and_items(&mut r, model.vocab);
+    let batched = model.scores(&wg, &passes, slots);
+    let twin = model.scores(&TwinBackend { gemm: GemmEngine::Wgmma, ..Default::default() }, &passes, slots);
+    for (i, &score) in batched[1].iter().enumerate() {
+        assert!((score - twin[1][i]).abs() <= 1e-3, "item {i}: gpu {score} vs twin {}", twin[1][i]);
+        let alone = model.scores(&wg, &[passes[0].clone(), only_seq(&passes[1], i)], slots);
+        assert_eq!(alone[1][0].to_bits(), score.to_bits(), "item {i}: alone {} vs batched {score}", alone[1][0]);
+    }
+}
+
+fn gpu_with_result(engine: GemmEngine) -> Result<CudaBackend, KernelError> {
+    CudaBackend::with_options(&CudaOptions {
+        gemm: engine,
+        ..CudaOptions::new(0).with_asset_cache(&cuda_common::asset_cache())
+    })
+}
+
 /// If this fails on a GPU, cuBLAS picked kernels with different reduction orders for different
 /// row counts: scores then depend on the batch, and the worker must run `GemmEngine::Tiled`
 /// (or pin cuBLAS's algorithm) to keep the determinism contract.

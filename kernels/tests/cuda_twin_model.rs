@@ -60,18 +60,22 @@ fn twin_model_scores_do_not_depend_on_the_batch() {
 }
 
 /// Fused epilogues change no bit: the small model's scores on the fused tiled engine equal the
-/// unfused one's (the twin's dense MLP runs the fused SwiGLU GEMM's twin).
+/// unfused one's (the twin's dense MLP runs the fused SwiGLU GEMM's twin). The wgmma engine's
+/// twin gives them too (its tensor-core model is the mma.sync one's; on a GPU, cuda_gpu.rs
+/// reports whether the hardware's does).
 #[test]
-fn twin_model_scores_are_bitwise_the_same_fused_and_unfused() {
+fn twin_model_scores_are_bitwise_the_same_fused_unfused_and_on_wgmma() {
     use sieve_kernels::cuda::GemmEngine;
     let mut g = rng(52);
     let model = MiniModel::random(&mut g, 2);
     let (passes, slots) = prefix_and_items(&mut g, model.vocab);
     let fused = model.scores(&TwinBackend::tiled(), &passes, slots);
-    let unfused = model.scores(&TwinBackend { gemm: GemmEngine::TiledUnfused, ..Default::default() }, &passes, slots);
-    for (p, (a, b)) in fused.iter().zip(&unfused).enumerate() {
-        let (a, b): (Vec<u32>, Vec<u32>) =
-            (a.iter().map(|s| s.to_bits()).collect(), b.iter().map(|s| s.to_bits()).collect());
-        assert_eq!(a, b, "pass {p}: fused vs unfused score bits");
+    for engine in [GemmEngine::TiledUnfused, GemmEngine::Wgmma] {
+        let other = model.scores(&TwinBackend { gemm: engine, ..Default::default() }, &passes, slots);
+        for (p, (a, b)) in fused.iter().zip(&other).enumerate() {
+            let (a, b): (Vec<u32>, Vec<u32>) =
+                (a.iter().map(|s| s.to_bits()).collect(), b.iter().map(|s| s.to_bits()).collect());
+            assert_eq!(a, b, "pass {p}: fused vs {engine:?} score bits");
+        }
     }
 }

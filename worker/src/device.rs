@@ -68,6 +68,7 @@ pub fn start_engine(
                 Gemm::Cublas => GemmEngine::Cublas,
                 Gemm::TiledV1 => GemmEngine::TiledV1,
                 Gemm::TiledUnfused => GemmEngine::TiledUnfused,
+                Gemm::Wgmma => GemmEngine::Wgmma,
             };
             let attention = match cfg.model.attention {
                 Attention::Mma => AttentionEngine::Mma,

@@ -40,12 +40,18 @@ pub enum GemmEngine {
     /// The first tensor-core tile (mma_tile_v1.cuh), the same bits as [`GemmEngine::Tiled`];
     /// kept to measure the current tile against in the same run.
     TiledV1,
+    /// Hopper's warpgroup tensor cores (kernels/cuda/gemm_wgmma.cu, sm_90 devices only): the
+    /// same contract as [`GemmEngine::Tiled`] — one K order per row whatever the batch — on the
+    /// instruction Hopper runs at full rate. Every op in its own pass, like
+    /// [`GemmEngine::TiledUnfused`] (no fused epilogues yet). Whether its bits equal the
+    /// mma.sync tile's is the hardware's to say (tests/cuda_gpu.rs reports it).
+    Wgmma,
 }
 
 impl GemmEngine {
     /// Whether a `[*, k]` projection can take the tiled path.
     pub fn tiled_for(self, k: usize) -> bool {
-        matches!(self, GemmEngine::Tiled | GemmEngine::TiledUnfused | GemmEngine::TiledV1)
+        matches!(self, GemmEngine::Tiled | GemmEngine::TiledUnfused | GemmEngine::TiledV1 | GemmEngine::Wgmma)
             && k.is_multiple_of(8)
             && k > 0
     }
@@ -128,6 +134,42 @@ impl GemmShape {
         };
         let smem_bytes = GEMM_STAGES as usize * (bm + bn) * GEMM_BK as usize * 2;
         GemmShape { bm, bn, threads: warps * 32, smem_bytes }
+    }
+}
+
+/// A block tile of the wgmma GEMM (kernels/cuda/gemm_wgmma.cu): 128 x `bn` outputs by two
+/// warpgroups, with `smem_bytes` of dynamic shared memory (its ring, and 1 KiB to align it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WgmmaShape {
+    pub bn: usize,
+    pub stages: usize,
+    pub smem_bytes: usize,
+}
+
+impl WgmmaShape {
+    pub const BM: usize = sources::consts::WG_BM as usize;
+    pub const THREADS: u32 = sources::consts::WG_THREADS;
+
+    /// The tile of a BLOCK_N (128 or 256; gemm_wgmma.cu `WgShape`).
+    pub fn of(bn: usize) -> WgmmaShape {
+        let stages = match bn {
+            128 => 6,
+            256 => 4,
+            _ => panic!("no wgmma GEMM tile with BLOCK_N {bn}"),
+        };
+        let smem_bytes = stages * (Self::BM + bn) * sources::consts::WG_BK as usize * 2 + 1024;
+        WgmmaShape { bn, stages, smem_bytes }
+    }
+
+    /// BLOCK_N for an `m x n` output (speed only: both give the same bits): 256 reads each A
+    /// byte from shared memory for twice the outputs, taken once its grid has about one block
+    /// per SM of an H100-class GPU (132).
+    pub fn bn_for(m: usize, n: usize) -> usize {
+        if m.div_ceil(Self::BM) * n.div_ceil(256) >= 128 {
+            256
+        } else {
+            128
+        }
     }
 }
 

@@ -20,20 +20,30 @@ use super::libs::{self, PreloadedLib};
 use super::sources::{KernelSource, HEADERS};
 use crate::backend::{KernelError, Result};
 
-/// A compute capability, e.g. 8.0 or 9.0.
+/// A compute capability, e.g. 8.0 or 9.0, or its architecture-specific variant (9.0a: wgmma),
+/// whose images run on that exact architecture only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Arch {
     pub major: u32,
     pub minor: u32,
+    pub specific: bool,
 }
 
 impl Arch {
     pub const fn new(major: u32, minor: u32) -> Self {
-        Arch { major, minor }
+        Arch { major, minor, specific: false }
+    }
+    /// The architecture-specific variant (`sm_90a`).
+    pub const fn specific(major: u32, minor: u32) -> Self {
+        Arch { major, minor, specific: true }
     }
     /// The number NVRTC uses, e.g. 80.
     pub fn number(&self) -> u32 {
         self.major * 10 + self.minor
+    }
+    /// The name in a target, e.g. `80` or `90a`.
+    pub fn name(&self) -> String {
+        format!("{}{}", self.number(), if self.specific { "a" } else { "" })
     }
 }
 
@@ -49,8 +59,8 @@ pub enum Target {
 impl Target {
     pub fn arch_option(&self) -> String {
         match self {
-            Target::Ptx(a) => format!("--gpu-architecture=compute_{}", a.number()),
-            Target::Cubin(a) => format!("--gpu-architecture=sm_{}", a.number()),
+            Target::Ptx(a) => format!("--gpu-architecture=compute_{}", a.name()),
+            Target::Cubin(a) => format!("--gpu-architecture=sm_{}", a.name()),
         }
     }
     fn extension(&self) -> &'static str {
@@ -297,8 +307,8 @@ impl KernelCache {
     fn path(&self, src: &KernelSource, target: Target, key: u64) -> PathBuf {
         let stem = src.file.trim_end_matches(".cu");
         let arch = match target {
-            Target::Ptx(a) => format!("compute_{}", a.number()),
-            Target::Cubin(a) => format!("sm_{}", a.number()),
+            Target::Ptx(a) => format!("compute_{}", a.name()),
+            Target::Cubin(a) => format!("sm_{}", a.name()),
         };
         self.dir.join(format!("{stem}-{arch}-{key:016x}.{}", target.extension()))
     }

@@ -55,7 +55,14 @@ pub const GEMM: KernelSource = kernel_source!(
     ]
 );
 
-/// Every kernel source; the CUDA backend loads them all at start-up.
+pub const GEMM_WGMMA: KernelSource =
+    kernel_source!("gemm_wgmma.cu", ["dense_gemm_wgmma_bn128", "dense_gemm_wgmma_bn256"]);
+
+/// Sources that use sm_90a's architecture-specific instructions (wgmma): compiled, as `sm_90a`,
+/// only for a compute capability 9.0 device, where the backend also loads them.
+pub const HOPPER: &[KernelSource] = &[GEMM_WGMMA];
+
+/// Every kernel source for all architectures; the CUDA backend loads them all at start-up.
 pub const ALL: &[KernelSource] = &[
     RMSNORM,
     ROPE,
@@ -106,6 +113,9 @@ pub mod consts {
     pub const GEMM_GROUP_M: u32 = 8;
     pub const GEMM_V1_BN: u32 = 64;
     pub const GEMM_V1_BK: u32 = 32;
+    pub const WG_BM: u32 = 128;
+    pub const WG_BK: u32 = 64;
+    pub const WG_THREADS: u32 = 256;
 
     /// (file, macro, value) for the source check.
     pub const DEFINES: &[(&str, &str, u32)] = &[
@@ -139,12 +149,15 @@ pub mod consts {
         ("mma_tile.cuh", "GEMM_GROUP_M", GEMM_GROUP_M),
         ("mma_tile_v1.cuh", "GEMM_V1_BN", GEMM_V1_BN),
         ("mma_tile_v1.cuh", "GEMM_V1_BK", GEMM_V1_BK),
+        ("gemm_wgmma.cu", "WG_BM", WG_BM),
+        ("gemm_wgmma.cu", "WG_BK", WG_BK),
+        ("gemm_wgmma.cu", "WG_THREADS", WG_THREADS),
     ];
 }
 
-/// The source of `file`, if it is one of [`ALL`].
+/// The source of `file`, if it is one of [`ALL`] or [`HOPPER`].
 pub fn find(file: &str) -> Option<&'static KernelSource> {
-    ALL.iter().find(|s| s.file == file)
+    ALL.iter().chain(HOPPER).find(|s| s.file == file)
 }
 
 #[cfg(test)]
@@ -160,10 +173,10 @@ mod tests {
             .filter(|n| n.ends_with(".cu"))
             .collect();
         on_disk.sort();
-        let mut listed: Vec<String> = ALL.iter().map(|s| s.file.to_string()).collect();
+        let mut listed: Vec<String> = ALL.iter().chain(HOPPER).map(|s| s.file.to_string()).collect();
         listed.sort();
         assert_eq!(on_disk, listed, "kernels/cuda/*.cu and sources::ALL differ");
-        for s in ALL {
+        for s in ALL.iter().chain(HOPPER) {
             for e in s.entries {
                 let defined =
                     s.source.lines().any(|l| l.contains(&format!("{e}(")) && !l.trim_start().starts_with("//"));

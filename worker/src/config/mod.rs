@@ -88,7 +88,9 @@ pub struct ModelSection {
     /// CUDA dense projections: `tiled` (our tensor-core GEMM: a row's bits never depend on its
     /// batch; with fused epilogues: bf16 GEMM inputs written by the norm, SiLU·mul in the gate/up
     /// GEMM) or `cublas` (faster, but cuBLAS picks kernels by problem size, so scores can move
-    /// in the last bits with batch composition); `tiled_unfused` and `tiled_v1` to compare.
+    /// in the last bits with batch composition); `wgmma` (Hopper's warpgroup tensor cores,
+    /// sm_90 only, batch-invariant like `tiled`, no fused epilogues yet); `tiled_unfused` and
+    /// `tiled_v1` to compare.
     pub gemm: Gemm,
     /// CUDA attention: `mma` (tensor cores, head sizes 64 and 128; others fall back to `simt`)
     /// or `simt` (the earlier kernel, kept to compare against). Both keep a row's bits
@@ -130,6 +132,9 @@ pub enum Gemm {
     /// before each GEMM, SiLU·mul in its own pass): the same bits, kept to measure against.
     #[serde(rename = "tiled_unfused")]
     TiledUnfused,
+    /// Hopper's wgmma GEMM (sm_90 GPUs only; a clear error at start elsewhere): batch-invariant
+    /// like `tiled`, each op in its own pass.
+    Wgmma,
 }
 
 /// Where the model runs: `cpu`, or `cuda:N` (`cuda` is `cuda:0`). In the config and on the
@@ -336,8 +341,8 @@ mod tests {
         let c: WorkerConfig =
             toml::from_str("[model]\ndevice = \"cuda:1\"\nhead = \"yes_no\"\ngemm = \"cublas\"\n").unwrap();
         assert_eq!((c.model.device, c.model.head, c.model.gemm), (Device::Cuda(1), HeadChoice::YesNo, Gemm::Cublas));
-        let c: WorkerConfig = toml::from_str("[model]\ndevice = \"cuda\"\n").unwrap();
-        assert_eq!(c.model.device, Device::Cuda(0));
+        let c: WorkerConfig = toml::from_str("[model]\ndevice = \"cuda\"\ngemm = \"wgmma\"\n").unwrap();
+        assert_eq!((c.model.device, c.model.gemm), (Device::Cuda(0), Gemm::Wgmma));
         for (text, bad, allowed) in [
             ("[model]\ndevice = \"tpu\"\n", "tpu", "cpu or cuda:N"),
             ("[model]\ndevice = \"cuda:x\"\n", "cuda:x", "cpu or cuda:N"),

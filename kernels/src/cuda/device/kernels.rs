@@ -13,7 +13,7 @@ use crate::backend::{KernelError, Result};
 use crate::cuda::layout::{attention_mma_smem_bytes, attention_smem_bytes};
 use crate::cuda::nvrtc::{cache_key, options_for, Arch, CompiledImage, KernelCache, NvrtcCompiler, Target};
 use crate::cuda::sources::{self, consts::ATT_MAX_HD, KernelSource};
-use crate::cuda::GemmShape;
+use crate::cuda::{GemmShape, WgmmaShape};
 
 /// Where each translation unit's image came from.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -82,56 +82,110 @@ fn target_for(arch: Arch, nvrtc: Option<&NvrtcCompiler>) -> Result<Target> {
     Ok(Target::Ptx(Arch::new(best / 10, best % 10)))
 }
 
-impl Kernels {
-    pub fn load(ctx: &Arc<CudaContext>, arch: Arch, opts: &CudaOptions) -> Result<(Kernels, KernelLoadReport)> {
-        let cache = opts.kernel_cache_dir.as_ref().map(KernelCache::new);
-        let mut report = KernelLoadReport::default();
-        let mut nvrtc: Option<NvrtcCompiler> = None;
-        let mut modules: HashMap<&'static str, Arc<CudaModule>> = HashMap::new();
+/// The sm_90a kernels (sources::HOPPER), on a compute capability 9.0 device only.
+pub(crate) struct HopperKernels {
+    pub dense_gemm_wgmma_bn128: CudaFunction,
+    pub dense_gemm_wgmma_bn256: CudaFunction,
+}
 
-        for src in ALL {
-            // Cache lookup for the device's cubin first; it needs no NVRTC.
-            let cubin = Target::Cubin(arch);
-            let cached =
-                cache.as_ref().and_then(|c| c.get(src, cubin, cache_key(src, &options_for(cubin, &opts.include_dirs))));
-            let image = match cached {
-                Some(img) => {
-                    report.from_cache.push((src.file.into(), format!("{cubin:?}")));
-                    img
-                }
-                None => {
-                    if nvrtc.is_none() {
-                        let c = NvrtcCompiler::new(&opts.nvrtc_lib_dirs, opts.include_dirs.clone())?;
-                        report.nvrtc_version = Some(c.version());
-                        nvrtc = Some(c);
-                    }
-                    let compiler = nvrtc.as_ref().ok_or_else(|| KernelError::Device("NVRTC not loaded".into()))?;
-                    let target = target_for(arch, Some(compiler))?;
-                    let key = cache_key(src, &compiler.options(target));
-                    match cache.as_ref().and_then(|c| c.get(src, target, key)) {
-                        Some(img) => {
-                            report.from_cache.push((src.file.into(), format!("{target:?}")));
-                            img
-                        }
-                        None => {
-                            let img = compiler.compile(src, target)?;
-                            if let Some(c) = &cache {
-                                // A cache that cannot be written costs start-up time, not correctness.
-                                let _ = c.put(src, key, &img);
-                            }
-                            report.compiled.push((src.file.into(), format!("{target:?}")));
-                            img
-                        }
-                    }
-                }
-            };
-            modules.insert(src.file, load_image(ctx, src, image)?);
-        }
+/// Finds each source's image (the disk cache, else NVRTC, loaded on first need) and loads it.
+struct Loader<'a> {
+    ctx: &'a Arc<CudaContext>,
+    opts: &'a CudaOptions,
+    cache: Option<KernelCache>,
+    nvrtc: Option<NvrtcCompiler>,
+    report: KernelLoadReport,
+    modules: HashMap<&'static str, Arc<CudaModule>>,
+}
 
-        let f = |src: &KernelSource, entry: &str| -> Result<CudaFunction> {
-            let m = modules.get(src.file).ok_or_else(|| KernelError::Device(format!("{} not loaded", src.file)))?;
-            m.load_function(entry).map_err(|e| KernelError::Device(format!("kernel {entry} in {}: {e:?}", src.file)))
+impl Loader<'_> {
+    /// Loads `src` built for `arch`: its cubin from the cache, else NVRTC's target for it
+    /// ([`target_for`]; an architecture-specific arch is always a cubin).
+    fn load(&mut self, src: &'static KernelSource, arch: Arch) -> Result<()> {
+        // Cache lookup for the device's cubin first; it needs no NVRTC.
+        let cubin = Target::Cubin(arch);
+        let cached = self
+            .cache
+            .as_ref()
+            .and_then(|c| c.get(src, cubin, cache_key(src, &options_for(cubin, &self.opts.include_dirs))));
+        let image = match cached {
+            Some(img) => {
+                self.report.from_cache.push((src.file.into(), format!("{cubin:?}")));
+                img
+            }
+            None => {
+                if self.nvrtc.is_none() {
+                    let c = NvrtcCompiler::new(&self.opts.nvrtc_lib_dirs, self.opts.include_dirs.clone())?;
+                    self.report.nvrtc_version = Some(c.version());
+                    self.nvrtc = Some(c);
+                }
+                let compiler = self.nvrtc.as_ref().ok_or_else(|| KernelError::Device("NVRTC not loaded".into()))?;
+                let target = if arch.specific { cubin } else { target_for(arch, Some(compiler))? };
+                let key = cache_key(src, &compiler.options(target));
+                match self.cache.as_ref().and_then(|c| c.get(src, target, key)) {
+                    Some(img) => {
+                        self.report.from_cache.push((src.file.into(), format!("{target:?}")));
+                        img
+                    }
+                    None => {
+                        let img = compiler.compile(src, target)?;
+                        if let Some(c) = &self.cache {
+                            // A cache that cannot be written costs start-up time, not correctness.
+                            let _ = c.put(src, key, &img);
+                        }
+                        self.report.compiled.push((src.file.into(), format!("{target:?}")));
+                        img
+                    }
+                }
+            }
         };
+        self.modules.insert(src.file, load_image(self.ctx, src, image)?);
+        Ok(())
+    }
+
+    fn function(&self, src: &KernelSource, entry: &str) -> Result<CudaFunction> {
+        let m = self.modules.get(src.file).ok_or_else(|| KernelError::Device(format!("{} not loaded", src.file)))?;
+        m.load_function(entry).map_err(|e| KernelError::Device(format!("kernel {entry} in {}: {e:?}", src.file)))
+    }
+}
+
+impl Kernels {
+    /// Every kernel for the device's `arch`, and the sm_90a ones when it is 9.0.
+    pub fn load(
+        ctx: &Arc<CudaContext>,
+        arch: Arch,
+        opts: &CudaOptions,
+    ) -> Result<(Kernels, Option<HopperKernels>, KernelLoadReport)> {
+        let mut loader = Loader {
+            ctx,
+            opts,
+            cache: opts.kernel_cache_dir.as_ref().map(KernelCache::new),
+            nvrtc: None,
+            report: KernelLoadReport::default(),
+            modules: HashMap::new(),
+        };
+        for src in ALL {
+            loader.load(src, arch)?;
+        }
+        let hopper = if arch == Arch::new(9, 0) {
+            for src in HOPPER {
+                loader.load(src, Arch::specific(9, 0))?;
+            }
+            let f = |entry: &str| loader.function(&GEMM_WGMMA, entry);
+            let h = HopperKernels {
+                dense_gemm_wgmma_bn128: f("dense_gemm_wgmma_bn128")?,
+                dense_gemm_wgmma_bn256: f("dense_gemm_wgmma_bn256")?,
+            };
+            for (f, bn) in [(&h.dense_gemm_wgmma_bn128, 128), (&h.dense_gemm_wgmma_bn256, 256)] {
+                f.set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, WgmmaShape::of(bn).smem_bytes as i32)
+                    .map_err(driver_err("wgmma GEMM shared memory limit"))?;
+            }
+            Some(h)
+        } else {
+            None
+        };
+
+        let f = |src: &KernelSource, entry: &str| loader.function(src, entry);
         use sources::*;
         let k = Kernels {
             rms_norm_rows: f(&RMSNORM, "rms_norm_rows")?,
@@ -196,7 +250,7 @@ impl Kernels {
             f.set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, GemmShape::of(bm).smem_bytes as i32)
                 .map_err(driver_err("GEMM shared memory limit"))?;
         }
-        Ok((k, report))
+        Ok((k, hopper, loader.report))
     }
 }
 

@@ -89,6 +89,8 @@ pub struct CudaBackend {
     stream: Arc<CudaStream>,
     blas: blas::Blas,
     k: kernels::Kernels,
+    /// The sm_90a kernels, on a compute capability 9.0 device.
+    hopper: Option<kernels::HopperKernels>,
     info: DeviceInfo,
     load_report: KernelLoadReport,
     gemm: GemmEngine,
@@ -144,7 +146,13 @@ impl CudaBackend {
         // SAFETY: must precede every allocation; nothing here uses a second stream.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(driver_err("creating a stream"))?;
-        let (k, load_report) = kernels::Kernels::load(&ctx, info.arch, opts)?;
+        let (k, hopper, load_report) = kernels::Kernels::load(&ctx, info.arch, opts)?;
+        if opts.gemm == GemmEngine::Wgmma && hopper.is_none() {
+            return Err(KernelError::Unsupported(format!(
+                "model.gemm = \"wgmma\" needs a compute capability 9.0 (Hopper) GPU; {} is {}.{}: use \"tiled\"",
+                info.name, info.arch.major, info.arch.minor
+            )));
+        }
         let blas = blas::Blas::new(stream.clone())?;
         let staging = Mutex::new(memory::Staging::new(&ctx)?);
         Ok(CudaBackend {
@@ -152,6 +160,7 @@ impl CudaBackend {
             stream,
             blas,
             k,
+            hopper,
             info,
             load_report,
             gemm: opts.gemm,

@@ -9,7 +9,7 @@ use crate::cuda::checks;
 use crate::cuda::layout::{attention_mma_smem_bytes, attention_smem_bytes, PackedBatch, ATTN_UNIT_WORDS};
 use crate::cuda::sources::consts::*;
 use crate::cuda::twin::{attention_scale, attention_scale_log2, warp::to_bf16};
-use crate::cuda::{GemmEngine, GemmShape};
+use crate::cuda::{GemmEngine, GemmShape, WgmmaShape};
 
 /// One block of `threads` per row.
 fn per_row(rows: usize, threads: u32, smem: usize) -> LaunchConfig {
@@ -174,6 +174,9 @@ impl CudaBackend {
         if !self.gemm.tiled_for(w.cols) {
             return self.blas.gemm_bf16(&xb, &w.buf, &mut out.buf, x.rows, w.rows, w.cols, beta);
         }
+        if self.gemm == GemmEngine::Wgmma {
+            return self.launch_wgmma(WgmmaShape::bn_for(x.rows, w.rows), &xb, w, out, x.rows, beta);
+        }
         let bm = self.gemm.block_m(x.rows, w.rows);
         self.launch_tiled(self.gemm == GemmEngine::TiledV1, bm, &xb, w, out, x.rows, beta)
     }
@@ -263,6 +266,68 @@ impl CudaBackend {
         }
         .map_err(driver_err("dense_gemm"))?;
         Ok(())
+    }
+
+    /// One wgmma GEMM launch (gemm_wgmma.cu): out (+)= xb · Wᵀ over `m` rows of bf16 `xb`, at
+    /// BLOCK_N `bn`. A clear error on a device without the sm_90a kernels.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_wgmma(
+        &self,
+        bn: usize,
+        xb: &CudaView<'_, u16>,
+        w: &CudaMatrix,
+        out: &mut CudaTensor,
+        m: usize,
+        beta: f32,
+    ) -> Result<()> {
+        let h = self.hopper.as_ref().ok_or_else(|| {
+            KernelError::Unsupported(format!(
+                "the wgmma GEMM needs an sm_90 GPU; this is sm_{}",
+                self.info.arch.number()
+            ))
+        })?;
+        let f = if bn == 128 { &h.dense_gemm_wgmma_bn128 } else { &h.dense_gemm_wgmma_bn256 };
+        let s = WgmmaShape::of(bn);
+        let cfg = LaunchConfig {
+            grid_dim: (m.div_ceil(WgmmaShape::BM) as u32, w.rows.div_ceil(bn) as u32, 1),
+            block_dim: (WgmmaShape::THREADS, 1, 1),
+            shared_mem_bytes: s.smem_bytes as u32,
+        };
+        let (m, n, k) = (m as i32, w.rows as i32, w.cols as i32);
+        unsafe {
+            self.stream
+                .launch_builder(f)
+                .arg(xb)
+                .arg(&w.buf)
+                .arg(&mut out.buf)
+                .arg(&m)
+                .arg(&n)
+                .arg(&k)
+                .arg(&beta)
+                .launch(cfg)
+        }
+        .map_err(driver_err("dense_gemm_wgmma"))?;
+        Ok(())
+    }
+
+    /// out = x · Wᵀ on the wgmma GEMM at BLOCK_N `bn` (128 or 256) whatever the backend's
+    /// engine: for tests and benches that compare it with the other tiles in one run. Needs an
+    /// sm_90 GPU and x.cols % 8 == 0.
+    pub fn matmul_wgmma(&self, x: &CudaTensor, w: &CudaMatrix, out: &mut CudaTensor, bn: usize) -> Result<()> {
+        checks::matmul(shape(x), (w.rows, w.cols), shape(out), None)?;
+        if !(bn == 128 || bn == 256) || !GemmEngine::Wgmma.tiled_for(w.cols) {
+            return Err(KernelError::Shape(format!(
+                "wgmma GEMM: BLOCK_N {bn}, K {} (needs 128 or 256, K % 8 == 0)",
+                w.cols
+            )));
+        }
+        f32_only("matmul_wgmma", &[out])?;
+        if x.rows == 0 {
+            return Ok(());
+        }
+        let mut scratch = self.gemm_input.lock().unwrap_or_else(|p| p.into_inner());
+        let xb = self.gemm_operand(x, &mut scratch)?;
+        self.launch_wgmma(bn, &xb, w, out, x.rows, 0.0)
     }
 
     /// out = x · Wᵀ on a chosen tiled kernel whatever the backend's engine: the first tile

@@ -12,9 +12,10 @@ use super::mma_tile::QkvOut;
 use super::rmsnorm::rms_norm_rows;
 use super::rope::{qk_norm_rope, qk_norm_rope_kv, rope_table_rows, KvOut, QkNormRopeArgs};
 use super::warp::{from_bf16, to_bf16_vec};
+use super::wgmma_tile::dense_gemm_wgmma;
 use crate::backend::*;
 use crate::cuda::layout::{check_rope_shape, PackedBatch};
-use crate::cuda::{checks, AttentionEngine, GemmEngine};
+use crate::cuda::{checks, AttentionEngine, GemmEngine, WgmmaShape};
 use crate::host::HostTensor;
 
 #[derive(Debug, Default, Clone)]
@@ -142,7 +143,10 @@ impl TwinBackend {
         } else {
             0.0
         };
-        if self.gemm.tiled_for(w.cols) {
+        if self.gemm == GemmEngine::Wgmma && self.gemm.tiled_for(w.cols) {
+            let bn = WgmmaShape::bn_for(x.rows, w.rows);
+            dense_gemm_wgmma(bn, &xb, &w.data, &mut out.data, x.rows, w.rows, w.cols, beta);
+        } else if self.gemm.tiled_for(w.cols) {
             let bm = self.gemm.block_m(x.rows, w.rows);
             let gemm = if self.gemm == GemmEngine::TiledV1 { dense_gemm_v1 } else { dense_gemm };
             gemm(bm, &xb, &w.data, &mut out.data, x.rows, w.rows, w.cols, beta);

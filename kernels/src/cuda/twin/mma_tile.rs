@@ -44,6 +44,12 @@ impl Smem {
         }
     }
 
+    /// The bf16 at byte address `byte` (2-byte aligned).
+    pub(crate) fn bf16_at(&self, byte: usize) -> u16 {
+        assert_eq!(byte % 2, 0, "bf16 address {byte} is odd");
+        self.data[byte / 2]
+    }
+
     /// `ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 {r0..r3}, [addr]`: `addrs[l]` is lane
     /// l's byte address, 16-byte aligned; lanes 8i..8i+7 give the rows of matrix i. The
     /// distribution over the lanes is fragments.rs's.

@@ -29,6 +29,7 @@ mod moe_routing;
 mod rmsnorm;
 mod rope;
 pub mod warp;
+mod wgmma_tile;
 
 pub use attention::{attention_prefill, AttentionArgs};
 pub use attention_mma::{attention_mma, AttentionMmaArgs};
@@ -44,3 +45,4 @@ pub use moe_permute::{moe_chunk_counts, moe_offsets, moe_scatter, moe_select_til
 pub use moe_routing::moe_topk_softmax;
 pub use rmsnorm::rms_norm_rows;
 pub use rope::{qk_norm_rope, qk_norm_rope_kv, rope_table, KvOut, QkNormRopeArgs};
+pub use wgmma_tile::dense_gemm_wgmma;

@@ -1,0 +1,190 @@
+//! Twin of kernels/cuda/gemm_wgmma.cu (`wgmma_gemm_tile`): the cp.async chunk copies into the
+//! 128-byte-swizzled stage ring (byte addressed from the ring's 1024-byte-aligned start, as the
+//! kernel addresses it), the ring's schedule (copies STAGES - 2 K steps ahead into the slot of
+//! the step two behind), and each `wgmma.mma_async.m64n128k16` evaluated from its two
+//! shared-memory descriptors by the PTX ISA's definitions, independently of the copies' swizzle
+//! expression: the descriptor's fields ("Matrix Descriptor Format"), the canonical K-major layout
+//! with 128-byte swizzling (element (row, k) at start + (row / 8) · SBO + (row % 8) · 128 + 2k,
+//! then the address's bits 4-6 XOR-ed with its bits 7-9), and the accumulator fragment of
+//! m64nNk16 ("Register Fragment for matrix D"). Each k16 step's 16 products are summed in k
+//! order and added to the accumulator, as fragments.rs's mma.m16n8k16: in this twin the wgmma
+//! tile gives the mma.sync tile's bits; on the device, tests/cuda_gpu.rs reports whether it does.
+
+use super::mma_tile::{gemm_block_order, Smem, Tile};
+use super::warp::from_bf16;
+use crate::cuda::sources::consts::{WG_BK, WG_BM, WG_THREADS};
+use crate::cuda::WgmmaShape;
+
+const BM: usize = WG_BM as usize;
+const BK: usize = WG_BK as usize;
+const THREADS: usize = WG_THREADS as usize;
+
+/// `wg_swz`: the byte offset of 16-byte chunk `chunk` (0..7) of row `row` in a tile of
+/// 128-byte rows, the chunk XOR-ed with row % 8.
+fn wg_swz(row: usize, chunk: usize) -> usize {
+    row * 128 + ((chunk ^ (row & 7)) << 4)
+}
+
+/// `wg_desc`: the descriptor of a 128-byte-swizzled K-major operand at shared address `addr`.
+fn wg_desc(addr: usize) -> u64 {
+    ((addr as u64 & 0x3FFFF) >> 4) | (1 << 16) | ((1024u64 >> 4) << 32) | (1 << 62)
+}
+
+/// The byte address of element (row, k) of a wgmma operand given by descriptor `desc`, by the
+/// PTX ISA's layout for the 128-byte swizzle (the only mode the kernel uses).
+fn operand_address(desc: u64, row: usize, k: usize) -> usize {
+    assert_eq!(desc >> 62, 1, "descriptor {desc:#x} is not in the 128-byte swizzle mode");
+    assert_eq!((desc >> 49) & 7, 0, "descriptor {desc:#x} has a base offset");
+    let start = ((desc & 0x3FFF) << 4) as usize;
+    let sbo = (((desc >> 32) & 0x3FFF) << 4) as usize;
+    assert!(k < 16 && (start % 128) + 2 * k < 128, "k {k} leaves the 128-byte row at {start}");
+    let linear = start + (row / 8) * sbo + (row % 8) * 128 + 2 * k;
+    linear ^ (((linear >> 7) & 7) << 4)
+}
+
+/// `wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 d, da, db, 1, 1, 1, 0, 0`: d[t] is
+/// thread t's 64 accumulators (t = 32 w + l of the warpgroup), d[t][i] the output element
+/// (16 w + l / 4 + 8 ((i / 2) % 2), 8 (i / 4) + 2 (l % 4) + i % 2).
+fn wgmma_m64n128k16(d: &mut [[f32; 64]], smem: &Smem, da: u64, db: u64) {
+    let a: Vec<[f32; 16]> =
+        (0..64).map(|r| std::array::from_fn(|k| from_bf16(smem.bf16_at(operand_address(da, r, k))))).collect();
+    let b: Vec<[f32; 16]> =
+        (0..128).map(|r| std::array::from_fn(|k| from_bf16(smem.bf16_at(operand_address(db, r, k))))).collect();
+    for (t, dt) in d.iter_mut().enumerate() {
+        let (w, l) = (t / 32, t % 32);
+        for (i, di) in dt.iter_mut().enumerate() {
+            let row = 16 * w + l / 4 + 8 * ((i >> 1) & 1);
+            let col = 8 * (i >> 2) + 2 * (l % 4) + (i & 1);
+            let mut sum = 0f32;
+            for kk in 0..16 {
+                sum += a[row][kk] * b[col][kk];
+            }
+            *di += sum;
+        }
+    }
+}
+
+/// One block of `dense_gemm_wgmma_bn{bn}`: the 128 x bn tile at (t.r0, t.n0) into `c`.
+pub(crate) fn wgmma_gemm_tile(bn: usize, t: Tile<'_>, c: &mut [f32]) {
+    let stages = WgmmaShape::of(bn).stages;
+    let nw = bn / 128;
+    let (a_stage, stage) = (BM * BK * 2, (BM + bn) * BK * 2);
+    let (a_chunks, b_chunks) = (BM * 8 / THREADS, bn * 8 / THREADS);
+    let mut smem = Smem::new(stages * stage);
+    let load_stage = |smem: &mut Smem, slot: usize, k0: usize| {
+        let (as_, bs) = (slot * stage, slot * stage + a_stage);
+        for tid in 0..THREADS {
+            for i in 0..a_chunks {
+                let id = tid + i * THREADS;
+                let (r, ch) = (id >> 3, id & 7);
+                let ok = t.r0 + r < t.rows && k0 + ch * 8 < t.k;
+                let src = ok.then(|| &t.a[(t.r0 + r) * t.k + ch * 8 + k0..]);
+                smem.cp_async16(as_ + wg_swz(r, ch), src);
+            }
+            for i in 0..b_chunks {
+                let id = tid + i * THREADS;
+                let (r, ch) = (id >> 3, id & 7);
+                let ok = t.n0 + r < t.n && k0 + ch * 8 < t.k;
+                let src = ok.then(|| &t.w[(t.n0 + r) * t.k + ch * 8 + k0..]);
+                smem.cp_async16(bs + wg_swz(r, ch), src);
+            }
+        }
+    };
+
+    // acc[wg][j][thread of the warpgroup][i]
+    let mut acc = vec![vec![vec![[0f32; 64]; 128]; nw]; 2];
+    let n_k = t.k.div_ceil(BK);
+    for s in 0..stages - 2 {
+        if s < n_k {
+            load_stage(&mut smem, s, s * BK);
+        }
+    }
+    for kt in 0..n_k {
+        let next = kt + stages - 2;
+        if next < n_k {
+            load_stage(&mut smem, next % stages, next * BK);
+        }
+        for (wg, acc_wg) in acc.iter_mut().enumerate() {
+            let as_ = (kt % stages) * stage + wg * (64 * 128);
+            let bs = (kt % stages) * stage + a_stage;
+            for kk in 0..BK / 16 {
+                for (j, acc_j) in acc_wg.iter_mut().enumerate() {
+                    wgmma_m64n128k16(acc_j, &smem, wg_desc(as_ + kk * 32), wg_desc(bs + j * (128 * 128) + kk * 32));
+                }
+            }
+        }
+    }
+
+    for (wg, acc_wg) in acc.iter().enumerate() {
+        for (j, acc_j) in acc_wg.iter().enumerate() {
+            for (tw, d) in acc_j.iter().enumerate() {
+                let (warp, lane) = (tw / 32, tw % 32);
+                for i in 0..64 {
+                    let r = t.r0 + wg * 64 + warp * 16 + (lane >> 2) + ((i >> 1) & 1) * 8;
+                    let col = t.n0 + j * 128 + (i >> 2) * 8 + (lane & 3) * 2 + (i & 1);
+                    if r >= t.rows || col >= t.n {
+                        continue;
+                    }
+                    let dst = &mut c[r * t.n + col];
+                    *dst = if t.beta != 0.0 { t.beta.mul_add(*dst, d[i]) } else { d[i] };
+                }
+            }
+        }
+    }
+}
+
+/// Twin of kernels/cuda/gemm_wgmma.cu's `dense_gemm_wgmma_bn128` / `_bn256`: grid
+/// (ceil(m / 128), ceil(n / bn)), each block the tile `gemm_block_order` gives it.
+#[allow(clippy::too_many_arguments)]
+pub fn dense_gemm_wgmma(bn: usize, x: &[u16], w: &[u16], out: &mut [f32], m: usize, n: usize, k: usize, beta: f32) {
+    let (tiles_m, tiles_n) = (m.div_ceil(BM), n.div_ceil(bn));
+    for by in 0..tiles_n {
+        for bx in 0..tiles_m {
+            let (tm, tn) = gemm_block_order(bx, by, tiles_m, tiles_n);
+            wgmma_gemm_tile(bn, Tile { a: x, w, row_base: 0, r0: tm * BM, rows: m, n0: tn * bn, n, k, beta }, out);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptor_fields_are_where_the_isa_puts_them() {
+        let d = wg_desc(0x1_2400);
+        assert_eq!(d & 0x3FFF, 0x1240, "start address >> 4");
+        assert_eq!((d >> 16) & 0x3FFF, 1, "leading byte offset");
+        assert_eq!((d >> 32) & 0x3FFF, 64, "stride byte offset 1024 >> 4");
+        assert_eq!((d >> 49) & 7, 0, "base offset");
+        assert_eq!(d >> 62, 1, "128-byte swizzle");
+    }
+
+    /// The copies' swizzle (wg_swz) and the layout wgmma reads by its descriptors (the ISA's)
+    /// agree on every element of a 1024-byte-aligned tile, for every 64-row warpgroup slice and
+    /// every k16 step's start; and a quarter-warp's eight copies (one row's chunks) land on
+    /// eight different 16-byte bank groups.
+    #[test]
+    fn copies_put_each_element_where_the_descriptor_reads_it() {
+        let tile = 3 * 1024 * 16; // a stage's A or B tile start: 1024-byte aligned
+        for rows in [64usize, 128] {
+            for base_row in (0..256).step_by(rows) {
+                for kk in 0..BK / 16 {
+                    let desc = wg_desc(tile + base_row * 128 + kk * 32);
+                    for r in 0..rows {
+                        for k in 0..16 {
+                            let kcol = kk * 16 + k;
+                            let written = tile + wg_swz(base_row + r, kcol / 8) + 2 * (kcol % 8);
+                            assert_eq!(operand_address(desc, r, k), written, "row {r} k {kcol}");
+                        }
+                    }
+                }
+            }
+        }
+        for q in 0..THREADS / 8 {
+            let banks: std::collections::BTreeSet<usize> =
+                (0..8).map(|l| (wg_swz((q * 8 + l) >> 3, (q * 8 + l) & 7) / 16) % 8).collect();
+            assert_eq!(banks.len(), 8, "quarter-warp {q}");
+        }
+    }
+}
