@@ -12,7 +12,7 @@ use super::{driver_err, CudaOptions};
 use crate::backend::{KernelError, Result};
 use crate::cuda::layout::{attention_mma_smem_bytes, attention_smem_bytes};
 use crate::cuda::nvrtc::{cache_key, options_for, Arch, CompiledImage, KernelCache, NvrtcCompiler, Target};
-use crate::cuda::sources::{self, consts::ATT_MAX_HD, KernelSource};
+use crate::cuda::sources::{self, consts::ATT_MAX_HD, KernelSource, GEMM_WGMMA, HOPPER};
 use crate::cuda::{GemmShape, WgmmaShape};
 
 /// Where each translation unit's image came from.
@@ -24,6 +24,8 @@ pub struct KernelLoadReport {
     pub compiled: Vec<(String, String)>,
     /// NVRTC's version, when it was loaded.
     pub nvrtc_version: Option<(i32, i32)>,
+    /// Why the sm_90a kernels (`GemmEngine::Wgmma`) are not loaded, if they are not.
+    pub wgmma_unavailable: Option<String>,
 }
 
 /// Every kernel entry point, resolved.
@@ -86,6 +88,24 @@ fn target_for(arch: Arch, nvrtc: Option<&NvrtcCompiler>) -> Result<Target> {
 pub(crate) struct HopperKernels {
     pub dense_gemm_wgmma_bn128: CudaFunction,
     pub dense_gemm_wgmma_bn256: CudaFunction,
+}
+
+impl HopperKernels {
+    fn load(loader: &mut Loader<'_>) -> Result<HopperKernels> {
+        for src in HOPPER {
+            loader.load(src, Arch::specific(9, 0))?;
+        }
+        let f = |entry: &str| loader.function(&GEMM_WGMMA, entry);
+        let h = HopperKernels {
+            dense_gemm_wgmma_bn128: f("dense_gemm_wgmma_bn128")?,
+            dense_gemm_wgmma_bn256: f("dense_gemm_wgmma_bn256")?,
+        };
+        for (f, bn) in [(&h.dense_gemm_wgmma_bn128, 128), (&h.dense_gemm_wgmma_bn256, 256)] {
+            f.set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, WgmmaShape::of(bn).smem_bytes as i32)
+                .map_err(driver_err("wgmma GEMM shared memory limit"))?;
+        }
+        Ok(h)
+    }
 }
 
 /// Finds each source's image (the disk cache, else NVRTC, loaded on first need) and loads it.
@@ -155,7 +175,7 @@ impl Kernels {
         ctx: &Arc<CudaContext>,
         arch: Arch,
         opts: &CudaOptions,
-    ) -> Result<(Kernels, Option<HopperKernels>, KernelLoadReport)> {
+    ) -> Result<(Kernels, std::result::Result<HopperKernels, String>, KernelLoadReport)> {
         let mut loader = Loader {
             ctx,
             opts,
@@ -167,24 +187,14 @@ impl Kernels {
         for src in ALL {
             loader.load(src, arch)?;
         }
+        // The sm_90a kernels serve only `GemmEngine::Wgmma`: a failure to build or load them is
+        // kept as the reason that engine is refused, not an error for the others.
         let hopper = if arch == Arch::new(9, 0) {
-            for src in HOPPER {
-                loader.load(src, Arch::specific(9, 0))?;
-            }
-            let f = |entry: &str| loader.function(&GEMM_WGMMA, entry);
-            let h = HopperKernels {
-                dense_gemm_wgmma_bn128: f("dense_gemm_wgmma_bn128")?,
-                dense_gemm_wgmma_bn256: f("dense_gemm_wgmma_bn256")?,
-            };
-            for (f, bn) in [(&h.dense_gemm_wgmma_bn128, 128), (&h.dense_gemm_wgmma_bn256, 256)] {
-                f.set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, WgmmaShape::of(bn).smem_bytes as i32)
-                    .map_err(driver_err("wgmma GEMM shared memory limit"))?;
-            }
-            Some(h)
+            HopperKernels::load(&mut loader).map_err(|e| format!("the sm_90a kernels did not load: {e}"))
         } else {
-            None
+            Err(format!("the wgmma kernels need compute capability 9.0; this device is {}.{}", arch.major, arch.minor))
         };
-
+        loader.report.wgmma_unavailable = hopper.as_ref().err().cloned();
         let f = |src: &KernelSource, entry: &str| loader.function(src, entry);
         use sources::*;
         let k = Kernels {

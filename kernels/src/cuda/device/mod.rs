@@ -89,8 +89,8 @@ pub struct CudaBackend {
     stream: Arc<CudaStream>,
     blas: blas::Blas,
     k: kernels::Kernels,
-    /// The sm_90a kernels, on a compute capability 9.0 device.
-    hopper: Option<kernels::HopperKernels>,
+    /// The sm_90a kernels (a compute capability 9.0 device), or why they are not here.
+    hopper: std::result::Result<kernels::HopperKernels, String>,
     info: DeviceInfo,
     load_report: KernelLoadReport,
     gemm: GemmEngine,
@@ -147,10 +147,10 @@ impl CudaBackend {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(driver_err("creating a stream"))?;
         let (k, hopper, load_report) = kernels::Kernels::load(&ctx, info.arch, opts)?;
-        if opts.gemm == GemmEngine::Wgmma && hopper.is_none() {
+        if let (GemmEngine::Wgmma, Err(why)) = (opts.gemm, &hopper) {
             return Err(KernelError::Unsupported(format!(
-                "model.gemm = \"wgmma\" needs a compute capability 9.0 (Hopper) GPU; {} is {}.{}: use \"tiled\"",
-                info.name, info.arch.major, info.arch.minor
+                "model.gemm = \"wgmma\" cannot run on {}: {why}; use \"tiled\"",
+                info.name
             )));
         }
         let blas = blas::Blas::new(stream.clone())?;

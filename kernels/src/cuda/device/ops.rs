@@ -280,12 +280,7 @@ impl CudaBackend {
         m: usize,
         beta: f32,
     ) -> Result<()> {
-        let h = self.hopper.as_ref().ok_or_else(|| {
-            KernelError::Unsupported(format!(
-                "the wgmma GEMM needs an sm_90 GPU; this is sm_{}",
-                self.info.arch.number()
-            ))
-        })?;
+        let h = self.hopper.as_ref().map_err(|why| KernelError::Unsupported(format!("wgmma GEMM: {why}")))?;
         let f = if bn == 128 { &h.dense_gemm_wgmma_bn128 } else { &h.dense_gemm_wgmma_bn256 };
         let s = WgmmaShape::of(bn);
         let cfg = LaunchConfig {
