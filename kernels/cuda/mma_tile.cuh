@@ -139,6 +139,79 @@ __device__ __forceinline__ int gemm_stage_idx(int r, int col) {
     return r * BN + (col ^ ((r & 7) << 3));
 }
 
+// Epilogue helpers, shared with gemm_wgmma.cu's tile: each takes one accumulator pair at
+// tile-local row rl and columns cl, cl + 1 (the tile's first row r0 of `rows` valid from
+// row_base, its first column n0 of n).
+
+// c = acc + beta * c for the pair; one 8-byte store when both columns exist and n is even.
+__device__ __forceinline__ void gemm_store_f32(float* __restrict__ c, long long row_base, u32 r0, u32 rows, int n0,
+                                               int n, float beta, int rl, int cl, float v0, float v1) {
+    const u32 r = r0 + rl;
+    const int col = n0 + cl;
+    if (r >= rows || col >= n) return;
+    float* dst = c + (row_base + r) * n + col;
+    if ((n & 1) == 0) {  // col + 1 < n: col is even and n is even
+        float2* d2 = reinterpret_cast<float2*>(dst);
+        if (beta != 0.0f) {
+            const float2 old = *d2;
+            v0 = fmaf(beta, old.x, v0);
+            v1 = fmaf(beta, old.y, v1);
+        }
+        *d2 = make_float2(v0, v1);
+    } else {
+        dst[0] = beta != 0.0f ? fmaf(beta, dst[0], v0) : v0;
+        if (col + 1 < n) dst[1] = beta != 0.0f ? fmaf(beta, dst[1], v1) : v1;
+    }
+}
+
+// SwiGLU: the gate pair (g0, g1) at columns cl, cl + 1 of a gate n8 tile whose first tile column
+// is `gate_col` (a multiple of 16), the up pair the same lanes' of the n8 tile after it; stores
+// act[r, ((n0 + gate_col) / 2) + (cl - gate_col)] and the next as one 4-byte bf16 pair.
+__device__ __forceinline__ void gemm_store_swiglu(bf16_t* __restrict__ act, long long row_base, u32 r0, u32 rows,
+                                                  int n0, int n, int rl, int gate_col, int cl, float g0, float g1,
+                                                  float u0, float u1) {
+    const int inter = n >> 1;
+    const u32 r = r0 + rl;
+    const int col = ((n0 + gate_col) >> 1) + (cl - gate_col);
+    if (r >= rows || col >= inter) return;
+    *reinterpret_cast<u32*>(act + (row_base + r) * inter + col) =
+        (u32)f32_to_bf16(silu_times(g0, u0)) | ((u32)f32_to_bf16(silu_times(g1, u1)) << 16);
+}
+
+// QKV, after every pair is staged (gemm_stage_idx) in `st` and the block has synchronised: warp
+// `warp` of `warps` takes the (row, head) units warp, warp + warps, ...: a q head is normed and
+// rotated and stored f32 to c; a k head likewise, stored bf16 to the K pool at the row's slot; a
+// v head is stored bf16 to the V pool.
+template <int BM, int BN>
+__device__ __forceinline__ void gemm_qkv_heads(float* __restrict__ st, float* __restrict__ c, long long row_base,
+                                               u32 r0, u32 rows, int n0, int n, const QkvEpilogue* qe, int warp,
+                                               int warps, int lane) {
+    const int hd = qe->head_dim, per_tile = BN / hd;
+    const int q_dim = qe->n_heads * hd, kv_dim = qe->n_kv_heads * hd;
+    for (int u = warp; u < BM * per_tile; u += warps) {  // warp-uniform
+        const int rl = u / per_tile, tc = (u % per_tile) * hd, col0 = n0 + tc;
+        const u32 r = r0 + rl;
+        if (r >= rows || col0 >= n) continue;
+        auto at = [st, rl, tc](int d) -> float& { return st[gemm_stage_idx<BN>(rl, tc + d)]; };
+        const long long row = row_base + r, slot = qe->row_slots[row];
+        if (col0 >= q_dim + kv_dim) {
+            bf16_t* dst = qe->v_pool + slot * kv_dim + (col0 - q_dim - kv_dim);
+            for (int d = lane; d < hd; d += 32) dst[d] = f32_to_bf16(at(d));
+            continue;
+        }
+        const bool is_q = col0 < q_dim;
+        const double* cs = qe->rope_cs + (long long)qe->positions[row] * qe->rotary_dim;
+        norm_rope_head(at, is_q ? qe->q_norm : qe->k_norm, qe->eps, hd, cs, qe->rotary_dim, qe->interleaved, lane);
+        if (is_q) {
+            float* dst = c + row * n + col0;
+            for (int d = lane; d < hd; d += 32) dst[d] = at(d);
+        } else {
+            bf16_t* dst = qe->k_pool + slot * kv_dim + (col0 - q_dim);
+            for (int d = lane; d < hd; d += 32) dst[d] = f32_to_bf16(at(d));
+        }
+    }
+}
+
 // Block: GemmShape<BM> threads ((BM / WM) * (BN / WN) warps), gemm_smem_bytes of dynamic shared
 // memory. `a` points at row 0 of the row space, `w` at the [n, k] weight. With
 // GEMM_EPI_SWIGLU, `c` is the bf16 [.., n / 2] activation; with GEMM_EPI_QKV, `qe` says where
@@ -261,7 +334,6 @@ __device__ __forceinline__ void gemm_tile(const bf16_t* __restrict__ a, const bf
 
     if (EPI == GEMM_EPI_QKV) {
         static_assert(BM * BN * 4 <= GEMM_STAGES * (BM + BN) * GEMM_BK * 2, "the staged tile fits the ring");
-        constexpr int WARPS = THREADS / 32;
         float* st = reinterpret_cast<float*>(gemm_smem);
         __syncthreads();  // every warp is done reading the ring
 #pragma unroll
@@ -275,79 +347,25 @@ __device__ __forceinline__ void gemm_tile(const bf16_t* __restrict__ a, const bf
                         make_float2(acc[mi][ni][half * 2], acc[mi][ni][half * 2 + 1]);
                 }
         __syncthreads();
-        const int hd = qe->head_dim, per_tile = BN / hd;
-        const int q_dim = qe->n_heads * hd, kv_dim = qe->n_kv_heads * hd;
-        for (int u = warp; u < BM * per_tile; u += WARPS) {  // warp-uniform
-            const int rl = u / per_tile, tc = (u % per_tile) * hd, col0 = n0 + tc;
-            const u32 r = r0 + rl;
-            if (r >= rows || col0 >= n) continue;
-            auto at = [st, rl, tc](int d) -> float& { return st[gemm_stage_idx<BN>(rl, tc + d)]; };
-            const long long row = row_base + r, slot = qe->row_slots[row];
-            if (col0 >= q_dim + kv_dim) {
-                bf16_t* dst = qe->v_pool + slot * kv_dim + (col0 - q_dim - kv_dim);
-                for (int d = lane; d < hd; d += 32) dst[d] = f32_to_bf16(at(d));
-                continue;
-            }
-            const bool is_q = col0 < q_dim;
-            const double* cs = qe->rope_cs + (long long)qe->positions[row] * qe->rotary_dim;
-            norm_rope_head(at, is_q ? qe->q_norm : qe->k_norm, qe->eps, hd, cs, qe->rotary_dim, qe->interleaved,
-                           lane);
-            if (is_q) {
-                float* dst = c + row * n + col0;
-                for (int d = lane; d < hd; d += 32) dst[d] = at(d);
-            } else {
-                bf16_t* dst = qe->k_pool + slot * kv_dim + (col0 - q_dim);
-                for (int d = lane; d < hd; d += 32) dst[d] = f32_to_bf16(at(d));
-            }
-        }
+        gemm_qkv_heads<BM, BN>(st, c, row_base, r0, rows, n0, n, qe, warp, THREADS / 32, lane);
         return;
     }
-    if (SWIGLU) {
-        // n8 tiles (2i, 2i + 1) are the gate and up of act columns 8b .. 8b + 7, b their first
-        // tile column / 16; lane (g, tg) stores columns 2tg, 2tg + 1 as one 4-byte bf16 pair.
-        const int inter = n >> 1;
-        bf16_t* act = reinterpret_cast<bf16_t*>(c);
-#pragma unroll
-        for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-            for (int ni = 0; ni < NI; ni += 2)
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const u32 r = r0 + warp_m * WM + mi * 16 + g + half * 8;
-                    const int col = ((n0 + warp_n * WN + ni * 8) >> 1) + tg * 2;
-                    if (r >= rows || col >= inter) continue;
-                    const float v0 = silu_times(acc[mi][ni][half * 2], acc[mi][ni + 1][half * 2]);
-                    const float v1 = silu_times(acc[mi][ni][half * 2 + 1], acc[mi][ni + 1][half * 2 + 1]);
-                    *reinterpret_cast<u32*>(act + (row_base + r) * inter + col) =
-                        (u32)f32_to_bf16(v0) | ((u32)f32_to_bf16(v1) << 16);
-                }
-        return;
-    }
-    // Epilogue: lane (g, tg) holds rows g and g + 8, columns 2tg and 2tg + 1 of each 16x8 tile;
-    // the two columns go as one 8-byte store when both exist and n is even (8-byte aligned).
-    const bool pairs = (n & 1) == 0;
+    // Lane (g, tg) holds rows g and g + 8, columns 2tg and 2tg + 1 of each 16x8 tile. SwiGLU: n8
+    // tiles (2i, 2i + 1) are the gate and up of the same act columns.
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < NI; ++ni)
+        for (int ni = 0; ni < NI; ni += SWIGLU ? 2 : 1)
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
-                const u32 r = r0 + warp_m * WM + mi * 16 + g + half * 8;
-                const int col = n0 + warp_n * WN + ni * 8 + tg * 2;
-                if (r >= rows || col >= n) continue;
-                float* dst = c + (row_base + r) * n + col;
-                float v0 = acc[mi][ni][half * 2], v1 = acc[mi][ni][half * 2 + 1];
-                if (pairs) {  // col + 1 < n: col is even and n is even
-                    float2* d2 = reinterpret_cast<float2*>(dst);
-                    if (beta != 0.0f) {
-                        const float2 old = *d2;
-                        v0 = fmaf(beta, old.x, v0);
-                        v1 = fmaf(beta, old.y, v1);
-                    }
-                    *d2 = make_float2(v0, v1);
+                const int rl = warp_m * WM + mi * 16 + g + half * 8, tile_col = warp_n * WN + ni * 8;
+                const float* v = &acc[mi][ni][half * 2];
+                if (SWIGLU) {
+                    const float* u = &acc[mi][ni + 1][half * 2];
+                    gemm_store_swiglu(reinterpret_cast<bf16_t*>(c), row_base, r0, rows, n0, n, rl, tile_col,
+                                      tile_col + tg * 2, v[0], v[1], u[0], u[1]);
                 } else {
-                    dst[0] = beta != 0.0f ? fmaf(beta, dst[0], v0) : v0;
-                    if (col + 1 < n) dst[1] = beta != 0.0f ? fmaf(beta, dst[1], v1) : v1;
+                    gemm_store_f32(c, row_base, r0, rows, n0, n, beta, rl, tile_col + tg * 2, v[0], v[1]);
                 }
             }
 }
