@@ -78,15 +78,6 @@ __device__ __forceinline__ void dense_gemm_qkv(const bf16_t* __restrict__ x, con
     gemm_tile<BM, GEMM_EPI_QKV>(x, w, qkv, 0, tm * BM, (u32)m, tn * GemmShape<BM>::BN, n, k, 0.0f, &qe);
 }
 
-#define DENSE_GEMM_QKV_ARGS                                                                                      \
-    const bf16_t *__restrict__ x, const bf16_t *__restrict__ w, float *__restrict__ qkv, int m, int n, int k,    \
-        const u32 *__restrict__ positions, const u32 *__restrict__ row_slots, const double *__restrict__ rope_cs, \
-        const float *__restrict__ q_norm, const float *__restrict__ k_norm, bf16_t *__restrict__ k_pool,          \
-        bf16_t *__restrict__ v_pool, int n_heads, int n_kv_heads, int head_dim, int rotary_dim, int interleaved,  \
-        float eps
-#define DENSE_GEMM_QKV_EPILOGUE \
-    {positions, row_slots, rope_cs, q_norm, k_norm, k_pool, v_pool, n_heads, n_kv_heads, head_dim, rotary_dim, interleaved, eps}
-
 extern "C" __global__ void __launch_bounds__(128, 4) dense_gemm_qkv_bm64(DENSE_GEMM_QKV_ARGS) {
     const QkvEpilogue qe = DENSE_GEMM_QKV_EPILOGUE;
     dense_gemm_qkv<64>(x, w, qkv, m, n, k, qe);

@@ -65,6 +65,16 @@ struct QkvEpilogue {
     float eps;
 };
 
+// The dense QKV kernels' parameters (gemm.cu, gemm_wgmma.cu) and the QkvEpilogue they make.
+#define DENSE_GEMM_QKV_ARGS                                                                                      \
+    const bf16_t *__restrict__ x, const bf16_t *__restrict__ w, float *__restrict__ qkv, int m, int n, int k,    \
+        const u32 *__restrict__ positions, const u32 *__restrict__ row_slots, const double *__restrict__ rope_cs, \
+        const float *__restrict__ q_norm, const float *__restrict__ k_norm, bf16_t *__restrict__ k_pool,          \
+        bf16_t *__restrict__ v_pool, int n_heads, int n_kv_heads, int head_dim, int rotary_dim, int interleaved,  \
+        float eps
+#define DENSE_GEMM_QKV_EPILOGUE \
+    {positions, row_slots, rope_cs, q_norm, k_norm, k_pool, v_pool, n_heads, n_kv_heads, head_dim, rotary_dim, interleaved, eps}
+
 #define GEMM_BK 32
 #define GEMM_STAGES 4
 #define GEMM_BN_BM64 64

@@ -15,9 +15,9 @@
 //! 5. a synthetic 28-layer dense model through the `Backend` trait, per GEMM / attention engine
 //!    pair (tiled, tiled v1, cuBLAS): pairs/s and tokens/s, with the CPU backend on the smallest
 //!    batch as the same-run baseline (`--no-cpu` skips it);
-//! 6. Hopper's wgmma GEMM (sm_90 only) on the shapes of 1 against cuBLAS and the mma.sync tile,
-//!    whether its bits equal the tile's, and the dense model of 5 on it against the same tile
-//!    unfused (its own section: a fault in it ends only its process).
+//! 6. the wgmma engine (sm_90 only): its GEMM on the shapes of 1 against cuBLAS and the mma.sync
+//!    tile (and whether its bits equal the tile's), the MoE layer of 3 and the dense model of 5 on
+//!    it against the fused mma.sync engine (its own section: a fault in it ends only its process).
 //!
 //!   cargo run --release -p sieve-kernels --example bench_cuda [-- --quick] [--no-cpu] [--only SECTION]...
 //!
@@ -118,7 +118,7 @@ fn bench_gemm(g: &CudaBackend, rng: &mut impl Rng, reps: usize) {
     }
 }
 
-/// The wgmma GEMM (gemm_wgmma.cu) at BLOCK_N 128 and 256 and the one `WgmmaShape::bn_for`
+/// The wgmma GEMM (gemm_wgmma.cu) at BLOCK_N 128 and 256 and the one `WgmmaShape::dense_bn`
 /// picks, against cuBLAS and the mma.sync tile at its auto BLOCK_M, on `bench_gemm`'s shapes;
 /// "bits" says whether the wgmma output equals the tile's bit for bit.
 fn bench_wgmma_gemm(g: &CudaBackend, rng: &mut impl Rng, reps: usize) {
@@ -148,7 +148,7 @@ fn bench_wgmma_gemm(g: &CudaBackend, rng: &mut impl Rng, reps: usize) {
             let mut wg =
                 |bn: usize| flops(m, n, k, gpu_ms(g, reps, || g.matmul_wgmma(&x, &w, &mut out, bn).expect("wgmma")));
             let (w128, w256) = (wg(128), wg(256));
-            let bn = WgmmaShape::bn_for(m, n);
+            let bn = WgmmaShape::dense_bn(m, n);
             let auto = if bn == 128 { w128 } else { w256 };
             g.matmul_wgmma(&x, &w, &mut out, bn).expect("wgmma");
             let same = g.to_host(&out).expect("out") == g.to_host(&tiled_out).expect("tiled out");
@@ -159,6 +159,37 @@ fn bench_wgmma_gemm(g: &CudaBackend, rng: &mut impl Rng, reps: usize) {
                 if same { "same" } else { "differ" }
             );
         }
+    }
+}
+
+/// The MoE layer of `bench_moe` on the fused mma.sync engine (`tiled`) and on the wgmma engine
+/// (moe_gemm_wgmma.cu), auto policy: event median ms per batch.
+fn bench_moe_engines(tiled: &CudaBackend, wgmma: &CudaBackend, rng: &mut impl Rng, reps: usize) {
+    let dims = MoeDims { hidden: 2048, inter: 768, n_experts: 128 };
+    let routing = MoeRouting { top_k: 8, renormalize: true };
+    println!(
+        "\nMoE layer on each engine ({} experts top-{}, hidden {}, expert size {}; event median ms, auto policy)",
+        dims.n_experts, routing.top_k, dims.hidden, dims.inter
+    );
+    let (wgu, wd) = (
+        random(rng, dims.n_experts * 2 * dims.inter * dims.hidden, 0.02),
+        random(rng, dims.n_experts * dims.hidden * dims.inter, 0.02),
+    );
+    let weights = |b: &CudaBackend| b.moe_expert_weights(dims, &wgu, &wd).expect("moe weights");
+    let (tw, ww) = (weights(tiled), weights(wgmma));
+    println!("{:>6} {:>8} {:>10} {:>10} {:>10}", "seqs", "tokens", "tiled", "wgmma", "wgmma/tld");
+    for seqs in [1usize, 4, 16, 64] {
+        let tokens = seqs * 120;
+        let (xs, ls) = (random(rng, tokens * dims.hidden, 1.0), random(rng, tokens * dims.n_experts, 3.0));
+        let time = |b: &CudaBackend, w: &CudaMoeWeights| {
+            let x = b.from_host(&xs, tokens, dims.hidden).expect("x");
+            let logits = b.from_host(&ls, tokens, dims.n_experts).expect("logits");
+            let mut out = b.zeros(tokens, dims.hidden).expect("out");
+            let policy = TilePolicy::default();
+            gpu_ms(b, reps, || drop(b.moe_forward(&x, &logits, w, routing, policy, &mut out, false).expect("moe")))
+        };
+        let (t, w) = (time(tiled, &tw), time(wgmma, &ww));
+        println!("{seqs:>6} {tokens:>8} {t:>10.3} {w:>10.3} {:>9.0}%", 100.0 * w / t);
     }
 }
 
@@ -531,8 +562,11 @@ fn main() {
             return;
         }
         bench_wgmma_gemm(&g, &mut rng, reps);
-        // The wgmma engine has no fused epilogues yet: the same tile unfused is its baseline.
-        let pairs = [(GemmEngine::TiledUnfused, AttentionEngine::Mma), (GemmEngine::Wgmma, AttentionEngine::Mma)];
+        match (engine(GemmEngine::Tiled, AttentionEngine::Mma), engine(GemmEngine::Wgmma, AttentionEngine::Mma)) {
+            (Ok(t), Ok(w)) => bench_moe_engines(&t, &w, &mut rng, reps),
+            (Err(e), _) | (_, Err(e)) => println!("wgmma MoE: no backend: {e}"),
+        }
+        let pairs = [(GemmEngine::Tiled, AttentionEngine::Mma), (GemmEngine::Wgmma, AttentionEngine::Mma)];
         dense_table(&mut rng, &pairs, false);
     }
 }

@@ -461,13 +461,7 @@ fn tiled_gemm_kernels_agree_bitwise() {
 #[test]
 fn wgmma_gemm_is_batch_invariant_and_matches_its_twin() {
     let test = "wgmma_gemm_is_batch_invariant_and_matches_its_twin";
-    let Some(g) = gpu(test) else { return };
-    if g.info().arch.number() != 90 {
-        println!("{test}: NOT RUN on this GPU: sm_{} (the wgmma GEMM needs sm_90)", g.info().arch.number());
-        let err = gpu_with_result(GemmEngine::Wgmma).err().expect("the wgmma engine must be refused here");
-        assert!(err.to_string().contains("wgmma"), "{err}");
-        return;
-    }
+    let Some(g) = hopper(test) else { return };
     let mut r = rng(72);
     for &(m, n, k) in
         &[(1usize, 128usize, 64usize), (77, 130, 72), (300, 200, 136), (1000, 1024, 1024), (2048, 512, 2048)]
@@ -507,23 +501,114 @@ fn wgmma_gemm_is_batch_invariant_and_matches_its_twin() {
         let differ = base.iter().zip(&tiled).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
         println!("{test}: {m}x{n}x{k}: {differ} of {} outputs differ in bits from the mma.sync tile", m * n);
     }
-    let wg = gpu_with(test, GemmEngine::Wgmma).expect("gpu");
+    let wg = &g;
     let model = MiniModel::random(&mut r, 2);
     let (passes, slots) = prefix_and_items(&mut r, model.vocab);
-    let batched = model.scores(&wg, &passes, slots);
+    let batched = model.scores(wg, &passes, slots);
     let twin = model.scores(&TwinBackend { gemm: GemmEngine::Wgmma, ..Default::default() }, &passes, slots);
     for (i, &score) in batched[1].iter().enumerate() {
         assert!((score - twin[1][i]).abs() <= 1e-3, "item {i}: gpu {score} vs twin {}", twin[1][i]);
-        let alone = model.scores(&wg, &[passes[0].clone(), only_seq(&passes[1], i)], slots);
+        let alone = model.scores(wg, &[passes[0].clone(), only_seq(&passes[1], i)], slots);
         assert_eq!(alone[1][0].to_bits(), score.to_bits(), "item {i}: alone {} vs batched {score}", alone[1][0]);
     }
 }
 
-fn gpu_with_result(engine: GemmEngine) -> Result<CudaBackend, KernelError> {
-    CudaBackend::with_options(&CudaOptions {
-        gemm: engine,
-        ..CudaOptions::new(0).with_asset_cache(&cuda_common::asset_cache())
-    })
+/// The GPU's backend on the wgmma engine, when it is an sm_90; elsewhere the engine must be
+/// refused with a reason, and the test says it did not run.
+fn hopper(test: &str) -> Option<CudaBackend> {
+    let g = gpu(test)?;
+    if g.info().arch.number() != 90 {
+        println!("{test}: NOT RUN on this GPU: sm_{} (the wgmma kernels need sm_90)", g.info().arch.number());
+        let opts = CudaOptions {
+            gemm: GemmEngine::Wgmma,
+            ..CudaOptions::new(0).with_asset_cache(&cuda_common::asset_cache())
+        };
+        let err = CudaBackend::with_options(&opts).err().expect("the wgmma engine must be refused here");
+        assert!(err.to_string().contains("wgmma"), "{err}");
+        return None;
+    }
+    gpu_with(test, GemmEngine::Wgmma)
+}
+
+/// The wgmma engine's fused epilogues and grouped GEMM on the device. SwiGLU: the fused
+/// activation is the same backend's plain wgmma GEMM and `silu_mul`, rounded. QKV: the q columns
+/// and attention over the written pools are the unfused path's (taken with an all-zero bias,
+/// which adds exactly nothing). MoE: every variant the same bits, near the twin.
+/// CPU twins: cuda_twin_dense.rs `fused_swiglu_gemm_is_bitwise_the_unfused_passes`,
+/// `fused_qkv_gemm_is_bitwise_the_unfused_kernels`; cuda_twin_moe.rs.
+#[test]
+fn wgmma_fused_epilogues_and_moe_give_the_unfused_bits() {
+    let Some(g) = hopper("wgmma_fused_epilogues_and_moe_give_the_unfused_bits") else { return };
+    let mut r = rng(73);
+    let round = |v: &[f32]| -> Vec<f32> { v.iter().map(|&x| twin::warp::round_bf16(x)).collect() };
+    for &(m, hidden, inter) in &[(1usize, 1024usize, 3072usize), (77, 256, 200), (2049, 1024, 3072)] {
+        let (x, wgu) = (random(&mut r, m * hidden), random(&mut r, 2 * inter * hidden));
+        let (xt, gu_w) = (g.from_host(&x, m, hidden).unwrap(), g.linear_weight(&wgu, 2 * inter, hidden).unwrap());
+        let (mut act, mut gu) = (g.zeros(0, 0).unwrap(), g.zeros(0, 0).unwrap());
+        g.reshape_operand(&mut act, m, inter).unwrap();
+        g.matmul_silu_mul(&xt, &gu_w, &mut gu, &mut act).unwrap();
+        let (mut gate_up, mut plain) = (g.zeros(m, 2 * inter).unwrap(), g.zeros(m, inter).unwrap());
+        g.matmul(&xt, &gu_w, None, &mut gate_up).unwrap();
+        g.silu_mul(&gate_up, &mut plain).unwrap();
+        let (fused, unfused) = (g.to_host(&act).unwrap(), round(&g.to_host(&plain).unwrap()));
+        assert_bits_eq(&format!("{m} rows, hidden {hidden}, inter {inter}: SwiGLU epilogue"), &fused, &unfused);
+    }
+    for &(m, hidden, n_heads, n_kv_heads, hd, rl) in &[
+        (1usize, 1024usize, 16usize, 8usize, 128usize, RopeLayout::HalfSplit),
+        (2300, 1024, 16, 8, 128, RopeLayout::HalfSplit),
+        (77, 576, 9, 3, 64, RopeLayout::Interleaved),
+    ] {
+        let l = QkvLayout { n_heads, n_kv_heads, head_dim: hd };
+        let n = l.qkv_dim();
+        let mut lb = LayoutBuilder::default();
+        lb.push_seq(&[], m);
+        let (x, w) = (random(&mut r, m * hidden), random(&mut r, n * hidden));
+        let (qn, kn) = (random(&mut r, hd), random(&mut r, hd));
+        let rope = RopeConfig { theta: 1_000_000.0, rotary_dim: hd, layout: rl };
+        let zero_bias = g.vector(&vec![0.0; n]).unwrap();
+        let run = |bias| {
+            let (xt, wt) = (g.from_host(&x, m, hidden).unwrap(), g.linear_weight(&w, n, hidden).unwrap());
+            let (qv, kv) = (g.vector(&qn).unwrap(), g.vector(&kn).unwrap());
+            let mut cache = g.kv_cache(1, m, n_kv_heads, hd).unwrap();
+            let batch = g.prepare_batch(&lb.layout, &cache).unwrap();
+            let mut qkv = g.zeros(m, n).unwrap();
+            let norms = (Some(&qv), Some(&kv));
+            g.matmul_qk_norm_rope_write_kv(&xt, &wt, bias, &mut qkv, l, norms, 1e-6, rope, &mut cache, 0, &batch)
+                .unwrap();
+            let mut out = g.zeros(m, l.q_dim()).unwrap();
+            g.attention(&qkv, l, &cache, 0, &batch, &mut out).unwrap();
+            let q: Vec<f32> = g.to_host(&qkv).unwrap().chunks(n).flat_map(|row| row[..l.q_dim()].to_vec()).collect();
+            (q, g.to_host(&out).unwrap())
+        };
+        let ((fq, fo), (uq, uo)) = (run(None), run(Some(&zero_bias)));
+        let what = format!("{m} rows, {l:?}");
+        assert_bits_eq(&format!("{what}: QKV epilogue's q columns vs unfused"), &fq, &uq);
+        assert_bits_eq(&format!("{what}: attention over the pools it wrote vs unfused"), &fo, &uo);
+    }
+    let dims = MoeDims { hidden: 256, inter: 192, n_experts: 64 };
+    let gate_up: Vec<f32> = random(&mut r, 64 * 2 * 192 * 256).iter().map(|v| v * 0.1).collect();
+    let down: Vec<f32> = random(&mut r, 64 * 256 * 192).iter().map(|v| v * 0.1).collect();
+    let tw = TwinMoeWeights::new(dims, &gate_up, &down).unwrap();
+    let gw = g.moe_expert_weights(dims, &gate_up, &down).unwrap();
+    for &(tokens, top_k) in &[(1usize, 8usize), (200, 4), (1024, 8)] {
+        let routing = MoeRouting { top_k, renormalize: true };
+        let x = random(&mut r, tokens * 256);
+        let logits: Vec<f32> = random(&mut r, tokens * 64).iter().map(|v| v * 4.0).collect();
+        let (xt, lt) = (g.from_host(&x, tokens, 256).unwrap(), g.from_host(&logits, tokens, 64).unwrap());
+        let mut outs = Vec::new();
+        for policy in [TilePolicy::default(), TilePolicy::Fixed(BlockM::M64), TilePolicy::Fixed(BlockM::M128)] {
+            let mut out = g.zeros(tokens, 256).unwrap();
+            g.moe_forward(&xt, &lt, &gw, routing, policy, &mut out, false).unwrap();
+            let got = g.to_host(&out).unwrap();
+            let (want, _, _) =
+                twin::moe_forward_with_counts(&x, &logits, &tw, routing, policy, GemmEngine::Wgmma).unwrap();
+            let what = format!("wgmma MoE {tokens} tokens top-{top_k} {policy:?}");
+            assert_close(&format!("{what} vs twin"), &got, &want, MMA_TWIN_TOL);
+            outs.push(got);
+        }
+        assert_bits_eq(&format!("wgmma MoE {tokens} tokens: auto vs BLOCK_M 64"), &outs[0], &outs[1]);
+        assert_bits_eq(&format!("wgmma MoE {tokens} tokens: auto vs BLOCK_M 128"), &outs[0], &outs[2]);
+    }
 }
 
 /// If this fails on a GPU, cuBLAS picked kernels with different reduction orders for different

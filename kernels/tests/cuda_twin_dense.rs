@@ -555,11 +555,28 @@ fn tiled_gemm_kernels_agree_bitwise_across_tiles_and_batches() {
     }
 }
 
-/// The fused SwiGLU GEMM (gemm.cu `dense_gemm_swiglu_*`), replayed fragment by fragment with its
-/// interleaved weight rows: bitwise what the unfused passes give — the plain tiled GEMM into
-/// [gate | up], `silu_mul_f32`, then `cast_bf16` — at BLOCK_M 64 and 128, on all rows and on
-/// fewer. Partial row and column tiles (m 150; n = 2 · 72 = 144 is not a multiple of 64 or 128)
-/// and a K that is not a multiple of the K step.
+type PlainGemm = fn(usize, &[u16], &[u16], &mut [f32], usize, usize, usize, f32);
+type SwigluGemm = fn(usize, &[u16], &[u16], &mut [u16], usize, usize, usize);
+type QkvGemm = fn(usize, &[u16], &[u16], &mut twin::QkvOut<'_>, usize, usize, usize);
+
+/// The dense tiles with their fused kernels: (name, tile size, plain GEMM, SwiGLU, QKV) — the
+/// mma.sync tile at BLOCK_M 64 and 128 (gemm.cu), the wgmma tile at BLOCK_N 128 and 256
+/// (gemm_wgmma.cu).
+fn dense_tiles() -> [(&'static str, usize, PlainGemm, SwigluGemm, QkvGemm); 4] {
+    [
+        ("BLOCK_M 64", 64, twin::dense_gemm, twin::dense_gemm_swiglu, twin::dense_gemm_qkv),
+        ("BLOCK_M 128", 128, twin::dense_gemm, twin::dense_gemm_swiglu, twin::dense_gemm_qkv),
+        ("wgmma BLOCK_N 128", 128, twin::dense_gemm_wgmma, twin::dense_gemm_wgmma_swiglu, twin::dense_gemm_wgmma_qkv),
+        ("wgmma BLOCK_N 256", 256, twin::dense_gemm_wgmma, twin::dense_gemm_wgmma_swiglu, twin::dense_gemm_wgmma_qkv),
+    ]
+}
+
+/// The fused SwiGLU GEMMs (gemm.cu `dense_gemm_swiglu_*`, gemm_wgmma.cu
+/// `dense_gemm_wgmma_swiglu_*`), replayed fragment by fragment with their interleaved weight
+/// rows: bitwise what the unfused passes give — the same tile's plain GEMM into [gate | up],
+/// `silu_mul_f32`, then `cast_bf16` — on all rows and on fewer. Partial row and column tiles
+/// (m 150; n = 2 · 72 = 144 is not a multiple of 64 or 128) and a K that is not a multiple of
+/// either K step.
 #[test]
 fn fused_swiglu_gemm_is_bitwise_the_unfused_passes() {
     let mut g = rng(17);
@@ -567,34 +584,29 @@ fn fused_swiglu_gemm_is_bitwise_the_unfused_passes() {
     let n = 2 * inter;
     let xb: Vec<u16> = random(&mut g, m * k).iter().map(|&v| twin::warp::to_bf16(v)).collect();
     let wb: Vec<u16> = random(&mut g, n * k).iter().map(|&v| twin::warp::to_bf16(v)).collect();
-    for bm in [64, 128] {
+    for (name, bm, plain, swiglu, _) in dense_tiles() {
         let mut gate_up = vec![f32::NAN; m * n];
-        twin::dense_gemm(bm, &xb, &wb, &mut gate_up, m, n, k, 0.0);
+        plain(bm, &xb, &wb, &mut gate_up, m, n, k, 0.0);
         let mut act = vec![f32::NAN; m * inter];
         twin::silu_mul_f32(&gate_up, &mut act, inter);
         let mut want = vec![0u16; m * inter];
         twin::cast_bf16(&act, &mut want);
         let mut got = vec![0xffffu16; m * inter];
-        twin::dense_gemm_swiglu(bm, &xb, &wb, &mut got, m, n, k);
+        swiglu(bm, &xb, &wb, &mut got, m, n, k);
         let diff = got.iter().zip(&want).position(|(a, b)| a != b);
-        assert_eq!(
-            diff,
-            None,
-            "BLOCK_M {bm}: first differing element (row, col) {:?}",
-            diff.map(|i| (i / inter, i % inter))
-        );
+        assert_eq!(diff, None, "{name}: first differing element (row, col) {:?}", diff.map(|i| (i / inter, i % inter)));
         for (row, rows) in [(0usize, 1usize), (7, 5), (64, 70)] {
             let mut part = vec![0xffffu16; rows * inter];
-            twin::dense_gemm_swiglu(bm, &xb[row * k..(row + rows) * k], &wb, &mut part, rows, n, k);
-            assert_eq!(part, got[row * inter..(row + rows) * inter], "BLOCK_M {bm}: rows {row}..{} alone", row + rows);
+            swiglu(bm, &xb[row * k..(row + rows) * k], &wb, &mut part, rows, n, k);
+            assert_eq!(part, got[row * inter..(row + rows) * inter], "{name}: rows {row}..{} alone", row + rows);
         }
     }
 }
 
-/// The fused QKV GEMM (gemm.cu `dense_gemm_qkv_*`), replayed fragment by fragment with its
-/// staged tile: bitwise what the unfused kernels give — the plain tiled GEMM, then rope.cu's
-/// `qk_norm_rope` with its K/V write — in q columns and in both whole pools, at every BLOCK_M
-/// whose tile holds whole heads, for head sizes 32, 64 and 128, GQA and MHA, both RoPE layouts
+/// The fused QKV GEMMs (gemm.cu `dense_gemm_qkv_*`, gemm_wgmma.cu `dense_gemm_wgmma_qkv_*`),
+/// replayed fragment by fragment with their staged tiles: bitwise what the unfused kernels give —
+/// the same tile's plain GEMM, then rope.cu's `qk_norm_rope` with its K/V write — in q columns
+/// and in both whole pools, at every tile that holds whole heads, for head sizes 32, 64 and 128, GQA and MHA, both RoPE layouts
 /// (one partial), with and without the q/k norms; partial row tiles, a K that is not a multiple
 /// of the K step, scattered positions and slots; and a row's bits alone as in the batch.
 #[test]
@@ -610,14 +622,15 @@ fn fused_qkv_gemm_is_bitwise_the_unfused_kernels() {
         let row_slots: Vec<u32> = (0..m as u32).map(|r| (r * 7 + 3) % slots as u32).collect();
         let (qn, kn) = (random(&mut g, hd), random(&mut g, hd));
         let cs = twin::rope_table(1e6, rotary_dim, 300);
-        for bm in [64, 128].into_iter().filter(|bm| GemmShape::of(*bm).bn.is_multiple_of(hd)) {
+        let holds_heads =
+            |name: &str, tile: usize| name.starts_with("wgmma") || GemmShape::of(tile).bn.is_multiple_of(hd);
+        for (name, tile, plain, _, qkv_gemm) in dense_tiles().into_iter().filter(|t| holds_heads(t.0, t.1)) {
             for (interleaved, norms) in [(false, true), (true, false)] {
-                let what = format!(
-                    "heads {n_heads}/{n_kv_heads} of {hd}, BLOCK_M {bm}, interleaved {interleaved}, norms {norms}"
-                );
+                let what =
+                    format!("heads {n_heads}/{n_kv_heads} of {hd}, {name}, interleaved {interleaved}, norms {norms}");
                 let (q_norm, k_norm) = if norms { (Some(&qn[..]), Some(&kn[..])) } else { (None, None) };
                 let mut want = vec![f32::NAN; m * n];
-                twin::dense_gemm(bm, &xb, &wb, &mut want, m, n, k, 0.0);
+                plain(tile, &xb, &wb, &mut want, m, n, k, 0.0);
                 let (mut wk, mut wv) = (vec![0u16; slots * kv_dim], vec![0u16; slots * kv_dim]);
                 let args = twin::QkNormRopeArgs {
                     qkv_cols: n,
@@ -652,7 +665,7 @@ fn fused_qkv_gemm_is_bitwise_the_unfused_kernels() {
                         interleaved,
                         eps: 1e-6,
                     };
-                    twin::dense_gemm_qkv(bm, &xb[rows.start * k..rows.end * k], &wb, &mut out, rows.len(), n, k);
+                    qkv_gemm(tile, &xb[rows.start * k..rows.end * k], &wb, &mut out, rows.len(), n, k);
                     (qkv, k_pool, v_pool)
                 };
                 let (got, gk, gv) = fused(0..m);

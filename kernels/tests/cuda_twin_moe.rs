@@ -15,6 +15,7 @@ use common::*;
 use rand::Rng;
 use sieve_kernels::cuda::moe::{BlockM, MoeDims, MoeRouting, TilePolicy};
 use sieve_kernels::cuda::twin::{self, warp::round_bf16, GroupedGemmArgs, TwinMoeWeights};
+use sieve_kernels::cuda::GemmEngine;
 
 const BF16_AWARE_TOL: f32 = 1e-3;
 const PLAIN_TOL: f32 = 2e-2;
@@ -267,6 +268,25 @@ fn grouped_gemm_fragments_compute_each_experts_product() {
             results.push(c);
         }
         assert_bits_eq(&format!("BLOCK_M 64 vs 128, n {n}, k {k}"), &results[0], &results[1]);
+        // moe_gemm_wgmma.cu's variants, on the same schedules (BM x 128 tiles).
+        for bm in [64usize, 128] {
+            let tiles = if bm == 64 { &off.tiles64 } else { &off.tiles128 };
+            let mut c = vec![f32::NAN; n_assign * n];
+            let args = GroupedGemmArgs {
+                a: &a,
+                w: &w,
+                counts: &off.counts,
+                offsets: &off.offsets,
+                tiles,
+                n_tiles: off.n_tiles,
+                choice: bm as u32,
+                n,
+                k,
+            };
+            twin::moe_gemm_wgmma(bm, args, twin::max_tiles(n_assign, ne, bm), &mut c);
+            assert_close(&format!("wgmma grouped GEMM BLOCK_M {bm}, n {n}, k {k}"), &c, &want, 1e-5);
+            assert_bits_eq(&format!("wgmma BLOCK_M {bm} vs mma.sync, n {n}, k {k}"), &c, &results[0]);
+        }
     }
 }
 
@@ -306,8 +326,11 @@ fn moe_layer_matches_the_per_token_loop_for_every_variant() {
         for (policy, unfused) in
             [TilePolicy::Fixed(BlockM::M64), TilePolicy::Fixed(BlockM::M128)].into_iter().zip(&outs[1..])
         {
-            let (fused, _, _) = twin::moe_forward_with_counts(&x, &logits, &weights, routing, policy, true).unwrap();
-            assert_bits_eq(&format!("MoE {tokens} tokens {policy:?}: SwiGLU epilogue vs unfused"), &fused, unfused);
+            for engine in [GemmEngine::Tiled, GemmEngine::Wgmma] {
+                let (fused, _, _) =
+                    twin::moe_forward_with_counts(&x, &logits, &weights, routing, policy, engine).unwrap();
+                assert_bits_eq(&format!("MoE {tokens} tokens {policy:?}: {engine:?} vs unfused"), &fused, unfused);
+            }
         }
     }
 }

@@ -40,11 +40,11 @@ pub enum GemmEngine {
     /// The first tensor-core tile (mma_tile_v1.cuh), the same bits as [`GemmEngine::Tiled`];
     /// kept to measure the current tile against in the same run.
     TiledV1,
-    /// Hopper's warpgroup tensor cores (kernels/cuda/gemm_wgmma.cu, sm_90 devices only): the
-    /// same contract as [`GemmEngine::Tiled`] — one K order per row whatever the batch — on the
-    /// instruction Hopper runs at full rate. Every op in its own pass, like
-    /// [`GemmEngine::TiledUnfused`] (no fused epilogues yet). Whether its bits equal the
-    /// mma.sync tile's is the hardware's to say (tests/cuda_gpu.rs reports it).
+    /// Hopper's warpgroup tensor cores (kernels/cuda/gemm_wgmma.cu, moe_gemm_wgmma.cu; sm_90
+    /// devices only): [`GemmEngine::Tiled`] — the same fused epilogues, one K order per row
+    /// whatever the batch — on the instruction Hopper runs at full rate, for the dense
+    /// projections and the MoE grouped GEMM. Whether its bits equal the mma.sync tile's is the
+    /// hardware's to say (tests/cuda_gpu.rs reports it).
     Wgmma,
 }
 
@@ -57,9 +57,10 @@ impl GemmEngine {
     }
 
     /// Whether GEMM operands are stored bf16 by the op that writes them and the dense MLP's
-    /// SiLU·mul runs in the gate/up GEMM's epilogue ([`GemmEngine::Tiled`] only).
+    /// SiLU·mul runs in the gate/up GEMM's epilogue ([`GemmEngine::Tiled`] and
+    /// [`GemmEngine::Wgmma`]).
     pub fn fused(self) -> bool {
-        self == GemmEngine::Tiled
+        matches!(self, GemmEngine::Tiled | GemmEngine::Wgmma)
     }
 
     /// Whether `matmul_silu_mul` of a `[*, k]` input through a `[2 * inter, k]` weight runs as
@@ -137,39 +138,44 @@ impl GemmShape {
     }
 }
 
-/// A block tile of the wgmma GEMM (kernels/cuda/gemm_wgmma.cu): 128 x `bn` outputs by two
-/// warpgroups, with `smem_bytes` of dynamic shared memory (its ring, and 1 KiB to align it).
+/// A block tile of the wgmma GEMM (kernels/cuda/wgmma_tile.cuh `WgShape`): `bm x bn` outputs
+/// by `bm / 64` warpgroups, with `smem_bytes` of dynamic shared memory (its ring, and 1 KiB to
+/// align it). The dense kernels are 128 x 128 or 128 x 256; the grouped expert GEMM's 64 x 128 or
+/// 128 x 128.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WgmmaShape {
+    pub bm: usize,
     pub bn: usize,
     pub stages: usize,
+    pub threads: u32,
     pub smem_bytes: usize,
 }
 
 impl WgmmaShape {
-    pub const BM: usize = sources::consts::WG_BM as usize;
-    pub const THREADS: u32 = sources::consts::WG_THREADS;
-
-    /// The tile of a BLOCK_N (128 or 256; gemm_wgmma.cu `WgShape`).
-    pub fn of(bn: usize) -> WgmmaShape {
-        let stages = match bn {
-            128 => 6,
-            256 => 4,
-            _ => panic!("no wgmma GEMM tile with BLOCK_N {bn}"),
+    pub fn of(bm: usize, bn: usize) -> WgmmaShape {
+        let stages = match (bm, bn) {
+            (128, 128) => 6,
+            (128, 256) | (64, 128) => 4,
+            _ => panic!("no wgmma GEMM tile {bm} x {bn}"),
         };
-        let smem_bytes = stages * (Self::BM + bn) * sources::consts::WG_BK as usize * 2 + 1024;
-        WgmmaShape { bn, stages, smem_bytes }
+        let smem_bytes = stages * (bm + bn) * sources::consts::WG_BK as usize * 2 + 1024;
+        WgmmaShape { bm, bn, stages, threads: bm as u32 * 2, smem_bytes }
     }
 
-    /// BLOCK_N for an `m x n` output (speed only: both give the same bits): 256 reads each A
-    /// byte from shared memory for twice the outputs, taken once its grid has about one block
-    /// per SM of an H100-class GPU (132).
-    pub fn bn_for(m: usize, n: usize) -> usize {
-        if m.div_ceil(Self::BM) * n.div_ceil(256) >= 128 {
+    /// The dense kernels' BLOCK_N for an `m x n` output (speed only: both give the same bits):
+    /// 256 reads each A byte from shared memory for twice the outputs, taken once its grid has
+    /// about one block per SM of an H100-class GPU (132).
+    pub fn dense_bn(m: usize, n: usize) -> usize {
+        if m.div_ceil(128) * n.div_ceil(256) >= 128 {
             256
         } else {
             128
         }
+    }
+
+    /// The dense kernels' tile for an `m x n` output.
+    pub fn dense(m: usize, n: usize) -> WgmmaShape {
+        WgmmaShape::of(128, Self::dense_bn(m, n))
     }
 }
 

@@ -17,6 +17,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     ("mma_tile.cuh", include_str!("../../cuda/mma_tile.cuh")),
     ("mma_tile_v1.cuh", include_str!("../../cuda/mma_tile_v1.cuh")),
     ("rope.cuh", include_str!("../../cuda/rope.cuh")),
+    ("wgmma_tile.cuh", include_str!("../../cuda/wgmma_tile.cuh")),
 ];
 
 macro_rules! kernel_source {
@@ -55,12 +56,25 @@ pub const GEMM: KernelSource = kernel_source!(
     ]
 );
 
-pub const GEMM_WGMMA: KernelSource =
-    kernel_source!("gemm_wgmma.cu", ["dense_gemm_wgmma_bn128", "dense_gemm_wgmma_bn256"]);
+pub const GEMM_WGMMA: KernelSource = kernel_source!(
+    "gemm_wgmma.cu",
+    [
+        "dense_gemm_wgmma_bn128",
+        "dense_gemm_wgmma_bn256",
+        "dense_gemm_wgmma_swiglu_bn128",
+        "dense_gemm_wgmma_swiglu_bn256",
+        "dense_gemm_wgmma_qkv_bn128",
+        "dense_gemm_wgmma_qkv_bn256"
+    ]
+);
+pub const MOE_GEMM_WGMMA: KernelSource = kernel_source!(
+    "moe_gemm_wgmma.cu",
+    ["moe_gemm_wgmma_bm64", "moe_gemm_wgmma_bm128", "moe_gemm_wgmma_swiglu_bm64", "moe_gemm_wgmma_swiglu_bm128"]
+);
 
 /// Sources that use sm_90a's architecture-specific instructions (wgmma): compiled, as `sm_90a`,
 /// only for a compute capability 9.0 device, where the backend also loads them.
-pub const HOPPER: &[KernelSource] = &[GEMM_WGMMA];
+pub const HOPPER: &[KernelSource] = &[GEMM_WGMMA, MOE_GEMM_WGMMA];
 
 /// Every kernel source for all architectures; the CUDA backend loads them all at start-up.
 pub const ALL: &[KernelSource] = &[
@@ -113,7 +127,6 @@ pub mod consts {
     pub const GEMM_GROUP_M: u32 = 8;
     pub const GEMM_V1_BN: u32 = 64;
     pub const GEMM_V1_BK: u32 = 32;
-    pub const WG_BM: u32 = 128;
     pub const WG_BK: u32 = 64;
     pub const WG_THREADS: u32 = 256;
 
@@ -149,8 +162,7 @@ pub mod consts {
         ("mma_tile.cuh", "GEMM_GROUP_M", GEMM_GROUP_M),
         ("mma_tile_v1.cuh", "GEMM_V1_BN", GEMM_V1_BN),
         ("mma_tile_v1.cuh", "GEMM_V1_BK", GEMM_V1_BK),
-        ("gemm_wgmma.cu", "WG_BM", WG_BM),
-        ("gemm_wgmma.cu", "WG_BK", WG_BK),
+        ("wgmma_tile.cuh", "WG_BK", WG_BK),
         ("gemm_wgmma.cu", "WG_THREADS", WG_THREADS),
     ];
 }

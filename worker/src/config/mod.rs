@@ -88,9 +88,8 @@ pub struct ModelSection {
     /// CUDA dense projections: `tiled` (our tensor-core GEMM: a row's bits never depend on its
     /// batch; with fused epilogues: bf16 GEMM inputs written by the norm, SiLU·mul in the gate/up
     /// GEMM) or `cublas` (faster, but cuBLAS picks kernels by problem size, so scores can move
-    /// in the last bits with batch composition); `wgmma` (Hopper's warpgroup tensor cores,
-    /// sm_90 only, batch-invariant like `tiled`, no fused epilogues yet); `tiled_unfused` and
-    /// `tiled_v1` to compare.
+    /// in the last bits with batch composition); `wgmma` (`tiled` on Hopper's warpgroup tensor
+    /// cores, sm_90 only, batch-invariant); `tiled_unfused` and `tiled_v1` to compare.
     pub gemm: Gemm,
     /// CUDA attention: `mma` (tensor cores, head sizes 64 and 128; others fall back to `simt`)
     /// or `simt` (the earlier kernel, kept to compare against). Both keep a row's bits
@@ -132,8 +131,8 @@ pub enum Gemm {
     /// before each GEMM, SiLU·mul in its own pass): the same bits, kept to measure against.
     #[serde(rename = "tiled_unfused")]
     TiledUnfused,
-    /// Hopper's wgmma GEMM (sm_90 GPUs only; a clear error at start elsewhere): batch-invariant
-    /// like `tiled`, each op in its own pass.
+    /// `tiled` on Hopper's wgmma (sm_90 GPUs only; a clear error at start elsewhere):
+    /// batch-invariant, the same fused epilogues.
     Wgmma,
 }
 

@@ -302,12 +302,20 @@ fn moe_model_on_the_cuda_pipeline_twin_matches_the_cpu_backend() {
     let prompts: Vec<Vec<u32>> = (0..5).map(|i| tokens(70 + i as u64, 3 + 7 * i, c.vocab)).collect();
     let want = scores_alone(&cpu, &on_cpu, &prompts);
     assert!(want.iter().any(|&s| (s - want[0]).abs() > 0.5), "logits do not vary: {want:?}");
+    // The wgmma engine (gemm_wgmma.cu, moe_gemm_wgmma.cu) through the same model code: in the
+    // twin, the mma.sync engine's bits at every policy.
+    let wgmma = TwinBackend { gemm: sieve_kernels::cuda::GemmEngine::Wgmma, ..Default::default() };
+    let mut on_wgmma = Model::load(&wgmma, &src, c.clone(), head.clone(), false).unwrap();
     for policy in [on_twin.moe_policy().clone(), MoePolicy::Fixed(0), MoePolicy::Fixed(1)] {
         on_twin.set_moe_policy(&twin, policy.clone()).unwrap();
         let got = scores_alone(&twin, &on_twin, &prompts);
         for (g, w) in got.iter().zip(&want) {
             assert!((g - w).abs() <= tol(*w), "{policy:?}: twin {g} vs cpu {w}");
         }
+        on_wgmma.set_moe_policy(&wgmma, policy.clone()).unwrap();
+        let on_wg = scores_alone(&wgmma, &on_wgmma, &prompts);
+        let bits = |v: &[f32]| v.iter().map(|s| s.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&on_wg), bits(&got), "{policy:?}: wgmma engine vs tiled");
     }
     // The record: at a handful of rows per expert the rule picks BLOCK_M 64 (index 1).
     let mut scratch = Scratch::new(&twin).unwrap();

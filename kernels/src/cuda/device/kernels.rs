@@ -12,7 +12,7 @@ use super::{driver_err, CudaOptions};
 use crate::backend::{KernelError, Result};
 use crate::cuda::layout::{attention_mma_smem_bytes, attention_smem_bytes};
 use crate::cuda::nvrtc::{cache_key, options_for, Arch, CompiledImage, KernelCache, NvrtcCompiler, Target};
-use crate::cuda::sources::{self, consts::ATT_MAX_HD, KernelSource, GEMM_WGMMA, HOPPER};
+use crate::cuda::sources::{self, consts::ATT_MAX_HD, KernelSource, GEMM_WGMMA, HOPPER, MOE_GEMM_WGMMA};
 use crate::cuda::{GemmShape, WgmmaShape};
 
 /// Where each translation unit's image came from.
@@ -88,6 +88,14 @@ fn target_for(arch: Arch, nvrtc: Option<&NvrtcCompiler>) -> Result<Target> {
 pub(crate) struct HopperKernels {
     pub dense_gemm_wgmma_bn128: CudaFunction,
     pub dense_gemm_wgmma_bn256: CudaFunction,
+    pub dense_gemm_wgmma_swiglu_bn128: CudaFunction,
+    pub dense_gemm_wgmma_swiglu_bn256: CudaFunction,
+    pub dense_gemm_wgmma_qkv_bn128: CudaFunction,
+    pub dense_gemm_wgmma_qkv_bn256: CudaFunction,
+    pub moe_gemm_wgmma_bm64: CudaFunction,
+    pub moe_gemm_wgmma_bm128: CudaFunction,
+    pub moe_gemm_wgmma_swiglu_bm64: CudaFunction,
+    pub moe_gemm_wgmma_swiglu_bm128: CudaFunction,
 }
 
 impl HopperKernels {
@@ -95,13 +103,33 @@ impl HopperKernels {
         for src in HOPPER {
             loader.load(src, Arch::specific(9, 0))?;
         }
-        let f = |entry: &str| loader.function(&GEMM_WGMMA, entry);
+        let (d, m) = (|e: &str| loader.function(&GEMM_WGMMA, e), |e: &str| loader.function(&MOE_GEMM_WGMMA, e));
         let h = HopperKernels {
-            dense_gemm_wgmma_bn128: f("dense_gemm_wgmma_bn128")?,
-            dense_gemm_wgmma_bn256: f("dense_gemm_wgmma_bn256")?,
+            dense_gemm_wgmma_bn128: d("dense_gemm_wgmma_bn128")?,
+            dense_gemm_wgmma_bn256: d("dense_gemm_wgmma_bn256")?,
+            dense_gemm_wgmma_swiglu_bn128: d("dense_gemm_wgmma_swiglu_bn128")?,
+            dense_gemm_wgmma_swiglu_bn256: d("dense_gemm_wgmma_swiglu_bn256")?,
+            dense_gemm_wgmma_qkv_bn128: d("dense_gemm_wgmma_qkv_bn128")?,
+            dense_gemm_wgmma_qkv_bn256: d("dense_gemm_wgmma_qkv_bn256")?,
+            moe_gemm_wgmma_bm64: m("moe_gemm_wgmma_bm64")?,
+            moe_gemm_wgmma_bm128: m("moe_gemm_wgmma_bm128")?,
+            moe_gemm_wgmma_swiglu_bm64: m("moe_gemm_wgmma_swiglu_bm64")?,
+            moe_gemm_wgmma_swiglu_bm128: m("moe_gemm_wgmma_swiglu_bm128")?,
         };
-        for (f, bn) in [(&h.dense_gemm_wgmma_bn128, 128), (&h.dense_gemm_wgmma_bn256, 256)] {
-            f.set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, WgmmaShape::of(bn).smem_bytes as i32)
+        // Every ring is past the 48 KiB a kernel gets without opting in.
+        for (f, (bm, bn)) in [
+            (&h.dense_gemm_wgmma_bn128, (128, 128)),
+            (&h.dense_gemm_wgmma_bn256, (128, 256)),
+            (&h.dense_gemm_wgmma_swiglu_bn128, (128, 128)),
+            (&h.dense_gemm_wgmma_swiglu_bn256, (128, 256)),
+            (&h.dense_gemm_wgmma_qkv_bn128, (128, 128)),
+            (&h.dense_gemm_wgmma_qkv_bn256, (128, 256)),
+            (&h.moe_gemm_wgmma_bm64, (64, 128)),
+            (&h.moe_gemm_wgmma_bm128, (128, 128)),
+            (&h.moe_gemm_wgmma_swiglu_bm64, (64, 128)),
+            (&h.moe_gemm_wgmma_swiglu_bm128, (128, 128)),
+        ] {
+            f.set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, WgmmaShape::of(bm, bn).smem_bytes as i32)
                 .map_err(driver_err("wgmma GEMM shared memory limit"))?;
         }
         Ok(h)

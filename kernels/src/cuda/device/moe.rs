@@ -16,7 +16,7 @@ use crate::cuda::moe::{
 };
 use crate::cuda::sources::consts::*;
 use crate::cuda::twin::{max_tiles, n_chunks};
-use crate::cuda::GemmShape;
+use crate::cuda::{GemmEngine, GemmShape, WgmmaShape};
 use crate::moe::{AutotuneReport, BackendVariant, MoeCostModel, MoeLayerHost, MoeLayerStats, MoeSelect};
 
 /// Expert weights on the device (bf16): gate_up [n_experts, 2·inter, hidden] (gate rows then up
@@ -205,7 +205,18 @@ impl CudaBackend {
 
         // Both variants of a grouped GEMM (the one the selector did not choose exits at once);
         // `c` (a device address) is f32 [n_assign, n], or with the SwiGLU pair the bf16 act
-        // [n_assign, n / 2].
+        // [n_assign, n / 2]. On the wgmma engine, moe_gemm_wgmma.cu's (BM x 128 tiles).
+        let wgmma = if self.gemm == GemmEngine::Wgmma { Some(self.hopper()?) } else { None };
+        let (plain, swiglu) = match wgmma {
+            Some(h) => (
+                [&h.moe_gemm_wgmma_bm64, &h.moe_gemm_wgmma_bm128],
+                [&h.moe_gemm_wgmma_swiglu_bm64, &h.moe_gemm_wgmma_swiglu_bm128],
+            ),
+            None => (
+                [&self.k.moe_gemm_bm64, &self.k.moe_gemm_bm128],
+                [&self.k.moe_gemm_swiglu_bm64, &self.k.moe_gemm_swiglu_bm128],
+            ),
+        };
         let gemm = |pair: [&CudaFunction; 2],
                     a: &CudaSlice<u16>,
                     wts: &CudaSlice<u16>,
@@ -215,23 +226,30 @@ impl CudaBackend {
          -> Result<()> {
             let (n_i, k_i) = (n as i32, kdim as i32);
             for (f, tiles, grid_x, bm) in [(pair[0], &tiles64, max64, 64), (pair[1], &tiles128, max128, 128)] {
-                let shape = GemmShape::of(bm);
-                let ny = n.div_ceil(shape.bn) as u32;
+                let (bn, threads, smem) = match wgmma {
+                    Some(_) => {
+                        let t = WgmmaShape::of(bm, 128);
+                        (t.bn, t.threads, t.smem_bytes)
+                    }
+                    None => {
+                        let t = GemmShape::of(bm);
+                        (t.bn, t.threads, t.smem_bytes)
+                    }
+                };
                 let mut b = s.launch_builder(f);
                 b.arg(a).arg(wts).arg(&c);
                 b.arg(&counts).arg(&offsets).arg(tiles).arg(&n_tiles).arg(&choice).arg(&n_i).arg(&k_i);
-                unsafe { b.launch(launch_cfg((grid_x as u32, ny), shape.threads, shape.smem_bytes)) }
+                unsafe { b.launch(launch_cfg((grid_x as u32, n.div_ceil(bn) as u32), threads, smem)) }
                     .map_err(driver_err("moe_gemm"))?;
             }
             Ok(())
         };
         if self.gemm.swiglu_fused_for(hidden, inter) {
-            let pair = [&self.k.moe_gemm_swiglu_bm64, &self.k.moe_gemm_swiglu_bm128];
-            gemm(pair, &xp, &w.gate_up, act.device_ptr_mut(s).0, 2 * inter, hidden)?;
+            gemm(swiglu, &xp, &w.gate_up, act.device_ptr_mut(s).0, 2 * inter, hidden)?;
         } else {
             let mut gate_up_out = alloc_unset::<f32>(s, n_assign * 2 * inter)?;
             let c = gate_up_out.device_ptr_mut(s).0;
-            gemm([&self.k.moe_gemm_bm64, &self.k.moe_gemm_bm128], &xp, &w.gate_up, c, 2 * inter, hidden)?;
+            gemm(plain, &xp, &w.gate_up, c, 2 * inter, hidden)?;
             let n_act = (n_assign * inter) as i64;
             unsafe {
                 s.launch_builder(&self.k.silu_mul_bf16)
@@ -243,7 +261,7 @@ impl CudaBackend {
             }
             .map_err(driver_err("silu_mul_bf16"))?;
         }
-        gemm([&self.k.moe_gemm_bm64, &self.k.moe_gemm_bm128], &act, &w.down, y.device_ptr_mut(s).0, hidden, inter)?;
+        gemm(plain, &act, &w.down, y.device_ptr_mut(s).0, hidden, inter)?;
         unsafe {
             s.launch_builder(&self.k.moe_unpermute)
                 .arg(&y)

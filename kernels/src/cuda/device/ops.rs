@@ -1,6 +1,6 @@
 //! `Backend` for `CudaBackend`: shape checks (shared with the CPU twin), then one launch each.
 
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaView, CudaViewMut, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::memory::{alloc, CudaBatch, CudaKvCache, CudaMatrix, CudaTensor, CudaVector};
 use super::{driver_err, CudaBackend};
@@ -9,6 +9,24 @@ use crate::cuda::checks;
 use crate::cuda::layout::{attention_mma_smem_bytes, attention_smem_bytes, PackedBatch, ATTN_UNIT_WORDS};
 use crate::cuda::sources::consts::*;
 use crate::cuda::twin::{attention_scale, attention_scale_log2, warp::to_bf16};
+
+/// A fused epilogue of the dense GEMM ([`CudaBackend::dense_kernel`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum DenseEpilogue {
+    /// SiLU·mul into the bf16 activation (`dense_gemm_swiglu_*`, `dense_gemm_wgmma_swiglu_*`).
+    Swiglu,
+    /// The q/k norm, RoPE and K/V write (`dense_gemm_qkv_*`, `dense_gemm_wgmma_qkv_*`).
+    Qkv { head_dim: usize },
+}
+
+/// A wgmma launch of tile `s` over an `m x n` output (dense: row tiles in x, column tiles in y).
+pub(super) fn wgmma_launch(s: WgmmaShape, m: usize, n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (m.div_ceil(s.bm) as u32, n.div_ceil(s.bn) as u32, 1),
+        block_dim: (s.threads, 1, 1),
+        shared_mem_bytes: s.smem_bytes as u32,
+    }
+}
 use crate::cuda::{GemmEngine, GemmShape, WgmmaShape};
 
 /// One block of `threads` per row.
@@ -175,7 +193,7 @@ impl CudaBackend {
             return self.blas.gemm_bf16(&xb, &w.buf, &mut out.buf, x.rows, w.rows, w.cols, beta);
         }
         if self.gemm == GemmEngine::Wgmma {
-            return self.launch_wgmma(WgmmaShape::bn_for(x.rows, w.rows), &xb, w, out, x.rows, beta);
+            return self.launch_wgmma(WgmmaShape::dense_bn(x.rows, w.rows), &xb, w, out, x.rows, beta);
         }
         let bm = self.gemm.block_m(x.rows, w.rows);
         self.launch_tiled(self.gemm == GemmEngine::TiledV1, bm, &xb, w, out, x.rows, beta)
@@ -212,14 +230,7 @@ impl CudaBackend {
         let mut scratch = self.gemm_input.lock().unwrap_or_else(|p| p.into_inner());
         let xb = self.gemm_operand(x, &mut scratch)?;
         let (m, n) = (x.rows, w.rows);
-        let bm = self.gemm.block_m(m, n);
-        let f = if bm == 64 { &self.k.dense_gemm_swiglu_bm64 } else { &self.k.dense_gemm_swiglu_bm128 };
-        let s = GemmShape::of(bm);
-        let cfg = LaunchConfig {
-            grid_dim: (m.div_ceil(bm) as u32, n.div_ceil(s.bn) as u32, 1),
-            block_dim: (s.threads, 1, 1),
-            shared_mem_bytes: s.smem_bytes as u32,
-        };
+        let (f, cfg) = self.dense_kernel(DenseEpilogue::Swiglu, m, n)?;
         let (m, n, k) = (m as i32, n as i32, w.cols as i32);
         let mut out = act.bf16_view_mut()?;
         unsafe { self.stream.launch_builder(f).arg(&xb).arg(&w.buf).arg(&mut out).arg(&m).arg(&n).arg(&k).launch(cfg) }
@@ -268,6 +279,45 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// The sm_90a kernels, or why this backend has none.
+    pub(super) fn hopper(&self) -> Result<&super::kernels::HopperKernels> {
+        self.hopper.as_ref().map_err(|why| KernelError::Unsupported(format!("wgmma GEMM: {why}")))
+    }
+
+    /// The dense GEMM kernel with epilogue `epi` for an `m x n` output on this backend's engine,
+    /// and its launch: gemm_wgmma.cu's on `GemmEngine::Wgmma`, else gemm.cu's at the engine's
+    /// BLOCK_M.
+    pub(super) fn dense_kernel(&self, epi: DenseEpilogue, m: usize, n: usize) -> Result<(&CudaFunction, LaunchConfig)> {
+        if self.gemm == GemmEngine::Wgmma {
+            let h = self.hopper()?;
+            let s = WgmmaShape::dense(m, n);
+            let f = match (epi, s.bn == 128) {
+                (DenseEpilogue::Swiglu, true) => &h.dense_gemm_wgmma_swiglu_bn128,
+                (DenseEpilogue::Swiglu, false) => &h.dense_gemm_wgmma_swiglu_bn256,
+                (DenseEpilogue::Qkv { .. }, true) => &h.dense_gemm_wgmma_qkv_bn128,
+                (DenseEpilogue::Qkv { .. }, false) => &h.dense_gemm_wgmma_qkv_bn256,
+            };
+            return Ok((f, wgmma_launch(s, m, n)));
+        }
+        let bm = match epi {
+            DenseEpilogue::Qkv { head_dim } => self.gemm.qkv_block_m(m, n, head_dim),
+            DenseEpilogue::Swiglu => self.gemm.block_m(m, n),
+        };
+        let f = match (epi, bm == 64) {
+            (DenseEpilogue::Swiglu, true) => &self.k.dense_gemm_swiglu_bm64,
+            (DenseEpilogue::Swiglu, false) => &self.k.dense_gemm_swiglu_bm128,
+            (DenseEpilogue::Qkv { .. }, true) => &self.k.dense_gemm_qkv_bm64,
+            (DenseEpilogue::Qkv { .. }, false) => &self.k.dense_gemm_qkv_bm128,
+        };
+        let s = GemmShape::of(bm);
+        let cfg = LaunchConfig {
+            grid_dim: (m.div_ceil(bm) as u32, n.div_ceil(s.bn) as u32, 1),
+            block_dim: (s.threads, 1, 1),
+            shared_mem_bytes: s.smem_bytes as u32,
+        };
+        Ok((f, cfg))
+    }
+
     /// One wgmma GEMM launch (gemm_wgmma.cu): out (+)= xb · Wᵀ over `m` rows of bf16 `xb`, at
     /// BLOCK_N `bn`. A clear error on a device without the sm_90a kernels.
     #[allow(clippy::too_many_arguments)]
@@ -280,14 +330,9 @@ impl CudaBackend {
         m: usize,
         beta: f32,
     ) -> Result<()> {
-        let h = self.hopper.as_ref().map_err(|why| KernelError::Unsupported(format!("wgmma GEMM: {why}")))?;
+        let h = self.hopper()?;
         let f = if bn == 128 { &h.dense_gemm_wgmma_bn128 } else { &h.dense_gemm_wgmma_bn256 };
-        let s = WgmmaShape::of(bn);
-        let cfg = LaunchConfig {
-            grid_dim: (m.div_ceil(WgmmaShape::BM) as u32, w.rows.div_ceil(bn) as u32, 1),
-            block_dim: (WgmmaShape::THREADS, 1, 1),
-            shared_mem_bytes: s.smem_bytes as u32,
-        };
+        let cfg = wgmma_launch(WgmmaShape::of(128, bn), m, w.rows);
         let (m, n, k) = (m as i32, w.rows as i32, w.cols as i32);
         unsafe {
             self.stream

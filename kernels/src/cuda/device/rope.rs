@@ -7,13 +7,12 @@ use std::sync::MutexGuard;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::memory::{alloc, CudaBatch, CudaKvCache, CudaMatrix, CudaTensor, CudaVector};
-use super::ops::{f32_only, grid_stride};
+use super::ops::{f32_only, grid_stride, DenseEpilogue};
 use super::{driver_err, CudaBackend};
 use crate::backend::{KernelError, QkvLayout, Result, RopeConfig, RopeLayout};
 use crate::cuda::checks;
 use crate::cuda::layout::{check_rope_shape, rope_smem_bytes};
 use crate::cuda::sources::consts::ROPE_THREADS;
-use crate::cuda::GemmShape;
 
 /// Positions the angle table is first built for; it grows by powers of two past that.
 const ROPE_TABLE_MIN_POSITIONS: usize = 4096;
@@ -128,7 +127,7 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// gemm.cu's `dense_gemm_qkv_*`: qkv's q columns = the normed, rotated q heads of x · Wᵀ,
+    /// gemm.cu's `dense_gemm_qkv_*` (gemm_wgmma.cu's on the wgmma engine): qkv's q columns = the normed, rotated q heads of x · Wᵀ,
     /// `layer`'s K/V pools = its k (normed, rotated) and v heads at each row's slot. The caller
     /// has checked the shapes and that the engine fuses this layout (`GemmEngine::qkv_fused_for`).
     #[allow(clippy::too_many_arguments)]
@@ -148,14 +147,7 @@ impl CudaBackend {
         let mut scratch = self.gemm_input.lock().unwrap_or_else(|p| p.into_inner());
         let xb = self.gemm_operand(x, &mut scratch)?;
         let (m, n) = (x.rows, w.rows);
-        let bm = self.gemm.qkv_block_m(m, n, layout.head_dim);
-        let s = GemmShape::of(bm);
-        let f = if bm == 64 { &self.k.dense_gemm_qkv_bm64 } else { &self.k.dense_gemm_qkv_bm128 };
-        let cfg = LaunchConfig {
-            grid_dim: (m.div_ceil(bm) as u32, n.div_ceil(s.bn) as u32, 1),
-            block_dim: (s.threads, 1, 1),
-            shared_mem_bytes: s.smem_bytes as u32,
-        };
+        let (f, cfg) = self.dense_kernel(DenseEpilogue::Qkv { head_dim: layout.head_dim }, m, n)?;
         let (q_addr, k_addr) = self.norm_addrs(norms.0, norms.1);
         let (k_pool, v_pool) = self.pool_addrs(cache, layer);
         let positions = batch.view(&batch.packed.positions);

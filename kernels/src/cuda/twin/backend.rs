@@ -12,7 +12,7 @@ use super::mma_tile::QkvOut;
 use super::rmsnorm::rms_norm_rows;
 use super::rope::{qk_norm_rope, qk_norm_rope_kv, rope_table_rows, KvOut, QkNormRopeArgs};
 use super::warp::{from_bf16, to_bf16_vec};
-use super::wgmma_tile::dense_gemm_wgmma;
+use super::wgmma_tile::{dense_gemm_wgmma, dense_gemm_wgmma_qkv, dense_gemm_wgmma_swiglu};
 use crate::backend::*;
 use crate::cuda::layout::{check_rope_shape, PackedBatch};
 use crate::cuda::{checks, AttentionEngine, GemmEngine, WgmmaShape};
@@ -144,7 +144,7 @@ impl TwinBackend {
             0.0
         };
         if self.gemm == GemmEngine::Wgmma && self.gemm.tiled_for(w.cols) {
-            let bn = WgmmaShape::bn_for(x.rows, w.rows);
+            let bn = WgmmaShape::dense_bn(x.rows, w.rows);
             dense_gemm_wgmma(bn, &xb, &w.data, &mut out.data, x.rows, w.rows, w.cols, beta);
         } else if self.gemm.tiled_for(w.cols) {
             let bm = self.gemm.block_m(x.rows, w.rows);
@@ -334,7 +334,11 @@ impl Backend for TwinBackend {
             interleaved: rope.layout == RopeLayout::Interleaved,
             eps,
         };
-        dense_gemm_qkv(self.gemm.qkv_block_m(rows, n, layout.head_dim), &xb, &w.data, &mut out, rows, n, w.cols);
+        if self.gemm == GemmEngine::Wgmma {
+            dense_gemm_wgmma_qkv(WgmmaShape::dense_bn(rows, n), &xb, &w.data, &mut out, rows, n, w.cols);
+        } else {
+            dense_gemm_qkv(self.gemm.qkv_block_m(rows, n, layout.head_dim), &xb, &w.data, &mut out, rows, n, w.cols);
+        }
         Ok(())
     }
 
@@ -414,8 +418,13 @@ impl Backend for TwinBackend {
             let mut xb = vec![0u16; x.data.len()];
             cast_bf16(&x.data, &mut xb);
             let mut act = vec![0u16; rows * inter];
-            let bm = self.gemm.block_m(rows, w.rows);
-            dense_gemm_swiglu(bm, &xb, &w.data, &mut act, rows, w.rows, w.cols);
+            if self.gemm == GemmEngine::Wgmma {
+                let bn = WgmmaShape::dense_bn(rows, w.rows);
+                dense_gemm_wgmma_swiglu(bn, &xb, &w.data, &mut act, rows, w.rows, w.cols);
+            } else {
+                let bm = self.gemm.block_m(rows, w.rows);
+                dense_gemm_swiglu(bm, &xb, &w.data, &mut act, rows, w.rows, w.cols);
+            }
             for (o, &a) in out.data.iter_mut().zip(&act) {
                 *o = from_bf16(a);
             }
@@ -494,10 +503,8 @@ impl Backend for TwinBackend {
         }
         let mut logits = HostTensor::zeros(x.rows, n_experts);
         self.project(x, &w.router, None, &mut logits, false);
-        let dims = w.experts.dims;
-        let fused = self.gemm.swiglu_fused_for(dims.hidden, dims.inter);
         let (out, choice, counts) =
-            super::moe::moe_forward_with_counts(&x.data, &logits.data, &w.experts, routing, policy, fused)?;
+            super::moe::moe_forward_with_counts(&x.data, &logits.data, &w.experts, routing, policy, self.gemm)?;
         // The GPU's un-permute adds into acc (accumulate = 1): acc + Σ_j w·y, as here.
         for (a, o) in acc.data.iter_mut().zip(&out) {
             *a += o;

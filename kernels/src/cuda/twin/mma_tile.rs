@@ -161,7 +161,7 @@ pub(crate) fn gemm_tile_to(bm: usize, t: Tile<'_>, out: TileOut<'_, '_>) {
     let (mi_n, ni_n) = (wm / 16, wn / 8);
     let (a_stage, b_stage) = (bm * BK * 2, bn * BK * 2);
     let (a_chunks, b_chunks) = (bm * 4 / threads, bn * 4 / threads);
-    let Tile { a, w, row_base, r0, rows, n0, n, k, beta } = t;
+    let Tile { a, w, row_base, r0, rows, n0, n, k, .. } = t;
 
     let mut smem = Smem::new(shape.smem_bytes);
     let a_s = 0;
@@ -238,53 +238,19 @@ pub(crate) fn gemm_tile_to(bm: usize, t: Tile<'_>, out: TileOut<'_, '_>) {
         }
     }
 
-    let c = match out {
-        TileOut::F32(c) => c,
+    match out {
+        TileOut::F32(c) => for_each_pair(&acc, (warps_n, wm, wn), |rl, cl, v| store_f32(c, &t, rl, cl, v)),
         TileOut::Qkv(q) => {
-            // Stage the accumulators, then warp w takes the (row, head) units w, w + warps, ...
+            // Stage the accumulators, then the warps take the (row, head) units.
             let mut st = vec![0f32; bm * bn];
             for_each_pair(&acc, (warps_n, wm, wn), |r, col, v| {
                 st[gemm_stage_idx(bn, r, col)] = v[0];
                 st[gemm_stage_idx(bn, r, col + 1)] = v[1];
             });
-            let hd = q.head_dim;
-            let (per_tile, q_dim, kv_dim) = (bn / hd, q.n_heads * hd, q.n_kv_heads * hd);
-            for warp in 0..warps {
-                for u in (warp..bm * per_tile).step_by(warps) {
-                    let (rl, tc) = (u / per_tile, (u % per_tile) * hd);
-                    let (r, col0) = (r0 + rl, n0 + tc);
-                    if r >= rows || col0 >= n {
-                        continue;
-                    }
-                    let mut head: Vec<f32> = (0..hd).map(|d| st[gemm_stage_idx(bn, rl, tc + d)]).collect();
-                    let row = row_base + r;
-                    let slot = q.row_slots[row] as usize;
-                    if col0 >= q_dim + kv_dim {
-                        let dst = slot * kv_dim + col0 - q_dim - kv_dim;
-                        for (d, &v) in head.iter().enumerate() {
-                            q.v_pool[dst + d] = to_bf16(v);
-                        }
-                        continue;
-                    }
-                    let is_q = col0 < q_dim;
-                    let pos = q.positions[row] as usize;
-                    let cs = &q.rope_cs[pos * q.rotary_dim..(pos + 1) * q.rotary_dim];
-                    let w = if is_q { q.q_norm } else { q.k_norm };
-                    norm_rope_head(&mut head, w, q.eps, cs, q.rotary_dim, q.interleaved);
-                    for (d, &v) in head.iter().enumerate() {
-                        if is_q {
-                            q.qkv[row * n + col0 + d] = v;
-                        } else {
-                            q.k_pool[slot * kv_dim + col0 - q_dim + d] = to_bf16(v);
-                        }
-                    }
-                }
-            }
-            return;
+            qkv_heads(&st, (bm, bn), &t, q, warps);
         }
         TileOut::Swiglu(act) => {
-            // n8 tiles (2i, 2i + 1): the gate and up of act columns 8b .. 8b + 7.
-            let inter = n >> 1;
+            // n8 tiles (2i, 2i + 1): the gate and up of the same act columns.
             for (warp, wacc) in acc.iter().enumerate() {
                 let (warp_m, warp_n) = (warp / warps_n, warp % warps_n);
                 for lane in 0..32 {
@@ -292,37 +258,101 @@ pub(crate) fn gemm_tile_to(bm: usize, t: Tile<'_>, out: TileOut<'_, '_>) {
                     for mi in 0..mi_n {
                         for ni in (0..ni_n).step_by(2) {
                             for half in 0..2 {
-                                let r = r0 + warp_m * wm + mi * 16 + g + half * 8;
-                                let col = ((n0 + warp_n * wn + ni * 8) >> 1) + tg * 2;
-                                if r >= rows || col >= inter {
-                                    continue;
-                                }
-                                for j in 0..2 {
-                                    let (gate, up) =
-                                        (wacc[mi][ni][lane][half * 2 + j], wacc[mi][ni + 1][lane][half * 2 + j]);
-                                    act[(row_base + r) * inter + col + j] = to_bf16(silu_times(gate, up));
-                                }
+                                let rl = warp_m * wm + mi * 16 + g + half * 8;
+                                let tile_col = warp_n * wn + ni * 8;
+                                let pair = |f: &CFrag| [f[lane][half * 2], f[lane][half * 2 + 1]];
+                                store_swiglu(
+                                    act,
+                                    &t,
+                                    rl,
+                                    tile_col,
+                                    tile_col + tg * 2,
+                                    pair(&wacc[mi][ni]),
+                                    pair(&wacc[mi][ni + 1]),
+                                );
                             }
                         }
                     }
                 }
             }
-            return;
         }
-    };
-    for_each_pair(&acc, (warps_n, wm, wn), |r, col, v| {
-        let (r, col) = (r0 + r, n0 + col);
-        if r >= rows || col >= n {
-            return;
+    }
+}
+
+/// `gemm_store_f32`: c = acc + beta · c for the pair at tile-local (rl, cl), (rl, cl + 1).
+pub(crate) fn store_f32(c: &mut [f32], t: &Tile<'_>, rl: usize, cl: usize, v: [f32; 2]) {
+    let (r, col) = (t.r0 + rl, t.n0 + cl);
+    if r >= t.rows || col >= t.n {
+        return;
+    }
+    let dst = (t.row_base + r) * t.n + col;
+    for j in 0..2 {
+        if col + j < t.n {
+            let o = &mut c[dst + j];
+            *o = if t.beta != 0.0 { t.beta.mul_add(*o, v[j]) } else { v[j] };
         }
-        let dst = (row_base + r) * n + col;
-        for j in 0..2 {
-            if col + j < n {
-                let o = &mut c[dst + j];
-                *o = if beta != 0.0 { beta.mul_add(*o, v[j]) } else { v[j] };
+    }
+}
+
+/// `gemm_store_swiglu`: the gate pair at tile columns cl, cl + 1 of the gate n8 tile starting at
+/// tile column `gate_col`, the up pair from the n8 tile after it, into act[r, ((n0 + gate_col) /
+/// 2) + cl - gate_col ..].
+pub(crate) fn store_swiglu(
+    act: &mut [u16],
+    t: &Tile<'_>,
+    rl: usize,
+    gate_col: usize,
+    cl: usize,
+    gate: [f32; 2],
+    up: [f32; 2],
+) {
+    let inter = t.n >> 1;
+    let (r, col) = (t.r0 + rl, ((t.n0 + gate_col) >> 1) + cl - gate_col);
+    if r >= t.rows || col >= inter {
+        return;
+    }
+    for j in 0..2 {
+        act[(t.row_base + r) * inter + col + j] = to_bf16(silu_times(gate[j], up[j]));
+    }
+}
+
+/// `gemm_qkv_heads<BM, BN>` over the staged tile `st`: warp w of `warps` takes the (row, head)
+/// units w, w + warps, ...
+pub(crate) fn qkv_heads(st: &[f32], (bm, bn): (usize, usize), t: &Tile<'_>, q: &mut QkvOut<'_>, warps: usize) {
+    let Tile { row_base, r0, rows, n0, n, .. } = *t;
+    let hd = q.head_dim;
+    let (per_tile, q_dim, kv_dim) = (bn / hd, q.n_heads * hd, q.n_kv_heads * hd);
+    for warp in 0..warps {
+        for u in (warp..bm * per_tile).step_by(warps) {
+            let (rl, tc) = (u / per_tile, (u % per_tile) * hd);
+            let (r, col0) = (r0 + rl, n0 + tc);
+            if r >= rows || col0 >= n {
+                continue;
+            }
+            let mut head: Vec<f32> = (0..hd).map(|d| st[gemm_stage_idx(bn, rl, tc + d)]).collect();
+            let row = row_base + r;
+            let slot = q.row_slots[row] as usize;
+            if col0 >= q_dim + kv_dim {
+                let dst = slot * kv_dim + col0 - q_dim - kv_dim;
+                for (d, &v) in head.iter().enumerate() {
+                    q.v_pool[dst + d] = to_bf16(v);
+                }
+                continue;
+            }
+            let is_q = col0 < q_dim;
+            let pos = q.positions[row] as usize;
+            let cs = &q.rope_cs[pos * q.rotary_dim..(pos + 1) * q.rotary_dim];
+            let w = if is_q { q.q_norm } else { q.k_norm };
+            norm_rope_head(&mut head, w, q.eps, cs, q.rotary_dim, q.interleaved);
+            for (d, &v) in head.iter().enumerate() {
+                if is_q {
+                    q.qkv[row * n + col0 + d] = v;
+                } else {
+                    q.k_pool[slot * kv_dim + col0 - q_dim + d] = to_bf16(v);
+                }
             }
         }
-    });
+    }
 }
 
 /// Every accumulator pair of the block's warps, with its tile-local (row, first column): lane

@@ -4,7 +4,7 @@
 //! engine) → down grouped GEMM → weighted un-permute.
 
 use super::elementwise::silu_mul_bf16;
-use super::moe_gemm::{max_tiles, moe_gemm, moe_gemm_swiglu, GroupedGemmArgs};
+use super::moe_gemm::{max_tiles, moe_gemm, moe_gemm_swiglu, moe_gemm_wgmma, moe_gemm_wgmma_swiglu, GroupedGemmArgs};
 use super::moe_permute::{
     moe_chunk_counts, moe_offsets, moe_scatter, moe_select_tile, moe_unpermute, n_chunks, Offsets,
 };
@@ -12,6 +12,10 @@ use super::moe_routing::moe_topk_softmax;
 use super::warp::to_bf16_vec;
 use crate::backend::{KernelError, Result};
 use crate::cuda::moe::{check_moe, MoeDims, MoeRouting, TileChoice, TilePolicy};
+use crate::cuda::GemmEngine;
+
+type GroupedGemm = fn(usize, GroupedGemmArgs<'_>, usize, &mut [f32]);
+type GroupedSwiglu = fn(usize, GroupedGemmArgs<'_>, usize, &mut [u16]);
 
 /// Expert weights as the device holds them (bf16, nn.Linear layout):
 /// gate_up [n_experts, 2·inter, hidden] (gate rows then up rows), down [n_experts, hidden, inter].
@@ -46,21 +50,27 @@ pub fn moe_forward(
     routing: MoeRouting,
     policy: TilePolicy,
 ) -> Result<(Vec<f32>, TileChoice)> {
-    moe_forward_with_counts(x, router_logits, w, routing, policy, false).map(|(out, choice, _)| (out, choice))
+    moe_forward_with_counts(x, router_logits, w, routing, policy, GemmEngine::TiledUnfused)
+        .map(|(out, choice, _)| (out, choice))
 }
 
-/// [`moe_forward`], also returning the token-per-expert histogram the selector saw; with
-/// `swiglu_fused` the gate/up GEMM stores the activation itself (`moe_gemm_swiglu_*`, the fused
-/// engine), the same bits.
+/// [`moe_forward`] on `engine`'s kernels, also returning the token-per-expert histogram the
+/// selector saw: on a fused engine the gate/up GEMM stores the activation itself
+/// (`moe_gemm_swiglu_*`), the same bits; on the wgmma engine the grouped GEMMs are
+/// moe_gemm_wgmma.cu's.
 pub fn moe_forward_with_counts(
     x: &[f32],
     router_logits: &[f32],
     w: &TwinMoeWeights,
     routing: MoeRouting,
     policy: TilePolicy,
-    swiglu_fused: bool,
+    engine: GemmEngine,
 ) -> Result<(Vec<f32>, TileChoice, Vec<u32>)> {
     let MoeDims { hidden, inter, n_experts } = w.dims;
+    let swiglu_fused = engine.swiglu_fused_for(hidden, inter);
+    let wgmma = engine == GemmEngine::Wgmma;
+    let (plain, swiglu): (GroupedGemm, GroupedSwiglu) =
+        if wgmma { (moe_gemm_wgmma, moe_gemm_wgmma_swiglu) } else { (moe_gemm, moe_gemm_swiglu) };
     check_moe(w.dims, routing)?;
     let tokens = x.len() / hidden;
     if x.len() != tokens * hidden || router_logits.len() != tokens * n_experts {
@@ -89,18 +99,18 @@ pub fn moe_forward_with_counts(
     let mut act = vec![0u16; n_assign * inter];
     if swiglu_fused {
         for (bm, args, grid_x) in launches(&xp, &w.gate_up, 2 * inter, hidden) {
-            moe_gemm_swiglu(bm, args, grid_x, &mut act);
+            swiglu(bm, args, grid_x, &mut act);
         }
     } else {
         let mut gate_up = vec![0f32; n_assign * 2 * inter];
         for (bm, args, grid_x) in launches(&xp, &w.gate_up, 2 * inter, hidden) {
-            moe_gemm(bm, args, grid_x, &mut gate_up);
+            plain(bm, args, grid_x, &mut gate_up);
         }
         silu_mul_bf16(&gate_up, &mut act, inter);
     }
     let mut y = vec![0f32; n_assign * hidden];
     for (bm, args, grid_x) in launches(&act, &w.down, hidden, inter) {
-        moe_gemm(bm, args, grid_x, &mut y);
+        plain(bm, args, grid_x, &mut y);
     }
     let mut out = vec![0f32; tokens * hidden];
     moe_unpermute(&y, &dest, &weights, &mut out, k, hidden, false);

@@ -1,7 +1,9 @@
-//! Twin of kernels/cuda/moe_gemm.cu: the grouped launch over the device-built tile schedule, each
-//! block one `gemm_tile` (twin in mma_tile.rs).
+//! Twin of kernels/cuda/moe_gemm.cu and moe_gemm_wgmma.cu: the grouped launch over the
+//! device-built tile schedule, each block one `gemm_tile` (twin in mma_tile.rs) or, on the wgmma
+//! engine, one `wgmma_gemm_tile` of BM x 128 (wgmma_tile.rs).
 
 use super::mma_tile::{gemm_tile_to, Tile, TileOut};
+use super::wgmma_tile::wgmma_gemm_tile;
 use crate::cuda::GemmShape;
 
 /// Arguments of one grouped-GEMM launch (both variants get the same).
@@ -26,23 +28,33 @@ pub struct GroupedGemmArgs<'a> {
 /// `moe_gemm_bm64` / `moe_gemm_bm128`: grid (the host's worst-case tile count, ceil(n / BN)).
 /// Writes only rows of scheduled tiles; `c` must be sized [rows, n].
 pub fn moe_gemm(block_m: usize, args: GroupedGemmArgs<'_>, grid_x: usize, c: &mut [f32]) {
-    moe_gemm_to(block_m, args, grid_x, TileOut::F32(c))
+    moe_gemm_to(block_m, false, args, grid_x, TileOut::F32(c))
 }
 
 /// `moe_gemm_swiglu_bm64` / `moe_gemm_swiglu_bm128`: the same launch over the stacked [gate; up]
 /// weights (n = 2 · inter), storing act [rows, inter] = bf16(silu(gate) · up).
 pub fn moe_gemm_swiglu(block_m: usize, args: GroupedGemmArgs<'_>, grid_x: usize, act: &mut [u16]) {
-    moe_gemm_to(block_m, args, grid_x, TileOut::Swiglu(act))
+    moe_gemm_to(block_m, false, args, grid_x, TileOut::Swiglu(act))
 }
 
-fn moe_gemm_to(block_m: usize, args: GroupedGemmArgs<'_>, grid_x: usize, mut out: TileOut<'_, '_>) {
+/// `moe_gemm_wgmma_bm64` / `_bm128`: [`moe_gemm`] on the wgmma tile (columns in 128s).
+pub fn moe_gemm_wgmma(block_m: usize, args: GroupedGemmArgs<'_>, grid_x: usize, c: &mut [f32]) {
+    moe_gemm_to(block_m, true, args, grid_x, TileOut::F32(c))
+}
+
+/// `moe_gemm_wgmma_swiglu_bm64` / `_bm128`: [`moe_gemm_swiglu`] on the wgmma tile.
+pub fn moe_gemm_wgmma_swiglu(block_m: usize, args: GroupedGemmArgs<'_>, grid_x: usize, act: &mut [u16]) {
+    moe_gemm_to(block_m, true, args, grid_x, TileOut::Swiglu(act))
+}
+
+fn moe_gemm_to(block_m: usize, wgmma: bool, args: GroupedGemmArgs<'_>, grid_x: usize, mut out: TileOut<'_, '_>) {
     assert!(block_m == 64 || block_m == 128, "BLOCK_M {block_m}");
     if args.choice != block_m as u32 {
         return;
     }
     let n_tiles = if block_m == 64 { args.n_tiles[0] } else { args.n_tiles[1] };
     let (n, k) = (args.n, args.k);
-    let bn = GemmShape::of(block_m).bn;
+    let bn = if wgmma { 128 } else { GemmShape::of(block_m).bn };
     for tile in 0..grid_x {
         if tile as u32 >= n_tiles {
             continue;
@@ -60,7 +72,11 @@ fn moe_gemm_to(block_m: usize, args: GroupedGemmArgs<'_>, grid_x: usize, mut out
                 k,
                 beta: 0.0,
             };
-            gemm_tile_to(block_m, t, out.reborrow());
+            if wgmma {
+                wgmma_gemm_tile(block_m, bn, t, out.reborrow());
+            } else {
+                gemm_tile_to(block_m, t, out.reborrow());
+            }
         }
     }
 }

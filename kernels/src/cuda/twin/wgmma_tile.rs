@@ -1,4 +1,4 @@
-//! Twin of kernels/cuda/gemm_wgmma.cu (`wgmma_gemm_tile`): the cp.async chunk copies into the
+//! Twin of kernels/cuda/wgmma_tile.cuh (`wgmma_gemm_tile`): the cp.async chunk copies into the
 //! 128-byte-swizzled stage ring (byte addressed from the ring's 1024-byte-aligned start, as the
 //! kernel addresses it), the ring's schedule (copies STAGES - 2 K steps ahead into the slot of
 //! the step two behind), and each `wgmma.mma_async.m64n128k16` evaluated from its two
@@ -9,15 +9,16 @@
 //! m64nNk16 ("Register Fragment for matrix D"). Each k16 step's 16 products are summed in k
 //! order and added to the accumulator, as fragments.rs's mma.m16n8k16: in this twin the wgmma
 //! tile gives the mma.sync tile's bits; on the device, tests/cuda_gpu.rs reports whether it does.
+//! The epilogues are mma_tile.rs's store helpers, fed the wgmma fragments' positions.
 
-use super::mma_tile::{gemm_block_order, Smem, Tile};
+use super::mma_tile::{
+    gemm_block_order, gemm_stage_idx, gemm_swiglu_row, qkv_heads, store_f32, store_swiglu, QkvOut, Smem, Tile, TileOut,
+};
 use super::warp::from_bf16;
-use crate::cuda::sources::consts::{WG_BK, WG_BM, WG_THREADS};
+use crate::cuda::sources::consts::WG_BK;
 use crate::cuda::WgmmaShape;
 
-const BM: usize = WG_BM as usize;
 const BK: usize = WG_BK as usize;
-const THREADS: usize = WG_THREADS as usize;
 
 /// `wg_swz`: the byte offset of 16-byte chunk `chunk` (0..7) of row `row` in a tile of
 /// 128-byte rows, the chunk XOR-ed with row % 8.
@@ -64,35 +65,40 @@ fn wgmma_m64n128k16(d: &mut [[f32; 64]], smem: &Smem, da: u64, db: u64) {
     }
 }
 
-/// One block of `dense_gemm_wgmma_bn{bn}`: the 128 x bn tile at (t.r0, t.n0) into `c`.
-pub(crate) fn wgmma_gemm_tile(bn: usize, t: Tile<'_>, c: &mut [f32]) {
-    let stages = WgmmaShape::of(bn).stages;
+/// `wgmma_gemm_tile<BM, BN, EPI>`: one block, its threads replayed in order between the
+/// kernel's barriers.
+pub(crate) fn wgmma_gemm_tile(bm: usize, bn: usize, t: Tile<'_>, out: TileOut<'_, '_>) {
+    let shape = WgmmaShape::of(bm, bn);
+    let (stages, threads) = (shape.stages, shape.threads as usize);
+    let swiglu = matches!(out, TileOut::Swiglu(_));
     let nw = bn / 128;
-    let (a_stage, stage) = (BM * BK * 2, (BM + bn) * BK * 2);
-    let (a_chunks, b_chunks) = (BM * 8 / THREADS, bn * 8 / THREADS);
+    let (a_stage, stage) = (bm * BK * 2, (bm + bn) * BK * 2);
+    let (a_chunks, b_chunks) = (bm * 8 / threads, bn * 8 / threads);
+    assert_eq!(stages * stage + 1024, shape.smem_bytes);
     let mut smem = Smem::new(stages * stage);
     let load_stage = |smem: &mut Smem, slot: usize, k0: usize| {
         let (as_, bs) = (slot * stage, slot * stage + a_stage);
-        for tid in 0..THREADS {
+        for tid in 0..threads {
             for i in 0..a_chunks {
-                let id = tid + i * THREADS;
+                let id = tid + i * threads;
                 let (r, ch) = (id >> 3, id & 7);
                 let ok = t.r0 + r < t.rows && k0 + ch * 8 < t.k;
-                let src = ok.then(|| &t.a[(t.r0 + r) * t.k + ch * 8 + k0..]);
+                let src = ok.then(|| &t.a[(t.row_base + t.r0 + r) * t.k + ch * 8 + k0..]);
                 smem.cp_async16(as_ + wg_swz(r, ch), src);
             }
             for i in 0..b_chunks {
-                let id = tid + i * THREADS;
+                let id = tid + i * threads;
                 let (r, ch) = (id >> 3, id & 7);
                 let ok = t.n0 + r < t.n && k0 + ch * 8 < t.k;
-                let src = ok.then(|| &t.w[(t.n0 + r) * t.k + ch * 8 + k0..]);
+                let w_row = if swiglu { gemm_swiglu_row(t.n0 + r, t.n >> 1) } else { t.n0 + r };
+                let src = ok.then(|| &t.w[w_row * t.k + ch * 8 + k0..]);
                 smem.cp_async16(bs + wg_swz(r, ch), src);
             }
         }
     };
 
     // acc[wg][j][thread of the warpgroup][i]
-    let mut acc = vec![vec![vec![[0f32; 64]; 128]; nw]; 2];
+    let mut acc = vec![vec![vec![[0f32; 64]; 128]; nw]; bm / 64];
     let n_k = t.k.div_ceil(BK);
     for s in 0..stages - 2 {
         if s < n_k {
@@ -115,35 +121,74 @@ pub(crate) fn wgmma_gemm_tile(bn: usize, t: Tile<'_>, c: &mut [f32]) {
         }
     }
 
+    // Every thread's registers per wgmma with its tile-local row and n8 block: block b of a
+    // wgmma is registers 4b .. 4b + 3, (4b, 4b + 1) on row rl and (4b + 2, 4b + 3) on rl + 8.
+    // SwiGLU visits the gate blocks (b even); the up block b + 1 is 4 registers on.
+    let step = if swiglu { 2 } else { 1 };
+    let mut pairs = Vec::new(); // (rl, block column, tg, the registers, i)
     for (wg, acc_wg) in acc.iter().enumerate() {
         for (j, acc_j) in acc_wg.iter().enumerate() {
             for (tw, d) in acc_j.iter().enumerate() {
                 let (warp, lane) = (tw / 32, tw % 32);
-                for i in 0..64 {
-                    let r = t.r0 + wg * 64 + warp * 16 + (lane >> 2) + ((i >> 1) & 1) * 8;
-                    let col = t.n0 + j * 128 + (i >> 2) * 8 + (lane & 3) * 2 + (i & 1);
-                    if r >= t.rows || col >= t.n {
-                        continue;
+                for b in (0..16).step_by(step) {
+                    for half in 0..2 {
+                        let rl = wg * 64 + warp * 16 + (lane >> 2) + half * 8;
+                        pairs.push((rl, j * 128 + b * 8, lane & 3, d, 4 * b + 2 * half));
                     }
-                    let dst = &mut c[r * t.n + col];
-                    *dst = if t.beta != 0.0 { t.beta.mul_add(*dst, d[i]) } else { d[i] };
                 }
             }
         }
     }
+    match out {
+        TileOut::F32(c) => {
+            for (rl, block_col, tg, d, i) in pairs {
+                store_f32(c, &t, rl, block_col + tg * 2, [d[i], d[i + 1]]);
+            }
+        }
+        TileOut::Swiglu(act) => {
+            for (rl, block_col, tg, d, i) in pairs {
+                let (gate, up) = ([d[i], d[i + 1]], [d[i + 4], d[i + 5]]);
+                store_swiglu(act, &t, rl, block_col, block_col + tg * 2, gate, up);
+            }
+        }
+        TileOut::Qkv(q) => {
+            let mut st = vec![0f32; bm * bn];
+            for (rl, block_col, tg, d, i) in pairs {
+                let cl = block_col + tg * 2;
+                st[gemm_stage_idx(bn, rl, cl)] = d[i];
+                st[gemm_stage_idx(bn, rl, cl + 1)] = d[i + 1];
+            }
+            qkv_heads(&st, (bm, bn), &t, q, threads / 32);
+        }
+    }
 }
 
-/// Twin of kernels/cuda/gemm_wgmma.cu's `dense_gemm_wgmma_bn128` / `_bn256`: grid
-/// (ceil(m / 128), ceil(n / bn)), each block the tile `gemm_block_order` gives it.
-#[allow(clippy::too_many_arguments)]
-pub fn dense_gemm_wgmma(bn: usize, x: &[u16], w: &[u16], out: &mut [f32], m: usize, n: usize, k: usize, beta: f32) {
-    let (tiles_m, tiles_n) = (m.div_ceil(BM), n.div_ceil(bn));
+/// The dense kernels' grid over an `m x n` output at BLOCK_N `bn` (rows in 128s), each block's
+/// tile from `gemm_block_order`, into `out`.
+fn dense_tiles(bn: usize, t: Tile<'_>, mut out: TileOut<'_, '_>) {
+    let (tiles_m, tiles_n) = (t.rows.div_ceil(128), t.n.div_ceil(bn));
     for by in 0..tiles_n {
         for bx in 0..tiles_m {
             let (tm, tn) = gemm_block_order(bx, by, tiles_m, tiles_n);
-            wgmma_gemm_tile(bn, Tile { a: x, w, row_base: 0, r0: tm * BM, rows: m, n0: tn * bn, n, k, beta }, out);
+            wgmma_gemm_tile(128, bn, Tile { r0: tm * 128, n0: tn * bn, ..t }, out.reborrow());
         }
     }
+}
+
+/// Twin of kernels/cuda/gemm_wgmma.cu's `dense_gemm_wgmma_bn128` / `_bn256`.
+#[allow(clippy::too_many_arguments)]
+pub fn dense_gemm_wgmma(bn: usize, x: &[u16], w: &[u16], out: &mut [f32], m: usize, n: usize, k: usize, beta: f32) {
+    dense_tiles(bn, Tile { a: x, w, row_base: 0, r0: 0, rows: m, n0: 0, n, k, beta }, TileOut::F32(out));
+}
+
+/// Twin of kernels/cuda/gemm_wgmma.cu's `dense_gemm_wgmma_swiglu_bn128` / `_bn256`.
+pub fn dense_gemm_wgmma_swiglu(bn: usize, x: &[u16], w: &[u16], act: &mut [u16], m: usize, n: usize, k: usize) {
+    dense_tiles(bn, Tile { a: x, w, row_base: 0, r0: 0, rows: m, n0: 0, n, k, beta: 0.0 }, TileOut::Swiglu(act));
+}
+
+/// Twin of kernels/cuda/gemm_wgmma.cu's `dense_gemm_wgmma_qkv_bn128` / `_bn256`.
+pub fn dense_gemm_wgmma_qkv(bn: usize, x: &[u16], w: &[u16], out: &mut QkvOut<'_>, m: usize, n: usize, k: usize) {
+    dense_tiles(bn, Tile { a: x, w, row_base: 0, r0: 0, rows: m, n0: 0, n, k, beta: 0.0 }, TileOut::Qkv(out));
 }
 
 #[cfg(test)]
@@ -181,7 +226,7 @@ mod tests {
                 }
             }
         }
-        for q in 0..THREADS / 8 {
+        for q in 0..256 / 8 {
             let banks: std::collections::BTreeSet<usize> =
                 (0..8).map(|l| (wg_swz((q * 8 + l) >> 3, (q * 8 + l) & 7) / 16) % 8).collect();
             assert_eq!(banks.len(), 8, "quarter-warp {q}");
