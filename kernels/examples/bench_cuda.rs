@@ -31,7 +31,8 @@ use std::time::Instant;
 use rand::{Rng, SeedableRng};
 use sieve_kernels::cuda::moe::{BlockM, MoeDims, MoeRouting, TilePolicy};
 use sieve_kernels::cuda::{
-    tiled_block_m, AttentionEngine, CudaBackend, CudaMoeWeights, CudaOptions, GemmEngine, WgmmaShape,
+    tiled_block_m, AttentionEngine, CudaBackend, CudaMoeWeights, CudaOptions, CudaTensor, GemmEngine, GemmKernel,
+    WgmmaShape,
 };
 use sieve_kernels::{AttnSeq, Backend, BatchLayout, CpuBackend, QkvLayout, RopeConfig, RopeLayout};
 
@@ -83,30 +84,33 @@ fn scoring_batch(prefix: usize, items: usize, item_len: usize) -> (BatchLayout, 
     (pre, b, slot as usize)
 }
 
+/// The GEMM tables' projections (name, N, K) and row counts.
+const GEMM_SHAPES: [(&str, usize, usize); 4] =
+    [("qkv 0.6B", 4096, 1024), ("gate_up 0.6B", 6144, 1024), ("down 0.6B", 1024, 3072), ("gate_up 4B", 19456, 2560)];
+const GEMM_ROWS: [usize; 6] = [16, 128, 512, 2048, 4096, 8192];
+
+fn flops(m: usize, n: usize, k: usize, ms: f64) -> f64 {
+    2.0 * (m * n * k) as f64 / (ms * 1e-3) / 1e12
+}
+
 fn bench_gemm(g: &CudaBackend, rng: &mut impl Rng, reps: usize) {
     println!("\nGEMM out[M,N] = x[M,K] · W[N,K]ᵀ (bf16 in, f32 out), TFLOP/s (event median, with the bf16 cast of x):");
     println!("cuBLAS; the first tiled kernel (v1); the current one at BLOCK_M 64 and 128; the BLOCK_M");
     println!("tiled_block_m picks (auto) and its share of cuBLAS. The tiled columns give the same bits.");
-    let shapes = [
-        ("qkv 0.6B", 4096, 1024),
-        ("gate_up 0.6B", 6144, 1024),
-        ("down 0.6B", 1024, 3072),
-        ("gate_up 4B", 19456, 2560),
-    ];
     println!(
         "{:>14} {:>6} {:>9} {:>9} {:>9} {:>9} {:>6} {:>9}",
         "shape", "M", "cuBLAS", "v1", "BM64", "BM128", "auto", "auto/cuB"
     );
-    let flops = |m: usize, n: usize, k: usize, ms: f64| 2.0 * (m * n * k) as f64 / (ms * 1e-3) / 1e12;
-    for &(name, n, k) in &shapes {
+    for &(name, n, k) in &GEMM_SHAPES {
         let w = g.linear_weight(&random(rng, n * k, 0.05), n, k).expect("weight");
-        for m in [16usize, 128, 512, 2048, 4096, 8192] {
+        for m in GEMM_ROWS {
             let x = g.from_host(&random(rng, m * k, 1.0), m, k).expect("x");
             let mut out = g.zeros(m, n).expect("out");
-            let mut tiled = |v1: bool, bm: usize| {
-                flops(m, n, k, gpu_ms(g, reps, || g.matmul_tiled(&x, &w, &mut out, v1, bm).expect("tiled")))
+            let mut tiled = |kernel: GemmKernel| {
+                flops(m, n, k, gpu_ms(g, reps, || g.matmul_on(kernel, &x, &w, &mut out).expect("tiled")))
             };
-            let (v1, t64, t128) = (tiled(true, GemmEngine::TiledV1.block_m(m, n)), tiled(false, 64), tiled(false, 128));
+            let v1 = tiled(GemmKernel::TiledV1 { bm: GemmEngine::TiledV1.block_m(m, n) });
+            let (t64, t128) = (tiled(GemmKernel::Tiled { bm: 64 }), tiled(GemmKernel::Tiled { bm: 128 }));
             let cublas = flops(m, n, k, gpu_ms(g, reps, || g.matmul(&x, &w, None, &mut out).expect("matmul")));
             let bm = tiled_block_m(m, n);
             let auto = if bm == 64 { t64 } else { t128 };
@@ -127,30 +131,21 @@ fn bench_wgmma_gemm(g: &CudaBackend, rng: &mut impl Rng, reps: usize) {
         "{:>14} {:>6} {:>9} {:>9} {:>9} {:>9} {:>6} {:>9} {:>9} {:>7}",
         "shape", "M", "cuBLAS", "tiled", "WG128", "WG256", "auto", "auto/cuB", "auto/tld", "bits"
     );
-    let flops = |m: usize, n: usize, k: usize, ms: f64| 2.0 * (m * n * k) as f64 / (ms * 1e-3) / 1e12;
-    for &(name, n, k) in &[
-        ("qkv 0.6B", 4096, 1024),
-        ("gate_up 0.6B", 6144, 1024),
-        ("down 0.6B", 1024, 3072),
-        ("gate_up 4B", 19456, 2560),
-    ] {
+    for &(name, n, k) in &GEMM_SHAPES {
         let w = g.linear_weight(&random(rng, n * k, 0.05), n, k).expect("weight");
-        for m in [16usize, 128, 512, 2048, 4096, 8192] {
+        for m in GEMM_ROWS {
             let x = g.from_host(&random(rng, m * k, 1.0), m, k).expect("x");
             let (mut out, mut tiled_out) = (g.zeros(m, n).expect("out"), g.zeros(m, n).expect("out"));
             let cublas = flops(m, n, k, gpu_ms(g, reps, || g.matmul(&x, &w, None, &mut out).expect("matmul")));
-            let tiled = flops(
-                m,
-                n,
-                k,
-                gpu_ms(g, reps, || g.matmul_tiled(&x, &w, &mut tiled_out, false, tiled_block_m(m, n)).expect("tiled")),
-            );
-            let mut wg =
-                |bn: usize| flops(m, n, k, gpu_ms(g, reps, || g.matmul_wgmma(&x, &w, &mut out, bn).expect("wgmma")));
-            let (w128, w256) = (wg(128), wg(256));
+            let time = |kernel: GemmKernel, out: &mut CudaTensor| {
+                flops(m, n, k, gpu_ms(g, reps, || g.matmul_on(kernel, &x, &w, out).expect("matmul_on")))
+            };
+            let tiled = time(GemmKernel::Tiled { bm: tiled_block_m(m, n) }, &mut tiled_out);
+            let (w128, w256) =
+                (time(GemmKernel::Wgmma { bn: 128 }, &mut out), time(GemmKernel::Wgmma { bn: 256 }, &mut out));
             let bn = WgmmaShape::dense_bn(m, n);
             let auto = if bn == 128 { w128 } else { w256 };
-            g.matmul_wgmma(&x, &w, &mut out, bn).expect("wgmma");
+            g.matmul_on(GemmKernel::Wgmma { bn }, &x, &w, &mut out).expect("wgmma");
             let same = g.to_host(&out).expect("out") == g.to_host(&tiled_out).expect("tiled out");
             println!(
                 "{name:>14} {m:>6} {cublas:>9.1} {tiled:>9.1} {w128:>9.1} {w256:>9.1} {bn:>6} {:>8.0}% {:>8.0}% {:>7}",

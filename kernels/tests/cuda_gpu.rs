@@ -17,7 +17,7 @@ use common::{assert_bits_eq, assert_close, random, rng, LayoutBuilder};
 use cuda_common::{gpu, gpu_with, only_seq, prefix_and_items, MiniModel};
 use sieve_kernels::cuda::moe::{BlockM, MoeDims, MoeRouting, TilePolicy};
 use sieve_kernels::cuda::twin::{self, TwinBackend, TwinMoeWeights};
-use sieve_kernels::cuda::{tiled_block_m, CudaBackend, CudaOptions, GemmEngine};
+use sieve_kernels::cuda::{tiled_block_m, CudaBackend, CudaOptions, CudaVector, GemmEngine, GemmKernel};
 use sieve_kernels::{Backend, BatchLayout, CpuBackend, KernelError, QkvLayout, RopeConfig, RopeLayout};
 
 const BF16_TOL: f32 = 2e-2;
@@ -409,106 +409,100 @@ fn tiled_projections_are_batch_invariant() {
     projection_rows_alone_and_batched(&g, 8192, 256);
 }
 
+/// A twin GEMM over (bf16 x, bf16 W) into the f32 output.
+type TwinGemm = dyn Fn(&[u16], &[u16], &mut [f32]);
+
+/// The GEMM test shapes (m, n, k): one row, partial row and column tiles, K off the K steps, and
+/// sizes where the large tiles run.
+const GEMM_TEST_SHAPES: [(usize, usize, usize); 5] =
+    [(1, 128, 64), (77, 130, 72), (300, 200, 136), (1000, 1024, 1024), (2048, 512, 2048)];
+
+/// Each of `kernels` on all m rows of x (the first kernel's output is returned) gives the first
+/// kernel's bits, and on a row alone and on a run of rows the bits those rows get among all;
+/// the first kernel agrees with `twin` if given (which sums each k16 step's products in its own
+/// order) where the twin is quick enough.
+#[allow(clippy::too_many_arguments)]
+fn gemm_kernels_agree(
+    g: &CudaBackend,
+    kernels: &[GemmKernel],
+    (x, wd): (&[f32], &[f32]),
+    (m, n, k): (usize, usize, usize),
+    twin: Option<&TwinGemm>,
+) -> Vec<f32> {
+    let w = g.linear_weight(wd, n, k).unwrap();
+    let run = |kernel: GemmKernel, x: &[f32], rows: usize| {
+        let xt = g.from_host(x, rows, k).unwrap();
+        let mut out = g.zeros(rows, n).unwrap();
+        g.matmul_on(kernel, &xt, &w, &mut out).unwrap();
+        g.to_host(&out).unwrap()
+    };
+    let base = run(kernels[0], x, m);
+    for &kernel in kernels {
+        let what = format!("{m}x{n}x{k} {kernel:?}");
+        assert_bits_eq(&format!("{what} vs {:?}", kernels[0]), &run(kernel, x, m), &base);
+        for (row, rows) in [(0usize, 1usize), (m / 3, (m - m / 3).min(65))] {
+            let part = run(kernel, &x[row * k..(row + rows) * k], rows);
+            assert_bits_eq(
+                &format!("{what}: rows {row}..{} alone", row + rows),
+                &part,
+                &base[row * n..(row + rows) * n],
+            );
+        }
+    }
+    if let Some(twin_gemm) = twin.filter(|_| m * n * k <= 10_000_000) {
+        let xb: Vec<u16> = x.iter().map(|&v| twin::warp::to_bf16(v)).collect();
+        let wb: Vec<u16> = wd.iter().map(|&v| twin::warp::to_bf16(v)).collect();
+        let mut want = vec![0f32; m * n];
+        twin_gemm(&xb, &wb, &mut want);
+        assert_close(&format!("{m}x{n}x{k} {:?} vs twin", kernels[0]), &base, &want, TWIN_TOL);
+    }
+    base
+}
+
 /// The tiled kernels side by side on the device: the current tile at BLOCK_M 64 and 128 and the
 /// first tile at both give the same bits, on all rows and on a few of them alone, and agree with
-/// the twin (which sums each mma's products in its own order) where the twin is quick enough.
+/// the twin.
 #[test]
 fn tiled_gemm_kernels_agree_bitwise() {
     let Some(g) = gpu("tiled_gemm_kernels_agree_bitwise") else { return };
     let mut r = rng(70);
-    let kernels = [(false, 128usize), (false, 64), (true, 64), (true, 128)];
-    for &(m, n, k) in
-        &[(1usize, 64usize, 64usize), (77, 130, 72), (300, 200, 136), (1000, 1024, 1024), (2048, 512, 2048)]
-    {
+    let kernels = [128, 64].map(|bm| GemmKernel::Tiled { bm });
+    let kernels = [kernels[0], kernels[1], GemmKernel::TiledV1 { bm: 64 }, GemmKernel::TiledV1 { bm: 128 }];
+    for (m, n, k) in GEMM_TEST_SHAPES {
         let (x, wd) = (random(&mut r, m * k), random(&mut r, n * k));
-        let w = g.linear_weight(&wd, n, k).unwrap();
-        let run = |v1: bool, bm: usize, x: &[f32], rows: usize| {
-            let xt = g.from_host(x, rows, k).unwrap();
-            let mut out = g.zeros(rows, n).unwrap();
-            g.matmul_tiled(&xt, &w, &mut out, v1, bm).unwrap();
-            g.to_host(&out).unwrap()
-        };
-        let base = run(false, 128, &x, m);
-        for (v1, bm) in kernels {
-            let what = format!("{m}x{n}x{k} {} BLOCK_M {bm}", if v1 { "v1" } else { "current" });
-            assert_bits_eq(&format!("{what} vs current BLOCK_M 128"), &run(v1, bm, &x, m), &base);
-            for (row, rows) in [(0usize, 1usize), (m / 3, (m - m / 3).min(65))] {
-                let part = run(v1, bm, &x[row * k..(row + rows) * k], rows);
-                assert_bits_eq(
-                    &format!("{what}: rows {row}..{} alone", row + rows),
-                    &part,
-                    &base[row * n..(row + rows) * n],
-                );
-            }
-        }
-        if m * n * k <= 10_000_000 {
-            let xb: Vec<u16> = x.iter().map(|&v| twin::warp::to_bf16(v)).collect();
-            let wb: Vec<u16> = wd.iter().map(|&v| twin::warp::to_bf16(v)).collect();
-            let mut want = vec![0f32; m * n];
-            twin::dense_gemm(128, &xb, &wb, &mut want, m, n, k, 0.0);
-            assert_close(&format!("{m}x{n}x{k} vs twin"), &base, &want, TWIN_TOL);
-        }
+        let twin_gemm = move |xb: &[u16], wb: &[u16], out: &mut [f32]| twin::dense_gemm(128, xb, wb, out, m, n, k, 0.0);
+        gemm_kernels_agree(&g, &kernels, (&x, &wd), (m, n, k), Some(&twin_gemm));
     }
 }
 
 /// The wgmma GEMM (gemm_wgmma.cu, sm_90 only) on the device: both BLOCK_N give the same bits,
-/// a row alone gives the bits it gets among many, and it agrees with its twin (which replays the
-/// descriptors' layout) within the tensor cores' summation. Prints whether its bits equal the
-/// mma.sync tile's (nothing promises they do: the engines are separate). Then the engine through
-/// the Backend: a small model's scores near the twin's, and an item's score alone the same bits
-/// as in the batch.
+/// on all rows and on a few alone, and agree with the twin (which replays the descriptors'
+/// layout). Prints whether its bits equal the mma.sync tile's (nothing relies on it: the
+/// engines are separate). Then the engine through the Backend: a small model's scores near the
+/// twin's, and an item's score alone the same bits as in the batch.
 /// CPU twin: cuda_twin_dense.rs `tiled_gemm_kernels_agree_bitwise_across_tiles_and_batches`.
 #[test]
 fn wgmma_gemm_is_batch_invariant_and_matches_its_twin() {
     let test = "wgmma_gemm_is_batch_invariant_and_matches_its_twin";
     let Some(g) = hopper(test) else { return };
     let mut r = rng(72);
-    for &(m, n, k) in
-        &[(1usize, 128usize, 64usize), (77, 130, 72), (300, 200, 136), (1000, 1024, 1024), (2048, 512, 2048)]
-    {
+    for (m, n, k) in GEMM_TEST_SHAPES {
         let (x, wd) = (random(&mut r, m * k), random(&mut r, n * k));
-        let w = g.linear_weight(&wd, n, k).unwrap();
-        let run = |bn: usize, x: &[f32], rows: usize| {
-            let xt = g.from_host(x, rows, k).unwrap();
-            let mut out = g.zeros(rows, n).unwrap();
-            g.matmul_wgmma(&xt, &w, &mut out, bn).unwrap();
-            g.to_host(&out).unwrap()
-        };
-        let base = run(256, &x, m);
-        for bn in [128usize, 256] {
-            let what = format!("{m}x{n}x{k} wgmma BLOCK_N {bn}");
-            assert_bits_eq(&format!("{what} vs BLOCK_N 256"), &run(bn, &x, m), &base);
-            for (row, rows) in [(0usize, 1usize), (m / 3, (m - m / 3).min(65))] {
-                let part = run(bn, &x[row * k..(row + rows) * k], rows);
-                assert_bits_eq(
-                    &format!("{what}: rows {row}..{} alone", row + rows),
-                    &part,
-                    &base[row * n..(row + rows) * n],
-                );
-            }
-        }
-        if m * n * k <= 10_000_000 {
-            let xb: Vec<u16> = x.iter().map(|&v| twin::warp::to_bf16(v)).collect();
-            let wb: Vec<u16> = wd.iter().map(|&v| twin::warp::to_bf16(v)).collect();
-            let mut want = vec![0f32; m * n];
-            twin::dense_gemm_wgmma(256, &xb, &wb, &mut want, m, n, k, 0.0);
-            assert_close(&format!("{m}x{n}x{k} wgmma vs twin"), &base, &want, TWIN_TOL);
-        }
-        let xt = g.from_host(&x, m, k).unwrap();
-        let mut tiled = g.zeros(m, n).unwrap();
-        g.matmul_tiled(&xt, &w, &mut tiled, false, 128).unwrap();
-        let tiled = g.to_host(&tiled).unwrap();
+        let kernels = [GemmKernel::Wgmma { bn: 256 }, GemmKernel::Wgmma { bn: 128 }];
+        let twin_gemm =
+            move |xb: &[u16], wb: &[u16], out: &mut [f32]| twin::dense_gemm_wgmma(256, xb, wb, out, m, n, k, 0.0);
+        let base = gemm_kernels_agree(&g, &kernels, (&x, &wd), (m, n, k), Some(&twin_gemm));
+        let tiled = gemm_kernels_agree(&g, &[GemmKernel::Tiled { bm: 128 }], (&x, &wd), (m, n, k), None);
         let differ = base.iter().zip(&tiled).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
         println!("{test}: {m}x{n}x{k}: {differ} of {} outputs differ in bits from the mma.sync tile", m * n);
     }
-    let wg = &g;
     let model = MiniModel::random(&mut r, 2);
     let (passes, slots) = prefix_and_items(&mut r, model.vocab);
-    let batched = model.scores(wg, &passes, slots);
+    let batched = model.scores(&g, &passes, slots);
     let twin = model.scores(&TwinBackend { gemm: GemmEngine::Wgmma, ..Default::default() }, &passes, slots);
     for (i, &score) in batched[1].iter().enumerate() {
         assert!((score - twin[1][i]).abs() <= 1e-3, "item {i}: gpu {score} vs twin {}", twin[1][i]);
-        let alone = model.scores(wg, &[passes[0].clone(), only_seq(&passes[1], i)], slots);
+        let alone = model.scores(&g, &[passes[0].clone(), only_seq(&passes[1], i)], slots);
         assert_eq!(alone[1][0].to_bits(), score.to_bits(), "item {i}: alone {} vs batched {score}", alone[1][0]);
     }
 }
@@ -562,25 +556,9 @@ fn wgmma_fused_epilogues_and_moe_give_the_unfused_bits() {
         let n = l.qkv_dim();
         let mut lb = LayoutBuilder::default();
         lb.push_seq(&[], m);
-        let (x, w) = (random(&mut r, m * hidden), random(&mut r, n * hidden));
-        let (qn, kn) = (random(&mut r, hd), random(&mut r, hd));
-        let rope = RopeConfig { theta: 1_000_000.0, rotary_dim: hd, layout: rl };
+        let case = QkvCase::random(&mut r, m, hidden, l, rl);
         let zero_bias = g.vector(&vec![0.0; n]).unwrap();
-        let run = |bias| {
-            let (xt, wt) = (g.from_host(&x, m, hidden).unwrap(), g.linear_weight(&w, n, hidden).unwrap());
-            let (qv, kv) = (g.vector(&qn).unwrap(), g.vector(&kn).unwrap());
-            let mut cache = g.kv_cache(1, m, n_kv_heads, hd).unwrap();
-            let batch = g.prepare_batch(&lb.layout, &cache).unwrap();
-            let mut qkv = g.zeros(m, n).unwrap();
-            let norms = (Some(&qv), Some(&kv));
-            g.matmul_qk_norm_rope_write_kv(&xt, &wt, bias, &mut qkv, l, norms, 1e-6, rope, &mut cache, 0, &batch)
-                .unwrap();
-            let mut out = g.zeros(m, l.q_dim()).unwrap();
-            g.attention(&qkv, l, &cache, 0, &batch, &mut out).unwrap();
-            let q: Vec<f32> = g.to_host(&qkv).unwrap().chunks(n).flat_map(|row| row[..l.q_dim()].to_vec()).collect();
-            (q, g.to_host(&out).unwrap())
-        };
-        let ((fq, fo), (uq, uo)) = (run(None), run(Some(&zero_bias)));
+        let ((fq, fo), (uq, uo)) = (case.run(&g, None, &lb.layout), case.run(&g, Some(&zero_bias), &lb.layout));
         let what = format!("{m} rows, {l:?}");
         assert_bits_eq(&format!("{what}: QKV epilogue's q columns vs unfused"), &fq, &uq);
         assert_bits_eq(&format!("{what}: attention over the pools it wrote vs unfused"), &fo, &uo);
@@ -652,6 +630,51 @@ fn moe_threshold_autotune_runs_and_fits() {
     println!("calibrated threshold {th}: {samples:?}");
 }
 
+/// One QKV projection's inputs (m rows of `hidden`, Qwen3-style q/k norms and RoPE over the whole
+/// head), for `matmul_qk_norm_rope_write_kv` then attention over the pools it wrote.
+struct QkvCase {
+    m: usize,
+    hidden: usize,
+    layout: QkvLayout,
+    rope: RopeConfig,
+    x: Vec<f32>,
+    w: Vec<f32>,
+    norms: (Vec<f32>, Vec<f32>),
+}
+
+impl QkvCase {
+    fn random(r: &mut impl rand::Rng, m: usize, hidden: usize, layout: QkvLayout, rope: RopeLayout) -> QkvCase {
+        let (n, hd) = (layout.qkv_dim(), layout.head_dim);
+        QkvCase {
+            m,
+            hidden,
+            layout,
+            rope: RopeConfig { theta: 1_000_000.0, rotary_dim: hd, layout: rope },
+            x: random(r, m * hidden),
+            w: random(r, n * hidden),
+            norms: (random(r, hd), random(r, hd)),
+        }
+    }
+
+    /// The q columns and the attention output, on `b`, with `bias` on the projection.
+    fn run(&self, b: &CudaBackend, bias: Option<&CudaVector>, batch: &BatchLayout) -> (Vec<f32>, Vec<f32>) {
+        let (l, m, n) = (self.layout, self.m, self.layout.qkv_dim());
+        let (xt, wt) =
+            (b.from_host(&self.x, m, self.hidden).unwrap(), b.linear_weight(&self.w, n, self.hidden).unwrap());
+        let (qv, kv) = (b.vector(&self.norms.0).unwrap(), b.vector(&self.norms.1).unwrap());
+        let mut cache = b.kv_cache(1, m, l.n_kv_heads, l.head_dim).unwrap();
+        let batch = b.prepare_batch(batch, &cache).unwrap();
+        let mut qkv = b.zeros(m, n).unwrap();
+        let norms = (Some(&qv), Some(&kv));
+        b.matmul_qk_norm_rope_write_kv(&xt, &wt, bias, &mut qkv, l, norms, 1e-6, self.rope, &mut cache, 0, &batch)
+            .unwrap();
+        let mut out = b.zeros(m, l.q_dim()).unwrap();
+        b.attention(&qkv, l, &cache, 0, &batch, &mut out).unwrap();
+        let q: Vec<f32> = b.to_host(&qkv).unwrap().chunks(n).flat_map(|row| row[..l.q_dim()].to_vec()).collect();
+        (q, b.to_host(&out).unwrap())
+    }
+}
+
 /// The QKV projection with the q/k norm, RoPE and the K/V write in its epilogue
 /// (`dense_gemm_qkv_*`, `Tiled`) against the same tile unfused on the device: the q columns, and
 /// attention over the pools it wrote, are the same bits. Qwen3-0.6B's heads (16 / 8 of 128:
@@ -670,27 +693,10 @@ fn fused_qkv_epilogue_gives_the_unfused_bits() {
         (77, 576, 9, 3, 64, RopeLayout::Interleaved),
     ] {
         let l = QkvLayout { n_heads, n_kv_heads, head_dim: hd };
-        let n = l.qkv_dim();
         let mut lb = LayoutBuilder::default();
         lb.push_seq(&[], m);
-        let (x, w) = (random(&mut r, m * hidden), random(&mut r, n * hidden));
-        let (qn, kn) = (random(&mut r, hd), random(&mut r, hd));
-        let rope = RopeConfig { theta: 1_000_000.0, rotary_dim: hd, layout: rl };
-        let run = |b: &CudaBackend| {
-            let (xt, wt) = (b.from_host(&x, m, hidden).unwrap(), b.linear_weight(&w, n, hidden).unwrap());
-            let (qv, kv) = (b.vector(&qn).unwrap(), b.vector(&kn).unwrap());
-            let mut cache = b.kv_cache(1, m, n_kv_heads, hd).unwrap();
-            let batch = b.prepare_batch(&lb.layout, &cache).unwrap();
-            let mut qkv = b.zeros(m, n).unwrap();
-            let norms = (Some(&qv), Some(&kv));
-            b.matmul_qk_norm_rope_write_kv(&xt, &wt, None, &mut qkv, l, norms, 1e-6, rope, &mut cache, 0, &batch)
-                .unwrap();
-            let mut out = b.zeros(m, l.q_dim()).unwrap();
-            b.attention(&qkv, l, &cache, 0, &batch, &mut out).unwrap();
-            let q: Vec<f32> = b.to_host(&qkv).unwrap().chunks(n).flat_map(|row| row[..l.q_dim()].to_vec()).collect();
-            (q, b.to_host(&out).unwrap())
-        };
-        let ((fq, fo), (uq, uo)) = (run(&f), run(&u));
+        let case = QkvCase::random(&mut r, m, hidden, l, rl);
+        let ((fq, fo), (uq, uo)) = (case.run(&f, None, &lb.layout), case.run(&u, None, &lb.layout));
         let what = format!("{m} rows, {l:?}");
         assert_bits_eq(&format!("{what}: q columns"), &fq, &uq);
         assert_bits_eq(&format!("{what}: attention over the written pools"), &fo, &uo);

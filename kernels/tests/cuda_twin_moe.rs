@@ -238,31 +238,26 @@ fn grouped_gemm_fragments_compute_each_experts_product() {
                 }
             }
         }
+        // A variant's launch arguments, with the selector's choice.
+        let args = |bm: usize, choice: usize| GroupedGemmArgs {
+            a: &a,
+            w: &w,
+            counts: &off.counts,
+            offsets: &off.offsets,
+            tiles: if bm == 64 { &off.tiles64 } else { &off.tiles128 },
+            n_tiles: off.n_tiles,
+            choice: choice as u32,
+            n,
+            k,
+        };
         let mut results = Vec::new();
         for bm in [64usize, 128] {
-            let tiles = if bm == 64 { &off.tiles64 } else { &off.tiles128 };
             let mut c = vec![f32::NAN; n_assign * n];
-            let args = GroupedGemmArgs {
-                a: &a,
-                w: &w,
-                counts: &off.counts,
-                offsets: &off.offsets,
-                tiles,
-                n_tiles: off.n_tiles,
-                choice: bm as u32,
-                n,
-                k,
-            };
-            twin::moe_gemm(bm, args, twin::max_tiles(n_assign, ne, bm), &mut c);
+            twin::moe_gemm(bm, args(bm, bm), twin::max_tiles(n_assign, ne, bm), &mut c);
             // The other variant's launch exits at once.
             let other = if bm == 64 { 128 } else { 64 };
             let mut untouched = vec![f32::NAN; n_assign * n];
-            twin::moe_gemm(
-                other,
-                GroupedGemmArgs { tiles: if other == 64 { &off.tiles64 } else { &off.tiles128 }, ..args },
-                twin::max_tiles(n_assign, ne, other),
-                &mut untouched,
-            );
+            twin::moe_gemm(other, args(other, bm), twin::max_tiles(n_assign, ne, other), &mut untouched);
             assert!(untouched.iter().all(|v| v.is_nan()), "BLOCK_M {other} ran although {bm} was chosen");
             assert_close(&format!("grouped GEMM BLOCK_M {bm}, n {n}, k {k}"), &c, &want, 1e-5);
             results.push(c);
@@ -270,20 +265,8 @@ fn grouped_gemm_fragments_compute_each_experts_product() {
         assert_bits_eq(&format!("BLOCK_M 64 vs 128, n {n}, k {k}"), &results[0], &results[1]);
         // moe_gemm_wgmma.cu's variants, on the same schedules (BM x 128 tiles).
         for bm in [64usize, 128] {
-            let tiles = if bm == 64 { &off.tiles64 } else { &off.tiles128 };
             let mut c = vec![f32::NAN; n_assign * n];
-            let args = GroupedGemmArgs {
-                a: &a,
-                w: &w,
-                counts: &off.counts,
-                offsets: &off.offsets,
-                tiles,
-                n_tiles: off.n_tiles,
-                choice: bm as u32,
-                n,
-                k,
-            };
-            twin::moe_gemm_wgmma(bm, args, twin::max_tiles(n_assign, ne, bm), &mut c);
+            twin::moe_gemm_wgmma(bm, args(bm, bm), twin::max_tiles(n_assign, ne, bm), &mut c);
             assert_close(&format!("wgmma grouped GEMM BLOCK_M {bm}, n {n}, k {k}"), &c, &want, 1e-5);
             assert_bits_eq(&format!("wgmma BLOCK_M {bm} vs mma.sync, n {n}, k {k}"), &c, &results[0]);
         }

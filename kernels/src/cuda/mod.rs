@@ -95,6 +95,18 @@ impl GemmEngine {
     }
 }
 
+/// One dense GEMM kernel at one tile, named for [`CudaBackend::matmul_on`] (tests and benches
+/// comparing kernels in one run).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GemmKernel {
+    /// gemm.cu's `dense_gemm_bm{bm}` (mma_tile.cuh).
+    Tiled { bm: usize },
+    /// gemm.cu's `dense_gemm_v1_bm{bm}` (mma_tile_v1.cuh).
+    TiledV1 { bm: usize },
+    /// gemm_wgmma.cu's `dense_gemm_wgmma_bn{bn}` (wgmma_tile.cuh, sm_90 only).
+    Wgmma { bn: usize },
+}
+
 /// How attention runs on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AttentionEngine {

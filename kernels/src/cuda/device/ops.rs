@@ -27,7 +27,7 @@ pub(super) fn wgmma_launch(s: WgmmaShape, m: usize, n: usize) -> LaunchConfig {
         shared_mem_bytes: s.smem_bytes as u32,
     }
 }
-use crate::cuda::{GemmEngine, GemmShape, WgmmaShape};
+use crate::cuda::{GemmEngine, GemmKernel, GemmShape, WgmmaShape};
 
 /// One block of `threads` per row.
 fn per_row(rows: usize, threads: u32, smem: usize) -> LaunchConfig {
@@ -192,11 +192,12 @@ impl CudaBackend {
         if !self.gemm.tiled_for(w.cols) {
             return self.blas.gemm_bf16(&xb, &w.buf, &mut out.buf, x.rows, w.rows, w.cols, beta);
         }
-        if self.gemm == GemmEngine::Wgmma {
-            return self.launch_wgmma(WgmmaShape::dense_bn(x.rows, w.rows), &xb, w, out, x.rows, beta);
-        }
-        let bm = self.gemm.block_m(x.rows, w.rows);
-        self.launch_tiled(self.gemm == GemmEngine::TiledV1, bm, &xb, w, out, x.rows, beta)
+        let kernel = match self.gemm {
+            GemmEngine::Wgmma => GemmKernel::Wgmma { bn: WgmmaShape::dense_bn(x.rows, w.rows) },
+            GemmEngine::TiledV1 => GemmKernel::TiledV1 { bm: self.gemm.block_m(x.rows, w.rows) },
+            _ => GemmKernel::Tiled { bm: self.gemm.block_m(x.rows, w.rows) },
+        };
+        self.launch_gemm(kernel, &xb, w, out, x.rows, beta)
     }
 
     /// A projection's bf16 input: an operand as it is, else `x` cast into `scratch` (held by
@@ -238,29 +239,42 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// One tiled GEMM launch: out (+)= xb · Wᵀ over `m` rows of bf16 `xb`, with the first tile
-    /// (`v1`) or the current one, at BLOCK_M `bm`.
-    #[allow(clippy::too_many_arguments)]
-    fn launch_tiled(
+    /// One plain GEMM launch of `kernel`: out (+)= xb · Wᵀ over `m` rows of bf16 `xb`. A clear
+    /// error for the wgmma kernel on a device without the sm_90a kernels.
+    fn launch_gemm(
         &self,
-        v1: bool,
-        bm: usize,
+        kernel: GemmKernel,
         xb: &CudaView<'_, u16>,
         w: &CudaMatrix,
         out: &mut CudaTensor,
         m: usize,
         beta: f32,
     ) -> Result<()> {
-        let (f, cfg) = if v1 {
-            let (f, threads) =
-                if bm == 64 { (&self.k.dense_gemm_v1_bm64, 128) } else { (&self.k.dense_gemm_v1_bm128, 256) };
-            let grid = (m.div_ceil(bm) as u32, w.rows.div_ceil(GEMM_V1_BN as usize) as u32, 1);
-            (f, LaunchConfig { grid_dim: grid, block_dim: (threads, 1, 1), shared_mem_bytes: 0 })
-        } else {
-            let f = if bm == 64 { &self.k.dense_gemm_bm64 } else { &self.k.dense_gemm_bm128 };
-            let s = GemmShape::of(bm);
-            let grid = (m.div_ceil(bm) as u32, w.rows.div_ceil(s.bn) as u32, 1);
-            (f, LaunchConfig { grid_dim: grid, block_dim: (s.threads, 1, 1), shared_mem_bytes: s.smem_bytes as u32 })
+        let (f, cfg) = match kernel {
+            GemmKernel::TiledV1 { bm } => {
+                let (f, threads) =
+                    if bm == 64 { (&self.k.dense_gemm_v1_bm64, 128) } else { (&self.k.dense_gemm_v1_bm128, 256) };
+                let grid = (m.div_ceil(bm) as u32, w.rows.div_ceil(GEMM_V1_BN as usize) as u32, 1);
+                (f, LaunchConfig { grid_dim: grid, block_dim: (threads, 1, 1), shared_mem_bytes: 0 })
+            }
+            GemmKernel::Tiled { bm } => {
+                let f = if bm == 64 { &self.k.dense_gemm_bm64 } else { &self.k.dense_gemm_bm128 };
+                let s = GemmShape::of(bm);
+                let grid = (m.div_ceil(bm) as u32, w.rows.div_ceil(s.bn) as u32, 1);
+                (
+                    f,
+                    LaunchConfig {
+                        grid_dim: grid,
+                        block_dim: (s.threads, 1, 1),
+                        shared_mem_bytes: s.smem_bytes as u32,
+                    },
+                )
+            }
+            GemmKernel::Wgmma { bn } => {
+                let h = self.hopper()?;
+                let f = if bn == 128 { &h.dense_gemm_wgmma_bn128 } else { &h.dense_gemm_wgmma_bn256 };
+                (f, wgmma_launch(WgmmaShape::of(128, bn), m, w.rows))
+            }
         };
         let (m, n, k) = (m as i32, w.rows as i32, w.cols as i32);
         unsafe {
@@ -318,83 +332,27 @@ impl CudaBackend {
         Ok((f, cfg))
     }
 
-    /// One wgmma GEMM launch (gemm_wgmma.cu): out (+)= xb · Wᵀ over `m` rows of bf16 `xb`, at
-    /// BLOCK_N `bn`. A clear error on a device without the sm_90a kernels.
-    #[allow(clippy::too_many_arguments)]
-    fn launch_wgmma(
-        &self,
-        bn: usize,
-        xb: &CudaView<'_, u16>,
-        w: &CudaMatrix,
-        out: &mut CudaTensor,
-        m: usize,
-        beta: f32,
-    ) -> Result<()> {
-        let h = self.hopper()?;
-        let f = if bn == 128 { &h.dense_gemm_wgmma_bn128 } else { &h.dense_gemm_wgmma_bn256 };
-        let cfg = wgmma_launch(WgmmaShape::of(128, bn), m, w.rows);
-        let (m, n, k) = (m as i32, w.rows as i32, w.cols as i32);
-        unsafe {
-            self.stream
-                .launch_builder(f)
-                .arg(xb)
-                .arg(&w.buf)
-                .arg(&mut out.buf)
-                .arg(&m)
-                .arg(&n)
-                .arg(&k)
-                .arg(&beta)
-                .launch(cfg)
-        }
-        .map_err(driver_err("dense_gemm_wgmma"))?;
-        Ok(())
-    }
-
-    /// out = x · Wᵀ on the wgmma GEMM at BLOCK_N `bn` (128 or 256) whatever the backend's
-    /// engine: for tests and benches that compare it with the other tiles in one run. Needs an
-    /// sm_90 GPU and x.cols % 8 == 0.
-    pub fn matmul_wgmma(&self, x: &CudaTensor, w: &CudaMatrix, out: &mut CudaTensor, bn: usize) -> Result<()> {
+    /// out = x · Wᵀ on a chosen GEMM kernel whatever the backend's engine: for tests and benches
+    /// that compare the kernels in one run. Needs x.cols % 8 == 0 (and an sm_90 GPU for wgmma).
+    pub fn matmul_on(&self, kernel: GemmKernel, x: &CudaTensor, w: &CudaMatrix, out: &mut CudaTensor) -> Result<()> {
         checks::matmul(shape(x), (w.rows, w.cols), shape(out), None)?;
-        if !(bn == 128 || bn == 256) || !GemmEngine::Wgmma.tiled_for(w.cols) {
+        let tile_ok = match kernel {
+            GemmKernel::Tiled { bm } | GemmKernel::TiledV1 { bm } => bm == 64 || bm == 128,
+            GemmKernel::Wgmma { bn } => bn == 128 || bn == 256,
+        };
+        if !tile_ok || !GemmEngine::Tiled.tiled_for(w.cols) {
             return Err(KernelError::Shape(format!(
-                "wgmma GEMM: BLOCK_N {bn}, K {} (needs 128 or 256, K % 8 == 0)",
+                "{kernel:?} with K {}: needs BLOCK_M 64 or 128 (BLOCK_N 128 or 256 for wgmma) and K % 8 == 0",
                 w.cols
             )));
         }
-        f32_only("matmul_wgmma", &[out])?;
+        f32_only("matmul_on", &[out])?;
         if x.rows == 0 {
             return Ok(());
         }
         let mut scratch = self.gemm_input.lock().unwrap_or_else(|p| p.into_inner());
         let xb = self.gemm_operand(x, &mut scratch)?;
-        self.launch_wgmma(bn, &xb, w, out, x.rows, 0.0)
-    }
-
-    /// out = x · Wᵀ on a chosen tiled kernel whatever the backend's engine: the first tile
-    /// (`v1`) or the current one, at BLOCK_M `bm` (64 or 128). For tests and benches that
-    /// compare the kernels in one run; needs x.cols % 8 == 0.
-    pub fn matmul_tiled(
-        &self,
-        x: &CudaTensor,
-        w: &CudaMatrix,
-        out: &mut CudaTensor,
-        v1: bool,
-        bm: usize,
-    ) -> Result<()> {
-        checks::matmul(shape(x), (w.rows, w.cols), shape(out), None)?;
-        if !(bm == 64 || bm == 128) || !GemmEngine::Tiled.tiled_for(w.cols) {
-            return Err(KernelError::Shape(format!(
-                "tiled GEMM: BLOCK_M {bm}, K {} (needs 64 or 128, K % 8 == 0)",
-                w.cols
-            )));
-        }
-        f32_only("matmul_tiled", &[out])?;
-        if x.rows == 0 {
-            return Ok(());
-        }
-        let mut scratch = self.gemm_input.lock().unwrap_or_else(|p| p.into_inner());
-        let xb = self.gemm_operand(x, &mut scratch)?;
-        self.launch_tiled(v1, bm, &xb, w, out, x.rows, 0.0)
+        self.launch_gemm(kernel, &xb, w, out, x.rows, 0.0)
     }
 }
 
