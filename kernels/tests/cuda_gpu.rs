@@ -459,15 +459,33 @@ fn gemm_kernels_agree(
     base
 }
 
+/// The index probes (cuda_common.rs `gemm_index_probes`) on `kernel`, whole tiles and partial
+/// ones: a kernel that pairs the wrong elements fails here first, with the indices it read.
+fn gemm_index_probes_pass(g: &CudaBackend, kernel: GemmKernel) {
+    let run = |x: &[f32], wd: &[f32], m: usize, n: usize, k: usize| {
+        let (xt, w) = (g.from_host(x, m, k).unwrap(), g.linear_weight(wd, n, k).unwrap());
+        let mut out = g.zeros(m, n).unwrap();
+        g.matmul_on(kernel, &xt, &w, &mut out).unwrap();
+        g.to_host(&out).unwrap()
+    };
+    for shape in [(256, 256, 128), (77, 200, 72)] {
+        let wrong = cuda_common::gemm_index_probes(run, shape);
+        assert!(wrong.is_empty(), "{kernel:?} reads operands out of place: {wrong:#?}");
+    }
+}
+
 /// The tiled kernels side by side on the device: the current tile at BLOCK_M 64 and 128 and the
-/// first tile at both give the same bits, on all rows and on a few of them alone, and agree with
-/// the twin.
+/// first tile at both pass the index probes, give the same bits, on all rows and on a few of them
+/// alone, and agree with the twin.
 #[test]
 fn tiled_gemm_kernels_agree_bitwise() {
     let Some(g) = gpu("tiled_gemm_kernels_agree_bitwise") else { return };
     let mut r = rng(70);
     let kernels = [128, 64].map(|bm| GemmKernel::Tiled { bm });
     let kernels = [kernels[0], kernels[1], GemmKernel::TiledV1 { bm: 64 }, GemmKernel::TiledV1 { bm: 128 }];
+    for kernel in kernels {
+        gemm_index_probes_pass(&g, kernel);
+    }
     for (m, n, k) in GEMM_TEST_SHAPES {
         let (x, wd) = (random(&mut r, m * k), random(&mut r, n * k));
         let twin_gemm = move |xb: &[u16], wb: &[u16], out: &mut [f32]| twin::dense_gemm(128, xb, wb, out, m, n, k, 0.0);
@@ -475,9 +493,9 @@ fn tiled_gemm_kernels_agree_bitwise() {
     }
 }
 
-/// The wgmma GEMM (gemm_wgmma.cu, sm_90 only) on the device: both BLOCK_N give the same bits,
-/// on all rows and on a few alone, and agree with the twin (which replays the descriptors'
-/// layout). Prints whether its bits equal the mma.sync tile's (nothing relies on it: the
+/// The wgmma GEMM (gemm_wgmma.cu, sm_90 only) on the device: both BLOCK_N pass the index probes
+/// and give the same bits, on all rows and on a few alone, and agree with the twin (which replays
+/// the descriptors' layout). Prints whether its bits equal the mma.sync tile's (nothing relies on it: the
 /// engines are separate). Then the engine through the Backend: a small model's scores near the
 /// twin's, and an item's score alone the same bits as in the batch.
 /// CPU twin: cuda_twin_dense.rs `tiled_gemm_kernels_agree_bitwise_across_tiles_and_batches`.
@@ -485,6 +503,9 @@ fn tiled_gemm_kernels_agree_bitwise() {
 fn wgmma_gemm_is_batch_invariant_and_matches_its_twin() {
     let test = "wgmma_gemm_is_batch_invariant_and_matches_its_twin";
     let Some(g) = hopper(test) else { return };
+    for bn in [128, 256] {
+        gemm_index_probes_pass(&g, GemmKernel::Wgmma { bn });
+    }
     let mut r = rng(72);
     for (m, n, k) in GEMM_TEST_SHAPES {
         let (x, wd) = (random(&mut r, m * k), random(&mut r, n * k));

@@ -9,6 +9,7 @@
 //!   K and V: what rounding the softmax probabilities to bf16 for the P·V mma costs.
 
 mod common;
+mod cuda_common;
 
 use common::*;
 use sieve_kernels::cuda::layout::PackedBatch;
@@ -499,6 +500,45 @@ fn tiled_projections_are_batch_invariant() {
         twin.matmul_add(&xr, &w, &mut one_acc).unwrap();
         assert_bits_eq(&format!("row {r} alone vs in 300 (add)"), &one_acc.data, all_acc.row(r));
     }
+}
+
+/// The index probes the GPU tests run first on every GEMM tile (cuda_common.rs
+/// `gemm_index_probes`) pass on the twins: the probes' expectations are right, so on a GPU a
+/// mismatch is the kernel's.
+#[test]
+fn gemm_index_probes_pass_on_every_twin_tile() {
+    type Gemm = fn(usize, &[u16], &[u16], &mut [f32], usize, usize, usize, f32);
+    let tiles: [(&str, Gemm, usize); 4] = [
+        ("BLOCK_M 64", twin::dense_gemm, 64),
+        ("BLOCK_M 128", twin::dense_gemm, 128),
+        ("wgmma BLOCK_N 128", twin::dense_gemm_wgmma, 128),
+        ("wgmma BLOCK_N 256", twin::dense_gemm_wgmma, 256),
+    ];
+    for (name, gemm, tile) in tiles {
+        let run = |x: &[f32], w: &[f32], m: usize, n: usize, k: usize| {
+            let (xb, wb): (Vec<u16>, Vec<u16>) = (
+                x.iter().map(|&v| twin::warp::to_bf16(v)).collect(),
+                w.iter().map(|&v| twin::warp::to_bf16(v)).collect(),
+            );
+            let mut out = vec![f32::NAN; m * n];
+            gemm(tile, &xb, &wb, &mut out, m, n, k, 0.0);
+            out
+        };
+        let wrong = cuda_common::gemm_index_probes(run, (256, 256, 128));
+        assert!(wrong.is_empty(), "{name}: {wrong:#?}");
+    }
+    // A probe that reads the wrong k is named as such.
+    let skewed = |x: &[f32], w: &[f32], m: usize, n: usize, k: usize| {
+        let mut out = vec![0f32; m * n];
+        for r in 0..m {
+            for c in 0..n {
+                out[r * n + c] = (0..k).map(|kk| x[r * k + kk] * w[c * k + (kk + 1) % k]).sum();
+            }
+        }
+        out
+    };
+    let wrong = cuda_common::gemm_index_probes(skewed, (8, 8, 16));
+    assert!(wrong.first().is_some_and(|s| s.contains("read W's k 1, want 0")), "{wrong:#?}");
 }
 
 /// The tiled kernels (the current tile at BLOCK_M 64 and 128, the first tile at both, the wgmma

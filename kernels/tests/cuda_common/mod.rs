@@ -226,3 +226,40 @@ pub fn only_seq(layout: &BatchLayout, i: usize) -> BatchLayout {
         key_slots: layout.key_slots[s.slot_offset as usize..(s.slot_offset + s.ctx_len) as usize].to_vec(),
     }
 }
+
+/// Index probes for a GEMM kernel, `gemm(x, w, m, n, k)` → out [m, n] (x [m, k], w [n, k]): one
+/// side one-hot, the other small integers (exact in bf16), so that every output names the element
+/// the tensor cores paired with it. Three probes over m rows, n columns and k (≤ 128, a few K
+/// steps), each checking one index: which k of W met A's k (out[r][c] = r % k), which W row (c %
+/// 256), which A row (r % 256). Returns a description of the first mismatches ("row r, column c:
+/// read W's k 5, want 3"), empty when the kernel reads every operand where it should: on a GPU the
+/// first thing to look at when a tile is wrong.
+pub fn gemm_index_probes(
+    gemm: impl Fn(&[f32], &[f32], usize, usize, usize) -> Vec<f32>,
+    (m, n, k): (usize, usize, usize),
+) -> Vec<String> {
+    assert!(k <= 128 && m <= 1 << 16, "probe values must stay exact in bf16");
+    let one_hot = |rows: usize, hot: &dyn Fn(usize) -> usize| -> Vec<f32> {
+        (0..rows * k).map(|i| if i % k == hot(i / k) { 1.0 } else { 0.0 }).collect()
+    };
+    let filled = |rows: usize, v: &dyn Fn(usize, usize) -> usize| -> Vec<f32> {
+        (0..rows * k).map(|i| v(i / k, i % k) as f32).collect()
+    };
+    type Want<'a> = &'a dyn Fn(usize, usize) -> usize;
+    let probes: [(&str, Vec<f32>, Vec<f32>, Want); 3] = [
+        ("W's k", one_hot(m, &|r| r % k), filled(n, &|_, kk| kk), &|r, _| r % k),
+        ("W row", one_hot(m, &|r| r % k), filled(n, &|c, _| c % 256), &|_, c| c % 256),
+        ("A row", filled(m, &|r, _| r % 256), one_hot(n, &|c| c % k), &|r, _| r % 256),
+    ];
+    let mut wrong = Vec::new();
+    for (what, x, w, want) in probes {
+        let out = gemm(&x, &w, m, n, k);
+        for (i, &v) in out.iter().enumerate() {
+            let (r, c) = (i / n, i % n);
+            if v != want(r, c) as f32 && wrong.len() < 8 {
+                wrong.push(format!("{m}x{n}x{k}, row {r}, column {c}: read {what} {v}, want {}", want(r, c)));
+            }
+        }
+    }
+    wrong
+}
