@@ -9,6 +9,7 @@ use crate::cuda::checks;
 use crate::cuda::layout::{attention_mma_smem_bytes, attention_smem_bytes, PackedBatch, ATTN_UNIT_WORDS};
 use crate::cuda::sources::consts::*;
 use crate::cuda::twin::{attention_scale, attention_scale_log2, warp::to_bf16};
+use crate::cuda::{GemmEngine, GemmKernel, GemmShape, WgmmaShape};
 
 /// A fused epilogue of the dense GEMM ([`CudaBackend::dense_kernel`]).
 #[derive(Debug, Clone, Copy)]
@@ -19,18 +20,26 @@ pub(super) enum DenseEpilogue {
     Qkv { head_dim: usize },
 }
 
-/// A wgmma launch of tile `s` over an `m x n` output (dense: row tiles in x, column tiles in y).
-pub(super) fn wgmma_launch(s: WgmmaShape, m: usize, n: usize) -> LaunchConfig {
+/// A dense GEMM launch of `bm x bn` tiles over an `m x n` output (row tiles in x, column tiles
+/// in y), `threads` per block and `smem` bytes of dynamic shared memory.
+fn tile_launch((bm, bn): (usize, usize), threads: u32, smem: usize, m: usize, n: usize) -> LaunchConfig {
     LaunchConfig {
-        grid_dim: (m.div_ceil(s.bm) as u32, n.div_ceil(s.bn) as u32, 1),
-        block_dim: (s.threads, 1, 1),
-        shared_mem_bytes: s.smem_bytes as u32,
+        grid_dim: (m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: smem as u32,
     }
 }
-use crate::cuda::{GemmEngine, GemmKernel, GemmShape, WgmmaShape};
+
+fn mma_launch(s: GemmShape, m: usize, n: usize) -> LaunchConfig {
+    tile_launch((s.bm, s.bn), s.threads, s.smem_bytes, m, n)
+}
+
+fn wgmma_launch(s: WgmmaShape, m: usize, n: usize) -> LaunchConfig {
+    tile_launch((s.bm, s.bn), s.threads, s.smem_bytes, m, n)
+}
 
 /// One block of `threads` per row.
-fn per_row(rows: usize, threads: u32, smem: usize) -> LaunchConfig {
+pub(super) fn per_row(rows: usize, threads: u32, smem: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem as u32 }
 }
 
@@ -254,21 +263,11 @@ impl CudaBackend {
             GemmKernel::TiledV1 { bm } => {
                 let (f, threads) =
                     if bm == 64 { (&self.k.dense_gemm_v1_bm64, 128) } else { (&self.k.dense_gemm_v1_bm128, 256) };
-                let grid = (m.div_ceil(bm) as u32, w.rows.div_ceil(GEMM_V1_BN as usize) as u32, 1);
-                (f, LaunchConfig { grid_dim: grid, block_dim: (threads, 1, 1), shared_mem_bytes: 0 })
+                (f, tile_launch((bm, GEMM_V1_BN as usize), threads, 0, m, w.rows))
             }
             GemmKernel::Tiled { bm } => {
                 let f = if bm == 64 { &self.k.dense_gemm_bm64 } else { &self.k.dense_gemm_bm128 };
-                let s = GemmShape::of(bm);
-                let grid = (m.div_ceil(bm) as u32, w.rows.div_ceil(s.bn) as u32, 1);
-                (
-                    f,
-                    LaunchConfig {
-                        grid_dim: grid,
-                        block_dim: (s.threads, 1, 1),
-                        shared_mem_bytes: s.smem_bytes as u32,
-                    },
-                )
+                (f, mma_launch(GemmShape::of(bm), m, w.rows))
             }
             GemmKernel::Wgmma { bn } => {
                 let h = self.hopper()?;
@@ -323,13 +322,7 @@ impl CudaBackend {
             (DenseEpilogue::Qkv { .. }, true) => &self.k.dense_gemm_qkv_bm64,
             (DenseEpilogue::Qkv { .. }, false) => &self.k.dense_gemm_qkv_bm128,
         };
-        let s = GemmShape::of(bm);
-        let cfg = LaunchConfig {
-            grid_dim: (m.div_ceil(bm) as u32, n.div_ceil(s.bn) as u32, 1),
-            block_dim: (s.threads, 1, 1),
-            shared_mem_bytes: s.smem_bytes as u32,
-        };
-        Ok((f, cfg))
+        Ok((f, mma_launch(GemmShape::of(bm), m, n)))
     }
 
     /// out = x · Wᵀ on a chosen GEMM kernel whatever the backend's engine: for tests and benches

@@ -4,10 +4,10 @@
 
 use std::sync::MutexGuard;
 
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
 
 use super::memory::{alloc, CudaBatch, CudaKvCache, CudaMatrix, CudaTensor, CudaVector};
-use super::ops::{f32_only, grid_stride, DenseEpilogue};
+use super::ops::{f32_only, grid_stride, per_row, DenseEpilogue};
 use super::{driver_err, CudaBackend};
 use crate::backend::{KernelError, QkvLayout, Result, RopeConfig, RopeLayout};
 use crate::cuda::checks;
@@ -110,11 +110,7 @@ impl CudaBackend {
             Some((cache, layer)) => self.pool_addrs(cache, layer),
             None => (0u64, 0u64),
         };
-        let cfg = LaunchConfig {
-            grid_dim: (qkv.rows as u32, 1, 1),
-            block_dim: (ROPE_THREADS, 1, 1),
-            shared_mem_bytes: rope_smem_bytes(layout.head_dim) as u32,
-        };
+        let cfg = per_row(qkv.rows, ROPE_THREADS, rope_smem_bytes(layout.head_dim));
         let positions = batch.view(&batch.packed.positions);
         let row_slots = batch.view(&batch.packed.row_slots);
         let cs = table.buf.as_ref().ok_or_else(|| KernelError::Device("rope table".into()))?;
