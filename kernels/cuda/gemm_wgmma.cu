@@ -53,3 +53,29 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) dense_gemm_wgmma_qkv
     const QkvEpilogue qe = DENSE_GEMM_QKV_EPILOGUE;
     dense_wgmma<256, GEMM_EPI_QKV>(x, w, qkv, m, n, k, 0.0f, &qe);
 }
+
+// dense_gemm_wgmma_tma_bn128 / _bn256: dense_gemm_wgmma_bn* on wgmma_tma_tile.cuh (TMA-fed,
+// warp-specialised; the same bits). Launch: grid (ceil(M / 128), ceil(N / BN)), 384 threads,
+// WgmmaShape::of(128, BN).smem_bytes of dynamic shared memory; `x_map` over x (dims {K, M},
+// box {64, 128}) and `w_map` over W (dims {K, N}, box {64, BN}), both in the 128-byte swizzle.
+#include "wgmma_tma_tile.cuh"
+
+#define DENSE_WGMMA_TMA_ARGS                                                                                       \
+    const __grid_constant__ TmaMap x_map, const __grid_constant__ TmaMap w_map, float *__restrict__ out, int m, \
+        int n, int k, float beta
+
+template <int BN>
+__device__ __forceinline__ void dense_wgmma_tma(const TmaMap* x_map, const TmaMap* w_map, float* __restrict__ out, int m,
+                                                int n, int k, float beta) {
+    u32 tm, tn;
+    gemm_block_order(tm, tn);
+    wgmma_tma_gemm_tile<BN>(x_map, w_map, out, tm * 128, (u32)m, tn * BN, n, k, beta);
+}
+
+extern "C" __global__ void __launch_bounds__(WG_TMA_THREADS, 1) dense_gemm_wgmma_tma_bn128(DENSE_WGMMA_TMA_ARGS) {
+    dense_wgmma_tma<128>(&x_map, &w_map, out, m, n, k, beta);
+}
+
+extern "C" __global__ void __launch_bounds__(WG_TMA_THREADS, 1) dense_gemm_wgmma_tma_bn256(DENSE_WGMMA_TMA_ARGS) {
+    dense_wgmma_tma<256>(&x_map, &w_map, out, m, n, k, beta);
+}

@@ -98,6 +98,30 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], unsigned long l
         : "l"(da), "l"(db));
 }
 
+// The f32 and SwiGLU epilogues of a warpgroup's NW wgmma accumulators: lane (warp, lane) holds,
+// per wgmma, rows row_of (+ 8 for registers i with (i / 2) % 2 == 1) and columns
+// 8 (i / 4) + 2 tg (+ 1) of the wgmma's 64 x 128, row_of = 64 (warpgroup) + 16 warp + lane / 4.
+// n8 block b of a wgmma is registers 4b .. 4b + 3: (4b, 4b + 1) on row rl, (4b + 2, 4b + 3) on
+// rl + 8. SwiGLU visits the gate blocks (b even); the up block b + 1 is 4 registers on.
+template <int NW, bool SWIGLU>
+__device__ __forceinline__ void wgmma_store_acc(const float (&acc)[NW][64], int row_of, int tg, float* __restrict__ c,
+                                                long long row_base, u32 r0, u32 rows, int n0, int n, float beta) {
+#pragma unroll
+    for (int j = 0; j < NW; ++j)
+#pragma unroll
+        for (int b = 0; b < 16; b += SWIGLU ? 2 : 1)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int i = 4 * b + 2 * half, rl = row_of + half * 8, block_col = j * 128 + b * 8;
+                if (SWIGLU) {
+                    gemm_store_swiglu(reinterpret_cast<bf16_t*>(c), row_base, r0, rows, n0, n, rl, block_col,
+                                      block_col + tg * 2, acc[j][i], acc[j][i + 1], acc[j][i + 4], acc[j][i + 5]);
+                } else {
+                    gemm_store_f32(c, row_base, r0, rows, n0, n, beta, rl, block_col + tg * 2, acc[j][i], acc[j][i + 1]);
+                }
+            }
+}
+
 template <int BM, int BN, int EPI = GEMM_EPI_F32>
 __device__ __forceinline__ void wgmma_gemm_tile(const bf16_t* __restrict__ a, const bf16_t* __restrict__ w,
                                                 float* __restrict__ c, long long row_base, u32 r0, u32 rows, int n0,
@@ -211,24 +235,7 @@ __device__ __forceinline__ void wgmma_gemm_tile(const bf16_t* __restrict__ a, co
         __syncthreads();
         gemm_qkv_heads<BM, BN>(st, c, row_base, r0, rows, n0, n, qe, tid >> 5, THREADS / 32, lane);
     } else {
-        // n8 block b of a wgmma is registers 4b .. 4b + 3: (4b, 4b + 1) on row rl, (4b + 2,
-        // 4b + 3) on rl + 8. SwiGLU visits the gate blocks (b even); the up block b + 1 is 4
-        // registers on.
-#pragma unroll
-        for (int j = 0; j < NW; ++j)
-#pragma unroll
-            for (int b = 0; b < 16; b += SWIGLU ? 2 : 1)
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const int i = 4 * b + 2 * half, rl = row_of + half * 8, block_col = j * 128 + b * 8;
-                    if (SWIGLU) {
-                        gemm_store_swiglu(reinterpret_cast<bf16_t*>(c), row_base, r0, rows, n0, n, rl, block_col,
-                                          block_col + tg * 2, acc[j][i], acc[j][i + 1], acc[j][i + 4], acc[j][i + 5]);
-                    } else {
-                        gemm_store_f32(c, row_base, r0, rows, n0, n, beta, rl, block_col + tg * 2, acc[j][i],
-                                       acc[j][i + 1]);
-                    }
-                }
+        wgmma_store_acc<NW, SWIGLU>(acc, row_of, tg, c, row_base, r0, rows, n0, n, beta);
     }
 }
 

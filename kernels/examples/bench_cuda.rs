@@ -17,11 +17,14 @@
 //!    batch as the same-run baseline (`--no-cpu` skips it);
 //! 6. the wgmma engine (sm_90 only): its GEMM on the shapes of 1 against cuBLAS and the mma.sync
 //!    tile (and whether its bits equal the tile's), the MoE layer of 3 and the dense model of 5 on
-//!    it against the fused mma.sync engine (its own section: a fault in it ends only its process).
+//!    it against the fused mma.sync engine (its own section: a fault in it ends only its process);
+//! 7. the TMA-fed, warp-specialised wgmma GEMM (sm_90 only) on the shapes of 1 against the
+//!    cp.async-fed one and cuBLAS, and whether its bits equal the cp.async-fed kernel's (its own
+//!    section too: a timed-out mbarrier wait traps).
 //!
 //!   cargo run --release -p sieve-kernels --example bench_cuda [-- --quick] [--no-cpu] [--only SECTION]...
 //!
-//! SECTION: gemm, attention, moe, fusions, dense, wgmma (1 to 6 above; all when none is named).
+//! SECTION: gemm, attention, moe, fusions, dense, wgmma, tma (1 to 7 above; all when none is named).
 //!
 //! GPU timings are CUDA-event medians of the enqueued work; end-to-end figures are wall clock.
 //! Without a GPU it says so and exits with status 1.
@@ -151,6 +154,39 @@ fn bench_wgmma_gemm(g: &CudaBackend, rng: &mut impl Rng, reps: usize) {
                 "{name:>14} {m:>6} {cublas:>9.1} {tiled:>9.1} {w128:>9.1} {w256:>9.1} {bn:>6} {:>8.0}% {:>8.0}% {:>7}",
                 100.0 * auto / cublas,
                 100.0 * auto / tiled,
+                if same { "same" } else { "differ" }
+            );
+        }
+    }
+}
+
+/// The TMA-fed, warp-specialised wgmma GEMM (wgmma_tma_tile.cuh) at BLOCK_N 128 and 256 against
+/// the cp.async-fed one at the BLOCK_N `WgmmaShape::dense_bn` picks and cuBLAS, on `bench_gemm`'s
+/// shapes; "bits" says whether its output equals the cp.async-fed kernel's bit for bit.
+fn bench_wgmma_tma_gemm(g: &CudaBackend, rng: &mut impl Rng, reps: usize) {
+    println!("\nTMA-fed wgmma GEMM (wgmma_tma_tile.cuh, sm_90a), TFLOP/s (event median, with the bf16 cast of x):");
+    println!(
+        "{:>14} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}",
+        "shape", "M", "cuBLAS", "wgmma", "TMA128", "TMA256", "best/cuB", "best/wg", "bits"
+    );
+    for &(name, n, k) in &GEMM_SHAPES {
+        let w = g.linear_weight(&random(rng, n * k, 0.05), n, k).expect("weight");
+        for m in GEMM_ROWS {
+            let x = g.from_host(&random(rng, m * k, 1.0), m, k).expect("x");
+            let (mut out, mut wg_out) = (g.zeros(m, n).expect("out"), g.zeros(m, n).expect("out"));
+            let cublas = flops(m, n, k, gpu_ms(g, reps, || g.matmul(&x, &w, None, &mut out).expect("matmul")));
+            let time = |kernel: GemmKernel, out: &mut CudaTensor| {
+                flops(m, n, k, gpu_ms(g, reps, || g.matmul_on(kernel, &x, &w, out).expect("matmul_on")))
+            };
+            let wg = time(GemmKernel::Wgmma { bn: WgmmaShape::dense_bn(m, n) }, &mut wg_out);
+            let (t128, t256) =
+                (time(GemmKernel::WgmmaTma { bn: 128 }, &mut out), time(GemmKernel::WgmmaTma { bn: 256 }, &mut out));
+            let same = g.to_host(&out).expect("out") == g.to_host(&wg_out).expect("wgmma out");
+            let best = t128.max(t256);
+            println!(
+                "{name:>14} {m:>6} {cublas:>9.1} {wg:>9.1} {t128:>9.1} {t256:>9.1} {:>8.0}% {:>8.0}% {:>7}",
+                100.0 * best / cublas,
+                100.0 * best / wg,
                 if same { "same" } else { "differ" }
             );
         }
@@ -461,7 +497,7 @@ impl Dense {
 
 /// The sections, in run order; `--only NAME` (repeatable) runs just those, so that a run can
 /// give each its own process (scripts/gpu-bench: a kernel fault ends one section, not all).
-const SECTIONS: [&str; 6] = ["gemm", "attention", "moe", "fusions", "dense", "wgmma"];
+const SECTIONS: [&str; 7] = ["gemm", "attention", "moe", "fusions", "dense", "wgmma", "tma"];
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -563,5 +599,12 @@ fn main() {
         }
         let pairs = [(GemmEngine::Tiled, AttentionEngine::Mma), (GemmEngine::Wgmma, AttentionEngine::Mma)];
         dense_table(&mut rng, &pairs, false);
+    }
+    if runs("tma") {
+        if g.info().arch.number() != 90 {
+            println!("\ntma: NOT RUN (sm_{}; the TMA-fed wgmma GEMM needs sm_90)", g.info().arch.number());
+            return;
+        }
+        bench_wgmma_tma_gemm(&g, &mut rng, reps);
     }
 }

@@ -528,6 +528,29 @@ fn wgmma_gemm_is_batch_invariant_and_matches_its_twin() {
     }
 }
 
+/// The TMA-fed, warp-specialised wgmma GEMM (wgmma_tma_tile.cuh) passes the index probes, gives
+/// the cp.async-fed wgmma kernel's bits at both BLOCK_N, on all rows and on a few alone, and
+/// agrees with the twin. Its name sorts it last: an mbarrier wait that times out traps, and a
+/// trap ends the process's CUDA context. CPU twins: cuda_twin_dense.rs
+/// `tiled_gemm_kernels_agree_bitwise_across_tiles_and_batches` (the TMA boxes from their encode
+/// arguments) and the mbarrier protocol model in `twin/wgmma_tma.rs`.
+#[test]
+fn wgmma_tma_gemm_gives_the_wgmma_bits() {
+    let Some(g) = hopper("wgmma_tma_gemm_gives_the_wgmma_bits") else { return };
+    for bn in [128, 256] {
+        gemm_index_probes_pass(&g, GemmKernel::WgmmaTma { bn });
+    }
+    let mut r = rng(74);
+    for (m, n, k) in GEMM_TEST_SHAPES {
+        let (x, wd) = (random(&mut r, m * k), random(&mut r, n * k));
+        let kernels =
+            [GemmKernel::Wgmma { bn: 256 }, GemmKernel::WgmmaTma { bn: 256 }, GemmKernel::WgmmaTma { bn: 128 }];
+        let twin_gemm =
+            move |xb: &[u16], wb: &[u16], out: &mut [f32]| twin::dense_gemm_wgmma_tma(256, xb, wb, out, m, n, k, 0.0);
+        gemm_kernels_agree(&g, &kernels, (&x, &wd), (m, n, k), Some(&twin_gemm));
+    }
+}
+
 /// The GPU's backend on the wgmma engine, when it is an sm_90; elsewhere the engine must be
 /// refused with a reason, and the test says it did not run.
 fn hopper(test: &str) -> Option<CudaBackend> {

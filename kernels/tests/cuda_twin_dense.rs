@@ -508,11 +508,13 @@ fn tiled_projections_are_batch_invariant() {
 #[test]
 fn gemm_index_probes_pass_on_every_twin_tile() {
     type Gemm = fn(usize, &[u16], &[u16], &mut [f32], usize, usize, usize, f32);
-    let tiles: [(&str, Gemm, usize); 4] = [
+    let tiles: [(&str, Gemm, usize); 6] = [
         ("BLOCK_M 64", twin::dense_gemm, 64),
         ("BLOCK_M 128", twin::dense_gemm, 128),
         ("wgmma BLOCK_N 128", twin::dense_gemm_wgmma, 128),
         ("wgmma BLOCK_N 256", twin::dense_gemm_wgmma, 256),
+        ("wgmma TMA BLOCK_N 128", twin::dense_gemm_wgmma_tma, 128),
+        ("wgmma TMA BLOCK_N 256", twin::dense_gemm_wgmma_tma, 256),
     ];
     for (name, gemm, tile) in tiles {
         let run = |x: &[f32], w: &[f32], m: usize, n: usize, k: usize| {
@@ -542,8 +544,8 @@ fn gemm_index_probes_pass_on_every_twin_tile() {
 }
 
 /// The tiled kernels (the current tile at BLOCK_M 64 and 128, the first tile at both, the wgmma
-/// tile at BLOCK_N 128 and 256), replayed fragment by fragment (the wgmma tile by its
-/// descriptors), against the f64 reference on the same bf16 inputs, and bitwise against each
+/// tile at BLOCK_N 128 and 256, cp.async- and TMA-fed), replayed fragment by fragment (the wgmma
+/// tile by its descriptors, the TMA's boxes from their encode arguments), against the f64 reference on the same bf16 inputs, and bitwise against each
 /// other and against themselves on fewer rows: every row takes the same K order in every tile and
 /// every batch. The shape leaves partial row and column tiles and a K that is not a multiple of
 /// either K step.
@@ -560,13 +562,15 @@ fn tiled_gemm_kernels_agree_bitwise_across_tiles_and_batches() {
         .map(|i| (0..k).map(|kk| f(xb[i / n * k + kk]) * f(wb[i % n * k + kk])).sum::<f64>() as f32)
         .collect();
     let want_acc: Vec<f32> = want.iter().zip(&c0).map(|(&w, &c)| (w as f64 + c as f64) as f32).collect();
-    let kernels: [(&str, Gemm, usize); 6] = [
+    let kernels: [(&str, Gemm, usize); 8] = [
         ("BLOCK_M 64", twin::dense_gemm, 64),
         ("BLOCK_M 128", twin::dense_gemm, 128),
         ("v1 BLOCK_M 64", twin::dense_gemm_v1, 64),
         ("v1 BLOCK_M 128", twin::dense_gemm_v1, 128),
         ("wgmma BLOCK_N 128", twin::dense_gemm_wgmma, 128),
         ("wgmma BLOCK_N 256", twin::dense_gemm_wgmma, 256),
+        ("wgmma TMA BLOCK_N 128", twin::dense_gemm_wgmma_tma, 128),
+        ("wgmma TMA BLOCK_N 256", twin::dense_gemm_wgmma_tma, 256),
     ];
     let mut first: Option<(Vec<f32>, Vec<f32>)> = None;
     for (name, gemm, bm) in kernels {

@@ -16,6 +16,7 @@ mod libs;
 pub mod moe;
 pub mod nvrtc;
 pub mod sources;
+pub mod tma;
 pub mod twin;
 
 /// How the dense projections (`matmul`, `matmul_add`, `lm_logits`) run on the device.
@@ -105,6 +106,10 @@ pub enum GemmKernel {
     TiledV1 { bm: usize },
     /// gemm_wgmma.cu's `dense_gemm_wgmma_bn{bn}` (wgmma_tile.cuh, sm_90 only).
     Wgmma { bn: usize },
+    /// gemm_wgmma.cu's `dense_gemm_wgmma_tma_bn{bn}` (wgmma_tma_tile.cuh: TMA-fed and
+    /// warp-specialised, sm_90 only; plain GEMMs, measured against `Wgmma` before it takes the
+    /// engine's epilogues).
+    WgmmaTma { bn: usize },
 }
 
 /// How attention runs on the device.

@@ -18,6 +18,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     ("mma_tile_v1.cuh", include_str!("../../cuda/mma_tile_v1.cuh")),
     ("rope.cuh", include_str!("../../cuda/rope.cuh")),
     ("wgmma_tile.cuh", include_str!("../../cuda/wgmma_tile.cuh")),
+    ("wgmma_tma_tile.cuh", include_str!("../../cuda/wgmma_tma_tile.cuh")),
 ];
 
 macro_rules! kernel_source {
@@ -64,7 +65,9 @@ pub const GEMM_WGMMA: KernelSource = kernel_source!(
         "dense_gemm_wgmma_swiglu_bn128",
         "dense_gemm_wgmma_swiglu_bn256",
         "dense_gemm_wgmma_qkv_bn128",
-        "dense_gemm_wgmma_qkv_bn256"
+        "dense_gemm_wgmma_qkv_bn256",
+        "dense_gemm_wgmma_tma_bn128",
+        "dense_gemm_wgmma_tma_bn256"
     ]
 );
 pub const MOE_GEMM_WGMMA: KernelSource = kernel_source!(
@@ -129,6 +132,7 @@ pub mod consts {
     pub const GEMM_V1_BK: u32 = 32;
     pub const WG_BK: u32 = 64;
     pub const WG_THREADS: u32 = 256;
+    pub const WG_TMA_THREADS: u32 = 384;
 
     /// (file, macro, value) for the source check.
     pub const DEFINES: &[(&str, &str, u32)] = &[
@@ -164,6 +168,7 @@ pub mod consts {
         ("mma_tile_v1.cuh", "GEMM_V1_BK", GEMM_V1_BK),
         ("wgmma_tile.cuh", "WG_BK", WG_BK),
         ("gemm_wgmma.cu", "WG_THREADS", WG_THREADS),
+        ("wgmma_tma_tile.cuh", "WG_TMA_THREADS", WG_TMA_THREADS),
     ];
 }
 

@@ -18,6 +18,7 @@ mod memory;
 mod moe;
 mod ops;
 mod rope;
+mod tma;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

@@ -1,13 +1,17 @@
 //! `Backend` for `CudaBackend`: shape checks (shared with the CPU twin), then one launch each.
 
-use cudarc::driver::{CudaFunction, CudaSlice, CudaView, CudaViewMut, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+};
 
 use super::memory::{alloc, CudaBatch, CudaKvCache, CudaMatrix, CudaTensor, CudaVector};
+use super::tma::TmaMap;
 use super::{driver_err, CudaBackend};
 use crate::backend::*;
 use crate::cuda::checks;
 use crate::cuda::layout::{attention_mma_smem_bytes, attention_smem_bytes, PackedBatch, ATTN_UNIT_WORDS};
 use crate::cuda::sources::consts::*;
+use crate::cuda::tma::TmaBox;
 use crate::cuda::twin::{attention_scale, attention_scale_log2, warp::to_bf16};
 use crate::cuda::{GemmEngine, GemmKernel, GemmShape, WgmmaShape};
 
@@ -249,7 +253,8 @@ impl CudaBackend {
     }
 
     /// One plain GEMM launch of `kernel`: out (+)= xb · Wᵀ over `m` rows of bf16 `xb`. A clear
-    /// error for the wgmma kernel on a device without the sm_90a kernels.
+    /// error for the wgmma kernels on a device without the sm_90a kernels. The TMA-fed kernel
+    /// gets tensor maps of x's first `m` rows and of W in place of their addresses.
     fn launch_gemm(
         &self,
         kernel: GemmKernel,
@@ -259,6 +264,7 @@ impl CudaBackend {
         m: usize,
         beta: f32,
     ) -> Result<()> {
+        let mut maps = None;
         let (f, cfg) = match kernel {
             GemmKernel::TiledV1 { bm } => {
                 let (f, threads) =
@@ -274,21 +280,26 @@ impl CudaBackend {
                 let f = if bn == 128 { &h.dense_gemm_wgmma_bn128 } else { &h.dense_gemm_wgmma_bn256 };
                 (f, wgmma_launch(WgmmaShape::of(128, bn), m, w.rows))
             }
+            GemmKernel::WgmmaTma { bn } => {
+                let h = self.hopper()?;
+                let f = if bn == 128 { &h.dense_gemm_wgmma_tma_bn128 } else { &h.dense_gemm_wgmma_tma_bn256 };
+                let (x_box, w_box) = TmaBox::dense_gemm(m, w.rows, w.cols, bn)?;
+                maps = Some((
+                    TmaMap::encode(&x_box, xb.device_ptr(&self.stream).0)?,
+                    TmaMap::encode(&w_box, w.buf.device_ptr(&self.stream).0)?,
+                ));
+                let smem = WgmmaShape::of(128, bn).smem_bytes;
+                (f, tile_launch((128, bn), WG_TMA_THREADS, smem, m, w.rows))
+            }
         };
         let (m, n, k) = (m as i32, w.rows as i32, w.cols as i32);
-        unsafe {
-            self.stream
-                .launch_builder(f)
-                .arg(xb)
-                .arg(&w.buf)
-                .arg(&mut out.buf)
-                .arg(&m)
-                .arg(&n)
-                .arg(&k)
-                .arg(&beta)
-                .launch(cfg)
-        }
-        .map_err(driver_err("dense_gemm"))?;
+        let mut launch = self.stream.launch_builder(f);
+        match &maps {
+            Some((x_map, w_map)) => launch.arg(x_map).arg(w_map),
+            None => launch.arg(xb).arg(&w.buf),
+        };
+        unsafe { launch.arg(&mut out.buf).arg(&m).arg(&n).arg(&k).arg(&beta).launch(cfg) }
+            .map_err(driver_err("dense_gemm"))?;
         Ok(())
     }
 
@@ -331,7 +342,7 @@ impl CudaBackend {
         checks::matmul(shape(x), (w.rows, w.cols), shape(out), None)?;
         let tile_ok = match kernel {
             GemmKernel::Tiled { bm } | GemmKernel::TiledV1 { bm } => bm == 64 || bm == 128,
-            GemmKernel::Wgmma { bn } => bn == 128 || bn == 256,
+            GemmKernel::Wgmma { bn } | GemmKernel::WgmmaTma { bn } => bn == 128 || bn == 256,
         };
         if !tile_ok || !GemmEngine::Tiled.tiled_for(w.cols) {
             return Err(KernelError::Shape(format!(

@@ -44,6 +44,12 @@ impl Smem {
         }
     }
 
+    /// Stores the bf16 `v` at byte address `byte` (2-byte aligned): a TMA box element.
+    pub(crate) fn set_bf16(&mut self, byte: usize, v: u16) {
+        assert_eq!(byte % 2, 0, "bf16 address {byte} is odd");
+        self.data[byte / 2] = v;
+    }
+
     /// The bf16 at byte address `byte` (2-byte aligned).
     pub(crate) fn bf16_at(&self, byte: usize) -> u16 {
         assert_eq!(byte % 2, 0, "bf16 address {byte} is odd");

@@ -30,6 +30,8 @@ mod rmsnorm;
 mod rope;
 pub mod warp;
 mod wgmma_tile;
+#[cfg(test)]
+mod wgmma_tma;
 
 pub use attention::{attention_prefill, AttentionArgs};
 pub use attention_mma::{attention_mma, AttentionMmaArgs};
@@ -45,4 +47,4 @@ pub use moe_permute::{moe_chunk_counts, moe_offsets, moe_scatter, moe_select_til
 pub use moe_routing::moe_topk_softmax;
 pub use rmsnorm::rms_norm_rows;
 pub use rope::{qk_norm_rope, qk_norm_rope_kv, rope_table, KvOut, QkNormRopeArgs};
-pub use wgmma_tile::{dense_gemm_wgmma, dense_gemm_wgmma_qkv, dense_gemm_wgmma_swiglu};
+pub use wgmma_tile::{dense_gemm_wgmma, dense_gemm_wgmma_qkv, dense_gemm_wgmma_swiglu, dense_gemm_wgmma_tma};

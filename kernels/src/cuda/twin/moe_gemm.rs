@@ -3,7 +3,7 @@
 //! engine, one `wgmma_gemm_tile` of BM x 128 (wgmma_tile.rs).
 
 use super::mma_tile::{gemm_tile_to, Tile, TileOut};
-use super::wgmma_tile::wgmma_gemm_tile;
+use super::wgmma_tile::{wgmma_gemm_tile, Feed};
 use crate::cuda::GemmShape;
 
 /// Arguments of one grouped-GEMM launch (both variants get the same).
@@ -73,7 +73,7 @@ fn moe_gemm_to(block_m: usize, wgmma: bool, args: GroupedGemmArgs<'_>, grid_x: u
                 beta: 0.0,
             };
             if wgmma {
-                wgmma_gemm_tile(block_m, bn, t, out.reborrow());
+                wgmma_gemm_tile(block_m, bn, t, out.reborrow(), Feed::CpAsync);
             } else {
                 gemm_tile_to(block_m, t, out.reborrow());
             }

@@ -16,6 +16,7 @@ use super::mma_tile::{
 };
 use super::warp::from_bf16;
 use crate::cuda::sources::consts::WG_BK;
+use crate::cuda::tma::TmaBox;
 use crate::cuda::WgmmaShape;
 
 const BK: usize = WG_BK as usize;
@@ -65,9 +66,20 @@ fn wgmma_m64n128k16(d: &mut [[f32; 64]], smem: &Smem, da: u64, db: u64) {
     }
 }
 
-/// `wgmma_gemm_tile<BM, BN, EPI>`: one block, its threads replayed in order between the
-/// kernel's barriers.
-pub(crate) fn wgmma_gemm_tile(bm: usize, bn: usize, t: Tile<'_>, out: TileOut<'_, '_>) {
+/// How a tile's stages are filled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Feed {
+    /// wgmma_tile.cuh: every thread's cp.async chunks, STAGES - 2 K steps ahead.
+    CpAsync,
+    /// wgmma_tma_tile.cuh: the producer's two TMA boxes per K step (dense tiles of 128 rows).
+    /// The twin fills each step's slot just before the consumers read it; that the kernel's
+    /// mbarriers give the same order is shown by the model in `twin/wgmma_tma.rs`.
+    Tma,
+}
+
+/// `wgmma_gemm_tile<BM, BN, EPI>` (`feed` CpAsync) or `wgmma_tma_gemm_tile<BN>` (`feed` Tma):
+/// one block, its threads replayed in order between the kernel's barriers.
+pub(crate) fn wgmma_gemm_tile(bm: usize, bn: usize, t: Tile<'_>, out: TileOut<'_, '_>, feed: Feed) {
     let shape = WgmmaShape::of(bm, bn);
     let (stages, threads) = (shape.stages, shape.threads as usize);
     let swiglu = matches!(out, TileOut::Swiglu(_));
@@ -100,14 +112,26 @@ pub(crate) fn wgmma_gemm_tile(bm: usize, bn: usize, t: Tile<'_>, out: TileOut<'_
     // acc[wg][j][thread of the warpgroup][i]
     let mut acc = vec![vec![vec![[0f32; 64]; 128]; nw]; bm / 64];
     let n_k = t.k.div_ceil(BK);
-    for s in 0..stages - 2 {
-        if s < n_k {
-            load_stage(&mut smem, s, s * BK);
+    let tma_boxes = (feed == Feed::Tma).then(|| {
+        assert_eq!((bm, t.row_base), (128, 0), "the TMA tile is the dense 128-row one");
+        let (a, b) = TmaBox::dense_gemm(t.rows, t.n, t.k, bn).expect("the TMA boxes");
+        assert_eq!(a.box_bytes() + b.box_bytes(), stage, "the transaction bytes are the stage");
+        (a, b)
+    });
+    if feed == Feed::CpAsync {
+        for s in 0..stages - 2 {
+            if s < n_k {
+                load_stage(&mut smem, s, s * BK);
+            }
         }
     }
     for kt in 0..n_k {
         let next = kt + stages - 2;
-        if next < n_k {
+        if let Some((a, b)) = &tma_boxes {
+            let dst = (kt % stages) * stage;
+            tma_load_2d(&mut smem, dst, t.a, a, kt * BK, t.r0);
+            tma_load_2d(&mut smem, dst + a_stage, t.w, b, kt * BK, t.n0);
+        } else if next < n_k {
             load_stage(&mut smem, next % stages, next * BK);
         }
         for (wg, acc_wg) in acc.iter_mut().enumerate() {
@@ -163,14 +187,37 @@ pub(crate) fn wgmma_gemm_tile(bm: usize, bn: usize, t: Tile<'_>, out: TileOut<'_
     }
 }
 
+/// `tma_load_2d` (cp.async.bulk.tensor.2d, CU_TENSOR_MAP_SWIZZLE_128B): the box of `b` at (inner
+/// coordinate `c0`, outer `c1`) of the row-major bf16 matrix `src` into shared memory at `dst`
+/// (1024-byte aligned), from the encode arguments the device gets: the box row-major, its inner
+/// dimension contiguous, then the address's bits 4-6 XOR-ed with its bits 7-9; elements outside
+/// the global dimensions read as zero.
+pub(crate) fn tma_load_2d(smem: &mut Smem, dst: usize, src: &[u16], b: &TmaBox, c0: usize, c1: usize) {
+    assert_eq!(dst % 1024, 0, "TMA destination {dst} is not 1024-byte aligned");
+    let ([cols, rows], [stride], [box_cols, box_rows]) = b.encode_args();
+    assert_eq!(box_cols * 2, 128, "the 128-byte swizzle spans the box's inner dimension");
+    for r in 0..box_rows as usize {
+        for e in 0..box_cols as usize {
+            let (gr, gc) = (c1 + r, c0 + e);
+            let v = if (gr as u64) < rows && (gc as u64) < cols { src[gr * (stride as usize / 2) + gc] } else { 0 };
+            let linear = dst + (r * box_cols as usize + e) * 2;
+            smem.set_bf16(linear ^ (((linear >> 7) & 7) << 4), v);
+        }
+    }
+}
+
 /// The dense kernels' grid over an `m x n` output at BLOCK_N `bn` (rows in 128s), each block's
 /// tile from `gemm_block_order`, into `out`.
-fn dense_tiles(bn: usize, t: Tile<'_>, mut out: TileOut<'_, '_>) {
+fn dense_tiles(bn: usize, t: Tile<'_>, out: TileOut<'_, '_>) {
+    dense_tiles_fed(bn, t, out, Feed::CpAsync)
+}
+
+fn dense_tiles_fed(bn: usize, t: Tile<'_>, mut out: TileOut<'_, '_>, feed: Feed) {
     let (tiles_m, tiles_n) = (t.rows.div_ceil(128), t.n.div_ceil(bn));
     for by in 0..tiles_n {
         for bx in 0..tiles_m {
             let (tm, tn) = gemm_block_order(bx, by, tiles_m, tiles_n);
-            wgmma_gemm_tile(128, bn, Tile { r0: tm * 128, n0: tn * bn, ..t }, out.reborrow());
+            wgmma_gemm_tile(128, bn, Tile { r0: tm * 128, n0: tn * bn, ..t }, out.reborrow(), feed);
         }
     }
 }
@@ -179,6 +226,13 @@ fn dense_tiles(bn: usize, t: Tile<'_>, mut out: TileOut<'_, '_>) {
 #[allow(clippy::too_many_arguments)]
 pub fn dense_gemm_wgmma(bn: usize, x: &[u16], w: &[u16], out: &mut [f32], m: usize, n: usize, k: usize, beta: f32) {
     dense_tiles(bn, Tile { a: x, w, row_base: 0, r0: 0, rows: m, n0: 0, n, k, beta }, TileOut::F32(out));
+}
+
+/// Twin of kernels/cuda/gemm_wgmma.cu's `dense_gemm_wgmma_tma_bn128` / `_bn256`.
+#[allow(clippy::too_many_arguments)]
+pub fn dense_gemm_wgmma_tma(bn: usize, x: &[u16], w: &[u16], out: &mut [f32], m: usize, n: usize, k: usize, beta: f32) {
+    let t = Tile { a: x, w, row_base: 0, r0: 0, rows: m, n0: 0, n, k, beta };
+    dense_tiles_fed(bn, t, TileOut::F32(out), Feed::Tma);
 }
 
 /// Twin of kernels/cuda/gemm_wgmma.cu's `dense_gemm_wgmma_swiglu_bn128` / `_bn256`.
