@@ -98,6 +98,26 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], unsigned long l
         : "l"(da), "l"(db));
 }
 
+// One K step of a warpgroup: WG_BK / 16 k16 steps of NW wgmma.m64n128k16 each, from its A slice
+// at `as` and the B tile at `bs` (shared addresses of 1024-byte-aligned 128-byte-swizzled tiles,
+// the descriptors' start moving 32 bytes a k16 step), committed as one group; returns with that
+// group in flight and every earlier one done (wait_group 1).
+template <int NW>
+__device__ __forceinline__ void wgmma_k_step(float (&acc)[NW][64], u32 as, u32 bs) {
+#pragma unroll
+    for (int j = 0; j < NW; ++j) wgmma_fence_operands(acc[j]);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < WG_BK / 16; ++kk)
+#pragma unroll
+        for (int j = 0; j < NW; ++j)
+            wgmma_m64n128k16(acc[j], wg_desc(as + kk * 32), wg_desc(bs + j * (128 * 128) + kk * 32));
+    wgmma_commit();
+    wgmma_wait<1>();
+#pragma unroll
+    for (int j = 0; j < NW; ++j) wgmma_fence_operands(acc[j]);
+}
+
 // The f32 and SwiGLU epilogues of a warpgroup's NW wgmma accumulators: lane (warp, lane) holds,
 // per wgmma, rows row_of (+ 8 for registers i with (i / 2) % 2 == 1) and columns
 // 8 (i / 4) + 2 tg (+ 1) of the wgmma's 64 x 128, row_of = 64 (warpgroup) + 16 warp + lane / 4.
@@ -197,18 +217,7 @@ __device__ __forceinline__ void wgmma_gemm_tile(const bf16_t* __restrict__ a, co
         cp_async_commit();
 
         const u32 as = ring + (kt % STAGES) * STAGE + wg * (64 * 128), bs = ring + (kt % STAGES) * STAGE + A_STAGE;
-#pragma unroll
-        for (int j = 0; j < NW; ++j) wgmma_fence_operands(acc[j]);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < WG_BK / 16; ++kk)
-#pragma unroll
-            for (int j = 0; j < NW; ++j)
-                wgmma_m64n128k16(acc[j], wg_desc(as + kk * 32), wg_desc(bs + j * (128 * 128) + kk * 32));
-        wgmma_commit();
-        wgmma_wait<1>();
-#pragma unroll
-        for (int j = 0; j < NW; ++j) wgmma_fence_operands(acc[j]);
+        wgmma_k_step<NW>(acc, as, bs);
     }
     wgmma_wait<0>();
 #pragma unroll

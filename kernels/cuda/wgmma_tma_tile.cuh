@@ -131,18 +131,7 @@ __device__ __forceinline__ void wgmma_tma_gemm_tile(const TmaMap* a_map, const T
         const int slot = kt % STAGES;
         mbar_wait(smem_u32(&full[slot]), (kt / STAGES) & 1);
         const u32 as = ring + slot * STAGE + cw * (64 * 128), bs = ring + slot * STAGE + A_STAGE;
-#pragma unroll
-        for (int j = 0; j < NW; ++j) wgmma_fence_operands(acc[j]);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < WG_BK / 16; ++kk)
-#pragma unroll
-            for (int j = 0; j < NW; ++j)
-                wgmma_m64n128k16(acc[j], wg_desc(as + kk * 32), wg_desc(bs + j * (128 * 128) + kk * 32));
-        wgmma_commit();
-        wgmma_wait<1>();
-#pragma unroll
-        for (int j = 0; j < NW; ++j) wgmma_fence_operands(acc[j]);
+        wgmma_k_step<NW>(acc, as, bs);
         // Step kt - 1's wgmmas are done: its slot may be refilled.
         if (kt > 0) mbar_arrive(smem_u32(&empty[(kt - 1) % STAGES]));
     }
