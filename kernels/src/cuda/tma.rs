@@ -48,3 +48,20 @@ impl TmaBox {
         WG_BK as usize * self.box_rows * 2
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn boxes_outside_the_tma_limits_are_refused_with_the_reason() {
+        for (rows, cols, box_rows) in [(0, 64, 128), (64, 0, 128), (64, 60, 128), (64, 64, 0), (64, 64, 257)] {
+            let err = TmaBox::new(rows, cols, box_rows).expect_err("outside the limits");
+            assert!(err.to_string().contains("cols % 8 == 0"), "{err}");
+        }
+        let (x, w) = TmaBox::dense_gemm(1, 3072, 1024, 256).expect("a dense GEMM's boxes");
+        assert_eq!(x.encode_args(), ([1024, 1], [2048], [64, 128]), "x: a box may be taller than the matrix");
+        assert_eq!(w.encode_args(), ([1024, 3072], [2048], [64, 256]));
+        assert_eq!(x.box_bytes() + w.box_bytes(), (128 + 256) * 64 * 2);
+    }
+}
