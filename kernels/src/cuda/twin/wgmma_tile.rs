@@ -207,12 +207,8 @@ pub(crate) fn tma_load_2d(smem: &mut Smem, dst: usize, src: &[u16], b: &TmaBox, 
 }
 
 /// The dense kernels' grid over an `m x n` output at BLOCK_N `bn` (rows in 128s), each block's
-/// tile from `gemm_block_order`, into `out`.
-fn dense_tiles(bn: usize, t: Tile<'_>, out: TileOut<'_, '_>) {
-    dense_tiles_fed(bn, t, out, Feed::CpAsync)
-}
-
-fn dense_tiles_fed(bn: usize, t: Tile<'_>, mut out: TileOut<'_, '_>, feed: Feed) {
+/// tile from `gemm_block_order`, fed by `feed`, into `out`.
+fn dense_tiles(bn: usize, t: Tile<'_>, mut out: TileOut<'_, '_>, feed: Feed) {
     let (tiles_m, tiles_n) = (t.rows.div_ceil(128), t.n.div_ceil(bn));
     for by in 0..tiles_n {
         for bx in 0..tiles_m {
@@ -225,24 +221,34 @@ fn dense_tiles_fed(bn: usize, t: Tile<'_>, mut out: TileOut<'_, '_>, feed: Feed)
 /// Twin of kernels/cuda/gemm_wgmma.cu's `dense_gemm_wgmma_bn128` / `_bn256`.
 #[allow(clippy::too_many_arguments)]
 pub fn dense_gemm_wgmma(bn: usize, x: &[u16], w: &[u16], out: &mut [f32], m: usize, n: usize, k: usize, beta: f32) {
-    dense_tiles(bn, Tile { a: x, w, row_base: 0, r0: 0, rows: m, n0: 0, n, k, beta }, TileOut::F32(out));
+    dense_tiles(bn, Tile { a: x, w, row_base: 0, r0: 0, rows: m, n0: 0, n, k, beta }, TileOut::F32(out), Feed::CpAsync);
 }
 
 /// Twin of kernels/cuda/gemm_wgmma.cu's `dense_gemm_wgmma_tma_bn128` / `_bn256`.
 #[allow(clippy::too_many_arguments)]
 pub fn dense_gemm_wgmma_tma(bn: usize, x: &[u16], w: &[u16], out: &mut [f32], m: usize, n: usize, k: usize, beta: f32) {
     let t = Tile { a: x, w, row_base: 0, r0: 0, rows: m, n0: 0, n, k, beta };
-    dense_tiles_fed(bn, t, TileOut::F32(out), Feed::Tma);
+    dense_tiles(bn, t, TileOut::F32(out), Feed::Tma);
 }
 
 /// Twin of kernels/cuda/gemm_wgmma.cu's `dense_gemm_wgmma_swiglu_bn128` / `_bn256`.
 pub fn dense_gemm_wgmma_swiglu(bn: usize, x: &[u16], w: &[u16], act: &mut [u16], m: usize, n: usize, k: usize) {
-    dense_tiles(bn, Tile { a: x, w, row_base: 0, r0: 0, rows: m, n0: 0, n, k, beta: 0.0 }, TileOut::Swiglu(act));
+    dense_tiles(
+        bn,
+        Tile { a: x, w, row_base: 0, r0: 0, rows: m, n0: 0, n, k, beta: 0.0 },
+        TileOut::Swiglu(act),
+        Feed::CpAsync,
+    );
 }
 
 /// Twin of kernels/cuda/gemm_wgmma.cu's `dense_gemm_wgmma_qkv_bn128` / `_bn256`.
 pub fn dense_gemm_wgmma_qkv(bn: usize, x: &[u16], w: &[u16], out: &mut QkvOut<'_>, m: usize, n: usize, k: usize) {
-    dense_tiles(bn, Tile { a: x, w, row_base: 0, r0: 0, rows: m, n0: 0, n, k, beta: 0.0 }, TileOut::Qkv(out));
+    dense_tiles(
+        bn,
+        Tile { a: x, w, row_base: 0, r0: 0, rows: m, n0: 0, n, k, beta: 0.0 },
+        TileOut::Qkv(out),
+        Feed::CpAsync,
+    );
 }
 
 #[cfg(test)]
