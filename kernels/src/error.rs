@@ -7,7 +7,7 @@ pub enum KernelError {
     Shape(String),
     #[error("device error: {0}")]
     Device(String),
-    #[error("out of device memory: {0}")]
+    #[error("out of memory: {0}")]
     OutOfMemory(String),
     #[error("unsupported: {0}")]
     Unsupported(String),

@@ -90,7 +90,7 @@ impl Backend for ReferenceBackend {
     }
 
     fn kv_cache(&self, num_layers: usize, num_slots: usize, n_kv_heads: usize, head_dim: usize) -> Result<HostKvCache> {
-        Ok(HostKvCache::new(num_layers, num_slots, n_kv_heads, head_dim))
+        HostKvCache::new(num_layers, num_slots, n_kv_heads, head_dim)
     }
 
     fn zeros(&self, rows: usize, cols: usize) -> Result<HostTensor> {

@@ -250,10 +250,7 @@ impl Backend for CpuBackend {
     }
 
     fn kv_cache(&self, num_layers: usize, num_slots: usize, n_kv_heads: usize, head_dim: usize) -> Result<HostKvCache> {
-        check(num_slots.checked_mul(n_kv_heads).and_then(|v| v.checked_mul(head_dim)).is_some(), || {
-            "kv cache: size overflows".into()
-        })?;
-        Ok(HostKvCache::new(num_layers, num_slots, n_kv_heads, head_dim))
+        HostKvCache::new(num_layers, num_slots, n_kv_heads, head_dim)
     }
 
     fn zeros(&self, rows: usize, cols: usize) -> Result<HostTensor> {

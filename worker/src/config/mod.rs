@@ -257,8 +257,9 @@ impl Default for EngineSection {
     }
 }
 
-/// A bound on `engine.tokenize_threads` so that a typo cannot ask for a million threads.
-pub const MAX_TOKENIZE_THREADS: usize = 1024;
+/// A bound on `engine.tokenize_threads` and `model.threads` (`--threads`), so that a typo cannot
+/// ask for a million threads (spawned for minutes before the system's limit refuses one).
+pub const MAX_THREADS: usize = 1024;
 
 impl WorkerConfig {
     pub fn from_file(path: &Path) -> Result<Self> {
@@ -276,6 +277,7 @@ impl WorkerConfig {
         let e = &self.engine;
         let bad = |m: String| Err(WorkerError::Config(m));
         self.tracing.validate().map_err(WorkerError::Config)?;
+        self.limits.validate().map_err(WorkerError::Config)?;
         if e.kv_block_size == 0 || e.max_batch_tokens == 0 || e.max_seqs_per_pass == 0 {
             return bad("engine: kv_block_size, max_batch_tokens and max_seqs_per_pass must be positive".into());
         }
@@ -288,11 +290,12 @@ impl WorkerConfig {
         if !(e.deadline_pass_fraction > 0.0 && e.deadline_pass_fraction <= 1.0) {
             return bad(format!("engine.deadline_pass_fraction {} must be in (0, 1]", e.deadline_pass_fraction));
         }
-        if e.tokenize_threads > MAX_TOKENIZE_THREADS {
-            return bad(format!(
-                "engine.tokenize_threads {} is more than {MAX_TOKENIZE_THREADS}; 0 means all cores",
-                e.tokenize_threads
-            ));
+        for (name, n) in
+            [("engine.tokenize_threads", e.tokenize_threads), ("model.threads (--threads)", self.model.threads)]
+        {
+            if n > MAX_THREADS {
+                return bad(format!("{name} {n} is more than {MAX_THREADS}; 0 means all cores"));
+            }
         }
         if !(e.prior_tokens_per_second > 0.0 && e.prior_tokens_per_second.is_finite()) {
             return bad(format!(
@@ -371,6 +374,22 @@ mod tests {
             let e = WorkerConfig::from_toml(text).unwrap_err();
             assert!(e.starts_with(&format!("{start} is not a known setting")), "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn thread_counts_past_the_bound_and_zero_limits_are_refused_by_name() {
+        for (text, name) in [
+            ("[model]\nthreads = 1000000\n", "model.threads"),
+            ("[engine]\ntokenize_threads = 2000\n", "engine.tokenize_threads"),
+        ] {
+            let c: WorkerConfig = toml::from_str(text).unwrap();
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(name) && e.contains("more than 1024"), "{text}: {e}");
+        }
+        let c: WorkerConfig = toml::from_str("[model]\nthreads = 1024\n").unwrap();
+        c.validate().unwrap();
+        let c: WorkerConfig = toml::from_str("[limits]\nmax_deadline_ms = 0\n").unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("limits.max_deadline_ms must be positive"));
     }
 
     #[test]

@@ -29,7 +29,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sieve_kernels::Backend;
+use sieve_kernels::{Backend, KernelError};
 use sieve_shared::ApiError;
 pub use tokio_util::sync::CancellationToken;
 
@@ -92,11 +92,40 @@ impl Default for EngineConfig {
 impl EngineConfig {
     /// Blocks of the scratch region: enough for any pass the scheduler plans.
     pub fn scratch_blocks(&self) -> usize {
-        self.max_batch_tokens.div_ceil(self.block_size) + self.max_seqs_per_pass
+        self.max_batch_tokens.div_ceil(self.block_size.max(1)).saturating_add(self.max_seqs_per_pass)
     }
 
-    pub fn total_slots(&self) -> usize {
-        (self.prefix_cache_blocks + self.scratch_blocks()) * self.block_size
+    /// KV slots of the prefix and scratch regions; a config error naming the settings when there
+    /// are none or more than the slot ids (`u32`) can name.
+    pub fn total_slots(&self) -> crate::Result<usize> {
+        let slots = self
+            .prefix_cache_blocks
+            .checked_add(self.scratch_blocks())
+            .and_then(|b| b.checked_mul(self.block_size))
+            .filter(|&s| s > 0 && s <= u32::MAX as usize);
+        slots.ok_or_else(|| {
+            let wanted = (self.prefix_cache_blocks as u128 + self.scratch_blocks() as u128) * self.block_size as u128;
+            crate::WorkerError::Config(format!(
+                "engine: {wanted} KV slots {}: need 1 to {}; {}",
+                self.slots_formula(),
+                u32::MAX,
+                Self::SLOTS_HINT
+            ))
+        })
+    }
+
+    const SLOTS_HINT: &str =
+        "lower engine.prefix_cache_blocks, engine.max_batch_tokens, engine.max_seqs_per_pass or engine.kv_block_size";
+
+    fn slots_formula(&self) -> String {
+        format!(
+            "= (prefix_cache_blocks {} + scratch blocks {} [max_batch_tokens {} / kv_block_size + max_seqs_per_pass {}]) x kv_block_size {}",
+            self.prefix_cache_blocks,
+            self.scratch_blocks(),
+            self.max_batch_tokens,
+            self.max_seqs_per_pass,
+            self.block_size
+        )
     }
 
     fn pass_budget(&self) -> PassBudget {
@@ -167,7 +196,15 @@ impl EngineHandle {
         }
         let c = &parts.model.config;
         let n_layers = c.n_layers;
-        let kv = parts.backend.kv_cache(c.n_layers, cfg.total_slots(), c.n_kv_heads, c.head_dim)?;
+        let kv =
+            parts.backend.kv_cache(c.n_layers, cfg.total_slots()?, c.n_kv_heads, c.head_dim).map_err(|e| match e {
+                KernelError::OutOfMemory(m) => crate::WorkerError::Config(format!(
+                    "engine: no room for the KV cache of the slots {}: {m}; {}",
+                    cfg.slots_formula(),
+                    EngineConfig::SLOTS_HINT
+                )),
+                e => e.into(),
+            })?;
         let cache = Arc::new(Mutex::new(PrefixCache::new(
             0,
             cfg.prefix_cache_blocks,

@@ -34,12 +34,33 @@ fn engine(cfg: EngineConfig) -> Arc<EngineHandle> {
 }
 
 fn engine_of(c: ModelConfig, src: MemorySource, cfg: EngineConfig) -> Arc<EngineHandle> {
+    try_engine(c, src, cfg).unwrap()
+}
+
+fn try_engine(c: ModelConfig, src: MemorySource, cfg: EngineConfig) -> crate::Result<Arc<EngineHandle>> {
     let backend = ReferenceBackend;
     let model = Model::load(&backend, &src, c.clone(), HeadSpec::YesNo { yes: 3, no: 4 }, false).unwrap();
     let encoder: Arc<dyn TextEncoder> = Arc::new(ModEncoder(c.vocab as u32));
     let builder = PromptBuilder::new(template(), encoder.as_ref()).unwrap();
     EngineHandle::start(EngineParts { backend, model, encoder, builder }, cfg, Arc::new(EngineState::default()))
-        .unwrap()
+}
+
+#[test]
+fn a_kv_cache_too_large_for_its_slot_ids_or_the_memory_is_a_config_error_naming_the_settings() {
+    let c = tiny_config(Arch::Qwen3);
+    let cases = [
+        (EngineConfig { prefix_cache_blocks: 1 << 60, ..cfg(true) }, "need 1 to 4294967295"),
+        (EngineConfig { max_seqs_per_pass: usize::MAX, ..cfg(true) }, "need 1 to 4294967295"),
+        (EngineConfig { block_size: 1 << 40, ..cfg(true) }, "need 1 to 4294967295"),
+        (EngineConfig { block_size: 0, ..cfg(true) }, "need 1 to"),
+        // Slot ids fit, the memory does not (K and V x 2 layers x ~2^32 slots x 24 f32: 1.5 TiB).
+        (EngineConfig { prefix_cache_blocks: (u32::MAX / 4 - 1000) as usize, ..cfg(true) }, "GiB of host memory"),
+    ];
+    for (bad, want) in cases {
+        let e = try_engine(c.clone(), random_source(&c, 11), bad).err().expect("refused").to_string();
+        assert!(e.contains(want) && e.contains("lower engine.prefix_cache_blocks"), "{e}");
+        assert!(e.contains("prefix_cache_blocks") && e.contains("kv_block_size"), "{e}");
+    }
 }
 
 fn cfg(reuse: bool) -> EngineConfig {
@@ -151,7 +172,7 @@ fn a_failed_batch_rolls_back_and_leaks_nothing() {
     let fe = fail_epochs.clone();
     let hook: FaultHook = Arc::new(move |epoch, _pass, layer| {
         if layer == 1 && fe.lock().unwrap().contains(&epoch) {
-            Err(WorkerError::Kernel(sieve_kernels::KernelError::Injected(format!("epoch {epoch}"))))
+            Err(WorkerError::Kernel(KernelError::Injected(format!("epoch {epoch}"))))
         } else {
             Ok(())
         }
@@ -188,7 +209,7 @@ fn concurrent_batches_never_read_each_others_pending_prefix() {
         if epoch == 1 && layer == 1 {
             st.store(1, Ordering::SeqCst);
             let _ = release_rx.lock().unwrap().recv_timeout(Duration::from_secs(20));
-            return Err(WorkerError::Kernel(sieve_kernels::KernelError::Injected("batch 1".into())));
+            return Err(WorkerError::Kernel(KernelError::Injected("batch 1".into())));
         }
         Ok(())
     });
@@ -545,7 +566,7 @@ fn item_groups_compute_their_runs_once_with_identical_scores() {
 fn a_failed_batch_rolls_back_its_item_runs_and_leaks_nothing() {
     let hook: FaultHook = Arc::new(move |epoch, _pass, layer| {
         if layer == 1 && epoch == 1 {
-            Err(WorkerError::Kernel(sieve_kernels::KernelError::Injected("runs".into())))
+            Err(WorkerError::Kernel(KernelError::Injected("runs".into())))
         } else {
             Ok(())
         }

@@ -389,11 +389,25 @@ impl Backend for CudaBackend {
 
     fn kv_cache(&self, num_layers: usize, num_slots: usize, n_kv_heads: usize, head_dim: usize) -> Result<CudaKvCache> {
         let kv_dim = n_kv_heads * head_dim;
-        let len = num_layers
-            .checked_mul(num_slots)
-            .and_then(|v| v.checked_mul(kv_dim))
-            .ok_or_else(|| KernelError::Shape(format!("kv cache {num_layers} x {num_slots} x {kv_dim} overflows")))?;
-        Ok(CudaKvCache { k: alloc(&self.stream, len)?, v: alloc(&self.stream, len)?, num_layers, num_slots, kv_dim })
+        let len = num_layers.checked_mul(num_slots).and_then(|v| v.checked_mul(kv_dim));
+        let bytes = len.and_then(|v| v.checked_mul(2 * size_of::<u16>())).and_then(|v| u64::try_from(v).ok());
+        let (Some(len), Some(bytes)) = (len, bytes) else {
+            return Err(KernelError::OutOfMemory(format!(
+                "a KV cache of 2 x {num_layers} layers x {num_slots} slots x {kv_dim} values overflows"
+            )));
+        };
+        let no_room = |e: KernelError| {
+            match e {
+            KernelError::OutOfMemory(_) => KernelError::OutOfMemory(format!(
+                "a KV cache of {} ({num_layers} layers x {num_slots} slots x {kv_dim} bf16, K and V) does not fit the GPU's free memory",
+                crate::host::gib(bytes)
+            )),
+            e => e,
+        }
+        };
+        let k = alloc(&self.stream, len).map_err(no_room)?;
+        let v = alloc(&self.stream, len).map_err(no_room)?;
+        Ok(CudaKvCache { k, v, num_layers, num_slots, kv_dim })
     }
 
     fn zeros(&self, rows: usize, cols: usize) -> Result<CudaTensor> {

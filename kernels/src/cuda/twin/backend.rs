@@ -184,7 +184,7 @@ impl Backend for TwinBackend {
     }
 
     fn kv_cache(&self, num_layers: usize, num_slots: usize, n_kv_heads: usize, head_dim: usize) -> Result<TwinKvCache> {
-        let per_layer = num_slots * n_kv_heads * head_dim;
+        let per_layer = crate::host::kv_cache_values(num_layers, num_slots, n_kv_heads * head_dim, size_of::<u16>())?;
         Ok(TwinKvCache {
             num_layers,
             num_slots,
