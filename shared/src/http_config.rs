@@ -63,6 +63,9 @@ impl Default for HttpConfig {
 impl HttpConfig {
     /// hyper refuses a read buffer smaller than this.
     pub const MIN_HEADER_BYTES: usize = 8192;
+    /// The most open connections a port may be configured for: past any descriptor limit, and
+    /// far below what the connection semaphore can count.
+    pub const MAX_CONNECTIONS: usize = 1 << 20;
 
     /// Checks what the types cannot say; the message names the key.
     pub fn validate(&self) -> Result<(), String> {
@@ -76,8 +79,12 @@ impl HttpConfig {
                 return Err(format!("{name} must be positive"));
             }
         }
-        if self.max_connections == 0 {
-            return Err("http.max_connections must be positive".into());
+        if self.max_connections == 0 || self.max_connections > Self::MAX_CONNECTIONS {
+            return Err(format!(
+                "http.max_connections {} must be in 1..={} (each needs a file descriptor)",
+                self.max_connections,
+                Self::MAX_CONNECTIONS
+            ));
         }
         if self.listen_backlog == 0 {
             return Err("http.listen_backlog must be positive".into());

@@ -50,6 +50,23 @@ fn check_truncation(max_item_tokens: Option<u32>) -> Result<(), ApiError> {
 }
 
 impl Limits {
+    /// Refuses a limit of 0 that would refuse every request (the message names the key).
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, v) in [
+            ("limits.max_body_bytes", self.max_body_bytes as u64),
+            ("limits.max_items", self.max_items as u64),
+            ("limits.max_query_chars", self.max_query_chars as u64),
+            ("limits.max_item_chars", self.max_item_chars as u64),
+            ("limits.max_deadline_ms", self.max_deadline_ms),
+            ("limits.max_item_tokens", self.max_item_tokens as u64),
+        ] {
+            if v == 0 {
+                return Err(format!("{name} must be positive (0 would refuse every request)"));
+            }
+        }
+        Ok(())
+    }
+
     /// Checks everything that can be checked without a tokenizer. The first violation wins;
     /// the message names the field and the limit.
     pub fn check(&self, req: &ScoreRequest<'_>) -> Result<(), ApiError> {

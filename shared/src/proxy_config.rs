@@ -59,6 +59,9 @@ pub struct ProxyConfig {
     pub workers: Vec<WorkerEndpoint>,
 }
 
+/// The longest time to live of the proxy's caches (pair scores, prefix holders): a year.
+pub const MAX_TTL_MS: u64 = 365 * 24 * 3600 * 1000;
+
 impl ProxyConfig {
     /// Parses and validates a TOML config. Reading the file is the caller's job.
     pub fn from_toml(text: &str) -> Result<Self, String> {
@@ -81,11 +84,34 @@ impl ProxyConfig {
             }
         }
         self.cost.validate()?;
+        self.limits.validate()?;
         self.http.validate_with_body_limit(self.limits.max_body_bytes)?;
         self.grpc.validate()?;
         self.tracing.validate()?;
         check(self.server.max_in_flight_requests > 0, "server.max_in_flight_requests must be positive")?;
         check(self.deadline.default_ms > 0, "deadline.default_ms must be positive")?;
+        if self.deadline.default_ms > self.limits.max_deadline_ms {
+            return Err(format!(
+                "deadline.default_ms {} must be at most limits.max_deadline_ms {} (else every request without \
+                 deadline_ms is refused)",
+                self.deadline.default_ms, self.limits.max_deadline_ms
+            ));
+        }
+        // moka refuses a time to live of more than 1,000 years by panicking; a year is plenty.
+        for (name, ms) in
+            [("split.prefix_holders_ttl_ms", self.split.prefix_holders_ttl_ms), ("cache.ttl_ms", self.cache.ttl_ms)]
+        {
+            check(ms <= MAX_TTL_MS, &format!("{name} {ms} must be at most {MAX_TTL_MS} (a year)"))?;
+        }
+        for (name, v) in [
+            ("retry.budget_ratio", self.retry.budget_ratio),
+            ("retry.budget_min_per_sec", self.retry.budget_min_per_sec),
+            ("hedge.budget_ratio", self.hedge.budget_ratio),
+            ("hedge.min_delay_ms", self.hedge.min_delay_ms),
+            ("estimator.prior_weight", self.estimator.prior_weight),
+        ] {
+            check(v >= 0.0 && v.is_finite(), &format!("{name} must be a finite number >= 0, got {v}"))?;
+        }
         check(self.split.fixed_items > 0, "split.fixed_items must be positive")?;
         check(self.split.max_shards > 0, "split.max_shards must be positive")?;
         check(self.split.prefix_holders_ttl_ms > 0, "split.prefix_holders_ttl_ms must be positive")?;
@@ -107,10 +133,11 @@ impl ProxyConfig {
             "balance.worker_parallelism must be >= 1",
         )?;
         check(self.retry.max_attempts >= 1, "retry.max_attempts must be at least 1")?;
-        check(self.retry.budget_ratio >= 0.0, "retry.budget_ratio must be >= 0")?;
         check(self.hedge.quantile > 0.0 && self.hedge.quantile < 1.0, "hedge.quantile must be in (0, 1)")?;
-        check(self.hedge.budget_ratio >= 0.0, "hedge.budget_ratio must be >= 0")?;
-        check(self.hedge.initial_multiplier >= 1.0, "hedge.initial_multiplier must be >= 1")?;
+        check(
+            self.hedge.initial_multiplier >= 1.0 && self.hedge.initial_multiplier.is_finite(),
+            "hedge.initial_multiplier must be a finite number >= 1",
+        )?;
         check(self.breaker.failure_threshold >= 1, "breaker.failure_threshold must be at least 1")?;
         check(self.breaker.open_ms > 0, "breaker.open_ms must be positive")?;
         check(self.breaker.max_open_ms >= self.breaker.open_ms, "breaker.max_open_ms must be >= breaker.open_ms")?;
@@ -656,6 +683,35 @@ mod tests {
         assert_eq!(ProxyConfig::from_toml("[admission]\nstall_factor = 0\n").unwrap().admission.stall_factor, 0.0);
         let e = ProxyConfig::from_toml("[[workers]]\nurl = \"localhost:1\"\n").unwrap_err();
         assert!(e.contains("workers[0]"), "{e}");
+    }
+
+    /// Values a process would panic on later (a timer past the end of time, a cache TTL moka
+    /// refuses, a semaphore too large to count) are refused at load, by name.
+    #[test]
+    fn values_too_large_to_use_are_refused_by_name() {
+        let huge = i64::MAX;
+        for (text, name) in [
+            (format!("[http]\nmax_connections = {huge}"), "http.max_connections"),
+            (format!("[cache]\nttl_ms = {huge}"), "cache.ttl_ms"),
+            (format!("[split]\nprefix_holders_ttl_ms = {huge}"), "split.prefix_holders_ttl_ms"),
+            (format!("[deadline]\ndefault_ms = {huge}"), "limits.max_deadline_ms"),
+            ("[hedge]\nmin_delay_ms = inf".into(), "hedge.min_delay_ms"),
+            ("[hedge]\nmin_delay_ms = -1.0".into(), "hedge.min_delay_ms"),
+            ("[hedge]\ninitial_multiplier = inf".into(), "hedge.initial_multiplier"),
+            ("[hedge]\nbudget_ratio = inf".into(), "hedge.budget_ratio"),
+            ("[retry]\nbudget_ratio = nan".into(), "retry.budget_ratio"),
+            ("[retry]\nbudget_min_per_sec = inf".into(), "retry.budget_min_per_sec"),
+            ("[estimator]\nprior_weight = inf".into(), "estimator.prior_weight"),
+            ("[limits]\nmax_items = 0".into(), "limits.max_items"),
+        ] {
+            let e = ProxyConfig::from_toml(&text).unwrap_err();
+            assert!(e.contains(name), "{text}: {e}");
+        }
+        let at_bounds = format!(
+            "[http]\nmax_connections = {}\n[cache]\nttl_ms = {MAX_TTL_MS}\n[deadline]\ndefault_ms = 600000\n",
+            HttpConfig::MAX_CONNECTIONS
+        );
+        ProxyConfig::from_toml(&at_bounds).unwrap();
     }
 
     #[test]

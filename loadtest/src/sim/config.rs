@@ -113,6 +113,7 @@ impl SimConfig {
             return Err(format!("fail-rate must be in [0, 1], got {}", self.fail_rate));
         }
         self.stall.validate()?;
+        self.limits.validate()?;
         self.grpc.validate()?;
         self.http.validate()
     }

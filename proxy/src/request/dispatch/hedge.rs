@@ -15,11 +15,18 @@ use crate::request::RequestCtx;
 /// when hedging is off.
 pub fn hedge_at(ctx: &RequestCtx, finish_ms: f64, start: Instant) -> Option<tokio::time::Instant> {
     let cfg = &ctx.cfg.hedge;
-    cfg.enabled.then(|| {
-        let q = ctx.state.ratios.quantile(cfg.min_samples).unwrap_or(cfg.initial_multiplier);
-        let delay_ms = (q * finish_ms).max(cfg.min_delay_ms);
-        tokio::time::Instant::from_std(start + Duration::from_secs_f64(delay_ms / 1e3))
-    })
+    if !cfg.enabled {
+        return None;
+    }
+    let q = ctx.state.ratios.quantile(cfg.min_samples).unwrap_or(cfg.initial_multiplier);
+    // Past the end of time (a prediction or ratio out of range) there is no hedge.
+    after(start, (q * finish_ms).max(cfg.min_delay_ms))
+}
+
+/// `ms` after `at`, or `None` when that is not a representable instant (infinite, NaN, too far).
+fn after(at: Instant, ms: f64) -> Option<tokio::time::Instant> {
+    let d = Duration::try_from_secs_f64(ms.max(0.0) / 1e3).ok()?;
+    at.checked_add(d).map(tokio::time::Instant::from_std)
 }
 
 /// When to look at the shard again after the hedge timer fired at `now`: after a copy was sent
@@ -28,10 +35,7 @@ pub fn hedge_at(ctx: &RequestCtx, finish_ms: f64, start: Instant) -> Option<toki
 pub fn next_at(ctx: &RequestCtx, sent: Option<f64>, compute_ms: f64, now: Instant) -> Option<tokio::time::Instant> {
     match sent {
         Some(predicted_ms) => hedge_at(ctx, predicted_ms, now),
-        None => {
-            let wait_ms = compute_ms.max(ctx.cfg.hedge.min_delay_ms).max(1.0);
-            Some(tokio::time::Instant::from_std(now + Duration::from_secs_f64(wait_ms / 1e3)))
-        }
+        None => after(now, compute_ms.max(ctx.cfg.hedge.min_delay_ms).max(1.0)),
     }
 }
 
@@ -47,4 +51,19 @@ pub fn pick(ctx: &RequestCtx, items: &[usize], tried: &[Arc<Worker>]) -> Option<
             let predicted = predict_on(ctx, items, &w);
             ctx.state.hedge_budget.try_withdraw(predicted).then_some((w, predicted))
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_delay_past_the_end_of_time_is_no_hedge_not_a_panic() {
+        let now = Instant::now();
+        assert_eq!(after(now, 5.0), Some(tokio::time::Instant::from_std(now + Duration::from_millis(5))));
+        assert_eq!(after(now, -3.0), Some(tokio::time::Instant::from_std(now)));
+        for ms in [f64::INFINITY, f64::MAX, 1e300 * 1e10] {
+            assert_eq!(after(now, ms), None, "{ms}");
+        }
+    }
 }

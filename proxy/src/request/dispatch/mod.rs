@@ -257,7 +257,8 @@ fn ranked_others(ctx: &RequestCtx, items: &[usize], exclude: &[Arc<Worker>]) -> 
 
 /// Whether work predicted to take `finish_ms` from now ends before the deadline.
 fn fits(ctx: &RequestCtx, finish_ms: f64) -> bool {
-    Instant::now() + Duration::from_secs_f64(finish_ms.max(0.0) / 1e3) < ctx.deadline
+    let finish = Duration::try_from_secs_f64(finish_ms.max(0.0) / 1e3).ok().and_then(|d| Instant::now().checked_add(d));
+    finish.is_some_and(|f| f < ctx.deadline)
 }
 
 #[cfg(test)]
