@@ -86,7 +86,8 @@ pub fn kv_cache_values(num_layers: usize, num_slots: usize, kv_dim: usize, elem_
     };
     match available_memory() {
         Some(free) if bytes > free => Err(KernelError::OutOfMemory(format!(
-            "a KV cache of {} ({num_layers} layers x {num_slots} slots x {kv_dim} values, K and V) is more than the {} of host memory available",
+            "a KV cache of {} ({num_layers} layers x {num_slots} slots x {kv_dim} values, K and V) is more \
+             than the {} of host memory available",
             gib(bytes),
             gib(free)
         ))),

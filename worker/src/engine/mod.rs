@@ -119,7 +119,8 @@ impl EngineConfig {
 
     fn slots_formula(&self) -> String {
         format!(
-            "= (prefix_cache_blocks {} + scratch blocks {} [max_batch_tokens {} / kv_block_size + max_seqs_per_pass {}]) x kv_block_size {}",
+            "= (prefix_cache_blocks {} + scratch blocks {} [max_batch_tokens {} / kv_block_size + \
+             max_seqs_per_pass {}]) x kv_block_size {}",
             self.prefix_cache_blocks,
             self.scratch_blocks(),
             self.max_batch_tokens,

@@ -396,14 +396,13 @@ impl Backend for CudaBackend {
                 "a KV cache of 2 x {num_layers} layers x {num_slots} slots x {kv_dim} values overflows"
             )));
         };
-        let no_room = |e: KernelError| {
-            match e {
+        let size = crate::host::gib(bytes);
+        let no_room = |e: KernelError| match e {
             KernelError::OutOfMemory(_) => KernelError::OutOfMemory(format!(
-                "a KV cache of {} ({num_layers} layers x {num_slots} slots x {kv_dim} bf16, K and V) does not fit the GPU's free memory",
-                crate::host::gib(bytes)
+                "a KV cache of {size} ({num_layers} layers x {num_slots} slots x {kv_dim} bf16, K and V) \
+                 does not fit the GPU's free memory"
             )),
             e => e,
-        }
         };
         let k = alloc(&self.stream, len).map_err(no_room)?;
         let v = alloc(&self.stream, len).map_err(no_room)?;
