@@ -465,9 +465,15 @@ fn main() -> ExitCode {
     }
 }
 
+/// The longest a load test sends for (and its warm-up): a week.
+const MAX_SECS: f64 = 7.0 * 24.0 * 3600.0;
+/// The highest open-loop rate and the most closed-loop clients one generator process drives.
+const MAX_QPS: f64 = 1e6;
+const MAX_CONCURRENCY: usize = 100_000;
+
 fn secs(v: f64, name: &str) -> anyhow::Result<Duration> {
-    if !(v.is_finite() && v >= 0.0) {
-        anyhow::bail!("--{name} must be a non-negative number of seconds, got {v}");
+    if !(v.is_finite() && (0.0..=MAX_SECS).contains(&v)) {
+        anyhow::bail!("--{name} must be a number of seconds in 0..={MAX_SECS} (a week), got {v}");
     }
     Ok(Duration::from_secs_f64(v))
 }
@@ -493,17 +499,17 @@ async fn run_load(a: RunArgs) -> anyhow::Result<()> {
             let file = a.trace.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(",");
             LoadMode::Trace { file, speed: a.speed }
         }
-        (Some(q), _) if q.is_finite() && q > 0.0 => {
+        (Some(q), _) if q > 0.0 && q <= MAX_QPS => {
             LoadMode::Open { profile: RateProfile { base_qps: q, bursts: a.burst.clone() } }
         }
-        (Some(q), _) => anyhow::bail!("--qps must be positive, got {q}"),
-        (None, Some(c)) if c > 0 => {
+        (Some(q), _) => anyhow::bail!("--qps must be in (0, {MAX_QPS}], got {q}"),
+        (None, Some(c)) if (1..=MAX_CONCURRENCY).contains(&c) => {
             if !a.burst.is_empty() {
                 anyhow::bail!("--burst needs open loop (--qps)");
             }
             LoadMode::Closed { concurrency: c }
         }
-        (None, Some(_)) => anyhow::bail!("--concurrency must be at least 1"),
+        (None, Some(c)) => anyhow::bail!("--concurrency must be in 1..={MAX_CONCURRENCY}, got {c}"),
         (None, None) => anyhow::bail!("give --qps (open loop) or --concurrency (closed loop)"),
     };
     let duration = secs(a.duration, "duration")?;

@@ -17,6 +17,11 @@ use sieve_shared::CostModel;
 use crate::dist::Dist;
 use crate::sim::tokens;
 
+/// The most items a generated request has, and words a generated text has.
+pub const MAX_COUNT: u32 = 100_000;
+/// The most words a generated request has on average (items x words an item; ~60 MB of text).
+const MAX_MEAN_WORDS: f64 = 1e7;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WorkloadSpec {
@@ -80,6 +85,21 @@ impl WorkloadSpec {
         }
         if self.items.max() < 1.0 {
             return Err("items must allow at least one item per query".into());
+        }
+        // Draws are capped at MAX_COUNT; a request is built in memory before it is sent.
+        for (name, d) in [("items", self.items), ("item_tokens", self.item_tokens), ("query_tokens", self.query_tokens)]
+        {
+            if d.min() > f64::from(MAX_COUNT) {
+                return Err(format!("{name} {d}: every draw is over {MAX_COUNT}"));
+            }
+        }
+        let words = self.items.mean().min(f64::from(MAX_COUNT)) * self.item_tokens.mean().min(f64::from(MAX_COUNT));
+        if words > MAX_MEAN_WORDS {
+            return Err(format!(
+                "items {} x item_tokens {} average {words:.0} words a request, more than {MAX_MEAN_WORDS} \
+                 (give the distributions a MAX)",
+                self.items, self.item_tokens
+            ));
         }
         if self.deadline_ms == Some(0) {
             return Err("deadline_ms must be positive".into());
@@ -183,9 +203,9 @@ impl WorkloadGen {
 
     /// Draws the token counts of a fresh request.
     pub fn next_shape(&mut self) -> Shape {
-        let m = self.spec.items.sample_count(&mut self.rng, 1);
-        let query_words = self.spec.query_tokens.sample_count(&mut self.rng, 1);
-        let item_words = (0..m).map(|_| self.spec.item_tokens.sample_count(&mut self.rng, 1)).collect();
+        let m = self.spec.items.sample_count(&mut self.rng, 1).min(MAX_COUNT);
+        let query_words = self.spec.query_tokens.sample_count(&mut self.rng, 1).min(MAX_COUNT);
+        let item_words = (0..m).map(|_| self.spec.item_tokens.sample_count(&mut self.rng, 1).min(MAX_COUNT)).collect();
         Shape { query_words, item_words }
     }
 
@@ -361,6 +381,20 @@ mod tests {
         assert!(WorkloadSpec::parse("itemz = 3\n").unwrap_err().contains("itemz"));
         let j = WorkloadSpec::parse(r#"{"items": "pareto:40,1.2,300", "reuse": 0.1}"#).unwrap();
         assert_eq!(j.reuse, 0.1);
+    }
+
+    /// A request is built in memory before it is sent: a workload whose requests cannot be is
+    /// refused, and every draw is capped.
+    #[test]
+    fn workloads_too_large_to_build_are_refused_and_draws_capped() {
+        let e = WorkloadSpec::parse("items = 1e300\n").unwrap_err();
+        assert!(e.contains("every draw is over 100000"), "{e}");
+        let e = WorkloadSpec::parse("item_tokens = \"pareto:40,0.5\"\n").unwrap_err();
+        assert!(e.contains("give the distributions a MAX"), "{e}");
+        let s = WorkloadSpec::parse("items = \"uniform:1,1e11\"\nitem_tokens = 1\nreuse = 0\n").unwrap();
+        let mut g = WorkloadGen::new(s, 1);
+        let shape = g.next_shape();
+        assert!((1..=MAX_COUNT as usize).contains(&shape.item_words.len()), "{}", shape.item_words.len());
     }
 
     #[test]

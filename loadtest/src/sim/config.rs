@@ -92,14 +92,18 @@ impl Default for SimConfig {
     }
 }
 
+/// The most calls a simulated worker computes at once (its semaphore counts far more; no GPU
+/// worker runs this many).
+pub const MAX_SLOTS: usize = 1 << 20;
+
 impl SimConfig {
     pub fn validate(&self) -> Result<(), String> {
         self.cost.validate()?;
         if !(self.speed.is_finite() && self.speed > 0.0) {
             return Err(format!("speed must be positive, got {}", self.speed));
         }
-        if self.slots == 0 {
-            return Err("slots must be at least 1".into());
+        if !(1..=MAX_SLOTS).contains(&self.slots) {
+            return Err(format!("slots must be in 1..={MAX_SLOTS}, got {}", self.slots));
         }
         if !(self.jitter.is_finite() && self.jitter >= 0.0) {
             return Err(format!("jitter must be >= 0, got {}", self.jitter));
@@ -345,6 +349,12 @@ mod tests {
         assert!(SimFileConfig::parse("[http]\nmax_connections = 0\n").unwrap_err().contains("max_connections"));
         assert!(SimFileConfig::parse("[server]\nport = 1\n").is_err());
         SimConfig::default().validate().unwrap();
+        for slots in [0, MAX_SLOTS + 1] {
+            let e = SimConfig { slots, ..SimConfig::default() }.validate().unwrap_err();
+            assert!(e.starts_with("slots must be in 1..="), "{e}");
+        }
+        let e = SimConfig { limits: Limits { max_items: 0, ..Limits::default() }, ..SimConfig::default() };
+        assert!(e.validate().unwrap_err().contains("limits.max_items"));
     }
 
     #[test]
