@@ -326,3 +326,17 @@ fn sieve_up_passes_its_worker_config_to_every_worker() {
     assert!(stderr.contains("worker 0"), "{stderr}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn sieve_up_refuses_a_worker_count_it_cannot_start_before_starting_any() {
+    for n in ["0", "100000"] {
+        let out = std::process::Command::new(sieve_e2e::bin("sieve"))
+            .args(["up", "--sim", "--workers", n])
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains("--workers must be in 1..=64"), "{n}: {stderr}");
+        assert!(!stderr.contains("starting"), "{n}: nothing is started: {stderr}");
+    }
+}

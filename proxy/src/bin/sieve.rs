@@ -139,9 +139,14 @@ fn read_request(path: &Path) -> Result<ScoreRequest<'static>, String> {
     Ok(ScoreRequest::new(query, items).into_owned())
 }
 
+/// The most workers a local cluster starts.
+const MAX_LOCAL_WORKERS: usize = 64;
+
 async fn up(a: UpArgs) -> Result<(), String> {
-    if a.workers == 0 {
-        return Err("--workers must be at least 1".into());
+    if !(1..=MAX_LOCAL_WORKERS).contains(&a.workers) {
+        return Err(format!(
+            "--workers must be in 1..={MAX_LOCAL_WORKERS}: each is a process on this machine with its own copy of the model"
+        ));
     }
     let request_path = match &a.request {
         Some(p) => p.clone(),
