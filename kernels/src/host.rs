@@ -70,20 +70,26 @@ impl HostKvCache {
     }
 }
 
-/// The values per layer of a host KV cache of `num_slots` × `kv_dim` for K and for V, after
-/// checking that all of it (K and V of every layer, `elem_bytes` a value) fits the host memory
-/// available now.
-pub fn kv_cache_values(num_layers: usize, num_slots: usize, kv_dim: usize, elem_bytes: usize) -> Result<usize> {
+/// The values per layer (`num_slots` × `kv_dim`, for K and again for V) and the bytes of a KV
+/// cache of `elem_bytes` a value, every layer's K and V; refused when either overflows.
+pub fn kv_cache_size(num_layers: usize, num_slots: usize, kv_dim: usize, elem_bytes: usize) -> Result<(usize, u64)> {
     let per_layer = num_slots.checked_mul(kv_dim);
     let bytes = per_layer
         .and_then(|v| v.checked_mul(2 * elem_bytes))
         .and_then(|v| v.checked_mul(num_layers))
         .and_then(|v| u64::try_from(v).ok());
-    let (Some(per_layer), Some(bytes)) = (per_layer, bytes) else {
-        return Err(KernelError::OutOfMemory(format!(
+    match (per_layer, bytes) {
+        (Some(per_layer), Some(bytes)) => Ok((per_layer, bytes)),
+        _ => Err(KernelError::OutOfMemory(format!(
             "a KV cache of 2 x {num_layers} layers x {num_slots} slots x {kv_dim} values overflows"
-        )));
-    };
+        ))),
+    }
+}
+
+/// [`kv_cache_size`]'s values per layer of a host KV cache, after checking that all of it fits
+/// the host memory available now.
+pub fn kv_cache_values(num_layers: usize, num_slots: usize, kv_dim: usize, elem_bytes: usize) -> Result<usize> {
+    let (per_layer, bytes) = kv_cache_size(num_layers, num_slots, kv_dim, elem_bytes)?;
     match available_memory() {
         Some(free) if bytes > free => Err(KernelError::OutOfMemory(format!(
             "a KV cache of {} ({num_layers} layers x {num_slots} slots x {kv_dim} values, K and V) is more \

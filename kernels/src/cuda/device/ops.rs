@@ -389,13 +389,8 @@ impl Backend for CudaBackend {
 
     fn kv_cache(&self, num_layers: usize, num_slots: usize, n_kv_heads: usize, head_dim: usize) -> Result<CudaKvCache> {
         let kv_dim = n_kv_heads * head_dim;
-        let len = num_layers.checked_mul(num_slots).and_then(|v| v.checked_mul(kv_dim));
-        let bytes = len.and_then(|v| v.checked_mul(2 * size_of::<u16>())).and_then(|v| u64::try_from(v).ok());
-        let (Some(len), Some(bytes)) = (len, bytes) else {
-            return Err(KernelError::OutOfMemory(format!(
-                "a KV cache of 2 x {num_layers} layers x {num_slots} slots x {kv_dim} values overflows"
-            )));
-        };
+        let (per_layer, bytes) = crate::host::kv_cache_size(num_layers, num_slots, kv_dim, size_of::<u16>())?;
+        let len = per_layer * num_layers; // no overflow: the bytes did not
         let size = crate::host::gib(bytes);
         let no_room = |e: KernelError| match e {
             KernelError::OutOfMemory(_) => KernelError::OutOfMemory(format!(
