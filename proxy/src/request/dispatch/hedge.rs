@@ -5,9 +5,9 @@
 //! and a hedge denied for want of an idle worker may find one a little later.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use super::{fits, predict_on, ranked_others};
+use super::{after, fits, predict_on, ranked_others};
 use crate::cluster::worker::Worker;
 use crate::request::RequestCtx;
 
@@ -20,13 +20,12 @@ pub fn hedge_at(ctx: &RequestCtx, finish_ms: f64, start: Instant) -> Option<toki
     }
     let q = ctx.state.ratios.quantile(cfg.min_samples).unwrap_or(cfg.initial_multiplier);
     // Past the end of time (a prediction or ratio out of range) there is no hedge.
-    after(start, (q * finish_ms).max(cfg.min_delay_ms))
+    timer(start, (q * finish_ms).max(cfg.min_delay_ms))
 }
 
-/// `ms` after `at`, or `None` when that is not a representable instant (infinite, NaN, too far).
-fn after(at: Instant, ms: f64) -> Option<tokio::time::Instant> {
-    let d = Duration::try_from_secs_f64(ms.max(0.0) / 1e3).ok()?;
-    at.checked_add(d).map(tokio::time::Instant::from_std)
+/// [`after`] as a tokio timer instant.
+fn timer(at: Instant, ms: f64) -> Option<tokio::time::Instant> {
+    after(at, ms).map(tokio::time::Instant::from_std)
 }
 
 /// When to look at the shard again after the hedge timer fired at `now`: after a copy was sent
@@ -35,7 +34,7 @@ fn after(at: Instant, ms: f64) -> Option<tokio::time::Instant> {
 pub fn next_at(ctx: &RequestCtx, sent: Option<f64>, compute_ms: f64, now: Instant) -> Option<tokio::time::Instant> {
     match sent {
         Some(predicted_ms) => hedge_at(ctx, predicted_ms, now),
-        None => after(now, compute_ms.max(ctx.cfg.hedge.min_delay_ms).max(1.0)),
+        None => timer(now, compute_ms.max(ctx.cfg.hedge.min_delay_ms).max(1.0)),
     }
 }
 
@@ -55,15 +54,17 @@ pub fn pick(ctx: &RequestCtx, items: &[usize], tried: &[Arc<Worker>]) -> Option<
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
     fn a_delay_past_the_end_of_time_is_no_hedge_not_a_panic() {
         let now = Instant::now();
-        assert_eq!(after(now, 5.0), Some(tokio::time::Instant::from_std(now + Duration::from_millis(5))));
-        assert_eq!(after(now, -3.0), Some(tokio::time::Instant::from_std(now)));
+        assert_eq!(timer(now, 5.0), Some(tokio::time::Instant::from_std(now + Duration::from_millis(5))));
+        assert_eq!(timer(now, -3.0), Some(tokio::time::Instant::from_std(now)));
         for ms in [f64::INFINITY, f64::MAX, 1e300 * 1e10] {
-            assert_eq!(after(now, ms), None, "{ms}");
+            assert_eq!(timer(now, ms), None, "{ms}");
         }
     }
 }

@@ -257,8 +257,13 @@ fn ranked_others(ctx: &RequestCtx, items: &[usize], exclude: &[Arc<Worker>]) -> 
 
 /// Whether work predicted to take `finish_ms` from now ends before the deadline.
 fn fits(ctx: &RequestCtx, finish_ms: f64) -> bool {
-    let finish = Duration::try_from_secs_f64(finish_ms.max(0.0) / 1e3).ok().and_then(|d| Instant::now().checked_add(d));
-    finish.is_some_and(|f| f < ctx.deadline)
+    after(Instant::now(), finish_ms).is_some_and(|f| f < ctx.deadline)
+}
+
+/// `ms` after `at` (at `at` for a negative `ms`), or `None` when that is not a representable
+/// instant (infinite, NaN past the max, too far): predictions and ratios can be out of range.
+fn after(at: Instant, ms: f64) -> Option<Instant> {
+    at.checked_add(Duration::try_from_secs_f64(ms.max(0.0) / 1e3).ok()?)
 }
 
 #[cfg(test)]
