@@ -301,17 +301,24 @@ impl<'a> HfConfig<'a> {
     /// RoPE base: `rope_theta`, or transformers v5's `rope_parameters.rope_theta`. Only the
     /// plain (unscaled) rotary embedding is supported; a scaled one is refused, not ignored.
     pub fn rope_theta(&self, default: f64) -> Result<f64> {
+        let bad = |key: String, what: &str| WorkerError::ModelFile(format!("config.json: '{key}' is not {what}"));
         for key in ["rope_scaling", "rope_parameters"] {
-            if let Some(p) = self.0.get(key).filter(|v| !v.is_null()) {
-                let kind = p.get("rope_type").or_else(|| p.get("type")).and_then(Value::as_str).unwrap_or("default");
-                if kind != "default" {
-                    return Err(WorkerError::Unsupported(format!(
-                        "{key}.rope_type '{kind}' (only unscaled RoPE is supported)"
-                    )));
-                }
-                if let Some(t) = p.get("rope_theta").and_then(Value::as_f64) {
-                    return Ok(t);
-                }
+            let Some(p) = self.0.get(key).filter(|v| !v.is_null()) else { continue };
+            // Anything but an object (or null) is a malformed file, not "no scaling": a RoPE
+            // scaling ignored would serve wrong scores without a word.
+            let p = p.as_object().ok_or_else(|| bad(key.into(), "an object (or null)"))?;
+            let kind = match p.get("rope_type").or_else(|| p.get("type")) {
+                None | Some(Value::Null) => "default",
+                Some(v) => v.as_str().ok_or_else(|| bad(format!("{key}.rope_type"), "a string"))?,
+            };
+            if kind != "default" {
+                return Err(WorkerError::Unsupported(format!(
+                    "{key}.rope_type '{kind}' (only unscaled RoPE is supported)"
+                )));
+            }
+            match p.get("rope_theta") {
+                None | Some(Value::Null) => {}
+                Some(t) => return t.as_f64().ok_or_else(|| bad(format!("{key}.rope_theta"), "a number")),
             }
         }
         Ok(self.opt_f64("rope_theta")?.unwrap_or(default))
@@ -522,6 +529,25 @@ mod tests {
             let msg = config_from_hf(&v).unwrap_err().to_string();
             assert!(msg.contains("config.json") && msg.contains(want), "{key} = {value}: {msg}");
         }
+        // RoPE parameters: a scaled RoPE is refused, and so is a malformed one (never read as
+        // unscaled); transformers v5's place for the base is read.
+        let rope_cases: Vec<(&str, Value, &str)> = vec![
+            ("rope_scaling", json!("linear"), "config.json: 'rope_scaling' is not an object (or null)"),
+            ("rope_scaling", json!({"rope_type": 7}), "config.json: 'rope_scaling.rope_type' is not a string"),
+            ("rope_scaling", json!({"type": "linear", "factor": 2.0}), "rope_scaling.rope_type 'linear'"),
+            ("rope_parameters", json!({"rope_type": "yarn"}), "rope_parameters.rope_type 'yarn'"),
+            ("rope_parameters", json!({"rope_theta": "x"}), "'rope_parameters.rope_theta' is not a number"),
+        ];
+        for (key, value, want) in rope_cases {
+            let mut v = qwen3_moe();
+            v[key] = value.clone();
+            let msg = config_from_hf(&v).unwrap_err().to_string();
+            assert!(msg.contains(want), "{key} = {value}: {msg}");
+        }
+        let mut v = qwen3_moe();
+        v["rope_parameters"] = json!({"rope_type": "default", "rope_theta": 5e5});
+        v["rope_scaling"] = json!({});
+        assert_eq!(config_from_hf(&v).unwrap().rope.theta, 5e5);
         // A MoE model whose every layer is sparse needs no dense width; one with a dense layer does.
         let mut v = qwen3_moe();
         v["intermediate_size"] = json!(0);
