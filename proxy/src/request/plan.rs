@@ -31,7 +31,8 @@ fn too_long(workers: &[Arc<Worker>], item_tokens: &[f64], prefix_tokens: f64) ->
     let i = item_tokens.iter().position(|&t| prefix_tokens + t > 1.5 * limit as f64)?;
     Some(ApiError::too_large(format!(
         "items[{i}] makes a prompt of about {:.0} tokens (query + item + template, estimated); \
-         the workers take at most max_seq_tokens {limit}",
+         the workers take at most max_seq_tokens {limit}: shorten the item or the query, or send \
+         max_item_tokens to cut items to fit",
         prefix_tokens + item_tokens[i]
     )))
 }

@@ -261,8 +261,14 @@ impl Scheduler {
             return 0; // answered meanwhile (its ticket gave up)
         }
         if let Some((i, p)) = call.prompts.iter().enumerate().find(|(_, p)| p.len() > self.cfg.max_seq_tokens) {
+            let fix = if job.truncate.is_some() {
+                "even with the item cut: shorten the query or the instruction"
+            } else {
+                "shorten the item or the query, or send max_item_tokens to cut items to fit"
+            };
             let msg = format!(
-                "items[{i}] makes a prompt of {} tokens (query + item + template); the limit is max_seq_tokens {}",
+                "items[{i}] makes a prompt of {} tokens (query + item + template), more than this worker's \
+                 max_seq_tokens {} (the model's context, at most 4096 unless [model] max_seq_tokens says): {fix}",
                 p.len(),
                 self.cfg.max_seq_tokens
             );
