@@ -343,6 +343,61 @@ fn moe_layer_matches_twin_for_every_variant() {
     }
 }
 
+/// qwen2_moe's shared expert (its projections, then the gated add in `moe_unpermute`) through
+/// `Backend::moe_ffn`: the twin's values (CPU twin: cuda_twin_moe.rs
+/// `the_shared_expert_on_the_gpu_pipeline_matches_the_reference`), and each row's bits alone as
+/// in the batch.
+#[test]
+fn moe_layer_with_a_shared_expert_matches_its_twin() {
+    use sieve_kernels::{MoeLayerHost, MoeSelect, SharedExpertHost};
+    let Some(g) = gpu_with("moe_layer_with_a_shared_expert_matches_its_twin", GemmEngine::Tiled) else { return };
+    let t = TwinBackend::tiled();
+    let mut r = rng(65);
+    let (hidden, experts, inter, shared_inter) = (256, 60, 96, 352);
+    let scaled = |r: &mut rand::rngs::StdRng, n: usize, fan_in: usize| -> Vec<f32> {
+        random(r, n).iter().map(|v| v / (fan_in as f32).sqrt()).collect()
+    };
+    let router = scaled(&mut r, experts * hidden, hidden);
+    let gate_up = scaled(&mut r, experts * 2 * inter * hidden, hidden);
+    let down = scaled(&mut r, experts * hidden * inter, inter);
+    let s_gate_up = scaled(&mut r, 2 * shared_inter * hidden, hidden);
+    let s_down = scaled(&mut r, hidden * shared_inter, shared_inter);
+    let s_gate = scaled(&mut r, hidden, hidden);
+    let host = MoeLayerHost {
+        hidden,
+        num_experts: experts,
+        expert_inter: inter,
+        router: &router,
+        gate_up: &gate_up,
+        down: &down,
+        shared: Some(SharedExpertHost { inter: shared_inter, gate_up: &s_gate_up, down: &s_down, gate: &s_gate }),
+    };
+    let (gw, tw) = (g.moe_weights(&host).unwrap(), t.moe_weights(&host).unwrap());
+    let routing = sieve_kernels::MoeRouting { top_k: 4, norm_topk_prob: false };
+    for tokens in [1usize, 13, 300] {
+        let (x, acc0) = (random(&mut r, tokens * hidden), random(&mut r, tokens * hidden));
+        let on_gpu = |x: &[f32], acc: &[f32], rows: usize| {
+            let (xt, mut at, mut log) =
+                (g.from_host(x, rows, hidden).unwrap(), g.from_host(acc, rows, hidden).unwrap(), g.moe_log().unwrap());
+            g.moe_ffn(&xt, &gw, routing, MoeSelect::Fixed(0), &mut at, &mut log).unwrap();
+            g.to_host(&at).unwrap()
+        };
+        let got = on_gpu(&x, &acc0, tokens);
+        let (xt, mut want, mut log) = (
+            t.from_host(&x, tokens, hidden).unwrap(),
+            t.from_host(&acc0, tokens, hidden).unwrap(),
+            t.moe_log().unwrap(),
+        );
+        t.moe_ffn(&xt, &tw, routing, MoeSelect::Fixed(0), &mut want, &mut log).unwrap();
+        assert_close(&format!("shared-expert MoE, {tokens} tokens, vs twin"), &got, &want.data, MMA_TWIN_TOL);
+        let row = |v: &[f32], i: usize| v[i * hidden..(i + 1) * hidden].to_vec();
+        for i in [0, tokens / 2, tokens - 1] {
+            let alone = on_gpu(&row(&x, i), &row(&acc0, i), 1);
+            assert_bits_eq(&format!("shared-expert MoE: row {i} alone vs {tokens} rows"), &alone, &row(&got, i));
+        }
+    }
+}
+
 #[test]
 fn small_model_scores_match_the_cpu_backend() {
     let Some((g, t, c)) = three("small_model_scores_match_the_cpu_backend") else { return };
@@ -623,7 +678,7 @@ fn wgmma_fused_epilogues_and_moe_give_the_unfused_bits() {
             g.moe_forward(&xt, &lt, &gw, routing, policy, &mut out, false).unwrap();
             let got = g.to_host(&out).unwrap();
             let (want, _, _) =
-                twin::moe_forward_with_counts(&x, &logits, &tw, routing, policy, GemmEngine::Wgmma).unwrap();
+                twin::moe_forward_with_counts(&x, &logits, &tw, routing, policy, GemmEngine::Wgmma, None).unwrap();
             let what = format!("wgmma MoE {tokens} tokens top-{top_k} {policy:?}");
             assert_close(&format!("{what} vs twin"), &got, &want, MMA_TWIN_TOL);
             outs.push(got);

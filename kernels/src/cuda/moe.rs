@@ -1,9 +1,10 @@
-//! MoE configuration shared by the GPU pipeline and its CPU twin: routing, the tile policy and
-//! the shape checks. The pipeline itself is in `device/moe.rs` (GPU) and `twin/moe.rs` (CPU).
+//! MoE configuration shared by the GPU pipeline and its CPU twin: routing, the tile policy, the
+//! shape checks and qwen2_moe's shared expert. The pipeline itself is in `device/moe.rs` (GPU) and
+//! `twin/moe.rs` (CPU).
 
 use super::sources::consts::ROUTE_MAX_EXPERTS;
-use crate::backend::{KernelError, Result};
-use crate::moe::BackendVariant;
+use crate::backend::{Backend, KernelError, Result};
+use crate::moe::{BackendVariant, SharedExpertHost};
 
 /// How tokens are routed to experts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -215,13 +216,54 @@ pub fn layer_stats(tokens: usize, choice: TileChoice, counts: &[u32]) -> crate::
     }
 }
 
-/// The refusal for what the GPU pipeline does not run yet: qwen2_moe's shared expert needs a
-/// sigmoid-gated residual add that no kernel in kernels/cuda/ implements.
-pub fn no_shared_expert() -> KernelError {
-    KernelError::Unsupported(
-        "MoE with a shared expert (qwen2_moe) is not implemented on the CUDA backend yet; run it with --device cpu"
-            .into(),
-    )
+/// qwen2_moe's always-on shared expert on a GPU backend (or its twin): plain bf16 projections.
+/// Its SwiGLU MLP and its gate's logit run as ordinary projections ([`SharedExpert::forward`]);
+/// the un-permute adds `sigmoid(logit) · output` to each row's routed sum.
+#[derive(Debug, Clone)]
+pub struct SharedExpert<W> {
+    /// `[2·inter, hidden]`: the gate projection's rows, then the up projection's.
+    pub gate_up: W,
+    /// `[hidden, inter]`.
+    pub down: W,
+    /// `[1, hidden]`: the sigmoid gate's weight.
+    pub gate: W,
+    pub inter: usize,
+}
+
+impl<W> SharedExpert<W> {
+    /// Uploads the host weights with `weight(data, out_features, in_features)`.
+    pub fn upload(
+        s: &SharedExpertHost,
+        hidden: usize,
+        mut weight: impl FnMut(&[f32], usize, usize) -> Result<W>,
+    ) -> Result<Self> {
+        Ok(SharedExpert {
+            gate_up: weight(s.gate_up, 2 * s.inter, hidden)?,
+            down: weight(s.down, hidden, s.inter)?,
+            gate: weight(s.gate, 1, hidden)?,
+            inter: s.inter,
+        })
+    }
+
+    /// The expert's output `down(silu(gate(x)) · up(x))` `[rows, hidden]` and its gate's logit
+    /// `[rows, 1]`, by `b`'s projections (each row's bits its own, as every projection's).
+    pub fn forward<B: Backend<Weight = W>>(
+        &self,
+        b: &B,
+        x: &B::Tensor,
+        rows: usize,
+        hidden: usize,
+    ) -> Result<(B::Tensor, B::Tensor)> {
+        let mut gate_up = b.zeros(rows, 2 * self.inter)?;
+        b.matmul(x, &self.gate_up, None, &mut gate_up)?;
+        let mut act = b.zeros(rows, self.inter)?;
+        b.silu_mul(&gate_up, &mut act)?;
+        let mut y = b.zeros(rows, hidden)?;
+        b.matmul(&act, &self.down, None, &mut y)?;
+        let mut logit = b.zeros(rows, 1)?;
+        b.matmul(x, &self.gate, None, &mut logit)?;
+        Ok((y, logit))
+    }
 }
 
 /// Token counts the GPU calibration times (small counts give high padding ratios).

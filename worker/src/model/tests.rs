@@ -345,8 +345,20 @@ fn moe_model_on_the_cuda_pipeline_twin_matches_the_cpu_backend() {
     let row = lb.push(&prompts[0], &(0..prompts[0].len() as u32).collect::<Vec<_>>()).unwrap();
     let err = on_twin.forward(&twin, &lb.finish(), &mut cache, &[row], None, &mut scratch).err().unwrap();
     assert!(err.to_string().contains("padding-ratio rule"), "{err}");
-    // qwen2_moe's shared expert has no GPU kernel yet: a clear load error, not a panic.
+    // qwen2_moe (a shared expert with a sigmoid gate, no renormalisation) on the GPU pipeline:
+    // the CPU backend's scores, and the same bits with a shared prefix and in a batch.
     let c2 = tiny_moe_config(Arch::Qwen2Moe);
-    let err = Model::load(&twin, &random_source(&c2, 3), c2, head, false).err().unwrap();
-    assert!(err.to_string().contains("shared expert"), "{err}");
+    let src2 = random_source(&c2, 3);
+    let on_cpu = Model::load(&cpu, &src2, c2.clone(), head.clone(), false).unwrap();
+    let on_twin = Model::load(&twin, &src2, c2.clone(), head, false).unwrap();
+    let base = tokens(5, 6, c2.vocab);
+    let prompts: Vec<Vec<u32>> =
+        (0..5).map(|i| base.iter().copied().chain(tokens(90 + i as u64, 2 + 4 * i, c2.vocab)).collect()).collect();
+    let want = scores_alone(&cpu, &on_cpu, &prompts);
+    assert!(want.iter().any(|&s| (s - want[0]).abs() > 0.5), "qwen2_moe logits do not vary: {want:?}");
+    let got = scores_alone(&twin, &on_twin, &prompts);
+    for (g, w) in got.iter().zip(&want) {
+        assert!((g - w).abs() <= tol(*w), "qwen2_moe: twin {g} vs cpu {w}");
+    }
+    assert_eq!(scores_shared(&twin, &on_twin, &prompts, 6, 3), got, "qwen2_moe on the twin: batch and shared prefix");
 }

@@ -6,13 +6,13 @@
 
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtrMut, LaunchConfig, PushKernelArg};
 
-use super::memory::{alloc, alloc_unset, CudaTensor};
+use super::memory::{alloc, alloc_unset, CudaMatrix, CudaTensor};
 use super::ops::{grid_stride, to_bf16_par};
 use super::{driver_err, CudaBackend};
 use crate::backend::{Backend, KernelError, Result};
 use crate::cuda::moe::{
-    check_moe, fit_padding_threshold, layer_stats, no_shared_expert, pipeline_routing, tile_policy, BlockM,
-    CudaMoeVariant, MoeDims, MoeRouting, ThresholdSample, TileChoice, TilePolicy, CALIBRATION_TOKENS,
+    check_moe, fit_padding_threshold, layer_stats, pipeline_routing, tile_policy, BlockM, CudaMoeVariant, MoeDims,
+    MoeRouting, SharedExpert, ThresholdSample, TileChoice, TilePolicy, CALIBRATION_TOKENS,
 };
 use crate::cuda::sources::consts::*;
 use crate::cuda::twin::{max_tiles, n_chunks};
@@ -81,6 +81,23 @@ impl CudaBackend {
         out: &mut CudaTensor,
         accumulate: bool,
     ) -> Result<CudaMoeStats> {
+        self.moe_forward_shared(x, router_logits, w, routing, policy, out, accumulate, None)
+    }
+
+    /// [`Self::moe_forward`] with qwen2_moe's shared expert: its output `[tokens, hidden]` and
+    /// its gate's logit `[tokens, 1]` ([`SharedExpert::forward`]), added by the un-permute.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn moe_forward_shared(
+        &self,
+        x: &CudaTensor,
+        router_logits: &CudaTensor,
+        w: &CudaMoeWeights,
+        routing: MoeRouting,
+        policy: TilePolicy,
+        out: &mut CudaTensor,
+        accumulate: bool,
+        shared: Option<(&CudaTensor, &CudaTensor)>,
+    ) -> Result<CudaMoeStats> {
         let MoeDims { hidden, inter, n_experts } = w.dims;
         check_moe(w.dims, routing)?;
         if x.bf16 || router_logits.bf16 || out.bf16 {
@@ -128,6 +145,14 @@ impl CudaBackend {
         let mut tiles128 = alloc_unset::<u32>(s, 2 * max128)?;
         let mut n_tiles = alloc_unset::<u32>(s, 2)?;
         let mut choice = alloc_unset::<i32>(s, 1)?;
+        if let Some((y, logit)) = shared {
+            if y.bf16 || logit.bf16 || (y.rows, y.cols, logit.rows, logit.cols) != (tokens, hidden, tokens, 1) {
+                return Err(KernelError::Shape(format!(
+                    "MoE shared expert: output [{}, {}], gate logits [{}, {}] for {tokens} tokens of {hidden}",
+                    y.rows, y.cols, logit.rows, logit.cols
+                )));
+            }
+        }
         let mut stats = stats;
         let mut xp = alloc_unset::<u16>(s, n_assign * hidden)?;
         let mut dest = alloc_unset::<u32>(s, n_assign)?;
@@ -262,15 +287,23 @@ impl CudaBackend {
             .map_err(driver_err("silu_mul_bf16"))?;
         }
         gemm(plain, &act, &w.down, y.device_ptr_mut(s).0, hidden, inter)?;
+        // Without a shared expert its two pointers are never read: any valid ones.
+        let (shared_y, shared_gate, has_shared) = match shared {
+            Some((sy, logit)) => (&sy.buf, &logit.buf, 1i32),
+            None => (&y, &weights, 0),
+        };
         unsafe {
             s.launch_builder(&self.k.moe_unpermute)
                 .arg(&y)
                 .arg(&dest)
                 .arg(&weights)
+                .arg(shared_y)
+                .arg(shared_gate)
                 .arg(&mut out.buf)
                 .arg(&k_i)
                 .arg(&hidden_i)
                 .arg(&accumulate_i)
+                .arg(&has_shared)
                 .launch(launch_cfg((tokens as u32, 1), PERM_UNPERM_THREADS, 0))
         }
         .map_err(driver_err("moe_unpermute"))?;
@@ -333,11 +366,12 @@ impl CudaBackend {
 
 // ---- the `Backend` MoE ops (see `ops.rs`) ----
 
-/// One MoE layer for [`crate::Backend::moe_ffn`]: the router as a bf16 projection and the
-/// experts. (No shared expert: see [`no_shared_expert`].)
+/// One MoE layer for [`crate::Backend::moe_ffn`]: the router as a bf16 projection, the experts,
+/// and qwen2_moe's shared expert.
 pub struct CudaMoeLayer {
-    pub(crate) router: super::memory::CudaMatrix,
+    pub(crate) router: CudaMatrix,
     pub(crate) experts: CudaMoeWeights,
+    pub(crate) shared: Option<SharedExpert<CudaMatrix>>,
 }
 
 /// The per-call records of a forward pass, still on the device: read once, after the pass.
@@ -349,14 +383,15 @@ pub struct CudaMoeLog {
 impl CudaBackend {
     pub(crate) fn moe_layer(&self, w: &MoeLayerHost) -> Result<CudaMoeLayer> {
         w.validate()?;
-        if w.shared.is_some() {
-            return Err(no_shared_expert());
-        }
         let dims = MoeDims { hidden: w.hidden, inter: w.expert_inter, n_experts: w.num_experts };
         check_moe(dims, MoeRouting { top_k: 1, renormalize: false })?;
         Ok(CudaMoeLayer {
             router: self.linear_weight(w.router, w.num_experts, w.hidden)?,
             experts: self.moe_expert_weights(dims, w.gate_up, w.down)?,
+            shared: w
+                .shared
+                .map(|s| SharedExpert::upload(&s, w.hidden, |d, r, c| self.linear_weight(d, r, c)))
+                .transpose()?,
         })
     }
 
@@ -381,7 +416,9 @@ impl CudaBackend {
         check_moe(w.experts.dims, routing)?;
         let mut logits = self.zeros(x.rows, w.experts.dims.n_experts)?;
         self.matmul(x, &w.router, None, &mut logits)?;
-        let stats = self.moe_forward(x, &logits, &w.experts, routing, policy, acc, true)?;
+        let shared = w.shared.as_ref().map(|s| s.forward(self, x, x.rows, x.cols)).transpose()?;
+        let term = shared.as_ref().map(|(y, logit)| (y, logit));
+        let stats = self.moe_forward_shared(x, &logits, &w.experts, routing, policy, acc, true, term)?;
         log.calls.push((x.rows, stats));
         Ok(())
     }

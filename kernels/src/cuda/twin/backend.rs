@@ -454,16 +454,17 @@ impl Backend for TwinBackend {
 
     // ---- MoE: the GPU pipeline's launches (cuda/device/moe.rs), run by the twin kernels ----
     fn moe_weights(&self, w: &crate::moe::MoeLayerHost) -> Result<super::moe::TwinMoeLayer> {
-        use crate::cuda::moe::{check_moe, no_shared_expert, MoeDims, MoeRouting};
+        use crate::cuda::moe::{check_moe, MoeDims, MoeRouting, SharedExpert};
         w.validate()?;
-        if w.shared.is_some() {
-            return Err(no_shared_expert());
-        }
         let dims = MoeDims { hidden: w.hidden, inter: w.expert_inter, n_experts: w.num_experts };
         check_moe(dims, MoeRouting { top_k: 1, renormalize: false })?;
         Ok(super::moe::TwinMoeLayer {
             router: self.linear_weight(w.router, w.num_experts, w.hidden)?,
             experts: super::moe::TwinMoeWeights::new(dims, w.gate_up, w.down)?,
+            shared: w
+                .shared
+                .map(|s| SharedExpert::upload(&s, w.hidden, |d, r, c| self.linear_weight(d, r, c)))
+                .transpose()?,
         })
     }
 
@@ -488,6 +489,7 @@ impl Backend for TwinBackend {
         acc: &mut HostTensor,
         log: &mut Vec<crate::moe::MoeLayerStats>,
     ) -> Result<()> {
+        use super::moe_permute::SharedTerm;
         use crate::cuda::moe::{check_moe, layer_stats, pipeline_routing, tile_policy};
         let policy = tile_policy(select)?;
         let routing = pipeline_routing(routing);
@@ -503,9 +505,11 @@ impl Backend for TwinBackend {
         }
         let mut logits = HostTensor::zeros(x.rows, n_experts);
         self.project(x, &w.router, None, &mut logits, false);
+        let shared = w.shared.as_ref().map(|s| s.forward(self, x, x.rows, x.cols)).transpose()?;
+        let term = shared.as_ref().map(|(y, logit)| SharedTerm { y: &y.data, gate_logits: &logit.data });
         let (out, choice, counts) =
-            super::moe::moe_forward_with_counts(&x.data, &logits.data, &w.experts, routing, policy, self.gemm)?;
-        // The GPU's un-permute adds into acc (accumulate = 1): acc + Σ_j w·y, as here.
+            super::moe::moe_forward_with_counts(&x.data, &logits.data, &w.experts, routing, policy, self.gemm, term)?;
+        // The GPU's un-permute adds into acc (accumulate = 1): acc + (Σ_j w·y + g·shared), as here.
         for (a, o) in acc.data.iter_mut().zip(&out) {
             *a += o;
         }

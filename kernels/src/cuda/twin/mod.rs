@@ -43,7 +43,9 @@ pub use gemm::{dense_gemm, dense_gemm_qkv, dense_gemm_swiglu, dense_gemm_v1, gem
 pub use mma_tile::QkvOut;
 pub use moe::{moe_forward, moe_forward_with_counts, TwinMoeLayer, TwinMoeWeights};
 pub use moe_gemm::{max_tiles, moe_gemm, moe_gemm_swiglu, moe_gemm_wgmma, moe_gemm_wgmma_swiglu, GroupedGemmArgs};
-pub use moe_permute::{moe_chunk_counts, moe_offsets, moe_scatter, moe_select_tile, moe_unpermute, n_chunks, Offsets};
+pub use moe_permute::{
+    moe_chunk_counts, moe_offsets, moe_scatter, moe_select_tile, moe_unpermute, n_chunks, Offsets, SharedTerm,
+};
 pub use moe_routing::moe_topk_softmax;
 pub use rmsnorm::rms_norm_rows;
 pub use rope::{qk_norm_rope, qk_norm_rope_kv, rope_table, KvOut, QkNormRopeArgs};

@@ -6,7 +6,7 @@
 use super::elementwise::silu_mul_bf16;
 use super::moe_gemm::{max_tiles, moe_gemm, moe_gemm_swiglu, moe_gemm_wgmma, moe_gemm_wgmma_swiglu, GroupedGemmArgs};
 use super::moe_permute::{
-    moe_chunk_counts, moe_offsets, moe_scatter, moe_select_tile, moe_unpermute, n_chunks, Offsets,
+    moe_chunk_counts, moe_offsets, moe_scatter, moe_select_tile, moe_unpermute, n_chunks, Offsets, SharedTerm,
 };
 use super::moe_routing::moe_topk_softmax;
 use super::warp::to_bf16_vec;
@@ -50,14 +50,14 @@ pub fn moe_forward(
     routing: MoeRouting,
     policy: TilePolicy,
 ) -> Result<(Vec<f32>, TileChoice)> {
-    moe_forward_with_counts(x, router_logits, w, routing, policy, GemmEngine::TiledUnfused)
+    moe_forward_with_counts(x, router_logits, w, routing, policy, GemmEngine::TiledUnfused, None)
         .map(|(out, choice, _)| (out, choice))
 }
 
 /// [`moe_forward`] on `engine`'s kernels, also returning the token-per-expert histogram the
 /// selector saw: on a fused engine the gate/up GEMM stores the activation itself
 /// (`moe_gemm_swiglu_*`), the same bits; on the wgmma engine the grouped GEMMs are
-/// moe_gemm_wgmma.cu's.
+/// moe_gemm_wgmma.cu's. With `shared`, the un-permute adds the shared expert's gated output.
 pub fn moe_forward_with_counts(
     x: &[f32],
     router_logits: &[f32],
@@ -65,6 +65,7 @@ pub fn moe_forward_with_counts(
     routing: MoeRouting,
     policy: TilePolicy,
     engine: GemmEngine,
+    shared: Option<SharedTerm<'_>>,
 ) -> Result<(Vec<f32>, TileChoice, Vec<u32>)> {
     let MoeDims { hidden, inter, n_experts } = w.dims;
     let swiglu_fused = engine.swiglu_fused_for(hidden, inter);
@@ -113,7 +114,7 @@ pub fn moe_forward_with_counts(
         plain(bm, args, grid_x, &mut y);
     }
     let mut out = vec![0f32; tokens * hidden];
-    moe_unpermute(&y, &dest, &weights, &mut out, k, hidden, false);
+    moe_unpermute(&y, &dest, &weights, shared, &mut out, k, hidden, false);
     Ok((out, choice, off.counts))
 }
 
@@ -150,4 +151,5 @@ fn grouped_launches<'a>(
 pub struct TwinMoeLayer {
     pub router: super::backend::TwinMatrix,
     pub experts: TwinMoeWeights,
+    pub shared: Option<crate::cuda::moe::SharedExpert<super::backend::TwinMatrix>>,
 }

@@ -127,21 +127,36 @@ pub fn moe_scatter(
     (dest, xp)
 }
 
-/// `moe_unpermute`: out[t] (+)= Σ_j w[t, j] · yp[dest[t, j]], j in pick order, fmaf.
+/// qwen2_moe's shared expert as `moe_unpermute` adds it: its output `[tokens, hidden]` and its
+/// gate's logit per token.
+#[derive(Debug, Clone, Copy)]
+pub struct SharedTerm<'a> {
+    pub y: &'a [f32],
+    pub gate_logits: &'a [f32],
+}
+
+/// `moe_unpermute`: out[t] (+)= Σ_j w[t, j] · yp[dest[t, j]] (+ sigmoid(gate_t) · shared_y[t]),
+/// j in pick order, fmaf.
+#[allow(clippy::too_many_arguments)]
 pub fn moe_unpermute(
     yp: &[f32],
     dest: &[u32],
     weights: &[f32],
+    shared: Option<SharedTerm<'_>>,
     out: &mut [f32],
     top_k: usize,
     hidden: usize,
     accumulate: bool,
 ) {
     for t in 0..out.len() / hidden {
+        let gate = shared.map(|s| 1.0 / (1.0 + (-s.gate_logits[t]).exp()));
         for c in 0..hidden {
             let mut acc = 0f32;
             for j in 0..top_k {
                 acc = weights[t * top_k + j].mul_add(yp[dest[t * top_k + j] as usize * hidden + c], acc);
+            }
+            if let (Some(g), Some(s)) = (gate, shared) {
+                acc = g.mul_add(s.y[t * hidden + c], acc);
             }
             let o = &mut out[t * hidden + c];
             *o = if accumulate { *o + acc } else { acc };
