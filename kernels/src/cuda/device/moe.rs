@@ -121,6 +121,14 @@ impl CudaBackend {
                 w_dims = w.dims
             )));
         }
+        if let Some((y, logit)) = shared {
+            if y.bf16 || logit.bf16 || (y.rows, y.cols, logit.rows, logit.cols) != (tokens, hidden, tokens, 1) {
+                return Err(KernelError::Shape(format!(
+                    "MoE shared expert: output [{}, {}], gate logits [{}, {}] for {tokens} tokens of {hidden}",
+                    y.rows, y.cols, logit.rows, logit.cols
+                )));
+            }
+        }
         let s = &self.stream;
         // The call's statistics start at zero: with no tokens no kernel writes them.
         let stats = alloc::<u32>(s, 4)?;
@@ -145,14 +153,6 @@ impl CudaBackend {
         let mut tiles128 = alloc_unset::<u32>(s, 2 * max128)?;
         let mut n_tiles = alloc_unset::<u32>(s, 2)?;
         let mut choice = alloc_unset::<i32>(s, 1)?;
-        if let Some((y, logit)) = shared {
-            if y.bf16 || logit.bf16 || (y.rows, y.cols, logit.rows, logit.cols) != (tokens, hidden, tokens, 1) {
-                return Err(KernelError::Shape(format!(
-                    "MoE shared expert: output [{}, {}], gate logits [{}, {}] for {tokens} tokens of {hidden}",
-                    y.rows, y.cols, logit.rows, logit.cols
-                )));
-            }
-        }
         let mut stats = stats;
         let mut xp = alloc_unset::<u16>(s, n_assign * hidden)?;
         let mut dest = alloc_unset::<u32>(s, n_assign)?;
