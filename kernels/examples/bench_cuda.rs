@@ -217,7 +217,9 @@ fn bench_moe_engines(tiled: &CudaBackend, wgmma: &CudaBackend, rng: &mut impl Rn
             let logits = b.from_host(&ls, tokens, dims.n_experts).expect("logits");
             let mut out = b.zeros(tokens, dims.hidden).expect("out");
             let policy = TilePolicy::default();
-            gpu_ms(b, reps, || drop(b.moe_forward(&x, &logits, w, routing, policy, &mut out, false).expect("moe")))
+            gpu_ms(b, reps, || {
+                drop(b.moe_forward(&x, &logits, w, routing, policy, &mut out, false, None).expect("moe"))
+            })
         };
         let (t, w) = (time(tiled, &tw), time(wgmma, &ww));
         println!("{seqs:>6} {tokens:>8} {t:>10.3} {w:>10.3} {:>9.0}%", 100.0 * w / t);
@@ -299,7 +301,9 @@ fn bench_moe(g: &CudaBackend, fused: Option<&CudaBackend>, rng: &mut impl Rng, r
         };
         let time = |b: &CudaBackend, w: &CudaMoeWeights, policy| {
             let (x, logits, mut out) = upload(b);
-            gpu_ms(b, reps, || drop(b.moe_forward(&x, &logits, w, routing, policy, &mut out, false).expect("moe")))
+            gpu_ms(b, reps, || {
+                drop(b.moe_forward(&x, &logits, w, routing, policy, &mut out, false, None).expect("moe"))
+            })
         };
         let (t64, t128, ta) = (
             time(g, &w, TilePolicy::Fixed(BlockM::M64)),
@@ -311,7 +315,7 @@ fn bench_moe(g: &CudaBackend, fused: Option<&CudaBackend>, rng: &mut impl Rng, r
             .map_or("-".to_string(), |(f, fw)| format!("{:.3}", time(f, fw, TilePolicy::default())));
         let (x, logits, mut out) = upload(g);
         let stats = g
-            .moe_forward(&x, &logits, &w, routing, TilePolicy::default(), &mut out, false)
+            .moe_forward(&x, &logits, &w, routing, TilePolicy::default(), &mut out, false, None)
             .expect("moe")
             .read(g)
             .expect("stats");

@@ -13,7 +13,7 @@
 mod common;
 mod cuda_common;
 
-use common::{assert_bits_eq, assert_close, random, rng, LayoutBuilder};
+use common::{assert_bits_eq, assert_close, random, rng, LayoutBuilder, SharedExpertLayer};
 use cuda_common::{gpu, gpu_with, only_seq, prefix_and_items, MiniModel};
 use sieve_kernels::cuda::moe::{BlockM, MoeDims, MoeRouting, TilePolicy};
 use sieve_kernels::cuda::twin::{self, TwinBackend, TwinMoeWeights};
@@ -322,7 +322,7 @@ fn moe_layer_matches_twin_for_every_variant() {
         let mut outs = Vec::new();
         for policy in [TilePolicy::default(), TilePolicy::Fixed(BlockM::M64), TilePolicy::Fixed(BlockM::M128)] {
             let mut out = g.zeros(tokens, 256).unwrap();
-            let stats = g.moe_forward(&xt, &lt, &gw, routing, policy, &mut out, false).unwrap();
+            let stats = g.moe_forward(&xt, &lt, &gw, routing, policy, &mut out, false, None).unwrap();
             let got = g.to_host(&out).unwrap();
             let choice = stats.read(&g).unwrap();
             let (want, want_choice) = twin::moe_forward(&x, &logits, &tw, routing, policy).unwrap();
@@ -330,7 +330,7 @@ fn moe_layer_matches_twin_for_every_variant() {
             assert_close(&format!("MoE {tokens} tokens top-{top_k} {policy:?} vs twin"), &got, &want, MMA_TWIN_TOL);
             let (fx, fl) = (f.from_host(&x, tokens, 256).unwrap(), f.from_host(&logits, tokens, 64).unwrap());
             let mut fused = f.zeros(tokens, 256).unwrap();
-            f.moe_forward(&fx, &fl, &fw, routing, policy, &mut fused, false).unwrap();
+            f.moe_forward(&fx, &fl, &fw, routing, policy, &mut fused, false, None).unwrap();
             assert_bits_eq(
                 &format!("MoE {tokens} tokens {policy:?}: SwiGLU epilogue vs unfused"),
                 &f.to_host(&fused).unwrap(),
@@ -349,29 +349,13 @@ fn moe_layer_matches_twin_for_every_variant() {
 /// in the batch.
 #[test]
 fn moe_layer_with_a_shared_expert_matches_its_twin() {
-    use sieve_kernels::{MoeLayerHost, MoeSelect, SharedExpertHost};
+    use sieve_kernels::MoeSelect;
     let Some(g) = gpu_with("moe_layer_with_a_shared_expert_matches_its_twin", GemmEngine::Tiled) else { return };
     let t = TwinBackend::tiled();
     let mut r = rng(65);
-    let (hidden, experts, inter, shared_inter) = (256, 60, 96, 352);
-    let scaled = |r: &mut rand::rngs::StdRng, n: usize, fan_in: usize| -> Vec<f32> {
-        random(r, n).iter().map(|v| v / (fan_in as f32).sqrt()).collect()
-    };
-    let router = scaled(&mut r, experts * hidden, hidden);
-    let gate_up = scaled(&mut r, experts * 2 * inter * hidden, hidden);
-    let down = scaled(&mut r, experts * hidden * inter, inter);
-    let s_gate_up = scaled(&mut r, 2 * shared_inter * hidden, hidden);
-    let s_down = scaled(&mut r, hidden * shared_inter, shared_inter);
-    let s_gate = scaled(&mut r, hidden, hidden);
-    let host = MoeLayerHost {
-        hidden,
-        num_experts: experts,
-        expert_inter: inter,
-        router: &router,
-        gate_up: &gate_up,
-        down: &down,
-        shared: Some(SharedExpertHost { inter: shared_inter, gate_up: &s_gate_up, down: &s_down, gate: &s_gate }),
-    };
+    let hidden = 256;
+    let layer = SharedExpertLayer::new(&mut r, hidden, 60, 96, 352);
+    let host = layer.host(true);
     let (gw, tw) = (g.moe_weights(&host).unwrap(), t.moe_weights(&host).unwrap());
     let routing = sieve_kernels::MoeRouting { top_k: 4, norm_topk_prob: false };
     for tokens in [1usize, 13, 300] {
@@ -675,7 +659,7 @@ fn wgmma_fused_epilogues_and_moe_give_the_unfused_bits() {
         let mut outs = Vec::new();
         for policy in [TilePolicy::default(), TilePolicy::Fixed(BlockM::M64), TilePolicy::Fixed(BlockM::M128)] {
             let mut out = g.zeros(tokens, 256).unwrap();
-            g.moe_forward(&xt, &lt, &gw, routing, policy, &mut out, false).unwrap();
+            g.moe_forward(&xt, &lt, &gw, routing, policy, &mut out, false, None).unwrap();
             let got = g.to_host(&out).unwrap();
             let (want, _, _) =
                 twin::moe_forward_with_counts(&x, &logits, &tw, routing, policy, GemmEngine::Wgmma, None).unwrap();

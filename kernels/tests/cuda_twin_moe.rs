@@ -374,32 +374,10 @@ fn the_shared_expert_on_the_gpu_pipeline_matches_the_reference() {
     use sieve_kernels::cuda::twin::TwinBackend;
     use sieve_kernels::host::HostTensor;
     use sieve_kernels::reference::ReferenceBackend;
-    use sieve_kernels::{Backend, MoeLayerHost, MoeSelect, SharedExpertHost};
+    use sieve_kernels::{Backend, MoeSelect};
     let mut g = rng(47);
-    let (hidden, experts, inter, shared_inter, tokens) = (64, 8, 40, 24, 9);
-    let scaled = |g: &mut rand::rngs::StdRng, n: usize, fan_in: usize| -> Vec<f32> {
-        random(g, n).iter().map(|v| v / (fan_in as f32).sqrt()).collect()
-    };
-    let router = scaled(&mut g, experts * hidden, hidden);
-    let gate_up = scaled(&mut g, experts * 2 * inter * hidden, hidden);
-    let down = scaled(&mut g, experts * hidden * inter, inter);
-    let (s_gate_up, s_down) =
-        (scaled(&mut g, 2 * shared_inter * hidden, hidden), scaled(&mut g, hidden * shared_inter, shared_inter));
-    let s_gate: Vec<f32> = random(&mut g, hidden).iter().map(|v| v * 0.3).collect();
-    let layer = |shared: bool| MoeLayerHost {
-        hidden,
-        num_experts: experts,
-        expert_inter: inter,
-        router: &router,
-        gate_up: &gate_up,
-        down: &down,
-        shared: shared.then_some(SharedExpertHost {
-            inter: shared_inter,
-            gate_up: &s_gate_up,
-            down: &s_down,
-            gate: &s_gate,
-        }),
-    };
+    let (hidden, tokens) = (64, 9);
+    let l = SharedExpertLayer::new(&mut g, hidden, 8, 40, 24);
     let routing = sieve_kernels::MoeRouting { top_k: 2, norm_topk_prob: false };
     let x = HostTensor::from_vec(random(&mut g, tokens * hidden), tokens, hidden);
     let acc0 = HostTensor::from_vec(random(&mut g, tokens * hidden), tokens, hidden);
@@ -416,18 +394,18 @@ fn the_shared_expert_on_the_gpu_pipeline_matches_the_reference() {
         acc.data
     }
     let r = ReferenceBackend;
-    let want = run(&r, &r.moe_weights(&layer(true)).unwrap(), &x, &acc0, routing, 0);
+    let want = run(&r, &r.moe_weights(&l.host(true)).unwrap(), &x, &acc0, routing, 0);
     let twin = TwinBackend::tiled();
-    let tw = twin.moe_weights(&layer(true)).unwrap();
+    let tw = twin.moe_weights(&l.host(true)).unwrap();
     let got = run(&twin, &tw, &x, &acc0, routing, 0);
     assert_close("twin with the shared expert vs reference", &got, &want, PLAIN_TOL);
-    let without = run(&twin, &twin.moe_weights(&layer(false)).unwrap(), &x, &acc0, routing, 0);
+    let without = run(&twin, &twin.moe_weights(&l.host(false)).unwrap(), &x, &acc0, routing, 0);
     let max_diff = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
     let (gap, err) = (max_diff(&got, &without), max_diff(&got, &want));
     assert!(gap > 10.0 * err, "the shared expert moves the output by {gap}, the twin is {err} from the reference");
     for engine in [GemmEngine::TiledUnfused, GemmEngine::Wgmma] {
         let b = TwinBackend { gemm: engine, ..Default::default() };
-        let w = b.moe_weights(&layer(true)).unwrap();
+        let w = b.moe_weights(&l.host(true)).unwrap();
         for v in 0..b.moe_variants().len() {
             assert_bits_eq(&format!("{engine:?} variant {v} vs tiled"), &run(&b, &w, &x, &acc0, routing, v), &got);
         }

@@ -86,3 +86,61 @@ impl LayoutBuilder {
         self.layout.key_slots[s.slot_offset as usize..(s.slot_offset + s.ctx_len) as usize].to_vec()
     }
 }
+
+/// A qwen2_moe-style MoE layer in host memory: the router, the experts and a shared expert with
+/// its sigmoid gate, each projection scaled by 1/√fan-in (the gate's weight by 0.3).
+pub struct SharedExpertLayer {
+    pub hidden: usize,
+    pub experts: usize,
+    pub inter: usize,
+    pub shared_inter: usize,
+    router: Vec<f32>,
+    gate_up: Vec<f32>,
+    down: Vec<f32>,
+    shared_gate_up: Vec<f32>,
+    shared_down: Vec<f32>,
+    shared_gate: Vec<f32>,
+}
+
+impl SharedExpertLayer {
+    pub fn new(g: &mut impl Rng, hidden: usize, experts: usize, inter: usize, shared_inter: usize) -> Self {
+        let mut scaled =
+            |n: usize, fan_in: usize| -> Vec<f32> { random(g, n).iter().map(|v| v / (fan_in as f32).sqrt()).collect() };
+        let router = scaled(experts * hidden, hidden);
+        let gate_up = scaled(experts * 2 * inter * hidden, hidden);
+        let down = scaled(experts * hidden * inter, inter);
+        let shared_gate_up = scaled(2 * shared_inter * hidden, hidden);
+        let shared_down = scaled(hidden * shared_inter, shared_inter);
+        let shared_gate = random(g, hidden).iter().map(|v| v * 0.3).collect();
+        SharedExpertLayer {
+            hidden,
+            experts,
+            inter,
+            shared_inter,
+            router,
+            gate_up,
+            down,
+            shared_gate_up,
+            shared_down,
+            shared_gate,
+        }
+    }
+
+    /// The layer, with or without its shared expert.
+    pub fn host(&self, with_shared: bool) -> sieve_kernels::MoeLayerHost<'_> {
+        sieve_kernels::MoeLayerHost {
+            hidden: self.hidden,
+            num_experts: self.experts,
+            expert_inter: self.inter,
+            router: &self.router,
+            gate_up: &self.gate_up,
+            down: &self.down,
+            shared: with_shared.then_some(sieve_kernels::SharedExpertHost {
+                inter: self.shared_inter,
+                gate_up: &self.shared_gate_up,
+                down: &self.shared_down,
+                gate: &self.shared_gate,
+            }),
+        }
+    }
+}

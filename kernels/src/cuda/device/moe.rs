@@ -69,25 +69,11 @@ impl CudaBackend {
         })
     }
 
-    /// out (+)= MoE(x): x [tokens, hidden], router_logits [tokens, n_experts] (f32).
+    /// out (+)= MoE(x): x [tokens, hidden], router_logits [tokens, n_experts] (f32). `shared`:
+    /// qwen2_moe's shared expert, its output `[tokens, hidden]` and its gate's logit `[tokens, 1]`
+    /// ([`SharedExpert::forward`]), added to each row's routed sum by the un-permute.
     #[allow(clippy::too_many_arguments)]
     pub fn moe_forward(
-        &self,
-        x: &CudaTensor,
-        router_logits: &CudaTensor,
-        w: &CudaMoeWeights,
-        routing: MoeRouting,
-        policy: TilePolicy,
-        out: &mut CudaTensor,
-        accumulate: bool,
-    ) -> Result<CudaMoeStats> {
-        self.moe_forward_shared(x, router_logits, w, routing, policy, out, accumulate, None)
-    }
-
-    /// [`Self::moe_forward`] with qwen2_moe's shared expert: its output `[tokens, hidden]` and
-    /// its gate's logit `[tokens, 1]` ([`SharedExpert::forward`]), added by the un-permute.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn moe_forward_shared(
         &self,
         x: &CudaTensor,
         router_logits: &CudaTensor,
@@ -340,12 +326,12 @@ impl CudaBackend {
                 self.from_host(&(0..tokens * n_experts).map(|_| 3.0 * next()).collect::<Vec<_>>(), tokens, n_experts)?;
             let mut out = self.zeros(tokens, hidden)?;
             let mut time = |policy: TilePolicy| -> Result<(f64, TileChoice)> {
-                let stats = self.moe_forward(&x, &logits, w, routing, policy, &mut out, false)?; // warm-up
+                let stats = self.moe_forward(&x, &logits, w, routing, policy, &mut out, false, None)?; // warm-up
                 let choice = stats.read(self)?;
                 let mut ms = Vec::with_capacity(reps.max(1));
                 for _ in 0..reps.max(1) {
                     let start = self.stream.record_event(Some(CU_EVENT_DEFAULT)).map_err(driver_err("event"))?;
-                    self.moe_forward(&x, &logits, w, routing, policy, &mut out, false)?;
+                    self.moe_forward(&x, &logits, w, routing, policy, &mut out, false, None)?;
                     let end = self.stream.record_event(Some(CU_EVENT_DEFAULT)).map_err(driver_err("event"))?;
                     ms.push(start.elapsed_ms(&end).map_err(driver_err("event timing"))? as f64);
                 }
@@ -418,7 +404,7 @@ impl CudaBackend {
         self.matmul(x, &w.router, None, &mut logits)?;
         let shared = w.shared.as_ref().map(|s| s.forward(self, x, x.rows, x.cols)).transpose()?;
         let term = shared.as_ref().map(|(y, logit)| (y, logit));
-        let stats = self.moe_forward_shared(x, &logits, &w.experts, routing, policy, acc, true, term)?;
+        let stats = self.moe_forward(x, &logits, &w.experts, routing, policy, acc, true, term)?;
         log.calls.push((x.rows, stats));
         Ok(())
     }
