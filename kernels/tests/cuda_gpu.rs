@@ -13,7 +13,7 @@
 mod common;
 mod cuda_common;
 
-use common::{assert_bits_eq, assert_close, random, rng, LayoutBuilder, SharedExpertLayer};
+use common::{assert_bits_eq, assert_close, random, rng, LayoutBuilder, MoeLayer};
 use cuda_common::{gpu, gpu_with, only_seq, prefix_and_items, MiniModel};
 use sieve_kernels::cuda::moe::{BlockM, MoeDims, MoeRouting, TilePolicy};
 use sieve_kernels::cuda::twin::{self, TwinBackend, TwinMoeWeights};
@@ -354,8 +354,8 @@ fn moe_layer_with_a_shared_expert_matches_its_twin() {
     let t = TwinBackend::tiled();
     let mut r = rng(65);
     let hidden = 256;
-    let layer = SharedExpertLayer::new(&mut r, hidden, 60, 96, 352);
-    let host = layer.host(true);
+    let layer = MoeLayer::new(&mut r, hidden, 60, 96, Some(352));
+    let host = layer.host();
     let (gw, tw) = (g.moe_weights(&host).unwrap(), t.moe_weights(&host).unwrap());
     let routing = sieve_kernels::MoeRouting { top_k: 4, norm_topk_prob: false };
     for tokens in [1usize, 13, 300] {

@@ -377,7 +377,8 @@ fn the_shared_expert_on_the_gpu_pipeline_matches_the_reference() {
     use sieve_kernels::{Backend, MoeSelect};
     let mut g = rng(47);
     let (hidden, tokens) = (64, 9);
-    let l = SharedExpertLayer::new(&mut g, hidden, 8, 40, 24);
+    let l = MoeLayer::new(&mut g, hidden, 8, 40, Some(24));
+    let no_shared = sieve_kernels::MoeLayerHost { shared: None, ..l.host() };
     let routing = sieve_kernels::MoeRouting { top_k: 2, norm_topk_prob: false };
     let x = HostTensor::from_vec(random(&mut g, tokens * hidden), tokens, hidden);
     let acc0 = HostTensor::from_vec(random(&mut g, tokens * hidden), tokens, hidden);
@@ -394,18 +395,18 @@ fn the_shared_expert_on_the_gpu_pipeline_matches_the_reference() {
         acc.data
     }
     let r = ReferenceBackend;
-    let want = run(&r, &r.moe_weights(&l.host(true)).unwrap(), &x, &acc0, routing, 0);
+    let want = run(&r, &r.moe_weights(&l.host()).unwrap(), &x, &acc0, routing, 0);
     let twin = TwinBackend::tiled();
-    let tw = twin.moe_weights(&l.host(true)).unwrap();
+    let tw = twin.moe_weights(&l.host()).unwrap();
     let got = run(&twin, &tw, &x, &acc0, routing, 0);
     assert_close("twin with the shared expert vs reference", &got, &want, PLAIN_TOL);
-    let without = run(&twin, &twin.moe_weights(&l.host(false)).unwrap(), &x, &acc0, routing, 0);
+    let without = run(&twin, &twin.moe_weights(&no_shared).unwrap(), &x, &acc0, routing, 0);
     let max_diff = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
     let (gap, err) = (max_diff(&got, &without), max_diff(&got, &want));
     assert!(gap > 10.0 * err, "the shared expert moves the output by {gap}, the twin is {err} from the reference");
     for engine in [GemmEngine::TiledUnfused, GemmEngine::Wgmma] {
         let b = TwinBackend { gemm: engine, ..Default::default() };
-        let w = b.moe_weights(&l.host(true)).unwrap();
+        let w = b.moe_weights(&l.host()).unwrap();
         for v in 0..b.moe_variants().len() {
             assert_bits_eq(&format!("{engine:?} variant {v} vs tiled"), &run(&b, &w, &x, &acc0, routing, v), &got);
         }

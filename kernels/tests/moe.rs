@@ -15,67 +15,9 @@ use sieve_kernels::autotune::autotune;
 use sieve_kernels::host::HostTensor;
 use sieve_kernels::moe::{MoeCostModel, VariantCost};
 use sieve_kernels::reference::ReferenceBackend;
-use sieve_kernels::{Backend, CpuBackend, MoeLayerHost, MoeRouting, MoeSelect, SharedExpertHost};
+use sieve_kernels::{Backend, CpuBackend, MoeRouting, MoeSelect};
 
 const MOE_TOL: f32 = 5e-5;
-
-/// A shared expert: (width, gate_up, down, gate).
-type SharedExpert = (usize, Vec<f32>, Vec<f32>, Vec<f32>);
-
-struct Layer {
-    hidden: usize,
-    experts: usize,
-    inter: usize,
-    router: Vec<f32>,
-    gate_up: Vec<f32>,
-    down: Vec<f32>,
-    shared: Option<SharedExpert>,
-}
-
-impl Layer {
-    /// Router = identity on the first `experts` coordinates: a row's logits are its first
-    /// coordinates, so tests choose each row's experts exactly.
-    fn new(g: &mut impl Rng, hidden: usize, experts: usize, inter: usize, shared: Option<usize>) -> Self {
-        assert!(hidden >= experts);
-        let mut router = vec![0f32; experts * hidden];
-        for e in 0..experts {
-            router[e * hidden + e] = 1.0;
-        }
-        let scaled = |g: &mut _, n: usize, fan_in: usize| {
-            random(g, n).into_iter().map(|v| v * (3.0 / fan_in as f32).sqrt()).collect::<Vec<_>>()
-        };
-        let gate_up = scaled(g, experts * 2 * inter * hidden, hidden);
-        let down = scaled(g, experts * hidden * inter, inter);
-        let shared =
-            shared.map(|s| (s, scaled(g, 2 * s * hidden, hidden), scaled(g, hidden * s, s), scaled(g, hidden, hidden)));
-        Layer { hidden, experts, inter, router, gate_up, down, shared }
-    }
-
-    /// The same layer with every weight rounded to bf16 (a bf16 checkpoint).
-    fn rounded_to_bf16(mut self) -> Self {
-        let round = |v: &mut f32| *v = f32::from_bits((v.to_bits() + 0x8000) & 0xffff_0000);
-        self.gate_up.iter_mut().for_each(round);
-        self.down.iter_mut().for_each(round);
-        self
-    }
-
-    fn host(&self) -> MoeLayerHost<'_> {
-        MoeLayerHost {
-            hidden: self.hidden,
-            num_experts: self.experts,
-            expert_inter: self.inter,
-            router: &self.router,
-            gate_up: &self.gate_up,
-            down: &self.down,
-            shared: self.shared.as_ref().map(|(s, gu, d, gt)| SharedExpertHost {
-                inter: *s,
-                gate_up: gu,
-                down: d,
-                gate: gt,
-            }),
-        }
-    }
-}
 
 /// Rows whose router logits put `choice[t]` first, in that order (gaps of 0.75), the other
 /// experts well below; the coordinates past the experts are random.
@@ -137,7 +79,7 @@ fn every_variant_matches_the_per_token_reference() {
     // Odd widths (not multiples of the 32-column panels), 16 experts, top-4; with and without
     // the shared expert and the renormalisation.
     for (shared, norm, bf16) in [(None, true, false), (Some(24), false, false), (None, true, true)] {
-        let layer = Layer::new(&mut g, 50, 16, 40, shared);
+        let layer = MoeLayer::new(&mut g, 50, 16, 40, shared);
         let layer = if bf16 { layer.rounded_to_bf16() } else { layer };
         let rw = r.moe_weights(&layer.host()).unwrap();
         let routing = MoeRouting { top_k: 4, norm_topk_prob: norm };
@@ -208,7 +150,7 @@ fn histograms_are_what_the_routings_say() {
 #[test]
 fn a_row_is_bitwise_independent_of_its_batch_variant_and_threads() {
     let mut g = rng(43);
-    let layer = Layer::new(&mut g, 64, 16, 48, Some(32));
+    let layer = MoeLayer::new(&mut g, 64, 16, 48, Some(32));
     let routing = MoeRouting { top_k: 4, norm_topk_prob: true };
     // Random routing through the real router path: random router weights; bf16 experts, so
     // that grouped_bf16 streams bf16 panels.
@@ -249,7 +191,7 @@ fn a_row_is_bitwise_independent_of_its_batch_variant_and_threads() {
 #[test]
 fn auto_runs_the_variant_the_cost_model_picks() {
     let mut g = rng(44);
-    let layer = Layer::new(&mut g, 48, 16, 32, None);
+    let layer = MoeLayer::new(&mut g, 48, 16, 32, None);
     let cpu = CpuBackend::new(2).unwrap();
     let w = cpu.moe_weights(&layer.host()).unwrap();
     let variants = cpu.moe_variants();
@@ -317,7 +259,7 @@ fn auto_runs_the_variant_the_cost_model_picks() {
 #[test]
 fn bad_calls_are_errors_not_panics() {
     let mut g = rng(45);
-    let layer = Layer::new(&mut g, 32, 8, 16, None);
+    let layer = MoeLayer::new(&mut g, 32, 8, 16, None);
     let cpu = CpuBackend::new(2).unwrap();
     let w = cpu.moe_weights(&layer.host()).unwrap();
     let mut log = cpu.moe_log().unwrap();
@@ -346,7 +288,7 @@ fn autotune_out_of_budget_before_any_whole_tile_still_costs_every_variant() {
     // variants, timed only at whole tiles, get no measurement. They must be costed (at the
     // pruning floor, dearer than what was measured), not panic or be extrapolated from nothing.
     let mut g = rng(47);
-    let layer = Layer::new(&mut g, 64, 16, 48, None);
+    let layer = MoeLayer::new(&mut g, 64, 16, 48, None);
     let cpu = CpuBackend::new(2).unwrap();
     let w = cpu.moe_weights(&layer.host()).unwrap();
     let (model, report) = autotune(&cpu, &w, 16, Duration::ZERO).unwrap();
@@ -366,7 +308,7 @@ fn autotune_out_of_budget_before_any_whole_tile_still_costs_every_variant() {
 #[test]
 fn autotune_fits_a_model_within_its_budget() {
     let mut g = rng(46);
-    let layer = Layer::new(&mut g, 64, 16, 48, None);
+    let layer = MoeLayer::new(&mut g, 64, 16, 48, None);
     let cpu = CpuBackend::new(2).unwrap();
     let w = cpu.moe_weights(&layer.host()).unwrap();
     let (model, report) = autotune(&cpu, &w, 16, Duration::from_millis(300)).unwrap();

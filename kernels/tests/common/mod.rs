@@ -4,7 +4,7 @@
 use rand::{Rng, SeedableRng};
 use sieve_kernels::cpu::Isa;
 use sieve_kernels::host::HostTensor;
-use sieve_kernels::{AttnSeq, BatchLayout, CpuBackend};
+use sieve_kernels::{AttnSeq, BatchLayout, CpuBackend, MoeLayerHost, SharedExpertHost};
 
 pub fn rng(seed: u64) -> rand::rngs::StdRng {
     rand::rngs::StdRng::seed_from_u64(seed)
@@ -87,59 +87,61 @@ impl LayoutBuilder {
     }
 }
 
-/// A qwen2_moe-style MoE layer in host memory: the router, the experts and a shared expert with
-/// its sigmoid gate, each projection scaled by 1/√fan-in (the gate's weight by 0.3).
-pub struct SharedExpertLayer {
+/// A MoE layer's shared expert (qwen2_moe): (width, gate_up, down, gate).
+pub type SharedExpert = (usize, Vec<f32>, Vec<f32>, Vec<f32>);
+
+/// A MoE layer in host memory: random experts (each weight of variance 1 / fan-in), an optional
+/// shared expert, and a router that is the identity on the first `experts` coordinates.
+pub struct MoeLayer {
     pub hidden: usize,
     pub experts: usize,
     pub inter: usize,
-    pub shared_inter: usize,
-    router: Vec<f32>,
-    gate_up: Vec<f32>,
-    down: Vec<f32>,
-    shared_gate_up: Vec<f32>,
-    shared_down: Vec<f32>,
-    shared_gate: Vec<f32>,
+    pub router: Vec<f32>,
+    pub gate_up: Vec<f32>,
+    pub down: Vec<f32>,
+    pub shared: Option<SharedExpert>,
 }
 
-impl SharedExpertLayer {
-    pub fn new(g: &mut impl Rng, hidden: usize, experts: usize, inter: usize, shared_inter: usize) -> Self {
-        let mut scaled =
-            |n: usize, fan_in: usize| -> Vec<f32> { random(g, n).iter().map(|v| v / (fan_in as f32).sqrt()).collect() };
-        let router = scaled(experts * hidden, hidden);
-        let gate_up = scaled(experts * 2 * inter * hidden, hidden);
-        let down = scaled(experts * hidden * inter, inter);
-        let shared_gate_up = scaled(2 * shared_inter * hidden, hidden);
-        let shared_down = scaled(hidden * shared_inter, shared_inter);
-        let shared_gate = random(g, hidden).iter().map(|v| v * 0.3).collect();
-        SharedExpertLayer {
-            hidden,
-            experts,
-            inter,
-            shared_inter,
-            router,
-            gate_up,
-            down,
-            shared_gate_up,
-            shared_down,
-            shared_gate,
+impl MoeLayer {
+    /// Router = identity on the first `experts` coordinates: a row's logits are its first
+    /// coordinates, so tests choose each row's experts exactly.
+    pub fn new(g: &mut impl Rng, hidden: usize, experts: usize, inter: usize, shared: Option<usize>) -> Self {
+        assert!(hidden >= experts);
+        let mut router = vec![0f32; experts * hidden];
+        for e in 0..experts {
+            router[e * hidden + e] = 1.0;
         }
+        let scaled = |g: &mut _, n: usize, fan_in: usize| {
+            random(g, n).into_iter().map(|v| v * (3.0 / fan_in as f32).sqrt()).collect::<Vec<_>>()
+        };
+        let gate_up = scaled(g, experts * 2 * inter * hidden, hidden);
+        let down = scaled(g, experts * hidden * inter, inter);
+        let shared =
+            shared.map(|s| (s, scaled(g, 2 * s * hidden, hidden), scaled(g, hidden * s, s), scaled(g, hidden, hidden)));
+        MoeLayer { hidden, experts, inter, router, gate_up, down, shared }
     }
 
-    /// The layer, with or without its shared expert.
-    pub fn host(&self, with_shared: bool) -> sieve_kernels::MoeLayerHost<'_> {
-        sieve_kernels::MoeLayerHost {
+    /// The same layer with every weight rounded to bf16 (a bf16 checkpoint).
+    pub fn rounded_to_bf16(mut self) -> Self {
+        let round = |v: &mut f32| *v = f32::from_bits((v.to_bits() + 0x8000) & 0xffff_0000);
+        self.gate_up.iter_mut().for_each(round);
+        self.down.iter_mut().for_each(round);
+        self
+    }
+
+    pub fn host(&self) -> MoeLayerHost<'_> {
+        MoeLayerHost {
             hidden: self.hidden,
             num_experts: self.experts,
             expert_inter: self.inter,
             router: &self.router,
             gate_up: &self.gate_up,
             down: &self.down,
-            shared: with_shared.then_some(sieve_kernels::SharedExpertHost {
-                inter: self.shared_inter,
-                gate_up: &self.shared_gate_up,
-                down: &self.shared_down,
-                gate: &self.shared_gate,
+            shared: self.shared.as_ref().map(|(s, gu, d, gt)| SharedExpertHost {
+                inter: *s,
+                gate_up: gu,
+                down: d,
+                gate: gt,
             }),
         }
     }
