@@ -369,6 +369,7 @@ pub fn base_from_gguf(g: &super::GgufFile, arch: Arch) -> Result<ModelConfig> {
         Some(v) => v,
         None => g.get_str_array("tokenizer.ggml.tokens")?.map(|t| t.len()).unwrap_or(0),
     };
+    unscaled_rope_in_gguf(g)?;
     Ok(ModelConfig {
         arch,
         hidden,
@@ -395,18 +396,47 @@ pub fn base_from_gguf(g: &super::GgufFile, arch: Arch) -> Result<ModelConfig> {
     })
 }
 
+/// Only the plain (unscaled) rotary embedding is supported: a GGUF's RoPE scaling is refused,
+/// not ignored (ignored, it would serve another model's scores without a word). llama.cpp keeps
+/// Llama 3.1+'s frequency scaling as the `rope_freqs.weight` tensor (a divisor per rotated pair;
+/// all ones is no scaling), the others as `<arch>.rope.scaling.type` or `<arch>.rope.scale_linear`.
+fn unscaled_rope_in_gguf(g: &super::GgufFile) -> Result<()> {
+    let unsupported = |what: String| {
+        Err(WorkerError::Unsupported(format!("{}: {what} (only unscaled RoPE is supported)", g.path().display())))
+    };
+    if g.tensor_info("rope_freqs.weight").is_some() {
+        let factors = g.tensor_f32("rope_freqs.weight")?.data;
+        if factors.iter().any(|&f| f != 1.0) {
+            return unsupported("tensor rope_freqs.weight: RoPE frequency scaling (Llama 3.1 and later)".into());
+        }
+    }
+    let kind_key = g.arch_key("rope.scaling.type")?;
+    if let Some(kind) = g.get_str(&kind_key)?.filter(|&k| k != "none") {
+        return unsupported(format!("{kind_key} = {kind}"));
+    }
+    let linear_key = g.arch_key("rope.scale_linear")?;
+    if let Some(f) = g.get_f32(&linear_key)?.filter(|&f| f != 1.0) {
+        return unsupported(format!("{linear_key} = {f}"));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::{json, Value};
 
     use crate::model::arch::{config_from_gguf, config_from_hf};
-    use crate::model::gguf::test_writer::gguf_bytes;
+    use crate::model::gguf::test_writer::{f32_tensor, gguf_bytes, TestTensor};
     use crate::model::gguf::GgufValue;
     use crate::model::GgufFile;
 
     /// A llama GGUF's metadata (no tensors: the config needs none) with `set` applied
     /// (a value replaces the key's, a new key is added).
     fn llama_gguf(set: &[(&str, GgufValue)]) -> GgufFile {
+        llama_gguf_with(set, &[])
+    }
+
+    fn llama_gguf_with(set: &[(&str, GgufValue)], tensors: &[TestTensor]) -> GgufFile {
         let mut kvs: Vec<(&str, GgufValue)> = vec![
             ("general.architecture", GgufValue::Str("llama".into())),
             ("llama.embedding_length", GgufValue::U32(64)),
@@ -426,7 +456,7 @@ mod tests {
                 None => kvs.push((k, v.clone())),
             }
         }
-        GgufFile::from_bytes("m.gguf", gguf_bytes(&kvs, &[])).unwrap()
+        GgufFile::from_bytes("m.gguf", gguf_bytes(&kvs, tensors)).unwrap()
     }
 
     #[test]
@@ -478,6 +508,24 @@ mod tests {
             let msg = err.to_string();
             assert!(msg.contains("m.gguf") && msg.contains(want), "{key} = {value:?}: {msg}");
         }
+        // RoPE scaling is refused, not ignored: llama.cpp's scaling keys, and Llama 3.1's
+        // frequency divisors unless they are all 1.
+        let scaled: Vec<(&str, GgufValue, &str)> = vec![
+            ("llama.rope.scaling.type", GgufValue::Str("linear".into()), "llama.rope.scaling.type = linear"),
+            ("llama.rope.scaling.type", GgufValue::Str("yarn".into()), "llama.rope.scaling.type = yarn"),
+            ("llama.rope.scale_linear", GgufValue::F32(4.0), "llama.rope.scale_linear = 4"),
+        ];
+        for (key, value, want) in scaled {
+            let msg = config_from_gguf(&llama_gguf(&[(key, value.clone())])).unwrap_err().to_string();
+            assert!(msg.contains("m.gguf") && msg.contains(want) && msg.contains("only unscaled RoPE"), "{msg}");
+        }
+        config_from_gguf(&llama_gguf(&[("llama.rope.scaling.type", GgufValue::Str("none".into()))])).unwrap();
+        config_from_gguf(&llama_gguf(&[("llama.rope.scale_linear", GgufValue::F32(1.0))])).unwrap();
+        let llama3 = [f32_tensor("rope_freqs.weight", &[8], &[1.0, 1.0, 1.0, 1.0, 1.0, 2.0, 4.0, 8.0])];
+        let msg = config_from_gguf(&llama_gguf_with(&[], &llama3)).unwrap_err().to_string();
+        assert!(msg.contains("rope_freqs.weight") && msg.contains("only unscaled RoPE"), "{msg}");
+        let ones = [f32_tensor("rope_freqs.weight", &[8], &[1.0; 8])];
+        config_from_gguf(&llama_gguf_with(&[], &ones)).unwrap();
         // A missing rope dimension defaults to the head dim; heads larger than hidden give a
         // zero default head dim, refused.
         let err = config_from_gguf(&llama_gguf(&[
