@@ -246,8 +246,12 @@ fn main() {
     let w_gu = weight(2 * inter, hidden);
     let w_down = weight(hidden, inter);
     let norm = cpu.vector(&vec![1.0; hidden]).expect("v");
-    let rope =
-        sieve_kernels::RopeConfig { theta: 100000.0, rotary_dim: 64, layout: sieve_kernels::RopeLayout::Interleaved };
+    let rope = sieve_kernels::RopeConfig {
+        theta: 100000.0,
+        rotary_dim: 64,
+        layout: sieve_kernels::RopeLayout::Interleaved,
+        scaling: Default::default(),
+    };
     let mut h = HostTensor::from_vec(random(&mut rng, rows * hidden), rows, hidden);
     let mut x = HostTensor::zeros(rows, hidden);
     let mut qkv = HostTensor::zeros(rows, layout.qkv_dim());

@@ -350,7 +350,12 @@ fn bench_fusions(f: &CudaBackend, u: &CudaBackend, rng: &mut impl Rng, reps: usi
     let (h, inter, l) = (1024, 3072, QkvLayout { n_heads: 16, n_kv_heads: 8, head_dim: 128 });
     let (pre, batch, slots) = scoring_batch(200, 200, 100);
     let rows = batch.num_rows();
-    let rope = RopeConfig { theta: 1_000_000.0, rotary_dim: l.head_dim, layout: RopeLayout::HalfSplit };
+    let rope = RopeConfig {
+        theta: 1_000_000.0,
+        rotary_dim: l.head_dim,
+        layout: RopeLayout::HalfSplit,
+        scaling: Default::default(),
+    };
     let (x, norm, hn) = (random(rng, rows * h, 1.0), vec![1.0; h], vec![1.0; l.head_dim]);
     let (wqkv, wo) = (random(rng, l.qkv_dim() * h, 0.03), random(rng, h * l.q_dim(), 0.03));
     let (wgu, wd) = (random(rng, 2 * inter * h, 0.03), random(rng, h * inter, 0.02));
@@ -457,7 +462,12 @@ impl Dense {
             .collect();
         let (pre, batch, slots) = scoring_batch(prefix, items, item_len);
         let mut cache = b.kv_cache(self.layers, slots, l.n_kv_heads, l.head_dim).expect("cache");
-        let rope = RopeConfig { theta: 1_000_000.0, rotary_dim: l.head_dim, layout: RopeLayout::HalfSplit };
+        let rope = RopeConfig {
+            theta: 1_000_000.0,
+            rotary_dim: l.head_dim,
+            layout: RopeLayout::HalfSplit,
+            scaling: Default::default(),
+        };
         let forward = |layout: &BatchLayout, cache: &mut B::KvCache| -> Vec<f32> {
             let rows = layout.num_rows();
             let pb = b.prepare_batch(layout, cache).expect("batch");

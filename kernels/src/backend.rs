@@ -34,6 +34,54 @@ pub struct RopeConfig {
     /// Rotated dimensions per head (≤ head_dim; the rest pass through).
     pub rotary_dim: usize,
     pub layout: RopeLayout,
+    pub scaling: RopeScaling,
+}
+
+/// RoPE frequency scaling, as transformers computes it (`rope_scaling.rope_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum RopeScaling {
+    #[default]
+    None,
+    /// `linear`: every frequency divided by `factor`.
+    Linear { factor: f32 },
+    /// `llama3` (Llama 3.1 and later): frequencies whose wavelength is past
+    /// `original_max_position / low_freq_factor` divided by `factor`, those under
+    /// `original_max_position / high_freq_factor` kept, a smooth blend between.
+    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position: u32 },
+}
+
+impl RopeConfig {
+    /// The inverse frequency of each rotated pair, in f64: the one formula every backend's
+    /// angle table reads (`theta^(-2i / rotary_dim)`, then the scaling).
+    pub fn inv_freq(&self) -> Vec<f64> {
+        let d = self.rotary_dim as f64;
+        (0..self.rotary_dim / 2)
+            .map(|i| {
+                let f = (self.theta as f64).powf(-(2.0 * i as f64) / d);
+                match self.scaling {
+                    RopeScaling::None => f,
+                    RopeScaling::Linear { factor } => f / factor as f64,
+                    RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position } => {
+                        let (factor, low, high, old) = (
+                            factor as f64,
+                            low_freq_factor as f64,
+                            high_freq_factor as f64,
+                            original_max_position as f64,
+                        );
+                        let wavelen = 2.0 * std::f64::consts::PI / f;
+                        if wavelen < old / high {
+                            f
+                        } else if wavelen > old / low {
+                            f / factor
+                        } else {
+                            let smooth = (old / wavelen - low) / (high - low);
+                            (1.0 - smooth) * f / factor + smooth * f
+                        }
+                    }
+                }
+            })
+            .collect()
+    }
 }
 
 /// Column layout of the fused QKV projection output: `[q heads | k heads | v heads]`.
@@ -359,5 +407,56 @@ impl fmt::Display for RopeLayout {
             RopeLayout::Interleaved => f.write_str("interleaved"),
             RopeLayout::HalfSplit => f.write_str("half-split"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{RopeConfig, RopeLayout, RopeScaling};
+
+    /// Llama 3.1 8B's RoPE (theta 500,000, head 128, `llama3` factor 8, low 1, high 4, original
+    /// context 8,192) against transformers' `_compute_llama3_parameters`, written as it is there
+    /// (masks over the whole vector), and linear scaling against the unscaled frequencies.
+    #[test]
+    fn scaled_inverse_frequencies_are_transformers_ones() {
+        let plain =
+            RopeConfig { theta: 500_000.0, rotary_dim: 128, layout: RopeLayout::HalfSplit, scaling: RopeScaling::None };
+        let base = plain.inv_freq();
+        assert_eq!(base.len(), 64);
+        assert_eq!(base[0], 1.0);
+        let (factor, low, high, old) = (8.0f64, 1.0f64, 4.0f64, 8192.0f64);
+        let wavelen: Vec<f64> = base.iter().map(|f| 2.0 * std::f64::consts::PI / f).collect();
+        let llama: Vec<f64> =
+            base.iter().zip(&wavelen).map(|(f, w)| if *w > old / low { f / factor } else { *f }).collect();
+        let smoothed: Vec<f64> = llama
+            .iter()
+            .zip(&wavelen)
+            .map(|(f, w)| {
+                let s = (old / w - low) / (high - low);
+                (1.0 - s) * f / factor + s * f
+            })
+            .collect();
+        let want: Vec<f64> = (0..64)
+            .map(|i| if wavelen[i] >= old / high && wavelen[i] <= old / low { smoothed[i] } else { llama[i] })
+            .collect();
+        let llama3 = RopeConfig {
+            scaling: RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position: 8192,
+            },
+            ..plain
+        };
+        let got = llama3.inv_freq();
+        for i in 0..64 {
+            assert!((got[i] - want[i]).abs() <= 1e-15 * want[i], "pair {i}: {} vs {}", got[i], want[i]);
+        }
+        // The three bands are all there: kept, blended, divided by the factor.
+        assert_eq!(got[0], base[0]);
+        assert!(got[30] < base[30] && got[30] > base[30] / 8.0, "pair 30 is blended");
+        assert_eq!(got[63], base[63] / 8.0);
+        let linear = RopeConfig { scaling: RopeScaling::Linear { factor: 4.0 }, ..plain }.inv_freq();
+        assert!(linear.iter().zip(&base).all(|(l, b)| *l == b / 4.0));
     }
 }

@@ -12,7 +12,7 @@ pub mod host;
 pub mod moe;
 pub mod reference;
 
-pub use backend::{AttnSeq, Backend, BatchLayout, QkvLayout, RopeConfig, RopeLayout};
+pub use backend::{AttnSeq, Backend, BatchLayout, QkvLayout, RopeConfig, RopeLayout, RopeScaling};
 pub use cpu::CpuBackend;
 pub use error::{KernelError, Result};
 pub use moe::{

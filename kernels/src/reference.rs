@@ -38,8 +38,7 @@ fn silu(x: f64) -> f64 {
 /// Rotates one head in place; `pos` is the logical position.
 pub fn rope_head_reference(head: &mut [f32], pos: u32, rope: RopeConfig) {
     let d = rope.rotary_dim;
-    for i in 0..d / 2 {
-        let inv_freq = (rope.theta as f64).powf(-(2.0 * i as f64) / d as f64);
+    for (i, inv_freq) in rope.inv_freq().into_iter().enumerate() {
         let angle = pos as f64 * inv_freq;
         let (sin, cos) = angle.sin_cos();
         let (a, b) = match rope.layout {

@@ -124,7 +124,12 @@ fn forward(
     slots: usize,
     qkv: &HostTensor,
 ) -> HostTensor {
-    let rope = RopeConfig { theta: 10000.0, rotary_dim: lay.head_dim, layout: RopeLayout::HalfSplit };
+    let rope = RopeConfig {
+        theta: 10000.0,
+        rotary_dim: lay.head_dim,
+        layout: RopeLayout::HalfSplit,
+        scaling: Default::default(),
+    };
     let w: Vec<f32> = (0..lay.head_dim).map(|i| 0.5 + i as f32 / lay.head_dim as f32).collect();
     let norm = norms.then_some(&w);
     let mut cache = cpu.kv_cache(1, slots, lay.n_kv_heads, lay.head_dim).unwrap();

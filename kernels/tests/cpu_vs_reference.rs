@@ -117,7 +117,7 @@ fn attention_batch(prefix: usize, items: &[usize]) -> LayoutBuilder {
 }
 
 fn layouts() -> Vec<(QkvLayout, RopeConfig, bool)> {
-    let rope = |rotary_dim, layout| RopeConfig { theta: 10000.0, rotary_dim, layout };
+    let rope = |rotary_dim, layout| RopeConfig { theta: 10000.0, rotary_dim, layout, scaling: Default::default() };
     vec![
         // SmolLM2: GQA group 3, interleaved (GGUF)
         (QkvLayout { n_heads: 9, n_kv_heads: 3, head_dim: 64 }, rope(64, RopeLayout::Interleaved), false),
@@ -128,6 +128,17 @@ fn layouts() -> Vec<(QkvLayout, RopeConfig, bool)> {
         (QkvLayout { n_heads: 2, n_kv_heads: 1, head_dim: 64 }, rope(48, RopeLayout::Interleaved), true),
         // head_dim not a multiple of 16, group 8
         (QkvLayout { n_heads: 8, n_kv_heads: 1, head_dim: 40 }, rope(40, RopeLayout::HalfSplit), false),
+        // RoPE scaling: Llama 3.1's and linear
+        (
+            QkvLayout { n_heads: 4, n_kv_heads: 2, head_dim: 128 },
+            RopeConfig { scaling: ROPE_SCALINGS[2], ..rope(128, RopeLayout::HalfSplit) },
+            true,
+        ),
+        (
+            QkvLayout { n_heads: 9, n_kv_heads: 3, head_dim: 64 },
+            RopeConfig { scaling: ROPE_SCALINGS[1], ..rope(64, RopeLayout::Interleaved) },
+            false,
+        ),
     ]
 }
 
@@ -230,7 +241,7 @@ fn inconsistent_shapes_are_errors_not_panics() {
     let bad_batch = cpu.prepare_batch(&bad_ids, &cache).unwrap();
     assert!(is_shape_err(cpu.embed(&emb, &bad_batch, &mut HostTensor::zeros(3, 3))));
     let mut qkv = tensor(&mut g, 3, layout.qkv_dim());
-    let rope = RopeConfig { theta: 1e4, rotary_dim: 4, layout: RopeLayout::HalfSplit };
+    let rope = RopeConfig { theta: 1e4, rotary_dim: 4, layout: RopeLayout::HalfSplit, scaling: Default::default() };
     assert!(is_shape_err(cpu.qk_norm_rope(
         &mut qkv,
         layout,

@@ -13,7 +13,7 @@
 mod common;
 mod cuda_common;
 
-use common::{assert_bits_eq, assert_close, random, rng, LayoutBuilder, MoeLayer};
+use common::{assert_bits_eq, assert_close, random, rng, LayoutBuilder, MoeLayer, ROPE_SCALINGS};
 use cuda_common::{gpu, gpu_with, only_seq, prefix_and_items, MiniModel};
 use sieve_kernels::cuda::moe::{BlockM, MoeDims, MoeRouting, TilePolicy};
 use sieve_kernels::cuda::twin::{self, TwinBackend, TwinMoeWeights};
@@ -205,10 +205,12 @@ fn embed_and_qk_norm_rope() {
         let table = random(&mut r, vocab * layout.qkv_dim());
         let qkv = random(&mut r, 6 * layout.qkv_dim());
         let (qn, kn) = (random(&mut r, head_dim), random(&mut r, head_dim));
-        for rl in [RopeLayout::Interleaved, RopeLayout::HalfSplit] {
+        for (rl, scaling) in
+            [RopeLayout::Interleaved, RopeLayout::HalfSplit].into_iter().flat_map(|l| ROPE_SCALINGS.map(|s| (l, s)))
+        {
             for norms in [None, Some((qn.as_slice(), kn.as_slice()))] {
-                let rope = RopeConfig { theta: 1_000_000.0, rotary_dim, layout: rl };
-                let what = format!("{layout:?} {rl} rotary {rotary_dim} norms {}", norms.is_some());
+                let rope = RopeConfig { theta: 1_000_000.0, rotary_dim, layout: rl, scaling };
+                let what = format!("{layout:?} {rl} {scaling:?} rotary {rotary_dim} norms {}", norms.is_some());
                 let got = embed_rope_case(&g, &table, vocab, layout, &qkv, &lb.layout, rope, norms);
                 let tw = embed_rope_case(&t, &table, vocab, layout, &qkv, &lb.layout, rope, norms);
                 let cp = embed_rope_case(&c, &table, vocab, layout, &qkv, &lb.layout, rope, norms);
@@ -732,7 +734,7 @@ impl QkvCase {
             m,
             hidden,
             layout,
-            rope: RopeConfig { theta: 1_000_000.0, rotary_dim: hd, layout: rope },
+            rope: RopeConfig { theta: 1_000_000.0, rotary_dim: hd, layout: rope, scaling: Default::default() },
             x: random(r, m * hidden),
             w: random(r, n * hidden),
             norms: (random(r, hd), random(r, hd)),

@@ -153,16 +153,18 @@ fn qk_norm_rope_in_both_layouts_with_partial_rotary() {
         let batch = twin.prepare_batch(&b.layout, &cache).unwrap();
         let rbatch = r.prepare_batch(&b.layout, &r.kv_cache(1, 8, n_kv_heads, head_dim).unwrap()).unwrap();
         let (qn, kn) = (random(&mut g, head_dim), random(&mut g, head_dim));
-        for rope_layout in [RopeLayout::Interleaved, RopeLayout::HalfSplit] {
+        for (rope_layout, scaling) in
+            [RopeLayout::Interleaved, RopeLayout::HalfSplit].into_iter().flat_map(|l| ROPE_SCALINGS.map(|s| (l, s)))
+        {
             for norms in [false, true] {
-                let rope = RopeConfig { theta: 1_000_000.0, rotary_dim, layout: rope_layout };
+                let rope = RopeConfig { theta: 1_000_000.0, rotary_dim, layout: rope_layout, scaling };
                 let qkv = tensor(&mut g, 5, layout.qkv_dim());
                 let (mut got, mut want) = (qkv.clone(), qkv);
                 let (q, k) = if norms { (Some(&qn), Some(&kn)) } else { (None, None) };
                 twin.qk_norm_rope(&mut got, layout, q, k, 1e-6, rope, &batch).unwrap();
                 r.qk_norm_rope(&mut want, layout, q, k, 1e-6, rope, &rbatch).unwrap();
                 assert_close(
-                    &format!("qk_norm_rope {layout:?} {rope_layout} rotary {rotary_dim} norms {norms}"),
+                    &format!("qk_norm_rope {layout:?} {rope_layout} {scaling:?} rotary {rotary_dim} norms {norms}"),
                     &got.data,
                     &want.data,
                     EXACT_INPUT_TOL,
@@ -174,7 +176,8 @@ fn qk_norm_rope_in_both_layouts_with_partial_rotary() {
     let mut b = LayoutBuilder::default();
     b.push_seq(&[], 1);
     let batch = twin.prepare_batch(&b.layout, &twin.kv_cache(1, 2, 1, 8).unwrap()).unwrap();
-    let bad = RopeConfig { theta: 10_000.0, rotary_dim: 10, layout: RopeLayout::HalfSplit };
+    let bad =
+        RopeConfig { theta: 10_000.0, rotary_dim: 10, layout: RopeLayout::HalfSplit, scaling: Default::default() };
     let mut qkv = tensor(&mut g, 1, layout.qkv_dim());
     assert!(twin.qk_norm_rope(&mut qkv, layout, None, None, 1e-6, bad, &batch).is_err());
 }
@@ -665,7 +668,8 @@ fn fused_qkv_gemm_is_bitwise_the_unfused_kernels() {
         let positions: Vec<u32> = (0..m as u32).map(|r| (r * 37) % 300).collect();
         let row_slots: Vec<u32> = (0..m as u32).map(|r| (r * 7 + 3) % slots as u32).collect();
         let (qn, kn) = (random(&mut g, hd), random(&mut g, hd));
-        let cs = twin::rope_table(1e6, rotary_dim, 300);
+        let rope = RopeConfig { theta: 1e6, rotary_dim, layout: RopeLayout::HalfSplit, scaling: ROPE_SCALINGS[2] };
+        let cs = twin::rope_table(&rope.inv_freq(), 300);
         let holds_heads =
             |name: &str, tile: usize| name.starts_with("wgmma") || GemmShape::of(tile).bn.is_multiple_of(hd);
         for (name, tile, plain, _, qkv_gemm) in dense_tiles().into_iter().filter(|t| holds_heads(t.0, t.1)) {
@@ -754,7 +758,8 @@ fn fused_qkv_projection_matches_the_unfused_engine() {
         b.push_seq(&[], 5);
         b.layout.positions = vec![3, 0, 17, 4095, 9];
         b.layout.row_slots = vec![6, 2, 7, 0, 3];
-        let rope = RopeConfig { theta: 10_000.0, rotary_dim: hd, layout: RopeLayout::HalfSplit };
+        let rope =
+            RopeConfig { theta: 10_000.0, rotary_dim: hd, layout: RopeLayout::HalfSplit, scaling: Default::default() };
         let (qn, kn, bv) = (random(&mut g, hd), random(&mut g, hd), random(&mut g, n));
         let (w, x) = (random(&mut g, n * k), tensor(&mut g, 5, k));
         let run = |t: &TwinBackend| {
@@ -837,7 +842,7 @@ fn fused_rope_kv_write_is_bitwise_the_two_kernels() {
         let (qn, kn) = (random(&mut g, head_dim), random(&mut g, head_dim));
         for rope_layout in [RopeLayout::Interleaved, RopeLayout::HalfSplit] {
             for norms in [false, true] {
-                let rope = RopeConfig { theta: 10_000.0, rotary_dim, layout: rope_layout };
+                let rope = RopeConfig { theta: 10_000.0, rotary_dim, layout: rope_layout, scaling: Default::default() };
                 let (q, k) = if norms { (Some(&qn), Some(&kn)) } else { (None, None) };
                 let qkv = tensor(&mut g, 5, layout.qkv_dim());
                 let run = |t: &TwinBackend| {

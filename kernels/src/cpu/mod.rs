@@ -81,11 +81,10 @@ impl CpuBatch {
 
     fn rope_table(&self, rope: RopeConfig) -> Arc<RopeTable> {
         let mut tables = self.rope_tables.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(t) = tables.iter().find(|t| t.theta_bits == rope.theta.to_bits() && t.rotary_dim == rope.rotary_dim)
-        {
+        if let Some(t) = tables.iter().find(|t| t.rope == rope) {
             return t.clone();
         }
-        let t = Arc::new(RopeTable::new(rope.theta, rope.rotary_dim, &self.distinct_positions));
+        let t = Arc::new(RopeTable::new(rope, &self.distinct_positions));
         tables.push(t.clone());
         t
     }

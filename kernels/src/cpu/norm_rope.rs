@@ -41,8 +41,8 @@ isa_variants! {
 
 /// cos/sin of every rotary pair at each distinct position of a batch.
 pub(crate) struct RopeTable {
-    pub theta_bits: u32,
-    pub rotary_dim: usize,
+    /// What the table is for (a batch holds one per RoPE config it meets).
+    pub rope: RopeConfig,
     /// `[distinct position][rotary_dim / 2]`
     pub cos: Vec<f32>,
     pub sin: Vec<f32>,
@@ -50,10 +50,9 @@ pub(crate) struct RopeTable {
 
 impl RopeTable {
     /// `positions` are the batch's distinct positions; row `i` of the table is `positions[i]`.
-    pub fn new(theta: f32, rotary_dim: usize, positions: &[u32]) -> Self {
-        let half = rotary_dim / 2;
-        let inv_freq: Vec<f64> =
-            (0..half).map(|i| (theta as f64).powf(-(2.0 * i as f64) / rotary_dim as f64)).collect();
+    pub fn new(rope: RopeConfig, positions: &[u32]) -> Self {
+        let half = rope.rotary_dim / 2;
+        let inv_freq = rope.inv_freq();
         let mut cos = Vec::with_capacity(positions.len() * half);
         let mut sin = Vec::with_capacity(positions.len() * half);
         for &pos in positions {
@@ -63,7 +62,7 @@ impl RopeTable {
                 sin.push(s as f32);
             }
         }
-        RopeTable { theta_bits: theta.to_bits(), rotary_dim, cos, sin }
+        RopeTable { rope, cos, sin }
     }
 }
 

@@ -4,7 +4,7 @@
 use rand::{Rng, SeedableRng};
 use sieve_kernels::cpu::Isa;
 use sieve_kernels::host::HostTensor;
-use sieve_kernels::{AttnSeq, BatchLayout, CpuBackend, MoeLayerHost, SharedExpertHost};
+use sieve_kernels::{AttnSeq, BatchLayout, CpuBackend, MoeLayerHost, RopeScaling, SharedExpertHost};
 
 pub fn rng(seed: u64) -> rand::rngs::StdRng {
     rand::rngs::StdRng::seed_from_u64(seed)
@@ -146,3 +146,11 @@ impl MoeLayer {
         }
     }
 }
+
+/// The RoPE scalings the rope tests cover: none, `linear`, and Llama 3.1's (`llama3`, whose three
+/// frequency bands every tested rotary size reaches).
+pub const ROPE_SCALINGS: [RopeScaling; 3] = [
+    RopeScaling::None,
+    RopeScaling::Linear { factor: 4.0 },
+    RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 8192 },
+];

@@ -110,7 +110,12 @@ impl MiniModel {
     /// later pass can read an earlier pass's prefix) and returns each pass's per-sequence scores.
     pub fn scores<B: Backend>(&self, b: &B, passes: &[BatchLayout], num_slots: usize) -> Vec<Vec<f32>> {
         let l = self.layout;
-        let rope = RopeConfig { theta: 1_000_000.0, rotary_dim: l.head_dim, layout: RopeLayout::HalfSplit };
+        let rope = RopeConfig {
+            theta: 1_000_000.0,
+            rotary_dim: l.head_dim,
+            layout: RopeLayout::HalfSplit,
+            scaling: Default::default(),
+        };
         let eps = 1e-6;
         let embed = b.embedding(&self.embed, self.vocab, self.hidden).unwrap();
         let weights: Vec<_> = self

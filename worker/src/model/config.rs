@@ -2,7 +2,7 @@
 //! GGUF file's metadata by the architecture's own file.
 
 use serde_json::Value;
-use sieve_kernels::{QkvLayout, RopeConfig, RopeLayout};
+use sieve_kernels::{QkvLayout, RopeConfig, RopeLayout, RopeScaling};
 
 use super::arch::{self, ArchSpec};
 use crate::{Result, WorkerError};
@@ -40,6 +40,7 @@ impl KeyStyle<'_> {
             "vocab" => ("vocab_size", "vocab_size (or the tokenizer.ggml.tokens count)"),
             "rms_eps" => ("rms_norm_eps", "attention.layer_norm_rms_epsilon"),
             "rope.theta" => ("rope_theta", "rope.freq_base"),
+            "rope.scaling" => ("rope_scaling", "rope.scaling"),
             "rope.rotary_dim" => ("head_dim × partial_rotary_factor", "rope.dimension_count"),
             "max_position" => ("max_position_embeddings", "context_length"),
             "moe.num_experts" => ("num_experts", "expert_count"),
@@ -202,6 +203,24 @@ impl ModelConfig {
         if !(self.rope.theta.is_finite() && self.rope.theta > 0.0) {
             return bad("rope.theta", self.rope.theta.to_string(), "must be finite and > 0");
         }
+        let positive = |v: f32| v.is_finite() && v > 0.0;
+        let scaling_ok = match self.rope.scaling {
+            RopeScaling::None => true,
+            RopeScaling::Linear { factor } => positive(factor),
+            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, .. } => {
+                positive(factor)
+                    && positive(low_freq_factor)
+                    && positive(high_freq_factor)
+                    && high_freq_factor > low_freq_factor
+            }
+        };
+        if !scaling_ok {
+            return bad(
+                "rope.scaling",
+                format!("{:?}", self.rope.scaling),
+                "factors must be finite and > 0, and high_freq_factor > low_freq_factor",
+            );
+        }
         let rd = self.rope.rotary_dim;
         if rd == 0 || rd > self.head_dim || !rd.is_multiple_of(2) {
             return bad(
@@ -298,10 +317,13 @@ impl<'a> HfConfig<'a> {
         self.0.get(key).and_then(Value::as_str)
     }
 
-    /// RoPE base: `rope_theta`, or transformers v5's `rope_parameters.rope_theta`. Only the
-    /// plain (unscaled) rotary embedding is supported; a scaled one is refused, not ignored.
-    pub fn rope_theta(&self, default: f64) -> Result<f64> {
+    /// RoPE base and scaling: `rope_theta` and `rope_scaling`, or transformers v5's
+    /// `rope_parameters`. Unscaled, `linear` and `llama3` scaling are supported; any other kind
+    /// is refused, not ignored, and so is a malformed one.
+    pub fn rope(&self, default_theta: f64) -> Result<(f64, RopeScaling)> {
         let bad = |key: String, what: &str| WorkerError::ModelFile(format!("config.json: '{key}' is not {what}"));
+        let mut theta = self.opt_f64("rope_theta")?;
+        let mut scaling = RopeScaling::None;
         for key in ["rope_scaling", "rope_parameters"] {
             let Some(p) = self.0.get(key).filter(|v| !v.is_null()) else { continue };
             // Anything but an object (or null) is a malformed file, not "no scaling": a RoPE
@@ -311,17 +333,41 @@ impl<'a> HfConfig<'a> {
                 None | Some(Value::Null) => "default",
                 Some(v) => v.as_str().ok_or_else(|| bad(format!("{key}.rope_type"), "a string"))?,
             };
-            if kind != "default" {
-                return Err(WorkerError::Unsupported(format!(
-                    "{key}.rope_type '{kind}' (only unscaled RoPE is supported)"
-                )));
+            let num = |name: &str, default: Option<f64>| -> Result<f64> {
+                match p.get(name) {
+                    None | Some(Value::Null) => default.ok_or_else(|| {
+                        WorkerError::ModelFile(format!("config.json: '{key}.{name}' is missing (rope_type '{kind}')"))
+                    }),
+                    Some(v) => v.as_f64().ok_or_else(|| bad(format!("{key}.{name}"), "a number")),
+                }
+            };
+            if let Some(t) = p.get("rope_theta").filter(|v| !v.is_null()) {
+                theta = Some(t.as_f64().ok_or_else(|| bad(format!("{key}.rope_theta"), "a number"))?);
             }
-            match p.get("rope_theta") {
-                None | Some(Value::Null) => {}
-                Some(t) => return t.as_f64().ok_or_else(|| bad(format!("{key}.rope_theta"), "a number")),
-            }
+            // transformers' defaults for the llama3 fields, as its own `_compute_llama3_parameters`.
+            scaling = match kind {
+                "default" => continue,
+                "linear" => RopeScaling::Linear { factor: num("factor", None)? as f32 },
+                "llama3" => RopeScaling::Llama3 {
+                    factor: num("factor", None)? as f32,
+                    low_freq_factor: num("low_freq_factor", Some(1.0))? as f32,
+                    high_freq_factor: num("high_freq_factor", Some(4.0))? as f32,
+                    original_max_position: {
+                        let v = num("original_max_position_embeddings", Some(8192.0))?;
+                        if !(v >= 1.0 && v <= u32::MAX as f64 && v.fract() == 0.0) {
+                            return Err(bad(format!("{key}.original_max_position_embeddings"), "a positive integer"));
+                        }
+                        v as u32
+                    },
+                },
+                other => {
+                    return Err(WorkerError::Unsupported(format!(
+                        "{key}.rope_type '{other}' (RoPE: unscaled, 'linear' and 'llama3' are supported)"
+                    )))
+                }
+            };
         }
-        Ok(self.opt_f64("rope_theta")?.unwrap_or(default))
+        Ok((theta.unwrap_or(default_theta), scaling))
     }
 }
 
@@ -334,6 +380,7 @@ pub fn base_from_hf(v: &Value, arch: Arch) -> Result<ModelConfig> {
     let head_dim = c.opt_usize("head_dim")?.unwrap_or(hidden / n_heads.max(1));
     let partial = c.opt_f64("partial_rotary_factor")?.unwrap_or(1.0);
     let rotary_dim = ((head_dim as f64 * partial) as usize) & !1;
+    let (theta, scaling) = c.rope(10_000.0)?;
     if c.opt_bool("mlp_bias")?.unwrap_or(false) {
         return Err(WorkerError::Unsupported("mlp_bias = true".into()));
     }
@@ -347,7 +394,7 @@ pub fn base_from_hf(v: &Value, arch: Arch) -> Result<ModelConfig> {
         intermediate: c.opt_usize("intermediate_size")?.unwrap_or(0),
         vocab: c.usize("vocab_size")?,
         rms_eps: c.opt_f64("rms_norm_eps")?.unwrap_or(1e-6) as f32,
-        rope: RopeConfig { theta: c.rope_theta(10_000.0)? as f32, rotary_dim, layout: RopeLayout::HalfSplit },
+        rope: RopeConfig { theta: theta as f32, rotary_dim, layout: RopeLayout::HalfSplit, scaling },
         max_position: c.opt_usize("max_position_embeddings")?.unwrap_or(4096),
         tie_embeddings: c.opt_bool("tie_word_embeddings")?.unwrap_or(false),
         qkv_bias: false,
@@ -386,6 +433,8 @@ pub fn base_from_gguf(g: &super::GgufFile, arch: Arch) -> Result<ModelConfig> {
             // llama.cpp runs qwen2/qwen3 with NeoX (half-split) rotary; llama's Q/K were
             // permuted at conversion for adjacent pairs. Architecture files set it.
             layout: RopeLayout::HalfSplit,
+            // A scaled RoPE in a GGUF is refused above (`unscaled_rope_in_gguf`).
+            scaling: RopeScaling::None,
         },
         max_position: opt("context_length")?.unwrap_or(4096),
         tie_embeddings: !super::WeightSource::has(g, "lm_head.weight"),
@@ -429,6 +478,7 @@ mod tests {
     use crate::model::gguf::test_writer::{f32_tensor, gguf_bytes, TestTensor};
     use crate::model::gguf::GgufValue;
     use crate::model::GgufFile;
+    use sieve_kernels::RopeScaling;
 
     /// A llama GGUF's metadata (no tensors: the config needs none) with `set` applied
     /// (a value replaces the key's, a new key is added).
@@ -582,9 +632,21 @@ mod tests {
         let rope_cases: Vec<(&str, Value, &str)> = vec![
             ("rope_scaling", json!("linear"), "config.json: 'rope_scaling' is not an object (or null)"),
             ("rope_scaling", json!({"rope_type": 7}), "config.json: 'rope_scaling.rope_type' is not a string"),
-            ("rope_scaling", json!({"type": "linear", "factor": 2.0}), "rope_scaling.rope_type 'linear'"),
+            ("rope_scaling", json!({"type": "dynamic", "factor": 2.0}), "rope_scaling.rope_type 'dynamic'"),
             ("rope_parameters", json!({"rope_type": "yarn"}), "rope_parameters.rope_type 'yarn'"),
             ("rope_parameters", json!({"rope_theta": "x"}), "'rope_parameters.rope_theta' is not a number"),
+            ("rope_scaling", json!({"rope_type": "linear"}), "'rope_scaling.factor' is missing (rope_type 'linear')"),
+            ("rope_scaling", json!({"rope_type": "linear", "factor": 0}), "rope_scaling = Linear { factor: 0.0 }"),
+            (
+                "rope_scaling",
+                json!({"rope_type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 4}),
+                "high_freq_factor > low_freq_factor",
+            ),
+            (
+                "rope_scaling",
+                json!({"rope_type": "llama3", "factor": 8, "original_max_position_embeddings": 0.5}),
+                "'rope_scaling.original_max_position_embeddings' is not a positive integer",
+            ),
         ];
         for (key, value, want) in rope_cases {
             let mut v = qwen3_moe();
@@ -596,6 +658,21 @@ mod tests {
         v["rope_parameters"] = json!({"rope_type": "default", "rope_theta": 5e5});
         v["rope_scaling"] = json!({});
         assert_eq!(config_from_hf(&v).unwrap().rope.theta, 5e5);
+        // Supported scalings, as Llama 3.1's config.json and a linear one say them (transformers'
+        // defaults for the llama3 fields left out).
+        v["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
+        let want = RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position: 8192,
+        };
+        assert_eq!(config_from_hf(&v).unwrap().rope.scaling, want);
+        v["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0});
+        assert_eq!(config_from_hf(&v).unwrap().rope.scaling, want);
+        v["rope_scaling"] = json!({"type": "linear", "factor": 2.0});
+        assert_eq!(config_from_hf(&v).unwrap().rope.scaling, RopeScaling::Linear { factor: 2.0 });
         // A MoE model whose every layer is sparse needs no dense width; one with a dense layer does.
         let mut v = qwen3_moe();
         v["intermediate_size"] = json!(0);

@@ -34,7 +34,12 @@ pub(crate) fn tiny_config(arch: Arch) -> ModelConfig {
         intermediate: 80,
         vocab: 97,
         rms_eps: 1e-6,
-        rope: RopeConfig { theta: 10_000.0, rotary_dim: 12, layout: RopeLayout::HalfSplit },
+        rope: RopeConfig {
+            theta: 10_000.0,
+            rotary_dim: 12,
+            layout: RopeLayout::HalfSplit,
+            scaling: Default::default(),
+        },
         max_position: 512,
         tie_embeddings: true,
         qkv_bias: arch == Arch::Qwen2,

@@ -19,12 +19,12 @@ const ROPE_TABLE_MIN_POSITIONS: usize = 4096;
 /// Positions past this are refused (the table would be gigabytes).
 const ROPE_TABLE_MAX_POSITIONS: usize = 1 << 20;
 
-/// rope.cu's angle table for one (theta, rotary_dim): cos and sin in double of every rotated
-/// pair at positions `0..positions`. Computed once on the device instead of in every layer's
-/// kernel (and in every column tile of the fused QKV GEMM); rebuilt when a batch reaches past it.
+/// rope.cu's angle table for one RoPE config: cos and sin in double of every rotated pair at
+/// positions `0..positions`. Computed once on the device instead of in every layer's kernel (and
+/// in every column tile of the fused QKV GEMM); rebuilt when a batch reaches past it.
 #[derive(Default)]
 pub(crate) struct RopeTable {
-    key: Option<(u32, usize)>,
+    key: Option<RopeConfig>,
     positions: usize,
     buf: Option<CudaSlice<f64>>,
 }
@@ -43,7 +43,7 @@ impl CudaBackend {
             )));
         }
         let mut t = self.rope_table.lock().unwrap_or_else(|p| p.into_inner());
-        let key = (rope.theta.to_bits(), rope.rotary_dim);
+        let key = rope;
         if t.key == Some(key) && t.positions >= n_pos && t.buf.is_some() {
             return Ok(t);
         }
@@ -52,9 +52,10 @@ impl CudaBackend {
         let mut buf = alloc::<f64>(&self.stream, positions * rope.rotary_dim)?;
         let half = rope.rotary_dim / 2;
         if half > 0 {
-            let (n, theta, rotary_dim) = (positions as i32, rope.theta as f64, rope.rotary_dim as i32);
+            let inv_freq = self.upload(&rope.inv_freq())?;
+            let (n, rotary_dim) = (positions as i32, rope.rotary_dim as i32);
             let mut b = self.stream.launch_builder(&self.k.rope_table);
-            b.arg(&mut buf).arg(&n).arg(&theta).arg(&rotary_dim);
+            b.arg(&mut buf).arg(&n).arg(&inv_freq).arg(&rotary_dim);
             // SAFETY: the arguments match rope_table's signature; it writes positions * rotary_dim values.
             unsafe { b.launch(grid_stride(positions * half)) }.map_err(driver_err("rope_table"))?;
         }

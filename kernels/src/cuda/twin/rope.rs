@@ -28,26 +28,20 @@ pub struct KvOut<'a> {
     pub v_pool: &'a mut [u16],
 }
 
-/// `rope_table`: row p is cos(p · theta^(-2i / rotary_dim)) for the rotary_dim / 2 pairs i, then
-/// their sin, in double.
-pub fn rope_table(theta: f64, rotary_dim: usize, n_pos: usize) -> Vec<f64> {
-    rope_table_rows(theta, rotary_dim, n_pos, 0..n_pos)
+/// `rope_table`: row p is cos(p · inv_freq[i]) for the rotary_dim / 2 pairs i, then their sin,
+/// in double (`inv_freq`: [`crate::RopeConfig::inv_freq`], uploaded by the host).
+pub fn rope_table(inv_freq: &[f64], n_pos: usize) -> Vec<f64> {
+    rope_table_rows(inv_freq, n_pos, 0..n_pos)
 }
 
 /// The `n_pos` rows of [`rope_table`], computed only at `positions` (the rest zero): what a
 /// launch reads of it, without the cost of every row up to a large position.
-pub fn rope_table_rows(
-    theta: f64,
-    rotary_dim: usize,
-    n_pos: usize,
-    positions: impl IntoIterator<Item = usize>,
-) -> Vec<f64> {
-    let half = rotary_dim / 2;
+pub fn rope_table_rows(inv_freq: &[f64], n_pos: usize, positions: impl IntoIterator<Item = usize>) -> Vec<f64> {
+    let (half, rotary_dim) = (inv_freq.len(), 2 * inv_freq.len());
     let mut cs = vec![0f64; n_pos * rotary_dim];
     for p in positions {
-        for i in 0..half {
-            let inv_freq = theta.powf(-(2.0 * i as f64) / rotary_dim as f64);
-            let (s, c) = (p as f64 * inv_freq).sin_cos();
+        for (i, &f) in inv_freq.iter().enumerate() {
+            let (s, c) = (p as f64 * f).sin_cos();
             cs[p * rotary_dim + i] = c;
             cs[p * rotary_dim + half + i] = s;
         }

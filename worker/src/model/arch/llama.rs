@@ -1,4 +1,5 @@
-//! Llama (SmolLM2, Llama 2/3 without rope scaling, Mistral without sliding window).
+//! Llama (SmolLM2, Llama 2 and 3, Llama 3.1+ with its `llama3` RoPE scaling from config.json, Mistral
+//! without sliding window).
 
 use serde_json::Value;
 use sieve_kernels::RopeLayout;
