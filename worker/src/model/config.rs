@@ -416,7 +416,9 @@ pub fn base_from_gguf(g: &super::GgufFile, arch: Arch) -> Result<ModelConfig> {
         Some(v) => v,
         None => g.get_str_array("tokenizer.ggml.tokens")?.map(|t| t.len()).unwrap_or(0),
     };
-    unscaled_rope_in_gguf(g)?;
+    let theta = g.get_f32(&key("rope.freq_base")?)?.unwrap_or(10_000.0);
+    let rotary_dim = opt("rope.dimension_count")?.unwrap_or(head_dim);
+    let scaling = rope_scaling_in_gguf(g, theta, rotary_dim)?;
     Ok(ModelConfig {
         arch,
         hidden,
@@ -428,13 +430,12 @@ pub fn base_from_gguf(g: &super::GgufFile, arch: Arch) -> Result<ModelConfig> {
         vocab,
         rms_eps: g.get_f32(&key("attention.layer_norm_rms_epsilon")?)?.unwrap_or(1e-6),
         rope: RopeConfig {
-            theta: g.get_f32(&key("rope.freq_base")?)?.unwrap_or(10_000.0),
-            rotary_dim: opt("rope.dimension_count")?.unwrap_or(head_dim),
+            theta,
+            rotary_dim,
             // llama.cpp runs qwen2/qwen3 with NeoX (half-split) rotary; llama's Q/K were
             // permuted at conversion for adjacent pairs. Architecture files set it.
             layout: RopeLayout::HalfSplit,
-            // A scaled RoPE in a GGUF is refused above (`unscaled_rope_in_gguf`).
-            scaling: RopeScaling::None,
+            scaling,
         },
         max_position: opt("context_length")?.unwrap_or(4096),
         tie_embeddings: !super::WeightSource::has(g, "lm_head.weight"),
@@ -445,29 +446,64 @@ pub fn base_from_gguf(g: &super::GgufFile, arch: Arch) -> Result<ModelConfig> {
     })
 }
 
-/// Only the plain (unscaled) rotary embedding is supported: a GGUF's RoPE scaling is refused,
-/// not ignored (ignored, it would serve another model's scores without a word). llama.cpp keeps
-/// Llama 3.1+'s frequency scaling as the `rope_freqs.weight` tensor (a divisor per rotated pair;
-/// all ones is no scaling), the others as `<arch>.rope.scaling.type` or `<arch>.rope.scale_linear`.
-fn unscaled_rope_in_gguf(g: &super::GgufFile) -> Result<()> {
+/// A GGUF's RoPE scaling, as llama.cpp stores it: `<arch>.rope.scaling.type` (`linear` with
+/// `<arch>.rope.scaling.factor`) or the older `<arch>.rope.scale_linear`; Llama 3.1's as the
+/// `rope_freqs.weight` tensor, a divisor per rotated pair (all ones: none), which is taken when it
+/// is the `llama3` curve of Llama 3.1 to 3.3 (low 1, high 4, original context 8,192, the factor its
+/// largest divisor). Anything else is refused, not ignored (ignored, it would serve another
+/// model's scores without a word).
+fn rope_scaling_in_gguf(g: &super::GgufFile, theta: f32, rotary_dim: usize) -> Result<RopeScaling> {
     let unsupported = |what: String| {
-        Err(WorkerError::Unsupported(format!("{}: {what} (only unscaled RoPE is supported)", g.path().display())))
+        Err(WorkerError::Unsupported(format!(
+            "{}: {what} (RoPE: unscaled, linear and Llama 3.1's are supported)",
+            g.path().display()
+        )))
     };
+    let mut scaling = RopeScaling::None;
     if g.tensor_info("rope_freqs.weight").is_some() {
-        let factors = g.tensor_f32("rope_freqs.weight")?.data;
-        if factors.iter().any(|&f| f != 1.0) {
-            return unsupported("tensor rope_freqs.weight: RoPE frequency scaling (Llama 3.1 and later)".into());
+        let divisors = g.tensor_f32("rope_freqs.weight")?.data;
+        if divisors.iter().any(|&f| f != 1.0) {
+            let factor = divisors.iter().copied().fold(f32::MIN, f32::max);
+            let llama3 = RopeScaling::Llama3 {
+                factor,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position: 8192,
+            };
+            let plain = RopeConfig { theta, rotary_dim, layout: RopeLayout::HalfSplit, scaling: RopeScaling::None };
+            let want: Vec<f64> = plain
+                .inv_freq()
+                .iter()
+                .zip(RopeConfig { scaling: llama3, ..plain }.inv_freq())
+                .map(|(p, s)| p / s)
+                .collect();
+            let matches = divisors.len() == want.len()
+                && divisors.iter().zip(&want).all(|(&d, &w)| (d as f64 - w).abs() <= 1e-5 * w);
+            if !matches {
+                return unsupported(format!(
+                    "tensor rope_freqs.weight ({} divisors for {} rotated pairs): not Llama 3.1's RoPE scaling",
+                    divisors.len(),
+                    want.len()
+                ));
+            }
+            scaling = llama3;
         }
     }
     let kind_key = g.arch_key("rope.scaling.type")?;
-    if let Some(kind) = g.get_str(&kind_key)?.filter(|&k| k != "none") {
-        return unsupported(format!("{kind_key} = {kind}"));
+    let factor_key = g.arch_key("rope.scaling.factor")?;
+    match g.get_str(&kind_key)? {
+        None | Some("none") => {}
+        Some("linear") => match g.get_f32(&factor_key)? {
+            Some(factor) => scaling = RopeScaling::Linear { factor },
+            None => return unsupported(format!("{kind_key} = linear without {factor_key}")),
+        },
+        Some(kind) => return unsupported(format!("{kind_key} = {kind}")),
     }
     let linear_key = g.arch_key("rope.scale_linear")?;
-    if let Some(f) = g.get_f32(&linear_key)?.filter(|&f| f != 1.0) {
-        return unsupported(format!("{linear_key} = {f}"));
+    if let Some(factor) = g.get_f32(&linear_key)?.filter(|&f| f != 1.0) {
+        scaling = RopeScaling::Linear { factor };
     }
-    Ok(())
+    Ok(scaling)
 }
 
 #[cfg(test)]
@@ -478,7 +514,7 @@ mod tests {
     use crate::model::gguf::test_writer::{f32_tensor, gguf_bytes, TestTensor};
     use crate::model::gguf::GgufValue;
     use crate::model::GgufFile;
-    use sieve_kernels::RopeScaling;
+    use sieve_kernels::{RopeConfig, RopeLayout, RopeScaling};
 
     /// A llama GGUF's metadata (no tensors: the config needs none) with `set` applied
     /// (a value replaces the key's, a new key is added).
@@ -558,24 +594,53 @@ mod tests {
             let msg = err.to_string();
             assert!(msg.contains("m.gguf") && msg.contains(want), "{key} = {value:?}: {msg}");
         }
-        // RoPE scaling is refused, not ignored: llama.cpp's scaling keys, and Llama 3.1's
-        // frequency divisors unless they are all 1.
-        let scaled: Vec<(&str, GgufValue, &str)> = vec![
-            ("llama.rope.scaling.type", GgufValue::Str("linear".into()), "llama.rope.scaling.type = linear"),
-            ("llama.rope.scaling.type", GgufValue::Str("yarn".into()), "llama.rope.scaling.type = yarn"),
-            ("llama.rope.scale_linear", GgufValue::F32(4.0), "llama.rope.scale_linear = 4"),
-        ];
-        for (key, value, want) in scaled {
-            let msg = config_from_gguf(&llama_gguf(&[(key, value.clone())])).unwrap_err().to_string();
-            assert!(msg.contains("m.gguf") && msg.contains(want) && msg.contains("only unscaled RoPE"), "{msg}");
+        // RoPE scaling: llama.cpp's linear keys and Llama 3.1's divisors are read, anything else
+        // is refused, never ignored.
+        let scaling = |set: &[(&str, GgufValue)], tensors: &[TestTensor]| {
+            config_from_gguf(&llama_gguf_with(set, tensors)).map(|c| c.rope.scaling).map_err(|e| e.to_string())
+        };
+        let linear4 = Ok(RopeScaling::Linear { factor: 4.0 });
+        let kind = |k: &str| ("llama.rope.scaling.type", GgufValue::Str(k.into()));
+        assert_eq!(scaling(&[kind("linear"), ("llama.rope.scaling.factor", GgufValue::F32(4.0))], &[]), linear4);
+        assert_eq!(scaling(&[("llama.rope.scale_linear", GgufValue::F32(4.0))], &[]), linear4);
+        assert_eq!(
+            scaling(&[kind("none"), ("llama.rope.scale_linear", GgufValue::F32(1.0))], &[]),
+            Ok(RopeScaling::None)
+        );
+        for (set, want) in [
+            (vec![kind("yarn")], "llama.rope.scaling.type = yarn"),
+            (vec![kind("linear")], "llama.rope.scaling.type = linear without llama.rope.scaling.factor"),
+            (vec![("llama.rope.scale_linear", GgufValue::F32(0.0))], "llama.rope.scaling = Linear { factor: 0.0 }"),
+        ] {
+            let msg = scaling(&set, &[]).unwrap_err();
+            assert!(msg.contains("m.gguf") && msg.contains(want), "{msg}");
         }
-        config_from_gguf(&llama_gguf(&[("llama.rope.scaling.type", GgufValue::Str("none".into()))])).unwrap();
-        config_from_gguf(&llama_gguf(&[("llama.rope.scale_linear", GgufValue::F32(1.0))])).unwrap();
-        let llama3 = [f32_tensor("rope_freqs.weight", &[8], &[1.0, 1.0, 1.0, 1.0, 1.0, 2.0, 4.0, 8.0])];
-        let msg = config_from_gguf(&llama_gguf_with(&[], &llama3)).unwrap_err().to_string();
-        assert!(msg.contains("rope_freqs.weight") && msg.contains("only unscaled RoPE"), "{msg}");
-        let ones = [f32_tensor("rope_freqs.weight", &[8], &[1.0; 8])];
-        config_from_gguf(&llama_gguf_with(&[], &ones)).unwrap();
+        // Llama 3.1's divisors for this config (theta 10,000, 16 rotated dims: pairs 0-5 kept,
+        // 6 blended, 7 divided by 8), as llama.cpp's converter writes them; others refused.
+        let llama3 = RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position: 8192,
+        };
+        let plain =
+            RopeConfig { theta: 10_000.0, rotary_dim: 16, layout: RopeLayout::HalfSplit, scaling: RopeScaling::None };
+        let divisors: Vec<f32> = plain
+            .inv_freq()
+            .iter()
+            .zip(RopeConfig { scaling: llama3, ..plain }.inv_freq())
+            .map(|(p, s)| (p / s) as f32)
+            .collect();
+        assert!(
+            divisors[..6].iter().all(|&d| d == 1.0) && divisors[6] > 1.0 && divisors[6] < 8.0 && divisors[7] == 8.0
+        );
+        let freqs = |d: &[f32]| [f32_tensor("rope_freqs.weight", &[d.len() as u64], d)];
+        assert_eq!(scaling(&[], &freqs(&divisors)), Ok(llama3));
+        assert_eq!(scaling(&[], &freqs(&[1.0; 8])), Ok(RopeScaling::None));
+        for bad in [vec![1.0, 1.0, 1.0, 1.0, 1.0, 2.0, 4.0, 8.0], divisors[..7].to_vec()] {
+            let msg = scaling(&[], &freqs(&bad)).unwrap_err();
+            assert!(msg.contains("rope_freqs.weight") && msg.contains("not Llama 3.1's RoPE scaling"), "{msg}");
+        }
         // A missing rope dimension defaults to the head dim; heads larger than hidden give a
         // zero default head dim, refused.
         let err = config_from_gguf(&llama_gguf(&[

@@ -1,4 +1,4 @@
-//! Llama (SmolLM2, Llama 2 and 3, Llama 3.1+ with its `llama3` RoPE scaling from config.json, Mistral
+//! Llama (SmolLM2, Llama 2 and 3, Llama 3.1+ with its `llama3` RoPE scaling, Mistral
 //! without sliding window).
 
 use serde_json::Value;
