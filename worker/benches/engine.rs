@@ -104,7 +104,7 @@ fn start_sharing(
     if let Some(n) = min_tokens {
         cfg.engine.item_prefix_min_tokens = n;
     }
-    let ecfg = engine_config(&cfg, m.model.config.max_position);
+    let ecfg = engine_config(&cfg, &m.model.config).expect("engine config");
     let parts = EngineParts { backend, model: m.model, encoder: m.tokenizer, builder: m.builder };
     EngineHandle::start(parts, ecfg, Arc::new(EngineState::default())).expect("engine")
 }

@@ -9,12 +9,27 @@ use crate::assets;
 use crate::config::{Attention, Device, Gemm, WorkerConfig};
 use crate::engine::{EngineConfig, EngineHandle, EngineParts, EngineState, PrefixCacheConfig};
 use crate::model::loader::{self, LoadOptions};
+use crate::model::ModelConfig;
 use crate::{moe, Result, WorkerError};
 
-pub fn engine_config(cfg: &WorkerConfig, model_max_position: usize) -> EngineConfig {
+/// The engine's settings from the worker's config and the model's. The longest prompt is
+/// `[model] max_seq_tokens`, by default the model's context up to 4096; with sliding-window
+/// attention at most the window, so that each prompt's attention is the model's exactly (a longer
+/// `max_seq_tokens` is refused).
+pub fn engine_config(cfg: &WorkerConfig, model: &ModelConfig) -> Result<EngineConfig> {
     let e = &cfg.engine;
-    let max_seq = if cfg.model.max_seq_tokens > 0 { cfg.model.max_seq_tokens } else { model_max_position.min(4096) };
-    EngineConfig {
+    let window = model.attention_window.unwrap_or(usize::MAX);
+    let max_seq = match cfg.model.max_seq_tokens {
+        0 => model.max_position.min(4096).min(window),
+        n if n > window => {
+            return Err(WorkerError::Config(format!(
+                "model.max_seq_tokens {n} is past the model's sliding attention window of {window} tokens: \
+                 a longer prompt would be attended as the model never does; set it to {window} or less (or 0)"
+            )))
+        }
+        n => n,
+    };
+    Ok(EngineConfig {
         max_batch_tokens: e.max_batch_tokens,
         max_seqs_per_pass: e.max_seqs_per_pass,
         max_seq_tokens: max_seq.min(e.max_batch_tokens),
@@ -32,7 +47,7 @@ pub fn engine_config(cfg: &WorkerConfig, model_max_position: usize) -> EngineCon
         tokenize_threads: e.tokenize_threads,
         item_sharing_min_tokens: e.item_prefix_sharing.then_some(e.item_prefix_min_tokens.max(1)),
         fault: None,
-    }
+    })
 }
 
 fn start_on<B: Backend>(
@@ -47,7 +62,7 @@ fn start_on<B: Backend>(
     if let Some(setup) = moe::setup::configure(&backend, &mut loaded.model, &loaded.name, &cfg.moe, &calibrations)? {
         state.moe.init(setup);
     }
-    let ecfg = engine_config(cfg, loaded.model.config.max_position);
+    let ecfg = engine_config(cfg, &loaded.model.config)?;
     let parts = EngineParts { backend, model: loaded.model, encoder: loaded.tokenizer, builder: loaded.builder };
     let engine = EngineHandle::start(parts, ecfg, state)?;
     Ok((engine, loaded.name, loaded.template_id))
@@ -79,5 +94,29 @@ pub fn start_engine(
                 CudaBackend::with_options(&opts).map_err(|e| WorkerError::Config(format!("--device {device}: {e}")))?;
             start_on(backend, cfg, state)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::engine_config;
+    use crate::config::WorkerConfig;
+    use crate::model::config::Arch;
+    use crate::model::tests::tiny_config;
+    use crate::model::ModelConfig;
+
+    #[test]
+    fn prompts_are_capped_to_a_sliding_window_and_a_longer_limit_is_refused() {
+        let mut cfg = WorkerConfig::default();
+        let model =
+            |max_position, attention_window| ModelConfig { max_position, attention_window, ..tiny_config(Arch::Qwen2) };
+        assert_eq!(engine_config(&cfg, &model(32768, None)).unwrap().max_seq_tokens, 4096);
+        assert_eq!(engine_config(&cfg, &model(32768, Some(1024))).unwrap().max_seq_tokens, 1024);
+        cfg.model.max_seq_tokens = 1024;
+        assert_eq!(engine_config(&cfg, &model(32768, Some(1024))).unwrap().max_seq_tokens, 1024);
+        cfg.model.max_seq_tokens = 2048;
+        let err = engine_config(&cfg, &model(32768, Some(1024))).err().expect("refused").to_string();
+        assert!(err.contains("model.max_seq_tokens 2048") && err.contains("window of 1024"), "{err}");
+        assert_eq!(engine_config(&cfg, &model(32768, None)).unwrap().max_seq_tokens, 2048);
     }
 }

@@ -43,6 +43,7 @@ impl KeyStyle<'_> {
             "rope.scaling" => ("rope_scaling", "rope.scaling"),
             "rope.rotary_dim" => ("head_dim × partial_rotary_factor", "rope.dimension_count"),
             "max_position" => ("max_position_embeddings", "context_length"),
+            "attention_window" => ("sliding_window", "attention.sliding_window"),
             "moe.num_experts" => ("num_experts", "expert_count"),
             "moe.top_k" => ("num_experts_per_tok", "expert_used_count"),
             "moe.expert_intermediate" => ("moe_intermediate_size", "expert_feed_forward_length"),
@@ -149,6 +150,10 @@ pub struct ModelConfig {
     pub rope: RopeConfig,
     /// Longest sequence the model was trained for.
     pub max_position: usize,
+    /// Sliding-window attention's window (a token sees the last this many, itself included), when
+    /// the model uses one. The worker caps prompts to it, so that within a prompt every layer's
+    /// attention is the full causal one: the model's own, computed exactly.
+    pub attention_window: Option<usize>,
     pub tie_embeddings: bool,
     /// Bias on the q/k/v projections (qwen2 always; others when `attention_bias`).
     pub qkv_bias: bool,
@@ -231,6 +236,9 @@ impl ModelConfig {
         }
         if self.max_position == 0 {
             return bad("max_position", "0".into(), "must be > 0");
+        }
+        if self.attention_window == Some(0) {
+            return bad("attention_window", "0".into(), "must be > 0");
         }
         // A dense MLP runs in every layer that is not sparse: it needs a width.
         let any_dense = match &self.moe {
@@ -317,6 +325,17 @@ impl<'a> HfConfig<'a> {
         self.0.get(key).and_then(Value::as_str)
     }
 
+    /// The sliding window, as transformers reads it: `sliding_window` when `use_sliding_window`
+    /// is true (Qwen2 and Qwen3, which then need it), or when the flag is absent and the
+    /// `sliding_window` is set (Mistral; null there means none).
+    pub fn attention_window(&self) -> Result<Option<usize>> {
+        match self.opt_bool("use_sliding_window")? {
+            Some(true) => Ok(Some(self.usize("sliding_window")?)),
+            Some(false) => Ok(None),
+            None => self.opt_usize("sliding_window"),
+        }
+    }
+
     /// RoPE base and scaling: `rope_theta` and `rope_scaling`, or transformers v5's
     /// `rope_parameters`. Unscaled, `linear` and `llama3` scaling are supported; any other kind
     /// is refused, not ignored, and so is a malformed one.
@@ -396,6 +415,7 @@ pub fn base_from_hf(v: &Value, arch: Arch) -> Result<ModelConfig> {
         rms_eps: c.opt_f64("rms_norm_eps")?.unwrap_or(1e-6) as f32,
         rope: RopeConfig { theta: theta as f32, rotary_dim, layout: RopeLayout::HalfSplit, scaling },
         max_position: c.opt_usize("max_position_embeddings")?.unwrap_or(4096),
+        attention_window: c.attention_window()?,
         tie_embeddings: c.opt_bool("tie_word_embeddings")?.unwrap_or(false),
         qkv_bias: false,
         o_bias: false,
@@ -438,6 +458,7 @@ pub fn base_from_gguf(g: &super::GgufFile, arch: Arch) -> Result<ModelConfig> {
             scaling,
         },
         max_position: opt("context_length")?.unwrap_or(4096),
+        attention_window: opt("attention.sliding_window")?,
         tie_embeddings: !super::WeightSource::has(g, "lm_head.weight"),
         qkv_bias: false,
         o_bias: false,
@@ -738,6 +759,25 @@ mod tests {
         assert_eq!(config_from_hf(&v).unwrap().rope.scaling, want);
         v["rope_scaling"] = json!({"type": "linear", "factor": 2.0});
         assert_eq!(config_from_hf(&v).unwrap().rope.scaling, RopeScaling::Linear { factor: 2.0 });
+        // Sliding-window attention, as transformers reads it: Qwen's flag and window, Mistral's
+        // window alone (null: none); a window of 0 is refused.
+        let window = |set: &[(&str, Value)]| {
+            let mut v = qwen3_moe();
+            for (k, x) in set {
+                v[*k] = x.clone();
+            }
+            config_from_hf(&v).map(|c| c.attention_window).map_err(|e| e.to_string())
+        };
+        assert_eq!(window(&[("use_sliding_window", json!(true)), ("sliding_window", json!(2048))]), Ok(Some(2048)));
+        assert_eq!(window(&[("use_sliding_window", json!(false)), ("sliding_window", json!(2048))]), Ok(None));
+        assert_eq!(window(&[]), Ok(None));
+        let mistral = [("model_type", json!("mistral")), ("intermediate_size", json!(96))];
+        assert_eq!(window(&[mistral[0].clone(), mistral[1].clone(), ("sliding_window", json!(4096))]), Ok(Some(4096)));
+        assert_eq!(window(&[mistral[0].clone(), mistral[1].clone(), ("sliding_window", json!(null))]), Ok(None));
+        let zero = window(&[("use_sliding_window", json!(true)), ("sliding_window", json!(0))]).unwrap_err();
+        assert!(zero.contains("sliding_window = 0: must be > 0"), "{zero}");
+        let missing = window(&[("use_sliding_window", json!(true))]).unwrap_err();
+        assert!(missing.contains("missing 'sliding_window'"), "{missing}");
         // A MoE model whose every layer is sparse needs no dense width; one with a dense layer does.
         let mut v = qwen3_moe();
         v["intermediate_size"] = json!(0);

@@ -41,6 +41,7 @@ pub(crate) fn tiny_config(arch: Arch) -> ModelConfig {
             scaling: Default::default(),
         },
         max_position: 512,
+        attention_window: None,
         tie_embeddings: true,
         qkv_bias: arch == Arch::Qwen2,
         o_bias: false,

@@ -1,5 +1,5 @@
-//! Llama (SmolLM2, Llama 2 and 3, Llama 3.1+ with its `llama3` RoPE scaling, Mistral
-//! without sliding window).
+//! Llama (SmolLM2, Llama 2 and 3, Llama 3.1+ with its `llama3` RoPE scaling) and Mistral (its
+//! sliding window caps the prompt length: `ModelConfig::attention_window`).
 
 use serde_json::Value;
 use sieve_kernels::RopeLayout;

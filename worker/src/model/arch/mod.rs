@@ -57,12 +57,9 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig> {
 /// The MoE keys qwen3_moe and qwen2_moe share (HF names): `num_experts`, `num_experts_per_tok`,
 /// `moe_intermediate_size`, `norm_topk_prob` (default false, as in transformers),
 /// `decoder_sparse_step` (default 1), `mlp_only_layers` (default none), and with
-/// `shared_expert` the `shared_expert_intermediate_size`. Sliding-window attention is refused.
+/// `shared_expert` the `shared_expert_intermediate_size`.
 pub(crate) fn moe_config_from_hf(v: &Value, shared_expert: bool) -> Result<MoeConfig> {
     let c = HfConfig(v);
-    if c.opt_bool("use_sliding_window")?.unwrap_or(false) {
-        return Err(WorkerError::Unsupported("use_sliding_window = true (sliding-window attention)".into()));
-    }
     let dense_layers = match v.get("mlp_only_layers") {
         None | Some(Value::Null) => vec![],
         Some(Value::Array(a)) => a
@@ -133,7 +130,7 @@ mod tests {
             ("num_experts", json!(null), "num_experts"),
             ("mlp_only_layers", json!("3"), "mlp_only_layers"),
             ("decoder_sparse_step", json!(0), "decoder_sparse_step"),
-            ("use_sliding_window", json!(true), "sliding"),
+            ("use_sliding_window", json!(true), "missing 'sliding_window'"),
             ("num_experts_per_tok", json!(-1), "num_experts_per_tok"),
         ];
         for (key, value, msg) in cases {
