@@ -484,6 +484,14 @@ fn rope_scaling_in_gguf(g: &super::GgufFile, theta: f32, rotary_dim: usize) -> R
     if g.tensor_info("rope_freqs.weight").is_some() {
         let divisors = g.tensor_f32("rope_freqs.weight")?.data;
         if divisors.iter().any(|&f| f != 1.0) {
+            // One per rotated pair (checked first: the frequencies below are as many).
+            if divisors.len() != rotary_dim / 2 {
+                return unsupported(format!(
+                    "tensor rope_freqs.weight: {} divisors for {} rotated pairs",
+                    divisors.len(),
+                    rotary_dim / 2
+                ));
+            }
             let factor = divisors.iter().copied().fold(f32::MIN, f32::max);
             let llama3 = RopeScaling::Llama3 {
                 factor,
@@ -498,14 +506,8 @@ fn rope_scaling_in_gguf(g: &super::GgufFile, theta: f32, rotary_dim: usize) -> R
                 .zip(RopeConfig { scaling: llama3, ..plain }.inv_freq())
                 .map(|(p, s)| p / s)
                 .collect();
-            let matches = divisors.len() == want.len()
-                && divisors.iter().zip(&want).all(|(&d, &w)| (d as f64 - w).abs() <= 1e-5 * w);
-            if !matches {
-                return unsupported(format!(
-                    "tensor rope_freqs.weight ({} divisors for {} rotated pairs): not Llama 3.1's RoPE scaling",
-                    divisors.len(),
-                    want.len()
-                ));
+            if !divisors.iter().zip(&want).all(|(&d, &w)| (d as f64 - w).abs() <= 1e-5 * w) {
+                return unsupported("tensor rope_freqs.weight: not Llama 3.1's RoPE scaling".into());
             }
             scaling = llama3;
         }
@@ -658,10 +660,14 @@ mod tests {
         let freqs = |d: &[f32]| [f32_tensor("rope_freqs.weight", &[d.len() as u64], d)];
         assert_eq!(scaling(&[], &freqs(&divisors)), Ok(llama3));
         assert_eq!(scaling(&[], &freqs(&[1.0; 8])), Ok(RopeScaling::None));
-        for bad in [vec![1.0, 1.0, 1.0, 1.0, 1.0, 2.0, 4.0, 8.0], divisors[..7].to_vec()] {
-            let msg = scaling(&[], &freqs(&bad)).unwrap_err();
-            assert!(msg.contains("rope_freqs.weight") && msg.contains("not Llama 3.1's RoPE scaling"), "{msg}");
-        }
+        let msg = scaling(&[], &freqs(&[1.0, 1.0, 1.0, 1.0, 1.0, 2.0, 4.0, 8.0])).unwrap_err();
+        assert!(msg.contains("rope_freqs.weight: not Llama 3.1's RoPE scaling"), "{msg}");
+        let msg = scaling(&[], &freqs(&divisors[..7])).unwrap_err();
+        assert!(msg.contains("rope_freqs.weight: 7 divisors for 8 rotated pairs"), "{msg}");
+        // A rotary size no tensor could match is refused before anything is sized by it.
+        let msg =
+            scaling(&[("llama.rope.dimension_count", GgufValue::U32(u32::MAX - 1))], &freqs(&divisors)).unwrap_err();
+        assert!(msg.contains("8 divisors for 2147483647 rotated pairs"), "{msg}");
         // A missing rope dimension defaults to the head dim; heads larger than hidden give a
         // zero default head dim, refused.
         let err = config_from_gguf(&llama_gguf(&[
