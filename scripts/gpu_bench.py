@@ -14,6 +14,10 @@ bf16, SDPA, the yes/no logits of the last position (`logits_to_keep=1`). Same fi
 the probe call through transformers in f32 (TF32 off), the exact forward: Sieve must be at
 least as close to it as transformers in bf16 is (`agreement`).
 
+The prompts are Qwen3-Reranker's (PREFIX, SUFFIX below), the worker's default for qwen3 and
+qwen3_moe. Another architecture's default differs (llama, qwen2: ChatML without the think block):
+give its worker `[template] suffix` = SUFFIX, or the two sides score different prompts.
+
 Writes a JSON file and prints a Markdown report section. Standard library only, plus torch
 and transformers for the PyTorch side.
 """
