@@ -113,6 +113,8 @@ pub fn load<B: Backend>(backend: &B, path: &Path, opts: &LoadOptions) -> Result<
         heads = config.n_heads,
         kv_heads = config.n_kv_heads,
         rope = %config.rope.layout,
+        rope_scaling = ?config.rope.scaling,
+        attention_window = ?config.attention_window,
         ?head,
         "loading {name}"
     );
