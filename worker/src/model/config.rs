@@ -328,7 +328,24 @@ impl<'a> HfConfig<'a> {
     /// The sliding window, as transformers reads it: `sliding_window` when `use_sliding_window`
     /// is true (Qwen2 and Qwen3, which then need it), or when the flag is absent and the
     /// `sliding_window` is set (Mistral; null there means none).
+    /// transformers v5 lists each layer's attention in `layer_types`, which then decides.
     pub fn attention_window(&self) -> Result<Option<usize>> {
+        if let Some(types) = self.0.get("layer_types").filter(|v| !v.is_null()) {
+            let not_list = || WorkerError::ModelFile("config.json: 'layer_types' is not a list of strings".into());
+            let mut sliding = false;
+            for t in types.as_array().ok_or_else(not_list)? {
+                match t.as_str().ok_or_else(not_list)? {
+                    "full_attention" => {}
+                    "sliding_attention" => sliding = true,
+                    other => {
+                        return Err(WorkerError::Unsupported(format!(
+                            "layer_types holds '{other}' (full_attention and sliding_attention are supported)"
+                        )))
+                    }
+                }
+            }
+            return if sliding { Ok(Some(self.usize("sliding_window")?)) } else { Ok(None) };
+        }
         match self.opt_bool("use_sliding_window")? {
             Some(true) => Ok(Some(self.usize("sliding_window")?)),
             Some(false) => Ok(None),
@@ -402,6 +419,17 @@ pub fn base_from_hf(v: &Value, arch: Arch) -> Result<ModelConfig> {
     let (theta, scaling) = c.rope(10_000.0)?;
     if c.opt_bool("mlp_bias")?.unwrap_or(false) {
         return Err(WorkerError::Unsupported("mlp_bias = true".into()));
+    }
+    // The MLP is SwiGLU: another activation would load and serve another model's scores.
+    match c.0.get("hidden_act") {
+        None | Some(Value::Null) => {}
+        Some(v) => match v.as_str() {
+            Some("silu" | "swish") => {}
+            Some(other) => {
+                return Err(WorkerError::Unsupported(format!("hidden_act '{other}' (the MLP is SwiGLU: silu only)")))
+            }
+            None => return Err(WorkerError::ModelFile("config.json: 'hidden_act' is not a string".into())),
+        },
     }
     Ok(ModelConfig {
         arch,
@@ -784,6 +812,23 @@ mod tests {
         assert!(zero.contains("sliding_window = 0: must be > 0"), "{zero}");
         let missing = window(&[("use_sliding_window", json!(true))]).unwrap_err();
         assert!(missing.contains("missing 'sliding_window'"), "{missing}");
+        // transformers v5's per-layer list decides when present.
+        let types = |t: Value| window(&[("layer_types", t), ("sliding_window", json!(512))]);
+        assert_eq!(
+            types(json!(["full_attention", "sliding_attention", "full_attention", "full_attention"])),
+            Ok(Some(512))
+        );
+        assert_eq!(types(json!(vec!["full_attention"; 4])), Ok(None));
+        assert!(types(json!(vec!["chunked_attention"; 4]))
+            .unwrap_err()
+            .contains("layer_types holds 'chunked_attention'"));
+        assert!(types(json!("full_attention")).unwrap_err().contains("'layer_types' is not a list of strings"));
+        // The MLP's activation: SiLU (or its other name) only.
+        for (act, ok) in [(json!("silu"), true), (json!("swish"), true), (json!("gelu"), false), (json!(3), false)] {
+            let mut v = qwen3_moe();
+            v["hidden_act"] = act.clone();
+            assert_eq!(config_from_hf(&v).is_ok(), ok, "hidden_act {act}");
+        }
         // A MoE model whose every layer is sparse needs no dense width; one with a dense layer does.
         let mut v = qwen3_moe();
         v["intermediate_size"] = json!(0);
