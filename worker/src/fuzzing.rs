@@ -266,7 +266,15 @@ pub mod seeds {
         let llama = r#"{"model_type": "llama", "hidden_size": 32, "num_attention_heads": 4,
             "num_hidden_layers": 1, "vocab_size": 10, "intermediate_size": 64,
             "attention_bias": true, "rope_theta": 10000}"#;
-        vec![dense.into(), moe.into(), llama.into()]
+        let llama31 = r#"{"model_type": "llama", "hidden_size": 32, "num_attention_heads": 4,
+            "num_hidden_layers": 1, "vocab_size": 10, "intermediate_size": 64, "hidden_act": "silu",
+            "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}"#;
+        let windowed = r#"{"model_type": "mistral", "hidden_size": 32, "num_attention_heads": 4,
+            "num_hidden_layers": 2, "vocab_size": 10, "intermediate_size": 64, "sliding_window": 64,
+            "layer_types": ["full_attention", "sliding_attention"],
+            "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}"#;
+        vec![dense.into(), moe.into(), llama.into(), llama31.into(), windowed.into()]
     }
 
     /// Valid request bodies of every route: score, rerank, TEI rerank, vLLM score.
