@@ -246,18 +246,13 @@ impl<W> SharedExpert<W> {
     }
 
     /// The expert's output `down(silu(gate(x)) · up(x))` `[rows, hidden]` and its gate's logit
-    /// `[rows, 1]`, by `b`'s projections (each row's bits its own, as every projection's).
-    pub fn forward<B: Backend<Weight = W>>(
-        &self,
-        b: &B,
-        x: &B::Tensor,
-        rows: usize,
-        hidden: usize,
-    ) -> Result<(B::Tensor, B::Tensor)> {
-        let mut gate_up = b.zeros(rows, 2 * self.inter)?;
-        b.matmul(x, &self.gate_up, None, &mut gate_up)?;
-        let mut act = b.zeros(rows, self.inter)?;
-        b.silu_mul(&gate_up, &mut act)?;
+    /// `[rows, 1]`, by `b`'s projections: the dense MLP's ops (`matmul_silu_mul` into the down
+    /// projection's operand, fused where the engine fuses it), so each row's bits are its own.
+    pub fn forward<B: Backend<Weight = W>>(&self, b: &B, x: &B::Tensor) -> Result<(B::Tensor, B::Tensor)> {
+        let (rows, hidden) = b.shape(x);
+        let (mut gate_up, mut act) = (b.zeros(0, 0)?, b.zeros(0, 0)?);
+        b.reshape_operand(&mut act, rows, self.inter)?;
+        b.matmul_silu_mul(x, &self.gate_up, &mut gate_up, &mut act)?;
         let mut y = b.zeros(rows, hidden)?;
         b.matmul(&act, &self.down, None, &mut y)?;
         let mut logit = b.zeros(rows, 1)?;

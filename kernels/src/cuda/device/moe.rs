@@ -402,7 +402,7 @@ impl CudaBackend {
         check_moe(w.experts.dims, routing)?;
         let mut logits = self.zeros(x.rows, w.experts.dims.n_experts)?;
         self.matmul(x, &w.router, None, &mut logits)?;
-        let shared = w.shared.as_ref().map(|s| s.forward(self, x, x.rows, x.cols)).transpose()?;
+        let shared = w.shared.as_ref().map(|s| s.forward(self, x)).transpose()?;
         let term = shared.as_ref().map(|(y, logit)| (y, logit));
         let stats = self.moe_forward(x, &logits, &w.experts, routing, policy, acc, true, term)?;
         log.calls.push((x.rows, stats));

@@ -505,7 +505,7 @@ impl Backend for TwinBackend {
         }
         let mut logits = HostTensor::zeros(x.rows, n_experts);
         self.project(x, &w.router, None, &mut logits, false);
-        let shared = w.shared.as_ref().map(|s| s.forward(self, x, x.rows, x.cols)).transpose()?;
+        let shared = w.shared.as_ref().map(|s| s.forward(self, x)).transpose()?;
         let term = shared.as_ref().map(|(y, logit)| SharedTerm { y: &y.data, gate_logits: &logit.data });
         let (out, choice, counts) =
             super::moe::moe_forward_with_counts(&x.data, &logits.data, &w.experts, routing, policy, self.gemm, term)?;
