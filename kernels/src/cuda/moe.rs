@@ -216,9 +216,10 @@ pub fn layer_stats(tokens: usize, choice: TileChoice, counts: &[u32]) -> crate::
     }
 }
 
-/// qwen2_moe's always-on shared expert on a GPU backend (or its twin): plain bf16 projections.
-/// Its SwiGLU MLP and its gate's logit run as ordinary projections ([`SharedExpert::forward`]);
-/// the un-permute adds `sigmoid(logit) · output` to each row's routed sum.
+/// qwen2_moe's always-on shared expert on a GPU backend (or its twin): bf16 weights in the dense
+/// layers' layout. Its SwiGLU MLP runs on the dense MLP's ops and its gate's logit is a projection
+/// ([`SharedExpert::forward`]); the un-permute adds `sigmoid(logit) · output` to each row's
+/// routed sum.
 #[derive(Debug, Clone)]
 pub struct SharedExpert<W> {
     /// `[2·inter, hidden]`: the gate projection's rows, then the up projection's.
