@@ -381,7 +381,7 @@ impl<'a> HfConfig<'a> {
                 theta = Some(t.as_f64().ok_or_else(|| bad(format!("{key}.rope_theta"), "a number"))?);
             }
             // transformers' defaults for the llama3 fields, as its own `_compute_llama3_parameters`.
-            scaling = match kind {
+            let this = match kind {
                 "default" => continue,
                 "linear" => RopeScaling::Linear { factor: num("factor", None)? as f32 },
                 "llama3" => RopeScaling::Llama3 {
@@ -402,6 +402,13 @@ impl<'a> HfConfig<'a> {
                     )))
                 }
             };
+            // transformers v5 may keep both keys alike; two different scalings contradict.
+            if scaling != RopeScaling::None && this != scaling {
+                return Err(WorkerError::ModelFile(format!(
+                    "config.json: '{key}' ({this:?}) differs from 'rope_scaling' ({scaling:?})"
+                )));
+            }
+            scaling = this;
         }
         Ok((theta.unwrap_or(default_theta), scaling))
     }
@@ -542,16 +549,21 @@ fn rope_scaling_in_gguf(g: &super::GgufFile, theta: f32, rotary_dim: usize) -> R
     }
     let kind_key = g.arch_key("rope.scaling.type")?;
     let factor_key = g.arch_key("rope.scaling.factor")?;
-    match g.get_str(&kind_key)? {
-        None | Some("none") => {}
+    let linear = match g.get_str(&kind_key)? {
+        None | Some("none") => None,
         Some("linear") => match g.get_f32(&factor_key)? {
-            Some(factor) => scaling = RopeScaling::Linear { factor },
+            Some(factor) => Some((factor, &kind_key)),
             None => return unsupported(format!("{kind_key} = linear without {factor_key}")),
         },
         Some(kind) => return unsupported(format!("{kind_key} = {kind}")),
-    }
+    };
     let linear_key = g.arch_key("rope.scale_linear")?;
-    if let Some(factor) = g.get_f32(&linear_key)?.filter(|&f| f != 1.0) {
+    let old_linear = g.get_f32(&linear_key)?.filter(|&f| f != 1.0).map(|f| (f, &linear_key));
+    for (factor, key) in linear.into_iter().chain(old_linear) {
+        // Two scalings in one file contradict each other: neither is taken over the other.
+        if scaling != RopeScaling::None {
+            return unsupported(format!("{key} beside another RoPE scaling ({scaling:?})"));
+        }
         scaling = RopeScaling::Linear { factor };
     }
     Ok(scaling)
@@ -658,6 +670,10 @@ mod tests {
             scaling(&[kind("none"), ("llama.rope.scale_linear", GgufValue::F32(1.0))], &[]),
             Ok(RopeScaling::None)
         );
+        let factor = ("llama.rope.scaling.factor", GgufValue::F32(4.0));
+        let both = [kind("linear"), factor, ("llama.rope.scale_linear", GgufValue::F32(2.0))];
+        let msg = scaling(&both, &[]).unwrap_err();
+        assert!(msg.contains("llama.rope.scale_linear beside another RoPE scaling"), "{msg}");
         for (set, want) in [
             (vec![kind("yarn")], "llama.rope.scaling.type = yarn"),
             (vec![kind("linear")], "llama.rope.scaling.type = linear without llama.rope.scaling.factor"),
@@ -793,6 +809,11 @@ mod tests {
         assert_eq!(config_from_hf(&v).unwrap().rope.scaling, want);
         v["rope_scaling"] = json!({"type": "linear", "factor": 2.0});
         assert_eq!(config_from_hf(&v).unwrap().rope.scaling, RopeScaling::Linear { factor: 2.0 });
+        v["rope_parameters"] = json!({"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5});
+        assert_eq!(config_from_hf(&v).unwrap().rope.scaling, RopeScaling::Linear { factor: 2.0 });
+        v["rope_parameters"] = json!({"rope_type": "linear", "factor": 3.0});
+        let msg = config_from_hf(&v).unwrap_err().to_string();
+        assert!(msg.contains("'rope_parameters' (Linear { factor: 3.0 }) differs from 'rope_scaling'"), "{msg}");
         // Sliding-window attention, as transformers reads it: Qwen's flag and window, Mistral's
         // window alone (null: none); a window of 0 is refused.
         let window = |set: &[(&str, Value)]| {
