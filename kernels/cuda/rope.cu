@@ -13,16 +13,17 @@
 // without its second read of the row's K and V and its launch.
 //
 // rope_table: the angle table of rope.cuh, cs[p * rotary_dim + i] = cos and
-// cs[p * rotary_dim + rotary_dim / 2 + i] = sin of p · inv_freq[i], for p < n_pos; inv_freq (the
-// pairs' inverse frequencies, RoPE scaling included) comes from the host's one formula
-// (RopeConfig::inv_freq). Launch: grid-stride over n_pos * rotary_dim / 2.
+// cs[p * rotary_dim + rotary_dim / 2 + i] = sin of p · inv_freq[i], for p < n_pos, each times
+// scale; inv_freq (the pairs' inverse frequencies, RoPE scaling included) and scale (YaRN's
+// attention factor, else 1) come from the host's one formula (RopeConfig::inv_freq,
+// attention_scaling). Launch: grid-stride over n_pos * rotary_dim / 2.
 #include "rope.cuh"
 
 #define ROPE_THREADS 128
 #define ROPE_WARPS (ROPE_THREADS / 32)
 
 extern "C" __global__ void rope_table(double* __restrict__ cs, int n_pos, const double* __restrict__ inv_freq,
-                                      int rotary_dim) {
+                                      double scale, int rotary_dim) {
     const int half = rotary_dim / 2;
     const long long total = (long long)n_pos * half;
     for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total;
@@ -31,8 +32,8 @@ extern "C" __global__ void rope_table(double* __restrict__ cs, int n_pos, const 
         const int i = (int)(t % half);
         double s, c;
         sincos((double)p * inv_freq[i], &s, &c);
-        cs[p * rotary_dim + i] = c;
-        cs[p * rotary_dim + half + i] = s;
+        cs[p * rotary_dim + i] = c * scale;
+        cs[p * rotary_dim + half + i] = s * scale;
     }
 }
 

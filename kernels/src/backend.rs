@@ -48,6 +48,23 @@ pub enum RopeScaling {
     /// `original_max_position / low_freq_factor` divided by `factor`, those under
     /// `original_max_position / high_freq_factor` kept, a smooth blend between.
     Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position: u32 },
+    /// `yarn` (YaRN, as Qwen2.5 / Qwen3 document for long contexts): frequencies whose
+    /// rotations over `original_max_position` lie between `beta_slow` and `beta_fast` blended
+    /// from kept to divided by `factor` (low-frequency ones divided), and cos and sin scaled by
+    /// `attention_factor` (resolved from the file's `mscale` fields when it gives none).
+    /// `truncate`: the blend's bounds rounded out to whole pairs, transformers' default.
+    Yarn {
+        factor: f32,
+        original_max_position: u32,
+        beta_fast: f32,
+        beta_slow: f32,
+        truncate: bool,
+        attention_factor: f32,
+    },
+    /// `dynamic` (NTK): transformers rescales the base only for a batch reaching past the model's
+    /// `max_position_embeddings`; the worker serves prompts within it (`ModelConfig::prompt_limit`),
+    /// where it is unscaled.
+    Dynamic { factor: f32 },
 }
 
 impl RopeConfig {
@@ -59,7 +76,7 @@ impl RopeConfig {
             .map(|i| {
                 let f = (self.theta as f64).powf(-(2.0 * i as f64) / d);
                 match self.scaling {
-                    RopeScaling::None => f,
+                    RopeScaling::None | RopeScaling::Dynamic { .. } => f,
                     RopeScaling::Linear { factor } => f / factor as f64,
                     RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position } => {
                         let (factor, low, high, old) = (
@@ -78,9 +95,37 @@ impl RopeConfig {
                             (1.0 - smooth) * f / factor + smooth * f
                         }
                     }
+                    RopeScaling::Yarn { factor, original_max_position, beta_fast, beta_slow, truncate, .. } => {
+                        // transformers' `_compute_yarn_parameters`: the pairs that turn fewer
+                        // than `beta_slow` times over the original context are interpolated,
+                        // more than `beta_fast` times kept, a linear ramp between.
+                        let pair_at = |rotations: f64| {
+                            d * (original_max_position as f64 / (rotations * 2.0 * std::f64::consts::PI)).ln()
+                                / (2.0 * (self.theta as f64).ln())
+                        };
+                        let (mut low, mut high) = (pair_at(beta_fast as f64), pair_at(beta_slow as f64));
+                        if truncate {
+                            (low, high) = (low.floor(), high.ceil());
+                        }
+                        let (low, mut high) = (low.max(0.0), high.min(d - 1.0));
+                        if low == high {
+                            high += 0.001;
+                        }
+                        let interpolated = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                        f / factor as f64 * interpolated + f * (1.0 - interpolated)
+                    }
                 }
             })
             .collect()
+    }
+
+    /// The factor cos and sin are scaled by (YaRN's attention factor; 1 otherwise): every
+    /// backend's angle table multiplies by it.
+    pub fn attention_scaling(&self) -> f64 {
+        match self.scaling {
+            RopeScaling::Yarn { attention_factor, .. } => attention_factor as f64,
+            _ => 1.0,
+        }
     }
 }
 
@@ -458,5 +503,61 @@ mod tests {
         assert_eq!(got[63], base[63] / 8.0);
         let linear = RopeConfig { scaling: RopeScaling::Linear { factor: 4.0 }, ..plain }.inv_freq();
         assert!(linear.iter().zip(&base).all(|(l, b)| *l == b / 4.0));
+    }
+
+    /// YaRN as Qwen3 documents it (theta 10⁶, head 128, factor 4 over an original context of
+    /// 32,768), then with every optional field set, against the frequencies and attention factor
+    /// transformers 5.24's `_compute_yarn_parameters` printed for the same configs (f32, so
+    /// agreement to 1e-6 relative).
+    #[test]
+    fn yarn_frequencies_and_attention_factor_are_transformers_ones() {
+        let yarn = |beta_fast, beta_slow, truncate, attention_factor| RopeConfig {
+            theta: 1e6,
+            rotary_dim: 128,
+            layout: RopeLayout::HalfSplit,
+            scaling: RopeScaling::Yarn {
+                factor: 4.0,
+                original_max_position: 32768,
+                beta_fast,
+                beta_slow,
+                truncate,
+                attention_factor,
+            },
+        };
+        let transformers_default: [(usize, f64); 7] = [
+            (0, 1.0),
+            (10, 0.11547820270061493),
+            (20, 0.01333521492779255),
+            (25, 0.004131738096475601),
+            (30, 0.0010643609566614032),
+            (40, 4.4456985051510856e-05),
+            (63, 3.102344408034696e-07),
+        ];
+        // beta_fast 16, beta_slow 2, truncate false (its mscale 2 / mscale_all_dim 1 only set
+        // the attention factor, resolved when the file is read).
+        let transformers_set: [(usize, f64); 7] = [
+            (0, 1.0),
+            (10, 0.11547820270061493),
+            (20, 0.01333521492779255),
+            (25, 0.004531583748757839),
+            (30, 0.0011570935603231192),
+            (40, 4.4456985051510856e-05),
+            (63, 3.102344408034696e-07),
+        ];
+        let cases = [
+            (yarn(32.0, 1.0, true, 1.138_629_4), transformers_default, 1.138629436111989),
+            (yarn(16.0, 2.0, false, 1.121_751_1), transformers_set, 1.121751143713058),
+        ];
+        for (rope, want, attention) in cases {
+            let got = rope.inv_freq();
+            for (i, w) in want {
+                assert!((got[i] - w).abs() <= 1e-6 * w, "{rope:?} pair {i}: {} vs transformers' {w}", got[i]);
+            }
+            assert!((rope.attention_scaling() - attention).abs() < 1e-6);
+        }
+        let plain = RopeConfig { scaling: RopeScaling::None, ..yarn(32.0, 1.0, true, 1.0) };
+        assert_eq!(plain.attention_scaling(), 1.0);
+        // Dynamic NTK is unscaled where the worker serves it (within max_position_embeddings).
+        assert_eq!(RopeConfig { scaling: RopeScaling::Dynamic { factor: 2.0 }, ..plain }.inv_freq(), plain.inv_freq());
     }
 }

@@ -37,10 +37,11 @@ fn silu(x: f64) -> f64 {
 
 /// Rotates one head in place; `pos` is the logical position.
 pub fn rope_head_reference(head: &mut [f32], pos: u32, rope: RopeConfig) {
-    let d = rope.rotary_dim;
+    let (d, scale) = (rope.rotary_dim, rope.attention_scaling());
     for (i, inv_freq) in rope.inv_freq().into_iter().enumerate() {
         let angle = pos as f64 * inv_freq;
         let (sin, cos) = angle.sin_cos();
+        let (sin, cos) = (sin * scale, cos * scale);
         let (a, b) = match rope.layout {
             RopeLayout::Interleaved => (2 * i, 2 * i + 1),
             RopeLayout::HalfSplit => (i, i + d / 2),

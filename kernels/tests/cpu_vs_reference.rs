@@ -128,7 +128,7 @@ fn layouts() -> Vec<(QkvLayout, RopeConfig, bool)> {
         (QkvLayout { n_heads: 2, n_kv_heads: 1, head_dim: 64 }, rope(48, RopeLayout::Interleaved), true),
         // head_dim not a multiple of 16, group 8
         (QkvLayout { n_heads: 8, n_kv_heads: 1, head_dim: 40 }, rope(40, RopeLayout::HalfSplit), false),
-        // RoPE scaling: Llama 3.1's and linear
+        // RoPE scaling: Llama 3.1's, linear and YaRN
         (
             QkvLayout { n_heads: 4, n_kv_heads: 2, head_dim: 128 },
             RopeConfig { scaling: ROPE_SCALINGS[2], ..rope(128, RopeLayout::HalfSplit) },
@@ -138,6 +138,11 @@ fn layouts() -> Vec<(QkvLayout, RopeConfig, bool)> {
             QkvLayout { n_heads: 9, n_kv_heads: 3, head_dim: 64 },
             RopeConfig { scaling: ROPE_SCALINGS[1], ..rope(64, RopeLayout::Interleaved) },
             false,
+        ),
+        (
+            QkvLayout { n_heads: 4, n_kv_heads: 2, head_dim: 64 },
+            RopeConfig { scaling: ROPE_SCALINGS[3], ..rope(64, RopeLayout::HalfSplit) },
+            true,
         ),
     ]
 }

@@ -668,8 +668,8 @@ fn fused_qkv_gemm_is_bitwise_the_unfused_kernels() {
         let positions: Vec<u32> = (0..m as u32).map(|r| (r * 37) % 300).collect();
         let row_slots: Vec<u32> = (0..m as u32).map(|r| (r * 7 + 3) % slots as u32).collect();
         let (qn, kn) = (random(&mut g, hd), random(&mut g, hd));
-        let rope = RopeConfig { theta: 1e6, rotary_dim, layout: RopeLayout::HalfSplit, scaling: ROPE_SCALINGS[2] };
-        let cs = twin::rope_table(&rope.inv_freq(), 300);
+        let rope = RopeConfig { theta: 1e6, rotary_dim, layout: RopeLayout::HalfSplit, scaling: ROPE_SCALINGS[3] };
+        let cs = twin::rope_table(rope, 300);
         let holds_heads =
             |name: &str, tile: usize| name.starts_with("wgmma") || GemmShape::of(tile).bn.is_multiple_of(hd);
         for (name, tile, plain, _, qkv_gemm) in dense_tiles().into_iter().filter(|t| holds_heads(t.0, t.1)) {

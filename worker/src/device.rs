@@ -13,18 +13,18 @@ use crate::model::ModelConfig;
 use crate::{moe, Result, WorkerError};
 
 /// The engine's settings from the worker's config and the model's. The longest prompt is
-/// `[model] max_seq_tokens`, by default the model's context up to 4096; with sliding-window
-/// attention at most the window, so that each prompt's attention is the model's exactly (a longer
-/// `max_seq_tokens` is refused).
+/// `[model] max_seq_tokens`, by default the model's context up to 4096; at most the model's
+/// [`ModelConfig::prompt_limit`] (a sliding window, dynamic RoPE), so that each prompt is computed
+/// as the model's own implementation computes it (a longer `max_seq_tokens` is refused).
 pub fn engine_config(cfg: &WorkerConfig, model: &ModelConfig) -> Result<EngineConfig> {
     let e = &cfg.engine;
-    let window = model.attention_window.unwrap_or(usize::MAX);
+    let (limit, why) = model.prompt_limit().unwrap_or((usize::MAX, ""));
     let max_seq = match cfg.model.max_seq_tokens {
-        0 => model.max_position.min(4096).min(window),
-        n if n > window => {
+        0 => model.max_position.min(4096).min(limit),
+        n if n > limit => {
             return Err(WorkerError::Config(format!(
-                "model.max_seq_tokens {n} is past the model's sliding attention window of {window} tokens: \
-                 a longer prompt would be attended as the model never does; set it to {window} or less (or 0)"
+                "model.max_seq_tokens {n} is past {why}, {limit} tokens: a longer prompt would be computed \
+                 as the model never computes it; set it to {limit} or less (or 0)"
             )))
         }
         n => n,
@@ -104,9 +104,10 @@ mod tests {
     use crate::model::config::Arch;
     use crate::model::tests::tiny_config;
     use crate::model::ModelConfig;
+    use sieve_kernels::{RopeConfig, RopeScaling};
 
     #[test]
-    fn prompts_are_capped_to_a_sliding_window_and_a_longer_limit_is_refused() {
+    fn prompts_are_capped_to_the_model_s_limit_and_a_longer_one_is_refused() {
         let mut cfg = WorkerConfig::default();
         let model =
             |max_position, attention_window| ModelConfig { max_position, attention_window, ..tiny_config(Arch::Qwen2) };
@@ -116,7 +117,21 @@ mod tests {
         assert_eq!(engine_config(&cfg, &model(32768, Some(1024))).unwrap().max_seq_tokens, 1024);
         cfg.model.max_seq_tokens = 2048;
         let err = engine_config(&cfg, &model(32768, Some(1024))).err().expect("refused").to_string();
-        assert!(err.contains("model.max_seq_tokens 2048") && err.contains("window of 1024"), "{err}");
+        assert!(
+            err.contains("model.max_seq_tokens 2048") && err.contains("sliding attention window, 1024 tokens"),
+            "{err}"
+        );
         assert_eq!(engine_config(&cfg, &model(32768, None)).unwrap().max_seq_tokens, 2048);
+        // Dynamic NTK RoPE: unscaled within max_position_embeddings, rescaled by batch past it.
+        let dynamic = |max_position| ModelConfig {
+            rope: RopeConfig { scaling: RopeScaling::Dynamic { factor: 2.0 }, ..tiny_config(Arch::Qwen2).rope },
+            ..model(max_position, None)
+        };
+        assert_eq!(engine_config(&cfg, &dynamic(4096)).unwrap().max_seq_tokens, 2048);
+        let err = engine_config(&cfg, &dynamic(1024)).err().expect("refused").to_string();
+        assert!(err.contains("dynamic RoPE") && err.contains("1024 or less"), "{err}");
+        cfg.model.max_seq_tokens = 0;
+        assert_eq!(engine_config(&cfg, &dynamic(1024)).unwrap().max_seq_tokens, 1024);
+        assert_eq!(engine_config(&cfg, &model(32768, Some(512))).unwrap().max_seq_tokens, 512);
     }
 }

@@ -274,7 +274,14 @@ pub mod seeds {
             "num_hidden_layers": 2, "vocab_size": 10, "intermediate_size": 64, "sliding_window": 64,
             "layer_types": ["full_attention", "sliding_attention"],
             "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}"#;
-        vec![dense.into(), moe.into(), llama.into(), llama31.into(), windowed.into()]
+        let yarn = r#"{"model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 4, "head_dim": 16,
+            "num_hidden_layers": 1, "vocab_size": 10, "intermediate_size": 64, "max_position_embeddings": 131072,
+            "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768,
+            "beta_fast": 32, "beta_slow": 1, "truncate": true, "mscale": 1.0, "mscale_all_dim": 0.5}}"#;
+        let dynamic = r#"{"model_type": "qwen2", "hidden_size": 32, "num_attention_heads": 4,
+            "num_hidden_layers": 1, "vocab_size": 10, "intermediate_size": 64, "max_position_embeddings": 2048,
+            "rope_scaling": {"type": "dynamic", "factor": 2.0}}"#;
+        vec![dense.into(), moe.into(), llama.into(), llama31.into(), windowed.into(), yarn.into(), dynamic.into()]
     }
 
     /// Valid request bodies of every route: score, rerank, TEI rerank, vLLM score.

@@ -52,14 +52,14 @@ impl RopeTable {
     /// `positions` are the batch's distinct positions; row `i` of the table is `positions[i]`.
     pub fn new(rope: RopeConfig, positions: &[u32]) -> Self {
         let half = rope.rotary_dim / 2;
-        let inv_freq = rope.inv_freq();
+        let (inv_freq, scale) = (rope.inv_freq(), rope.attention_scaling());
         let mut cos = Vec::with_capacity(positions.len() * half);
         let mut sin = Vec::with_capacity(positions.len() * half);
         for &pos in positions {
             for &f in &inv_freq {
                 let (s, c) = (pos as f64 * f).sin_cos();
-                cos.push(c as f32);
-                sin.push(s as f32);
+                cos.push((c * scale) as f32);
+                sin.push((s * scale) as f32);
             }
         }
         RopeTable { rope, cos, sin }

@@ -147,10 +147,19 @@ impl MoeLayer {
     }
 }
 
-/// The RoPE scalings the rope tests cover: none, `linear`, and Llama 3.1's (`llama3`, whose three
-/// frequency bands every tested rotary size reaches).
-pub const ROPE_SCALINGS: [RopeScaling; 3] = [
+/// The RoPE scalings the rope tests cover: none, `linear`, Llama 3.1's (`llama3`, whose three
+/// frequency bands every tested rotary size reaches) and YaRN (over an original context of 64, so
+/// that its kept, blended and divided pairs are all reached, and its attention factor for 4).
+pub const ROPE_SCALINGS: [RopeScaling; 4] = [
     RopeScaling::None,
     RopeScaling::Linear { factor: 4.0 },
     RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 8192 },
+    RopeScaling::Yarn {
+        factor: 4.0,
+        original_max_position: 64,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        truncate: true,
+        attention_factor: 1.138_629_4,
+    },
 ];

@@ -169,6 +169,16 @@ impl ModelConfig {
         QkvLayout { n_heads: self.n_heads, n_kv_heads: self.n_kv_heads, head_dim: self.head_dim }
     }
 
+    /// The longest prompt this model computes as its own implementation does, and why: its
+    /// sliding attention window, or for dynamic NTK RoPE its `max_position_embeddings`, past which
+    /// transformers rescales the base by the longest sequence of the batch.
+    pub fn prompt_limit(&self) -> Option<(usize, &'static str)> {
+        let window = self.attention_window.map(|w| (w, "the model's sliding attention window"));
+        let dynamic = matches!(self.rope.scaling, RopeScaling::Dynamic { .. })
+            .then_some((self.max_position, "where the model's dynamic RoPE starts to rescale by batch"));
+        window.into_iter().chain(dynamic).min_by_key(|&(tokens, _)| tokens)
+    }
+
     /// Every value the forward pass trusts, checked (errors name the config field).
     pub fn validate(&self) -> Result<()> {
         self.validate_as("model config", KeyStyle::Field)
@@ -211,19 +221,26 @@ impl ModelConfig {
         let positive = |v: f32| v.is_finite() && v > 0.0;
         let scaling_ok = match self.rope.scaling {
             RopeScaling::None => true,
-            RopeScaling::Linear { factor } => positive(factor),
+            RopeScaling::Linear { factor } | RopeScaling::Dynamic { factor } => positive(factor),
             RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, .. } => {
                 positive(factor)
                     && positive(low_freq_factor)
                     && positive(high_freq_factor)
                     && high_freq_factor > low_freq_factor
             }
+            RopeScaling::Yarn { factor, beta_fast, beta_slow, attention_factor, .. } => {
+                positive(factor)
+                    && positive(beta_fast)
+                    && positive(beta_slow)
+                    && positive(attention_factor)
+                    && beta_fast > beta_slow
+            }
         };
         if !scaling_ok {
             return bad(
                 "rope.scaling",
                 format!("{:?}", self.rope.scaling),
-                "factors must be finite and > 0, and high_freq_factor > low_freq_factor",
+                "factors must be finite and > 0, high_freq_factor > low_freq_factor and beta_fast > beta_slow",
             );
         }
         let rd = self.rope.rotary_dim;
@@ -232,6 +249,14 @@ impl ModelConfig {
                 "rope.rotary_dim",
                 rd.to_string(),
                 &format!("must be even, > 0 and <= {} = {}", keys.name("head_dim"), self.head_dim),
+            );
+        }
+        // YaRN's bounds divide by ln(theta): a base of 1 would make its frequencies NaN.
+        if !self.rope.inv_freq().iter().all(|f| f.is_finite()) {
+            return bad(
+                "rope.theta",
+                self.rope.theta.to_string(),
+                "gives non-finite RoPE frequencies with its scaling",
             );
         }
         if self.max_position == 0 {
@@ -354,9 +379,11 @@ impl<'a> HfConfig<'a> {
     }
 
     /// RoPE base and scaling: `rope_theta` and `rope_scaling`, or transformers v5's
-    /// `rope_parameters`. Unscaled, `linear` and `llama3` scaling are supported; any other kind
-    /// is refused, not ignored, and so is a malformed one.
+    /// `rope_parameters`, read as transformers 5 reads them (`modeling_rope_utils.py`). Unscaled,
+    /// `linear`, `llama3`, `yarn` and `dynamic` are supported; any other kind is refused, not
+    /// ignored, and so is a malformed one.
     pub fn rope(&self, default_theta: f64) -> Result<(f64, RopeScaling)> {
+        let max_position = self.opt_usize("max_position_embeddings")?;
         let bad = |key: String, what: &str| WorkerError::ModelFile(format!("config.json: '{key}' is not {what}"));
         let mut theta = self.opt_f64("rope_theta")?;
         let mut scaling = RopeScaling::None;
@@ -380,25 +407,62 @@ impl<'a> HfConfig<'a> {
             if let Some(t) = p.get("rope_theta").filter(|v| !v.is_null()) {
                 theta = Some(t.as_f64().ok_or_else(|| bad(format!("{key}.rope_theta"), "a number"))?);
             }
-            // transformers' defaults for the llama3 fields, as its own `_compute_llama3_parameters`.
+            // The pretraining context: transformers' `standardize_rope_params` defaults it to
+            // `max_position_embeddings`.
+            let original_max_position = || -> Result<u32> {
+                let name = "original_max_position_embeddings";
+                let v = num(name, max_position.map(|m| m as f64)).map_err(|_| {
+                    WorkerError::ModelFile(format!(
+                        "config.json: '{key}.{name}' is missing, and so is 'max_position_embeddings' (rope_type '{kind}')"
+                    ))
+                })?;
+                if !(v >= 1.0 && v <= u32::MAX as f64 && v.fract() == 0.0) {
+                    return Err(bad(format!("{key}.{name}"), "a positive integer"));
+                }
+                Ok(v as u32)
+            };
             let this = match kind {
                 "default" => continue,
                 "linear" => RopeScaling::Linear { factor: num("factor", None)? as f32 },
                 "llama3" => RopeScaling::Llama3 {
                     factor: num("factor", None)? as f32,
-                    low_freq_factor: num("low_freq_factor", Some(1.0))? as f32,
-                    high_freq_factor: num("high_freq_factor", Some(4.0))? as f32,
-                    original_max_position: {
-                        let v = num("original_max_position_embeddings", Some(8192.0))?;
-                        if !(v >= 1.0 && v <= u32::MAX as f64 && v.fract() == 0.0) {
-                            return Err(bad(format!("{key}.original_max_position_embeddings"), "a positive integer"));
-                        }
-                        v as u32
-                    },
+                    low_freq_factor: num("low_freq_factor", None)? as f32,
+                    high_freq_factor: num("high_freq_factor", None)? as f32,
+                    original_max_position: original_max_position()?,
                 },
+                "yarn" => {
+                    let factor = num("factor", None)?;
+                    // `_compute_yarn_parameters`: the attention factor given, else from `mscale`
+                    // over `mscale_all_dim` when both are set (non-zero), else from the factor.
+                    let mscale = |m: f64| if factor <= 1.0 { 1.0 } else { 0.1 * m * factor.ln() + 1.0 };
+                    let attention_factor = match (p.get("attention_factor"), num("mscale", Some(0.0))?) {
+                        (Some(v), _) if !v.is_null() => num("attention_factor", None)?,
+                        (_, m) => match num("mscale_all_dim", Some(0.0))? {
+                            all if m != 0.0 && all != 0.0 => mscale(m) / mscale(all),
+                            _ => mscale(1.0),
+                        },
+                    };
+                    // transformers reads the betas with `or`: 0 takes the default too.
+                    let beta = |name: &str, default: f64| {
+                        num(name, Some(default)).map(|b| if b == 0.0 { default } else { b } as f32)
+                    };
+                    let truncate = match p.get("truncate") {
+                        None => true,
+                        Some(v) => v.as_bool().ok_or_else(|| bad(format!("{key}.truncate"), "a boolean"))?,
+                    };
+                    RopeScaling::Yarn {
+                        factor: factor as f32,
+                        original_max_position: original_max_position()?,
+                        beta_fast: beta("beta_fast", 32.0)?,
+                        beta_slow: beta("beta_slow", 1.0)?,
+                        truncate,
+                        attention_factor: attention_factor as f32,
+                    }
+                }
+                "dynamic" => RopeScaling::Dynamic { factor: num("factor", None)? as f32 },
                 other => {
                     return Err(WorkerError::Unsupported(format!(
-                        "{key}.rope_type '{other}' (RoPE: unscaled, 'linear' and 'llama3' are supported)"
+                        "{key}.rope_type '{other}' (RoPE: unscaled, 'linear', 'llama3', 'yarn' and 'dynamic' are supported)"
                     )))
                 }
             };
@@ -768,8 +832,24 @@ mod tests {
         let rope_cases: Vec<(&str, Value, &str)> = vec![
             ("rope_scaling", json!("linear"), "config.json: 'rope_scaling' is not an object (or null)"),
             ("rope_scaling", json!({"rope_type": 7}), "config.json: 'rope_scaling.rope_type' is not a string"),
-            ("rope_scaling", json!({"type": "dynamic", "factor": 2.0}), "rope_scaling.rope_type 'dynamic'"),
-            ("rope_parameters", json!({"rope_type": "yarn"}), "rope_parameters.rope_type 'yarn'"),
+            ("rope_scaling", json!({"type": "longrope", "factor": 2.0}), "rope_scaling.rope_type 'longrope'"),
+            ("rope_parameters", json!({"rope_type": "yarn"}), "'rope_parameters.factor' is missing (rope_type 'yarn')"),
+            ("rope_scaling", json!({"rope_type": "dynamic"}), "'rope_scaling.factor' is missing (rope_type 'dynamic')"),
+            (
+                "rope_scaling",
+                json!({"rope_type": "yarn", "factor": 4, "beta_fast": 1, "beta_slow": 32}),
+                "beta_fast > beta_slow",
+            ),
+            (
+                "rope_scaling",
+                json!({"rope_type": "yarn", "factor": 4, "truncate": "yes"}),
+                "'rope_scaling.truncate' is not a boolean",
+            ),
+            (
+                "rope_scaling",
+                json!({"rope_type": "llama3", "factor": 8}),
+                "'rope_scaling.low_freq_factor' is missing (rope_type 'llama3')",
+            ),
             ("rope_parameters", json!({"rope_theta": "x"}), "'rope_parameters.rope_theta' is not a number"),
             ("rope_scaling", json!({"rope_type": "linear"}), "'rope_scaling.factor' is missing (rope_type 'linear')"),
             ("rope_scaling", json!({"rope_type": "linear", "factor": 0}), "rope_scaling = Linear { factor: 0.0 }"),
@@ -780,7 +860,7 @@ mod tests {
             ),
             (
                 "rope_scaling",
-                json!({"rope_type": "llama3", "factor": 8, "original_max_position_embeddings": 0.5}),
+                json!({"rope_type": "yarn", "factor": 8, "original_max_position_embeddings": 0.5}),
                 "'rope_scaling.original_max_position_embeddings' is not a positive integer",
             ),
         ];
@@ -794,8 +874,8 @@ mod tests {
         v["rope_parameters"] = json!({"rope_type": "default", "rope_theta": 5e5});
         v["rope_scaling"] = json!({});
         assert_eq!(config_from_hf(&v).unwrap().rope.theta, 5e5);
-        // Supported scalings, as Llama 3.1's config.json and a linear one say them (transformers'
-        // defaults for the llama3 fields left out).
+        // Supported scalings, as Llama 3.1's config.json and a linear one say them (the original
+        // context left out: transformers takes max_position_embeddings).
         v["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
         let want = RopeScaling::Llama3 {
@@ -805,8 +885,47 @@ mod tests {
             original_max_position: 8192,
         };
         assert_eq!(config_from_hf(&v).unwrap().rope.scaling, want);
-        v["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0});
-        assert_eq!(config_from_hf(&v).unwrap().rope.scaling, want);
+        v["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0});
+        let with_max_position = RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position: 4096,
+        };
+        assert_eq!(config_from_hf(&v).unwrap().rope.scaling, with_max_position);
+        // YaRN as Qwen3's model card says it, then with every optional field (the betas' 0 is
+        // transformers' default, its `or`); the attention factors are the ones transformers
+        // computes (`yarn_frequencies_and_attention_factor_are_transformers_ones`).
+        v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768});
+        let qwen3_yarn = RopeScaling::Yarn {
+            factor: 4.0,
+            original_max_position: 32768,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            truncate: true,
+            attention_factor: 1.138_629_436_111_989_f64 as f32,
+        };
+        assert_eq!(config_from_hf(&v).unwrap().rope.scaling, qwen3_yarn);
+        v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0, "beta_fast": 0, "beta_slow": 2,
+            "truncate": false, "mscale": 2, "mscale_all_dim": 1});
+        let set = RopeScaling::Yarn {
+            factor: 4.0,
+            original_max_position: 4096,
+            beta_fast: 32.0,
+            beta_slow: 2.0,
+            truncate: false,
+            attention_factor: 1.121_751_143_713_058_f64 as f32,
+        };
+        assert_eq!(config_from_hf(&v).unwrap().rope.scaling, set);
+        v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0, "attention_factor": 1.5});
+        let given = config_from_hf(&v).unwrap().rope.scaling;
+        assert!(matches!(given, RopeScaling::Yarn { attention_factor: 1.5, .. }), "{given:?}");
+        // Dynamic NTK: unscaled, prompts capped to max_position_embeddings.
+        v["rope_scaling"] = json!({"rope_type": "dynamic", "factor": 2.0});
+        let dynamic = config_from_hf(&v).unwrap();
+        assert_eq!(dynamic.rope.scaling, RopeScaling::Dynamic { factor: 2.0 });
+        assert_eq!(dynamic.prompt_limit().map(|l| l.0), Some(4096));
         v["rope_scaling"] = json!({"type": "linear", "factor": 2.0});
         assert_eq!(config_from_hf(&v).unwrap().rope.scaling, RopeScaling::Linear { factor: 2.0 });
         v["rope_parameters"] = json!({"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5});
@@ -857,5 +976,47 @@ mod tests {
         v["mlp_only_layers"] = json!([1]);
         let msg = config_from_hf(&v).unwrap_err().to_string();
         assert!(msg.contains("intermediate_size = 0"), "{msg}");
+    }
+
+    /// Each field of a `yarn` and a `dynamic` scaling at edge values (zero, negative, tiny, huge,
+    /// a wrong type, null): refused with an error, or read into finite frequencies and attention
+    /// factor, never a panic or a NaN served.
+    #[test]
+    fn rope_scaling_fields_at_edge_values_are_refused_or_finite() {
+        let edges = [
+            json!(0),
+            json!(-1),
+            json!(1e-300),
+            json!(0.5),
+            json!(1e300),
+            json!(u64::MAX),
+            json!("4"),
+            json!(null),
+            json!(true),
+            json!([]),
+        ];
+        let yarn = json!({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768,
+            "beta_fast": 32, "beta_slow": 1, "truncate": true, "mscale": 1.0, "mscale_all_dim": 0.5,
+            "attention_factor": 1.2});
+        let dynamic = json!({"rope_type": "dynamic", "factor": 2.0});
+        let mut accepted = 0;
+        for seed in [yarn, dynamic] {
+            let keys: Vec<String> = seed.as_object().unwrap().keys().cloned().collect();
+            for key in keys {
+                for edge in &edges {
+                    let mut v = qwen3_moe();
+                    v["rope_scaling"] = seed.clone();
+                    v["rope_scaling"][&key] = edge.clone();
+                    for theta in [json!(1.0000001), json!(1e6)] {
+                        v["rope_theta"] = theta;
+                        let Ok(c) = config_from_hf(&v) else { continue };
+                        accepted += 1;
+                        let (f, a) = (c.rope.inv_freq(), c.rope.attention_scaling());
+                        assert!(f.iter().all(|f| f.is_finite()) && a.is_finite() && a > 0.0, "{key} = {edge}: {c:?}");
+                    }
+                }
+            }
+        }
+        assert!(accepted > 20, "only {accepted} accepted");
     }
 }

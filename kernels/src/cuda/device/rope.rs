@@ -53,9 +53,9 @@ impl CudaBackend {
         let half = rope.rotary_dim / 2;
         if half > 0 {
             let inv_freq = self.upload(&rope.inv_freq())?;
-            let (n, rotary_dim) = (positions as i32, rope.rotary_dim as i32);
+            let (n, scale, rotary_dim) = (positions as i32, rope.attention_scaling(), rope.rotary_dim as i32);
             let mut b = self.stream.launch_builder(&self.k.rope_table);
-            b.arg(&mut buf).arg(&n).arg(&inv_freq).arg(&rotary_dim);
+            b.arg(&mut buf).arg(&n).arg(&inv_freq).arg(&scale).arg(&rotary_dim);
             // SAFETY: the arguments match rope_table's signature; it writes positions * rotary_dim values.
             unsafe { b.launch(grid_stride(positions * half)) }.map_err(driver_err("rope_table"))?;
         }

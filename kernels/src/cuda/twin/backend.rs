@@ -106,7 +106,7 @@ fn rope_cs(rope: RopeConfig, batch: &TwinBatch) -> Vec<f64> {
     let mut positions: Vec<usize> = batch.layout.positions.iter().map(|&p| p as usize).collect();
     positions.sort_unstable();
     positions.dedup();
-    rope_table_rows(&rope.inv_freq(), batch.packed.positions_end, positions)
+    rope_table_rows(rope, batch.packed.positions_end, positions)
 }
 
 fn rope_args<'a>(

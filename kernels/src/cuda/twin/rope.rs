@@ -3,6 +3,7 @@
 
 use super::warp::{to_bf16, warp_sum};
 use crate::cuda::sources::consts::ROPE_THREADS;
+use crate::RopeConfig;
 
 /// Arguments of one `qk_norm_rope` launch.
 #[derive(Debug, Clone, Copy)]
@@ -29,21 +30,23 @@ pub struct KvOut<'a> {
 }
 
 /// `rope_table`: row p is cos(p · inv_freq[i]) for the rotary_dim / 2 pairs i, then their sin,
-/// in double (`inv_freq`: [`crate::RopeConfig::inv_freq`], uploaded by the host).
-pub fn rope_table(inv_freq: &[f64], n_pos: usize) -> Vec<f64> {
-    rope_table_rows(inv_freq, n_pos, 0..n_pos)
+/// in double, times `scale` (`inv_freq` and `scale`: [`RopeConfig::inv_freq`] and
+/// [`RopeConfig::attention_scaling`], passed by the host).
+pub fn rope_table(rope: RopeConfig, n_pos: usize) -> Vec<f64> {
+    rope_table_rows(rope, n_pos, 0..n_pos)
 }
 
 /// The `n_pos` rows of [`rope_table`], computed only at `positions` (the rest zero): what a
 /// launch reads of it, without the cost of every row up to a large position.
-pub fn rope_table_rows(inv_freq: &[f64], n_pos: usize, positions: impl IntoIterator<Item = usize>) -> Vec<f64> {
+pub fn rope_table_rows(rope: RopeConfig, n_pos: usize, positions: impl IntoIterator<Item = usize>) -> Vec<f64> {
+    let (inv_freq, scale) = (rope.inv_freq(), rope.attention_scaling());
     let (half, rotary_dim) = (inv_freq.len(), 2 * inv_freq.len());
     let mut cs = vec![0f64; n_pos * rotary_dim];
     for p in positions {
         for (i, &f) in inv_freq.iter().enumerate() {
             let (s, c) = (p as f64 * f).sin_cos();
-            cs[p * rotary_dim + i] = c;
-            cs[p * rotary_dim + half + i] = s;
+            cs[p * rotary_dim + i] = c * scale;
+            cs[p * rotary_dim + half + i] = s * scale;
         }
     }
     cs
