@@ -13,8 +13,10 @@
 //! 4. the fused epilogues one layer segment at a time (`bench_fusions`): unfused engine, fused
 //!    engine without the segment's GEMM epilogue, fused engine;
 //! 5. a synthetic 28-layer dense model through the `Backend` trait, per GEMM / attention engine
-//!    pair (tiled, tiled v1, cuBLAS): pairs/s and tokens/s, with the CPU backend on the smallest
-//!    batch as the same-run baseline (`--no-cpu` skips it);
+//!    pair (tiled, tiled v1, cuBLAS): pairs/s and tokens/s, and a call's milliseconds whole and
+//!    until its launches were enqueued (close: the call is launch-bound, where CUDA graphs or
+//!    fewer launches would pay), with the CPU backend on the smallest batch as the same-run
+//!    baseline (`--no-cpu` skips it);
 //! 6. the wgmma engine (sm_90 only): its GEMM on the shapes of 1 against cuBLAS and the mma.sync
 //!    tile (and whether its bits equal the tile's), the MoE layer of 3 and the dense model of 5 on
 //!    it against the fused mma.sync engine (its own section: a fault in it ends only its process);
@@ -436,15 +438,18 @@ struct Dense {
     layout: QkvLayout,
 }
 
+/// One dense forward timed: pairs/s, tokens/s, and the milliseconds of one call, whole and until
+/// its last layer's launches were enqueued (before the scores' download waits for the device):
+/// where the two are close, the call is bound by launching, not by the device.
+struct DenseTiming {
+    pairs_per_s: f64,
+    tokens_per_s: f64,
+    enqueue_ms: f64,
+    call_ms: f64,
+}
+
 impl Dense {
-    fn pairs_per_s<B: Backend>(
-        &self,
-        b: &B,
-        rng: &mut impl Rng,
-        items: usize,
-        item_len: usize,
-        prefix: usize,
-    ) -> (f64, f64) {
+    fn time<B: Backend>(&self, b: &B, rng: &mut impl Rng, items: usize, item_len: usize, prefix: usize) -> DenseTiming {
         let (h, l) = (self.hidden, self.layout);
         let vocab = 1000;
         let emb = b.embedding(&random(rng, vocab * h, 1.0), vocab, h).expect("embedding");
@@ -468,7 +473,8 @@ impl Dense {
             layout: RopeLayout::HalfSplit,
             scaling: Default::default(),
         };
-        let forward = |layout: &BatchLayout, cache: &mut B::KvCache| -> Vec<f32> {
+        // Every layer's ops, enqueued; the scores (a download: it waits for the device) apart.
+        let layers = |layout: &BatchLayout, cache: &mut B::KvCache| -> B::Tensor {
             let rows = layout.num_rows();
             let pb = b.prepare_batch(layout, cache).expect("batch");
             let mut x = b.zeros(rows, h).expect("x");
@@ -492,20 +498,32 @@ impl Dense {
                 b.matmul_silu_mul(&t, wgu, &mut gu, &mut act).expect("gate_up");
                 b.matmul_add(&act, wd, &mut x).expect("down");
             }
+            x
+        };
+        let score = |layout: &BatchLayout, x: &B::Tensor| -> Vec<f32> {
             let last: Vec<u32> = layout.seqs.iter().map(|s| s.q_row + s.q_len - 1).collect();
             let mut xl = b.zeros(last.len(), h).expect("xl");
-            b.gather_rows(&x, &last, &mut xl).expect("gather");
+            b.gather_rows(x, &last, &mut xl).expect("gather");
             b.dot_rows(&xl, &norm).expect("score")
         };
-        forward(&pre, &mut cache);
-        forward(&batch, &mut cache); // warm-up
+        score(&pre, &layers(&pre, &mut cache));
+        score(&batch, &layers(&batch, &mut cache)); // warm-up
         let reps = 3;
-        let t = Instant::now();
+        let (mut enqueue, mut call) = (0.0, 0.0);
         for _ in 0..reps {
-            forward(&batch, &mut cache);
+            let t = Instant::now();
+            let x = layers(&batch, &mut cache);
+            enqueue += t.elapsed().as_secs_f64();
+            score(&batch, &x);
+            call += t.elapsed().as_secs_f64();
         }
-        let s = t.elapsed().as_secs_f64() / reps as f64;
-        (items as f64 / s, batch.num_rows() as f64 / s)
+        let (enqueue, call) = (enqueue / reps as f64, call / reps as f64);
+        DenseTiming {
+            pairs_per_s: items as f64 / call,
+            tokens_per_s: batch.num_rows() as f64 / call,
+            enqueue_ms: enqueue * 1e3,
+            call_ms: call * 1e3,
+        }
     }
 }
 
@@ -572,7 +590,16 @@ fn main() {
     };
     let dense_table = |rng: &mut rand::rngs::StdRng, pairs: &[(GemmEngine, AttentionEngine)], cpu: bool| {
         println!("\nDense model (28 layers, hidden 1024, Qwen3-0.6B shapes, random weights): prefix 200 tokens + items of 100 tokens");
-        println!("{:>8} {:>14} {:>14} {:>22}", "items", "pairs/s", "tokens/s", "backend");
+        println!(
+            "{:>8} {:>14} {:>14} {:>12} {:>10} {:>22}",
+            "items", "pairs/s", "tokens/s", "enqueue ms", "call ms", "backend"
+        );
+        let row = |items: usize, d: DenseTiming, name: &str| {
+            let DenseTiming { pairs_per_s, tokens_per_s, enqueue_ms, call_ms } = d;
+            println!(
+                "{items:>8} {pairs_per_s:>14.1} {tokens_per_s:>14.0} {enqueue_ms:>12.2} {call_ms:>10.2} {name:>22}"
+            );
+        };
         let engines: Vec<(String, CudaBackend)> = pairs
             .iter()
             .filter_map(|&(gemm, attention)| {
@@ -581,13 +608,11 @@ fn main() {
             .collect();
         for items in [20usize, 100, 500] {
             for (name, e) in &engines {
-                let (p, t) = model.pairs_per_s(e, rng, items, 100, 200);
-                println!("{items:>8} {p:>14.1} {t:>14.0} {name:>22}");
+                row(items, model.time(e, rng, items, 100, 200), name);
             }
             if cpu && items == 20 {
                 let cpu = CpuBackend::new(0).expect("cpu");
-                let (p, t) = model.pairs_per_s(&cpu, rng, items, 100, 200);
-                println!("{items:>8} {p:>14.1} {t:>14.0} {:>22}", "cpu");
+                row(items, model.time(&cpu, rng, items, 100, 200), "cpu");
             }
         }
     };

@@ -878,22 +878,16 @@ mod tests {
         // context left out: transformers takes max_position_embeddings).
         v["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
-        let want = RopeScaling::Llama3 {
+        let llama3 = |original_max_position| RopeScaling::Llama3 {
             factor: 8.0,
             low_freq_factor: 1.0,
             high_freq_factor: 4.0,
-            original_max_position: 8192,
+            original_max_position,
         };
-        assert_eq!(config_from_hf(&v).unwrap().rope.scaling, want);
+        assert_eq!(config_from_hf(&v).unwrap().rope.scaling, llama3(8192));
         v["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0});
-        let with_max_position = RopeScaling::Llama3 {
-            factor: 8.0,
-            low_freq_factor: 1.0,
-            high_freq_factor: 4.0,
-            original_max_position: 4096,
-        };
-        assert_eq!(config_from_hf(&v).unwrap().rope.scaling, with_max_position);
+        assert_eq!(config_from_hf(&v).unwrap().rope.scaling, llama3(4096));
         // YaRN as Qwen3's model card says it, then with every optional field (the betas' 0 is
         // transformers' default, its `or`); the attention factors are the ones transformers
         // computes (`yarn_frequencies_and_attention_factor_are_transformers_ones`).
