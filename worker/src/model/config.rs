@@ -228,8 +228,9 @@ impl ModelConfig {
                     && positive(high_freq_factor)
                     && high_freq_factor > low_freq_factor
             }
-            RopeScaling::Yarn { factor, beta_fast, beta_slow, attention_factor, .. } => {
-                positive(factor)
+            RopeScaling::Yarn { factor, beta_fast, beta_slow, attention_factor, original_max_position, .. } => {
+                original_max_position > 0
+                    && positive(factor)
                     && positive(beta_fast)
                     && positive(beta_slow)
                     && positive(attention_factor)
@@ -537,7 +538,8 @@ pub fn base_from_gguf(g: &super::GgufFile, arch: Arch) -> Result<ModelConfig> {
     };
     let theta = g.get_f32(&key("rope.freq_base")?)?.unwrap_or(10_000.0);
     let rotary_dim = opt("rope.dimension_count")?.unwrap_or(head_dim);
-    let scaling = rope_scaling_in_gguf(g, theta, rotary_dim)?;
+    let max_position = opt("context_length")?.unwrap_or(4096);
+    let scaling = rope_scaling_in_gguf(g, theta, rotary_dim, max_position)?;
     Ok(ModelConfig {
         arch,
         hidden,
@@ -556,7 +558,7 @@ pub fn base_from_gguf(g: &super::GgufFile, arch: Arch) -> Result<ModelConfig> {
             layout: RopeLayout::HalfSplit,
             scaling,
         },
-        max_position: opt("context_length")?.unwrap_or(4096),
+        max_position,
         attention_window: opt("attention.sliding_window")?,
         tie_embeddings: !super::WeightSource::has(g, "lm_head.weight"),
         qkv_bias: false,
@@ -570,12 +572,19 @@ pub fn base_from_gguf(g: &super::GgufFile, arch: Arch) -> Result<ModelConfig> {
 /// `<arch>.rope.scaling.factor`) or the older `<arch>.rope.scale_linear`; Llama 3.1's as the
 /// `rope_freqs.weight` tensor, a divisor per rotated pair (all ones: none), which is taken when it
 /// is the `llama3` curve of Llama 3.1 to 3.3 (low 1, high 4, original context 8,192, the factor its
-/// largest divisor). Anything else is refused, not ignored (ignored, it would serve another
-/// model's scores without a word).
-fn rope_scaling_in_gguf(g: &super::GgufFile, theta: f32, rotary_dim: usize) -> Result<RopeScaling> {
+/// largest divisor); `yarn` as llama.cpp's converters write it for Qwen and Llama (the factor and
+/// `rope.scaling.original_context_length`, by default `context_length`; the betas by default 32
+/// and 1), which llama.cpp runs as transformers does. Anything else is refused, not ignored
+/// (ignored, it would serve another model's scores without a word).
+fn rope_scaling_in_gguf(
+    g: &super::GgufFile,
+    theta: f32,
+    rotary_dim: usize,
+    max_position: usize,
+) -> Result<RopeScaling> {
     let unsupported = |what: String| {
         Err(WorkerError::Unsupported(format!(
-            "{}: {what} (RoPE: unscaled, linear and Llama 3.1's are supported)",
+            "{}: {what} (RoPE: unscaled, linear, Llama 3.1's and YaRN are supported)",
             g.path().display()
         )))
     };
@@ -613,24 +622,69 @@ fn rope_scaling_in_gguf(g: &super::GgufFile, theta: f32, rotary_dim: usize) -> R
     }
     let kind_key = g.arch_key("rope.scaling.type")?;
     let factor_key = g.arch_key("rope.scaling.factor")?;
-    let linear = match g.get_str(&kind_key)? {
+    let typed = match g.get_str(&kind_key)? {
         None | Some("none") => None,
-        Some("linear") => match g.get_f32(&factor_key)? {
-            Some(factor) => Some((factor, &kind_key)),
-            None => return unsupported(format!("{kind_key} = linear without {factor_key}")),
-        },
+        Some(kind @ ("linear" | "yarn")) => {
+            let Some(factor) = g.get_f32(&factor_key)? else {
+                return unsupported(format!("{kind_key} = {kind} without {factor_key}"));
+            };
+            Some(match kind {
+                "linear" => RopeScaling::Linear { factor },
+                _ => yarn_in_gguf(g, factor, max_position)?,
+            })
+        }
         Some(kind) => return unsupported(format!("{kind_key} = {kind}")),
     };
     let linear_key = g.arch_key("rope.scale_linear")?;
-    let old_linear = g.get_f32(&linear_key)?.filter(|&f| f != 1.0).map(|f| (f, &linear_key));
-    for (factor, key) in linear.into_iter().chain(old_linear) {
+    let old_linear = g.get_f32(&linear_key)?.filter(|&f| f != 1.0).map(|factor| RopeScaling::Linear { factor });
+    for (this, key) in typed.map(|s| (s, &kind_key)).into_iter().chain(old_linear.map(|s| (s, &linear_key))) {
         // Two scalings in one file contradict each other: neither is taken over the other.
         if scaling != RopeScaling::None {
             return unsupported(format!("{key} beside another RoPE scaling ({scaling:?})"));
         }
-        scaling = RopeScaling::Linear { factor };
+        scaling = this;
     }
     Ok(scaling)
+}
+
+/// `rope.scaling.type = yarn` with its `factor`: llama.cpp runs it with the ramp between the pairs
+/// that turn `yarn_beta_fast` and `yarn_beta_slow` times over the original context (bounds
+/// rounded out) and cos/sin scaled by `1 + 0.1 ln(factor)` times `rope.scaling.attn_factor`
+/// (its `llama-context.cpp` and ggml's `rope_yarn`): transformers' YaRN. Its other YaRN keys (the
+/// log multiplier, a context-side attention factor, an extrapolation mix other than 1) change that
+/// in ways of llama.cpp's own and are refused unless neutral.
+fn yarn_in_gguf(g: &super::GgufFile, factor: f32, max_position: usize) -> Result<RopeScaling> {
+    let key = |s: &str| g.arch_key(s);
+    let refused = |what: String| {
+        WorkerError::Unsupported(format!("{}: {what} (YaRN: as llama.cpp converts Qwen and Llama)", g.path().display()))
+    };
+    if factor.is_nan() || factor < 1.0 {
+        return Err(refused(format!("{} = {factor}: YaRN's factor is at least 1", key("rope.scaling.factor")?)));
+    }
+    for (name, neutral) in [
+        ("rope.scaling.yarn_attn_factor", 1.0),
+        ("rope.scaling.yarn_log_multiplier", 0.0),
+        ("rope.scaling.yarn_ext_factor", 1.0),
+    ] {
+        let name = key(name)?;
+        if let Some(v) = g.get_f32(&name)?.filter(|&v| v != neutral) {
+            return Err(refused(format!("{name} = {v}")));
+        }
+    }
+    let original_max_position = match g.get_u32(&key("rope.scaling.original_context_length")?)? {
+        Some(n) => n,
+        None => u32::try_from(max_position).map_err(|_| refused(format!("context_length {max_position}")))?,
+    };
+    let f32_or = |name: &str, default: f32| -> Result<f32> { Ok(g.get_f32(&key(name)?)?.unwrap_or(default)) };
+    Ok(RopeScaling::Yarn {
+        factor,
+        original_max_position,
+        beta_fast: f32_or("rope.scaling.yarn_beta_fast", 32.0)?,
+        beta_slow: f32_or("rope.scaling.yarn_beta_slow", 1.0)?,
+        truncate: true,
+        // In f64 as for a config.json, so that both files of one model give the same bits.
+        attention_factor: ((1.0 + 0.1 * (factor as f64).ln()) * f32_or("rope.scaling.attn_factor", 1.0)? as f64) as f32,
+    })
 }
 
 #[cfg(test)]
@@ -735,11 +789,47 @@ mod tests {
             Ok(RopeScaling::None)
         );
         let factor = ("llama.rope.scaling.factor", GgufValue::F32(4.0));
-        let both = [kind("linear"), factor, ("llama.rope.scale_linear", GgufValue::F32(2.0))];
+        let both = [kind("linear"), factor.clone(), ("llama.rope.scale_linear", GgufValue::F32(2.0))];
         let msg = scaling(&both, &[]).unwrap_err();
         assert!(msg.contains("llama.rope.scale_linear beside another RoPE scaling"), "{msg}");
+        // YaRN as llama.cpp's converters write it for Qwen: the same scaling as the config.json
+        // it came from; the original context by default the model's; llama.cpp's own YaRN keys
+        // refused unless neutral.
+        let yarn = [kind("yarn"), factor.clone(), ("llama.rope.scaling.original_context_length", GgufValue::U32(16))];
+        let hf_yarn = {
+            let mut v = qwen3_moe();
+            v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16});
+            config_from_hf(&v).unwrap().rope.scaling
+        };
+        assert_eq!(scaling(&yarn, &[]), Ok(hf_yarn));
+        let betas = [
+            kind("yarn"),
+            factor.clone(),
+            ("llama.rope.scaling.yarn_beta_fast", GgufValue::F32(16.0)),
+            ("llama.rope.scaling.yarn_beta_slow", GgufValue::F32(2.0)),
+            ("llama.rope.scaling.yarn_ext_factor", GgufValue::F32(1.0)),
+            ("llama.rope.scaling.attn_factor", GgufValue::F32(2.0)),
+        ];
+        let got = scaling(&betas, &[]);
+        let RopeScaling::Yarn { attention_factor: from_factor, .. } = hf_yarn else { panic!("{hf_yarn:?}") };
+        let want = |s: &RopeScaling| {
+            matches!(s, RopeScaling::Yarn { original_max_position: 2048, beta_fast: 16.0, beta_slow: 2.0, attention_factor, .. }
+                if (attention_factor / from_factor - 2.0).abs() < 1e-6)
+        };
+        assert!(got.as_ref().is_ok_and(want), "{got:?}");
+        for (extra, what) in [
+            (("llama.rope.scaling.yarn_log_multiplier", GgufValue::F32(0.1)), "yarn_log_multiplier = 0.1"),
+            (("llama.rope.scaling.yarn_ext_factor", GgufValue::F32(0.5)), "yarn_ext_factor = 0.5"),
+            (("llama.rope.scaling.factor", GgufValue::F32(0.5)), "YaRN's factor is at least 1"),
+        ] {
+            let mut set = yarn.to_vec();
+            set.push(extra);
+            let msg = scaling(&set, &[]).unwrap_err();
+            assert!(msg.contains(what), "{msg}");
+        }
         for (set, want) in [
-            (vec![kind("yarn")], "llama.rope.scaling.type = yarn"),
+            (vec![kind("yarn")], "llama.rope.scaling.type = yarn without llama.rope.scaling.factor"),
+            (vec![kind("longrope")], "llama.rope.scaling.type = longrope"),
             (vec![kind("linear")], "llama.rope.scaling.type = linear without llama.rope.scaling.factor"),
             (vec![("llama.rope.scale_linear", GgufValue::F32(0.0))], "llama.rope.scaling = Linear { factor: 0.0 }"),
         ] {
@@ -770,6 +860,8 @@ mod tests {
         assert_eq!(scaling(&[], &freqs(&[1.0; 8])), Ok(RopeScaling::None));
         let msg = scaling(&[], &freqs(&[1.0, 1.0, 1.0, 1.0, 1.0, 2.0, 4.0, 8.0])).unwrap_err();
         assert!(msg.contains("rope_freqs.weight: not Llama 3.1's RoPE scaling"), "{msg}");
+        let msg = scaling(&yarn, &freqs(&divisors)).unwrap_err();
+        assert!(msg.contains("llama.rope.scaling.type beside another RoPE scaling (Llama3"), "{msg}");
         let msg = scaling(&[], &freqs(&divisors[..7])).unwrap_err();
         assert!(msg.contains("rope_freqs.weight: 7 divisors for 8 rotated pairs"), "{msg}");
         // A rotary size no tensor could match is refused before anything is sized by it.
