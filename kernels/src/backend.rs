@@ -506,9 +506,10 @@ mod tests {
     }
 
     /// YaRN as Qwen3 documents it (theta 10⁶, head 128, factor 4 over an original context of
-    /// 32,768), then with every optional field set, against the frequencies and attention factor
-    /// transformers 5.24's `_compute_yarn_parameters` printed for the same configs (f32, so
-    /// agreement to 1e-6 relative).
+    /// 32,768), then with every optional field set, against the frequencies transformers 5.24's
+    /// `_compute_yarn_parameters` printed for the same configs (f32, so agreement to 1e-6
+    /// relative). Its attention factors, resolved from the file's fields when the config is read
+    /// (`model::config`'s tests), are the table's scale.
     #[test]
     fn yarn_frequencies_and_attention_factor_are_transformers_ones() {
         let yarn = |beta_fast, beta_slow, truncate, attention_factor| RopeConfig {

@@ -437,7 +437,7 @@ impl Mutator {
 /// stopping at the magic. Keys and tensor names are mostly the ones the readers look for.
 pub fn arbitrary_gguf(u: &mut Unstructured<'_>) -> arbitrary::Result<Vec<u8>> {
     const ARCHS: [&str; 5] = ["llama", "qwen2", "qwen3", "qwen3moe", "gpt9"];
-    const SUFFIXES: [&str; 12] = [
+    const SUFFIXES: [&str; 19] = [
         "embedding_length",
         "block_count",
         "attention.head_count",
@@ -450,6 +450,13 @@ pub fn arbitrary_gguf(u: &mut Unstructured<'_>) -> arbitrary::Result<Vec<u8>> {
         "attention.layer_norm_rms_epsilon",
         "vocab_size",
         "expert_count",
+        "rope.scaling.type",
+        "rope.scaling.factor",
+        "rope.scaling.original_context_length",
+        "rope.scaling.yarn_beta_fast",
+        "rope.scaling.attn_factor",
+        "rope.scale_linear",
+        "attention.sliding_window",
     ];
     const TENSORS: [&str; 8] = [
         "token_embd.weight",
@@ -472,6 +479,7 @@ pub fn arbitrary_gguf(u: &mut Unstructured<'_>) -> arbitrary::Result<Vec<u8>> {
             3 => GgufValue::F32(*u.choose(&[f32::NAN, f32::INFINITY, -1.0, 0.0, 1e-6, 1e4])?),
             4 => GgufValue::U64(u.arbitrary()?),
             5 => GgufValue::I32(u.arbitrary()?),
+            6 if u.arbitrary()? => GgufValue::Str(u.choose(&["yarn", "linear", "none", "longrope"])?.to_string()),
             6 => GgufValue::Str(u.arbitrary()?),
             7 => GgufValue::Bool(u.arbitrary()?),
             8 => GgufValue::F64(u.arbitrary()?),
