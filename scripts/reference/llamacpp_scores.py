@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""A qwen3 GGUF scored by Sieve and by llama.cpp, the yes/no logits of the same prompts compared.
+"""A qwen3 or qwen3_moe GGUF scored by Sieve and by llama.cpp, the yes/no logits of the same
+prompts compared.
 
-Writes the tiny `sieve-testmodel` qwen3 checkpoint as a GGUF (f32, llama.cpp's tensor names, the
-Qwen3 tokenizer as its converter writes it; with `--yarn FACTOR ORIGINAL` the YaRN keys its
-converter writes), then for 8 prompts built as `scripts/gpu_bench.py` builds them: llama.cpp's
+Writes a tiny `sieve-testmodel` qwen3 or qwen3_moe checkpoint as a GGUF (f32, llama.cpp's tensor
+names, experts stacked per layer, the Qwen3 tokenizer as its converter writes it; with `--yarn
+FACTOR ORIGINAL` the YaRN keys its converter writes), then for 8 prompts built as `scripts/gpu_bench.py` builds them: llama.cpp's
 logit(yes) − logit(no) at the last token (node-llama-cpp's prebuilt CPU binary, fed the token ids)
 against a worker serving that GGUF, started here. Not used by tests.
 
     target/debug/sieve-testmodel --arch qwen3 --preset tiny \
-        --tokenizer .cache/tokenizers/qwen3/tokenizer.json --out /tmp/q3
+        --tokenizer .cache/tokenizers/qwen3/tokenizer.json --out /tmp/q3      # or --arch qwen3_moe
     NODE_LLAMA_DIR=/tmp/nodellama python scripts/reference/llamacpp_scores.py /tmp/q3 [--yarn 4 16] \
         [--llama-yarn 4 16]
 
@@ -54,19 +55,20 @@ LAYER_NAMES = {
     "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
     "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "mlp.gate": "ffn_gate_inp",
 }
 
 
 def write_gguf(src, out, yarn):
-    """The checkpoint as llama.cpp's convert_hf_to_gguf.py writes a Qwen3 (f32 weights)."""
+    """The checkpoint as llama.cpp's convert_hf_to_gguf.py writes a Qwen3 or Qwen3-MoE (f32)."""
     import gguf
     import torch
     from safetensors.torch import load_file
 
     cfg = json.loads((src / "config.json").read_text())
     tok = json.loads((src / "tokenizer.json").read_text())
-    w = gguf.GGUFWriter(str(out), "qwen3")
+    moe = cfg["model_type"] == "qwen3_moe"
+    w = gguf.GGUFWriter(str(out), "qwen3moe" if moe else "qwen3")
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
@@ -78,6 +80,10 @@ def write_gguf(src, out, yarn):
     w.add_rope_freq_base(cfg["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_file_type(0)
+    if moe:
+        w.add_expert_count(cfg["num_experts"])
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     if yarn:
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(float(yarn[0]))
@@ -101,7 +107,12 @@ def write_gguf(src, out, yarn):
     w.add_eos_token_id(cfg["eos_token_id"])
     w.add_bos_token_id(cfg["bos_token_id"])
     w.add_add_bos_token(False)
+    experts = {}  # (layer, proj) -> {expert: tensor}, stacked into one [n_expert, rows, cols] each
     for name, t in load_file(src / "model.safetensors").items():
+        if ".mlp.experts." in name:
+            _, _, layer, _, _, e, proj, _ = name.split(".")
+            experts.setdefault((layer, proj), {})[int(e)] = t.to(torch.float32)
+            continue
         if name == "model.embed_tokens.weight":
             name = "token_embd.weight"
         elif name == "model.norm.weight":
@@ -112,6 +123,9 @@ def write_gguf(src, out, yarn):
             _, _, layer, rest = name.split(".", 3)
             name = f"blk.{layer}.{LAYER_NAMES[rest.rsplit('.', 1)[0]]}.weight"
         w.add_tensor(name, t.to(torch.float32).numpy())
+    for (layer, proj), per_expert in experts.items():
+        stacked = torch.stack([per_expert[e] for e in sorted(per_expert)])
+        w.add_tensor(f"blk.{layer}.ffn_{proj.removesuffix('_proj')}_exps.weight", stacked.numpy())
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -692,6 +692,7 @@ mod tests {
     use serde_json::{json, Value};
 
     use crate::model::arch::{config_from_gguf, config_from_hf};
+    use crate::model::config::MoeConfig;
     use crate::model::gguf::test_writer::{f32_tensor, gguf_bytes, TestTensor};
     use crate::model::gguf::GgufValue;
     use crate::model::GgufFile;
@@ -704,26 +705,71 @@ mod tests {
     }
 
     fn llama_gguf_with(set: &[(&str, GgufValue)], tensors: &[TestTensor]) -> GgufFile {
-        let mut kvs: Vec<(&str, GgufValue)> = vec![
-            ("general.architecture", GgufValue::Str("llama".into())),
-            ("llama.embedding_length", GgufValue::U32(64)),
-            ("llama.block_count", GgufValue::U32(2)),
-            ("llama.attention.head_count", GgufValue::U32(4)),
-            ("llama.attention.head_count_kv", GgufValue::U32(2)),
-            ("llama.feed_forward_length", GgufValue::U32(128)),
-            ("llama.context_length", GgufValue::U32(2048)),
-            ("llama.rope.dimension_count", GgufValue::U32(16)),
-            ("llama.rope.freq_base", GgufValue::F32(10000.0)),
-            ("llama.attention.layer_norm_rms_epsilon", GgufValue::F32(1e-5)),
-            ("llama.vocab_size", GgufValue::U32(100)),
+        gguf_of("llama", set, tensors)
+    }
+
+    /// A small model's metadata for `arch` (`<arch>.` keys), with `set` applied.
+    fn gguf_of(arch: &str, set: &[(&str, GgufValue)], tensors: &[TestTensor]) -> GgufFile {
+        let base = [
+            ("embedding_length", GgufValue::U32(64)),
+            ("block_count", GgufValue::U32(2)),
+            ("attention.head_count", GgufValue::U32(4)),
+            ("attention.head_count_kv", GgufValue::U32(2)),
+            ("feed_forward_length", GgufValue::U32(128)),
+            ("context_length", GgufValue::U32(2048)),
+            ("rope.dimension_count", GgufValue::U32(16)),
+            ("rope.freq_base", GgufValue::F32(10000.0)),
+            ("attention.layer_norm_rms_epsilon", GgufValue::F32(1e-5)),
+            ("vocab_size", GgufValue::U32(100)),
         ];
+        let mut kvs: Vec<(String, GgufValue)> = vec![("general.architecture".into(), GgufValue::Str(arch.into()))];
+        kvs.extend(base.into_iter().map(|(k, v)| (format!("{arch}.{k}"), v)));
         for (k, v) in set {
             match kvs.iter_mut().find(|(key, _)| key == k) {
                 Some(kv) => kv.1 = v.clone(),
-                None => kvs.push((k, v.clone())),
+                None => kvs.push((k.to_string(), v.clone())),
             }
         }
+        let kvs: Vec<(&str, GgufValue)> = kvs.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
         GgufFile::from_bytes("m.gguf", gguf_bytes(&kvs, tensors)).unwrap()
+    }
+
+    /// A qwen3moe GGUF as llama.cpp runs it: every layer sparse, the top-k weights renormalised,
+    /// the expert width by default its `feed_forward_length / expert_used_count`; keys that would
+    /// change the routing are refused.
+    #[test]
+    fn a_qwen3moe_gguf_is_read_as_llama_cpp_runs_it() {
+        let experts = [("qwen3moe.expert_count", GgufValue::U32(8)), ("qwen3moe.expert_used_count", GgufValue::U32(2))];
+        let read = |set: &[(&str, GgufValue)]| {
+            config_from_gguf(&gguf_of("qwen3moe", &[&experts[..], set].concat(), &[])).map_err(|e| e.to_string())
+        };
+        let c = read(&[]).unwrap();
+        assert_eq!(c.arch.name(), "qwen3_moe");
+        assert!(c.qk_norm);
+        let want = MoeConfig {
+            num_experts: 8,
+            top_k: 2,
+            expert_intermediate: 64,
+            norm_topk_prob: true,
+            shared_expert_intermediate: 0,
+            dense_layers: vec![],
+            sparse_step: 1,
+        };
+        assert_eq!(c.moe.as_ref(), Some(&want));
+        let width = read(&[("qwen3moe.expert_feed_forward_length", GgufValue::U32(32))]).unwrap();
+        assert_eq!(width.moe.map(|m| m.expert_intermediate), Some(32));
+        for (set, what) in [
+            (("qwen3moe.expert_weights_scale", GgufValue::F32(2.5)), "qwen3moe.expert_weights_scale = 2.5"),
+            (("qwen3moe.expert_gating_func", GgufValue::U32(2)), "qwen3moe.expert_gating_func = 2"),
+            (("qwen3moe.leading_dense_block_count", GgufValue::U32(1)), "qwen3moe.leading_dense_block_count = 1"),
+            (("qwen3moe.expert_used_count", GgufValue::U32(9)), "expert_used_count = 9"),
+        ] {
+            let msg = read(&[set]).unwrap_err();
+            assert!(msg.contains(what), "{msg}");
+        }
+        let msg = config_from_gguf(&gguf_of("qwen3moe", &[], &[])).unwrap_err().to_string();
+        assert!(msg.contains("qwen3moe.expert_count"), "{msg}");
+        assert!(read(&[("qwen3moe.expert_weights_scale", GgufValue::F32(1.0))]).is_ok());
     }
 
     #[test]

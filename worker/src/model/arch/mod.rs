@@ -87,6 +87,49 @@ pub(crate) fn moe_config_from_hf(v: &Value, shared_expert: bool) -> Result<MoeCo
     })
 }
 
+/// The MoE keys of a GGUF (`<arch>.expert_count`, `expert_used_count`,
+/// `expert_feed_forward_length`, by default llama.cpp's `feed_forward_length / expert_used_count`),
+/// every layer sparse and no shared expert, as llama.cpp's qwen3moe graph runs them; keys that
+/// would change its routing (a weight scale, a gating function other than softmax, leading dense
+/// layers) are refused unless neutral.
+pub(crate) fn moe_config_from_gguf(g: &GgufFile, norm_topk_prob: bool, dense_width: usize) -> Result<MoeConfig> {
+    let key = |s: &str| g.arch_key(s);
+    let num_experts = g.require_u32(&key("expert_count")?)? as usize;
+    let top_k = g.require_u32(&key("expert_used_count")?)? as usize;
+    let expert_intermediate = match g.get_u32(&key("expert_feed_forward_length")?)? {
+        Some(n) => n as usize,
+        None => dense_width / top_k.max(1),
+    };
+    let refused = |k: String, v: String| {
+        Err(WorkerError::Unsupported(format!(
+            "{}: {k} = {v} (the MoE routing llama.cpp's qwen3moe runs)",
+            g.path().display()
+        )))
+    };
+    let scale = key("expert_weights_scale")?;
+    if let Some(s) = g.get_f32(&scale)?.filter(|&s| s != 0.0 && s != 1.0) {
+        return refused(scale, s.to_string());
+    }
+    // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX.
+    let gating = key("expert_gating_func")?;
+    if let Some(f) = g.get_u32(&gating)?.filter(|&f| f != 1) {
+        return refused(gating, f.to_string());
+    }
+    let dense = key("leading_dense_block_count")?;
+    if let Some(n) = g.get_u32(&dense)?.filter(|&n| n != 0) {
+        return refused(dense, n.to_string());
+    }
+    Ok(MoeConfig {
+        num_experts,
+        top_k,
+        expert_intermediate,
+        norm_topk_prob,
+        shared_expert_intermediate: 0,
+        dense_layers: vec![],
+        sparse_step: 1,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;

@@ -34,9 +34,13 @@ pub(super) fn attention_from_hf(v: &Value, arch: Arch) -> Result<ModelConfig> {
 }
 
 pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig> {
-    let mut c = base_from_gguf(g, Arch::of(&SPEC))?;
+    Ok(attention_from_gguf(base_from_gguf(g, Arch::of(&SPEC))?, g))
+}
+
+/// [`attention_from_hf`] from a GGUF: the biases are there when their tensors are.
+pub(super) fn attention_from_gguf(mut c: ModelConfig, g: &GgufFile) -> ModelConfig {
     c.qk_norm = true;
     c.qkv_bias = g.has("model.layers.0.self_attn.q_proj.bias");
     c.o_bias = g.has("model.layers.0.self_attn.o_proj.bias");
-    Ok(c)
+    c
 }
