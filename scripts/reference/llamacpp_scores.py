@@ -59,7 +59,7 @@ LAYER_NAMES = {
 }
 
 
-def write_gguf(src, out, yarn):
+def write_gguf(src, out, yarn, quant=None):
     """The checkpoint as llama.cpp's convert_hf_to_gguf.py writes a Qwen3 or Qwen3-MoE (f32)."""
     import gguf
     import torch
@@ -107,6 +107,14 @@ def write_gguf(src, out, yarn):
     w.add_eos_token_id(cfg["eos_token_id"])
     w.add_bos_token_id(cfg["bos_token_id"])
     w.add_add_bos_token(False)
+    def add(name, a):
+        # The matrices in `quant` (gguf-py quantizes Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), the rest f32.
+        if quant and a.ndim >= 2:
+            qtype = getattr(gguf.GGMLQuantizationType, quant)
+            w.add_tensor(name, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(name, a)
+
     experts = {}  # (layer, proj) -> {expert: tensor}, stacked into one [n_expert, rows, cols] each
     for name, t in load_file(src / "model.safetensors").items():
         if ".mlp.experts." in name:
@@ -122,10 +130,10 @@ def write_gguf(src, out, yarn):
         else:
             _, _, layer, rest = name.split(".", 3)
             name = f"blk.{layer}.{LAYER_NAMES[rest.rsplit('.', 1)[0]]}.weight"
-        w.add_tensor(name, t.to(torch.float32).numpy())
+        add(name, t.to(torch.float32).numpy())
     for (layer, proj), per_expert in experts.items():
         stacked = torch.stack([per_expert[e] for e in sorted(per_expert)])
-        w.add_tensor(f"blk.{layer}.ffn_{proj.removesuffix('_proj')}_exps.weight", stacked.numpy())
+        add(f"blk.{layer}.ffn_{proj.removesuffix('_proj')}_exps.weight", stacked.numpy())
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -137,6 +145,7 @@ def main():
     ap.add_argument("checkpoint", type=Path)
     ap.add_argument("--yarn", nargs=2, metavar=("FACTOR", "ORIGINAL"))
     ap.add_argument("--llama-yarn", nargs=2, metavar=("FACTOR", "ORIGINAL"))
+    ap.add_argument("--quant", help="the weight matrices in this GGUF type (Q8_0, Q4_0, ...); else f32")
     ap.add_argument("--port", type=int, default=18291)
     args = ap.parse_args()
     from tokenizers import Tokenizer
@@ -144,8 +153,8 @@ def main():
     work = Path(os.environ.get("TMPDIR", "/tmp")) / "sieve-llamacpp"
     work.mkdir(exist_ok=True)
     sieve_file, llama_file = work / "sieve.gguf", work / "llama.gguf"
-    write_gguf(args.checkpoint, sieve_file, args.yarn)
-    write_gguf(args.checkpoint, llama_file, args.llama_yarn or args.yarn)
+    write_gguf(args.checkpoint, sieve_file, args.yarn, args.quant)
+    write_gguf(args.checkpoint, llama_file, args.llama_yarn or args.yarn, args.quant)
     tok = Tokenizer.from_file(str(args.checkpoint / "tokenizer.json"))
     enc = lambda s: tok.encode(s, add_special_tokens=False).ids  # noqa: E731
     query, items = gpu_bench.make_calls(7, [8], 1, 20, 12)[8][0]
@@ -170,7 +179,8 @@ def main():
         worker.terminate()
         worker.wait()
     diffs = sorted(abs(gpu_bench.logit(s) - l) for s, l in zip(scores, llama))
-    print(f"{len(diffs)} prompts of {min(map(len, ids))}-{max(map(len, ids))} tokens; Sieve (GGUF yarn {args.yarn}) "
+    print(f"{len(diffs)} prompts of {min(map(len, ids))}-{max(map(len, ids))} tokens, {args.checkpoint.name} "
+          f"({args.quant or 'F32'}); Sieve (GGUF yarn {args.yarn}) "
           f"against llama.cpp (yarn {args.llama_yarn or args.yarn}): |Δ logit| p50 {diffs[len(diffs) // 2]:.2g}, "
           f"max {diffs[-1]:.2g}")
 
