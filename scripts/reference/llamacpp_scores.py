@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
-"""A qwen3 or qwen3_moe GGUF scored by Sieve and by llama.cpp, the yes/no logits of the same
-prompts compared.
+"""A qwen3, qwen3_moe or qwen2_moe GGUF scored by Sieve and by llama.cpp, the yes/no logits of the
+same prompts compared.
 
-Writes a tiny `sieve-testmodel` qwen3 or qwen3_moe checkpoint as a GGUF (f32, llama.cpp's tensor
-names, experts stacked per layer, the Qwen3 tokenizer as its converter writes it; with `--yarn
+Writes a tiny `sieve-testmodel` qwen3, qwen3_moe or qwen2_moe checkpoint as a GGUF (f32, llama.cpp's
+tensor names, experts stacked per layer, the Qwen3 tokenizer as its converter writes it; with `--yarn
 FACTOR ORIGINAL` the YaRN keys its converter writes), then for 8 prompts built as `scripts/gpu_bench.py` builds them: llama.cpp's
 logit(yes) − logit(no) at the last token (node-llama-cpp's prebuilt CPU binary, fed the token ids)
 against a worker serving that GGUF, started here. Not used by tests.
 
     target/debug/sieve-testmodel --arch qwen3 --preset tiny \
-        --tokenizer .cache/tokenizers/qwen3/tokenizer.json --out /tmp/q3      # or --arch qwen3_moe
+        --tokenizer .cache/tokenizers/qwen3/tokenizer.json --out /tmp/q3      # or qwen3_moe, qwen2_moe
     NODE_LLAMA_DIR=/tmp/nodellama python scripts/reference/llamacpp_scores.py /tmp/q3 [--yarn 4 16] \
         [--llama-yarn 4 16]
 
@@ -56,27 +56,32 @@ LAYER_NAMES = {
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
     "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
     "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "mlp.gate": "ffn_gate_inp",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp", "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp", "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
 }
+# The GGUF architecture of each checkpoint's model_type.
+ARCHS = {"qwen3": "qwen3", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe"}
 
 
 def write_gguf(src, out, yarn, quant=None):
-    """The checkpoint as llama.cpp's convert_hf_to_gguf.py writes a Qwen3 or Qwen3-MoE (f32)."""
+    """The checkpoint as llama.cpp's convert_hf_to_gguf.py writes it."""
     import gguf
     import torch
     from safetensors.torch import load_file
 
     cfg = json.loads((src / "config.json").read_text())
     tok = json.loads((src / "tokenizer.json").read_text())
-    moe = cfg["model_type"] == "qwen3_moe"
-    w = gguf.GGUFWriter(str(out), "qwen3moe" if moe else "qwen3")
+    moe = cfg["model_type"].endswith("_moe")
+    w = gguf.GGUFWriter(str(out), ARCHS[cfg["model_type"]])
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(cfg["num_attention_heads"])
     w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_key_length(cfg["head_dim"])
-    w.add_value_length(cfg["head_dim"])
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
     w.add_rope_freq_base(cfg["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_file_type(0)
@@ -84,6 +89,8 @@ def write_gguf(src, out, yarn, quant=None):
         w.add_expert_count(cfg["num_experts"])
         w.add_expert_used_count(cfg["num_experts_per_tok"])
         w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        if "shared_expert_intermediate_size" in cfg:
+            w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
     if yarn:
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(float(yarn[0]))
@@ -116,7 +123,11 @@ def write_gguf(src, out, yarn, quant=None):
             w.add_tensor(name, a)
 
     experts = {}  # (layer, proj) -> {expert: tensor}, stacked into one [n_expert, rows, cols] each
-    for name, t in load_file(src / "model.safetensors").items():
+    weights = load_file(src / "model.safetensors")
+    if cfg["model_type"] == "qwen2_moe" and "lm_head.weight" not in weights:
+        # llama.cpp's qwen2moe needs an output matrix; its converter writes the tied one.
+        weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+    for name, t in weights.items():
         if ".mlp.experts." in name:
             _, _, layer, _, _, e, proj, _ = name.split(".")
             experts.setdefault((layer, proj), {})[int(e)] = t.to(torch.float32)
@@ -129,7 +140,10 @@ def write_gguf(src, out, yarn, quant=None):
             name = "output.weight"
         else:
             _, _, layer, rest = name.split(".", 3)
-            name = f"blk.{layer}.{LAYER_NAMES[rest.rsplit('.', 1)[0]]}.weight"
+            base, kind = rest.rsplit(".", 1)
+            name = f"blk.{layer}.{LAYER_NAMES[base]}.{kind}"
+            if base == "mlp.shared_expert_gate":
+                t = t.reshape(-1)  # llama.cpp's shared-expert gate is a vector
         add(name, t.to(torch.float32).numpy())
     for (layer, proj), per_expert in experts.items():
         stacked = torch.stack([per_expert[e] for e in sorted(per_expert)])
@@ -164,7 +178,10 @@ def main():
     (work / "llama.mjs").write_text(LLAMA)
     llama = json.loads(subprocess.run(["node", str(work / "llama.mjs"), str(llama_file)],
                                       input=payload, capture_output=True, check=True).stdout)
-    worker = subprocess.Popen([str(REPO / "target/debug/sieve-worker"), "--model", str(sieve_file),
+    # qwen2_moe's default template is ChatML's; the prompts are Qwen3-Reranker's.
+    config = work / "worker.toml"
+    config.write_text(f"[template]\nsuffix = {json.dumps(gpu_bench.SUFFIX)}\n")
+    worker = subprocess.Popen([str(REPO / "target/debug/sieve-worker"), "--model", str(sieve_file), "--config", str(config),
                                "--port", str(args.port), "--admin-port", str(args.port + 1000)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -734,11 +734,12 @@ mod tests {
         GgufFile::from_bytes("m.gguf", gguf_bytes(&kvs, tensors)).unwrap()
     }
 
-    /// A qwen3moe GGUF as llama.cpp runs it: every layer sparse, the top-k weights renormalised,
-    /// the expert width by default its `feed_forward_length / expert_used_count`; keys that would
-    /// change the routing are refused.
+    /// Qwen MoE GGUFs as llama.cpp runs them: every layer sparse, the top-k weights renormalised
+    /// for qwen3moe and not for qwen2moe (with its shared expert, by default as wide as
+    /// `feed_forward_length`), the expert width by default `feed_forward_length /
+    /// expert_used_count`; keys that would change the routing are refused.
     #[test]
-    fn a_qwen3moe_gguf_is_read_as_llama_cpp_runs_it() {
+    fn qwen_moe_ggufs_are_read_as_llama_cpp_runs_them() {
         let experts = [("qwen3moe.expert_count", GgufValue::U32(8)), ("qwen3moe.expert_used_count", GgufValue::U32(2))];
         let read = |set: &[(&str, GgufValue)]| {
             config_from_gguf(&gguf_of("qwen3moe", &[&experts[..], set].concat(), &[])).map_err(|e| e.to_string())
@@ -770,6 +771,17 @@ mod tests {
         let msg = config_from_gguf(&gguf_of("qwen3moe", &[], &[])).unwrap_err().to_string();
         assert!(msg.contains("qwen3moe.expert_count"), "{msg}");
         assert!(read(&[("qwen3moe.expert_weights_scale", GgufValue::F32(1.0))]).is_ok());
+        let qwen2 = |set: &[(&str, GgufValue)]| {
+            let experts =
+                [("qwen2moe.expert_count", GgufValue::U32(8)), ("qwen2moe.expert_used_count", GgufValue::U32(2))];
+            config_from_gguf(&gguf_of("qwen2moe", &[&experts[..], set].concat(), &[])).unwrap()
+        };
+        let c = qwen2(&[]);
+        assert!(c.qkv_bias && !c.qk_norm);
+        let shared = MoeConfig { norm_topk_prob: false, shared_expert_intermediate: 128, ..want };
+        assert_eq!(c.moe, Some(shared));
+        let width = qwen2(&[("qwen2moe.expert_shared_feed_forward_length", GgufValue::U32(48))]);
+        assert_eq!(width.moe.map(|m| m.shared_expert_intermediate), Some(48));
     }
 
     #[test]

@@ -88,11 +88,17 @@ pub(crate) fn moe_config_from_hf(v: &Value, shared_expert: bool) -> Result<MoeCo
 }
 
 /// The MoE keys of a GGUF (`<arch>.expert_count`, `expert_used_count`,
-/// `expert_feed_forward_length`, by default llama.cpp's `feed_forward_length / expert_used_count`),
-/// every layer sparse and no shared expert, as llama.cpp's qwen3moe graph runs them; keys that
-/// would change its routing (a weight scale, a gating function other than softmax, leading dense
+/// `expert_feed_forward_length`, by default llama.cpp's `feed_forward_length / expert_used_count`;
+/// with `shared_expert`, `expert_shared_feed_forward_length`, by default `feed_forward_length`),
+/// every layer sparse, as llama.cpp's qwen3moe and qwen2moe graphs run them; keys that would
+/// change their routing (a weight scale, a gating function other than softmax, leading dense
 /// layers) are refused unless neutral.
-pub(crate) fn moe_config_from_gguf(g: &GgufFile, norm_topk_prob: bool, dense_width: usize) -> Result<MoeConfig> {
+pub(crate) fn moe_config_from_gguf(
+    g: &GgufFile,
+    norm_topk_prob: bool,
+    shared_expert: bool,
+    dense_width: usize,
+) -> Result<MoeConfig> {
     let key = |s: &str| g.arch_key(s);
     let num_experts = g.require_u32(&key("expert_count")?)? as usize;
     let top_k = g.require_u32(&key("expert_used_count")?)? as usize;
@@ -102,7 +108,7 @@ pub(crate) fn moe_config_from_gguf(g: &GgufFile, norm_topk_prob: bool, dense_wid
     };
     let refused = |k: String, v: String| {
         Err(WorkerError::Unsupported(format!(
-            "{}: {k} = {v} (the MoE routing llama.cpp's qwen3moe runs)",
+            "{}: {k} = {v} (the MoE routing llama.cpp's Qwen MoE graphs run)",
             g.path().display()
         )))
     };
@@ -119,12 +125,16 @@ pub(crate) fn moe_config_from_gguf(g: &GgufFile, norm_topk_prob: bool, dense_wid
     if let Some(n) = g.get_u32(&dense)?.filter(|&n| n != 0) {
         return refused(dense, n.to_string());
     }
+    let shared_expert_intermediate = match shared_expert {
+        false => 0,
+        true => g.get_u32(&key("expert_shared_feed_forward_length")?)?.map_or(dense_width, |n| n as usize),
+    };
     Ok(MoeConfig {
         num_experts,
         top_k,
         expert_intermediate,
         norm_topk_prob,
-        shared_expert_intermediate: 0,
+        shared_expert_intermediate,
         dense_layers: vec![],
         sparse_step: 1,
     })

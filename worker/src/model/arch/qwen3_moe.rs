@@ -29,6 +29,6 @@ pub fn config_from_hf(v: &Value) -> Result<ModelConfig> {
 pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig> {
     let mut c = super::qwen3::attention_from_gguf(base_from_gguf(g, Arch::of(&SPEC))?, g);
     // llama.cpp's qwen3moe graph renormalises the top-k weights whatever the source config said.
-    c.moe = Some(super::moe_config_from_gguf(g, true, c.intermediate)?);
+    c.moe = Some(super::moe_config_from_gguf(g, true, false, c.intermediate)?);
     Ok(c)
 }
