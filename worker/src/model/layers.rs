@@ -14,14 +14,13 @@ pub(crate) fn load(src: &dyn WeightSource, name: &str, shape: &[usize]) -> Resul
     Ok(w)
 }
 
-/// Loads tensors with the same inner dimension and stacks them along the outer one.
+/// Loads tensors with the same inner dimension and stacks them along the outer one. Each is read
+/// and its shape checked against the file before the stack is sized: a config claiming more than
+/// the file holds is a shape error, never an allocation sized by the claim.
 pub(crate) fn load_stacked(src: &dyn WeightSource, parts: &[(String, usize)], inner: usize) -> Result<Vec<f32>> {
-    let total: usize = parts.iter().map(|(_, rows)| rows * inner).sum();
-    let mut data = Vec::with_capacity(total);
-    for (name, rows) in parts {
-        data.extend_from_slice(&load(src, name, &[*rows, inner])?.data);
-    }
-    Ok(data)
+    let loaded =
+        parts.iter().map(|(name, rows)| Ok(load(src, name, &[*rows, inner])?.data)).collect::<Result<Vec<_>>>()?;
+    Ok(loaded.concat())
 }
 
 pub struct Attention<B: Backend> {

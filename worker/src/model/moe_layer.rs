@@ -26,13 +26,20 @@ impl<B: Backend> MoeFfn<B> {
     pub fn load(backend: &B, src: &dyn WeightSource, hidden: usize, m: &MoeConfig, prefix: &str) -> Result<Self> {
         let (e, i) = (m.num_experts, m.expert_intermediate);
         let router = load(src, &format!("{prefix}.gate.weight"), &[e, hidden])?.data;
-        let mut gate_up = Vec::with_capacity(e * 2 * i * hidden);
-        let mut down = Vec::with_capacity(e * hidden * i);
+        let (mut gate_up, mut down) = (Vec::new(), Vec::new());
         for x in 0..e {
             let p = format!("{prefix}.experts.{x}");
             let parts = [(format!("{p}.gate_proj.weight"), i), (format!("{p}.up_proj.weight"), i)];
-            gate_up.extend_from_slice(&load_stacked(src, &parts, hidden)?);
-            down.extend_from_slice(&load(src, &format!("{p}.down_proj.weight"), &[hidden, i])?.data);
+            let (gu, d) =
+                (load_stacked(src, &parts, hidden)?, load(src, &format!("{p}.down_proj.weight"), &[hidden, i])?.data);
+            if x == 0 {
+                // Sized once the first expert's tensors matched the config in the file (not from
+                // the config alone), and refused, not aborted, where the host cannot hold them.
+                reserve(&mut gate_up, e * gu.len(), prefix)?;
+                reserve(&mut down, e * d.len(), prefix)?;
+            }
+            gate_up.extend_from_slice(&gu);
+            down.extend_from_slice(&d);
         }
         let shared = if m.shared_expert_intermediate > 0 {
             let (s, p) = (m.shared_expert_intermediate, format!("{prefix}.shared_expert"));
@@ -65,6 +72,16 @@ impl<B: Backend> MoeFfn<B> {
             num_experts: e,
         })
     }
+}
+
+/// Reserves room for `n` floats of `prefix`'s experts, an error where the host cannot.
+fn reserve(v: &mut Vec<f32>, n: usize, prefix: &str) -> Result<()> {
+    v.try_reserve_exact(n).map_err(|_| {
+        WorkerError::Config(format!(
+            "{prefix}: its experts need {:.1} GiB of host memory to load, more than this host can allocate",
+            (n * 4) as f64 / (1u64 << 30) as f64
+        ))
+    })
 }
 
 /// The shared expert's gate: a `[1, hidden]` projection, or in a GGUF the `[hidden]` vector
@@ -141,8 +158,38 @@ impl<B: Backend> MoeRun<B> {
 
 #[cfg(test)]
 mod tests {
-    use super::shared_gate;
+    use sieve_kernels::reference::ReferenceBackend;
+
+    use super::{shared_gate, MoeFfn};
+    use crate::model::config::MoeConfig;
     use crate::model::source::MemorySource;
+
+    /// A config claiming experts far wider than the file's (within the config's own bounds) is
+    /// the first expert's shape error, not an allocation sized by the claim (before: 8 TiB asked
+    /// for at once, and the process aborted).
+    #[test]
+    fn experts_wider_in_the_config_than_in_the_file_are_a_shape_error() {
+        let (e, i, hidden) = (1024, 8, 1024);
+        let mut src = MemorySource::default();
+        src.insert("m.gate.weight", vec![0.0; e * hidden], vec![e, hidden]);
+        for (proj, shape) in [("gate_proj", [i, hidden]), ("up_proj", [i, hidden]), ("down_proj", [hidden, i])] {
+            src.insert(format!("m.experts.0.{proj}.weight"), vec![0.1; i * hidden], shape.to_vec());
+        }
+        let config = MoeConfig {
+            num_experts: e,
+            top_k: 2,
+            expert_intermediate: 1 << 20,
+            norm_topk_prob: true,
+            shared_expert_intermediate: 0,
+            dense_layers: vec![],
+            sparse_step: 1,
+        };
+        let msg = MoeFfn::load(&ReferenceBackend, &src, hidden, &config, "m").err().expect("refused").to_string();
+        assert!(
+            msg.contains("tensor m.experts.0.gate_proj.weight: shape [8, 1024], expected [1048576, 1024]"),
+            "{msg}"
+        );
+    }
 
     /// The shared expert's gate reads as HF's `[1, hidden]` projection and as the `[hidden]`
     /// vector of a llama.cpp GGUF, the same values; any other shape is refused naming it.
