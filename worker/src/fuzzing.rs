@@ -436,8 +436,8 @@ impl Mutator {
 /// values vary, so the fuzzer reaches the config, tensor and tokenizer code rather than
 /// stopping at the magic. Keys and tensor names are mostly the ones the readers look for.
 pub fn arbitrary_gguf(u: &mut Unstructured<'_>) -> arbitrary::Result<Vec<u8>> {
-    const ARCHS: [&str; 5] = ["llama", "qwen2", "qwen3", "qwen3moe", "gpt9"];
-    const SUFFIXES: [&str; 19] = [
+    const ARCHS: [&str; 6] = ["llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe", "gpt9"];
+    const SUFFIXES: [&str; 23] = [
         "embedding_length",
         "block_count",
         "attention.head_count",
@@ -450,6 +450,10 @@ pub fn arbitrary_gguf(u: &mut Unstructured<'_>) -> arbitrary::Result<Vec<u8>> {
         "attention.layer_norm_rms_epsilon",
         "vocab_size",
         "expert_count",
+        "expert_used_count",
+        "expert_feed_forward_length",
+        "expert_shared_feed_forward_length",
+        "expert_weights_scale",
         "rope.scaling.type",
         "rope.scaling.factor",
         "rope.scaling.original_context_length",
@@ -458,7 +462,7 @@ pub fn arbitrary_gguf(u: &mut Unstructured<'_>) -> arbitrary::Result<Vec<u8>> {
         "rope.scale_linear",
         "attention.sliding_window",
     ];
-    const TENSORS: [&str; 8] = [
+    const TENSORS: [&str; 11] = [
         "token_embd.weight",
         "output.weight",
         "output_norm.weight",
@@ -466,6 +470,9 @@ pub fn arbitrary_gguf(u: &mut Unstructured<'_>) -> arbitrary::Result<Vec<u8>> {
         "blk.0.ffn_up_exps.weight",
         "blk.0.attn_q.bias",
         "blk.1.ffn_gate_exps.weight",
+        "blk.0.ffn_gate_inp.weight",
+        "blk.0.ffn_down_exps.weight",
+        "blk.0.ffn_gate_inp_shexp.weight",
         "x",
     ];
     let arch = *u.choose(&ARCHS)?;
