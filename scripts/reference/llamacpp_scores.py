@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
-"""A qwen3, qwen3_moe or qwen2_moe GGUF scored by Sieve and by llama.cpp, the yes/no logits of the
-same prompts compared.
+"""A qwen2, qwen3, qwen3_moe or qwen2_moe GGUF scored by Sieve and by llama.cpp, the yes/no logits
+of the same prompts compared.
 
-Writes a tiny `sieve-testmodel` qwen3, qwen3_moe or qwen2_moe checkpoint as a GGUF (f32, llama.cpp's
+Writes a tiny `sieve-testmodel` checkpoint of one of those as a GGUF (f32, llama.cpp's
 tensor names, experts stacked per layer, the Qwen3 tokenizer as its converter writes it; with `--yarn
 FACTOR ORIGINAL` the YaRN keys its converter writes), then for 8 prompts built as `scripts/gpu_bench.py` builds them: llama.cpp's
 logit(yes) − logit(no) at the last token (node-llama-cpp's prebuilt CPU binary, fed the token ids)
 against a worker serving that GGUF, started here. Not used by tests.
 
     target/debug/sieve-testmodel --arch qwen3 --preset tiny \
-        --tokenizer .cache/tokenizers/qwen3/tokenizer.json --out /tmp/q3      # or qwen3_moe, qwen2_moe
+        --tokenizer .cache/tokenizers/qwen3/tokenizer.json --out /tmp/q3      # or qwen2, qwen3_moe, qwen2_moe
     NODE_LLAMA_DIR=/tmp/nodellama python scripts/reference/llamacpp_scores.py /tmp/q3 [--yarn 4 16] \
         [--llama-yarn 4 16]
 
@@ -60,7 +60,7 @@ LAYER_NAMES = {
     "mlp.shared_expert.down_proj": "ffn_down_shexp", "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
 }
 # The GGUF architecture of each checkpoint's model_type.
-ARCHS = {"qwen3": "qwen3", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe"}
+ARCHS = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe"}
 
 
 def write_gguf(src, out, yarn, quant=None):
