@@ -385,88 +385,41 @@ impl<'a> HfConfig<'a> {
     /// ignored, and so is a malformed one.
     pub fn rope(&self, default_theta: f64) -> Result<(f64, RopeScaling)> {
         let max_position = self.opt_usize("max_position_embeddings")?;
-        let bad = |key: String, what: &str| WorkerError::ModelFile(format!("config.json: '{key}' is not {what}"));
+        let bad = |key: &str, what: &str| WorkerError::ModelFile(format!("config.json: '{key}' is not {what}"));
         let mut theta = self.opt_f64("rope_theta")?;
         let mut scaling = RopeScaling::None;
         for key in ["rope_scaling", "rope_parameters"] {
             let Some(p) = self.0.get(key).filter(|v| !v.is_null()) else { continue };
             // Anything but an object (or null) is a malformed file, not "no scaling": a RoPE
             // scaling ignored would serve wrong scores without a word.
-            let p = p.as_object().ok_or_else(|| bad(key.into(), "an object (or null)"))?;
-            let kind = match p.get("rope_type").or_else(|| p.get("type")) {
-                None | Some(Value::Null) => "default",
-                Some(v) => v.as_str().ok_or_else(|| bad(format!("{key}.rope_type"), "a string"))?,
-            };
-            let num = |name: &str, default: Option<f64>| -> Result<f64> {
-                match p.get(name) {
-                    None | Some(Value::Null) => default.ok_or_else(|| {
-                        WorkerError::ModelFile(format!("config.json: '{key}.{name}' is missing (rope_type '{kind}')"))
-                    }),
-                    Some(v) => v.as_f64().ok_or_else(|| bad(format!("{key}.{name}"), "a number")),
-                }
-            };
-            if let Some(t) = p.get("rope_theta").filter(|v| !v.is_null()) {
-                theta = Some(t.as_f64().ok_or_else(|| bad(format!("{key}.rope_theta"), "a number"))?);
+            let p = p.as_object().ok_or_else(|| bad(key, "an object (or null)"))?;
+            // transformers v5 nests the parameters by layer type where they differ between
+            // types; every layer here shares one RoPE, so the types' must be alike.
+            let nested: Vec<_> = p.iter().filter_map(|(k, v)| Some((k, v.as_object()?))).collect();
+            if !nested.is_empty() && nested.len() != p.len() {
+                return Err(WorkerError::ModelFile(format!(
+                    "config.json: '{key}' mixes per-layer-type entries with flat RoPE parameters"
+                )));
             }
-            // The pretraining context: transformers' `standardize_rope_params` defaults it to
-            // `max_position_embeddings`.
-            let original_max_position = || -> Result<u32> {
-                let name = "original_max_position_embeddings";
-                let v = num(name, max_position.map(|m| m as f64)).map_err(|_| {
-                    WorkerError::ModelFile(format!(
-                        "config.json: '{key}.{name}' is missing, and so is 'max_position_embeddings' (rope_type '{kind}')"
-                    ))
-                })?;
-                if !(v >= 1.0 && v <= u32::MAX as f64 && v.fract() == 0.0) {
-                    return Err(bad(format!("{key}.{name}"), "a positive integer"));
-                }
-                Ok(v as u32)
-            };
-            let this = match kind {
-                "default" => continue,
-                "linear" => RopeScaling::Linear { factor: num("factor", None)? as f32 },
-                "llama3" => RopeScaling::Llama3 {
-                    factor: num("factor", None)? as f32,
-                    low_freq_factor: num("low_freq_factor", None)? as f32,
-                    high_freq_factor: num("high_freq_factor", None)? as f32,
-                    original_max_position: original_max_position()?,
-                },
-                "yarn" => {
-                    let factor = num("factor", None)?;
-                    // `_compute_yarn_parameters`: the attention factor given, else from `mscale`
-                    // over `mscale_all_dim` when both are set (non-zero), else from the factor.
-                    let mscale = |m: f64| if factor <= 1.0 { 1.0 } else { 0.1 * m * factor.ln() + 1.0 };
-                    let attention_factor = match (p.get("attention_factor"), num("mscale", Some(0.0))?) {
-                        (Some(v), _) if !v.is_null() => num("attention_factor", None)?,
-                        (_, m) => match num("mscale_all_dim", Some(0.0))? {
-                            all if m != 0.0 && all != 0.0 => mscale(m) / mscale(all),
-                            _ => mscale(1.0),
-                        },
-                    };
-                    // transformers reads the betas with `or`: 0 takes the default too.
-                    let beta = |name: &str, default: f64| {
-                        num(name, Some(default)).map(|b| if b == 0.0 { default } else { b } as f32)
-                    };
-                    let truncate = match p.get("truncate") {
-                        None => true,
-                        Some(v) => v.as_bool().ok_or_else(|| bad(format!("{key}.truncate"), "a boolean"))?,
-                    };
-                    RopeScaling::Yarn {
-                        factor: factor as f32,
-                        original_max_position: original_max_position()?,
-                        beta_fast: beta("beta_fast", 32.0)?,
-                        beta_slow: beta("beta_slow", 1.0)?,
-                        truncate,
-                        attention_factor: attention_factor as f32,
+            let (this_theta, this) = match nested.split_first() {
+                None => rope_parameters(key, p, max_position)?,
+                Some(((first_key, first), rest)) => {
+                    let one = |k: &str, v| rope_parameters(&format!("{key}.{k}"), v, max_position);
+                    let first_rope = one(first_key, first)?;
+                    for (k, v) in rest {
+                        if one(k, v)? != first_rope {
+                            return Err(WorkerError::Unsupported(format!(
+                                "{key}: '{k}' and '{first_key}' layers with different RoPE (every layer shares one here)"
+                            )));
+                        }
                     }
-                }
-                "dynamic" => RopeScaling::Dynamic { factor: num("factor", None)? as f32 },
-                other => {
-                    return Err(WorkerError::Unsupported(format!(
-                        "{key}.rope_type '{other}' (RoPE: unscaled, 'linear', 'llama3', 'yarn' and 'dynamic' are supported)"
-                    )))
+                    first_rope
                 }
             };
+            theta = this_theta.or(theta);
+            if this == RopeScaling::None {
+                continue;
+            }
             // transformers v5 may keep both keys alike; two different scalings contradict.
             if scaling != RopeScaling::None && this != scaling {
                 return Err(WorkerError::ModelFile(format!(
@@ -477,6 +430,92 @@ impl<'a> HfConfig<'a> {
         }
         Ok((theta.unwrap_or(default_theta), scaling))
     }
+}
+
+/// One flat RoPE parameter object of a `config.json` (`rope_scaling`, `rope_parameters`, or one
+/// layer type's entry of a nested `rope_parameters`, named `key` in errors): its base, if it
+/// gives one, and its scaling, read as transformers 5's `modeling_rope_utils.py` reads them.
+fn rope_parameters(
+    key: &str,
+    p: &serde_json::Map<String, Value>,
+    max_position: Option<usize>,
+) -> Result<(Option<f64>, RopeScaling)> {
+    let bad = |key: String, what: &str| WorkerError::ModelFile(format!("config.json: '{key}' is not {what}"));
+    let kind = match p.get("rope_type").or_else(|| p.get("type")) {
+        None | Some(Value::Null) => "default",
+        Some(v) => v.as_str().ok_or_else(|| bad(format!("{key}.rope_type"), "a string"))?,
+    };
+    let num = |name: &str, default: Option<f64>| -> Result<f64> {
+        match p.get(name) {
+            None | Some(Value::Null) => default.ok_or_else(|| {
+                WorkerError::ModelFile(format!("config.json: '{key}.{name}' is missing (rope_type '{kind}')"))
+            }),
+            Some(v) => v.as_f64().ok_or_else(|| bad(format!("{key}.{name}"), "a number")),
+        }
+    };
+    let theta = match p.get("rope_theta").filter(|v| !v.is_null()) {
+        Some(t) => Some(t.as_f64().ok_or_else(|| bad(format!("{key}.rope_theta"), "a number"))?),
+        None => None,
+    };
+    // The pretraining context: transformers' `standardize_rope_params` defaults it to
+    // `max_position_embeddings`.
+    let original_max_position = || -> Result<u32> {
+        let name = "original_max_position_embeddings";
+        let v = num(name, max_position.map(|m| m as f64)).map_err(|_| {
+            WorkerError::ModelFile(format!(
+                "config.json: '{key}.{name}' is missing, and so is 'max_position_embeddings' (rope_type '{kind}')"
+            ))
+        })?;
+        if !(v >= 1.0 && v <= u32::MAX as f64 && v.fract() == 0.0) {
+            return Err(bad(format!("{key}.{name}"), "a positive integer"));
+        }
+        Ok(v as u32)
+    };
+    let scaling = match kind {
+        "default" => RopeScaling::None,
+        "linear" => RopeScaling::Linear { factor: num("factor", None)? as f32 },
+        "llama3" => RopeScaling::Llama3 {
+            factor: num("factor", None)? as f32,
+            low_freq_factor: num("low_freq_factor", None)? as f32,
+            high_freq_factor: num("high_freq_factor", None)? as f32,
+            original_max_position: original_max_position()?,
+        },
+        "yarn" => {
+            let factor = num("factor", None)?;
+            // `_compute_yarn_parameters`: the attention factor given, else from `mscale`
+            // over `mscale_all_dim` when both are set (non-zero), else from the factor.
+            let mscale = |m: f64| if factor <= 1.0 { 1.0 } else { 0.1 * m * factor.ln() + 1.0 };
+            let attention_factor = match (p.get("attention_factor"), num("mscale", Some(0.0))?) {
+                (Some(v), _) if !v.is_null() => num("attention_factor", None)?,
+                (_, m) => match num("mscale_all_dim", Some(0.0))? {
+                    all if m != 0.0 && all != 0.0 => mscale(m) / mscale(all),
+                    _ => mscale(1.0),
+                },
+            };
+            // transformers reads the betas with `or`: 0 takes the default too.
+            let beta =
+                |name: &str, default: f64| num(name, Some(default)).map(|b| if b == 0.0 { default } else { b } as f32);
+            let truncate = match p.get("truncate") {
+                None => true,
+                Some(v) => v.as_bool().ok_or_else(|| bad(format!("{key}.truncate"), "a boolean"))?,
+            };
+            RopeScaling::Yarn {
+                factor: factor as f32,
+                original_max_position: original_max_position()?,
+                beta_fast: beta("beta_fast", 32.0)?,
+                beta_slow: beta("beta_slow", 1.0)?,
+                truncate,
+                attention_factor: attention_factor as f32,
+            }
+        }
+        "dynamic" => RopeScaling::Dynamic { factor: num("factor", None)? as f32 },
+        other => {
+            return Err(WorkerError::Unsupported(format!(
+                "{key}.rope_type '{other}' (RoPE: unscaled, 'linear', 'llama3', 'yarn' and 'dynamic' are supported)"
+            )))
+        }
+    };
+    Ok((theta, scaling))
 }
 
 /// The fields every supported decoder shares, from an HF `config.json`. Architecture files
@@ -1070,6 +1109,25 @@ mod tests {
         let dynamic = config_from_hf(&v).unwrap();
         assert_eq!(dynamic.rope.scaling, RopeScaling::Dynamic { factor: 2.0 });
         assert_eq!(dynamic.prompt_limit().map(|l| l.0), Some(4096));
+        // transformers v5's rope_parameters nested by layer type: alike, read once; different
+        // (a RoPE per layer type, which every layer here shares) or mixed with flat keys, refused.
+        let nested = |full: Value, sliding: Value| {
+            let mut v = qwen3_moe();
+            v["rope_parameters"] = json!({"full_attention": full, "sliding_attention": sliding});
+            config_from_hf(&v).map(|c| (c.rope.theta, c.rope.scaling)).map_err(|e| e.to_string())
+        };
+        let yarn =
+            json!({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, "rope_theta": 5e5});
+        assert_eq!(nested(yarn.clone(), yarn.clone()), Ok((5e5, qwen3_yarn)));
+        let msg = nested(yarn.clone(), json!({"rope_type": "default", "rope_theta": 1e4})).unwrap_err();
+        assert!(
+            msg.contains("rope_parameters: 'sliding_attention' and 'full_attention' layers with different RoPE"),
+            "{msg}"
+        );
+        let mut mixed = qwen3_moe();
+        mixed["rope_parameters"] = json!({"full_attention": yarn, "rope_type": "default"});
+        let msg = config_from_hf(&mixed).unwrap_err().to_string();
+        assert!(msg.contains("'rope_parameters' mixes per-layer-type entries with flat RoPE parameters"), "{msg}");
         v["rope_scaling"] = json!({"type": "linear", "factor": 2.0});
         assert_eq!(config_from_hf(&v).unwrap().rope.scaling, RopeScaling::Linear { factor: 2.0 });
         v["rope_parameters"] = json!({"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5});
