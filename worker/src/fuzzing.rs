@@ -281,7 +281,11 @@ pub mod seeds {
         let dynamic = r#"{"model_type": "qwen2", "hidden_size": 32, "num_attention_heads": 4,
             "num_hidden_layers": 1, "vocab_size": 10, "intermediate_size": 64, "max_position_embeddings": 2048,
             "rope_scaling": {"type": "dynamic", "factor": 2.0}}"#;
-        vec![dense.into(), moe.into(), llama.into(), llama31.into(), windowed.into(), yarn.into(), dynamic.into()]
+        let nested = r#"{"model_type": "qwen2", "hidden_size": 32, "num_attention_heads": 4,
+            "num_hidden_layers": 2, "vocab_size": 10, "intermediate_size": 64,
+            "layer_types": ["full_attention", "full_attention"],
+            "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}}"#;
+        vec![dense, moe, llama, llama31, windowed, yarn, dynamic, nested].into_iter().map(Vec::from).collect()
     }
 
     /// Valid request bodies of every route: score, rerank, TEI rerank, vLLM score.
