@@ -52,7 +52,8 @@ impl CudaBackend {
         let mut buf = alloc::<f64>(&self.stream, positions * rope.rotary_dim)?;
         let half = rope.rotary_dim / 2;
         if half > 0 {
-            let inv_freq = self.upload(&rope.inv_freq())?;
+            // f64: the staging path moves 32-bit words only.
+            let inv_freq = self.upload_bulk(&rope.inv_freq())?;
             let (n, scale, rotary_dim) = (positions as i32, rope.attention_scaling(), rope.rotary_dim as i32);
             let mut b = self.stream.launch_builder(&self.k.rope_table);
             b.arg(&mut buf).arg(&n).arg(&inv_freq).arg(&scale).arg(&rotary_dim);
