@@ -132,7 +132,8 @@ impl Staging {
         data: &[T],
         dst: &mut D,
     ) -> Result<()> {
-        assert_eq!(size_of::<T>(), 4, "staging moves 32-bit words");
+        // At compile time: a wider type (the f64 RoPE frequencies once) fails the build, not a run.
+        const { assert!(size_of::<T>() == 4, "staging moves 32-bit words") };
         if data.is_empty() {
             return Ok(());
         }
@@ -156,7 +157,8 @@ impl Staging {
         src: &S,
         n: usize,
     ) -> Result<Vec<T>> {
-        assert_eq!(size_of::<T>(), 4, "staging moves 32-bit words");
+        // At compile time: a wider type (the f64 RoPE frequencies once) fails the build, not a run.
+        const { assert!(size_of::<T>() == 4, "staging moves 32-bit words") };
         if n == 0 {
             return Ok(Vec::new());
         }
