@@ -135,7 +135,12 @@ impl GgufTensorInfo {
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum TensorRef {
     Whole(usize),
-    Expert { tensor: usize, expert: usize },
+    /// A vector llama.cpp stores where HF has a one-row matrix (qwen2moe's shared-expert gate).
+    Row(usize),
+    Expert {
+        tensor: usize,
+        expert: usize,
+    },
 }
 
 /// The file's bytes: a read-only map of the file, or a buffer (tests, fuzzing).
@@ -438,7 +443,9 @@ impl GgufFile {
     /// The HF name → GGUF name map entries (for diagnostics).
     pub fn gguf_name_for(&self, hf_name: &str) -> Option<&str> {
         self.hf_names.get(hf_name).map(|r| match *r {
-            TensorRef::Whole(i) | TensorRef::Expert { tensor: i, .. } => self.tensors[i].name.as_str(),
+            TensorRef::Whole(i) | TensorRef::Row(i) | TensorRef::Expert { tensor: i, .. } => {
+                self.tensors[i].name.as_str()
+            }
         })
     }
 
@@ -509,6 +516,14 @@ impl WeightSource for GgufFile {
                 let info = &self.tensors[i];
                 self.dequantize(info, 0, info.n_bytes(), info.shape())
             }
+            Some(&TensorRef::Row(i)) => {
+                let info = &self.tensors[i];
+                let mut shape = info.shape();
+                if shape.len() == 1 {
+                    shape.insert(0, 1);
+                }
+                self.dequantize(info, 0, info.n_bytes(), shape)
+            }
             Some(&TensorRef::Expert { tensor, expert }) => {
                 let info = &self.tensors[tensor];
                 let shape = info.shape();
@@ -561,6 +576,9 @@ fn hf_name_map(path: &Path, tensors: &[GgufTensorInfo]) -> Result<HashMap<String
             Some(HfName::Plain(name)) => {
                 map.insert(name, TensorRef::Whole(i));
             }
+            Some(HfName::Row(name)) => {
+                map.insert(name, TensorRef::Row(i));
+            }
             Some(HfName::Experts { layer, proj, suffix }) if t.dims.len() == 3 => {
                 if t.dims[2] > MAX_EXPERTS as u64 {
                     return Err(WorkerError::ModelFile(format!(
@@ -588,7 +606,13 @@ fn hf_name_map(path: &Path, tensors: &[GgufTensorInfo]) -> Result<HashMap<String
 
 enum HfName {
     Plain(String),
-    Experts { layer: usize, proj: &'static str, suffix: String },
+    /// A one-row HF matrix that llama.cpp stores as a vector.
+    Row(String),
+    Experts {
+        layer: usize,
+        proj: &'static str,
+        suffix: String,
+    },
 }
 
 fn hf_name(gguf: &str) -> Option<HfName> {
@@ -619,7 +643,7 @@ fn hf_name(gguf: &str) -> Option<HfName> {
         "ffn_gate_shexp" => plain("mlp.shared_expert.gate_proj"),
         "ffn_up_shexp" => plain("mlp.shared_expert.up_proj"),
         "ffn_down_shexp" => plain("mlp.shared_expert.down_proj"),
-        "ffn_gate_inp_shexp" => plain("mlp.shared_expert_gate"),
+        "ffn_gate_inp_shexp" => Some(HfName::Row(format!("model.layers.{layer}.mlp.shared_expert_gate.{suffix}"))),
         "ffn_gate_exps" | "ffn_up_exps" | "ffn_down_exps" => Some(HfName::Experts {
             layer,
             proj: match base {
@@ -1047,6 +1071,7 @@ mod tests {
             &[
                 f32_tensor("blk.0.attn_q_norm.weight", &[4], &[1.0, 2.0, 3.0, 4.0]),
                 f32_tensor("blk.0.attn_q.bias", &[2], &[0.5, -0.5]),
+                f32_tensor("blk.0.ffn_gate_inp_shexp.weight", &[3], &[0.25, -1.0, 2.0]),
                 // Two experts of [out=2, in=3]: stored dims [3, 2, 2].
                 f32_tensor(
                     "blk.0.ffn_up_exps.weight",
@@ -1073,6 +1098,9 @@ mod tests {
         assert_eq!(q_norm.data, vec![1.0, 2.0, 3.0, 4.0]);
         let bias = WeightSource::get(&g, "model.layers.0.self_attn.q_proj.bias").unwrap();
         assert_eq!(bias.data, vec![0.5, -0.5]);
+        // llama.cpp's vector shared-expert gate reads as HF's one-row projection.
+        let gate = WeightSource::get(&g, "model.layers.0.mlp.shared_expert_gate.weight").unwrap();
+        assert_eq!((gate.shape, gate.data), (vec![1, 3], vec![0.25, -1.0, 2.0]));
         let e1 = WeightSource::get(&g, "model.layers.0.mlp.experts.1.up_proj.weight").unwrap();
         assert_eq!(e1.shape, vec![2, 3]);
         assert_eq!(e1.data, vec![10., 11., 12., 13., 14., 15.]);

@@ -47,7 +47,7 @@ impl<B: Backend> MoeFfn<B> {
             Some((
                 load_stacked(src, &parts, hidden)?,
                 load(src, &format!("{p}.down_proj.weight"), &[hidden, s])?.data,
-                shared_gate(src, &format!("{prefix}.shared_expert_gate.weight"), hidden)?,
+                load(src, &format!("{prefix}.shared_expert_gate.weight"), &[1, hidden])?.data,
             ))
         } else {
             None
@@ -82,16 +82,6 @@ fn reserve(v: &mut Vec<f32>, n: usize, prefix: &str) -> Result<()> {
             (n * 4) as f64 / (1u64 << 30) as f64
         ))
     })
-}
-
-/// The shared expert's gate: a `[1, hidden]` projection, or in a GGUF the `[hidden]` vector
-/// llama.cpp stores (`ffn_gate_inp_shexp`).
-fn shared_gate(src: &dyn WeightSource, name: &str, hidden: usize) -> Result<Vec<f32>> {
-    let w = src.get(name)?;
-    if w.shape != [hidden] {
-        w.expect_shape(name, &[1, hidden])?;
-    }
-    Ok(w.data)
 }
 
 /// Which grouped-GEMM variant the MoE layers run.
@@ -160,7 +150,7 @@ impl<B: Backend> MoeRun<B> {
 mod tests {
     use sieve_kernels::reference::ReferenceBackend;
 
-    use super::{shared_gate, MoeFfn};
+    use super::MoeFfn;
     use crate::model::config::MoeConfig;
     use crate::model::source::MemorySource;
 
@@ -189,20 +179,5 @@ mod tests {
             msg.contains("tensor m.experts.0.gate_proj.weight: shape [8, 1024], expected [1048576, 1024]"),
             "{msg}"
         );
-    }
-
-    /// The shared expert's gate reads as HF's `[1, hidden]` projection and as the `[hidden]`
-    /// vector of a llama.cpp GGUF, the same values; any other shape is refused naming it.
-    #[test]
-    fn the_shared_expert_gate_reads_as_a_projection_or_a_vector() {
-        let mut src = MemorySource::default();
-        let gate: Vec<f32> = (0..4).map(|i| i as f32 * 0.5).collect();
-        src.insert("hf", gate.clone(), vec![1, 4]);
-        src.insert("gguf", gate.clone(), vec![4]);
-        src.insert("bad", gate.clone(), vec![2, 2]);
-        assert_eq!(shared_gate(&src, "hf", 4).unwrap(), gate);
-        assert_eq!(shared_gate(&src, "gguf", 4).unwrap(), gate);
-        let msg = shared_gate(&src, "bad", 4).unwrap_err().to_string();
-        assert!(msg.contains("tensor bad: shape [2, 2], expected [1, 4]"), "{msg}");
     }
 }
