@@ -432,6 +432,17 @@ impl<'a> HfConfig<'a> {
     }
 }
 
+/// YaRN's attention scale for `factor` (transformers' `get_mscale`; llama.cpp's the same):
+/// `0.1 · m · ln(factor) + 1`, 1 for a factor up to 1. In f64, so that a config.json and a GGUF
+/// of one model give the same bits.
+fn yarn_mscale(factor: f64, m: f64) -> f64 {
+    if factor <= 1.0 {
+        1.0
+    } else {
+        0.1 * m * factor.ln() + 1.0
+    }
+}
+
 /// One flat RoPE parameter object of a `config.json` (`rope_scaling`, `rope_parameters`, or one
 /// layer type's entry of a nested `rope_parameters`, named `key` in errors): its base, if it
 /// gives one, and its scaling, read as transformers 5's `modeling_rope_utils.py` reads them.
@@ -484,7 +495,7 @@ fn rope_parameters(
             let factor = num("factor", None)?;
             // `_compute_yarn_parameters`: the attention factor given, else from `mscale`
             // over `mscale_all_dim` when both are set (non-zero), else from the factor.
-            let mscale = |m: f64| if factor <= 1.0 { 1.0 } else { 0.1 * m * factor.ln() + 1.0 };
+            let mscale = |m| yarn_mscale(factor, m);
             let attention_factor = match (p.get("attention_factor"), num("mscale", Some(0.0))?) {
                 (Some(v), _) if !v.is_null() => num("attention_factor", None)?,
                 (_, m) => match num("mscale_all_dim", Some(0.0))? {
@@ -721,8 +732,7 @@ fn yarn_in_gguf(g: &super::GgufFile, factor: f32, max_position: usize) -> Result
         beta_fast: f32_or("rope.scaling.yarn_beta_fast", 32.0)?,
         beta_slow: f32_or("rope.scaling.yarn_beta_slow", 1.0)?,
         truncate: true,
-        // In f64 as for a config.json, so that both files of one model give the same bits.
-        attention_factor: ((1.0 + 0.1 * (factor as f64).ln()) * f32_or("rope.scaling.attn_factor", 1.0)? as f64) as f32,
+        attention_factor: (yarn_mscale(factor as f64, 1.0) * f32_or("rope.scaling.attn_factor", 1.0)? as f64) as f32,
     })
 }
 
