@@ -268,8 +268,8 @@ impl Scheduler {
             };
             let msg = format!(
                 "items[{i}] makes a prompt of {} tokens (query + item + template), more than this worker's \
-                 max_seq_tokens {} (the model's context or attention window, at most 4096 unless [model] \
-                 max_seq_tokens says): {fix}",
+                 max_seq_tokens {} (the model's context, attention window or dynamic RoPE's context, at most \
+                 4096 unless [model] max_seq_tokens says): {fix}",
                 p.len(),
                 self.cfg.max_seq_tokens
             );
