@@ -16,12 +16,7 @@
 // act[M, inter] = bf16(silu(gate) * up) — the dense MLP's gate/up projection, silu_mul and the
 // down projection's cast in one launch. Same grid as dense_gemm_* over n = 2 * inter.
 // Requires inter % 8 == 0.
-//
-// dense_gemm_qkv_bm64 / dense_gemm_qkv_bm128: the current tile with the QKV epilogue
-// (mma_tile.cuh): x · [q; k; v]ᵀ, then each q and k head's optional RMSNorm and RoPE, q stored
-// f32 to qkv[M, n], k and v stored bf16 to the layer's K/V pools at each row's slot — the QKV
-// projection, qk_norm_rope and the K/V write in one launch. Same grid as dense_gemm_*. Requires
-// head_dim | BN (64 or 128) and the rope table (rope.cu) for every position.
+
 #include "mma_tile.cuh"
 #include "mma_tile_v1.cuh"
 
@@ -67,23 +62,4 @@ dense_gemm_swiglu_bm128(const bf16_t* __restrict__ x, const bf16_t* __restrict__
     u32 tm, tn;
     gemm_block_order(tm, tn);
     gemm_tile<128, GEMM_EPI_SWIGLU>(x, w, reinterpret_cast<float*>(act), 0, tm * 128, (u32)m, tn * GEMM_BN_BM128, n, k, 0.0f);
-}
-
-template <int BM>
-__device__ __forceinline__ void dense_gemm_qkv(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
-                                               float* __restrict__ qkv, int m, int n, int k,
-                                               const QkvEpilogue& qe) {
-    u32 tm, tn;
-    gemm_block_order(tm, tn);
-    gemm_tile<BM, GEMM_EPI_QKV>(x, w, qkv, 0, tm * BM, (u32)m, tn * GemmShape<BM>::BN, n, k, 0.0f, &qe);
-}
-
-extern "C" __global__ void __launch_bounds__(128, 4) dense_gemm_qkv_bm64(DENSE_GEMM_QKV_ARGS) {
-    const QkvEpilogue qe = DENSE_GEMM_QKV_EPILOGUE;
-    dense_gemm_qkv<64>(x, w, qkv, m, n, k, qe);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 2) dense_gemm_qkv_bm128(DENSE_GEMM_QKV_ARGS) {
-    const QkvEpilogue qe = DENSE_GEMM_QKV_EPILOGUE;
-    dense_gemm_qkv<128>(x, w, qkv, m, n, k, qe);
 }

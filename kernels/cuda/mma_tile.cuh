@@ -29,51 +29,14 @@
 // [.., inter] output instead of the f32 gate/up pair: the same bits as the plain GEMM, silu_mul_f32
 // and cast_bf16 in turn (each gate and up element is the same K chain whatever its tile column).
 // Requires inter % 8 == 0 and beta == 0.
-//
-// QKV epilogue (EPI = GEMM_EPI_QKV, gemm.cu's dense_gemm_qkv_*): W is the attention's fused
-// [q; k; v] weight, c the f32 QKV activation [.., n], n = (n_heads + 2 n_kv_heads) head_dim, and
-// head_dim divides BN, so a tile holds BN / head_dim whole heads. The accumulators are staged in
-// the drained cp.async ring (f32 [BM][BN], columns XOR-swizzled by row: gemm_stage_idx), then
-// warp w takes the (row, head) units w, w + warps, ...: a q head is normed and rotated
-// (rope.cuh's norm_rope_head) and stored f32 to c; a k head likewise, stored bf16 to the K pool
-// at the row's slot; a v head is stored bf16 to the V pool. c's k and v columns are not written
-// (attention reads the pools). The same bits as the plain GEMM, then rope.cu's qk_norm_rope with
-// its pools: each value is the same K chain, normed and rotated by the same code. Requires beta
-// == 0.
 #ifndef SIEVE_MMA_TILE_CUH
 #define SIEVE_MMA_TILE_CUH
 
 #include "common.cuh"
-#include "rope.cuh"
 
 // gemm_tile's epilogues.
 #define GEMM_EPI_F32 0
 #define GEMM_EPI_SWIGLU 1
-#define GEMM_EPI_QKV 2
-
-// What the QKV epilogue needs besides the tile (see above); pools and norm weights may be null
-// only where the layout never reaches them (no norm: null weight).
-struct QkvEpilogue {
-    const u32* positions;  // per row: the rope table row
-    const u32* row_slots;  // per row: the K/V pool slot
-    const double* rope_cs;  // rope.cuh's angle table
-    const float* q_norm;
-    const float* k_norm;
-    bf16_t* k_pool;  // the layer's pools, [slot][n_kv_heads * head_dim]
-    bf16_t* v_pool;
-    int n_heads, n_kv_heads, head_dim, rotary_dim, interleaved;
-    float eps;
-};
-
-// The dense QKV kernels' parameters (gemm.cu, gemm_wgmma.cu) and the QkvEpilogue they make.
-#define DENSE_GEMM_QKV_ARGS                                                                                      \
-    const bf16_t *__restrict__ x, const bf16_t *__restrict__ w, float *__restrict__ qkv, int m, int n, int k,    \
-        const u32 *__restrict__ positions, const u32 *__restrict__ row_slots, const double *__restrict__ rope_cs, \
-        const float *__restrict__ q_norm, const float *__restrict__ k_norm, bf16_t *__restrict__ k_pool,          \
-        bf16_t *__restrict__ v_pool, int n_heads, int n_kv_heads, int head_dim, int rotary_dim, int interleaved,  \
-        float eps
-#define DENSE_GEMM_QKV_EPILOGUE \
-    {positions, row_slots, rope_cs, q_norm, k_norm, k_pool, v_pool, n_heads, n_kv_heads, head_dim, rotary_dim, interleaved, eps}
 
 #define GEMM_BK 32
 #define GEMM_STAGES 4
@@ -141,14 +104,6 @@ __device__ __forceinline__ int gemm_swiglu_row(int col, int inter) {
     return j < 8 ? b * 8 + j : inter + b * 8 + j - 8;
 }
 
-// Staged QKV tile (above): element (r, col) of a [BM][BN] f32 tile. XOR-ing bits 3..5 of the
-// column by r % 8 keeps a head's 32 consecutive dims on 32 banks and spreads the fragments'
-// 8-byte stores (rows g, columns 2tg + 8i) over all banks.
-template <int BN>
-__device__ __forceinline__ int gemm_stage_idx(int r, int col) {
-    return r * BN + (col ^ ((r & 7) << 3));
-}
-
 // Epilogue helpers, shared with gemm_wgmma.cu's tile: each takes one accumulator pair at
 // tile-local row rl and columns cl, cl + 1 (the tile's first row r0 of `rows` valid from
 // row_base, its first column n0 of n).
@@ -188,48 +143,13 @@ __device__ __forceinline__ void gemm_store_swiglu(bf16_t* __restrict__ act, long
         (u32)f32_to_bf16(silu_times(g0, u0)) | ((u32)f32_to_bf16(silu_times(g1, u1)) << 16);
 }
 
-// QKV, after every pair is staged (gemm_stage_idx) in `st` and the block has synchronised: warp
-// `warp` of `warps` takes the (row, head) units warp, warp + warps, ...: a q head is normed and
-// rotated and stored f32 to c; a k head likewise, stored bf16 to the K pool at the row's slot; a
-// v head is stored bf16 to the V pool.
-template <int BM, int BN>
-__device__ __forceinline__ void gemm_qkv_heads(float* __restrict__ st, float* __restrict__ c, long long row_base,
-                                               u32 r0, u32 rows, int n0, int n, const QkvEpilogue* qe, int warp,
-                                               int warps, int lane) {
-    const int hd = qe->head_dim, per_tile = BN / hd;
-    const int q_dim = qe->n_heads * hd, kv_dim = qe->n_kv_heads * hd;
-    for (int u = warp; u < BM * per_tile; u += warps) {  // warp-uniform
-        const int rl = u / per_tile, tc = (u % per_tile) * hd, col0 = n0 + tc;
-        const u32 r = r0 + rl;
-        if (r >= rows || col0 >= n) continue;
-        auto at = [st, rl, tc](int d) -> float& { return st[gemm_stage_idx<BN>(rl, tc + d)]; };
-        const long long row = row_base + r, slot = qe->row_slots[row];
-        if (col0 >= q_dim + kv_dim) {
-            bf16_t* dst = qe->v_pool + slot * kv_dim + (col0 - q_dim - kv_dim);
-            for (int d = lane; d < hd; d += 32) dst[d] = f32_to_bf16(at(d));
-            continue;
-        }
-        const bool is_q = col0 < q_dim;
-        const double* cs = qe->rope_cs + (long long)qe->positions[row] * qe->rotary_dim;
-        norm_rope_head(at, is_q ? qe->q_norm : qe->k_norm, qe->eps, hd, cs, qe->rotary_dim, qe->interleaved, lane);
-        if (is_q) {
-            float* dst = c + row * n + col0;
-            for (int d = lane; d < hd; d += 32) dst[d] = at(d);
-        } else {
-            bf16_t* dst = qe->k_pool + slot * kv_dim + (col0 - q_dim);
-            for (int d = lane; d < hd; d += 32) dst[d] = f32_to_bf16(at(d));
-        }
-    }
-}
-
 // Block: GemmShape<BM> threads ((BM / WM) * (BN / WN) warps), gemm_smem_bytes of dynamic shared
 // memory. `a` points at row 0 of the row space, `w` at the [n, k] weight. With
-// GEMM_EPI_SWIGLU, `c` is the bf16 [.., n / 2] activation; with GEMM_EPI_QKV, `qe` says where
-// the heads go (see above).
+// GEMM_EPI_SWIGLU, `c` is the bf16 [.., n / 2] activation.
 template <int BM, int EPI = GEMM_EPI_F32>
 __device__ __forceinline__ void gemm_tile(const bf16_t* __restrict__ a, const bf16_t* __restrict__ w,
                                           float* __restrict__ c, long long row_base, u32 r0, u32 rows, int n0,
-                                          int n, int k, float beta, const QkvEpilogue* qe = nullptr) {
+                                          int n, int k, float beta) {
     constexpr bool SWIGLU = EPI == GEMM_EPI_SWIGLU;
     constexpr int BN = GemmShape<BM>::BN, WM = GemmShape<BM>::WM, WN = GemmShape<BM>::WN;
     constexpr int WARPS_N = BN / WN, THREADS = (BM / WM) * WARPS_N * 32;
@@ -342,24 +262,6 @@ __device__ __forceinline__ void gemm_tile(const bf16_t* __restrict__ a, const bf
     }
     cp_async_wait<0>();  // only empty groups remain; leave none behind
 
-    if (EPI == GEMM_EPI_QKV) {
-        static_assert(BM * BN * 4 <= GEMM_STAGES * (BM + BN) * GEMM_BK * 2, "the staged tile fits the ring");
-        float* st = reinterpret_cast<float*>(gemm_smem);
-        __syncthreads();  // every warp is done reading the ring
-#pragma unroll
-        for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-            for (int ni = 0; ni < NI; ++ni)
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const int r = warp_m * WM + mi * 16 + g + half * 8, col = warp_n * WN + ni * 8 + tg * 2;
-                    *reinterpret_cast<float2*>(st + gemm_stage_idx<BN>(r, col)) =
-                        make_float2(acc[mi][ni][half * 2], acc[mi][ni][half * 2 + 1]);
-                }
-        __syncthreads();
-        gemm_qkv_heads<BM, BN>(st, c, row_base, r0, rows, n0, n, qe, warp, THREADS / 32, lane);
-        return;
-    }
     // Lane (g, tg) holds rows g and g + 8, columns 2tg and 2tg + 1 of each 16x8 tile. SwiGLU: n8
     // tiles (2i, 2i + 1) are the gate and up of the same act columns.
 #pragma unroll

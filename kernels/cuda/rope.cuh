@@ -1,5 +1,4 @@
-// The q/k head work shared by rope.cu's qk_norm_rope and the QKV GEMM's epilogue (mma_tile.cuh):
-// one copy of the code, so that the fused and the unfused path give the same bits.
+// rope.cu's per-head work (qk_norm_rope): one warp's RMSNorm and rotation of one head.
 //
 // RoPE angle table (rope.cu's rope_table, one per (theta, rotary_dim), built once for the
 // positions a batch reaches): row p holds cos(p · theta^(-2i / rotary_dim)) for the

@@ -2,7 +2,7 @@
 // counterpart of mma_tile.cuh's gemm_tile for the dense GEMM (gemm_wgmma.cu) and the grouped
 // expert GEMM (moe_gemm_wgmma.cu):
 //   C[row_base + r0 + r, n0 + j] = sum_k A[row_base + r0 + r, k] * W[n0 + j, k]   (+ beta * C)
-// with mma_tile.cuh's epilogues (f32, SwiGLU, QKV) through its store helpers.
+// with mma_tile.cuh's epilogues (f32, SwiGLU) through its store helpers.
 //
 // Block: BM x BN outputs (WgShape: 128 x 128, 128 x 256 or 64 x 128) by BM / 64 warpgroups
 // (BM * 2 threads), warpgroup g owning rows 64g .. 64g + 63. K advances in WG_BK = 64 steps
@@ -25,8 +25,7 @@
 //
 // SwiGLU (EPI = GEMM_EPI_SWIGLU): W's rows are read interleaved by 8 (gemm_swiglu_row), so n8
 // blocks 2b and 2b + 1 of a wgmma — registers 8b .. 8b + 3 and 8b + 4 .. 8b + 7 of the same
-// lanes — hold the gate and up of the same 8 columns. QKV (EPI = GEMM_EPI_QKV): the accumulators
-// are staged in the drained ring (gemm_stage_idx), then gemm_qkv_heads. Both require beta == 0.
+// lanes — hold the gate and up of the same 8 columns. Requires beta == 0.
 #ifndef SIEVE_WGMMA_TILE_CUH
 #define SIEVE_WGMMA_TILE_CUH
 
@@ -145,7 +144,7 @@ __device__ __forceinline__ void wgmma_store_acc(const float (&acc)[NW][64], int 
 template <int BM, int BN, int EPI = GEMM_EPI_F32>
 __device__ __forceinline__ void wgmma_gemm_tile(const bf16_t* __restrict__ a, const bf16_t* __restrict__ w,
                                                 float* __restrict__ c, long long row_base, u32 r0, u32 rows, int n0,
-                                                int n, int k, float beta, const QkvEpilogue* qe = nullptr) {
+                                                int n, int k, float beta) {
     constexpr bool SWIGLU = EPI == GEMM_EPI_SWIGLU;
     constexpr int STAGES = WgShape<BM, BN>::STAGES, NW = BN / 128, THREADS = BM * 2;
     constexpr int A_STAGE = BM * WG_BK * 2, STAGE = (BM + BN) * WG_BK * 2;  // bytes
@@ -228,24 +227,7 @@ __device__ __forceinline__ void wgmma_gemm_tile(const bf16_t* __restrict__ a, co
     // for registers i with (i / 2) % 2 == 1) and columns 8 (i / 4) + 2 (lane % 4) (+ 1) of the
     // wgmma's 64 x 128.
     const int row_of = wg * 64 + warp * 16 + (lane >> 2), tg = lane & 3;
-    if constexpr (EPI == GEMM_EPI_QKV) {
-        static_assert(BM * BN * 4 <= STAGES * STAGE, "the staged tile fits the ring");
-        float* st = reinterpret_cast<float*>(wg_smem + (ring - smem_u32(wg_smem)));
-        __syncthreads();  // every warpgroup is done reading the ring
-#pragma unroll
-        for (int j = 0; j < NW; ++j)
-#pragma unroll
-            for (int b = 0; b < 16; ++b)
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const int i = 4 * b + 2 * half, rl = row_of + half * 8, cl = j * 128 + b * 8 + tg * 2;
-                    *reinterpret_cast<float2*>(st + gemm_stage_idx<BN>(rl, cl)) = make_float2(acc[j][i], acc[j][i + 1]);
-                }
-        __syncthreads();
-        gemm_qkv_heads<BM, BN>(st, c, row_base, r0, rows, n0, n, qe, tid >> 5, THREADS / 32, lane);
-    } else {
-        wgmma_store_acc<NW, SWIGLU>(acc, row_of, tg, c, row_base, r0, rows, n0, n, beta);
-    }
+    wgmma_store_acc<NW, SWIGLU>(acc, row_of, tg, c, row_base, r0, rows, n0, n, beta);
 }
 
 #endif  // SIEVE_WGMMA_TILE_CUH

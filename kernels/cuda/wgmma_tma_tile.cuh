@@ -19,6 +19,15 @@
 // the bytes wgmma_tile.cuh's holds and every output element gets the same wgmma sequence: the
 // same bits as the cp.async-fed kernels (batch invariance as there).
 //
+// SwiGLU (SWIGLU = true, the MLP's gate/up GEMM): W is the stacked [gate; up] weight, n = 2 inter
+// rows, and the producer loads each stage's B as two boxes of BN / 2 rows, gate rows n0 / 2 ..
+// and up rows inter + n0 / 2 .., so tile column c < BN / 2 holds gate column n0 / 2 + c and
+// column c + BN / 2 its up column: the same thread holds both, in register f and f + 32 NW, and
+// the epilogue stores act[r, n0 / 2 + c] = bf16(silu(gate) · up) (a gate box past inter reads up
+// rows, whose columns are not stored; an up box past n reads zeros). Each element is the same K
+// chain as in the plain GEMM, so these are the bits of the plain GEMM, silu_mul_f32 and
+// cast_bf16 in turn, as for the cp.async tile's interleaved SwiGLU. Requires inter % 8 == 0.
+//
 // Every mbarrier wait gives up after MBAR_TIMEOUT_NS with a trap (a launch error, not a hang):
 // on a correct kernel no wait comes near it.
 //
@@ -82,9 +91,27 @@ __device__ __forceinline__ void tma_load_2d(u32 dst, const TmaMap* map, int c0, 
         : "memory");
 }
 
+// The SwiGLU epilogue of the split B tile (above): gate in register f < 32 NW of the flattened
+// acc[NW][64], its up in f + 32 NW; act[r, n0 / 2 + c] through gemm_store_swiglu (gate column 0).
+template <int NW>
+__device__ __forceinline__ void wgmma_store_swiglu_split(const float (&acc)[NW][64], int row_of, int tg,
+                                                         bf16_t* __restrict__ act, u32 r0, u32 rows, int n0, int n) {
+#pragma unroll
+    for (int f = 0; f < 32 * NW; f += 4)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int fg = f + 2 * half, fu = fg + 32 * NW;
+            const int jg = fg / 64, ig = fg % 64, ju = fu / 64, iu = fu % 64;
+            const int cl = jg * 128 + (ig >> 2) * 8 + tg * 2;
+            gemm_store_swiglu(act, 0, r0, rows, n0, n, row_of + half * 8, 0, cl, acc[jg][ig], acc[jg][ig + 1],
+                              acc[ju][iu], acc[ju][iu + 1]);
+        }
+}
+
 // C[r0 + r, n0 + j] (+)= sum_k A[r0 + r, k] * W[n0 + j, k] for the block's 128 x BN tile, A and W
-// read through `a_map` (dims {k, m}, box {64, 128}) and `w_map` (dims {k, n}, box {64, BN}).
-template <int BN>
+// read through `a_map` (dims {k, m}, box {64, 128}) and `w_map` (dims {k, n}, box {64, BN}; for
+// SWIGLU box {64, BN / 2}, and c is the bf16 act [m, n / 2]).
+template <int BN, bool SWIGLU = false>
 __device__ __forceinline__ void wgmma_tma_gemm_tile(const TmaMap* a_map, const TmaMap* w_map, float* __restrict__ c,
                                                     u32 r0, u32 rows, int n0, int n, int k, float beta) {
     constexpr int STAGES = WgShape<128, BN>::STAGES, NW = BN / 128;
@@ -114,7 +141,12 @@ __device__ __forceinline__ void wgmma_tma_gemm_tile(const TmaMap* a_map, const T
                 mbar_wait(smem_u32(&empty[slot]), ((kt / STAGES) & 1) ^ 1);
                 mbar_arrive_expect_tx(f, STAGE);
                 tma_load_2d(dst, a_map, kt * WG_BK, (int)r0, f);
-                tma_load_2d(dst + A_STAGE, w_map, kt * WG_BK, n0, f);
+                if (SWIGLU) {
+                    tma_load_2d(dst + A_STAGE, w_map, kt * WG_BK, n0 >> 1, f);
+                    tma_load_2d(dst + A_STAGE + (BN / 2) * WG_BK * 2, w_map, kt * WG_BK, (n >> 1) + (n0 >> 1), f);
+                } else {
+                    tma_load_2d(dst + A_STAGE, w_map, kt * WG_BK, n0, f);
+                }
             }
         }
         return;  // the consumers use no block-wide barrier from here on
@@ -139,7 +171,11 @@ __device__ __forceinline__ void wgmma_tma_gemm_tile(const TmaMap* a_map, const T
 #pragma unroll
     for (int j = 0; j < NW; ++j) wgmma_fence_operands(acc[j]);
 
-    wgmma_store_acc<NW, false>(acc, cw * 64 + warp * 16 + (lane >> 2), lane & 3, c, 0, r0, rows, n0, n, beta);
+    const int row_of = cw * 64 + warp * 16 + (lane >> 2);
+    if (SWIGLU)
+        wgmma_store_swiglu_split<NW>(acc, row_of, lane & 3, reinterpret_cast<bf16_t*>(c), r0, rows, n0, n);
+    else
+        wgmma_store_acc<NW, false>(acc, row_of, lane & 3, c, 0, r0, rows, n0, n, beta);
 }
 
 #endif  // SIEVE_WGMMA_TMA_TILE_CUH

@@ -10,8 +10,9 @@
 //!    (BLOCK_M 64, BLOCK_M 128) against the device-side auto selector, with the histogram's
 //!    padding ratio — the baseline is measured in the same run — and the auto selector with the
 //!    gate/up GEMM's SwiGLU epilogue (the fused engine);
-//! 4. the fused epilogues one layer segment at a time (`bench_fusions`): unfused engine, fused
-//!    engine without the segment's GEMM epilogue, fused engine;
+//! 4. one Qwen3-0.6B layer op by op (`bench_layer_ops`) at a 200- and a 500-item call's rows, on
+//!    the tiled, wgmma, unfused and cuBLAS engines (where a layer's time goes, and what each
+//!    fusion pays), and each projection's plain GEMM on every kernel from a bf16 operand;
 //! 5. a synthetic 28-layer dense model through the `Backend` trait, per GEMM / attention engine
 //!    pair (tiled, tiled v1, cuBLAS): pairs/s and tokens/s, and a call's milliseconds whole and
 //!    until its launches were enqueued (close: the call is launch-bound, where CUDA graphs or
@@ -26,7 +27,7 @@
 //!
 //!   cargo run --release -p sieve-kernels --example bench_cuda [-- --quick] [--no-cpu] [--only SECTION]...
 //!
-//! SECTION: gemm, attention, moe, fusions, dense, wgmma, tma (1 to 7 above; all when none is named).
+//! SECTION: gemm, attention, moe, layer, dense, wgmma, tma (1 to 7 above; all when none is named).
 //!
 //! GPU timings are CUDA-event medians of the enqueued work; end-to-end figures are wall clock.
 //! Without a GPU it says so and exits with status 1.
@@ -344,89 +345,118 @@ fn bench_moe(g: &CudaBackend, fused: Option<&CudaBackend>, rng: &mut impl Rng, r
     }
 }
 
-/// Which fused epilogue pays: one Qwen3-0.6B layer at a 200-item call's 20k rows, split into
-/// its three segments, timed (event median ms) on the unfused engine (`TiledUnfused`), on the
-/// fused engine with the segment's GEMM epilogue left out (its op then runs as the GEMM and a
-/// kernel after it), and on the fused engine as the worker runs it.
-fn bench_fusions(f: &CudaBackend, u: &CudaBackend, rng: &mut impl Rng, reps: usize) {
+/// One Qwen3-0.6B layer op by op, per engine, at a 200- and a 500-item call's rows: where a
+/// layer's time goes (event medians, each op timed alone). Below it, each projection's plain
+/// GEMM on every kernel from a bf16 operand (no cast), the same rows.
+fn bench_layer_ops(engines: &[(&str, &CudaBackend)], rng: &mut impl Rng, reps: usize) {
     let (h, inter, l) = (1024, 3072, QkvLayout { n_heads: 16, n_kv_heads: 8, head_dim: 128 });
-    let (pre, batch, slots) = scoring_batch(200, 200, 100);
-    let rows = batch.num_rows();
     let rope = RopeConfig {
         theta: 1_000_000.0,
         rotary_dim: l.head_dim,
         layout: RopeLayout::HalfSplit,
         scaling: Default::default(),
     };
-    let (x, norm, hn) = (random(rng, rows * h, 1.0), vec![1.0; h], vec![1.0; l.head_dim]);
+    let (norm, hn) = (vec![1.0; h.max(inter)], vec![1.0; l.head_dim]);
     let (wqkv, wo) = (random(rng, l.qkv_dim() * h, 0.03), random(rng, h * l.q_dim(), 0.03));
     let (wgu, wd) = (random(rng, 2 * inter * h, 0.03), random(rng, h * inter, 0.02));
-    println!("\nFused epilogues, one Qwen3-0.6B layer at {rows} rows (200 items of 100 over a 200-token prefix): event median ms");
-    println!("{:>34} {:>10} {:>16} {:>10}", "segment", "unfused", "fused, no epi.", "fused");
-    // Per engine: (norm → QKV → q/k norm, RoPE, K/V write), (attention → O projection + residual),
-    // (norm → gate/up, SiLU·mul → down projection + residual); the epilogue-less QKV and MLP runs.
-    let time = |b: &CudaBackend| -> [f64; 5] {
-        let mut cache = b.kv_cache(1, slots, l.n_kv_heads, l.head_dim).expect("cache");
-        let pb = b.prepare_batch(&pre, &cache).expect("batch");
-        let q = b.zeros(pre.num_rows(), l.qkv_dim()).expect("q");
-        b.write_kv(&q, l, &mut cache, 0, &pb).expect("prefix kv");
-        let bb = b.prepare_batch(&batch, &cache).expect("batch");
-        let (xt, nv, hv) =
-            (b.from_host(&x, rows, h).expect("x"), b.vector(&norm).expect("n"), b.vector(&hn).expect("n"));
-        let (wqkv, wo) =
-            (b.linear_weight(&wqkv, l.qkv_dim(), h).expect("w"), b.linear_weight(&wo, h, l.q_dim()).expect("w"));
-        let (wgu, wd) = (b.linear_weight(&wgu, 2 * inter, h).expect("w"), b.linear_weight(&wd, h, inter).expect("w"));
-        let (mut t, mut att, mut act) =
-            (b.zeros(0, 0).expect("t"), b.zeros(0, 0).expect("a"), b.zeros(0, 0).expect("a"));
-        b.reshape_operand(&mut t, rows, h).expect("t");
-        b.reshape_operand(&mut att, rows, l.q_dim()).expect("att");
-        b.reshape_operand(&mut act, rows, inter).expect("act");
-        let (mut qkv, mut gu, mut acc) = (
-            b.zeros(rows, l.qkv_dim()).expect("qkv"),
-            b.zeros(0, 0).expect("gu"),
-            b.from_host(&x, rows, h).expect("acc"),
-        );
-        let norms = (Some(&hv), Some(&hv));
-        let mut qkv_seg = |fused: bool| {
-            b.rms_norm(&xt, &nv, 1e-6, &mut t).expect("norm");
-            if fused {
-                b.matmul_qk_norm_rope_write_kv(&t, &wqkv, None, &mut qkv, l, norms, 1e-6, rope, &mut cache, 0, &bb)
-                    .expect("qkv");
-            } else {
+    const OPS: [&str; 8] = ["norm", "qkv+rope+kv", "attention", "o+res", "norm", "gate_up+swiglu", "down+res", "layer"];
+    for items in [200usize, 500] {
+        let (pre, batch, slots) = scoring_batch(200, items, 100);
+        let rows = batch.num_rows();
+        let x = random(rng, rows * inter, 1.0);
+        println!("\nOne Qwen3-0.6B layer op by op at {rows} rows ({items} items of 100 over a 200-token prefix): event median ms");
+        print!("{:>10}", "engine");
+        for op in OPS {
+            print!(" {op:>14}");
+        }
+        println!();
+        for &(name, b) in engines {
+            let mut cache = b.kv_cache(1, slots, l.n_kv_heads, l.head_dim).expect("cache");
+            let pb = b.prepare_batch(&pre, &cache).expect("batch");
+            let q = b.zeros(pre.num_rows(), l.qkv_dim()).expect("q");
+            b.write_kv(&q, l, &mut cache, 0, &pb).expect("prefix kv");
+            let bb = b.prepare_batch(&batch, &cache).expect("batch");
+            let (xt, nv, hv) = (
+                b.from_host(&x[..rows * h], rows, h).expect("x"),
+                b.vector(&norm[..h]).expect("n"),
+                b.vector(&hn).expect("n"),
+            );
+            let (wqkv, wo) =
+                (b.linear_weight(&wqkv, l.qkv_dim(), h).expect("w"), b.linear_weight(&wo, h, l.q_dim()).expect("w"));
+            let (wgu, wd) =
+                (b.linear_weight(&wgu, 2 * inter, h).expect("w"), b.linear_weight(&wd, h, inter).expect("w"));
+            let (mut t, mut att, mut act, mut gu) = (
+                b.zeros(0, 0).expect("t"),
+                b.zeros(0, 0).expect("a"),
+                b.zeros(0, 0).expect("a"),
+                b.zeros(0, 0).expect("g"),
+            );
+            b.reshape_operand(&mut t, rows, h).expect("t");
+            b.reshape_operand(&mut att, rows, l.q_dim()).expect("att");
+            b.reshape_operand(&mut act, rows, inter).expect("act");
+            let (mut qkv, mut acc) =
+                (b.zeros(rows, l.qkv_dim()).expect("qkv"), b.from_host(&x[..rows * h], rows, h).expect("acc"));
+            let norms = (Some(&hv), Some(&hv));
+            let mut ms = [0.0f64; 8];
+            ms[0] = gpu_ms(b, reps, || b.rms_norm(&xt, &nv, 1e-6, &mut t).expect("norm"));
+            ms[1] = gpu_ms(b, reps, || {
                 b.matmul(&t, &wqkv, None, &mut qkv).expect("qkv");
-                b.qk_norm_rope_write_kv(&mut qkv, l, norms.0, norms.1, 1e-6, rope, &mut cache, 0, &bb).expect("rope");
+                b.qk_norm_rope_write_kv(&mut qkv, l, norms.0, norms.1, 1e-6, rope, &mut cache, 0, &bb).expect("rope")
+            });
+            ms[2] = gpu_ms(b, reps, || b.attention(&qkv, l, &cache, 0, &bb, &mut att).expect("attention"));
+            ms[3] = gpu_ms(b, reps, || b.matmul_add(&att, &wo, &mut acc).expect("o"));
+            ms[4] = ms[0];
+            ms[5] = gpu_ms(b, reps, || b.matmul_silu_mul(&t, &wgu, &mut gu, &mut act).expect("gate_up"));
+            ms[6] = gpu_ms(b, reps, || b.matmul_add(&act, &wd, &mut acc).expect("down"));
+            ms[7] = ms[..7].iter().sum();
+            print!("{name:>10}");
+            for v in ms {
+                print!(" {v:>14.3}");
             }
-        };
-        let qkv_off = gpu_ms(b, reps, || qkv_seg(false));
-        let qkv_on = gpu_ms(b, reps, || qkv_seg(true));
-        let attn = gpu_ms(b, reps, || {
-            b.attention(&qkv, l, &cache, 0, &bb, &mut att).expect("attention");
-            b.matmul_add(&att, &wo, &mut acc).expect("o");
-        });
-        let mut mlp_seg = |fused: bool| {
-            b.rms_norm(&xt, &nv, 1e-6, &mut t).expect("norm");
-            if fused {
-                b.matmul_silu_mul(&t, &wgu, &mut gu, &mut act).expect("gate_up");
-            } else {
-                b.reshape_scratch(&mut gu, rows, 2 * inter).expect("gu");
-                b.matmul(&t, &wgu, None, &mut gu).expect("gate_up");
-                b.silu_mul(&gu, &mut act).expect("silu_mul");
-            }
-            b.matmul_add(&act, &wd, &mut acc).expect("down");
-        };
-        let mlp_off = gpu_ms(b, reps, || mlp_seg(false));
-        let mlp_on = gpu_ms(b, reps, || mlp_seg(true));
-        [qkv_off, qkv_on, attn, mlp_off, mlp_on]
-    };
-    let (tf, tu) = (time(f), time(u));
-    let rows_out = [
-        ("norm, QKV, q/k norm + RoPE + K/V", tu[1], Some(tf[0]), tf[1]),
-        ("attention, O projection", tu[2], None, tf[2]),
-        ("norm, gate/up + SiLU·mul, down", tu[4], Some(tf[3]), tf[4]),
-    ];
-    for (name, unfused, no_epi, fused) in rows_out {
-        let no_epi = no_epi.map_or("-".to_string(), |v| format!("{v:.3}"));
-        println!("{name:>34} {unfused:>10.3} {no_epi:>16} {fused:>10.3}");
+            println!();
+        }
+        // The plain GEMMs: out = x·Wᵀ from a bf16 operand, TFLOP/s.
+        let g = engines[0].1;
+        println!("plain GEMM from a bf16 operand at {rows} rows, TFLOP/s:");
+        println!(
+            "{:>10} {:>6} {:>6} {:>9} {:>9} {:>9} {:>9}",
+            "proj", "N", "K", "tiled", "wgmma", "TMA", "cuBLAS+cast"
+        );
+        for (proj, n, k) in
+            [("qkv", l.qkv_dim(), h), ("o", h, l.q_dim()), ("gate_up", 2 * inter, h), ("down", h, inter)]
+        {
+            let w = g.linear_weight(&random(rng, n * k, 0.03), n, k).expect("w");
+            let (xf, nv) = (g.from_host(&x[..rows * k], rows, k).expect("x"), g.vector(&norm[..k]).expect("n"));
+            let mut xb = g.zeros(0, 0).expect("xb");
+            g.reshape_operand(&mut xb, rows, k).expect("xb");
+            g.rms_norm(&xf, &nv, 1e-6, &mut xb).expect("norm");
+            let mut out = g.zeros(rows, n).expect("out");
+            let mut time = |kernel: GemmKernel| {
+                flops(rows, n, k, gpu_ms(g, reps, || g.matmul_on(kernel, &xb, &w, &mut out).expect("matmul_on")))
+            };
+            let bn = WgmmaShape::dense_bn(rows, n);
+            let (tl, wg, tma) = (
+                time(GemmKernel::Tiled { bm: tiled_block_m(rows, n) }),
+                time(GemmKernel::Wgmma { bn }),
+                time(GemmKernel::WgmmaTma { bn }),
+            );
+            let cublas = match engines.iter().find(|e| e.0 == "cublas") {
+                Some((_, c)) => {
+                    let (w, xf, nv) = (
+                        c.linear_weight(&random(rng, n * k, 0.03), n, k).expect("w"),
+                        c.from_host(&x[..rows * k], rows, k).expect("x"),
+                        c.vector(&norm[..k]).expect("n"),
+                    );
+                    let mut xb = c.zeros(0, 0).expect("xb");
+                    c.reshape_operand(&mut xb, rows, k).expect("xb");
+                    c.rms_norm(&xf, &nv, 1e-6, &mut xb).expect("norm");
+                    let mut out = c.zeros(rows, n).expect("out");
+                    flops(rows, n, k, gpu_ms(c, reps, || c.matmul(&xb, &w, None, &mut out).expect("matmul")))
+                }
+                None => f64::NAN,
+            };
+            println!("{proj:>10} {n:>6} {k:>6} {tl:>9.1} {wg:>9.1} {tma:>9.1} {cublas:>9.1}");
+        }
     }
 }
 
@@ -490,8 +520,8 @@ impl Dense {
             for (layer, (wqkv, wo, wgu, wd)) in ws.iter().enumerate() {
                 b.rms_norm(&x, &norm, 1e-6, &mut t).expect("norm");
                 let norms = (Some(&hn), Some(&hn));
-                b.matmul_qk_norm_rope_write_kv(&t, wqkv, None, &mut qkv, l, norms, 1e-6, rope, cache, layer, &pb)
-                    .expect("qkv");
+                b.matmul(&t, wqkv, None, &mut qkv).expect("qkv");
+                b.qk_norm_rope_write_kv(&mut qkv, l, norms.0, norms.1, 1e-6, rope, cache, layer, &pb).expect("rope");
                 b.attention(&qkv, l, cache, layer, &pb, &mut att).expect("attention");
                 b.matmul_add(&att, wo, &mut x).expect("o");
                 b.rms_norm(&x, &norm, 1e-6, &mut t).expect("norm");
@@ -529,7 +559,7 @@ impl Dense {
 
 /// The sections, in run order; `--only NAME` (repeatable) runs just those, so that a run can
 /// give each its own process (scripts/gpu-bench: a kernel fault ends one section, not all).
-const SECTIONS: [&str; 7] = ["gemm", "attention", "moe", "fusions", "dense", "wgmma", "tma"];
+const SECTIONS: [&str; 7] = ["gemm", "attention", "moe", "layer", "dense", "wgmma", "tma"];
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -574,13 +604,6 @@ fn main() {
     if runs("moe") {
         let fused = engine(GemmEngine::Tiled, AttentionEngine::Mma).ok();
         bench_moe(&g, fused.as_ref(), &mut rng, reps);
-    }
-    if runs("fusions") {
-        match (engine(GemmEngine::Tiled, AttentionEngine::Mma), engine(GemmEngine::TiledUnfused, AttentionEngine::Mma))
-        {
-            (Ok(f), Ok(u)) => bench_fusions(&f, &u, &mut rng, reps),
-            (Err(e), _) | (_, Err(e)) => println!("fused epilogues: no tiled backend: {e}"),
-        }
     }
     let model = Dense {
         layers: 28,
@@ -638,6 +661,18 @@ fn main() {
         }
         let pairs = [(GemmEngine::Tiled, AttentionEngine::Mma), (GemmEngine::Wgmma, AttentionEngine::Mma)];
         dense_table(&mut rng, &pairs, false);
+    }
+    if runs("layer") {
+        let names = [
+            ("tiled", GemmEngine::Tiled),
+            ("wgmma", GemmEngine::Wgmma),
+            ("unfused", GemmEngine::TiledUnfused),
+            ("cublas", GemmEngine::Cublas),
+        ];
+        let backends: Vec<(&str, CudaBackend)> =
+            names.iter().filter_map(|&(n, e)| engine(e, AttentionEngine::Mma).ok().map(|b| (n, b))).collect();
+        let refs: Vec<(&str, &CudaBackend)> = backends.iter().map(|(n, b)| (*n, b)).collect();
+        bench_layer_ops(&refs, &mut rng, reps);
     }
     if runs("tma") {
         if g.info().arch.number() != 90 {

@@ -329,28 +329,6 @@ pub trait Backend: Send + Sync + 'static {
         self.qk_norm_rope(qkv, layout, q_norm, k_norm, eps, rope, batch)?;
         self.write_kv(qkv, layout, cache, layer, batch)
     }
-    /// The attention block's input: `qkv = x · Wᵀ (+ bias)`, then
-    /// [`Backend::qk_norm_rope_write_kv`]. A backend may run all of it in the projection's
-    /// epilogue, with the same bits; then only qkv's q columns are written (attention reads K and
-    /// V from `cache`), so callers must not read qkv's k and v columns after this.
-    #[allow(clippy::too_many_arguments)]
-    fn matmul_qk_norm_rope_write_kv(
-        &self,
-        x: &Self::Tensor,
-        w: &Self::Weight,
-        bias: Option<&Self::Vector>,
-        qkv: &mut Self::Tensor,
-        layout: QkvLayout,
-        (q_norm, k_norm): (Option<&Self::Vector>, Option<&Self::Vector>),
-        eps: f32,
-        rope: RopeConfig,
-        cache: &mut Self::KvCache,
-        layer: usize,
-        batch: &Self::Batch,
-    ) -> Result<()> {
-        self.matmul(x, w, bias, qkv)?;
-        self.qk_norm_rope_write_kv(qkv, layout, q_norm, k_norm, eps, rope, cache, layer, batch)
-    }
     /// Causal GQA attention for every query row over its sequence's context (see [`AttnSeq`]),
     /// softmax scale `1/sqrt(head_dim)`. `out` is `[rows, n_heads * head_dim]`.
     #[allow(clippy::too_many_arguments)]

@@ -14,7 +14,7 @@ mod cuda_common;
 use common::*;
 use sieve_kernels::cuda::layout::PackedBatch;
 use sieve_kernels::cuda::twin::{self, warp::round_bf16, TwinBackend};
-use sieve_kernels::cuda::{AttentionEngine, GemmEngine, GemmShape};
+use sieve_kernels::cuda::{AttentionEngine, GemmEngine};
 use sieve_kernels::host::HostTensor;
 use sieve_kernels::reference::ReferenceBackend;
 use sieve_kernels::{Backend, KernelError, QkvLayout, RopeConfig, RopeLayout};
@@ -604,23 +604,23 @@ fn tiled_gemm_kernels_agree_bitwise_across_tiles_and_batches() {
 
 type PlainGemm = fn(usize, &[u16], &[u16], &mut [f32], usize, usize, usize, f32);
 type SwigluGemm = fn(usize, &[u16], &[u16], &mut [u16], usize, usize, usize);
-type QkvGemm = fn(usize, &[u16], &[u16], &mut twin::QkvOut<'_>, usize, usize, usize);
 
-/// The dense tiles with their fused kernels: (name, tile size, plain GEMM, SwiGLU, QKV) — the
-/// mma.sync tile at BLOCK_M 64 and 128 (gemm.cu), the wgmma tile at BLOCK_N 128 and 256
-/// (gemm_wgmma.cu).
-fn dense_tiles() -> [(&'static str, usize, PlainGemm, SwigluGemm, QkvGemm); 4] {
+/// The dense tiles with their fused SwiGLU: (name, tile size, plain GEMM, SwiGLU) — the mma.sync
+/// tile at BLOCK_M 64 and 128 (gemm.cu) and the TMA-fed wgmma tile at BLOCK_N 128 and 256
+/// (gemm_wgmma.cu; its SwiGLU reads the weight's gate and up rows as two boxes). The cp.async-fed
+/// wgmma tile's interleaved SwiGLU is the MoE grouped GEMM's (cuda_twin_moe.rs).
+fn dense_tiles() -> [(&'static str, usize, PlainGemm, SwigluGemm); 4] {
     [
-        ("BLOCK_M 64", 64, twin::dense_gemm, twin::dense_gemm_swiglu, twin::dense_gemm_qkv),
-        ("BLOCK_M 128", 128, twin::dense_gemm, twin::dense_gemm_swiglu, twin::dense_gemm_qkv),
-        ("wgmma BLOCK_N 128", 128, twin::dense_gemm_wgmma, twin::dense_gemm_wgmma_swiglu, twin::dense_gemm_wgmma_qkv),
-        ("wgmma BLOCK_N 256", 256, twin::dense_gemm_wgmma, twin::dense_gemm_wgmma_swiglu, twin::dense_gemm_wgmma_qkv),
+        ("BLOCK_M 64", 64, twin::dense_gemm, twin::dense_gemm_swiglu),
+        ("BLOCK_M 128", 128, twin::dense_gemm, twin::dense_gemm_swiglu),
+        ("wgmma TMA BLOCK_N 128", 128, twin::dense_gemm_wgmma_tma, twin::dense_gemm_wgmma_tma_swiglu),
+        ("wgmma TMA BLOCK_N 256", 256, twin::dense_gemm_wgmma_tma, twin::dense_gemm_wgmma_tma_swiglu),
     ]
 }
 
 /// The fused SwiGLU GEMMs (gemm.cu `dense_gemm_swiglu_*`, gemm_wgmma.cu
-/// `dense_gemm_wgmma_swiglu_*`), replayed fragment by fragment with their interleaved weight
-/// rows: bitwise what the unfused passes give — the same tile's plain GEMM into [gate | up],
+/// `dense_gemm_wgmma_tma_swiglu_*`), replayed fragment by fragment with their weight rows
+/// interleaved (the TMA tile's: split in two boxes): bitwise what the unfused passes give — the same tile's plain GEMM into [gate | up],
 /// `silu_mul_f32`, then `cast_bf16` — on all rows and on fewer. Partial row and column tiles
 /// (m 150; n = 2 · 72 = 144 is not a multiple of 64 or 128) and a K that is not a multiple of
 /// either K step.
@@ -631,7 +631,7 @@ fn fused_swiglu_gemm_is_bitwise_the_unfused_passes() {
     let n = 2 * inter;
     let xb: Vec<u16> = random(&mut g, m * k).iter().map(|&v| twin::warp::to_bf16(v)).collect();
     let wb: Vec<u16> = random(&mut g, n * k).iter().map(|&v| twin::warp::to_bf16(v)).collect();
-    for (name, bm, plain, swiglu, _) in dense_tiles() {
+    for (name, bm, plain, swiglu) in dense_tiles() {
         let mut gate_up = vec![f32::NAN; m * n];
         plain(bm, &xb, &wb, &mut gate_up, m, n, k, 0.0);
         let mut act = vec![f32::NAN; m * inter];
@@ -647,153 +647,6 @@ fn fused_swiglu_gemm_is_bitwise_the_unfused_passes() {
             swiglu(bm, &xb[row * k..(row + rows) * k], &wb, &mut part, rows, n, k);
             assert_eq!(part, got[row * inter..(row + rows) * inter], "{name}: rows {row}..{} alone", row + rows);
         }
-    }
-}
-
-/// The fused QKV GEMMs (gemm.cu `dense_gemm_qkv_*`, gemm_wgmma.cu `dense_gemm_wgmma_qkv_*`),
-/// replayed fragment by fragment with their staged tiles: bitwise what the unfused kernels give —
-/// the same tile's plain GEMM, then rope.cu's `qk_norm_rope` with its K/V write — in q columns
-/// and in both whole pools, at every tile that holds whole heads, for head sizes 32, 64 and 128, GQA and MHA, both RoPE layouts
-/// (one partial), with and without the q/k norms; partial row tiles, a K that is not a multiple
-/// of the K step, scattered positions and slots; and a row's bits alone as in the batch.
-#[test]
-fn fused_qkv_gemm_is_bitwise_the_unfused_kernels() {
-    let mut g = rng(23);
-    let m = 150;
-    for &(n_heads, n_kv_heads, hd, rotary_dim, k) in &[(4, 2, 64, 64, 136), (2, 1, 128, 128, 40), (3, 3, 32, 16, 24)] {
-        let n = (n_heads + 2 * n_kv_heads) * hd;
-        let (q_dim, kv_dim, slots) = (n_heads * hd, n_kv_heads * hd, 2 * m);
-        let xb: Vec<u16> = random(&mut g, m * k).iter().map(|&v| twin::warp::to_bf16(v)).collect();
-        let wb: Vec<u16> = random(&mut g, n * k).iter().map(|&v| twin::warp::to_bf16(v)).collect();
-        let positions: Vec<u32> = (0..m as u32).map(|r| (r * 37) % 300).collect();
-        let row_slots: Vec<u32> = (0..m as u32).map(|r| (r * 7 + 3) % slots as u32).collect();
-        let (qn, kn) = (random(&mut g, hd), random(&mut g, hd));
-        let rope = RopeConfig { theta: 1e6, rotary_dim, layout: RopeLayout::HalfSplit, scaling: ROPE_SCALINGS[3] };
-        let cs = twin::rope_table(rope, 300);
-        let holds_heads =
-            |name: &str, tile: usize| name.starts_with("wgmma") || GemmShape::of(tile).bn.is_multiple_of(hd);
-        for (name, tile, plain, _, qkv_gemm) in dense_tiles().into_iter().filter(|t| holds_heads(t.0, t.1)) {
-            for (interleaved, norms) in [(false, true), (true, false)] {
-                let what =
-                    format!("heads {n_heads}/{n_kv_heads} of {hd}, {name}, interleaved {interleaved}, norms {norms}");
-                let (q_norm, k_norm) = if norms { (Some(&qn[..]), Some(&kn[..])) } else { (None, None) };
-                let mut want = vec![f32::NAN; m * n];
-                plain(tile, &xb, &wb, &mut want, m, n, k, 0.0);
-                let (mut wk, mut wv) = (vec![0u16; slots * kv_dim], vec![0u16; slots * kv_dim]);
-                let args = twin::QkNormRopeArgs {
-                    qkv_cols: n,
-                    n_heads,
-                    n_kv_heads,
-                    head_dim: hd,
-                    eps: 1e-6,
-                    q_norm,
-                    k_norm,
-                    rope_cs: &cs,
-                    rotary_dim,
-                    interleaved,
-                };
-                let kv = twin::KvOut { row_slots: &row_slots, k_pool: &mut wk, v_pool: &mut wv };
-                twin::qk_norm_rope_kv(&mut want, &positions, args, Some(kv));
-                let fused = |rows: std::ops::Range<usize>| {
-                    let (mut qkv, mut k_pool, mut v_pool) =
-                        (vec![f32::NAN; rows.len() * n], vec![0u16; slots * kv_dim], vec![0u16; slots * kv_dim]);
-                    let mut out = twin::QkvOut {
-                        qkv: &mut qkv,
-                        positions: &positions[rows.clone()],
-                        row_slots: &row_slots[rows.clone()],
-                        rope_cs: &cs,
-                        q_norm,
-                        k_norm,
-                        k_pool: &mut k_pool,
-                        v_pool: &mut v_pool,
-                        n_heads,
-                        n_kv_heads,
-                        head_dim: hd,
-                        rotary_dim,
-                        interleaved,
-                        eps: 1e-6,
-                    };
-                    qkv_gemm(tile, &xb[rows.start * k..rows.end * k], &wb, &mut out, rows.len(), n, k);
-                    (qkv, k_pool, v_pool)
-                };
-                let (got, gk, gv) = fused(0..m);
-                for r in 0..m {
-                    assert_bits_eq(
-                        &format!("{what}: row {r}'s q"),
-                        &got[r * n..r * n + q_dim],
-                        &want[r * n..r * n + q_dim],
-                    );
-                    assert!(
-                        got[r * n + q_dim..(r + 1) * n].iter().all(|v| v.is_nan()),
-                        "{what}: row {r}'s k, v written"
-                    );
-                }
-                assert!(gk == wk && gv == wv, "{what}: the pools differ");
-                let (one, ok, ov) = fused(77..78);
-                assert_bits_eq(&format!("{what}: row 77 alone"), &one[..q_dim], &got[77 * n..77 * n + q_dim]);
-                let s = row_slots[77] as usize * kv_dim;
-                assert!(
-                    ok[s..s + kv_dim] == gk[s..s + kv_dim] && ov[s..s + kv_dim] == gv[s..s + kv_dim],
-                    "{what}: row 77's K/V alone"
-                );
-            }
-        }
-    }
-}
-
-/// `matmul_qk_norm_rope_write_kv` through the Backend: the fused engine's q columns and pools
-/// are the unfused engine's bits; with a bias, or heads wider than the tile, it runs the
-/// unfused passes and also writes the k and v columns.
-#[test]
-fn fused_qkv_projection_matches_the_unfused_engine() {
-    let fused = TwinBackend::tiled();
-    let unfused = TwinBackend { gemm: GemmEngine::TiledUnfused, ..Default::default() };
-    let mut g = rng(24);
-    for &(n_heads, n_kv_heads, hd, k, bias) in
-        &[(4, 2, 64, 72, false), (2, 2, 128, 32, false), (2, 1, 32, 16, true), (1, 1, 256, 8, false)]
-    {
-        let layout = QkvLayout { n_heads, n_kv_heads, head_dim: hd };
-        let n = layout.qkv_dim();
-        let mut b = LayoutBuilder::default();
-        b.push_seq(&[], 5);
-        b.layout.positions = vec![3, 0, 17, 4095, 9];
-        b.layout.row_slots = vec![6, 2, 7, 0, 3];
-        let rope =
-            RopeConfig { theta: 10_000.0, rotary_dim: hd, layout: RopeLayout::HalfSplit, scaling: Default::default() };
-        let (qn, kn, bv) = (random(&mut g, hd), random(&mut g, hd), random(&mut g, n));
-        let (w, x) = (random(&mut g, n * k), tensor(&mut g, 5, k));
-        let run = |t: &TwinBackend| {
-            let w = t.linear_weight(&w, n, k).unwrap();
-            let mut cache = t.kv_cache(2, 8, n_kv_heads, hd).unwrap();
-            let batch = t.prepare_batch(&b.layout, &cache).unwrap();
-            let mut qkv = HostTensor { data: vec![f32::NAN; 5 * n], rows: 5, cols: n };
-            let bias = bias.then_some(&bv);
-            t.matmul_qk_norm_rope_write_kv(
-                &x,
-                &w,
-                bias,
-                &mut qkv,
-                layout,
-                (Some(&qn), Some(&kn)),
-                1e-6,
-                rope,
-                &mut cache,
-                1,
-                &batch,
-            )
-            .unwrap();
-            (qkv, cache.k, cache.v)
-        };
-        let ((fx, fk, fv), (ux, uk, uv)) = (run(&fused), run(&unfused));
-        let what = format!("{layout:?}, bias {bias}");
-        let takes_fused = !bias && fused.gemm.qkv_fused_for(k, hd);
-        assert_eq!(takes_fused, hd <= 128 && !bias, "{what}");
-        for r in 0..5 {
-            let cols = if takes_fused { layout.q_dim() } else { n };
-            assert_bits_eq(&format!("{what}: row {r}"), &fx.row(r)[..cols], &ux.row(r)[..cols]);
-        }
-        assert!(fk == uk && fv == uv, "{what}: the pools differ");
-        assert!(uk[1].iter().any(|&v| v != 0) && uv[1].iter().any(|&v| v != 0), "{what}: nothing written");
     }
 }
 

@@ -31,9 +31,9 @@ pub enum GemmEngine {
     /// cuBLAS runs). With fused epilogues: GEMM operands are bf16 tensors written by the op
     /// before ([`crate::Backend::reshape_operand`]: RMSNorm stores bf16, no cast pass), and the
     /// dense MLP's gate/up GEMM applies SiLU·mul in its epilogue and stores the bf16 input of the
-    /// down projection ([`crate::Backend::matmul_silu_mul`]), and the QKV GEMM's epilogue runs the
-    /// q/k norm, RoPE and the K/V write ([`crate::Backend::matmul_qk_norm_rope_write_kv`]). The same bits as
-    /// [`GemmEngine::TiledUnfused`].
+    /// down projection ([`crate::Backend::matmul_silu_mul`]). The same bits as
+    /// [`GemmEngine::TiledUnfused`]. (A QKV epilogue running the q/k norm, RoPE and the K/V write
+    /// was measured slower than the GEMM and `qk_norm_rope` apart, on both tiles, and removed.)
     Tiled,
     /// The same tile with every op in its own pass, activations f32 between them (each GEMM
     /// casts its input first): what [`GemmEngine::Tiled`] fuses, kept to measure against.
@@ -42,9 +42,10 @@ pub enum GemmEngine {
     /// kept to measure the current tile against in the same run.
     TiledV1,
     /// Hopper's warpgroup tensor cores (kernels/cuda/gemm_wgmma.cu, moe_gemm_wgmma.cu; sm_90
-    /// devices only): [`GemmEngine::Tiled`] — the same fused epilogues, one K order per row
-    /// whatever the batch — on the instruction Hopper runs at full rate, for the dense
-    /// projections and the MoE grouped GEMM. Whether its bits equal the mma.sync tile's is the
+    /// devices only): [`GemmEngine::Tiled`] — the same fused SwiGLU, one K order per row
+    /// whatever the batch — on the instruction Hopper runs at full rate: the dense projections
+    /// on the TMA-fed, warp-specialised tile (wgmma_tma_tile.cuh), the MoE grouped GEMM on the
+    /// cp.async-fed one (wgmma_tile.cuh). Whether its bits equal the mma.sync tile's is the
     /// hardware's to say (tests/cuda_gpu.rs reports it).
     Wgmma,
 }
@@ -70,12 +71,6 @@ impl GemmEngine {
         self.fused() && self.tiled_for(k) && inter.is_multiple_of(8) && inter > 0
     }
 
-    /// Whether the QKV projection of a `[*, k]` input (no bias) runs with the q/k norm, RoPE and
-    /// the K/V write in its epilogue: the GEMM tile must hold whole heads.
-    pub fn qkv_fused_for(self, k: usize, head_dim: usize) -> bool {
-        self.fused() && self.tiled_for(k) && head_dim > 0 && GemmShape::of(128).bn.is_multiple_of(head_dim)
-    }
-
     /// BLOCK_M of the tiled engines for an `m x n` output (speed only: every BLOCK_M gives the
     /// same bits). The first tile has BLOCK_M 64 up to 256 rows.
     pub fn block_m(self, m: usize, n: usize) -> usize {
@@ -83,15 +78,6 @@ impl GemmEngine {
             GemmEngine::TiledV1 if m <= 256 => 64,
             GemmEngine::TiledV1 => 128,
             _ => tiled_block_m(m, n),
-        }
-    }
-
-    /// BLOCK_M of a fused QKV launch ([`GemmEngine::qkv_fused_for`]): [`GemmEngine::block_m`]'s,
-    /// unless that tile is narrower than a head.
-    pub fn qkv_block_m(self, m: usize, n: usize, head_dim: usize) -> usize {
-        match self.block_m(m, n) {
-            64 if GemmShape::of(64).bn.is_multiple_of(head_dim) => 64,
-            _ => 128,
         }
     }
 }
@@ -104,11 +90,10 @@ pub enum GemmKernel {
     Tiled { bm: usize },
     /// gemm.cu's `dense_gemm_v1_bm{bm}` (mma_tile_v1.cuh).
     TiledV1 { bm: usize },
-    /// gemm_wgmma.cu's `dense_gemm_wgmma_bn{bn}` (wgmma_tile.cuh, sm_90 only).
+    /// gemm_wgmma.cu's `dense_gemm_wgmma_bn{bn}` (wgmma_tile.cuh, cp.async-fed, sm_90 only).
     Wgmma { bn: usize },
     /// gemm_wgmma.cu's `dense_gemm_wgmma_tma_bn{bn}` (wgmma_tma_tile.cuh: TMA-fed and
-    /// warp-specialised, sm_90 only; plain GEMMs, measured against `Wgmma` before it takes the
-    /// engine's epilogues).
+    /// warp-specialised, sm_90 only): the wgmma engine's dense projections.
     WgmmaTma { bn: usize },
 }
 

@@ -51,9 +51,7 @@ pub const GEMM: KernelSource = kernel_source!(
         "dense_gemm_v1_bm64",
         "dense_gemm_v1_bm128",
         "dense_gemm_swiglu_bm64",
-        "dense_gemm_swiglu_bm128",
-        "dense_gemm_qkv_bm64",
-        "dense_gemm_qkv_bm128"
+        "dense_gemm_swiglu_bm128"
     ]
 );
 
@@ -62,12 +60,10 @@ pub const GEMM_WGMMA: KernelSource = kernel_source!(
     [
         "dense_gemm_wgmma_bn128",
         "dense_gemm_wgmma_bn256",
-        "dense_gemm_wgmma_swiglu_bn128",
-        "dense_gemm_wgmma_swiglu_bn256",
-        "dense_gemm_wgmma_qkv_bn128",
-        "dense_gemm_wgmma_qkv_bn256",
         "dense_gemm_wgmma_tma_bn128",
-        "dense_gemm_wgmma_tma_bn256"
+        "dense_gemm_wgmma_tma_bn256",
+        "dense_gemm_wgmma_tma_swiglu_bn128",
+        "dense_gemm_wgmma_tma_swiglu_bn256"
     ]
 );
 pub const MOE_GEMM_WGMMA: KernelSource = kernel_source!(

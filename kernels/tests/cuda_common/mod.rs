@@ -156,20 +156,8 @@ impl MiniModel {
             for (layer, (an, wqkv, bqkv, qn, kn, wo, mn, wgu, wd)) in weights.iter().enumerate() {
                 b.rms_norm(&x, an, eps, &mut h).unwrap();
                 let norms = (Some(qn), Some(kn));
-                b.matmul_qk_norm_rope_write_kv(
-                    &h,
-                    wqkv,
-                    bqkv.as_ref(),
-                    &mut qkv,
-                    l,
-                    norms,
-                    eps,
-                    rope,
-                    &mut cache,
-                    layer,
-                    &batch,
-                )
-                .unwrap();
+                b.matmul(&h, wqkv, bqkv.as_ref(), &mut qkv).unwrap();
+                b.qk_norm_rope_write_kv(&mut qkv, l, norms.0, norms.1, eps, rope, &mut cache, layer, &batch).unwrap();
                 b.attention(&qkv, l, &cache, layer, &batch, &mut attn).unwrap();
                 b.matmul_add(&attn, wo, &mut x).unwrap();
                 b.rms_norm(&x, mn, eps, &mut h).unwrap();

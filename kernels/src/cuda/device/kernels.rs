@@ -61,8 +61,6 @@ pub(crate) struct Kernels {
     pub dense_gemm_v1_bm128: CudaFunction,
     pub dense_gemm_swiglu_bm64: CudaFunction,
     pub dense_gemm_swiglu_bm128: CudaFunction,
-    pub dense_gemm_qkv_bm64: CudaFunction,
-    pub dense_gemm_qkv_bm128: CudaFunction,
 }
 
 /// The compile target for a device: a cubin for its exact architecture when this NVRTC knows
@@ -88,12 +86,10 @@ fn target_for(arch: Arch, nvrtc: Option<&NvrtcCompiler>) -> Result<Target> {
 pub(crate) struct HopperKernels {
     pub dense_gemm_wgmma_bn128: CudaFunction,
     pub dense_gemm_wgmma_bn256: CudaFunction,
-    pub dense_gemm_wgmma_swiglu_bn128: CudaFunction,
-    pub dense_gemm_wgmma_swiglu_bn256: CudaFunction,
-    pub dense_gemm_wgmma_qkv_bn128: CudaFunction,
-    pub dense_gemm_wgmma_qkv_bn256: CudaFunction,
     pub dense_gemm_wgmma_tma_bn128: CudaFunction,
     pub dense_gemm_wgmma_tma_bn256: CudaFunction,
+    pub dense_gemm_wgmma_tma_swiglu_bn128: CudaFunction,
+    pub dense_gemm_wgmma_tma_swiglu_bn256: CudaFunction,
     pub moe_gemm_wgmma_bm64: CudaFunction,
     pub moe_gemm_wgmma_bm128: CudaFunction,
     pub moe_gemm_wgmma_swiglu_bm64: CudaFunction,
@@ -109,12 +105,10 @@ impl HopperKernels {
         let h = HopperKernels {
             dense_gemm_wgmma_bn128: d("dense_gemm_wgmma_bn128")?,
             dense_gemm_wgmma_bn256: d("dense_gemm_wgmma_bn256")?,
-            dense_gemm_wgmma_swiglu_bn128: d("dense_gemm_wgmma_swiglu_bn128")?,
-            dense_gemm_wgmma_swiglu_bn256: d("dense_gemm_wgmma_swiglu_bn256")?,
-            dense_gemm_wgmma_qkv_bn128: d("dense_gemm_wgmma_qkv_bn128")?,
-            dense_gemm_wgmma_qkv_bn256: d("dense_gemm_wgmma_qkv_bn256")?,
             dense_gemm_wgmma_tma_bn128: d("dense_gemm_wgmma_tma_bn128")?,
             dense_gemm_wgmma_tma_bn256: d("dense_gemm_wgmma_tma_bn256")?,
+            dense_gemm_wgmma_tma_swiglu_bn128: d("dense_gemm_wgmma_tma_swiglu_bn128")?,
+            dense_gemm_wgmma_tma_swiglu_bn256: d("dense_gemm_wgmma_tma_swiglu_bn256")?,
             moe_gemm_wgmma_bm64: m("moe_gemm_wgmma_bm64")?,
             moe_gemm_wgmma_bm128: m("moe_gemm_wgmma_bm128")?,
             moe_gemm_wgmma_swiglu_bm64: m("moe_gemm_wgmma_swiglu_bm64")?,
@@ -124,12 +118,10 @@ impl HopperKernels {
         for (f, (bm, bn)) in [
             (&h.dense_gemm_wgmma_bn128, (128, 128)),
             (&h.dense_gemm_wgmma_bn256, (128, 256)),
-            (&h.dense_gemm_wgmma_swiglu_bn128, (128, 128)),
-            (&h.dense_gemm_wgmma_swiglu_bn256, (128, 256)),
-            (&h.dense_gemm_wgmma_qkv_bn128, (128, 128)),
-            (&h.dense_gemm_wgmma_qkv_bn256, (128, 256)),
             (&h.dense_gemm_wgmma_tma_bn128, (128, 128)),
             (&h.dense_gemm_wgmma_tma_bn256, (128, 256)),
+            (&h.dense_gemm_wgmma_tma_swiglu_bn128, (128, 128)),
+            (&h.dense_gemm_wgmma_tma_swiglu_bn256, (128, 256)),
             (&h.moe_gemm_wgmma_bm64, (64, 128)),
             (&h.moe_gemm_wgmma_bm128, (128, 128)),
             (&h.moe_gemm_wgmma_swiglu_bm64, (64, 128)),
@@ -263,8 +255,6 @@ impl Kernels {
             dense_gemm_v1_bm128: f(&GEMM, "dense_gemm_v1_bm128")?,
             dense_gemm_swiglu_bm64: f(&GEMM, "dense_gemm_swiglu_bm64")?,
             dense_gemm_swiglu_bm128: f(&GEMM, "dense_gemm_swiglu_bm128")?,
-            dense_gemm_qkv_bm64: f(&GEMM, "dense_gemm_qkv_bm64")?,
-            dense_gemm_qkv_bm128: f(&GEMM, "dense_gemm_qkv_bm128")?,
         };
         // Head sizes up to 256 need a little over the 48 KiB of dynamic shared memory a kernel
         // gets without opting in.
@@ -284,8 +274,6 @@ impl Kernels {
             (&k.dense_gemm_bm128, 128),
             (&k.dense_gemm_swiglu_bm64, 64),
             (&k.dense_gemm_swiglu_bm128, 128),
-            (&k.dense_gemm_qkv_bm64, 64),
-            (&k.dense_gemm_qkv_bm128, 128),
             (&k.moe_gemm_bm64, 64),
             (&k.moe_gemm_bm128, 128),
             (&k.moe_gemm_swiglu_bm64, 64),

@@ -1,8 +1,6 @@
 //! `Backend` for `CudaBackend`: shape checks (shared with the CPU twin), then one launch each.
 
-use cudarc::driver::{
-    CudaFunction, CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::memory::{alloc, CudaBatch, CudaKvCache, CudaMatrix, CudaTensor, CudaVector};
 use super::tma::TmaMap;
@@ -14,15 +12,6 @@ use crate::cuda::sources::consts::*;
 use crate::cuda::tma::TmaBox;
 use crate::cuda::twin::{attention_scale, attention_scale_log2, warp::to_bf16};
 use crate::cuda::{GemmEngine, GemmKernel, GemmShape, WgmmaShape};
-
-/// A fused epilogue of the dense GEMM ([`CudaBackend::dense_kernel`]).
-#[derive(Debug, Clone, Copy)]
-pub(super) enum DenseEpilogue {
-    /// SiLU·mul into the bf16 activation (`dense_gemm_swiglu_*`, `dense_gemm_wgmma_swiglu_*`).
-    Swiglu,
-    /// The q/k norm, RoPE and K/V write (`dense_gemm_qkv_*`, `dense_gemm_wgmma_qkv_*`).
-    Qkv { head_dim: usize },
-}
 
 /// A dense GEMM launch of `bm x bn` tiles over an `m x n` output (row tiles in x, column tiles
 /// in y), `threads` per block and `smem` bytes of dynamic shared memory.
@@ -206,7 +195,7 @@ impl CudaBackend {
             return self.blas.gemm_bf16(&xb, &w.buf, &mut out.buf, x.rows, w.rows, w.cols, beta);
         }
         let kernel = match self.gemm {
-            GemmEngine::Wgmma => GemmKernel::Wgmma { bn: WgmmaShape::dense_bn(x.rows, w.rows) },
+            GemmEngine::Wgmma => GemmKernel::WgmmaTma { bn: WgmmaShape::dense_bn(x.rows, w.rows) },
             GemmEngine::TiledV1 => GemmKernel::TiledV1 { bm: self.gemm.block_m(x.rows, w.rows) },
             _ => GemmKernel::Tiled { bm: self.gemm.block_m(x.rows, w.rows) },
         };
@@ -239,16 +228,42 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// The fused SwiGLU GEMM (gemm.cu `dense_gemm_swiglu_*`): act = bf16(silu(x·Gᵀ) · (x·Uᵀ)).
+    /// The fused SwiGLU GEMM: act = bf16(silu(x·Gᵀ) · (x·Uᵀ)); gemm.cu's `dense_gemm_swiglu_*`,
+    /// or on the wgmma engine gemm_wgmma.cu's TMA-fed `dense_gemm_wgmma_tma_swiglu_*` (W read
+    /// in two boxes of BN / 2 rows, the gate's and the up's).
     fn launch_swiglu(&self, x: &CudaTensor, w: &CudaMatrix, act: &mut CudaTensor) -> Result<()> {
         let mut scratch = self.gemm_input.lock().unwrap_or_else(|p| p.into_inner());
         let xb = self.gemm_operand(x, &mut scratch)?;
         let (m, n) = (x.rows, w.rows);
-        let (f, cfg) = self.dense_kernel(DenseEpilogue::Swiglu, m, n)?;
-        let (m, n, k) = (m as i32, n as i32, w.cols as i32);
         let mut out = act.bf16_view_mut()?;
-        unsafe { self.stream.launch_builder(f).arg(&xb).arg(&w.buf).arg(&mut out).arg(&m).arg(&n).arg(&k).launch(cfg) }
-            .map_err(driver_err("dense_gemm_swiglu"))?;
+        let (mi, ni, ki) = (m as i32, n as i32, w.cols as i32);
+        if self.gemm == GemmEngine::Wgmma {
+            let h = self.hopper()?;
+            let s = WgmmaShape::dense(m, n);
+            let f =
+                if s.bn == 128 { &h.dense_gemm_wgmma_tma_swiglu_bn128 } else { &h.dense_gemm_wgmma_tma_swiglu_bn256 };
+            let x_map = TmaMap::encode(&TmaBox::new(m, w.cols, 128)?, xb.device_ptr(&self.stream).0)?;
+            let w_map = TmaMap::encode(&TmaBox::new(n, w.cols, s.bn / 2)?, w.buf.device_ptr(&self.stream).0)?;
+            let cfg = tile_launch((128, s.bn), WG_TMA_THREADS, s.smem_bytes, m, n);
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&x_map).arg(&w_map).arg(&mut out).arg(&mi).arg(&ni).arg(&ki);
+            // SAFETY: the arguments match the kernel's signature; the shapes were checked by the caller.
+            return unsafe { b.launch(cfg) }.map(drop).map_err(driver_err("dense_gemm_wgmma_tma_swiglu"));
+        }
+        let bm = self.gemm.block_m(m, n);
+        let f = if bm == 64 { &self.k.dense_gemm_swiglu_bm64 } else { &self.k.dense_gemm_swiglu_bm128 };
+        unsafe {
+            self.stream
+                .launch_builder(f)
+                .arg(&xb)
+                .arg(&w.buf)
+                .arg(&mut out)
+                .arg(&mi)
+                .arg(&ni)
+                .arg(&ki)
+                .launch(mma_launch(GemmShape::of(bm), m, n))
+        }
+        .map_err(driver_err("dense_gemm_swiglu"))?;
         Ok(())
     }
 
@@ -306,34 +321,6 @@ impl CudaBackend {
     /// The sm_90a kernels, or why this backend has none.
     pub(super) fn hopper(&self) -> Result<&super::kernels::HopperKernels> {
         self.hopper.as_ref().map_err(|why| KernelError::Unsupported(format!("wgmma GEMM: {why}")))
-    }
-
-    /// The dense GEMM kernel with epilogue `epi` for an `m x n` output on this backend's engine,
-    /// and its launch: gemm_wgmma.cu's on `GemmEngine::Wgmma`, else gemm.cu's at the engine's
-    /// BLOCK_M.
-    pub(super) fn dense_kernel(&self, epi: DenseEpilogue, m: usize, n: usize) -> Result<(&CudaFunction, LaunchConfig)> {
-        if self.gemm == GemmEngine::Wgmma {
-            let h = self.hopper()?;
-            let s = WgmmaShape::dense(m, n);
-            let f = match (epi, s.bn == 128) {
-                (DenseEpilogue::Swiglu, true) => &h.dense_gemm_wgmma_swiglu_bn128,
-                (DenseEpilogue::Swiglu, false) => &h.dense_gemm_wgmma_swiglu_bn256,
-                (DenseEpilogue::Qkv { .. }, true) => &h.dense_gemm_wgmma_qkv_bn128,
-                (DenseEpilogue::Qkv { .. }, false) => &h.dense_gemm_wgmma_qkv_bn256,
-            };
-            return Ok((f, wgmma_launch(s, m, n)));
-        }
-        let bm = match epi {
-            DenseEpilogue::Qkv { head_dim } => self.gemm.qkv_block_m(m, n, head_dim),
-            DenseEpilogue::Swiglu => self.gemm.block_m(m, n),
-        };
-        let f = match (epi, bm == 64) {
-            (DenseEpilogue::Swiglu, true) => &self.k.dense_gemm_swiglu_bm64,
-            (DenseEpilogue::Swiglu, false) => &self.k.dense_gemm_swiglu_bm128,
-            (DenseEpilogue::Qkv { .. }, true) => &self.k.dense_gemm_qkv_bm64,
-            (DenseEpilogue::Qkv { .. }, false) => &self.k.dense_gemm_qkv_bm128,
-        };
-        Ok((f, mma_launch(GemmShape::of(bm), m, n)))
     }
 
     /// out = x · Wᵀ on a chosen GEMM kernel whatever the backend's engine: for tests and benches
@@ -540,34 +527,6 @@ impl Backend for CudaBackend {
         }
         checks::write_kv(shape(qkv), layout, cache.dims(), layer, batch.packed.num_rows)?;
         self.launch_qk_norm_rope(qkv, layout, (q_norm, k_norm), eps, rope, batch, Some((cache, layer)))
-    }
-
-    fn matmul_qk_norm_rope_write_kv(
-        &self,
-        x: &CudaTensor,
-        w: &CudaMatrix,
-        bias: Option<&CudaVector>,
-        qkv: &mut CudaTensor,
-        layout: QkvLayout,
-        (q_norm, k_norm): (Option<&CudaVector>, Option<&CudaVector>),
-        eps: f32,
-        rope: RopeConfig,
-        cache: &mut CudaKvCache,
-        layer: usize,
-        batch: &CudaBatch,
-    ) -> Result<()> {
-        if bias.is_some() || !self.gemm.qkv_fused_for(w.cols, layout.head_dim) {
-            self.matmul(x, w, bias, qkv)?;
-            return self.qk_norm_rope_write_kv(qkv, layout, q_norm, k_norm, eps, rope, cache, layer, batch);
-        }
-        checks::matmul(shape(x), (w.rows, w.cols), shape(qkv), None)?;
-        let norms = (q_norm.map(|v| v.len), k_norm.map(|v| v.len));
-        checks::qk_norm_rope_write_kv(shape(qkv), layout, norms, rope, cache.dims(), layer, batch.packed.num_rows)?;
-        f32_only("the QKV projection's output", &[qkv])?;
-        if x.rows == 0 {
-            return Ok(());
-        }
-        self.launch_qkv(x, w, qkv, layout, (q_norm, k_norm), eps, rope, (cache, layer), batch)
     }
 
     fn write_kv(

@@ -1,13 +1,12 @@
-//! The attention block's input on the device: the RoPE angle table, rope.cu's `qk_norm_rope`
-//! (with its K/V write) and gemm.cu's `dense_gemm_qkv_*`, which runs the QKV projection, the
-//! q/k norm, RoPE and the K/V write in one launch.
+//! The attention block's input on the device: the RoPE angle table and rope.cu's `qk_norm_rope`
+//! (with its K/V write).
 
 use std::sync::MutexGuard;
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
 
-use super::memory::{alloc, CudaBatch, CudaKvCache, CudaMatrix, CudaTensor, CudaVector};
-use super::ops::{f32_only, grid_stride, per_row, DenseEpilogue};
+use super::memory::{alloc, CudaBatch, CudaKvCache, CudaTensor, CudaVector};
+use super::ops::{f32_only, grid_stride, per_row};
 use super::{driver_err, CudaBackend};
 use crate::backend::{KernelError, QkvLayout, Result, RopeConfig, RopeLayout};
 use crate::cuda::checks;
@@ -20,8 +19,8 @@ const ROPE_TABLE_MIN_POSITIONS: usize = 4096;
 const ROPE_TABLE_MAX_POSITIONS: usize = 1 << 20;
 
 /// rope.cu's angle table for one RoPE config: cos and sin in double of every rotated pair at
-/// positions `0..positions`. Computed once on the device instead of in every layer's kernel (and
-/// in every column tile of the fused QKV GEMM); rebuilt when a batch reaches past it.
+/// positions `0..positions`. Computed once on the device instead of in every layer's kernel;
+/// rebuilt when a batch reaches past it.
 #[derive(Default)]
 pub(crate) struct RopeTable {
     key: Option<RopeConfig>,
@@ -122,44 +121,6 @@ impl CudaBackend {
         b.arg(&row_slots).arg(&k_pool).arg(&v_pool);
         // SAFETY: the arguments match the kernel's signature; the shapes were checked above.
         unsafe { b.launch(cfg) }.map_err(driver_err("qk_norm_rope"))?;
-        Ok(())
-    }
-
-    /// gemm.cu's `dense_gemm_qkv_*` (gemm_wgmma.cu's on the wgmma engine): qkv's q columns = the normed, rotated q heads of x · Wᵀ,
-    /// `layer`'s K/V pools = its k (normed, rotated) and v heads at each row's slot. The caller
-    /// has checked the shapes and that the engine fuses this layout (`GemmEngine::qkv_fused_for`).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn launch_qkv(
-        &self,
-        x: &CudaTensor,
-        w: &CudaMatrix,
-        qkv: &mut CudaTensor,
-        layout: QkvLayout,
-        norms: (Option<&CudaVector>, Option<&CudaVector>),
-        eps: f32,
-        rope: RopeConfig,
-        (cache, layer): (&mut CudaKvCache, usize),
-        batch: &CudaBatch,
-    ) -> Result<()> {
-        let table = self.rope_table(rope, batch.packed.positions_end)?;
-        let mut scratch = self.gemm_input.lock().unwrap_or_else(|p| p.into_inner());
-        let xb = self.gemm_operand(x, &mut scratch)?;
-        let (m, n) = (x.rows, w.rows);
-        let (f, cfg) = self.dense_kernel(DenseEpilogue::Qkv { head_dim: layout.head_dim }, m, n)?;
-        let (q_addr, k_addr) = self.norm_addrs(norms.0, norms.1);
-        let (k_pool, v_pool) = self.pool_addrs(cache, layer);
-        let positions = batch.view(&batch.packed.positions);
-        let row_slots = batch.view(&batch.packed.row_slots);
-        let cs = table.buf.as_ref().ok_or_else(|| KernelError::Device("rope table".into()))?;
-        let (mi, ni, ki) = (m as i32, n as i32, w.cols as i32);
-        let (n_heads, n_kv_heads, head_dim) = (layout.n_heads as i32, layout.n_kv_heads as i32, layout.head_dim as i32);
-        let (rotary_dim, interleaved) = (rope.rotary_dim as i32, (rope.layout == RopeLayout::Interleaved) as i32);
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&xb).arg(&w.buf).arg(&mut qkv.buf).arg(&mi).arg(&ni).arg(&ki);
-        b.arg(&positions).arg(&row_slots).arg(cs).arg(&q_addr).arg(&k_addr).arg(&k_pool).arg(&v_pool);
-        b.arg(&n_heads).arg(&n_kv_heads).arg(&head_dim).arg(&rotary_dim).arg(&interleaved).arg(&eps);
-        // SAFETY: the arguments match the kernel's signature; the shapes were checked by the caller.
-        unsafe { b.launch(cfg) }.map_err(driver_err("dense_gemm_qkv"))?;
         Ok(())
     }
 }

@@ -7,12 +7,11 @@
 use super::attention::{attention_prefill, AttentionArgs};
 use super::attention_mma::{attention_mma, AttentionMmaArgs};
 use super::elementwise::{broadcast_rows, cast_bf16, dot_rows, embed_rows, gather_rows, silu_mul_f32, write_kv};
-use super::gemm::{dense_gemm, dense_gemm_qkv, dense_gemm_swiglu, dense_gemm_v1, gemm_bf16};
-use super::mma_tile::QkvOut;
+use super::gemm::{dense_gemm, dense_gemm_swiglu, dense_gemm_v1, gemm_bf16};
 use super::rmsnorm::rms_norm_rows;
 use super::rope::{qk_norm_rope, qk_norm_rope_kv, rope_table_rows, KvOut, QkNormRopeArgs};
 use super::warp::{from_bf16, to_bf16_vec};
-use super::wgmma_tile::{dense_gemm_wgmma, dense_gemm_wgmma_qkv, dense_gemm_wgmma_swiglu};
+use super::wgmma_tile::{dense_gemm_wgmma_tma, dense_gemm_wgmma_tma_swiglu};
 use crate::backend::*;
 use crate::cuda::layout::{check_rope_shape, PackedBatch};
 use crate::cuda::{checks, AttentionEngine, GemmEngine, WgmmaShape};
@@ -145,7 +144,7 @@ impl TwinBackend {
         };
         if self.gemm == GemmEngine::Wgmma && self.gemm.tiled_for(w.cols) {
             let bn = WgmmaShape::dense_bn(x.rows, w.rows);
-            dense_gemm_wgmma(bn, &xb, &w.data, &mut out.data, x.rows, w.rows, w.cols, beta);
+            dense_gemm_wgmma_tma(bn, &xb, &w.data, &mut out.data, x.rows, w.rows, w.cols, beta);
         } else if self.gemm.tiled_for(w.cols) {
             let bm = self.gemm.block_m(x.rows, w.rows);
             let gemm = if self.gemm == GemmEngine::TiledV1 { dense_gemm_v1 } else { dense_gemm };
@@ -291,57 +290,6 @@ impl Backend for TwinBackend {
         Ok(())
     }
 
-    /// With fused epilogues and a tile that holds whole heads ([`GemmEngine::qkv_fused_for`]),
-    /// gemm.cu's `dense_gemm_qkv_*`: qkv's k and v columns are left as they were.
-    fn matmul_qk_norm_rope_write_kv(
-        &self,
-        x: &HostTensor,
-        w: &TwinMatrix,
-        bias: Option<&Vec<f32>>,
-        qkv: &mut HostTensor,
-        layout: QkvLayout,
-        (q_norm, k_norm): (Option<&Vec<f32>>, Option<&Vec<f32>>),
-        eps: f32,
-        rope: RopeConfig,
-        cache: &mut TwinKvCache,
-        layer: usize,
-        batch: &TwinBatch,
-    ) -> Result<()> {
-        if bias.is_some() || !self.gemm.qkv_fused_for(w.cols, layout.head_dim) {
-            self.matmul(x, w, bias, qkv)?;
-            return self.qk_norm_rope_write_kv(qkv, layout, q_norm, k_norm, eps, rope, cache, layer, batch);
-        }
-        checks::matmul(shape(x), (w.rows, w.cols), shape(qkv), None)?;
-        let norms = (q_norm.map(|v| v.len()), k_norm.map(|v| v.len()));
-        checks::qk_norm_rope_write_kv(shape(qkv), layout, norms, rope, cache.dims(), layer, batch.packed.num_rows)?;
-        let mut xb = vec![0u16; x.data.len()];
-        cast_bf16(&x.data, &mut xb);
-        let cs = rope_cs(rope, batch);
-        let (rows, n) = (x.rows, w.rows);
-        let mut out = QkvOut {
-            qkv: &mut qkv.data,
-            positions: &batch.layout.positions,
-            row_slots: &batch.layout.row_slots,
-            rope_cs: &cs,
-            q_norm: q_norm.map(|v| v.as_slice()),
-            k_norm: k_norm.map(|v| v.as_slice()),
-            k_pool: &mut cache.k[layer],
-            v_pool: &mut cache.v[layer],
-            n_heads: layout.n_heads,
-            n_kv_heads: layout.n_kv_heads,
-            head_dim: layout.head_dim,
-            rotary_dim: rope.rotary_dim,
-            interleaved: rope.layout == RopeLayout::Interleaved,
-            eps,
-        };
-        if self.gemm == GemmEngine::Wgmma {
-            dense_gemm_wgmma_qkv(WgmmaShape::dense_bn(rows, n), &xb, &w.data, &mut out, rows, n, w.cols);
-        } else {
-            dense_gemm_qkv(self.gemm.qkv_block_m(rows, n, layout.head_dim), &xb, &w.data, &mut out, rows, n, w.cols);
-        }
-        Ok(())
-    }
-
     fn write_kv(
         &self,
         qkv: &HostTensor,
@@ -403,8 +351,9 @@ impl Backend for TwinBackend {
         Ok(())
     }
 
-    /// With fused epilogues ([`GemmEngine::fused`]), gemm.cu's `dense_gemm_swiglu_*`: `out`
-    /// holds the bf16 activation the kernel stores (as f32 values).
+    /// With fused epilogues ([`GemmEngine::fused`]), gemm.cu's `dense_gemm_swiglu_*` (on the
+    /// wgmma engine gemm_wgmma.cu's `dense_gemm_wgmma_tma_swiglu_*`): `out` holds the bf16
+    /// activation the kernel stores (as f32 values).
     fn matmul_silu_mul(
         &self,
         x: &HostTensor,
@@ -420,7 +369,7 @@ impl Backend for TwinBackend {
             let mut act = vec![0u16; rows * inter];
             if self.gemm == GemmEngine::Wgmma {
                 let bn = WgmmaShape::dense_bn(rows, w.rows);
-                dense_gemm_wgmma_swiglu(bn, &xb, &w.data, &mut act, rows, w.rows, w.cols);
+                dense_gemm_wgmma_tma_swiglu(bn, &xb, &w.data, &mut act, rows, w.rows, w.cols);
             } else {
                 let bm = self.gemm.block_m(rows, w.rows);
                 dense_gemm_swiglu(bm, &xb, &w.data, &mut act, rows, w.rows, w.cols);

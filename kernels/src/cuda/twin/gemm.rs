@@ -3,7 +3,7 @@
 //! this twin fixes the numerics that matter — bf16 inputs, f32 accumulation — with a sequential
 //! fmaf over K.
 
-use super::mma_tile::{gemm_block_order, gemm_tile, gemm_tile_to, QkvOut, Tile, TileOut};
+use super::mma_tile::{gemm_block_order, gemm_tile, gemm_tile_to, Tile, TileOut};
 use super::warp::from_bf16;
 use crate::cuda::GemmShape;
 
@@ -53,14 +53,6 @@ pub fn dense_gemm(block_m: usize, x: &[u16], w: &[u16], out: &mut [f32], m: usiz
 pub fn dense_gemm_swiglu(block_m: usize, x: &[u16], w: &[u16], act: &mut [u16], m: usize, n: usize, k: usize) {
     for (r0, n0) in dense_tiles(block_m, m, n) {
         gemm_tile_to(block_m, Tile { a: x, w, row_base: 0, r0, rows: m, n0, n, k, beta: 0.0 }, TileOut::Swiglu(act));
-    }
-}
-
-/// Twin of kernels/cuda/gemm.cu's `dense_gemm_qkv_bm64` / `dense_gemm_qkv_bm128`: the
-/// `dense_gemm` grid, each tile's heads normed, rotated and stored by the QKV epilogue.
-pub fn dense_gemm_qkv(block_m: usize, x: &[u16], w: &[u16], out: &mut QkvOut<'_>, m: usize, n: usize, k: usize) {
-    for (r0, n0) in dense_tiles(block_m, m, n) {
-        gemm_tile_to(block_m, Tile { a: x, w, row_base: 0, r0, rows: m, n0, n, k, beta: 0.0 }, TileOut::Qkv(out));
     }
 }
 

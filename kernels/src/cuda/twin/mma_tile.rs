@@ -8,7 +8,6 @@
 
 use super::elementwise::silu_times;
 use super::fragments::{ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16, AFrag, BFrag, CFrag};
-use super::rope::norm_rope_head;
 use super::warp::to_bf16;
 use crate::cuda::sources::consts::{GEMM_BK, GEMM_GROUP_M, GEMM_STAGES};
 use crate::cuda::GemmShape;
@@ -108,47 +107,21 @@ pub(crate) fn gemm_swiglu_row(col: usize, inter: usize) -> usize {
     }
 }
 
-/// Where a tile's epilogue stores: the f32 `c`, the bf16 SwiGLU activation `[.., n / 2]`
-/// (`GEMM_EPI_SWIGLU`), or the QKV epilogue's heads (`GEMM_EPI_QKV`).
-pub(crate) enum TileOut<'a, 'b> {
+/// Where a tile's epilogue stores: the f32 `c` or the bf16 SwiGLU activation `[.., n / 2]`
+/// (`GEMM_EPI_SWIGLU`).
+pub(crate) enum TileOut<'a> {
     F32(&'a mut [f32]),
     Swiglu(&'a mut [u16]),
-    Qkv(&'a mut QkvOut<'b>),
 }
 
-impl<'b> TileOut<'_, 'b> {
+impl TileOut<'_> {
     /// The same destination for one more tile.
-    pub(crate) fn reborrow(&mut self) -> TileOut<'_, 'b> {
+    pub(crate) fn reborrow(&mut self) -> TileOut<'_> {
         match self {
             TileOut::F32(c) => TileOut::F32(c),
             TileOut::Swiglu(act) => TileOut::Swiglu(act),
-            TileOut::Qkv(q) => TileOut::Qkv(q),
         }
     }
-}
-
-/// mma_tile.cuh's `QkvEpilogue`, with the f32 QKV activation `[.., n]` the q heads go to.
-pub struct QkvOut<'a> {
-    pub qkv: &'a mut [f32],
-    pub positions: &'a [u32],
-    pub row_slots: &'a [u32],
-    pub rope_cs: &'a [f64],
-    pub q_norm: Option<&'a [f32]>,
-    pub k_norm: Option<&'a [f32]>,
-    pub k_pool: &'a mut [u16],
-    pub v_pool: &'a mut [u16],
-    pub n_heads: usize,
-    pub n_kv_heads: usize,
-    pub head_dim: usize,
-    pub rotary_dim: usize,
-    pub interleaved: bool,
-    pub eps: f32,
-}
-
-/// `gemm_stage_idx<BN>`: element (r, col) of the staged f32 tile, the column's bits 3..5
-/// XOR-ed with r % 8.
-pub(crate) fn gemm_stage_idx(bn: usize, r: usize, col: usize) -> usize {
-    r * bn + (col ^ ((r & 7) << 3))
 }
 
 /// `gemm_tile<BM>`: one block, its threads replayed in order between the kernel's barriers.
@@ -157,7 +130,7 @@ pub(crate) fn gemm_tile(bm: usize, t: Tile<'_>, c: &mut [f32]) {
 }
 
 /// `gemm_tile<BM, EPI>`.
-pub(crate) fn gemm_tile_to(bm: usize, t: Tile<'_>, out: TileOut<'_, '_>) {
+pub(crate) fn gemm_tile_to(bm: usize, t: Tile<'_>, out: TileOut<'_>) {
     let swiglu = matches!(out, TileOut::Swiglu(_));
     let (bn, wm, wn) = warp_tiles(bm);
     let shape = GemmShape::of(bm);
@@ -246,15 +219,6 @@ pub(crate) fn gemm_tile_to(bm: usize, t: Tile<'_>, out: TileOut<'_, '_>) {
 
     match out {
         TileOut::F32(c) => for_each_pair(&acc, (warps_n, wm, wn), |rl, cl, v| store_f32(c, &t, rl, cl, v)),
-        TileOut::Qkv(q) => {
-            // Stage the accumulators, then the warps take the (row, head) units.
-            let mut st = vec![0f32; bm * bn];
-            for_each_pair(&acc, (warps_n, wm, wn), |r, col, v| {
-                st[gemm_stage_idx(bn, r, col)] = v[0];
-                st[gemm_stage_idx(bn, r, col + 1)] = v[1];
-            });
-            qkv_heads(&st, (bm, bn), &t, q, warps);
-        }
         TileOut::Swiglu(act) => {
             // n8 tiles (2i, 2i + 1): the gate and up of the same act columns.
             for (warp, wacc) in acc.iter().enumerate() {
@@ -319,45 +283,6 @@ pub(crate) fn store_swiglu(
     }
     for j in 0..2 {
         act[(t.row_base + r) * inter + col + j] = to_bf16(silu_times(gate[j], up[j]));
-    }
-}
-
-/// `gemm_qkv_heads<BM, BN>` over the staged tile `st`: warp w of `warps` takes the (row, head)
-/// units w, w + warps, ...
-pub(crate) fn qkv_heads(st: &[f32], (bm, bn): (usize, usize), t: &Tile<'_>, q: &mut QkvOut<'_>, warps: usize) {
-    let Tile { row_base, r0, rows, n0, n, .. } = *t;
-    let hd = q.head_dim;
-    let (per_tile, q_dim, kv_dim) = (bn / hd, q.n_heads * hd, q.n_kv_heads * hd);
-    for warp in 0..warps {
-        for u in (warp..bm * per_tile).step_by(warps) {
-            let (rl, tc) = (u / per_tile, (u % per_tile) * hd);
-            let (r, col0) = (r0 + rl, n0 + tc);
-            if r >= rows || col0 >= n {
-                continue;
-            }
-            let mut head: Vec<f32> = (0..hd).map(|d| st[gemm_stage_idx(bn, rl, tc + d)]).collect();
-            let row = row_base + r;
-            let slot = q.row_slots[row] as usize;
-            if col0 >= q_dim + kv_dim {
-                let dst = slot * kv_dim + col0 - q_dim - kv_dim;
-                for (d, &v) in head.iter().enumerate() {
-                    q.v_pool[dst + d] = to_bf16(v);
-                }
-                continue;
-            }
-            let is_q = col0 < q_dim;
-            let pos = q.positions[row] as usize;
-            let cs = &q.rope_cs[pos * q.rotary_dim..(pos + 1) * q.rotary_dim];
-            let w = if is_q { q.q_norm } else { q.k_norm };
-            norm_rope_head(&mut head, w, q.eps, cs, q.rotary_dim, q.interleaved);
-            for (d, &v) in head.iter().enumerate() {
-                if is_q {
-                    q.qkv[row * n + col0 + d] = v;
-                } else {
-                    q.k_pool[slot * kv_dim + col0 - q_dim + d] = to_bf16(v);
-                }
-            }
-        }
     }
 }
 
@@ -455,40 +380,6 @@ mod tests {
             let mut offs: Vec<usize> = (0..4).map(|c| gemm_swz(r, c) - r * 64).collect();
             offs.sort();
             assert_eq!(offs, [0, 16, 32, 48]);
-        }
-    }
-
-    #[test]
-    fn staged_qkv_tile_is_a_permutation_without_bank_conflicts() {
-        for (bm, bn) in [(64, 64), (128, 128)] {
-            for r in 0..bm {
-                let mut idx: Vec<usize> = (0..bn).map(|c| gemm_stage_idx(bn, r, c)).collect();
-                // A head's 32 consecutive dims (one warp read) land on 32 different banks.
-                for d0 in (0..bn).step_by(32) {
-                    let mut banks: Vec<usize> = idx[d0..d0 + 32].iter().map(|i| i % 32).collect();
-                    banks.sort();
-                    banks.dedup();
-                    assert_eq!(banks.len(), 32, "row {r}, dims {d0}..");
-                }
-                idx.sort();
-                assert_eq!(idx, (r * bn..(r + 1) * bn).collect::<Vec<_>>(), "row {r} of a {bm}x{bn} tile");
-            }
-            // The fragments' 8-byte stores, a half-warp at a time (rows g, g + 4 of one 8-row
-            // group, columns 2tg + 8i): 16 stores on 32 different banks.
-            for ni in 0..bn / 8 {
-                for half_warp in 0..2 {
-                    let mut banks: Vec<usize> = (0..16)
-                        .flat_map(|l| {
-                            let (g, tg) = (half_warp * 4 + l / 4, l % 4);
-                            let i = gemm_stage_idx(bn, g, ni * 8 + 2 * tg);
-                            [i % 32, (i + 1) % 32]
-                        })
-                        .collect();
-                    banks.sort();
-                    banks.dedup();
-                    assert_eq!(banks.len(), 32, "n8 tile {ni}, half-warp {half_warp}");
-                }
-            }
         }
     }
 

@@ -39,8 +39,7 @@ pub use backend::{attention_scale, attention_scale_log2, TwinBackend, TwinBatch,
 pub use elementwise::{
     broadcast_rows, cast_bf16, dot_rows, embed_rows, gather_rows, silu_mul_bf16, silu_mul_f32, write_kv,
 };
-pub use gemm::{dense_gemm, dense_gemm_qkv, dense_gemm_swiglu, dense_gemm_v1, gemm_bf16};
-pub use mma_tile::QkvOut;
+pub use gemm::{dense_gemm, dense_gemm_swiglu, dense_gemm_v1, gemm_bf16};
 pub use moe::{moe_forward, moe_forward_with_counts, TwinMoeLayer, TwinMoeWeights};
 pub use moe_gemm::{max_tiles, moe_gemm, moe_gemm_swiglu, moe_gemm_wgmma, moe_gemm_wgmma_swiglu, GroupedGemmArgs};
 pub use moe_permute::{
@@ -49,4 +48,4 @@ pub use moe_permute::{
 pub use moe_routing::moe_topk_softmax;
 pub use rmsnorm::rms_norm_rows;
 pub use rope::{qk_norm_rope, qk_norm_rope_kv, rope_table, KvOut, QkNormRopeArgs};
-pub use wgmma_tile::{dense_gemm_wgmma, dense_gemm_wgmma_qkv, dense_gemm_wgmma_swiglu, dense_gemm_wgmma_tma};
+pub use wgmma_tile::{dense_gemm_wgmma, dense_gemm_wgmma_tma, dense_gemm_wgmma_tma_swiglu};

@@ -47,7 +47,7 @@ pub fn moe_gemm_wgmma_swiglu(block_m: usize, args: GroupedGemmArgs<'_>, grid_x: 
     moe_gemm_to(block_m, true, args, grid_x, TileOut::Swiglu(act))
 }
 
-fn moe_gemm_to(block_m: usize, wgmma: bool, args: GroupedGemmArgs<'_>, grid_x: usize, mut out: TileOut<'_, '_>) {
+fn moe_gemm_to(block_m: usize, wgmma: bool, args: GroupedGemmArgs<'_>, grid_x: usize, mut out: TileOut<'_>) {
     assert!(block_m == 64 || block_m == 128, "BLOCK_M {block_m}");
     if args.choice != block_m as u32 {
         return;

@@ -11,9 +11,7 @@
 //! tile gives the mma.sync tile's bits; on the device, tests/cuda_gpu.rs reports whether it does.
 //! The epilogues are mma_tile.rs's store helpers, fed the wgmma fragments' positions.
 
-use super::mma_tile::{
-    gemm_block_order, gemm_stage_idx, gemm_swiglu_row, qkv_heads, store_f32, store_swiglu, QkvOut, Smem, Tile, TileOut,
-};
+use super::mma_tile::{gemm_block_order, gemm_swiglu_row, store_f32, store_swiglu, Smem, Tile, TileOut};
 use super::warp::from_bf16;
 use crate::cuda::sources::consts::WG_BK;
 use crate::cuda::tma::TmaBox;
@@ -79,7 +77,7 @@ pub(crate) enum Feed {
 
 /// `wgmma_gemm_tile<BM, BN, EPI>` (`feed` CpAsync) or `wgmma_tma_gemm_tile<BN>` (`feed` Tma):
 /// one block, its threads replayed in order between the kernel's barriers.
-pub(crate) fn wgmma_gemm_tile(bm: usize, bn: usize, t: Tile<'_>, out: TileOut<'_, '_>, feed: Feed) {
+pub(crate) fn wgmma_gemm_tile(bm: usize, bn: usize, t: Tile<'_>, out: TileOut<'_>, feed: Feed) {
     let shape = WgmmaShape::of(bm, bn);
     let (stages, threads) = (shape.stages, shape.threads as usize);
     let swiglu = matches!(out, TileOut::Swiglu(_));
@@ -112,10 +110,18 @@ pub(crate) fn wgmma_gemm_tile(bm: usize, bn: usize, t: Tile<'_>, out: TileOut<'_
     // acc[wg][j][thread of the warpgroup][i]
     let mut acc = vec![vec![vec![[0f32; 64]; 128]; nw]; bm / 64];
     let n_k = t.k.div_ceil(BK);
+    // The TMA tile's SwiGLU reads W as two boxes of bn / 2 rows (gate rows n0 / 2 .., up rows
+    // n / 2 + n0 / 2 ..): the split layout its epilogue reads.
+    let split = feed == Feed::Tma && swiglu;
     let tma_boxes = (feed == Feed::Tma).then(|| {
         assert_eq!((bm, t.row_base), (128, 0), "the TMA tile is the dense 128-row one");
-        let (a, b) = TmaBox::dense_gemm(t.rows, t.n, t.k, bn).expect("the TMA boxes");
-        assert_eq!(a.box_bytes() + b.box_bytes(), stage, "the transaction bytes are the stage");
+        let (a, b) = if split {
+            (TmaBox::new(t.rows, t.k, 128).expect("x box"), TmaBox::new(t.n, t.k, bn / 2).expect("w box"))
+        } else {
+            TmaBox::dense_gemm(t.rows, t.n, t.k, bn).expect("the TMA boxes")
+        };
+        let w_boxes = if split { 2 } else { 1 };
+        assert_eq!(a.box_bytes() + w_boxes * b.box_bytes(), stage, "the transaction bytes are the stage");
         (a, b)
     });
     if feed == Feed::CpAsync {
@@ -130,7 +136,12 @@ pub(crate) fn wgmma_gemm_tile(bm: usize, bn: usize, t: Tile<'_>, out: TileOut<'_
         if let Some((a, b)) = &tma_boxes {
             let dst = (kt % stages) * stage;
             tma_load_2d(&mut smem, dst, t.a, a, kt * BK, t.r0);
-            tma_load_2d(&mut smem, dst + a_stage, t.w, b, kt * BK, t.n0);
+            if split {
+                tma_load_2d(&mut smem, dst + a_stage, t.w, b, kt * BK, t.n0 / 2);
+                tma_load_2d(&mut smem, dst + a_stage + (bn / 2) * BK * 2, t.w, b, kt * BK, t.n / 2 + t.n0 / 2);
+            } else {
+                tma_load_2d(&mut smem, dst + a_stage, t.w, b, kt * BK, t.n0);
+            }
         } else if next < n_k {
             load_stage(&mut smem, next % stages, next * BK);
         }
@@ -143,6 +154,28 @@ pub(crate) fn wgmma_gemm_tile(bm: usize, bn: usize, t: Tile<'_>, out: TileOut<'_
                 }
             }
         }
+    }
+
+    if split {
+        // wgmma_store_swiglu_split: a thread's gate in flat register f < 32 nw of acc[..][nw][64],
+        // its up in f + 32 nw; act[r, n0 / 2 + c] for tile column c.
+        let TileOut::Swiglu(act) = out else { unreachable!("split is SwiGLU") };
+        for (wg, acc_wg) in acc.iter().enumerate() {
+            for tw in 0..128 {
+                let (warp, lane) = (tw / 32, tw % 32);
+                for f in (0..32 * nw).step_by(4) {
+                    for half in 0..2 {
+                        let (fg, rl) = (f + 2 * half, wg * 64 + warp * 16 + (lane >> 2) + half * 8);
+                        let fu = fg + 32 * nw;
+                        let (g, u) = (&acc_wg[fg / 64][tw], &acc_wg[fu / 64][tw]);
+                        let (ig, iu) = (fg % 64, fu % 64);
+                        let cl = (fg / 64) * 128 + (ig >> 2) * 8 + (lane & 3) * 2;
+                        store_swiglu(act, &t, rl, 0, cl, [g[ig], g[ig + 1]], [u[iu], u[iu + 1]]);
+                    }
+                }
+            }
+        }
+        return;
     }
 
     // Every thread's registers per wgmma with its tile-local row and n8 block: block b of a
@@ -175,15 +208,6 @@ pub(crate) fn wgmma_gemm_tile(bm: usize, bn: usize, t: Tile<'_>, out: TileOut<'_
                 store_swiglu(act, &t, rl, block_col, block_col + tg * 2, gate, up);
             }
         }
-        TileOut::Qkv(q) => {
-            let mut st = vec![0f32; bm * bn];
-            for (rl, block_col, tg, d, i) in pairs {
-                let cl = block_col + tg * 2;
-                st[gemm_stage_idx(bn, rl, cl)] = d[i];
-                st[gemm_stage_idx(bn, rl, cl + 1)] = d[i + 1];
-            }
-            qkv_heads(&st, (bm, bn), &t, q, threads / 32);
-        }
     }
 }
 
@@ -208,7 +232,7 @@ pub(crate) fn tma_load_2d(smem: &mut Smem, dst: usize, src: &[u16], b: &TmaBox, 
 
 /// The dense kernels' grid over an `m x n` output at BLOCK_N `bn` (rows in 128s), each block's
 /// tile from `gemm_block_order`, fed by `feed`, into `out`.
-fn dense_tiles(bn: usize, t: Tile<'_>, mut out: TileOut<'_, '_>, feed: Feed) {
+fn dense_tiles(bn: usize, t: Tile<'_>, mut out: TileOut<'_>, feed: Feed) {
     let (tiles_m, tiles_n) = (t.rows.div_ceil(128), t.n.div_ceil(bn));
     for by in 0..tiles_n {
         for bx in 0..tiles_m {
@@ -231,24 +255,10 @@ pub fn dense_gemm_wgmma_tma(bn: usize, x: &[u16], w: &[u16], out: &mut [f32], m:
     dense_tiles(bn, t, TileOut::F32(out), Feed::Tma);
 }
 
-/// Twin of kernels/cuda/gemm_wgmma.cu's `dense_gemm_wgmma_swiglu_bn128` / `_bn256`.
-pub fn dense_gemm_wgmma_swiglu(bn: usize, x: &[u16], w: &[u16], act: &mut [u16], m: usize, n: usize, k: usize) {
-    dense_tiles(
-        bn,
-        Tile { a: x, w, row_base: 0, r0: 0, rows: m, n0: 0, n, k, beta: 0.0 },
-        TileOut::Swiglu(act),
-        Feed::CpAsync,
-    );
-}
-
-/// Twin of kernels/cuda/gemm_wgmma.cu's `dense_gemm_wgmma_qkv_bn128` / `_bn256`.
-pub fn dense_gemm_wgmma_qkv(bn: usize, x: &[u16], w: &[u16], out: &mut QkvOut<'_>, m: usize, n: usize, k: usize) {
-    dense_tiles(
-        bn,
-        Tile { a: x, w, row_base: 0, r0: 0, rows: m, n0: 0, n, k, beta: 0.0 },
-        TileOut::Qkv(out),
-        Feed::CpAsync,
-    );
+/// Twin of kernels/cuda/gemm_wgmma.cu's `dense_gemm_wgmma_tma_swiglu_bn128` / `_bn256`.
+pub fn dense_gemm_wgmma_tma_swiglu(bn: usize, x: &[u16], w: &[u16], act: &mut [u16], m: usize, n: usize, k: usize) {
+    let t = Tile { a: x, w, row_base: 0, r0: 0, rows: m, n0: 0, n, k, beta: 0.0 };
+    dense_tiles(bn, t, TileOut::Swiglu(act), Feed::Tma);
 }
 
 #[cfg(test)]
