@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use sieve_kernels::cuda::{AttentionEngine, CudaBackend, CudaOptions, GemmEngine};
-use sieve_kernels::Backend;
+use sieve_kernels::{Backend, KernelError};
 
 use crate::assets;
 use crate::config::{Attention, Device, Gemm, WorkerConfig};
@@ -79,19 +79,27 @@ pub fn start_engine(
         Device::Cpu => start_on(sieve_kernels::CpuBackend::new(cfg.model.threads)?, cfg, state),
         Device::Cuda(n) => {
             let gemm = match cfg.model.gemm {
+                Gemm::Auto | Gemm::Wgmma => GemmEngine::Wgmma,
                 Gemm::Tiled => GemmEngine::Tiled,
                 Gemm::Cublas => GemmEngine::Cublas,
                 Gemm::TiledV1 => GemmEngine::TiledV1,
                 Gemm::TiledUnfused => GemmEngine::TiledUnfused,
-                Gemm::Wgmma => GemmEngine::Wgmma,
             };
             let attention = match cfg.model.attention {
                 Attention::Mma => AttentionEngine::Mma,
                 Attention::Simt => AttentionEngine::Simt,
             };
             let opts = CudaOptions { gemm, attention, ..CudaOptions::new(n).with_asset_cache(&assets::cache_dir()) };
-            let backend =
-                CudaBackend::with_options(&opts).map_err(|e| WorkerError::Config(format!("--device {device}: {e}")))?;
+            let backend = match CudaBackend::with_options(&opts) {
+                // `auto` where the wgmma engine cannot run (not an sm_90, or its kernels did not
+                // load): the tiled engine, the same fused epilogues on mma.sync.
+                Err(KernelError::Unsupported(why)) if cfg.model.gemm == Gemm::Auto => {
+                    tracing::info!("model.gemm = \"auto\": the tiled engine ({why})");
+                    CudaBackend::with_options(&CudaOptions { gemm: GemmEngine::Tiled, ..opts })
+                }
+                other => other,
+            }
+            .map_err(|e| WorkerError::Config(format!("--device {device}: {e}")))?;
             start_on(backend, cfg, state)
         }
     }

@@ -280,19 +280,8 @@ impl<B: Backend> Model<B> {
             backend.rms_norm(x, &layer.input_norm, eps, xn)?;
             let norms = (a.q_norm.as_ref(), a.k_norm.as_ref());
             let rope = self.config.rope;
-            backend.matmul_qk_norm_rope_write_kv(
-                xn,
-                &a.qkv,
-                a.qkv_bias.as_ref(),
-                qkv,
-                ql,
-                norms,
-                eps,
-                rope,
-                cache,
-                i,
-                &batch,
-            )?;
+            backend.matmul(xn, &a.qkv, a.qkv_bias.as_ref(), qkv)?;
+            backend.qk_norm_rope_write_kv(qkv, ql, norms.0, norms.1, eps, rope, cache, i, &batch)?;
             if let (true, Some(lb)) = (i + 1 == n_layers, &last_batch) {
                 // Only the scored rows matter after the last layer: attend, project and run
                 // the MLP for them alone.
