@@ -26,7 +26,16 @@ pub trait TextEncoder: Send + Sync {
     /// Where each token of [`TextEncoder::encode_plain`]`(text)` begins, in bytes of `text`:
     /// truncation cuts an item's text on these boundaries.
     fn token_starts(&self, text: &str) -> Result<Vec<usize>>;
+    /// An independent [`TextEncoder::encode_plain`] giving the same ids, for another thread of
+    /// [`crate::tokenize_pool`], where threads sharing one encoder would contend on its caches;
+    /// `None`: the threads share this one.
+    fn fork_plain(&self) -> Option<PlainEncoder> {
+        None
+    }
 }
+
+/// One thread's [`TextEncoder::encode_plain`] ([`TextEncoder::fork_plain`]).
+pub type PlainEncoder = Box<dyn Fn(&str) -> Result<Vec<u32>> + Send + Sync>;
 
 /// A caller's request to cut items (`max_item_tokens`, `truncation_direction`), already capped
 /// by the server's limit.

@@ -2,19 +2,24 @@
 //!
 //! The scheduler prepares calls on one thread, and each item's prompt body repeats the
 //! instruction and the query, so tokenization is most of a call's preparation, and on a GPU
-//! it takes longer than the forward pass it feeds. The items of a call are independent, so [`PooledEncoder`] encodes them on a thread pool of its own (sized
-//! by `[engine] tokenize_threads`), in input order, with exactly the ids one thread would give.
+//! it takes longer than the forward pass it feeds. The items of a call are independent, so
+//! [`PooledEncoder`] encodes them on a thread pool of its own (sized by `[engine]
+//! tokenize_threads`), in input order, with exactly the ids one thread would give; each thread
+//! on its own copy of the tokenizer, whose regex caches the threads would otherwise contend on.
 
 use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use crate::prompt::TextEncoder;
+use crate::prompt::{PlainEncoder, TextEncoder};
 use crate::{Result, WorkerError};
 
-/// An encoder whose [`TextEncoder::encode_plain_many`] runs on its own thread pool.
+/// An encoder whose [`TextEncoder::encode_plain_many`] runs on its own thread pool, each
+/// thread on its own [`TextEncoder::fork_plain`] where the encoder has one.
 pub struct PooledEncoder {
     inner: Arc<dyn TextEncoder>,
+    /// Per pool thread (by its index); empty: the threads share `inner`.
+    forks: Vec<PlainEncoder>,
     pool: rayon::ThreadPool,
 }
 
@@ -26,7 +31,8 @@ impl PooledEncoder {
             .thread_name(|i| format!("sieve-tokenize-{i}"))
             .build()
             .map_err(|e| WorkerError::Config(format!("cannot start {threads} tokenizer threads: {e}")))?;
-        Ok(PooledEncoder { inner, pool })
+        let forks = (0..threads).map_while(|_| inner.fork_plain()).collect();
+        Ok(PooledEncoder { inner, forks, pool })
     }
 
     /// `inner` as is with `threads` ≤ 1 (0 means all cores), else on a pool of that many threads.
@@ -54,8 +60,16 @@ impl TextEncoder for PooledEncoder {
         if texts.len() < 2 {
             return self.inner.encode_plain_many(texts);
         }
-        let inner = self.inner.as_ref();
-        self.pool.install(|| texts.par_iter().map(|t| inner.encode_plain(t)).collect())
+        let forks = &self.forks;
+        self.pool.install(|| {
+            texts
+                .par_iter()
+                .map(|t| match rayon::current_thread_index().and_then(|i| forks.get(i)) {
+                    Some(fork) => fork(t),
+                    None => self.inner.encode_plain(t),
+                })
+                .collect()
+        })
     }
 }
 
