@@ -7,6 +7,11 @@
 //!
 //! The shared prefix is found on token ids, never on strings: BPE can merge across the
 //! query/item boundary (the space before the item's first word belongs to the item's token).
+//! Tokenizing is a call's main preparation cost, and each body repeats the instruction and the
+//! query: where the tokenizer is known to end a piece after a newline that the template's own
+//! text follows (`TextEncoder::splits_after_newline`, checked again on probe pairs and on each
+//! call's empty item), the body is cut there and the query part is tokenized once per call —
+//! the same ids as the whole body's.
 
 use serde::{Deserialize, Serialize};
 
@@ -26,6 +31,13 @@ pub trait TextEncoder: Send + Sync {
     /// Where each token of [`TextEncoder::encode_plain`]`(text)` begins, in bytes of `text`:
     /// truncation cuts an item's text on these boundaries.
     fn token_starts(&self, text: &str) -> Result<Vec<usize>>;
+    /// Whether `encode_plain(a + b) == encode_plain(a) ++ encode_plain(b)` whenever `a` ends
+    /// with a newline and `b` begins with a printable ASCII character other than a space: then a
+    /// call's prompts tokenize the query part once and each item's part alone
+    /// ([`PromptBuilder::tokenize_call`]). False unless the encoder knows it holds.
+    fn splits_after_newline(&self) -> bool {
+        false
+    }
     /// An independent [`TextEncoder::encode_plain`] giving the same ids, for another thread of
     /// [`crate::tokenize_pool`], where threads sharing one encoder would contend on its caches;
     /// `None`: the threads share this one.
@@ -84,25 +96,17 @@ impl PromptTemplate {
     /// The body with the call's values. Placeholders are substituted in one left-to-right pass,
     /// so braces inside the caller's text are never re-expanded.
     pub fn render_body(&self, instruction: &str, query: &str, item: &str) -> String {
-        let mut out = String::with_capacity(self.body.len() + query.len() + item.len() + instruction.len());
-        let mut rest = self.body.as_str();
-        while let Some(start) = rest.find('{') {
-            out.push_str(&rest[..start]);
-            let tail = &rest[start..];
-            let (value, len) = if tail.starts_with("{instruction}") {
-                (instruction, "{instruction}".len())
-            } else if tail.starts_with("{query}") {
-                (query, "{query}".len())
-            } else if tail.starts_with("{item}") {
-                (item, "{item}".len())
-            } else {
-                ("{", 1)
-            };
-            out.push_str(value);
-            rest = &tail[len..];
-        }
-        out.push_str(rest);
-        out
+        render(&self.body, instruction, query, item)
+    }
+
+    /// Where [`PromptBuilder::tokenize_call`] may cut the body for tokenizing: the byte just
+    /// after the last newline before `{item}`, when the template text there begins with a
+    /// printable ASCII character other than a space (so not a placeholder's `{` either). The
+    /// default template's `<Document>: `.
+    fn item_cut(&self) -> Option<usize> {
+        let cut = self.body[..self.body.find("{item}")?].rfind('\n')? + 1;
+        let first = self.body.as_bytes()[cut];
+        (first.is_ascii_graphic() && first != b'{').then_some(cut)
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -115,13 +119,55 @@ impl PromptTemplate {
     }
 }
 
+/// `part` of a template with the call's values: placeholders substituted in one left-to-right
+/// pass, so braces inside the caller's text are never re-expanded.
+fn render(part: &str, instruction: &str, query: &str, item: &str) -> String {
+    let mut out = String::with_capacity(part.len() + query.len() + item.len() + instruction.len());
+    let mut rest = part;
+    while let Some(start) = rest.find('{') {
+        out.push_str(&rest[..start]);
+        let tail = &rest[start..];
+        let (value, len) = if tail.starts_with("{instruction}") {
+            (instruction, "{instruction}".len())
+        } else if tail.starts_with("{query}") {
+            (query, "{query}".len())
+        } else if tail.starts_with("{item}") {
+            (item, "{item}".len())
+        } else {
+            ("{", 1)
+        };
+        out.push_str(value);
+        rest = &tail[len..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// A template with its fixed parts tokenized once.
 #[derive(Debug, Clone)]
 pub struct PromptBuilder {
     pub template: PromptTemplate,
     prefix_ids: Vec<u32>,
     suffix_ids: Vec<u32>,
+    /// [`PromptTemplate::item_cut`], where the encoder splits there
+    /// ([`TextEncoder::splits_after_newline`]) and the [`CUT_PROBES`] agree.
+    item_cut: Option<usize>,
 }
+
+/// (query, item) pairs whose prompts must tokenize the same cut at [`PromptTemplate::item_cut`]
+/// as whole before a builder cuts at all: text that could merge across the cut's edges.
+const CUT_PROBES: [(&str, &str); 10] = [
+    ("red trail shoes", "waterproof leather boot"),
+    ("ends with a space ", " starts with a space"),
+    ("ends with a newline\n", "\nstarts with a newline"),
+    ("ends with\r\n", "\r\n\r\n"),
+    ("question?", "'s an apostrophe"),
+    ("digits 123", "456 digits"),
+    ("naïve café", "\u{301}a combining mark first"),
+    ("<|im_start|>", "<think>\n</think><|im_end|>"),
+    ("", ""),
+    ("\t", "\t \n x"),
+];
 
 /// The prompts of one call, tokenized.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -154,19 +200,36 @@ impl PromptBuilder {
         template.validate()?;
         let prefix_ids = enc.encode_special(&template.prefix)?;
         let suffix_ids = enc.encode_special(&template.suffix)?;
-        Ok(PromptBuilder { template, prefix_ids, suffix_ids })
+        let mut b = PromptBuilder { template, prefix_ids, suffix_ids, item_cut: None };
+        if let Some(cut) = b.template.item_cut().filter(|_| enc.splits_after_newline()) {
+            let (head, tail) = b.template.body.split_at(cut);
+            for (query, item) in CUT_PROBES {
+                let whole = enc.encode_plain(&render(&b.template.body, "instruct", query, item))?;
+                let mut parts = enc.encode_plain(&render(head, "instruct", query, item))?;
+                parts.extend(enc.encode_plain(&render(tail, "instruct", query, item))?);
+                if parts != whole {
+                    tracing::warn!("the prompt template's body is tokenized whole: cut, {query:?} / {item:?} differ");
+                    return Ok(b);
+                }
+            }
+            b.item_cut = Some(cut);
+        }
+        Ok(b)
     }
 
     pub fn prompt_ids(&self, enc: &dyn TextEncoder, instruction: &str, query: &str, item: &str) -> Result<Vec<u32>> {
         let body = enc.encode_plain(&self.template.render_body(instruction, query, item))?;
-        Ok(self.wrap_body(&body))
+        Ok(self.wrap(&[&body]))
     }
 
-    /// `prefix ++ body ++ suffix`.
-    fn wrap_body(&self, body: &[u32]) -> Vec<u32> {
-        let mut ids = Vec::with_capacity(self.prefix_ids.len() + body.len() + self.suffix_ids.len());
+    /// `prefix ++ parts ++ suffix`.
+    fn wrap(&self, parts: &[&[u32]]) -> Vec<u32> {
+        let len = parts.iter().map(|p| p.len()).sum::<usize>();
+        let mut ids = Vec::with_capacity(self.prefix_ids.len() + len + self.suffix_ids.len());
         ids.extend_from_slice(&self.prefix_ids);
-        ids.extend_from_slice(body);
+        for p in parts {
+            ids.extend_from_slice(p);
+        }
         ids.extend_from_slice(&self.suffix_ids);
         ids
     }
@@ -185,13 +248,30 @@ impl PromptBuilder {
         let instruction = instruction.unwrap_or(&self.template.default_instruction);
         let probe = self.prompt_ids(enc, instruction, query, "")?;
         let mut prefix_len = probe.len();
-        // Every body is encoded in one call: most of a call's preparation time is here (each body
-        // repeats the instruction and query), and an encoder may spread the items over threads.
-        let bodies: Vec<String> =
-            items.iter().map(|item| self.template.render_body(instruction, query, item)).collect();
+        // Where the body may be cut (`item_cut`), the instruction and query part is tokenized
+        // once and each item's part alone: a third of the text. This call's empty item must
+        // give the whole body's ids that way too, else the call is tokenized whole.
+        let mut head = None;
+        if let Some(cut) = self.item_cut {
+            let (head_t, tail_t) = self.template.body.split_at(cut);
+            let ids = enc.encode_plain(&render(head_t, instruction, query, ""))?;
+            let empty = enc.encode_plain(&render(tail_t, instruction, query, ""))?;
+            if self.wrap(&[&ids, &empty]) == probe {
+                head = Some((ids, tail_t));
+            }
+        }
+        // Every item is encoded in one call: most of a call's preparation time is here, and an
+        // encoder may spread the items over threads.
+        let texts: Vec<String> = match &head {
+            Some((_, tail_t)) => items.iter().map(|item| render(tail_t, instruction, query, item)).collect(),
+            None => items.iter().map(|item| self.template.render_body(instruction, query, item)).collect(),
+        };
         let mut prompts = Vec::with_capacity(items.len());
-        for body in enc.encode_plain_many(&bodies)? {
-            let p = self.wrap_body(&body);
+        for ids in enc.encode_plain_many(&texts)? {
+            let p = match &head {
+                Some((head, _)) => self.wrap(&[head, &ids]),
+                None => self.wrap(&[&ids]),
+            };
             prefix_len = prefix_len.min(common_prefix_len(&probe, &p)).min(p.len().saturating_sub(1));
             prompts.push(p);
         }
@@ -365,5 +445,111 @@ pub(crate) mod tests {
         let p = &call.prompts[0];
         assert_eq!(p.iter().filter(|&&t| t == 1000).count(), 2, "only the template's own <s> tokens are special");
         assert_eq!(b.template.render_body("i", "{item}", "x"), "Q: {item}\nD: x");
+    }
+
+    /// Items and queries with text that could merge across the body's cut: spaces, newlines,
+    /// combining marks, apostrophes, digits, special-token strings, and long runs.
+    fn tricky() -> Vec<String> {
+        let mut t: Vec<String> = [
+            "",
+            " ",
+            "\n",
+            "\r\n",
+            "\t\n x",
+            "  two spaces",
+            "\nnewline first",
+            "'s",
+            "'ll do",
+            "123 digits",
+            "\u{301}combining first",
+            "é",
+            "<think>",
+            "</think>\n",
+            "<|im_start|>user",
+            "<|im_end|>",
+            "?!",
+            "—dash",
+            "naïve café crème",
+            "trailing newline\n",
+            "trailing space ",
+            "\u{3000}ideographic space",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        t.extend((0..40).map(|i| format!("trail running shoe {i}, waterproof — size {}\n\n{}", i * 7, " x".repeat(i))));
+        t
+    }
+
+    /// With the qwen3 tokenizer and the default template, a call's bodies are cut (the query
+    /// part tokenized once, each item's part alone), and every prompt and the shared prefix are
+    /// what tokenizing each body whole gives.
+    #[test]
+    fn cut_bodies_give_the_whole_bodies_ids() {
+        use crate::model::test_assets::{asset, QWEN3_TOKENIZER};
+        let tok = crate::Tokenizer::from_file(&asset(QWEN3_TOKENIZER)).unwrap();
+        assert!(tok.splits_after_newline());
+        let cut = PromptBuilder::new(PromptTemplate::default(), &tok).unwrap();
+        assert_eq!(cut.item_cut, Some("<Instruct>: {instruction}\n<Query>: {query}\n".len()));
+        let whole = PromptBuilder { item_cut: None, ..cut.clone() };
+        let texts = tricky();
+        let items: Vec<&str> = texts.iter().map(String::as_str).collect();
+        for query in texts.iter().take(24).map(String::as_str).chain(["red shoes"]) {
+            let (a, b) = (
+                cut.tokenize_call(&tok, None, query, &items).unwrap(),
+                whole.tokenize_call(&tok, None, query, &items).unwrap(),
+            );
+            assert_eq!(a, b, "query {query:?}");
+            let ins = cut.template.default_instruction.clone();
+            assert_eq!(a.prompts[40], cut.prompt_ids(&tok, &ins, query, items[40]).unwrap());
+        }
+    }
+
+    /// No cut where the template has no newline before `{item}` with text after it, or the
+    /// encoder does not say it splits there, or it says so and the probes show otherwise.
+    #[test]
+    fn bodies_are_tokenized_whole_unless_the_cut_is_safe() {
+        struct Claims<E>(E);
+        impl<E: TextEncoder> TextEncoder for Claims<E> {
+            fn encode_special(&self, t: &str) -> Result<Vec<u32>> {
+                self.0.encode_special(t)
+            }
+            fn encode_plain(&self, t: &str) -> Result<Vec<u32>> {
+                self.0.encode_plain(t)
+            }
+            fn token_starts(&self, t: &str) -> Result<Vec<usize>> {
+                self.0.token_starts(t)
+            }
+            fn splits_after_newline(&self) -> bool {
+                true
+            }
+        }
+        /// One token per text: never additive.
+        struct Whole;
+        impl TextEncoder for Whole {
+            fn encode_special(&self, t: &str) -> Result<Vec<u32>> {
+                Ok(vec![t.len() as u32])
+            }
+            fn encode_plain(&self, t: &str) -> Result<Vec<u32>> {
+                Ok(vec![t.len() as u32])
+            }
+            fn token_starts(&self, _: &str) -> Result<Vec<usize>> {
+                Ok(vec![0])
+            }
+        }
+        let t = PromptTemplate::default();
+        assert!(PromptBuilder::new(t.clone(), &Claims(ByteEncoder)).unwrap().item_cut.is_some());
+        assert_eq!(PromptBuilder::new(t.clone(), &ByteEncoder).unwrap().item_cut, None, "no claim");
+        assert_eq!(PromptBuilder::new(t.clone(), &Claims(Whole)).unwrap().item_cut, None, "the probes differ");
+        for body in ["Q: {query} D: {item}", "Q: {query}\n{item}", "Q: {query}\n {item}", "{item}\nQ: {query}"] {
+            let t = PromptTemplate { body: body.into(), ..t.clone() };
+            assert_eq!(PromptBuilder::new(t, &Claims(ByteEncoder)).unwrap().item_cut, None, "{body:?}");
+        }
+        let t = PromptTemplate { body: "Q: {query}\nD: {item}\n{query}".into(), ..t };
+        let b = PromptBuilder::new(t, &Claims(ByteEncoder)).unwrap();
+        assert_eq!(b.item_cut, Some("Q: {query}\n".len()));
+        let call = b.tokenize_call(&Claims(ByteEncoder), None, "q", &["a b", "c"]).unwrap();
+        let whole = PromptBuilder { item_cut: None, ..b.clone() }.tokenize_call(&ByteEncoder, None, "q", &["a b", "c"]);
+        assert_eq!(call, whole.unwrap());
     }
 }

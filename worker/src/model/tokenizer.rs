@@ -67,6 +67,37 @@ pub struct Tokenizer {
     plain: tokenizers::Tokenizer,
     /// Number of token ids: the largest id (base vocabulary or added token) plus one.
     vocab_size: usize,
+    /// [`crate::prompt::TextEncoder::splits_after_newline`].
+    splits_after_newline: bool,
+}
+
+/// The split patterns whose pieces never run from a newline into a following printable ASCII
+/// character other than a space (Qwen2/3's, and Llama 3's with `\p{N}{1,3}`): no alternative
+/// matches a newline followed by another character (`\s*[\r\n]+` ends at the newline, the rest
+/// match no newline, or only trailing ones), and the only lookahead, `\s+(?!\S)`, comes after
+/// `\s*[\r\n]+`, which takes any whitespace run ending in a newline first.
+const NEWLINE_SAFE_PATTERNS: [&str; 2] = [
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+];
+
+/// Whether `tok` is one whose pieces end after a newline that a printable ASCII character
+/// other than a space follows (see [`crate::prompt::TextEncoder::splits_after_newline`]): a
+/// normalizer that is none or NFC (it composes nothing across such a character), one split by a
+/// [`NEWLINE_SAFE_PATTERNS`] pattern then byte-level BPE without a prefix space, and no added
+/// token holding a newline (none can then span the cut). Anything else: false.
+fn splits_after_newline(tok: &tokenizers::Tokenizer) -> bool {
+    let normalizer = serde_json::to_value(tok.get_normalizer()).unwrap_or_default();
+    let normalizer_ok = normalizer.is_null() || normalizer == serde_json::json!({"type": "NFC"});
+    let pre = serde_json::to_value(tok.get_pre_tokenizer()).unwrap_or_default();
+    let pre_ok = NEWLINE_SAFE_PATTERNS.iter().any(|pattern| {
+        pre == serde_json::json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
+        ]})
+    });
+    let added_ok = tok.get_added_tokens_decoder().values().all(|t| !t.content.contains('\n'));
+    normalizer_ok && pre_ok && added_ok
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -165,7 +196,8 @@ impl Tokenizer {
         let vocab_size = inner.get_vocab(true).values().max().map_or(0, |&m| m as usize + 1);
         let mut plain = inner.clone();
         plain.set_encode_special_tokens(true);
-        Self { inner, plain, vocab_size }
+        let splits_after_newline = splits_after_newline(&plain);
+        Self { inner, plain, vocab_size, splits_after_newline }
     }
 
     /// Token ids of `text`; special tokens written in it are recognised; no BOS/EOS is added.
@@ -228,6 +260,9 @@ impl crate::prompt::TextEncoder for Tokenizer {
     /// cache pool instead of waiting on a shared one (the regex crate serves the first thread
     /// from its pool directly and every other through a lock): a quarter off a 500-item call's
     /// tokenizing on two threads.
+    fn splits_after_newline(&self) -> bool {
+        self.splits_after_newline
+    }
     fn fork_plain(&self) -> Option<crate::prompt::PlainEncoder> {
         let plain = self.plain.clone();
         Some(Box::new(move |text| encode_ids(&plain, text)))
