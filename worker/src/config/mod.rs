@@ -197,7 +197,7 @@ impl Default for ModelSection {
             head: HeadChoice::Auto,
             max_seq_tokens: 0,
             threads: 0,
-            gemm: Gemm::Tiled,
+            gemm: Gemm::Auto,
             attention: Attention::Mma,
         }
     }
