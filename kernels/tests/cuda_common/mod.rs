@@ -61,7 +61,7 @@ pub struct MiniModel {
 pub struct MiniLayer {
     pub attn_norm: Vec<f32>,
     pub qkv: Vec<f32>,
-    /// Odd layers only (Qwen2-style); even layers take the fused QKV epilogue where it exists.
+    /// Odd layers only (Qwen2-style).
     pub qkv_bias: Option<Vec<f32>>,
     pub q_norm: Vec<f32>,
     pub k_norm: Vec<f32>,

@@ -1,5 +1,4 @@
-//! Twin of kernels/cuda/rope.cu (`rope_table`, `qk_norm_rope`) and rope.cuh (`norm_rope_head`,
-//! which the QKV GEMM's epilogue shares: `twin::mma_tile`).
+//! Twin of kernels/cuda/rope.cu (`rope_table`, `qk_norm_rope`) and rope.cuh (`norm_rope_head`).
 
 use super::warp::{to_bf16, warp_sum};
 use crate::cuda::sources::consts::ROPE_THREADS;
