@@ -552,4 +552,59 @@ pub(crate) mod tests {
         let whole = PromptBuilder { item_cut: None, ..b.clone() }.tokenize_call(&ByteEncoder, None, "q", &["a b", "c"]);
         assert_eq!(call, whole.unwrap());
     }
+
+    /// Random queries and items over an alphabet of what could merge at the cut (newlines,
+    /// spaces, tabs, apostrophes, digits, punctuation, letters with and without combining marks,
+    /// wide spaces, CJK, emoji, special-token strings): cut tokenization gives the whole bodies'
+    /// prompts and prefix. `SIEVE_CUT_CASES` sets the number of calls (a longer run by hand).
+    #[test]
+    fn cut_bodies_give_the_whole_bodies_ids_on_random_text() {
+        use crate::model::test_assets::{asset, QWEN3_TOKENIZER};
+        use rand::{Rng, SeedableRng};
+        const PIECES: [&str; 26] = [
+            "\n",
+            "\r",
+            "\r\n",
+            " ",
+            "  ",
+            "\t",
+            "'",
+            "'s",
+            "0",
+            "42",
+            ":",
+            "<",
+            ">",
+            "|",
+            "?!",
+            "a",
+            "Zz",
+            "é",
+            "e\u{301}",
+            "\u{301}",
+            "\u{3000}",
+            "漢字",
+            "🙂",
+            "<|im_end|>",
+            "<think>",
+            "\u{a0}",
+        ];
+        let tok = crate::Tokenizer::from_file(&asset(QWEN3_TOKENIZER)).unwrap();
+        let cut = PromptBuilder::new(PromptTemplate::default(), &tok).unwrap();
+        assert!(cut.item_cut.is_some());
+        let whole = PromptBuilder { item_cut: None, ..cut.clone() };
+        let cases = std::env::var("SIEVE_CUT_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(300);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let text = |rng: &mut rand::rngs::StdRng| -> String {
+            (0..rng.random_range(0..8)).map(|_| PIECES[rng.random_range(0..PIECES.len())]).collect()
+        };
+        for case in 0..cases {
+            let query = text(&mut rng);
+            let items: Vec<String> = (0..4).map(|_| text(&mut rng)).collect();
+            let items: Vec<&str> = items.iter().map(String::as_str).collect();
+            let (a, b) =
+                (cut.tokenize_call(&tok, None, &query, &items), whole.tokenize_call(&tok, None, &query, &items));
+            assert_eq!(a.unwrap(), b.unwrap(), "case {case}: query {query:?}, items {items:?}");
+        }
+    }
 }
