@@ -55,6 +55,9 @@ impl TextEncoder for PooledEncoder {
     fn token_starts(&self, text: &str) -> Result<Vec<usize>> {
         self.inner.token_starts(text)
     }
+    fn splits_after_newline(&self) -> bool {
+        self.inner.splits_after_newline()
+    }
     fn encode_plain_many(&self, texts: &[String]) -> Result<Vec<Vec<u32>>> {
         // A single text gains nothing from a hop to the pool.
         if texts.len() < 2 {
@@ -98,6 +101,8 @@ mod tests {
     fn pooled_ids_equal_one_thread_ids_in_order() {
         let tok: Arc<dyn TextEncoder> = Arc::new(Tokenizer::from_file(&asset(QWEN3_TOKENIZER)).unwrap());
         let pooled = PooledEncoder::new(tok.clone(), 4).unwrap();
+        assert_eq!(pooled.forks.len(), 4, "a tokenizer copy per thread");
+        assert!(pooled.splits_after_newline() && tok.splits_after_newline());
         let texts = texts();
         let serial: Vec<Vec<u32>> = texts.iter().map(|t| tok.encode_plain(t).unwrap()).collect();
         assert_eq!(pooled.encode_plain_many(&texts).unwrap(), serial);

@@ -89,11 +89,15 @@ const NEWLINE_SAFE_PATTERNS: [&str; 2] = [
 fn splits_after_newline(tok: &tokenizers::Tokenizer) -> bool {
     let normalizer = serde_json::to_value(tok.get_normalizer()).unwrap_or_default();
     let normalizer_ok = normalizer.is_null() || normalizer == serde_json::json!({"type": "NFC"});
-    let pre = serde_json::to_value(tok.get_pre_tokenizer()).unwrap_or_default();
+    let mut pre = serde_json::to_value(tok.get_pre_tokenizer()).unwrap_or_default();
+    // Trimming changes offsets, not ids (Llama 3's trims, Qwen's does not).
+    if let Some(byte_level) = pre.pointer_mut("/pretokenizers/1").and_then(|v| v.as_object_mut()) {
+        byte_level.remove("trim_offsets");
+    }
     let pre_ok = NEWLINE_SAFE_PATTERNS.iter().any(|pattern| {
         pre == serde_json::json!({"type": "Sequence", "pretokenizers": [
             {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false},
-            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
+            {"type": "ByteLevel", "add_prefix_space": false, "use_regex": false},
         ]})
     });
     let added_ok = tok.get_added_tokens_decoder().values().all(|t| !t.content.contains('\n'));
@@ -255,14 +259,13 @@ impl crate::prompt::TextEncoder for Tokenizer {
             self.plain.encode(text, false).map_err(|e| WorkerError::Tokenizer(format!("encoding failed: {e}")))?;
         Ok(enc.get_offsets().iter().map(|o| o.0).collect())
     }
-    /// A clone of the plain tokenizer (about 27 MB for Qwen3's): the `tokenizers` crate
-    /// rebuilds a split pattern's regex when it clones it, so each pool thread gets its own regex
-    /// cache pool instead of waiting on a shared one (the regex crate serves the first thread
-    /// from its pool directly and every other through a lock): a quarter off a 500-item call's
-    /// tokenizing on two threads.
     fn splits_after_newline(&self) -> bool {
         self.splits_after_newline
     }
+    /// A clone of the plain tokenizer (about 22 MB for Qwen3's): the `tokenizers` crate
+    /// rebuilds a split pattern's regex when it clones it, so each pool thread gets its own regex
+    /// cache pool instead of waiting on a shared one (the regex crate serves the first thread
+    /// from its pool directly and every other through a lock).
     fn fork_plain(&self) -> Option<crate::prompt::PlainEncoder> {
         let plain = self.plain.clone();
         Some(Box::new(move |text| encode_ids(&plain, text)))
@@ -460,5 +463,36 @@ mod tests {
     fn missing_tokenizer_file_is_an_error() {
         let err = Tokenizer::from_file(Path::new("/nonexistent/tokenizer.json")).unwrap_err();
         assert!(err.to_string().contains("/nonexistent/tokenizer.json"), "{err}");
+    }
+
+    /// The cut after a newline is claimed for Qwen3's tokenizer (and with Llama 3's trimming
+    /// offsets) and for nothing that could merge across it: another normalizer, a prefix space,
+    /// another split pattern, an added token holding a newline.
+    #[test]
+    fn only_known_tokenizers_claim_the_newline_cut() {
+        use crate::prompt::TextEncoder;
+        let base: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(asset(QWEN3_TOKENIZER)).unwrap()).unwrap();
+        let dir = TempDir::new("newline-cut");
+        let claims = |edit: &dyn Fn(&mut serde_json::Value)| -> bool {
+            let mut t = base.clone();
+            edit(&mut t);
+            let path = dir.path().join("tokenizer.json");
+            std::fs::write(&path, t.to_string()).unwrap();
+            Tokenizer::from_file(&path).unwrap().splits_after_newline()
+        };
+        assert!(claims(&|_| {}));
+        assert!(claims(&|t| t["pre_tokenizer"]["pretokenizers"][1]["trim_offsets"] = true.into()));
+        assert!(claims(&|t| t["normalizer"] = serde_json::Value::Null));
+        assert!(!claims(&|t| t["normalizer"] = serde_json::json!({"type": "NFKC"})));
+        assert!(!claims(&|t| t["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = true.into()));
+        assert!(!claims(&|t| t["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\s+|\\S+".into()));
+        assert!(!claims(&|t| {
+            let added = t["added_tokens"].as_array_mut().unwrap();
+            let mut nl = added[0].clone();
+            nl["id"] = 151_700.into();
+            nl["content"] = "\n<Doc".into();
+            added.push(nl);
+        }));
     }
 }
