@@ -224,8 +224,6 @@ def torch_side(args, cfg, calls):
             "calls": len(cs),
             "p50_ms": 1e3 * statistics.median(lat),
             "p99_ms": 1e3 * pct(lat, 0.99),
-            "queue_ms_p50": statistics.median(queue),
-            "compute_ms_p50": statistics.median(compute),
             "pairs_per_s": n / wall,
             "computed_tokens_per_s": tok_s,
             "tflops": tok_s * flops_per_token(cfg, avg_len / 2) / 1e12,
