@@ -38,16 +38,7 @@ pub trait TextEncoder: Send + Sync {
     fn splits_after_newline(&self) -> bool {
         false
     }
-    /// An independent [`TextEncoder::encode_plain`] giving the same ids, for another thread of
-    /// [`crate::tokenize_pool`], where threads sharing one encoder would contend on its caches;
-    /// `None`: the threads share this one.
-    fn fork_plain(&self) -> Option<PlainEncoder> {
-        None
-    }
 }
-
-/// One thread's [`TextEncoder::encode_plain`] ([`TextEncoder::fork_plain`]).
-pub type PlainEncoder = Box<dyn Fn(&str) -> Result<Vec<u32>> + Send + Sync>;
 
 /// A caller's request to cut items (`max_item_tokens`, `truncation_direction`), already capped
 /// by the server's limit.

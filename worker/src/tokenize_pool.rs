@@ -4,22 +4,18 @@
 //! instruction and the query, so tokenization is most of a call's preparation, and on a GPU
 //! it takes longer than the forward pass it feeds. The items of a call are independent, so
 //! [`PooledEncoder`] encodes them on a thread pool of its own (sized by `[engine]
-//! tokenize_threads`), in input order, with exactly the ids one thread would give; each thread
-//! on its own copy of the tokenizer, whose regex caches the threads would otherwise contend on.
+//! tokenize_threads`), in input order, with exactly the ids one thread would give.
 
 use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use crate::prompt::{PlainEncoder, TextEncoder};
+use crate::prompt::TextEncoder;
 use crate::{Result, WorkerError};
 
-/// An encoder whose [`TextEncoder::encode_plain_many`] runs on its own thread pool, each
-/// thread on its own [`TextEncoder::fork_plain`] where the encoder has one.
+/// An encoder whose [`TextEncoder::encode_plain_many`] runs on its own thread pool.
 pub struct PooledEncoder {
     inner: Arc<dyn TextEncoder>,
-    /// Per pool thread (by its index); empty: the threads share `inner`.
-    forks: Vec<PlainEncoder>,
     pool: rayon::ThreadPool,
 }
 
@@ -31,8 +27,7 @@ impl PooledEncoder {
             .thread_name(|i| format!("sieve-tokenize-{i}"))
             .build()
             .map_err(|e| WorkerError::Config(format!("cannot start {threads} tokenizer threads: {e}")))?;
-        let forks = (0..threads).map_while(|_| inner.fork_plain()).collect();
-        Ok(PooledEncoder { inner, forks, pool })
+        Ok(PooledEncoder { inner, pool })
     }
 
     /// `inner` as is with `threads` ≤ 1 (0 means all cores), else on a pool of that many threads.
@@ -63,16 +58,8 @@ impl TextEncoder for PooledEncoder {
         if texts.len() < 2 {
             return self.inner.encode_plain_many(texts);
         }
-        let forks = &self.forks;
-        self.pool.install(|| {
-            texts
-                .par_iter()
-                .map(|t| match rayon::current_thread_index().and_then(|i| forks.get(i)) {
-                    Some(fork) => fork(t),
-                    None => self.inner.encode_plain(t),
-                })
-                .collect()
-        })
+        let inner = self.inner.as_ref();
+        self.pool.install(|| texts.par_iter().map(|t| inner.encode_plain(t)).collect())
     }
 }
 
@@ -101,7 +88,6 @@ mod tests {
     fn pooled_ids_equal_one_thread_ids_in_order() {
         let tok: Arc<dyn TextEncoder> = Arc::new(Tokenizer::from_file(&asset(QWEN3_TOKENIZER)).unwrap());
         let pooled = PooledEncoder::new(tok.clone(), 4).unwrap();
-        assert_eq!(pooled.forks.len(), 4, "a tokenizer copy per thread");
         assert!(pooled.splits_after_newline() && tok.splits_after_newline());
         let texts = texts();
         let serial: Vec<Vec<u32>> = texts.iter().map(|t| tok.encode_plain(t).unwrap()).collect();

@@ -224,8 +224,7 @@ pub struct EngineSection {
     pub prefix_cache_low_watermark: f64,
     /// Threads that tokenize one call's items together (0 = all cores, 1 = on the scheduler
     /// thread). Tokenizing is most of a call's preparation and a GPU's forward pass is short, so
-    /// a GPU worker waits on it unless it is spread. Each thread holds its own copy of the
-    /// tokenizer (about 30 MB for Qwen3's once in use), so that the threads do not contend on its caches.
+    /// a GPU worker waits on it unless it is spread.
     pub tokenize_threads: usize,
     /// Items of a call whose prompts share a leading run after the query prefix (a category
     /// path, a brand block) compute that run once for the group (needs `prefix_reuse`).

@@ -262,14 +262,6 @@ impl crate::prompt::TextEncoder for Tokenizer {
     fn splits_after_newline(&self) -> bool {
         self.splits_after_newline
     }
-    /// A clone of the plain tokenizer (about 30 MB for Qwen3's once in use): the `tokenizers` crate
-    /// rebuilds a split pattern's regex when it clones it, so each pool thread gets its own regex
-    /// cache pool instead of waiting on a shared one (the regex crate serves the first thread
-    /// from its pool directly and every other through a lock).
-    fn fork_plain(&self) -> Option<crate::prompt::PlainEncoder> {
-        let plain = self.plain.clone();
-        Some(Box::new(move |text| encode_ids(&plain, text)))
-    }
 }
 
 /// Token ids of `text` through `tok`, no BOS/EOS added.
