@@ -18,8 +18,9 @@
 //
 // Unit = 6 words: sequence (its key slots, q_row, ctx_len), first index into `rows`, row count
 // (≤ AMMA_BQ), first and end key tile, flags. Launch: grid (units, n_heads), block AMMA_THREADS,
-// dynamic shared memory (AMMA_BQ + 4 * AMMA_BK) * (HD + AMMA_PAD) bf16. Warp w owns the tile's
-// query rows 16w .. 16w + 15. Requires HD % 16 == 0 and kv_dim % 8 == 0 (16-byte cp.async rows).
+// dynamic shared memory 4 * AMMA_BK * (HD + AMMA_PAD) bf16 (two stages of K and V; the query tile
+// is staged in one). Warp w owns the tile's query rows 16w .. 16w + 15. Requires HD % 16 == 0
+// and kv_dim % 8 == 0 (16-byte cp.async rows).
 // Output: f32 rows in `out`; or, given `out_bf16`, the own pass stores bf16 rows there (two to a
 // word: the O projection's operand, rounded once as its cast would) and `out` holds only the
 // shared passes' f32 state.
@@ -56,10 +57,13 @@ __device__ __forceinline__ void attention_mma(const float* __restrict__ qkv, con
                                               int n_heads, int n_kv_heads, float scale_log2) {
     constexpr int LD = HD + AMMA_PAD;  // 16-byte aligned rows, conflict-free fragment loads
     constexpr int KSTEPS = HD / 16, NT = AMMA_BK / 8, DT = HD / 8, CHUNKS = HD / 8;
+    static_assert(AMMA_BQ <= AMMA_BK, "the query tile is staged in a K stage");
     extern __shared__ __align__(16) bf16_t amma_smem[];
-    bf16_t* q_s = amma_smem;                  // [AMMA_BQ][LD]
-    bf16_t* k_s = q_s + AMMA_BQ * LD;         // [2][AMMA_BK][LD]
+    bf16_t* k_s = amma_smem;                  // [2][AMMA_BK][LD]
     bf16_t* v_s = k_s + 2 * AMMA_BK * LD;     // [2][AMMA_BK][LD]
+    // The query tile [AMMA_BQ][LD] passes through K's second stage on its way to registers, so
+    // that three blocks fit a Hopper SM's shared memory (four tiles of 17 KB each at HD 128).
+    bf16_t* q_s = k_s + AMMA_BK * LD;
 
     const u32* unit = units + 6 * blockIdx.x;
     const u32 seq = unit[0], rows_begin = unit[1], n_rows = unit[2], kt_begin = unit[3], kt_end = unit[4],
@@ -101,6 +105,7 @@ __device__ __forceinline__ void attention_mma(const float* __restrict__ qkv, con
         qf[ks][2] = *(const u32*)&q_s[r_lo * LD + c + 8];
         qf[ks][3] = *(const u32*)&q_s[r_hi * LD + c + 8];
     }
+    __syncthreads();  // every warp holds its query fragments before K's second stage is loaded
     // Causal limit of each row: its logical position (rows past n_rows see everything; unused).
     const u32 first_pos = ctx_len - q_len;
     u32 qpos[2];

@@ -219,11 +219,11 @@ pub fn attention_mma_supports(head_dim: usize) -> bool {
     matches!(head_dim, 64 | 128)
 }
 
-/// Dynamic shared memory of the tensor-core attention kernel, in bytes: the query tile and two
-/// stages of K and V tiles, bf16 rows padded by `AMMA_PAD`.
+/// Dynamic shared memory of the tensor-core attention kernel, in bytes: two stages of K and V
+/// tiles (the query tile is staged in one), bf16 rows padded by `AMMA_PAD`.
 pub fn attention_mma_smem_bytes(head_dim: usize) -> usize {
     use super::sources::consts::AMMA_PAD;
-    (AMMA_BQ + 4 * AMMA_BK) as usize * (head_dim + AMMA_PAD as usize) * 2
+    4 * AMMA_BK as usize * (head_dim + AMMA_PAD as usize) * 2
 }
 
 /// Shapes the rotary kernel supports.

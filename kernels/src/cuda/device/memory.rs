@@ -91,6 +91,33 @@ impl CudaBatch {
     }
 }
 
+/// Keeps device memory freed to the stream-ordered pool mapped across synchronisations.
+/// cudarc allocates with `cuMemAllocAsync` from the device's current pool, whose release
+/// threshold is 0 by default: every forward pass's closing synchronisation hands the pass's
+/// scratch (gigabytes for a MoE layer's permuted rows) back to the driver, and the next pass maps
+/// it again. The worker owns its GPU, so the pool keeps what it has held.
+pub(crate) fn keep_freed_memory(ctx: &CudaContext) -> Result<()> {
+    use cudarc::driver::{result, sys};
+    let pools = ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)
+        .map_err(driver_err("reading whether the device has memory pools"))?;
+    if pools == 0 {
+        return Ok(()); // cudarc then allocates synchronously, with no pool to keep
+    }
+    let mut threshold = u64::MAX;
+    // SAFETY: the device is the context's; the attribute takes a u64 that outlives the call.
+    unsafe {
+        let pool = result::device::get_mem_pool(ctx.cu_device()).map_err(driver_err("reading the memory pool"))?;
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+        .result()
+        .map_err(driver_err("setting the memory pool's release threshold"))
+    }
+}
+
 /// Pinned host memory for uploads and downloads, reused; `done` marks the end of its last copy.
 pub(crate) struct Staging {
     ctx: Arc<CudaContext>,

@@ -147,6 +147,7 @@ impl CudaBackend {
         // SAFETY: must precede every allocation; nothing here uses a second stream.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(driver_err("creating a stream"))?;
+        memory::keep_freed_memory(&ctx)?;
         let (k, hopper, load_report) = kernels::Kernels::load(&ctx, info.arch, opts)?;
         if let (GemmEngine::Wgmma, Err(why)) = (opts.gemm, &hopper) {
             return Err(KernelError::Unsupported(format!(
