@@ -359,7 +359,21 @@ fn bench_layer_ops(engines: &[(&str, &CudaBackend)], rng: &mut impl Rng, reps: u
     let (norm, hn) = (vec![1.0; h.max(inter)], vec![1.0; l.head_dim]);
     let (wqkv, wo) = (random(rng, l.qkv_dim() * h, 0.03), random(rng, h * l.q_dim(), 0.03));
     let (wgu, wd) = (random(rng, 2 * inter * h, 0.03), random(rng, h * inter, 0.02));
-    const OPS: [&str; 8] = ["norm", "qkv+rope+kv", "attention", "o+res", "norm", "gate_up+swiglu", "down+res", "layer"];
+    // As the worker runs a layer: each projection stores plainly and the next norm adds it to
+    // the residual stream (`add_rms_norm`); the last two columns, the residual read in the
+    // projections' epilogue instead (`matmul_add`), for comparison.
+    const OPS: [&str; 10] = [
+        "add+norm",
+        "qkv+rope+kv",
+        "attention",
+        "o",
+        "add+norm",
+        "gate_up+swiglu",
+        "down",
+        "layer",
+        "o+res",
+        "down+res",
+    ];
     for items in [200usize, 500] {
         let (pre, batch, slots) = scoring_batch(200, items, 100);
         let rows = batch.num_rows();
@@ -376,11 +390,7 @@ fn bench_layer_ops(engines: &[(&str, &CudaBackend)], rng: &mut impl Rng, reps: u
             let q = b.zeros(pre.num_rows(), l.qkv_dim()).expect("q");
             b.write_kv(&q, l, &mut cache, 0, &pb).expect("prefix kv");
             let bb = b.prepare_batch(&batch, &cache).expect("batch");
-            let (xt, nv, hv) = (
-                b.from_host(&x[..rows * h], rows, h).expect("x"),
-                b.vector(&norm[..h]).expect("n"),
-                b.vector(&hn).expect("n"),
-            );
+            let (nv, hv) = (b.vector(&norm[..h]).expect("n"), b.vector(&hn).expect("n"));
             let (wqkv, wo) =
                 (b.linear_weight(&wqkv, l.qkv_dim(), h).expect("w"), b.linear_weight(&wo, h, l.q_dim()).expect("w"));
             let (wgu, wd) =
@@ -396,19 +406,22 @@ fn bench_layer_ops(engines: &[(&str, &CudaBackend)], rng: &mut impl Rng, reps: u
             b.reshape_operand(&mut act, rows, inter).expect("act");
             let (mut qkv, mut acc) =
                 (b.zeros(rows, l.qkv_dim()).expect("qkv"), b.from_host(&x[..rows * h], rows, h).expect("acc"));
+            let mut delta = b.from_host(&x[..rows * h], rows, h).expect("delta");
             let norms = (Some(&hv), Some(&hv));
-            let mut ms = [0.0f64; 8];
-            ms[0] = gpu_ms(b, reps, || b.rms_norm(&xt, &nv, 1e-6, &mut t).expect("norm"));
+            let mut ms = [0.0f64; 10];
+            ms[0] = gpu_ms(b, reps, || b.add_rms_norm(&mut acc, &delta, &nv, 1e-6, &mut t).expect("norm"));
             ms[1] = gpu_ms(b, reps, || {
                 b.matmul(&t, &wqkv, None, &mut qkv).expect("qkv");
                 b.qk_norm_rope_write_kv(&mut qkv, l, norms.0, norms.1, 1e-6, rope, &mut cache, 0, &bb).expect("rope")
             });
             ms[2] = gpu_ms(b, reps, || b.attention(&qkv, l, &cache, 0, &bb, &mut att).expect("attention"));
-            ms[3] = gpu_ms(b, reps, || b.matmul_add(&att, &wo, &mut acc).expect("o"));
+            ms[3] = gpu_ms(b, reps, || b.matmul(&att, &wo, None, &mut delta).expect("o"));
             ms[4] = ms[0];
             ms[5] = gpu_ms(b, reps, || b.matmul_silu_mul(&t, &wgu, &mut gu, &mut act).expect("gate_up"));
-            ms[6] = gpu_ms(b, reps, || b.matmul_add(&act, &wd, &mut acc).expect("down"));
+            ms[6] = gpu_ms(b, reps, || b.matmul(&act, &wd, None, &mut delta).expect("down"));
             ms[7] = ms[..7].iter().sum();
+            ms[8] = gpu_ms(b, reps, || b.matmul_add(&att, &wo, &mut acc).expect("o+res"));
+            ms[9] = gpu_ms(b, reps, || b.matmul_add(&act, &wd, &mut acc).expect("down+res"));
             print!("{name:>10}");
             for v in ms {
                 print!(" {v:>14.3}");
@@ -517,17 +530,24 @@ impl Dense {
             b.reshape_operand(&mut t, rows, h).expect("t");
             b.reshape_operand(&mut att, rows, l.q_dim()).expect("att");
             b.reshape_operand(&mut act, rows, self.inter).expect("act");
+            // Each projection stores plainly; the next norm adds it to the residual stream.
+            let mut delta = b.zeros(rows, h).expect("delta");
             for (layer, (wqkv, wo, wgu, wd)) in ws.iter().enumerate() {
-                b.rms_norm(&x, &norm, 1e-6, &mut t).expect("norm");
+                if layer == 0 {
+                    b.rms_norm(&x, &norm, 1e-6, &mut t).expect("norm");
+                } else {
+                    b.add_rms_norm(&mut x, &delta, &norm, 1e-6, &mut t).expect("norm");
+                }
                 let norms = (Some(&hn), Some(&hn));
                 b.matmul(&t, wqkv, None, &mut qkv).expect("qkv");
                 b.qk_norm_rope_write_kv(&mut qkv, l, norms.0, norms.1, 1e-6, rope, cache, layer, &pb).expect("rope");
                 b.attention(&qkv, l, cache, layer, &pb, &mut att).expect("attention");
-                b.matmul_add(&att, wo, &mut x).expect("o");
-                b.rms_norm(&x, &norm, 1e-6, &mut t).expect("norm");
+                b.matmul(&att, wo, None, &mut delta).expect("o");
+                b.add_rms_norm(&mut x, &delta, &norm, 1e-6, &mut t).expect("norm");
                 b.matmul_silu_mul(&t, wgu, &mut gu, &mut act).expect("gate_up");
-                b.matmul_add(&act, wd, &mut x).expect("down");
+                b.matmul(&act, wd, None, &mut delta).expect("down");
             }
+            b.add_rms_norm(&mut x, &delta, &norm, 1e-6, &mut t).expect("norm");
             x
         };
         let score = |layout: &BatchLayout, x: &B::Tensor| -> Vec<f32> {

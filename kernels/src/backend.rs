@@ -288,6 +288,18 @@ pub trait Backend: Send + Sync + 'static {
     fn matmul_add(&self, x: &Self::Tensor, w: &Self::Weight, acc: &mut Self::Tensor) -> Result<()>;
     /// Row-wise RMSNorm: `out[r] = x[r] / rms(x[r]) * w`.
     fn rms_norm(&self, x: &Self::Tensor, w: &Self::Vector, eps: f32, out: &mut Self::Tensor) -> Result<()>;
+    /// `x += delta`, then [`Backend::rms_norm`] of the sum into `out`: the residual add of the
+    /// projection that wrote `delta`, fused into the norm that reads the sum, so that projection
+    /// stores plainly (on the GPU, a GEMM that reads the residual in its epilogue ran at half its
+    /// plain speed).
+    fn add_rms_norm(
+        &self,
+        x: &mut Self::Tensor,
+        delta: &Self::Tensor,
+        w: &Self::Vector,
+        eps: f32,
+        out: &mut Self::Tensor,
+    ) -> Result<()>;
     /// In place on the fused QKV tensor: optional per-head RMSNorm of q and k heads (qwen3's
     /// `q_norm`/`k_norm`, weight of length head_dim), then RoPE of q and k heads at each row's
     /// position.

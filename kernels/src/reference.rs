@@ -169,6 +169,21 @@ impl Backend for ReferenceBackend {
         Ok(())
     }
 
+    fn add_rms_norm(
+        &self,
+        x: &mut HostTensor,
+        delta: &HostTensor,
+        w: &Vec<f32>,
+        eps: f32,
+        out: &mut HostTensor,
+    ) -> Result<()> {
+        check(delta.rows == x.rows && delta.cols == x.cols, || "add_rms_norm: shapes".into())?;
+        for (v, d) in x.data.iter_mut().zip(&delta.data) {
+            *v += d;
+        }
+        self.rms_norm(x, w, eps, out)
+    }
+
     fn qk_norm_rope(
         &self,
         qkv: &mut HostTensor,

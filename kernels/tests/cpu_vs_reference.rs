@@ -80,6 +80,15 @@ fn row_ops_match_reference() {
             r.rms_norm(&x, &w, 1e-5, &mut want).unwrap();
             assert_close(&format!("rms_norm {rows}x{cols}"), &got.data, &want.data, ELEMENTWISE_TOL);
 
+            // The residual add fused in: the sum written back exactly, the norm near the reference's.
+            let delta = tensor(&mut g, rows, cols);
+            let sum: Vec<f32> = x.data.iter().zip(&delta.data).map(|(a, b)| a + b).collect();
+            let (mut xc, mut xr) = (x.clone(), x.clone());
+            cpu.add_rms_norm(&mut xc, &delta, &w, 1e-5, &mut got).unwrap();
+            r.add_rms_norm(&mut xr, &delta, &w, 1e-5, &mut want).unwrap();
+            assert_eq!(xc.data, sum, "add_rms_norm {rows}x{cols}: the sum written back");
+            assert_close(&format!("add_rms_norm {rows}x{cols}"), &got.data, &want.data, ELEMENTWISE_TOL);
+
             assert_close(
                 &format!("dot_rows {rows}x{cols}"),
                 &cpu.dot_rows(&x, &w).unwrap(),

@@ -163,6 +163,28 @@ fn row_ops_and_host_round_trip() {
             assert_close(&format!("silu_mul {what}"), &got.2, &other.2, tol);
             assert_bits_eq(&format!("gather_rows {what}"), &got.3, &other.3);
         }
+        // The residual add fused into the norm: the bits of rms_norm over the sum, f32 and bf16
+        // outputs; the sum written back is exactly x + d.
+        let d = &gu[..rows * cols];
+        let sum: Vec<f32> = x.iter().zip(d).map(|(a, b)| a + b).collect();
+        let (st, dt, wv) =
+            (g.from_host(&sum, rows, cols).unwrap(), g.from_host(d, rows, cols).unwrap(), g.vector(&w).unwrap());
+        for operand in [false, true] {
+            let (mut want, mut got) = (g.zeros(0, 0).unwrap(), g.zeros(0, 0).unwrap());
+            for t in [&mut want, &mut got] {
+                if operand {
+                    g.reshape_operand(t, rows, cols).unwrap();
+                } else {
+                    g.reshape_scratch(t, rows, cols).unwrap();
+                }
+            }
+            g.rms_norm(&st, &wv, 1e-6, &mut want).unwrap();
+            let mut xt = g.from_host(&x, rows, cols).unwrap();
+            g.add_rms_norm(&mut xt, &dt, &wv, 1e-6, &mut got).unwrap();
+            let what = format!("add_rms_norm {rows}x{cols} (operand: {operand})");
+            assert_bits_eq(&what, &g.to_host(&got).unwrap(), &g.to_host(&want).unwrap());
+            assert_bits_eq(&format!("{what}: the sum"), &g.to_host(&xt).unwrap(), &sum);
+        }
     }
 }
 

@@ -126,6 +126,18 @@ fn rms_norm_silu_mul_and_dot_rows() {
         r.rms_norm(&x, &w, 1e-6, &mut want).unwrap();
         assert_close(&format!("rms_norm {rows}x{cols}"), &got.data, &want.data, EXACT_INPUT_TOL);
 
+        // The residual add fused in: the twin's rms_norm of the sum, bit for bit, near the reference.
+        let delta = tensor(&mut g, rows, cols);
+        let sum = HostTensor::from_vec(x.data.iter().zip(&delta.data).map(|(a, b)| a + b).collect(), rows, cols);
+        let (mut xs, mut xr) = (x.clone(), x.clone());
+        let mut fused = HostTensor::zeros(rows, cols);
+        twin.add_rms_norm(&mut xs, &delta, &w, 1e-6, &mut fused).unwrap();
+        twin.rms_norm(&sum, &w, 1e-6, &mut got).unwrap();
+        assert_eq!(xs.data, sum.data, "add_rms_norm {rows}x{cols}: the sum written back");
+        assert_eq!(fused.data, got.data, "add_rms_norm {rows}x{cols}: rms_norm of the sum");
+        r.add_rms_norm(&mut xr, &delta, &w, 1e-6, &mut want).unwrap();
+        assert_close(&format!("add_rms_norm {rows}x{cols}"), &fused.data, &want.data, EXACT_INPUT_TOL);
+
         let d = twin.dot_rows(&x, &w).unwrap();
         let dr = r.dot_rows(&x, &w).unwrap();
         assert_close(&format!("dot_rows {rows}x{cols}"), &d, &dr, EXACT_INPUT_TOL);

@@ -90,6 +90,8 @@ pub mod worker {
         QUEUE_SECONDS: Histogram("sieve_worker_queue_seconds",
             "Time a call waited in the engine's queue before its first pass");
         FORWARD_SECONDS: Histogram("sieve_worker_forward_seconds", "Forward-pass time");
+        TOKENIZE_SECONDS: Histogram("sieve_worker_tokenize_seconds",
+            "Time to tokenize a call's prompts (part of its queue time)");
         IN_FLIGHT: Gauge("sieve_worker_in_flight_requests", "Calls in the engine now");
         QUEUED_PAIRS: Gauge("sieve_worker_queued_pairs", "Pairs queued and not yet scored");
         PAIRS: Counter("sieve_worker_pairs_total", "Pairs scored");

@@ -366,6 +366,44 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn add_rms_norm(
+        &self,
+        x: &mut HostTensor,
+        delta: &HostTensor,
+        w: &Vec<f32>,
+        eps: f32,
+        out: &mut HostTensor,
+    ) -> Result<()> {
+        check_tensor(x, "add_rms_norm")?;
+        check_tensor(delta, "add_rms_norm")?;
+        check_tensor(out, "add_rms_norm")?;
+        check(
+            delta.rows == x.rows
+                && delta.cols == x.cols
+                && x.cols == w.len()
+                && out.rows == x.rows
+                && out.cols == x.cols,
+            || {
+                format!(
+                    "add_rms_norm: x [{}, {}], delta [{}, {}], weight {}, out [{}, {}]",
+                    x.rows,
+                    x.cols,
+                    delta.rows,
+                    delta.cols,
+                    w.len(),
+                    out.rows,
+                    out.cols
+                )
+            },
+        )?;
+        self.for_row_chunks(x.rows, x.cols, x.cols, &delta.data, &mut x.data, |d, xi| {
+            for (v, dv) in xi.iter_mut().zip(d) {
+                *v += dv;
+            }
+        });
+        self.rms_norm(x, w, eps, out)
+    }
+
     fn qk_norm_rope(
         &self,
         qkv: &mut HostTensor,

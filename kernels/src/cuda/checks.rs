@@ -29,6 +29,11 @@ pub fn rms_norm(x: Shape, w: usize, out: Shape) -> Result<()> {
     check(x.1 == w && out == x, || format!("rms_norm: x [{}, {}], weight {w}, out [{}, {}]", x.0, x.1, out.0, out.1))
 }
 
+pub fn add_rms_norm(x: Shape, delta: Shape, w: usize, out: Shape) -> Result<()> {
+    check(delta == x, || format!("add_rms_norm: x [{}, {}], delta [{}, {}]", x.0, x.1, delta.0, delta.1))?;
+    rms_norm(x, w, out)
+}
+
 pub fn qk_norm_rope(
     qkv: Shape,
     layout: QkvLayout,

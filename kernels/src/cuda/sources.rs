@@ -27,7 +27,10 @@ macro_rules! kernel_source {
     };
 }
 
-pub const RMSNORM: KernelSource = kernel_source!("rmsnorm.cu", ["rms_norm_rows", "rms_norm_rows_bf16"]);
+pub const RMSNORM: KernelSource = kernel_source!(
+    "rmsnorm.cu",
+    ["rms_norm_rows", "rms_norm_rows_bf16", "add_rms_norm_rows", "add_rms_norm_rows_bf16"]
+);
 pub const ROPE: KernelSource = kernel_source!("rope.cu", ["qk_norm_rope", "rope_table"]);
 pub const SILU_MUL: KernelSource = kernel_source!("silu_mul.cu", ["silu_mul_f32", "silu_mul_bf16"]);
 pub const KV_WRITE: KernelSource = kernel_source!("kv_write.cu", ["write_kv"]);

@@ -12,6 +12,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use sieve_shared::metrics_names::worker as m;
 use sieve_shared::ApiError;
 
 use super::item_groups::item_groups;
@@ -240,6 +241,7 @@ impl Scheduler {
             self.waiting.push_back(TokenizedJob { job, call: Default::default(), tokens: 0 });
             return 0;
         }
+        let started = Instant::now();
         let result = {
             let items: Vec<&str> = job.items.iter().map(String::as_str).collect();
             let (enc, ins) = (self.encoder.as_ref(), job.instruction.as_deref());
@@ -248,6 +250,7 @@ impl Scheduler {
                 Some(t) => self.builder.tokenize_truncated(enc, ins, &job.query, &items, t, self.cfg.max_seq_tokens),
             }
         };
+        metrics::histogram!(m::TOKENIZE_SECONDS).record(started.elapsed().as_secs_f64());
         let call = match result {
             Ok(c) => c,
             Err(e) => {

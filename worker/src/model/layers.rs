@@ -97,13 +97,13 @@ impl<B: Backend> Mlp<B> {
         Ok(Mlp { gate_up, down, intermediate })
     }
 
-    /// `acc += mlp(x)`. The activation is the down projection's operand (on CUDA with fused
+    /// `out = mlp(x)`. The activation is the down projection's operand (on CUDA with fused
     /// epilogues: bf16, written by the gate/up GEMM's epilogue; `s.gate_up` then stays unused).
-    pub fn forward_add(&self, backend: &B, x: &B::Tensor, acc: &mut B::Tensor, s: &mut MlpScratch<B>) -> Result<()> {
+    pub fn forward(&self, backend: &B, x: &B::Tensor, out: &mut B::Tensor, s: &mut MlpScratch<B>) -> Result<()> {
         let (rows, _) = backend.shape(x);
         backend.reshape_operand(&mut s.act, rows, self.intermediate)?;
         backend.matmul_silu_mul(x, &self.gate_up, &mut s.gate_up, &mut s.act)?;
-        backend.matmul_add(&s.act, &self.down, acc)?;
+        backend.matmul(&s.act, &self.down, None, out)?;
         Ok(())
     }
 }

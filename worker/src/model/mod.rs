@@ -48,26 +48,34 @@ impl<B: Backend> Ffn<B> {
         matches!(self, Ffn::Dense(_))
     }
 
-    /// `acc += ffn(x)`.
-    fn forward_add(
+    /// The layer's output for `x`, added to the residual stream now or by the next norm: the
+    /// dense MLP writes it to `delta` for [`Backend::add_rms_norm`] and returns true (a pending
+    /// add); a MoE layer adds it to `residual` itself (its unpermute reads the residual anyway)
+    /// and returns false.
+    #[allow(clippy::too_many_arguments)]
+    fn forward(
         &self,
         backend: &B,
         x: &B::Tensor,
-        acc: &mut B::Tensor,
+        residual: &mut B::Tensor,
+        delta: &mut B::Tensor,
         scratch: &mut layers::MlpScratch<B>,
         moe: &mut MoeRun<B>,
         select: MoeSelect,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         match self {
-            Ffn::Dense(mlp) => mlp.forward_add(backend, x, acc, scratch),
+            Ffn::Dense(mlp) => {
+                mlp.forward(backend, x, delta, scratch)?;
+                Ok(true)
+            }
             Ffn::Moe(m) => {
                 if moe.capture_inputs {
                     moe.captured.push(backend.to_host(x)?);
                 }
                 let t = Instant::now();
-                backend.moe_ffn(x, &m.weights, m.routing, select, acc, &mut moe.log)?;
+                backend.moe_ffn(x, &m.weights, m.routing, select, residual, &mut moe.log)?;
                 moe.pass.moe_time += t.elapsed();
-                Ok(())
+                Ok(false)
             }
         }
     }
@@ -94,6 +102,10 @@ pub struct Scratch<B: Backend> {
     last_attn: B::Tensor,
     last_x: B::Tensor,
     last_xn: B::Tensor,
+    /// A projection's output waiting for the next norm to add it to the residual stream
+    /// (`x`, or `last_x` in the last layer's scored rows).
+    delta: B::Tensor,
+    last_delta: B::Tensor,
     out: B::Tensor,
     /// The MoE log and what the last pass's MoE layers did.
     pub moe: MoeRun<B>,
@@ -112,6 +124,8 @@ impl<B: Backend> Scratch<B> {
             last_attn: t()?,
             last_x: t()?,
             last_xn: t()?,
+            delta: t()?,
+            last_delta: t()?,
             out: t()?,
             moe: MoeRun::new(backend)?,
         })
@@ -263,7 +277,7 @@ impl<B: Backend> Model<B> {
         };
         let ql = self.config.qkv_layout();
         let eps = self.config.rms_eps;
-        let Scratch { x, xn, xf, qkv, attn, mlp, last_attn, last_x, last_xn, out, moe } = scratch;
+        let Scratch { x, xn, xf, qkv, attn, mlp, last_attn, last_x, last_xn, delta, last_delta, out, moe } = scratch;
         let select = self.moe_policy.select();
         backend.reshape_scratch(x, rows, h)?;
         backend.embed(&self.embed, &batch, x)?;
@@ -271,13 +285,16 @@ impl<B: Backend> Model<B> {
         backend.reshape_scratch(qkv, rows, ql.qkv_dim())?;
         // Read only by the O projection (and gathered for it): an operand.
         backend.reshape_operand(attn, rows, ql.q_dim())?;
+        backend.reshape_scratch(delta, rows, h)?;
+        // Whether `delta` holds a projection's output not yet added to `x`: the next norm adds it.
+        let mut pending = false;
         let n_layers = self.layers.len();
         for (i, layer) in self.layers.iter().enumerate() {
             if let Some(hook) = hook {
                 hook(i)?;
             }
             let a = &layer.attn;
-            backend.rms_norm(x, &layer.input_norm, eps, xn)?;
+            norm(backend, x, pending.then_some(&*delta), &layer.input_norm, eps, xn)?;
             let norms = (a.q_norm.as_ref(), a.k_norm.as_ref());
             let rope = self.config.rope;
             backend.matmul(xn, &a.qkv, a.qkv_bias.as_ref(), qkv)?;
@@ -291,7 +308,8 @@ impl<B: Backend> Model<B> {
                 backend.gather_rows(attn, out_rows, last_attn)?;
                 backend.reshape_scratch(last_x, n, h)?;
                 backend.gather_rows(x, out_rows, last_x)?;
-                backend.matmul_add(last_attn, &a.o, last_x)?;
+                backend.reshape_scratch(last_delta, n, h)?;
+                backend.matmul(last_attn, &a.o, None, last_delta)?;
                 backend.reshape_scratch(out, n, h)?;
                 let ffn_in = if layer.ffn.input_is_operand() {
                     backend.reshape_operand(last_xn, n, h)?;
@@ -299,27 +317,33 @@ impl<B: Backend> Model<B> {
                 } else {
                     &mut *out
                 };
-                backend.rms_norm(last_x, &layer.post_attn_norm, eps, ffn_in)?;
-                layer.ffn.forward_add(backend, ffn_in, last_x, mlp, moe, select)?;
-                backend.rms_norm(last_x, &self.final_norm, eps, out)?;
+                backend.add_rms_norm(last_x, last_delta, &layer.post_attn_norm, eps, ffn_in)?;
+                let pending = layer.ffn.forward(backend, ffn_in, last_x, last_delta, mlp, moe, select)?;
+                norm(backend, last_x, pending.then_some(&*last_delta), &self.final_norm, eps, out)?;
                 return Ok(());
             }
             backend.attention(qkv, ql, cache, i, &batch, attn)?;
-            backend.matmul_add(attn, &a.o, x)?;
+            backend.matmul(attn, &a.o, None, delta)?;
             let ffn_in = if layer.ffn.input_is_operand() {
                 &mut *xn
             } else {
                 backend.reshape_scratch(xf, rows, h)?;
                 &mut *xf
             };
-            backend.rms_norm(x, &layer.post_attn_norm, eps, ffn_in)?;
-            layer.ffn.forward_add(backend, ffn_in, x, mlp, moe, select)?;
+            backend.add_rms_norm(x, delta, &layer.post_attn_norm, eps, ffn_in)?;
+            pending = layer.ffn.forward(backend, ffn_in, x, delta, mlp, moe, select)?;
         }
+        // Every row's last add and the final norm, on the scored rows alone: row by row the same
+        // ops as the last layer's scored-rows path above.
         let n = out_rows.len();
         backend.reshape_scratch(last_x, n, h)?;
         backend.gather_rows(x, out_rows, last_x)?;
+        if pending {
+            backend.reshape_scratch(last_delta, n, h)?;
+            backend.gather_rows(delta, out_rows, last_delta)?;
+        }
         backend.reshape_scratch(out, n, h)?;
-        backend.rms_norm(last_x, &self.final_norm, eps, out)?;
+        norm(backend, last_x, pending.then_some(&*last_delta), &self.final_norm, eps, out)?;
         Ok(())
     }
 
@@ -334,6 +358,22 @@ impl<B: Backend> Model<B> {
         }
         Ok(backend.to_host(&out)?)
     }
+}
+
+/// `out = rms_norm(x)`, adding a pending projection output to `x` first (fused in the norm).
+fn norm<B: Backend>(
+    backend: &B,
+    x: &mut B::Tensor,
+    pending: Option<&B::Tensor>,
+    w: &B::Vector,
+    eps: f32,
+    out: &mut B::Tensor,
+) -> Result<()> {
+    match pending {
+        Some(delta) => backend.add_rms_norm(x, delta, w, eps, out)?,
+        None => backend.rms_norm(x, w, eps, out)?,
+    }
+    Ok(())
 }
 
 /// The layout of the last layer when only each sequence's final row is wanted: every sequence

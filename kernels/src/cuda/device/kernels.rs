@@ -32,6 +32,8 @@ pub struct KernelLoadReport {
 pub(crate) struct Kernels {
     pub rms_norm_rows: CudaFunction,
     pub rms_norm_rows_bf16: CudaFunction,
+    pub add_rms_norm_rows: CudaFunction,
+    pub add_rms_norm_rows_bf16: CudaFunction,
     pub qk_norm_rope: CudaFunction,
     pub rope_table: CudaFunction,
     pub silu_mul_f32: CudaFunction,
@@ -226,6 +228,8 @@ impl Kernels {
         let k = Kernels {
             rms_norm_rows: f(&RMSNORM, "rms_norm_rows")?,
             rms_norm_rows_bf16: f(&RMSNORM, "rms_norm_rows_bf16")?,
+            add_rms_norm_rows: f(&RMSNORM, "add_rms_norm_rows")?,
+            add_rms_norm_rows_bf16: f(&RMSNORM, "add_rms_norm_rows_bf16")?,
             qk_norm_rope: f(&ROPE, "qk_norm_rope")?,
             rope_table: f(&ROPE, "rope_table")?,
             silu_mul_f32: f(&SILU_MUL, "silu_mul_f32")?,

@@ -496,6 +496,33 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
+    fn add_rms_norm(
+        &self,
+        x: &mut CudaTensor,
+        delta: &CudaTensor,
+        w: &CudaVector,
+        eps: f32,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
+        checks::add_rms_norm(shape(x), shape(delta), w.len, shape(out))?;
+        f32_only("add_rms_norm input", &[&*x, delta])?;
+        if x.rows == 0 {
+            return Ok(());
+        }
+        let (cols, cfg) = (x.cols as i32, per_row(x.rows, RMS_THREADS, 0));
+        if out.bf16 {
+            let mut o = out.bf16_view_mut()?;
+            let mut b = self.stream.launch_builder(&self.k.add_rms_norm_rows_bf16);
+            b.arg(&mut x.buf).arg(&delta.buf).arg(&w.buf).arg(&mut o).arg(&cols).arg(&eps);
+            unsafe { b.launch(cfg) }.map_err(driver_err("add_rms_norm_rows_bf16"))?;
+            return Ok(());
+        }
+        let mut b = self.stream.launch_builder(&self.k.add_rms_norm_rows);
+        b.arg(&mut x.buf).arg(&delta.buf).arg(&w.buf).arg(&mut out.buf).arg(&cols).arg(&eps);
+        unsafe { b.launch(cfg) }.map_err(driver_err("add_rms_norm_rows"))?;
+        Ok(())
+    }
+
     fn qk_norm_rope(
         &self,
         qkv: &mut CudaTensor,

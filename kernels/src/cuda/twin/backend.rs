@@ -240,6 +240,22 @@ impl Backend for TwinBackend {
         Ok(())
     }
 
+    fn add_rms_norm(
+        &self,
+        x: &mut HostTensor,
+        delta: &HostTensor,
+        w: &Vec<f32>,
+        eps: f32,
+        out: &mut HostTensor,
+    ) -> Result<()> {
+        checks::add_rms_norm(shape(x), shape(delta), w.len(), shape(out))?;
+        for (v, d) in x.data.iter_mut().zip(&delta.data) {
+            *v += d;
+        }
+        rms_norm_rows(&x.data, w, &mut out.data, x.rows, x.cols, eps);
+        Ok(())
+    }
+
     fn qk_norm_rope(
         &self,
         qkv: &mut HostTensor,
