@@ -17,12 +17,6 @@ use sieve_server::cli::{PortFlags, PortTargets};
 use sieve_worker::config::WorkerConfig;
 use sieve_worker::WorkerError;
 
-/// Tokenization allocates and frees per token on every tokenize thread; with glibc's allocator it
-/// took a quarter longer (a 500-item call on two cores: 35 against 28 ms tokenizing, 165 against
-/// 152 ms end to end).
-#[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[derive(Parser, Debug)]
 #[command(name = "sieve-worker", version, about = "Sieve worker: point-wise relevance scoring with a decoder LLM")]
 struct Cli {
