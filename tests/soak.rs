@@ -620,6 +620,12 @@ pub async fn run(mut cfg: SoakConfig) -> SoakReport {
     let loaded = until_ready(&http, &w1b.admin_url(), LOAD).await;
     let loaded_after = listening_at.elapsed();
     if loaded {
+        // Its baseline after the same warm-up call as the others' (a first call allocates the
+        // pass's scratch and touches the mapped weights); without it the growth counted that.
+        let r = http.post_json(&format!("{}/v1/score", w1b.api_url()), &warm).await;
+        if r.status != 200 {
+            notes.push(format!("the replacement's warm-up call: {} {}", r.status, r.text()));
+        }
         memory.lock().unwrap().push(ProcMemory::new("worker 1 (replacement)", w1b.pid()));
     } else {
         notes.push("the replacement worker never became ready".into());
