@@ -91,31 +91,48 @@ impl CudaBatch {
     }
 }
 
-/// Keeps device memory freed to the stream-ordered pool mapped across synchronisations.
-/// cudarc allocates with `cuMemAllocAsync` from the device's current pool, whose release
-/// threshold is 0 by default: every forward pass's closing synchronisation hands the pass's
-/// scratch (gigabytes for a MoE layer's permuted rows) back to the driver, and the next pass maps
-/// it again. The worker owns its GPU, so the pool keeps what it has held.
-pub(crate) fn keep_freed_memory(ctx: &CudaContext) -> Result<()> {
+/// The device's current stream-ordered pool, the one cudarc allocates from (`cuMemAllocAsync`);
+/// `None` where the device has none (cudarc then allocates synchronously).
+fn memory_pool(ctx: &CudaContext) -> Result<Option<cudarc::driver::sys::CUmemoryPool>> {
     use cudarc::driver::{result, sys};
     let pools = ctx
         .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)
         .map_err(driver_err("reading whether the device has memory pools"))?;
     if pools == 0 {
-        return Ok(()); // cudarc then allocates synchronously, with no pool to keep
+        return Ok(None);
     }
+    // SAFETY: the device is the context's.
+    let pool = unsafe { result::device::get_mem_pool(ctx.cu_device()) };
+    pool.map(Some).map_err(driver_err("reading the memory pool"))
+}
+
+/// Keeps device memory freed to the pool mapped across synchronisations. Its release threshold
+/// is 0 by default: every forward pass's closing synchronisation handed the pass's scratch
+/// (gigabytes for a MoE layer's permuted rows) back to the driver, and the next pass mapped it
+/// again. The worker owns its GPU, so the pool keeps what it has held.
+pub(crate) fn keep_freed_memory(ctx: &CudaContext) -> Result<()> {
+    use cudarc::driver::{result::mem_pool, sys};
+    let Some(pool) = memory_pool(ctx)? else { return Ok(()) };
     let mut threshold = u64::MAX;
-    // SAFETY: the device is the context's; the attribute takes a u64 that outlives the call.
+    // SAFETY: a valid pool; the attribute takes a u64 that outlives the call.
     unsafe {
-        let pool = result::device::get_mem_pool(ctx.cu_device()).map_err(driver_err("reading the memory pool"))?;
-        sys::cuMemPoolSetAttribute(
+        mem_pool::set_attribute(
             pool,
             sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
             (&mut threshold as *mut u64).cast(),
         )
-        .result()
-        .map_err(driver_err("setting the memory pool's release threshold"))
     }
+    .map_err(driver_err("setting the memory pool's release threshold"))
+}
+
+/// Hands what the pool holds unused back to the driver, once the stream is idle: before an
+/// allocation sized against the GPU's free memory (the KV cache, after start-up's calibration
+/// scratch was freed into the pool).
+pub(crate) fn trim_pool(ctx: &CudaContext, stream: &CudaStream) -> Result<()> {
+    let Some(pool) = memory_pool(ctx)? else { return Ok(()) };
+    stream.synchronize().map_err(driver_err("waiting for the stream before trimming the pool"))?;
+    // SAFETY: a valid pool.
+    unsafe { cudarc::driver::result::mem_pool::trim_to(pool, 0) }.map_err(driver_err("trimming the memory pool"))
 }
 
 /// Pinned host memory for uploads and downloads, reused; `done` marks the end of its last copy.

@@ -386,6 +386,7 @@ impl Backend for CudaBackend {
             )),
             e => e,
         };
+        super::memory::trim_pool(&self.ctx, &self.stream)?;
         let k = alloc(&self.stream, len).map_err(no_room)?;
         let v = alloc(&self.stream, len).map_err(no_room)?;
         Ok(CudaKvCache { k, v, num_layers, num_slots, kv_dim })
