@@ -177,7 +177,11 @@ impl Backend for ReferenceBackend {
         eps: f32,
         out: &mut HostTensor,
     ) -> Result<()> {
-        check(delta.rows == x.rows && delta.cols == x.cols, || "add_rms_norm: shapes".into())?;
+        let shapes_ok = delta.rows == x.rows
+            && delta.cols == x.cols
+            && x.cols == w.len()
+            && (out.rows, out.cols) == (x.rows, x.cols);
+        check(shapes_ok, || "add_rms_norm: shapes".into())?;
         for (v, d) in x.data.iter_mut().zip(&delta.data) {
             *v += d;
         }
