@@ -33,6 +33,13 @@ __device__ __forceinline__ bf16_t f32_to_bf16(float f) {
 __device__ __forceinline__ float bf16x2_lo(u32 w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16x2_hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
 
+// Four f32 as four bf16 in one 8-byte store (dst 8-byte aligned).
+__device__ __forceinline__ void store_bf16x4(bf16_t* dst, float4 v) {
+    const u32 lo = (u32)f32_to_bf16(v.x) | ((u32)f32_to_bf16(v.y) << 16);
+    const u32 hi = (u32)f32_to_bf16(v.z) | ((u32)f32_to_bf16(v.w) << 16);
+    *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
+}
+
 // SwiGLU of one element, silu(g) * u: the one expression of silu_mul.cu and of the GEMM's fused
 // epilogue (mma_tile.cuh), so that both give the same bits.
 __device__ __forceinline__ float silu_times(float g, float u) { return (g / (1.0f + expf(-g))) * u; }

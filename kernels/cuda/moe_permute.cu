@@ -9,8 +9,9 @@
 // Pipeline (all on one stream, no host synchronisation):
 //   moe_chunk_counts  grid (n_chunks), block PERM_CHUNK, dyn smem n_experts u32:
 //                     per chunk of PERM_CHUNK assignments, the count per expert.
-//   moe_offsets       grid (1), block PERM_OFFSET_THREADS: per-expert running sums over chunks
-//                     (chunk_base), totals (counts), exclusive scan over experts (offsets), and
+//   moe_offsets       grid (1), block PERM_OFFSET_THREADS, dyn smem moe_offsets_smem_bytes:
+//                     per-expert running sums over chunks (chunk_base; each expert's chunks in
+//                     ranges of their own threads), totals (counts), exclusive scan over experts (offsets), and
 //                     both tile schedules (BLOCK_M 64 and 128): for each expert, ceil(n_e/BM)
 //                     tiles (expert, first row within the expert), experts in order.
 //   moe_select_tile   (moe_select.cu) picks the variant from the counts.
@@ -45,20 +46,43 @@ extern "C" __global__ void __launch_bounds__(PERM_OFFSET_THREADS)
 moe_offsets(const u32* __restrict__ chunk_counts, u32* __restrict__ chunk_base, u32* __restrict__ counts,
             u32* __restrict__ offsets, u32* __restrict__ tiles64, u32* __restrict__ tiles128, u32* __restrict__ n_tiles,
             int n_chunks, int n_experts) {
-    extern __shared__ u32 offs_s[];  // [3][n_experts + 1]: row offsets, 64-tile offsets, 128-tile offsets
+    // [3][n_experts + 1]: row offsets, 64-tile offsets, 128-tile offsets; then [parts][n_experts]
+    extern __shared__ u32 offs_s[];
     u32* row_off = offs_s;
     u32* t64_off = offs_s + (n_experts + 1);
     u32* t128_off = offs_s + 2 * (n_experts + 1);
-    for (int e = threadIdx.x; e < n_experts; e += PERM_OFFSET_THREADS) {
+    u32* part_sum = offs_s + 3 * (n_experts + 1);
+    // Each expert's chunks in `parts` contiguous ranges, a thread each, so that every thread has
+    // work: one thread's running sum over all of an expert's chunks (1,671 for a 500-item call) was
+    // a chain of loads that took the whole layer's MoE bookkeeping time. Integer sums: the same
+    // values in any order.
+    const int parts = max(1, min(PERM_OFFSET_THREADS / n_experts, n_chunks));
+    const int per_part = (n_chunks + parts - 1) / parts;
+    for (int t = threadIdx.x; t < parts * n_experts; t += PERM_OFFSET_THREADS) {
+        const int e = t % n_experts, p = t / n_experts;
+        const int c1 = min(n_chunks, (p + 1) * per_part);
+        u32 sum = 0;
+#pragma unroll 4
+        for (int c = p * per_part; c < c1; ++c) sum += chunk_counts[(long long)c * n_experts + e];
+        part_sum[p * n_experts + e] = sum;
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < parts * n_experts; t += PERM_OFFSET_THREADS) {
+        const int e = t % n_experts, p = t / n_experts;
+        const int c1 = min(n_chunks, (p + 1) * per_part);
         u32 running = 0;
-        for (int c = 0; c < n_chunks; ++c) {
+        for (int q = 0; q < p; ++q) running += part_sum[q * n_experts + e];
+#pragma unroll 4
+        for (int c = p * per_part; c < c1; ++c) {
             chunk_base[(long long)c * n_experts + e] = running;
             running += chunk_counts[(long long)c * n_experts + e];
         }
-        counts[e] = running;
-        row_off[e + 1] = running;
-        t64_off[e + 1] = ceil_div_u32(running, 64);
-        t128_off[e + 1] = ceil_div_u32(running, 128);
+        if (p == parts - 1) {
+            counts[e] = running;
+            row_off[e + 1] = running;
+            t64_off[e + 1] = ceil_div_u32(running, 64);
+            t128_off[e + 1] = ceil_div_u32(running, 128);
+        }
     }
     __syncthreads();
     if (threadIdx.x == 0) {  // integer scans: exact in any order; serial keeps it simple
@@ -106,10 +130,17 @@ moe_scatter(const float* __restrict__ x, const u32* __restrict__ topk_ids, const
     }
     __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    // 16-byte loads and 8-byte stores: hidden is a multiple of 8 (check_moe) and both buffers are
+    // whole allocations; the scalar loop only guards against a misaligned view.
+    const bool vec = (hidden & 3) == 0 && (((unsigned long long)x & 15) | ((unsigned long long)xp & 7)) == 0;
     for (int j = warp; j < n_here; j += PERM_CHUNK / 32) {
         const float* src = x + (long long)((a0 + j) / top_k) * hidden;
         bf16_t* dst = xp + (long long)dest_s[j] * hidden;
-        for (int c = lane; c < hidden; c += 32) dst[c] = f32_to_bf16(src[c]);
+        if (vec) {
+            for (int c = lane; c < hidden / 4; c += 32) store_bf16x4(dst + 4 * c, reinterpret_cast<const float4*>(src)[c]);
+        } else {
+            for (int c = lane; c < hidden; c += 32) dst[c] = f32_to_bf16(src[c]);
+        }
     }
 }
 

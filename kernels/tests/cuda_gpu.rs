@@ -245,6 +245,70 @@ fn embed_and_qk_norm_rope() {
     }
 }
 
+/// `qk_norm_rope_write_kv` then attention, pass after pass over one cache: each pass's rotated
+/// rows and attention output.
+fn rope_kv_attention_case<B: Backend>(
+    b: &B,
+    layout: QkvLayout,
+    passes: &[(BatchLayout, Vec<f32>)],
+    num_slots: usize,
+    norms: (&[f32], &[f32]),
+    rope: RopeConfig,
+) -> Vec<(Vec<f32>, Vec<f32>)> {
+    let mut cache = b.kv_cache(2, num_slots, layout.n_kv_heads, layout.head_dim).unwrap();
+    let (qn, kn) = (b.vector(norms.0).unwrap(), b.vector(norms.1).unwrap());
+    passes
+        .iter()
+        .map(|(batch, qkv)| {
+            let pb = b.prepare_batch(batch, &cache).unwrap();
+            let mut q = b.from_host(qkv, batch.num_rows(), layout.qkv_dim()).unwrap();
+            b.qk_norm_rope_write_kv(&mut q, layout, Some(&qn), Some(&kn), 1e-6, rope, &mut cache, 1, &pb).unwrap();
+            let mut out = b.zeros(batch.num_rows(), layout.q_dim()).unwrap();
+            b.attention(&q, layout, &cache, 1, &pb, &mut out).unwrap();
+            (b.to_host(&q).unwrap(), b.to_host(&out).unwrap())
+        })
+        .collect()
+}
+
+/// rope.cu's `qk_norm_rope` with its K/V write (the fused engine) against `qk_norm_rope` then
+/// kv_write.cu's `write_kv` (the unfused engine), on the device: the same rotated rows, and the
+/// same pools as the attention reads them back (bitwise), and the twin's rows. Also rows whose
+/// heads are not 16-byte multiples (the kernel's scalar path: head size 6, rows of 30 floats) and
+/// more heads than one shared-memory chunk holds (18 heads of 256: q and k heads in one chunk,
+/// k heads alone in the next). CPU twin: cuda_twin_dense.rs `fused_rope_kv_write_is_bitwise_the_two_kernels`.
+#[test]
+fn fused_rope_kv_write_gives_the_two_kernels_bits() {
+    let Some(fused) = gpu_with("fused_rope_kv_write_gives_the_two_kernels_bits", GemmEngine::Tiled) else { return };
+    let unfused =
+        gpu_with("fused_rope_kv_write_gives_the_two_kernels_bits (unfused)", GemmEngine::TiledUnfused).expect("gpu");
+    let twin = TwinBackend::default();
+    let mut r = rng(64);
+    for &(n_heads, n_kv_heads, head_dim) in &[(16, 8, 128), (3, 1, 6), (12, 6, 256), (16, 4, 64)] {
+        let layout = QkvLayout { n_heads, n_kv_heads, head_dim };
+        let (batches, slots) = prefix_and_items(&mut r, 10);
+        let passes: Vec<(BatchLayout, Vec<f32>)> = batches
+            .into_iter()
+            .map(|b| {
+                let q = random(&mut r, b.num_rows() * layout.qkv_dim());
+                (b, q)
+            })
+            .collect();
+        let (qn, kn) = (random(&mut r, head_dim), random(&mut r, head_dim));
+        for rl in [RopeLayout::HalfSplit, RopeLayout::Interleaved] {
+            let rope = RopeConfig { theta: 1_000_000.0, rotary_dim: head_dim, layout: rl, scaling: Default::default() };
+            let f = rope_kv_attention_case(&fused, layout, &passes, slots, (&qn, &kn), rope);
+            let u = rope_kv_attention_case(&unfused, layout, &passes, slots, (&qn, &kn), rope);
+            let t = rope_kv_attention_case(&twin, layout, &passes, slots, (&qn, &kn), rope);
+            for p in 0..passes.len() {
+                let what = format!("{layout:?} {rl} pass {p}");
+                assert_bits_eq(&format!("{what}: rotated rows, fused vs unfused"), &f[p].0, &u[p].0);
+                assert_bits_eq(&format!("{what}: attention over the pools, fused vs unfused"), &f[p].1, &u[p].1);
+                assert_close(&format!("{what}: rotated rows vs twin"), &f[p].0, &t[p].0, TWIN_TOL);
+            }
+        }
+    }
+}
+
 /// write_kv then attention over a prefix pass and an items pass (shared prefix slots), into
 /// f32 rows or (`operand`) a GEMM operand.
 fn attention_case<B: Backend>(
@@ -337,7 +401,8 @@ fn moe_layer_matches_twin_for_every_variant() {
     let tw = TwinMoeWeights::new(dims, &gate_up, &down).unwrap();
     let gw = g.moe_expert_weights(dims, &gate_up, &down).unwrap();
     let fw = f.moe_expert_weights(dims, &gate_up, &down).unwrap();
-    for &(tokens, top_k) in &[(1usize, 8usize), (13, 8), (200, 4), (1024, 8)] {
+    // 1,500 tokens: 47 chunks of assignments, in moe_offsets' ranges of 3 (the last of 2).
+    for &(tokens, top_k) in &[(1usize, 8usize), (13, 8), (200, 4), (1024, 8), (1500, 8)] {
         let routing = MoeRouting { top_k, renormalize: true };
         let x = random(&mut r, tokens * 256);
         let logits: Vec<f32> = random(&mut r, tokens * 64).iter().map(|v| v * 4.0).collect();

@@ -698,7 +698,9 @@ fn fused_rope_kv_write_is_bitwise_the_two_kernels() {
     let fused = TwinBackend::tiled();
     let unfused = TwinBackend { gemm: GemmEngine::TiledUnfused, ..Default::default() };
     let mut g = rng(19);
-    for &(n_heads, n_kv_heads, head_dim, rotary_dim) in &[(4, 2, 64, 64), (3, 3, 32, 16)] {
+    for &(n_heads, n_kv_heads, head_dim, rotary_dim) in
+        &[(4, 2, 64, 64), (3, 3, 32, 16), (3, 1, 6, 6), (12, 6, 256, 256)]
+    {
         let layout = QkvLayout { n_heads, n_kv_heads, head_dim };
         let mut b = LayoutBuilder::default();
         b.push_seq(&[], 5);

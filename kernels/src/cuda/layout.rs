@@ -239,16 +239,36 @@ pub fn attention_smem_bytes(head_dim: usize) -> usize {
     ATT_BQ as usize * head_dim * 4 + ATT_BK as usize * (head_dim + 2) * 2 + ATT_BK as usize * head_dim * 2
 }
 
-/// Dynamic shared memory of the rope kernel, in bytes: one head per warp.
-pub fn rope_smem_bytes(head_dim: usize) -> usize {
-    use super::sources::consts::ROPE_THREADS;
-    (ROPE_THREADS as usize / 32) * head_dim * 4
+/// Shared memory a `qk_norm_rope` block stages a row's heads in, at most (so that ~14 blocks of
+/// 4 warps still fit an SM).
+const ROPE_SMEM_BUDGET: usize = 16 << 10;
+
+/// How many of a row's q and k heads `qk_norm_rope` stages at once: all of them for every real
+/// model (Qwen3-0.6B: 24 heads of 128, 12 KiB), else as many as the budget holds (at least one).
+pub fn rope_chunk_heads(layout: QkvLayout) -> usize {
+    (ROPE_SMEM_BUDGET / (layout.head_dim * 4).max(1)).clamp(1, (layout.n_heads + layout.n_kv_heads).max(1))
+}
+
+/// Dynamic shared memory of the rope kernel, in bytes: [`rope_chunk_heads`] heads.
+pub fn rope_smem_bytes(layout: QkvLayout) -> usize {
+    rope_chunk_heads(layout) * layout.head_dim * 4
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::backend::AttnSeq;
+
+    /// A row's heads in one chunk for real models; larger rows in chunks within the budget, and a
+    /// head larger than the budget alone.
+    #[test]
+    fn rope_chunks_hold_a_whole_row_of_real_models() {
+        let l = |n_heads, n_kv_heads, head_dim| QkvLayout { n_heads, n_kv_heads, head_dim };
+        assert_eq!((rope_chunk_heads(l(16, 8, 128)), rope_smem_bytes(l(16, 8, 128))), (24, 12 << 10));
+        assert_eq!(rope_chunk_heads(l(16, 4, 64)), 20);
+        assert_eq!((rope_chunk_heads(l(12, 6, 256)), rope_smem_bytes(l(12, 6, 256))), (16, 16 << 10));
+        assert_eq!((rope_chunk_heads(l(2, 1, 8192)), rope_smem_bytes(l(2, 1, 8192))), (1, 32 << 10));
+    }
 
     /// Items over a 150-token prefix (two whole tiles) and one over its first 100 tokens (one
     /// whole tile, other slots after it): the first tile is attended once for all five, the

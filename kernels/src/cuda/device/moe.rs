@@ -15,7 +15,7 @@ use crate::cuda::moe::{
     MoeRouting, SharedExpert, ThresholdSample, TileChoice, TilePolicy, CALIBRATION_TOKENS,
 };
 use crate::cuda::sources::consts::*;
-use crate::cuda::twin::{max_tiles, n_chunks};
+use crate::cuda::twin::{max_tiles, n_chunks, offsets_smem_bytes};
 use crate::cuda::{GemmEngine, GemmShape, WgmmaShape};
 use crate::moe::{AutotuneReport, BackendVariant, MoeCostModel, MoeLayerHost, MoeLayerStats, MoeSelect};
 
@@ -184,7 +184,7 @@ impl CudaBackend {
                 .arg(&mut n_tiles)
                 .arg(&chunks_i)
                 .arg(&ne_i)
-                .launch(launch_cfg((1, 1), PERM_OFFSET_THREADS, 3 * (n_experts + 1) * 4))
+                .launch(launch_cfg((1, 1), PERM_OFFSET_THREADS, offsets_smem_bytes(chunks, n_experts)))
         }
         .map_err(driver_err("moe_offsets"))?;
         unsafe {

@@ -10,7 +10,7 @@ use super::ops::{f32_only, grid_stride, per_row};
 use super::{driver_err, CudaBackend};
 use crate::backend::{KernelError, QkvLayout, Result, RopeConfig, RopeLayout};
 use crate::cuda::checks;
-use crate::cuda::layout::{check_rope_shape, rope_smem_bytes};
+use crate::cuda::layout::{check_rope_shape, rope_chunk_heads, rope_smem_bytes};
 use crate::cuda::sources::consts::ROPE_THREADS;
 
 /// Positions the angle table is first built for; it grows by powers of two past that.
@@ -111,14 +111,15 @@ impl CudaBackend {
             Some((cache, layer)) => self.pool_addrs(cache, layer),
             None => (0u64, 0u64),
         };
-        let cfg = per_row(qkv.rows, ROPE_THREADS, rope_smem_bytes(layout.head_dim));
+        let cfg = per_row(qkv.rows, ROPE_THREADS, rope_smem_bytes(layout));
+        let chunk_heads = rope_chunk_heads(layout) as i32;
         let positions = batch.view(&batch.packed.positions);
         let row_slots = batch.view(&batch.packed.row_slots);
         let cs = table.buf.as_ref().ok_or_else(|| KernelError::Device("rope table".into()))?;
         let mut b = self.stream.launch_builder(&self.k.qk_norm_rope);
         b.arg(&mut qkv.buf).arg(&positions).arg(cs).arg(&q_addr).arg(&k_addr);
         b.arg(&qkv_cols).arg(&n_heads).arg(&n_kv_heads).arg(&head_dim).arg(&eps).arg(&rotary_dim).arg(&interleaved);
-        b.arg(&row_slots).arg(&k_pool).arg(&v_pool);
+        b.arg(&row_slots).arg(&k_pool).arg(&v_pool).arg(&chunk_heads);
         // SAFETY: the arguments match the kernel's signature; the shapes were checked above.
         unsafe { b.launch(cfg) }.map_err(driver_err("qk_norm_rope"))?;
         Ok(())

@@ -43,7 +43,8 @@ pub use gemm::{dense_gemm, dense_gemm_swiglu, dense_gemm_v1, gemm_bf16};
 pub use moe::{moe_forward, moe_forward_with_counts, TwinMoeLayer, TwinMoeWeights};
 pub use moe_gemm::{max_tiles, moe_gemm, moe_gemm_swiglu, moe_gemm_wgmma, moe_gemm_wgmma_swiglu, GroupedGemmArgs};
 pub use moe_permute::{
-    moe_chunk_counts, moe_offsets, moe_scatter, moe_select_tile, moe_unpermute, n_chunks, Offsets, SharedTerm,
+    moe_chunk_counts, moe_offsets, moe_scatter, moe_select_tile, moe_unpermute, n_chunks, offsets_smem_bytes, Offsets,
+    SharedTerm,
 };
 pub use moe_routing::moe_topk_softmax;
 pub use rmsnorm::rms_norm_rows;

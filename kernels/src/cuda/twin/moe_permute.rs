@@ -10,6 +10,14 @@ pub fn n_chunks(n_assign: usize) -> usize {
     n_assign.div_ceil(PERM_CHUNK as usize)
 }
 
+/// `moe_offsets`' dynamic shared memory, in bytes: three scans of `n_experts + 1` and the partial
+/// sums of each expert's chunk ranges (as many ranges as the block's threads allow per expert).
+pub fn offsets_smem_bytes(n_chunks: usize, n_experts: usize) -> usize {
+    use crate::cuda::sources::consts::PERM_OFFSET_THREADS;
+    let parts = (PERM_OFFSET_THREADS as usize / n_experts.max(1)).min(n_chunks).max(1);
+    (3 * (n_experts + 1) + parts * n_experts) * 4
+}
+
 /// `moe_chunk_counts`: chunk_counts[c][e].
 pub fn moe_chunk_counts(topk_ids: &[u32], n_experts: usize) -> Vec<u32> {
     let chunks = n_chunks(topk_ids.len());
@@ -35,7 +43,8 @@ pub struct Offsets {
     pub n_tiles: [u32; 2],
 }
 
-/// `moe_offsets` (one block).
+/// `moe_offsets` (one block; its chunk ranges' partial sums are integers, so the twin sums each
+/// expert's chunks in order).
 pub fn moe_offsets(chunk_counts: &[u32], n_chunks: usize, n_experts: usize) -> Offsets {
     let mut chunk_base = vec![0u32; n_chunks * n_experts];
     let mut counts = vec![0u32; n_experts];

@@ -87,8 +87,10 @@ pub(crate) fn norm_rope_head(
     }
 }
 
-/// grid (rows), block ROPE_THREADS: warp w takes heads w, w + 4, ...: load, `norm_rope_head`
-/// at the row's table row, store.
+/// grid (rows), block ROPE_THREADS: the row's heads staged in shared memory (in chunks of
+/// `rope_chunk_heads`), warp w takes a chunk's heads w, w + 4, ...: `norm_rope_head` at the row's
+/// table row, then the heads stored back. A head's bits depend on nothing but its own values, so
+/// the twin replays the heads in order.
 pub fn qk_norm_rope(qkv: &mut [f32], positions: &[u32], a: QkNormRopeArgs<'_>) {
     qk_norm_rope_kv(qkv, positions, a, None)
 }
