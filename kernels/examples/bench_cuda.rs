@@ -361,8 +361,9 @@ fn bench_layer_ops(engines: &[(&str, &CudaBackend)], rng: &mut impl Rng, reps: u
     let (wgu, wd) = (random(rng, 2 * inter * h, 0.03), random(rng, h * inter, 0.02));
     // As the worker runs a layer: each projection stores plainly and the next norm adds it to
     // the residual stream (`add_rms_norm`); the last two columns, the residual read in the
-    // projections' epilogue instead (`matmul_add`), for comparison.
-    const OPS: [&str; 10] = [
+    // projections' epilogue instead (`matmul_add`), for comparison, and the q/k norm, RoPE and
+    // K/V write alone (`qk_norm_rope_write_kv`, in qkv+rope+kv).
+    const OPS: [&str; 11] = [
         "add+norm",
         "qkv+rope+kv",
         "attention",
@@ -373,6 +374,7 @@ fn bench_layer_ops(engines: &[(&str, &CudaBackend)], rng: &mut impl Rng, reps: u
         "layer",
         "o+res",
         "down+res",
+        "rope+kv",
     ];
     for items in [200usize, 500] {
         let (pre, batch, slots) = scoring_batch(200, items, 100);
@@ -408,7 +410,7 @@ fn bench_layer_ops(engines: &[(&str, &CudaBackend)], rng: &mut impl Rng, reps: u
                 (b.zeros(rows, l.qkv_dim()).expect("qkv"), b.from_host(&x[..rows * h], rows, h).expect("acc"));
             let mut delta = b.from_host(&x[..rows * h], rows, h).expect("delta");
             let norms = (Some(&hv), Some(&hv));
-            let mut ms = [0.0f64; 10];
+            let mut ms = [0.0f64; 11];
             ms[0] = gpu_ms(b, reps, || b.add_rms_norm(&mut acc, &delta, &nv, 1e-6, &mut t).expect("norm"));
             ms[1] = gpu_ms(b, reps, || {
                 b.matmul(&t, &wqkv, None, &mut qkv).expect("qkv");
@@ -422,6 +424,9 @@ fn bench_layer_ops(engines: &[(&str, &CudaBackend)], rng: &mut impl Rng, reps: u
             ms[7] = ms[..7].iter().sum();
             ms[8] = gpu_ms(b, reps, || b.matmul_add(&att, &wo, &mut acc).expect("o+res"));
             ms[9] = gpu_ms(b, reps, || b.matmul_add(&act, &wd, &mut acc).expect("down+res"));
+            ms[10] = gpu_ms(b, reps, || {
+                b.qk_norm_rope_write_kv(&mut qkv, l, norms.0, norms.1, 1e-6, rope, &mut cache, 0, &bb).expect("rope")
+            });
             print!("{name:>10}");
             for v in ms {
                 print!(" {v:>14.3}");
