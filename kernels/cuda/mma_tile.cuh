@@ -37,6 +37,9 @@
 // gemm_tile's epilogues.
 #define GEMM_EPI_F32 0
 #define GEMM_EPI_SWIGLU 1
+// c is bf16 [.., n]: each f32 accumulator rounded once (the MoE down projection's expert
+// outputs, which only moe_unpermute reads); requires beta == 0.
+#define GEMM_EPI_BF16 2
 
 #define GEMM_BK 32
 #define GEMM_STAGES 4
@@ -129,6 +132,21 @@ __device__ __forceinline__ void gemm_store_f32(float* __restrict__ c, long long 
     }
 }
 
+// The pair rounded to bf16; one 4-byte store when both columns exist and n is even.
+__device__ __forceinline__ void gemm_store_bf16(bf16_t* __restrict__ c, long long row_base, u32 r0, u32 rows, int n0,
+                                                int n, int rl, int cl, float v0, float v1) {
+    const u32 r = r0 + rl;
+    const int col = n0 + cl;
+    if (r >= rows || col >= n) return;
+    bf16_t* dst = c + (row_base + r) * n + col;
+    if ((n & 1) == 0) {
+        *reinterpret_cast<u32*>(dst) = (u32)f32_to_bf16(v0) | ((u32)f32_to_bf16(v1) << 16);
+    } else {
+        dst[0] = f32_to_bf16(v0);
+        if (col + 1 < n) dst[1] = f32_to_bf16(v1);
+    }
+}
+
 // SwiGLU: the gate pair (g0, g1) at columns cl, cl + 1 of a gate n8 tile whose first tile column
 // is `gate_col` (a multiple of 16), the up pair the same lanes' of the n8 tile after it; stores
 // act[r, ((n0 + gate_col) / 2) + (cl - gate_col)] and the next as one 4-byte bf16 pair.
@@ -145,7 +163,7 @@ __device__ __forceinline__ void gemm_store_swiglu(bf16_t* __restrict__ act, long
 
 // Block: GemmShape<BM> threads ((BM / WM) * (BN / WN) warps), gemm_smem_bytes of dynamic shared
 // memory. `a` points at row 0 of the row space, `w` at the [n, k] weight. With
-// GEMM_EPI_SWIGLU, `c` is the bf16 [.., n / 2] activation.
+// GEMM_EPI_SWIGLU, `c` is the bf16 [.., n / 2] activation; with GEMM_EPI_BF16, bf16 [.., n].
 template <int BM, int EPI = GEMM_EPI_F32>
 __device__ __forceinline__ void gemm_tile(const bf16_t* __restrict__ a, const bf16_t* __restrict__ w,
                                           float* __restrict__ c, long long row_base, u32 r0, u32 rows, int n0,
@@ -276,6 +294,9 @@ __device__ __forceinline__ void gemm_tile(const bf16_t* __restrict__ a, const bf
                     const float* u = &acc[mi][ni + 1][half * 2];
                     gemm_store_swiglu(reinterpret_cast<bf16_t*>(c), row_base, r0, rows, n0, n, rl, tile_col,
                                       tile_col + tg * 2, v[0], v[1], u[0], u[1]);
+                } else if (EPI == GEMM_EPI_BF16) {
+                    gemm_store_bf16(reinterpret_cast<bf16_t*>(c), row_base, r0, rows, n0, n, rl, tile_col + tg * 2,
+                                    v[0], v[1]);
                 } else {
                     gemm_store_f32(c, row_base, r0, rows, n0, n, beta, rl, tile_col + tg * 2, v[0], v[1]);
                 }

@@ -14,6 +14,9 @@
 // [gate; up] weights (n = 2 * inter) with gemm_tile's SwiGLU epilogue: act[rows, inter] =
 // bf16(silu(gate) * up), the gate/up GEMM, silu_mul_bf16 and its f32 [rows, 2 * inter] in one
 // launch, with the same bits. Requires inter % 8 == 0.
+//
+// moe_gemm_bf16_bm64 / moe_gemm_bf16_bm128: the same launch storing C as bf16 (the down
+// projection's expert outputs).
 #include "mma_tile.cuh"
 
 template <int BM, int EPI = GEMM_EPI_F32>
@@ -59,4 +62,22 @@ moe_gemm_swiglu_bm128(const bf16_t* __restrict__ a, const bf16_t* __restrict__ w
                       const u32* __restrict__ n_tiles, const int* __restrict__ choice, int n, int k) {
     if (*choice != 128) return;
     grouped_gemm<128, GEMM_EPI_SWIGLU>(a, w, reinterpret_cast<float*>(act), counts, offsets, tiles, n_tiles[1], n, k);
+}
+
+// The down projection: C [n_rows, N] bf16, each expert output rounded once (moe_unpermute reads
+// it; half the bytes of f32 both ways).
+extern "C" __global__ void __launch_bounds__(128, 4)
+moe_gemm_bf16_bm64(const bf16_t* __restrict__ a, const bf16_t* __restrict__ w, bf16_t* __restrict__ c,
+                   const u32* __restrict__ counts, const u32* __restrict__ offsets, const u32* __restrict__ tiles,
+                   const u32* __restrict__ n_tiles, const int* __restrict__ choice, int n, int k) {
+    if (*choice != 64) return;
+    grouped_gemm<64, GEMM_EPI_BF16>(a, w, reinterpret_cast<float*>(c), counts, offsets, tiles, n_tiles[0], n, k);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+moe_gemm_bf16_bm128(const bf16_t* __restrict__ a, const bf16_t* __restrict__ w, bf16_t* __restrict__ c,
+                    const u32* __restrict__ counts, const u32* __restrict__ offsets, const u32* __restrict__ tiles,
+                    const u32* __restrict__ n_tiles, const int* __restrict__ choice, int n, int k) {
+    if (*choice != 128) return;
+    grouped_gemm<128, GEMM_EPI_BF16>(a, w, reinterpret_cast<float*>(c), counts, offsets, tiles, n_tiles[1], n, k);
 }

@@ -8,6 +8,7 @@
 //
 // moe_gemm_wgmma_bm64 / _bm128: C [n_rows, N] f32. moe_gemm_wgmma_swiglu_bm64 / _bm128: over the
 // experts' stacked [gate; up] weights (n = 2 * inter), act[rows, inter] = bf16(silu(gate) * up).
+// moe_gemm_wgmma_bf16_bm64 / _bm128: C [n_rows, N] bf16 (the down projection's expert outputs).
 #include "wgmma_tile.cuh"
 
 template <int BM, int EPI = GEMM_EPI_F32>
@@ -47,4 +48,15 @@ extern "C" __global__ void __launch_bounds__(128, 2) moe_gemm_wgmma_swiglu_bm64(
 extern "C" __global__ void __launch_bounds__(256, 1) moe_gemm_wgmma_swiglu_bm128(MOE_WGMMA_ARGS) {
     if (*choice != 128) return;
     grouped_wgmma<128, GEMM_EPI_SWIGLU>(a, w, c, counts, offsets, tiles, n_tiles[1], n, k);
+}
+
+// c is bf16 [rows, n] (the down projection's expert outputs).
+extern "C" __global__ void __launch_bounds__(128, 2) moe_gemm_wgmma_bf16_bm64(MOE_WGMMA_ARGS) {
+    if (*choice != 64) return;
+    grouped_wgmma<64, GEMM_EPI_BF16>(a, w, c, counts, offsets, tiles, n_tiles[0], n, k);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) moe_gemm_wgmma_bf16_bm128(MOE_WGMMA_ARGS) {
+    if (*choice != 128) return;
+    grouped_wgmma<128, GEMM_EPI_BF16>(a, w, c, counts, offsets, tiles, n_tiles[1], n, k);
 }

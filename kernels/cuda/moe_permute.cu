@@ -19,6 +19,7 @@
 //                     (offset + chunk_base + rank among the chunk's earlier assignments to the same
 //                     expert), then copies token rows there as bf16.
 //   moe_unpermute     grid (tokens), block PERM_UNPERM_THREADS: out[t] (+)= sum_j w[t,j] * y[dest[t,j]]
+//                     (y: the experts' bf16 outputs, moe_gemm*_bf16_*)
 //                     (+ sigmoid(shared_gate[t]) * shared_y[t]: qwen2_moe's shared expert, its
 //                     projections run before as plain GEMMs; the sum in the order the CPU's is)
 //                     with j in pick order.
@@ -147,7 +148,7 @@ moe_scatter(const float* __restrict__ x, const u32* __restrict__ topk_ids, const
 // shared_y [tokens, hidden] and shared_gate [tokens] (the gate's logit) are read only with
 // has_shared (otherwise any valid pointers).
 extern "C" __global__ void __launch_bounds__(PERM_UNPERM_THREADS)
-moe_unpermute(const float* __restrict__ yp, const u32* __restrict__ dest, const float* __restrict__ topk_weights,
+moe_unpermute(const bf16_t* __restrict__ yp, const u32* __restrict__ dest, const float* __restrict__ topk_weights,
               const float* __restrict__ shared_y, const float* __restrict__ shared_gate, float* __restrict__ out,
               int top_k, int hidden, int accumulate, int has_shared) {
     const long long t = blockIdx.x;
@@ -155,7 +156,7 @@ moe_unpermute(const float* __restrict__ yp, const u32* __restrict__ dest, const 
     for (int c = threadIdx.x; c < hidden; c += PERM_UNPERM_THREADS) {
         float acc = 0.0f;
         for (int j = 0; j < top_k; ++j)
-            acc = fmaf(topk_weights[t * top_k + j], yp[(long long)dest[t * top_k + j] * hidden + c], acc);
+            acc = fmaf(topk_weights[t * top_k + j], bf16_to_f32(yp[(long long)dest[t * top_k + j] * hidden + c]), acc);
         if (has_shared) acc = fmaf(gate, shared_y[t * hidden + c], acc);
         out[t * hidden + c] = accumulate ? out[t * hidden + c] + acc : acc;
     }

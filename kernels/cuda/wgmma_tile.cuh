@@ -117,14 +117,15 @@ __device__ __forceinline__ void wgmma_k_step(float (&acc)[NW][64], u32 as, u32 b
     for (int j = 0; j < NW; ++j) wgmma_fence_operands(acc[j]);
 }
 
-// The f32 and SwiGLU epilogues of a warpgroup's NW wgmma accumulators: lane (warp, lane) holds,
+// The f32, bf16 and SwiGLU epilogues of a warpgroup's NW wgmma accumulators: lane (warp, lane) holds,
 // per wgmma, rows row_of (+ 8 for registers i with (i / 2) % 2 == 1) and columns
 // 8 (i / 4) + 2 tg (+ 1) of the wgmma's 64 x 128, row_of = 64 (warpgroup) + 16 warp + lane / 4.
 // n8 block b of a wgmma is registers 4b .. 4b + 3: (4b, 4b + 1) on row rl, (4b + 2, 4b + 3) on
 // rl + 8. SwiGLU visits the gate blocks (b even); the up block b + 1 is 4 registers on.
-template <int NW, bool SWIGLU>
+template <int NW, int EPI>
 __device__ __forceinline__ void wgmma_store_acc(const float (&acc)[NW][64], int row_of, int tg, float* __restrict__ c,
                                                 long long row_base, u32 r0, u32 rows, int n0, int n, float beta) {
+    constexpr bool SWIGLU = EPI == GEMM_EPI_SWIGLU;
 #pragma unroll
     for (int j = 0; j < NW; ++j)
 #pragma unroll
@@ -135,6 +136,9 @@ __device__ __forceinline__ void wgmma_store_acc(const float (&acc)[NW][64], int 
                 if (SWIGLU) {
                     gemm_store_swiglu(reinterpret_cast<bf16_t*>(c), row_base, r0, rows, n0, n, rl, block_col,
                                       block_col + tg * 2, acc[j][i], acc[j][i + 1], acc[j][i + 4], acc[j][i + 5]);
+                } else if (EPI == GEMM_EPI_BF16) {
+                    gemm_store_bf16(reinterpret_cast<bf16_t*>(c), row_base, r0, rows, n0, n, rl, block_col + tg * 2,
+                                    acc[j][i], acc[j][i + 1]);
                 } else {
                     gemm_store_f32(c, row_base, r0, rows, n0, n, beta, rl, block_col + tg * 2, acc[j][i], acc[j][i + 1]);
                 }
@@ -227,7 +231,7 @@ __device__ __forceinline__ void wgmma_gemm_tile(const bf16_t* __restrict__ a, co
     // for registers i with (i / 2) % 2 == 1) and columns 8 (i / 4) + 2 (lane % 4) (+ 1) of the
     // wgmma's 64 x 128.
     const int row_of = wg * 64 + warp * 16 + (lane >> 2), tg = lane & 3;
-    wgmma_store_acc<NW, SWIGLU>(acc, row_of, tg, c, row_base, r0, rows, n0, n, beta);
+    wgmma_store_acc<NW, EPI>(acc, row_of, tg, c, row_base, r0, rows, n0, n, beta);
 }
 
 #endif  // SIEVE_WGMMA_TILE_CUH

@@ -175,7 +175,7 @@ __device__ __forceinline__ void wgmma_tma_gemm_tile(const TmaMap* a_map, const T
     if (SWIGLU)
         wgmma_store_swiglu_split<NW>(acc, row_of, lane & 3, reinterpret_cast<bf16_t*>(c), r0, rows, n0, n);
     else
-        wgmma_store_acc<NW, false>(acc, row_of, lane & 3, c, 0, r0, rows, n0, n, beta);
+        wgmma_store_acc<NW, GEMM_EPI_F32>(acc, row_of, lane & 3, c, 0, r0, rows, n0, n, beta);
 }
 
 #endif  // SIEVE_WGMMA_TMA_TILE_CUH

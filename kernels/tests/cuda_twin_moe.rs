@@ -4,9 +4,9 @@
 //! variants and the auto selector must give the same result.
 //!
 //! Tolerances (relative to the largest reference value):
-//! - `BF16_AWARE_TOL` 1e-3: the plain loop rounds the expert inputs and the SwiGLU activation to
-//!   bf16 where the device does, so only summation order (f32 vs f64) and a rare one-ulp bf16
-//!   rounding flip of an activation differ.
+//! - `BF16_AWARE_TOL` 1e-3: the plain loop rounds the expert inputs, the SwiGLU activation and
+//!   each expert's output to bf16 where the device does, so only summation order (f32 vs f64) and
+//!   a rare one-ulp bf16 rounding flip differ.
 //! - `PLAIN_TOL` 2e-2: against the loop in f64 with only the weights in bf16 (the checkpoint).
 
 mod common;
@@ -70,7 +70,11 @@ fn plain_moe(
                 .collect();
             let wd = &down[e * h * i..(e + 1) * h * i];
             for (c, a) in acc.iter_mut().enumerate() {
-                *a += w * wd[c * i..(c + 1) * i].iter().zip(&act).map(|(&p, &q)| round_bf16(p) as f64 * q).sum::<f64>();
+                *a += w * rb(wd[c * i..(c + 1) * i]
+                    .iter()
+                    .zip(&act)
+                    .map(|(&p, &q)| round_bf16(p) as f64 * q)
+                    .sum::<f64>());
             }
         }
         for (o, a) in out[t * h..(t + 1) * h].iter_mut().zip(acc) {

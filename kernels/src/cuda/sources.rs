@@ -44,8 +44,17 @@ pub const MOE_ROUTING: KernelSource = kernel_source!("moe_routing.cu", ["moe_top
 pub const MOE_PERMUTE: KernelSource =
     kernel_source!("moe_permute.cu", ["moe_chunk_counts", "moe_offsets", "moe_scatter", "moe_unpermute"]);
 pub const MOE_SELECT: KernelSource = kernel_source!("moe_select.cu", ["moe_select_tile"]);
-pub const MOE_GEMM: KernelSource =
-    kernel_source!("moe_gemm.cu", ["moe_gemm_bm64", "moe_gemm_bm128", "moe_gemm_swiglu_bm64", "moe_gemm_swiglu_bm128"]);
+pub const MOE_GEMM: KernelSource = kernel_source!(
+    "moe_gemm.cu",
+    [
+        "moe_gemm_bm64",
+        "moe_gemm_bm128",
+        "moe_gemm_swiglu_bm64",
+        "moe_gemm_swiglu_bm128",
+        "moe_gemm_bf16_bm64",
+        "moe_gemm_bf16_bm128"
+    ]
+);
 pub const GEMM: KernelSource = kernel_source!(
     "gemm.cu",
     [
@@ -71,7 +80,14 @@ pub const GEMM_WGMMA: KernelSource = kernel_source!(
 );
 pub const MOE_GEMM_WGMMA: KernelSource = kernel_source!(
     "moe_gemm_wgmma.cu",
-    ["moe_gemm_wgmma_bm64", "moe_gemm_wgmma_bm128", "moe_gemm_wgmma_swiglu_bm64", "moe_gemm_wgmma_swiglu_bm128"]
+    [
+        "moe_gemm_wgmma_bm64",
+        "moe_gemm_wgmma_bm128",
+        "moe_gemm_wgmma_swiglu_bm64",
+        "moe_gemm_wgmma_swiglu_bm128",
+        "moe_gemm_wgmma_bf16_bm64",
+        "moe_gemm_wgmma_bf16_bm128"
+    ]
 );
 
 /// Sources that use sm_90a's architecture-specific instructions (wgmma): compiled, as `sm_90a`,

@@ -57,6 +57,8 @@ pub(crate) struct Kernels {
     pub moe_gemm_bm128: CudaFunction,
     pub moe_gemm_swiglu_bm64: CudaFunction,
     pub moe_gemm_swiglu_bm128: CudaFunction,
+    pub moe_gemm_bf16_bm64: CudaFunction,
+    pub moe_gemm_bf16_bm128: CudaFunction,
     pub dense_gemm_bm64: CudaFunction,
     pub dense_gemm_bm128: CudaFunction,
     pub dense_gemm_v1_bm64: CudaFunction,
@@ -96,6 +98,8 @@ pub(crate) struct HopperKernels {
     pub moe_gemm_wgmma_bm128: CudaFunction,
     pub moe_gemm_wgmma_swiglu_bm64: CudaFunction,
     pub moe_gemm_wgmma_swiglu_bm128: CudaFunction,
+    pub moe_gemm_wgmma_bf16_bm64: CudaFunction,
+    pub moe_gemm_wgmma_bf16_bm128: CudaFunction,
 }
 
 impl HopperKernels {
@@ -115,6 +119,8 @@ impl HopperKernels {
             moe_gemm_wgmma_bm128: m("moe_gemm_wgmma_bm128")?,
             moe_gemm_wgmma_swiglu_bm64: m("moe_gemm_wgmma_swiglu_bm64")?,
             moe_gemm_wgmma_swiglu_bm128: m("moe_gemm_wgmma_swiglu_bm128")?,
+            moe_gemm_wgmma_bf16_bm64: m("moe_gemm_wgmma_bf16_bm64")?,
+            moe_gemm_wgmma_bf16_bm128: m("moe_gemm_wgmma_bf16_bm128")?,
         };
         // Every ring is past the 48 KiB a kernel gets without opting in.
         for (f, (bm, bn)) in [
@@ -128,6 +134,8 @@ impl HopperKernels {
             (&h.moe_gemm_wgmma_bm128, (128, 128)),
             (&h.moe_gemm_wgmma_swiglu_bm64, (64, 128)),
             (&h.moe_gemm_wgmma_swiglu_bm128, (128, 128)),
+            (&h.moe_gemm_wgmma_bf16_bm64, (64, 128)),
+            (&h.moe_gemm_wgmma_bf16_bm128, (128, 128)),
         ] {
             f.set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, WgmmaShape::of(bm, bn).smem_bytes as i32)
                 .map_err(driver_err("wgmma GEMM shared memory limit"))?;
@@ -253,6 +261,8 @@ impl Kernels {
             moe_gemm_bm128: f(&MOE_GEMM, "moe_gemm_bm128")?,
             moe_gemm_swiglu_bm64: f(&MOE_GEMM, "moe_gemm_swiglu_bm64")?,
             moe_gemm_swiglu_bm128: f(&MOE_GEMM, "moe_gemm_swiglu_bm128")?,
+            moe_gemm_bf16_bm64: f(&MOE_GEMM, "moe_gemm_bf16_bm64")?,
+            moe_gemm_bf16_bm128: f(&MOE_GEMM, "moe_gemm_bf16_bm128")?,
             dense_gemm_bm64: f(&GEMM, "dense_gemm_bm64")?,
             dense_gemm_bm128: f(&GEMM, "dense_gemm_bm128")?,
             dense_gemm_v1_bm64: f(&GEMM, "dense_gemm_v1_bm64")?,
@@ -282,6 +292,8 @@ impl Kernels {
             (&k.moe_gemm_bm128, 128),
             (&k.moe_gemm_swiglu_bm64, 64),
             (&k.moe_gemm_swiglu_bm128, 128),
+            (&k.moe_gemm_bf16_bm64, 64),
+            (&k.moe_gemm_bf16_bm128, 128),
         ] {
             f.set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, GemmShape::of(bm).smem_bytes as i32)
                 .map_err(driver_err("GEMM shared memory limit"))?;

@@ -143,7 +143,7 @@ impl CudaBackend {
         let mut xp = alloc_unset::<u16>(s, n_assign * hidden)?;
         let mut dest = alloc_unset::<u32>(s, n_assign)?;
         let mut act = alloc_unset::<u16>(s, n_assign * inter)?;
-        let mut y = alloc_unset::<f32>(s, n_assign * hidden)?;
+        let mut y = alloc_unset::<u16>(s, n_assign * hidden)?;
 
         let (tokens_i, ne_i, k_i, renorm) = (tokens as i32, n_experts as i32, k as i32, routing.renormalize as i32);
         let (n_assign_i, chunks_i, hidden_i, inter_i, accumulate_i) =
@@ -215,17 +215,20 @@ impl CudaBackend {
         .map_err(driver_err("moe_scatter"))?;
 
         // Both variants of a grouped GEMM (the one the selector did not choose exits at once);
-        // `c` (a device address) is f32 [n_assign, n], or with the SwiGLU pair the bf16 act
-        // [n_assign, n / 2]. On the wgmma engine, moe_gemm_wgmma.cu's (BM x 128 tiles).
+        // `c` (a device address) is f32 [n_assign, n], with the SwiGLU pair the bf16 act
+        // [n_assign, n / 2], with the bf16 pair (the down projection) bf16 [n_assign, n]. On the
+        // wgmma engine, moe_gemm_wgmma.cu's (BM x 128 tiles).
         let wgmma = if self.gemm == GemmEngine::Wgmma { Some(self.hopper()?) } else { None };
-        let (plain, swiglu) = match wgmma {
+        let (plain, swiglu, to_bf16) = match wgmma {
             Some(h) => (
                 [&h.moe_gemm_wgmma_bm64, &h.moe_gemm_wgmma_bm128],
                 [&h.moe_gemm_wgmma_swiglu_bm64, &h.moe_gemm_wgmma_swiglu_bm128],
+                [&h.moe_gemm_wgmma_bf16_bm64, &h.moe_gemm_wgmma_bf16_bm128],
             ),
             None => (
                 [&self.k.moe_gemm_bm64, &self.k.moe_gemm_bm128],
                 [&self.k.moe_gemm_swiglu_bm64, &self.k.moe_gemm_swiglu_bm128],
+                [&self.k.moe_gemm_bf16_bm64, &self.k.moe_gemm_bf16_bm128],
             ),
         };
         let gemm = |pair: [&CudaFunction; 2],
@@ -272,11 +275,11 @@ impl CudaBackend {
             }
             .map_err(driver_err("silu_mul_bf16"))?;
         }
-        gemm(plain, &act, &w.down, y.device_ptr_mut(s).0, hidden, inter)?;
+        gemm(to_bf16, &act, &w.down, y.device_ptr_mut(s).0, hidden, inter)?;
         // Without a shared expert its two pointers are never read: any valid ones.
         let (shared_y, shared_gate, has_shared) = match shared {
             Some((sy, logit)) => (&sy.buf, &logit.buf, 1i32),
-            None => (&y, &weights, 0),
+            None => (&weights, &weights, 0),
         };
         unsafe {
             s.launch_builder(&self.k.moe_unpermute)

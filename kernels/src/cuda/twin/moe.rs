@@ -109,12 +109,13 @@ pub fn moe_forward_with_counts(
         }
         silu_mul_bf16(&gate_up, &mut act, inter);
     }
+    // The down projection stores bf16 (moe_gemm*_bf16_*): its f32 outputs rounded once.
     let mut y = vec![0f32; n_assign * hidden];
     for (bm, args, grid_x) in launches(&act, &w.down, hidden, inter) {
         plain(bm, args, grid_x, &mut y);
     }
     let mut out = vec![0f32; tokens * hidden];
-    moe_unpermute(&y, &dest, &weights, shared, &mut out, k, hidden, false);
+    moe_unpermute(&to_bf16_vec(&y), &dest, &weights, shared, &mut out, k, hidden, false);
     Ok((out, choice, off.counts))
 }
 

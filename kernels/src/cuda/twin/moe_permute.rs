@@ -1,7 +1,7 @@
 //! Twins of kernels/cuda/moe_permute.cu and moe_select.cu: the per-chunk histogram, the offsets
 //! and both tile schedules, the device-side tile selector, the scatter and the un-permute.
 
-use super::warp::to_bf16;
+use super::warp::{from_bf16, to_bf16};
 use crate::cuda::moe::TileChoice;
 use crate::cuda::sources::consts::PERM_CHUNK;
 
@@ -145,10 +145,10 @@ pub struct SharedTerm<'a> {
 }
 
 /// `moe_unpermute`: out[t] (+)= Σ_j w[t, j] · yp[dest[t, j]] (+ sigmoid(gate_t) · shared_y[t]),
-/// j in pick order, fmaf.
+/// j in pick order, fmaf; yp the experts' bf16 outputs.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_unpermute(
-    yp: &[f32],
+    yp: &[u16],
     dest: &[u32],
     weights: &[f32],
     shared: Option<SharedTerm<'_>>,
@@ -162,7 +162,7 @@ pub fn moe_unpermute(
         for c in 0..hidden {
             let mut acc = 0f32;
             for j in 0..top_k {
-                acc = weights[t * top_k + j].mul_add(yp[dest[t * top_k + j] as usize * hidden + c], acc);
+                acc = weights[t * top_k + j].mul_add(from_bf16(yp[dest[t * top_k + j] as usize * hidden + c]), acc);
             }
             if let (Some(g), Some(s)) = (gate, shared) {
                 acc = g.mul_add(s.y[t * hidden + c], acc);
