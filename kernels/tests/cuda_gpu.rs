@@ -432,6 +432,36 @@ fn moe_layer_matches_twin_for_every_variant() {
     }
 }
 
+/// The router kernel at each of its per-lane widths (1, 2, 4, 8 and 16 logits a lane: 8 to 512
+/// experts) through the whole layer, against the twin; small experts keep it quick.
+#[test]
+fn moe_routing_at_every_expert_count() {
+    let Some(g) = gpu("moe_routing_at_every_expert_count") else { return };
+    let mut r = rng(65);
+    for n_experts in [8usize, 60, 128, 300, 512] {
+        let dims = MoeDims { hidden: 16, inter: 8, n_experts };
+        let gate_up = random(&mut r, n_experts * 2 * 8 * 16);
+        let down = random(&mut r, n_experts * 16 * 8);
+        let tw = TwinMoeWeights::new(dims, &gate_up, &down).unwrap();
+        let gw = g.moe_expert_weights(dims, &gate_up, &down).unwrap();
+        let (tokens, top_k) = (37, n_experts.min(8));
+        let routing = MoeRouting { top_k, renormalize: n_experts % 2 == 0 };
+        let x = random(&mut r, tokens * 16);
+        let logits: Vec<f32> = random(&mut r, tokens * n_experts).iter().map(|v| v * 4.0).collect();
+        let (xt, lt) = (g.from_host(&x, tokens, 16).unwrap(), g.from_host(&logits, tokens, n_experts).unwrap());
+        let mut out = g.zeros(tokens, 16).unwrap();
+        let stats = g.moe_forward(&xt, &lt, &gw, routing, TilePolicy::default(), &mut out, false, None).unwrap();
+        let (want, want_choice) = twin::moe_forward(&x, &logits, &tw, routing, TilePolicy::default()).unwrap();
+        assert_eq!(stats.read(&g).unwrap(), want_choice, "{n_experts} experts: selector");
+        assert_eq!(
+            stats.read_counts(&g).unwrap().iter().map(|&c| c as usize).sum::<usize>(),
+            tokens * top_k,
+            "{n_experts} experts: every pick counted"
+        );
+        assert_close(&format!("MoE with {n_experts} experts vs twin"), &g.to_host(&out).unwrap(), &want, MMA_TWIN_TOL);
+    }
+}
+
 /// qwen2_moe's shared expert (its projections, then the gated add in `moe_unpermute`) through
 /// `Backend::moe_ffn`: the twin's values (CPU twin: cuda_twin_moe.rs
 /// `the_shared_expert_on_the_gpu_pipeline_matches_the_reference`), and each row's bits alone as
