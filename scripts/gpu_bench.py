@@ -3,7 +3,8 @@
 transformers on the same checkpoint and the same (query, item) pairs.
 
 Sieve side: calls of 20/100/200/500 items (one call at a time, then several in flight), each
-with its own query (so every call computes its prefix), timed per call; pairs/s, p50/p99,
+with its own query (so every call computes its prefix), timed per call; pairs/s, p50/p99, the
+worker's preparing and forward time (and its tokenizing, from its metrics with `--admin`),
 computed tokens/s (from the worker's `usage`) and that rate in FLOP/s against the matrix rate
 measured here. One 100-item call is repeated item by item: the scores must be bit-identical
 (the determinism contract on the GPU).
@@ -93,11 +94,31 @@ def flops_per_token(cfg, ctx):
     return 2 * layers * (proj + mlp + attn)
 
 
+def tokenize_seconds(admin):
+    """The worker's `sieve_worker_tokenize_seconds` (sum, count) from its admin port; None when
+    there is no admin URL or the worker has no such metric (an earlier build)."""
+    if not admin:
+        return None
+    try:
+        text = urllib.request.urlopen(f"{admin}/metrics", timeout=5).read().decode()
+    except OSError:
+        return None
+    v = {}
+    for line in text.splitlines():
+        if line.startswith("sieve_worker_tokenize_seconds_"):
+            name, value = line.split()[:2]
+            v[name] = float(value)
+    if "sieve_worker_tokenize_seconds_count" not in v:
+        return None
+    return v.get("sieve_worker_tokenize_seconds_sum", 0.0), v["sieve_worker_tokenize_seconds_count"]
+
+
 def sieve_side(args, cfg, calls):
     url = f"{args.worker}/v1/score"
     out = {}
     for m, cs in calls.items():
         post(url, {"query": cs[0][0], "items": cs[0][1][: min(m, 8)], "deadline_ms": 600000})  # warm-up
+        tok0 = tokenize_seconds(args.admin)
         lat, queue, compute, computed, prompt, prefix = [], [], [], 0, 0, 0
         t0 = time.perf_counter()
         for q, items in cs:
@@ -113,6 +134,7 @@ def sieve_side(args, cfg, calls):
             prompt += u["prompt_tokens"]
             prefix = u["prefix_tokens"]
         wall = time.perf_counter() - t0
+        tok1 = tokenize_seconds(args.admin)
         # Several calls in flight: the worker's throughput when it is kept busy.
         t0 = time.perf_counter()
         with ThreadPoolExecutor(args.concurrency) as ex:
@@ -134,6 +156,8 @@ def sieve_side(args, cfg, calls):
             "prefix_tokens": prefix,
             "item_tokens_avg": prompt / n - prefix,
         }
+        if tok0 and tok1 and tok1[1] > tok0[1]:
+            out[m]["tokenize_ms_mean"] = 1e3 * (tok1[0] - tok0[0]) / (tok1[1] - tok0[1])
         print(f"sieve {m:>4} items: {out[m]}", flush=True)
     return out
 
@@ -265,6 +289,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--worker", required=True, help="the worker's API base URL, e.g. http://127.0.0.1:8081")
     ap.add_argument("--model", required=True, help="the checkpoint directory the worker serves")
+    ap.add_argument("--admin", default="", help="the worker's admin base URL: the report splits out its tokenizing time")
     ap.add_argument("--label", default="dense")
     ap.add_argument("--sizes", default="20,100,200,500")
     ap.add_argument("--calls", type=int, default=8, help="calls per size")
@@ -301,13 +326,14 @@ def main():
 
     print(f"\n### {args.label}: Sieve worker over HTTP" + (" against transformers" if args.torch else "") + "\n")
     print(f"Matrix rate used: {rate:.0f} TFLOP/s (bf16 through PyTorch, this run: 8192^3 on a GPU, 1024^3 on a CPU)\n" if rate else "")
-    print("| side | items | p50 ms | p99 ms | preparing / forward ms (p50) | pairs/s (1 call at a time) | pairs/s (busy) | computed tok/s | TFLOP/s | of matrix rate |")
+    print("| side | items | p50 ms | p99 ms | preparing (of it tokenizing, mean) / forward ms (p50) | pairs/s (1 call at a time) | pairs/s (busy) | computed tok/s | TFLOP/s | of matrix rate |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for side in ("sieve", "torch"):
         for m, r in result.get(side, {}).items():
             frac = f"{100 * r['tflops'] / rate:.1f}%" if rate else "-"
             busy = f"{r['pairs_per_s_busy']:.0f}" if "pairs_per_s_busy" in r else "-"
-            split = f"{r['queue_ms_p50']:.1f} / {r['compute_ms_p50']:.1f}" if "queue_ms_p50" in r else "-"
+            tok = f" ({r['tokenize_ms_mean']:.1f})" if "tokenize_ms_mean" in r else ""
+            split = f"{r['queue_ms_p50']:.1f}{tok} / {r['compute_ms_p50']:.1f}" if "queue_ms_p50" in r else "-"
             print(
                 f"| {side} | {m} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {split} | {r['pairs_per_s']:.0f} | {busy} | "
                 f"{r['computed_tokens_per_s']:.0f} | {r['tflops']:.1f} | {frac} |"
