@@ -245,6 +245,19 @@ fn embed_and_qk_norm_rope() {
     }
 }
 
+/// [`prefix_and_items`]' two passes, each with random QKV rows for `layout`; and the slots.
+fn prefix_and_items_with_qkv(r: &mut impl rand::Rng, layout: QkvLayout) -> (Vec<(BatchLayout, Vec<f32>)>, usize) {
+    let (batches, slots) = prefix_and_items(r, 10);
+    let passes = batches
+        .into_iter()
+        .map(|b| {
+            let q = random(r, b.num_rows() * layout.qkv_dim());
+            (b, q)
+        })
+        .collect();
+    (passes, slots)
+}
+
 /// `qk_norm_rope_write_kv` then attention, pass after pass over one cache: each pass's rotated
 /// rows and attention output.
 fn rope_kv_attention_case<B: Backend>(
@@ -285,14 +298,7 @@ fn fused_rope_kv_write_gives_the_two_kernels_bits() {
     let mut r = rng(64);
     for &(n_heads, n_kv_heads, head_dim) in &[(16, 8, 128), (3, 1, 6), (12, 6, 256), (16, 4, 64)] {
         let layout = QkvLayout { n_heads, n_kv_heads, head_dim };
-        let (batches, slots) = prefix_and_items(&mut r, 10);
-        let passes: Vec<(BatchLayout, Vec<f32>)> = batches
-            .into_iter()
-            .map(|b| {
-                let q = random(&mut r, b.num_rows() * layout.qkv_dim());
-                (b, q)
-            })
-            .collect();
+        let (passes, slots) = prefix_and_items_with_qkv(&mut r, layout);
         let (qn, kn) = (random(&mut r, head_dim), random(&mut r, head_dim));
         for rl in [RopeLayout::HalfSplit, RopeLayout::Interleaved] {
             let rope = RopeConfig { theta: 1_000_000.0, rotary_dim: head_dim, layout: rl, scaling: Default::default() };
@@ -344,14 +350,7 @@ fn paged_attention_over_a_shared_prefix() {
     let mut r = rng(63);
     for &(n_heads, n_kv_heads, head_dim) in &[(16, 8, 128), (8, 2, 64), (4, 4, 256), (6, 2, 96), (2, 1, 18)] {
         let layout = QkvLayout { n_heads, n_kv_heads, head_dim };
-        let (batches, slots) = prefix_and_items(&mut r, 10);
-        let passes: Vec<(BatchLayout, Vec<f32>)> = batches
-            .into_iter()
-            .map(|b| {
-                let q = random(&mut r, b.num_rows() * layout.qkv_dim());
-                (b, q)
-            })
-            .collect();
+        let (passes, slots) = prefix_and_items_with_qkv(&mut r, layout);
         let got = attention_case(&g, layout, &passes, slots, false);
         let tw = attention_case(&t, layout, &passes, slots, false);
         let cp = attention_case(&c, layout, &passes, slots, false);
