@@ -9,7 +9,7 @@
 // Pipeline (all on one stream, no host synchronisation):
 //   moe_chunk_counts  grid (n_chunks), block PERM_CHUNK, dyn smem n_experts u32:
 //                     per chunk of PERM_CHUNK assignments, the count per expert.
-//   moe_offsets       grid (1), block PERM_OFFSET_THREADS, dyn smem moe_offsets_smem_bytes:
+//   moe_offsets       grid (1), block PERM_OFFSET_THREADS, dyn smem twin::offsets_smem_bytes:
 //                     per-expert running sums over chunks (chunk_base; each expert's chunks in
 //                     ranges of their own threads), totals (counts), exclusive scan over experts (offsets), and
 //                     both tile schedules (BLOCK_M 64 and 128): for each expert, ceil(n_e/BM)
