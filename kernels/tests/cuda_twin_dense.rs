@@ -405,7 +405,7 @@ fn tensor_core_attention_over_a_two_level_tree_matches_each_prompt_alone() {
     let prefix = tensor(&mut g, p, w);
     let run = tensor(&mut g, r, w);
     // (in the group, own rows)
-    let items: Vec<(bool, HostTensor)> = [(true, 30), (false, 20), (true, 64), (false, 50), (true, 1)]
+    let items: Vec<(bool, HostTensor)> = [(true, 12), (false, 20), (true, 64), (false, 50), (true, 1)]
         .iter()
         .map(|&(inr, n)| (inr, tensor(&mut g, n, w)))
         .collect();

@@ -107,7 +107,7 @@ pub const ATTN_UNIT_WORDS: usize = 6;
 /// from the state its parents left. The own pass then takes each sequence's rows in tiles of 64
 /// from where its deepest shared node ended to its last row's causal end. A row's result is the
 /// same whatever the tree (the kernel carries its exact state between passes): the schedule is
-/// purely a speed choice.
+/// purely a speed choice, and a sequence joins a node only where that pays ([`sharing_pays`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AttentionSchedule {
     /// Batch row indices the units point into.
@@ -134,14 +134,29 @@ impl AttentionSchedule {
                 let off = layout.seqs[i].slot_offset as usize + d * bk;
                 &layout.key_slots[off..off + bk]
             };
-            let cont: Vec<usize> = members.into_iter().filter(|&i| shareable(i) > d0).collect();
+            let extent = |cont: &[usize]| {
+                let end = cont.iter().map(|&i| shareable(i)).min().unwrap_or(d0);
+                let mut d = d0;
+                while d < end && cont.iter().all(|&i| tile(i, d) == tile(cont[0], d)) {
+                    d += 1;
+                }
+                d
+            };
+            let mut cont: Vec<usize> = members.into_iter().filter(|&i| shareable(i) > d0).collect();
             if cont.len() < 2 {
                 continue;
             }
-            let end = cont.iter().map(|&i| shareable(i)).min().unwrap_or(d0);
-            let mut d = d0;
-            while d < end && cont.iter().all(|&i| tile(i, d) == tile(cont[0], d)) {
-                d += 1;
+            // Where the members part at once, no node: their children are found below. Else
+            // only those for whom the node's tiles are worth their state's round trip stay;
+            // without the others the node may reach deeper (never shallower), which only adds
+            // to their gain. One who leaves cannot join a deeper node (its state stays here).
+            let mut d = extent(&cont);
+            if d > d0 {
+                cont.retain(|&i| sharing_pays(layout.seqs[i].q_len as usize, d - d0));
+                if cont.len() < 2 {
+                    continue;
+                }
+                d = extent(&cont);
             }
             let mut next_level = level;
             if d > d0 {
@@ -190,6 +205,23 @@ impl AttentionSchedule {
         }
         s
     }
+}
+
+/// Whether a sequence of `q_len` query rows gains by attending `tiles` key tiles in a shared
+/// pass, packed with other sequences' rows, rather than in its own pass.
+///
+/// Alone, its rows fill `ceil(q_len / 64)` query tiles, so every one of those key tiles is
+/// attended for `pad = ceil(q_len / 64) · 64 − q_len` padding rows too. Shared, each row costs
+/// a state round trip instead (1.5 KiB a head: the query read again, the f32 state stored and
+/// loaded), about 2.35 padding rows' worth of a tile: from the H200 fit of the kernel's time to
+/// 1.36 µs of an SM per 64×64 tile and, for those bytes, 0.05 µs per row at the SM's share of
+/// memory bandwidth. So short items share a long prefix (a 10-row item over three tiles: 162
+/// against 23.5), items of a few tiles do not (100 rows over three: 84 against 235).
+pub fn sharing_pays(q_len: usize, tiles: usize) -> bool {
+    let bq = AMMA_BQ as usize;
+    let pad = q_len.div_ceil(bq) * bq - q_len;
+    // In hundredths: tiles · pad > 2.35 · q_len.
+    100 * tiles * pad > 235 * q_len
 }
 
 fn check(cond: bool, msg: impl FnOnce() -> String) -> Result<()> {
@@ -271,9 +303,11 @@ mod tests {
     }
 
     /// Items over a 150-token prefix (two whole tiles) and one over its first 100 tokens (one
-    /// whole tile, other slots after it): the first tile is attended once for all five, the
-    /// second once for the four that share it, wherever they sit in the batch; every query row is
-    /// in exactly one own unit, which starts where its deepest shared tile ended.
+    /// whole tile, other slots after it): the first tile is attended once for the three short
+    /// ones that share it, the second once for the two of them that go on, wherever they sit in
+    /// the batch; the items of 64 and 70 rows gain nothing from packing and attend the prefix in
+    /// their own units. Every query row is in exactly one own unit, which starts where its
+    /// deepest shared tile ended.
     #[test]
     fn attention_schedule_shares_tiles_as_a_tree() {
         let prefix: Vec<u32> = (100..250).collect();
@@ -308,17 +342,17 @@ mod tests {
         assert_eq!(sched.shared_levels.len(), 2);
         let level0 = units(&sched.shared_levels[0]);
         assert!(level0.iter().all(|u| (u[3], u[4], u[5]) == (0, 1, AMMA_STORE_STATE)), "{level0:?}");
-        assert_eq!(rows_of(&level0), (0..76).chain(79..153).collect::<Vec<u32>>());
+        assert_eq!(rows_of(&level0), (70..76).chain(79..89).collect::<Vec<u32>>());
         let level1 = units(&sched.shared_levels[1]);
         assert!(level1.iter().all(|u| (u[3], u[4], u[5]) == (1, 2, AMMA_STORE_STATE | AMMA_LOAD_STATE)), "{level1:?}");
-        assert_eq!(rows_of(&level1), (0..71).chain(79..153).collect::<Vec<u32>>());
+        assert_eq!(rows_of(&level1), (70..71).chain(79..89).collect::<Vec<u32>>());
         assert!(level0.iter().chain(&level1).all(|u| u[2] as usize <= AMMA_BQ as usize));
 
         let mut seen = vec![0; layout.num_rows()];
         for u in units(&sched.own_units) {
             let s = layout.seqs[u[0] as usize];
             let from = match u[0] {
-                0 | 1 | 4 | 5 => 2,
+                1 | 4 => 2,
                 2 => 1,
                 _ => 0,
             };
@@ -333,6 +367,43 @@ mod tests {
             }
         }
         assert!(seen.iter().all(|&n| n == 1), "{seen:?}");
+    }
+
+    /// The benchmark's call (100-row items over a 200-token prefix) attends in own units alone;
+    /// 10-row items share the prefix's three whole tiles, also when two calls' items are in one
+    /// batch (a node per call); sharing pays more over more tiles.
+    #[test]
+    fn only_items_that_gain_share_the_prefix_tiles() {
+        let batch = |calls: &[u32]| {
+            let mut layout = BatchLayout::default();
+            for (c, &item_rows) in calls.iter().enumerate() {
+                let prefix: Vec<u32> = (0..200).map(|p| c as u32 * 100_000 + p).collect();
+                for i in 0..20u32 {
+                    let q_row = layout.token_ids.len() as u32;
+                    let slot_offset = layout.key_slots.len() as u32;
+                    layout.key_slots.extend_from_slice(&prefix);
+                    for r in 0..item_rows {
+                        layout.token_ids.push(0);
+                        layout.positions.push(200 + r);
+                        let slot = c as u32 * 100_000 + 1000 + i * 1000 + r;
+                        layout.row_slots.push(slot);
+                        layout.key_slots.push(slot);
+                    }
+                    layout.seqs.push(AttnSeq { q_row, q_len: item_rows, ctx_len: 200 + item_rows, slot_offset });
+                }
+            }
+            AttentionSchedule::new(&layout)
+        };
+        assert!(batch(&[100]).shared_levels.is_empty());
+        assert!(batch(&[60]).shared_levels.is_empty());
+        let units = |levels: &[Vec<u32>]| levels.iter().map(|l| l.len() / ATTN_UNIT_WORDS).collect::<Vec<_>>();
+        assert_eq!(units(&batch(&[10]).shared_levels), [(20 * 10usize).div_ceil(64)]);
+        // Two calls: a node each, one level; the 100-row call's items stay out.
+        let two = batch(&[10, 100, 10]);
+        assert_eq!(units(&two.shared_levels), [2 * (20 * 10usize).div_ceil(64)]);
+        assert!(two.own_units.chunks(ATTN_UNIT_WORDS).all(|u| u[3] == if (20..40).contains(&u[0]) { 0 } else { 3 }));
+        assert!(sharing_pays(1, 1) && sharing_pays(33, 3) && !sharing_pays(33, 2) && !sharing_pays(64, 100));
+        assert!(!sharing_pays(100, 8) && sharing_pays(100, 9));
     }
 
     #[test]

@@ -77,10 +77,12 @@ impl CudaBackend {
         let super::AttentionScratch { ml, rows } = &mut *state;
         let ml = ml.get(&self.stream, p.num_rows * layout.n_heads * 2)?;
         // An operand: the own pass stores bf16 rows into `out`, the shared passes' f32 state goes
-        // to scratch (a null pointer: f32 rows into `out`, the state with them).
+        // to scratch (a null pointer: f32 rows into `out`, the state with them). With no shared
+        // pass nothing reads or writes that scratch.
         let (f32_rows, bf16_rows): (&mut CudaSlice<f32>, u64) = if out.bf16 {
             let bf16_rows = out.buf.device_ptr_mut(&self.stream).0;
-            (rows.get(&self.stream, p.num_rows * layout.q_dim())?, bf16_rows)
+            let state_len = if p.attn_shared_levels.is_empty() { 1 } else { p.num_rows * layout.q_dim() };
+            (rows.get(&self.stream, state_len)?, bf16_rows)
         } else {
             (&mut out.buf, 0)
         };
