@@ -1,6 +1,7 @@
 // Tensor-core prefill attention over the paged bf16 K/V pools (GQA, causal), FlashAttention-2
-// style: S = Q·Kᵀ and O += P·V on mma.sync.m16n8k16 (bf16 operands, f32 accumulation), an
-// online softmax in base 2, K/V tiles staged by a 2-stage cp.async pipeline.
+// style: S = Q·Kᵀ and O += P·V on mma.sync.m16n8k16 (bf16 operands, f32 accumulation; K and V
+// fragments by ldmatrix.x4), an online softmax in base 2, K/V tiles staged by a 2-stage cp.async
+// pipeline.
 //
 // Why two passes: a call's items share the query prefix. The "shared" pass attends a prefix's
 // whole key tiles once for query tiles packed from many items' rows (gathered through `rows`), so
@@ -30,6 +31,13 @@
 #define AMMA_BK 64
 #define AMMA_THREADS 128
 #define AMMA_PAD 8
+// Three blocks an SM on Hopper (registers <= 170 a thread; its shared memory holds three), two on
+// Ampere (whose shared memory holds two).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define AMMA_MIN_BLOCKS 3
+#else
+#define AMMA_MIN_BLOCKS 2
+#endif
 
 #define AMMA_LOAD_STATE 1    // start from the state the shared pass left
 #define AMMA_STORE_STATE 2   // leave the state (m, l in `ml`, unnormalised o in `out`, always f32)
@@ -95,6 +103,9 @@ __device__ __forceinline__ void attention_mma(const float* __restrict__ qkv, con
     }
     __syncthreads();
     const int r_lo = warp * 16 + g, r_hi = r_lo + 8;  // the two rows this lane's fragments hold
+    // This lane's ldmatrix row in a K tile: lanes 8i .. 8i+7 address matrix i (key half i / 2,
+    // dim half i % 2).
+    const int k_row_off = (((lane >> 4) << 3) + (lane & 7)) * LD + ((lane >> 3) & 1) * 8;
     const bool warp_live = warp * 16 < (int)n_rows;
     u32 qf[KSTEPS][4];
 #pragma unroll
@@ -158,13 +169,17 @@ __device__ __forceinline__ void attention_mma(const float* __restrict__ qkv, con
             for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                 for (int q = 0; q < 4; ++q) s[nt][q] = 0.0f;
+            // K's B fragments by ldmatrix.x4 (no .trans: a key row is k-contiguous), two score
+            // tiles a load: matrices (keys 16p..16p+7 | 16p+8..16p+15) x (dims 16ks.. | 16ks+8..).
+            const u32 k_lane = (u32)__cvta_generic_to_shared(kt_s + k_row_off);
 #pragma unroll
             for (int ks = 0; ks < KSTEPS; ++ks)
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    const bf16_t* kr = kt_s + (nt * 8 + g) * LD + ks * 16 + tg * 2;
-                    mma_bf16_16816(s[nt], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], *(const u32*)kr,
-                                   *(const u32*)(kr + 8));
+                for (int np = 0; np < NT / 2; ++np) {
+                    u32 b[4];
+                    ldmatrix_x4(b, k_lane + 2 * (np * 16 * LD + ks * 16));
+                    mma_bf16_16816(s[2 * np], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b[0], b[1]);
+                    mma_bf16_16816(s[2 * np + 1], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b[2], b[3]);
                 }
             // Scores in base 2, masked; the row max and sum over the quad's lanes (xor 1, then 2).
             float mx[2] = {neg_inf(), neg_inf()};
@@ -248,7 +263,7 @@ __device__ __forceinline__ void attention_mma(const float* __restrict__ qkv, con
 }
 
 // The entry points, one per supported head size (the fragments are unrolled over HD).
-extern "C" __global__ void __launch_bounds__(AMMA_THREADS)
+extern "C" __global__ void __launch_bounds__(AMMA_THREADS, AMMA_MIN_BLOCKS)
 attention_mma_hd64(const float* __restrict__ qkv, const bf16_t* __restrict__ k_pool, const bf16_t* __restrict__ v_pool,
                    const u32* __restrict__ seqs, const u32* __restrict__ key_slots, const u32* __restrict__ rows,
                    const u32* __restrict__ units, float* __restrict__ out, float* __restrict__ ml,
@@ -257,7 +272,7 @@ attention_mma_hd64(const float* __restrict__ qkv, const bf16_t* __restrict__ k_p
                        n_kv_heads, scale_log2);
 }
 
-extern "C" __global__ void __launch_bounds__(AMMA_THREADS)
+extern "C" __global__ void __launch_bounds__(AMMA_THREADS, AMMA_MIN_BLOCKS)
 attention_mma_hd128(const float* __restrict__ qkv, const bf16_t* __restrict__ k_pool, const bf16_t* __restrict__ v_pool,
                     const u32* __restrict__ seqs, const u32* __restrict__ key_slots, const u32* __restrict__ rows,
                     const u32* __restrict__ units, float* __restrict__ out, float* __restrict__ ml,

@@ -1,11 +1,11 @@
 //! Twin of kernels/cuda/attention_mma.cu (`attention_mma_hd*`), down to the fragments: the bf16
 //! query tile and K/V tiles in the kernel's padded shared layout, each lane's registers read with
-//! the kernel's index expressions (plain words for Q and K, `ldmatrix.trans` for V), the score
+//! the kernel's index expressions (plain words for Q, `ldmatrix` for K, `ldmatrix.trans` for V), the score
 //! and output mmas, the masked base-2 online softmax with its quad butterflies, and the state
 //! the shared pass leaves for the own pass. Units and flags as the host schedule builds them
 //! (`layout::AttentionSchedule`).
 
-use super::fragments::{ldmatrix_x4_trans, mma_m16n8k16, pack, AFrag, BFrag, CFrag};
+use super::fragments::{ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16, pack, AFrag, BFrag, CFrag};
 use super::warp::to_bf16;
 use crate::cuda::layout::ATTN_UNIT_WORDS;
 use crate::cuda::sources::consts::{AMMA_BK, AMMA_BQ, AMMA_CAUSAL, AMMA_LOAD_STATE, AMMA_PAD, AMMA_STORE_STATE};
@@ -132,12 +132,16 @@ pub fn attention_mma(
                     }
                     let mut s: Vec<CFrag> = vec![[[0f32; 4]; 32]; nt_n];
                     for ks in 0..ksteps {
-                        for (nt, snt) in s.iter_mut().enumerate() {
-                            let b: BFrag = std::array::from_fn(|lane| {
-                                let kr = (nt * 8 + (lane >> 2)) * ld + ks * 16 + (lane & 3) * 2;
-                                [word(&k_s, kr), word(&k_s, kr + 8)]
+                        for np in 0..nt_n / 2 {
+                            let b = ldmatrix_x4(&k_s, |lane| {
+                                (np * 16 + ((lane >> 4) << 3) + (lane & 7)) * ld + ks * 16 + ((lane >> 3) & 1) * 8
                             });
-                            mma_m16n8k16(snt, &qf[ks], &b);
+                            let (b0, b1): (BFrag, BFrag) = (
+                                std::array::from_fn(|lane| [b[lane][0], b[lane][1]]),
+                                std::array::from_fn(|lane| [b[lane][2], b[lane][3]]),
+                            );
+                            mma_m16n8k16(&mut s[2 * np], &qf[ks], &b0);
+                            mma_m16n8k16(&mut s[2 * np + 1], &qf[ks], &b1);
                         }
                     }
                     let mut mx = [[f32::NEG_INFINITY; 32]; 2];
