@@ -45,12 +45,12 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) dense_gemm_wgmma_bn2
     const __grid_constant__ TmaMap x_map, const __grid_constant__ TmaMap w_map, float *__restrict__ out, int m, \
         int n, int k, float beta
 
-template <int BN, bool SWIGLU = false>
+template <int BN, int EPI = GEMM_EPI_F32>
 __device__ __forceinline__ void dense_wgmma_tma(const TmaMap* x_map, const TmaMap* w_map, float* __restrict__ out, int m,
                                                 int n, int k, float beta) {
     u32 tm, tn;
     gemm_block_order(tm, tn);
-    wgmma_tma_gemm_tile<BN, SWIGLU>(x_map, w_map, out, tm * 128, (u32)m, tn * BN, n, k, beta);
+    wgmma_tma_gemm_tile<BN, EPI>(x_map, w_map, out, 0, tm * 128, (u32)m, 0, tn * BN, n, k, beta);
 }
 
 extern "C" __global__ void __launch_bounds__(WG_TMA_THREADS, 1) dense_gemm_wgmma_tma_bn128(DENSE_WGMMA_TMA_ARGS) {
@@ -66,10 +66,10 @@ extern "C" __global__ void __launch_bounds__(WG_TMA_THREADS, 1) dense_gemm_wgmma
 
 extern "C" __global__ void __launch_bounds__(WG_TMA_THREADS, 1)
     dense_gemm_wgmma_tma_swiglu_bn128(DENSE_WGMMA_TMA_SWIGLU_ARGS) {
-    dense_wgmma_tma<128, true>(&x_map, &w_map, reinterpret_cast<float*>(act), m, n, k, 0.0f);
+    dense_wgmma_tma<128, GEMM_EPI_SWIGLU>(&x_map, &w_map, reinterpret_cast<float*>(act), m, n, k, 0.0f);
 }
 
 extern "C" __global__ void __launch_bounds__(WG_TMA_THREADS, 1)
     dense_gemm_wgmma_tma_swiglu_bn256(DENSE_WGMMA_TMA_SWIGLU_ARGS) {
-    dense_wgmma_tma<256, true>(&x_map, &w_map, reinterpret_cast<float*>(act), m, n, k, 0.0f);
+    dense_wgmma_tma<256, GEMM_EPI_SWIGLU>(&x_map, &w_map, reinterpret_cast<float*>(act), m, n, k, 0.0f);
 }

@@ -92,10 +92,12 @@ __device__ __forceinline__ void tma_load_2d(u32 dst, const TmaMap* map, int c0, 
 }
 
 // The SwiGLU epilogue of the split B tile (above): gate in register f < 32 NW of the flattened
-// acc[NW][64], its up in f + 32 NW; act[r, n0 / 2 + c] through gemm_store_swiglu (gate column 0).
+// acc[NW][64], its up in f + 32 NW; act[row_base + r, n0 / 2 + c] through gemm_store_swiglu
+// (gate column 0).
 template <int NW>
 __device__ __forceinline__ void wgmma_store_swiglu_split(const float (&acc)[NW][64], int row_of, int tg,
-                                                         bf16_t* __restrict__ act, u32 r0, u32 rows, int n0, int n) {
+                                                         bf16_t* __restrict__ act, long long row_base, u32 r0,
+                                                         u32 rows, int n0, int n) {
 #pragma unroll
     for (int f = 0; f < 32 * NW; f += 4)
 #pragma unroll
@@ -103,17 +105,23 @@ __device__ __forceinline__ void wgmma_store_swiglu_split(const float (&acc)[NW][
             const int fg = f + 2 * half, fu = fg + 32 * NW;
             const int jg = fg / 64, ig = fg % 64, ju = fu / 64, iu = fu % 64;
             const int cl = jg * 128 + (ig >> 2) * 8 + tg * 2;
-            gemm_store_swiglu(act, 0, r0, rows, n0, n, row_of + half * 8, 0, cl, acc[jg][ig], acc[jg][ig + 1],
+            gemm_store_swiglu(act, row_base, r0, rows, n0, n, row_of + half * 8, 0, cl, acc[jg][ig], acc[jg][ig + 1],
                               acc[ju][iu], acc[ju][iu + 1]);
         }
 }
 
-// C[r0 + r, n0 + j] (+)= sum_k A[r0 + r, k] * W[n0 + j, k] for the block's 128 x BN tile, A and W
-// read through `a_map` (dims {k, m}, box {64, 128}) and `w_map` (dims {k, n}, box {64, BN}; for
-// SWIGLU box {64, BN / 2}, and c is the bf16 act [m, n / 2]).
-template <int BN, bool SWIGLU = false>
+// C[row_base + r0 + r, n0 + j] (+)= sum_k A[row_base + r0 + r, k] * W[w_row0 + n0 + j, k] for the
+// block's 128 x BN tile (rows r0 + r < rows stored), A and W read through `a_map` (dims {k, A's
+// rows}, box {64, 128}) and `w_map` (dims {k, W's rows}, box {64, BN}; for SWIGLU box {64, BN / 2},
+// and c is the bf16 act [.., n / 2]). The grouped expert GEMM (moe_gemm_wgmma.cu) passes an
+// expert's first permuted row as row_base and its first weight row as w_row0: its boxes may read
+// the next expert's rows, whose outputs are never stored, as rows past a matrix read zeros.
+// EPI: GEMM_EPI_F32, GEMM_EPI_BF16 (c is bf16 [.., n]) or GEMM_EPI_SWIGLU (the split B tile).
+template <int BN, int EPI = GEMM_EPI_F32>
 __device__ __forceinline__ void wgmma_tma_gemm_tile(const TmaMap* a_map, const TmaMap* w_map, float* __restrict__ c,
-                                                    u32 r0, u32 rows, int n0, int n, int k, float beta) {
+                                                    long long row_base, u32 r0, u32 rows, int w_row0, int n0, int n,
+                                                    int k, float beta) {
+    constexpr bool SWIGLU = EPI == GEMM_EPI_SWIGLU;
     constexpr int STAGES = WgShape<128, BN>::STAGES, NW = BN / 128;
     constexpr int A_STAGE = 128 * WG_BK * 2, STAGE = (128 + BN) * WG_BK * 2;  // bytes
     extern __shared__ __align__(1024) unsigned char wg_smem[];
@@ -140,12 +148,13 @@ __device__ __forceinline__ void wgmma_tma_gemm_tile(const TmaMap* a_map, const T
                 const u32 f = smem_u32(&full[slot]), dst = ring + slot * STAGE;
                 mbar_wait(smem_u32(&empty[slot]), ((kt / STAGES) & 1) ^ 1);
                 mbar_arrive_expect_tx(f, STAGE);
-                tma_load_2d(dst, a_map, kt * WG_BK, (int)r0, f);
+                tma_load_2d(dst, a_map, kt * WG_BK, (int)(row_base + r0), f);
                 if (SWIGLU) {
-                    tma_load_2d(dst + A_STAGE, w_map, kt * WG_BK, n0 >> 1, f);
-                    tma_load_2d(dst + A_STAGE + (BN / 2) * WG_BK * 2, w_map, kt * WG_BK, (n >> 1) + (n0 >> 1), f);
+                    tma_load_2d(dst + A_STAGE, w_map, kt * WG_BK, w_row0 + (n0 >> 1), f);
+                    tma_load_2d(dst + A_STAGE + (BN / 2) * WG_BK * 2, w_map, kt * WG_BK, w_row0 + (n >> 1) + (n0 >> 1),
+                                f);
                 } else {
-                    tma_load_2d(dst + A_STAGE, w_map, kt * WG_BK, n0, f);
+                    tma_load_2d(dst + A_STAGE, w_map, kt * WG_BK, w_row0 + n0, f);
                 }
             }
         }
@@ -173,9 +182,9 @@ __device__ __forceinline__ void wgmma_tma_gemm_tile(const TmaMap* a_map, const T
 
     const int row_of = cw * 64 + warp * 16 + (lane >> 2);
     if (SWIGLU)
-        wgmma_store_swiglu_split<NW>(acc, row_of, lane & 3, reinterpret_cast<bf16_t*>(c), r0, rows, n0, n);
+        wgmma_store_swiglu_split<NW>(acc, row_of, lane & 3, reinterpret_cast<bf16_t*>(c), row_base, r0, rows, n0, n);
     else
-        wgmma_store_acc<NW, GEMM_EPI_F32>(acc, row_of, lane & 3, c, 0, r0, rows, n0, n, beta);
+        wgmma_store_acc<NW, EPI>(acc, row_of, lane & 3, c, row_base, r0, rows, n0, n, beta);
 }
 
 #endif  // SIEVE_WGMMA_TMA_TILE_CUH

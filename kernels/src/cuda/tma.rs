@@ -36,6 +36,14 @@ impl TmaBox {
         Ok((TmaBox::new(m, k, 128)?, TmaBox::new(n, k, bn)?))
     }
 
+    /// The boxes of the grouped expert GEMM's 128-row tile (`moe_gemm_wgmma_*_bm128`): the
+    /// permuted activations `[a_rows, k]` in 128-row boxes, every expert's `[n, k]` weights
+    /// stacked (`[n_experts · n, k]`) in 128-row boxes, or with the SwiGLU split (n = 2 · inter)
+    /// 64-row ones.
+    pub fn grouped_gemm(a_rows: usize, n_experts: usize, n: usize, k: usize, swiglu: bool) -> Result<(TmaBox, TmaBox)> {
+        Ok((TmaBox::new(a_rows, k, 128)?, TmaBox::new(n_experts * n, k, if swiglu { 64 } else { 128 })?))
+    }
+
     /// The encode arguments, innermost dimension first: global dims (elements), the outer
     /// dimension's stride (bytes), box dims (elements). The box's inner 64 bf16 are the 128
     /// bytes the 128-byte swizzle spans.

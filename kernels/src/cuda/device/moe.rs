@@ -4,10 +4,11 @@
 //! layer never waits on the host. Both grouped-GEMM variants are launched with grids sized for
 //! the worst case; the one the selector did not pick exits at once.
 
-use cudarc::driver::{CudaFunction, CudaSlice, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::memory::{alloc, alloc_unset, CudaMatrix, CudaTensor};
 use super::ops::{grid_stride, to_bf16_par};
+use super::tma::TmaMap;
 use super::{driver_err, CudaBackend};
 use crate::backend::{Backend, KernelError, Result};
 use crate::cuda::moe::{
@@ -15,6 +16,7 @@ use crate::cuda::moe::{
     MoeRouting, SharedExpert, ThresholdSample, TileChoice, TilePolicy, CALIBRATION_TOKENS,
 };
 use crate::cuda::sources::consts::*;
+use crate::cuda::tma::TmaBox;
 use crate::cuda::twin::{max_tiles, n_chunks, offsets_smem_bytes};
 use crate::cuda::{GemmEngine, GemmShape, WgmmaShape};
 use crate::moe::{AutotuneReport, BackendVariant, MoeCostModel, MoeLayerHost, MoeLayerStats, MoeSelect};
@@ -217,7 +219,8 @@ impl CudaBackend {
         // Both variants of a grouped GEMM (the one the selector did not choose exits at once);
         // `c` (a device address) is f32 [n_assign, n], with the SwiGLU pair the bf16 act
         // [n_assign, n / 2], with the bf16 pair (the down projection) bf16 [n_assign, n]. On the
-        // wgmma engine, moe_gemm_wgmma.cu's (BM x 128 tiles).
+        // wgmma engine, moe_gemm_wgmma.cu's (BM x 128 tiles; at BM 128 TMA-fed, through tensor
+        // maps over A and all the experts' weights).
         let wgmma = if self.gemm == GemmEngine::Wgmma { Some(self.hopper()?) } else { None };
         let (plain, swiglu, to_bf16) = match wgmma {
             Some(h) => (
@@ -236,22 +239,34 @@ impl CudaBackend {
                     wts: &CudaSlice<u16>,
                     c: u64,
                     n: usize,
-                    kdim: usize|
+                    kdim: usize,
+                    swiglu: bool|
          -> Result<()> {
             let (n_i, k_i) = (n as i32, kdim as i32);
             for (f, tiles, grid_x, bm) in [(pair[0], &tiles64, max64, 64), (pair[1], &tiles128, max128, 128)] {
+                let tma = wgmma.is_some() && bm == 128;
                 let (bn, threads, smem) = match wgmma {
                     Some(_) => {
                         let t = WgmmaShape::of(bm, 128);
-                        (t.bn, t.threads, t.smem_bytes)
+                        (t.bn, if tma { WG_TMA_THREADS } else { t.threads }, t.smem_bytes)
                     }
                     None => {
                         let t = GemmShape::of(bm);
                         (t.bn, t.threads, t.smem_bytes)
                     }
                 };
+                let maps = if tma {
+                    let (a_box, w_box) = TmaBox::grouped_gemm(n_assign, n_experts, n, kdim, swiglu)?;
+                    Some((TmaMap::encode(&a_box, a.device_ptr(s).0)?, TmaMap::encode(&w_box, wts.device_ptr(s).0)?))
+                } else {
+                    None
+                };
                 let mut b = s.launch_builder(f);
-                b.arg(a).arg(wts).arg(&c);
+                match &maps {
+                    Some((a_map, w_map)) => b.arg(a_map).arg(w_map),
+                    None => b.arg(a).arg(wts),
+                };
+                b.arg(&c);
                 b.arg(&counts).arg(&offsets).arg(tiles).arg(&n_tiles).arg(&choice).arg(&n_i).arg(&k_i);
                 unsafe { b.launch(launch_cfg((grid_x as u32, n.div_ceil(bn) as u32), threads, smem)) }
                     .map_err(driver_err("moe_gemm"))?;
@@ -259,11 +274,11 @@ impl CudaBackend {
             Ok(())
         };
         if self.gemm.swiglu_fused_for(hidden, inter) {
-            gemm(swiglu, &xp, &w.gate_up, act.device_ptr_mut(s).0, 2 * inter, hidden)?;
+            gemm(swiglu, &xp, &w.gate_up, act.device_ptr_mut(s).0, 2 * inter, hidden, true)?;
         } else {
             let mut gate_up_out = alloc_unset::<f32>(s, n_assign * 2 * inter)?;
             let c = gate_up_out.device_ptr_mut(s).0;
-            gemm(plain, &xp, &w.gate_up, c, 2 * inter, hidden)?;
+            gemm(plain, &xp, &w.gate_up, c, 2 * inter, hidden, false)?;
             let n_act = (n_assign * inter) as i64;
             unsafe {
                 s.launch_builder(&self.k.silu_mul_bf16)
@@ -275,7 +290,7 @@ impl CudaBackend {
             }
             .map_err(driver_err("silu_mul_bf16"))?;
         }
-        gemm(to_bf16, &act, &w.down, y.device_ptr_mut(s).0, hidden, inter)?;
+        gemm(to_bf16, &act, &w.down, y.device_ptr_mut(s).0, hidden, inter, false)?;
         // Without a shared expert its two pointers are never read: any valid ones.
         let (shared_y, shared_gate, has_shared) = match shared {
             Some((sy, logit)) => (&sy.buf, &logit.buf, 1i32),

@@ -1,9 +1,12 @@
 //! Twin of kernels/cuda/moe_gemm.cu and moe_gemm_wgmma.cu: the grouped launch over the
 //! device-built tile schedule, each block one `gemm_tile` (twin in mma_tile.rs) or, on the wgmma
-//! engine, one `wgmma_gemm_tile` of BM x 128 (wgmma_tile.rs).
+//! engine, one `wgmma_gemm_tile` of BM x 128 (wgmma_tile.rs), cp.async-fed at BM 64 and
+//! TMA-fed at BM 128 through the boxes the host encodes (`TmaBox::grouped_gemm`: over all the
+//! permuted rows and all the experts' weights, at the expert's first row of each).
 
 use super::mma_tile::{gemm_tile_to, Tile, TileOut};
 use super::wgmma_tile::{wgmma_gemm_tile, Feed};
+use crate::cuda::tma::TmaBox;
 use crate::cuda::GemmShape;
 
 /// Arguments of one grouped-GEMM launch (both variants get the same).
@@ -55,6 +58,9 @@ fn moe_gemm_to(block_m: usize, wgmma: bool, args: GroupedGemmArgs<'_>, grid_x: u
     let n_tiles = if block_m == 64 { args.n_tiles[0] } else { args.n_tiles[1] };
     let (n, k) = (args.n, args.k);
     let bn = if wgmma { 128 } else { GemmShape::of(block_m).bn };
+    let swiglu = matches!(out, TileOut::Swiglu(_));
+    let n_experts = args.w.len() / (n * k);
+    let boxes = TmaBox::grouped_gemm(args.a.len() / k, n_experts, n, k, swiglu).expect("the grouped GEMM's boxes");
     for tile in 0..grid_x {
         if tile as u32 >= n_tiles {
             continue;
@@ -73,7 +79,12 @@ fn moe_gemm_to(block_m: usize, wgmma: bool, args: GroupedGemmArgs<'_>, grid_x: u
                 beta: 0.0,
             };
             if wgmma {
-                wgmma_gemm_tile(block_m, bn, t, out.reborrow(), Feed::CpAsync);
+                let feed = if block_m == 128 {
+                    Feed::Tma { a_box: boxes.0, w_box: boxes.1, w_all: args.w, w_row0: e * n }
+                } else {
+                    Feed::CpAsync
+                };
+                wgmma_gemm_tile(block_m, bn, t, out.reborrow(), feed);
             } else {
                 gemm_tile_to(block_m, t, out.reborrow());
             }

@@ -65,19 +65,22 @@ fn wgmma_m64n128k16(d: &mut [[f32; 64]], smem: &Smem, da: u64, db: u64) {
 }
 
 /// How a tile's stages are filled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Feed {
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Feed<'a> {
     /// wgmma_tile.cuh: every thread's cp.async chunks, STAGES - 2 K steps ahead.
     CpAsync,
-    /// wgmma_tma_tile.cuh: the producer's two TMA boxes per K step (dense tiles of 128 rows).
-    /// The twin fills each step's slot just before the consumers read it; that the kernel's
-    /// mbarriers give the same order is shown by the model in `twin/wgmma_tma.rs`.
-    Tma,
+    /// wgmma_tma_tile.cuh: the producer's TMA boxes per K step (tiles of 128 rows), through the
+    /// boxes the host encodes: `a_box` over the tile's `a`, `w_box` over `w_all`, the whole weight
+    /// matrix the map covers, in which the tile's weight row 0 is `w_row0` (an expert's first
+    /// row in the grouped GEMM; 0 in the dense one). The twin fills each step's slot just before
+    /// the consumers read it; that the kernel's mbarriers give the same order is shown by the
+    /// model in `twin/wgmma_tma.rs`.
+    Tma { a_box: TmaBox, w_box: TmaBox, w_all: &'a [u16], w_row0: usize },
 }
 
 /// `wgmma_gemm_tile<BM, BN, EPI>` (`feed` CpAsync) or `wgmma_tma_gemm_tile<BN>` (`feed` Tma):
 /// one block, its threads replayed in order between the kernel's barriers.
-pub(crate) fn wgmma_gemm_tile(bm: usize, bn: usize, t: Tile<'_>, out: TileOut<'_>, feed: Feed) {
+pub(crate) fn wgmma_gemm_tile(bm: usize, bn: usize, t: Tile<'_>, out: TileOut<'_>, feed: Feed<'_>) {
     let shape = WgmmaShape::of(bm, bn);
     let (stages, threads) = (shape.stages, shape.threads as usize);
     let swiglu = matches!(out, TileOut::Swiglu(_));
@@ -112,19 +115,17 @@ pub(crate) fn wgmma_gemm_tile(bm: usize, bn: usize, t: Tile<'_>, out: TileOut<'_
     let n_k = t.k.div_ceil(BK);
     // The TMA tile's SwiGLU reads W as two boxes of bn / 2 rows (gate rows n0 / 2 .., up rows
     // n / 2 + n0 / 2 ..): the split layout its epilogue reads.
-    let split = feed == Feed::Tma && swiglu;
-    let tma_boxes = (feed == Feed::Tma).then(|| {
-        assert_eq!((bm, t.row_base), (128, 0), "the TMA tile is the dense 128-row one");
-        let (a, b) = if split {
-            (TmaBox::new(t.rows, t.k, 128).expect("x box"), TmaBox::new(t.n, t.k, bn / 2).expect("w box"))
-        } else {
-            TmaBox::dense_gemm(t.rows, t.n, t.k, bn).expect("the TMA boxes")
-        };
+    let tma = match feed {
+        Feed::Tma { a_box, w_box, w_all, w_row0 } => Some((a_box, w_box, w_all, w_row0)),
+        Feed::CpAsync => None,
+    };
+    let split = tma.is_some() && swiglu;
+    if let Some((a, b, ..)) = &tma {
+        assert_eq!(bm, 128, "the TMA tile has 128 rows");
         let w_boxes = if split { 2 } else { 1 };
         assert_eq!(a.box_bytes() + w_boxes * b.box_bytes(), stage, "the transaction bytes are the stage");
-        (a, b)
-    });
-    if feed == Feed::CpAsync {
+    }
+    if tma.is_none() {
         for s in 0..stages - 2 {
             if s < n_k {
                 load_stage(&mut smem, s, s * BK);
@@ -133,14 +134,15 @@ pub(crate) fn wgmma_gemm_tile(bm: usize, bn: usize, t: Tile<'_>, out: TileOut<'_
     }
     for kt in 0..n_k {
         let next = kt + stages - 2;
-        if let Some((a, b)) = &tma_boxes {
+        if let Some((a, b, w_all, w_row0)) = &tma {
             let dst = (kt % stages) * stage;
-            tma_load_2d(&mut smem, dst, t.a, a, kt * BK, t.r0);
+            tma_load_2d(&mut smem, dst, t.a, a, kt * BK, t.row_base + t.r0);
             if split {
-                tma_load_2d(&mut smem, dst + a_stage, t.w, b, kt * BK, t.n0 / 2);
-                tma_load_2d(&mut smem, dst + a_stage + (bn / 2) * BK * 2, t.w, b, kt * BK, t.n / 2 + t.n0 / 2);
+                tma_load_2d(&mut smem, dst + a_stage, w_all, b, kt * BK, w_row0 + t.n0 / 2);
+                let up = w_row0 + t.n / 2 + t.n0 / 2;
+                tma_load_2d(&mut smem, dst + a_stage + (bn / 2) * BK * 2, w_all, b, kt * BK, up);
             } else {
-                tma_load_2d(&mut smem, dst + a_stage, t.w, b, kt * BK, t.n0);
+                tma_load_2d(&mut smem, dst + a_stage, w_all, b, kt * BK, w_row0 + t.n0);
             }
         } else if next < n_k {
             load_stage(&mut smem, next % stages, next * BK);
@@ -232,7 +234,7 @@ pub(crate) fn tma_load_2d(smem: &mut Smem, dst: usize, src: &[u16], b: &TmaBox, 
 
 /// The dense kernels' grid over an `m x n` output at BLOCK_N `bn` (rows in 128s), each block's
 /// tile from `gemm_block_order`, fed by `feed`, into `out`.
-fn dense_tiles(bn: usize, t: Tile<'_>, mut out: TileOut<'_>, feed: Feed) {
+fn dense_tiles(bn: usize, t: Tile<'_>, mut out: TileOut<'_>, feed: Feed<'_>) {
     let (tiles_m, tiles_n) = (t.rows.div_ceil(128), t.n.div_ceil(bn));
     for by in 0..tiles_n {
         for bx in 0..tiles_m {
@@ -251,14 +253,23 @@ pub fn dense_gemm_wgmma(bn: usize, x: &[u16], w: &[u16], out: &mut [f32], m: usi
 /// Twin of kernels/cuda/gemm_wgmma.cu's `dense_gemm_wgmma_tma_bn128` / `_bn256`.
 #[allow(clippy::too_many_arguments)]
 pub fn dense_gemm_wgmma_tma(bn: usize, x: &[u16], w: &[u16], out: &mut [f32], m: usize, n: usize, k: usize, beta: f32) {
+    if m == 0 {
+        return; // no tile (the host launches none)
+    }
     let t = Tile { a: x, w, row_base: 0, r0: 0, rows: m, n0: 0, n, k, beta };
-    dense_tiles(bn, t, TileOut::F32(out), Feed::Tma);
+    let (a_box, w_box) = TmaBox::dense_gemm(m, n, k, bn).expect("the TMA boxes");
+    dense_tiles(bn, t, TileOut::F32(out), Feed::Tma { a_box, w_box, w_all: w, w_row0: 0 });
 }
 
 /// Twin of kernels/cuda/gemm_wgmma.cu's `dense_gemm_wgmma_tma_swiglu_bn128` / `_bn256`.
 pub fn dense_gemm_wgmma_tma_swiglu(bn: usize, x: &[u16], w: &[u16], act: &mut [u16], m: usize, n: usize, k: usize) {
+    if m == 0 {
+        return;
+    }
     let t = Tile { a: x, w, row_base: 0, r0: 0, rows: m, n0: 0, n, k, beta: 0.0 };
-    dense_tiles(bn, t, TileOut::Swiglu(act), Feed::Tma);
+    // As the host's launch_swiglu encodes them: W in boxes of bn / 2 rows (gate, then up).
+    let (a_box, w_box) = (TmaBox::new(m, k, 128).expect("x box"), TmaBox::new(n, k, bn / 2).expect("w box"));
+    dense_tiles(bn, t, TileOut::Swiglu(act), Feed::Tma { a_box, w_box, w_all: w, w_row0: 0 });
 }
 
 #[cfg(test)]
