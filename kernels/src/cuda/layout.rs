@@ -2,6 +2,7 @@
 //! buffer (one host-to-device copy), and the shape checks both the CUDA backend and its CPU twin
 //! run before a launch.
 
+use std::collections::HashMap;
 use std::ops::Range;
 
 use super::sources::consts::{AMMA_BK, AMMA_BQ, AMMA_CAUSAL, AMMA_LOAD_STATE, AMMA_STORE_STATE, ATT_BQ, ATT_MAX_HD};
@@ -178,13 +179,16 @@ impl AttentionSchedule {
                 }
                 next_level = level + 1;
             }
-            // The sequences that go on past `d`, split by the slots of tile `d` (first seen first).
+            // The sequences that go on past `d`, split by the slots of tile `d` (first seen first;
+            // hashed, as a call's items each have a tile of their own there).
             let mut children: Vec<Vec<usize>> = vec![];
+            let mut child_of: HashMap<&[u32], usize> = HashMap::new();
             for i in cont.into_iter().filter(|&i| shareable(i) > d) {
-                match children.iter_mut().find(|c| tile(c[0], d) == tile(i, d)) {
-                    Some(c) => c.push(i),
-                    None => children.push(vec![i]),
-                }
+                let c = *child_of.entry(tile(i, d)).or_insert_with(|| {
+                    children.push(vec![]);
+                    children.len() - 1
+                });
+                children[c].push(i);
             }
             // Pushed in reverse so that they are visited (and their rows listed) in batch order.
             for c in children.into_iter().rev() {
