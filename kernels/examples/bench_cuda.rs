@@ -35,6 +35,7 @@
 use std::time::Instant;
 
 use rand::{Rng, SeedableRng};
+use sieve_kernels::cuda::layout::Sharing;
 use sieve_kernels::cuda::moe::{BlockM, MoeDims, MoeRouting, TilePolicy};
 use sieve_kernels::cuda::{
     tiled_block_m, AttentionEngine, CudaBackend, CudaMoeWeights, CudaOptions, CudaTensor, GemmEngine, GemmKernel,
@@ -259,17 +260,24 @@ fn bench_attention(g: &mut CudaBackend, rng: &mut impl Rng, reps: usize) {
         g.write_kv(&q, layout, &mut cache, 0, &pb).expect("kv");
         let rows = batch.num_rows();
         let bb = g.prepare_batch(&batch, &cache).expect("batch");
+        // The tensor-core kernel also under the schedule that shares every prefix tile (before
+        // the cost rule, `layout::sharing_pays`): the same bits, another time.
+        let bb_all = g.prepare_batch_with(&batch, &cache, Sharing::Always).expect("batch");
         let q = g.from_host(&random(rng, rows * layout.qkv_dim(), 1.0), rows, layout.qkv_dim()).expect("q");
         g.write_kv(&q, layout, &mut cache, 0, &bb).expect("kv");
         let mut out = g.zeros(rows, layout.q_dim()).expect("out");
         let flops = attention_flops(&batch, layout);
-        for engine in [AttentionEngine::Mma, AttentionEngine::Simt] {
+        for (engine, b, name) in [
+            (AttentionEngine::Mma, &bb, "Mma"),
+            (AttentionEngine::Mma, &bb_all, "Mma-all"),
+            (AttentionEngine::Simt, &bb, "Simt"),
+        ] {
             g.set_attention_engine(engine);
-            let ms = gpu_ms(g, reps, || g.attention(&q, layout, &cache, 0, &bb, &mut out).expect("attention"));
+            let ms = gpu_ms(g, reps, || g.attention(&q, layout, &cache, 0, b, &mut out).expect("attention"));
             println!(
                 "{prefix:>8} {items:>8} {item_len:>8} {:>14} {:>8} {ms:>10.3} {:>10.2} {:>10.1}",
                 format!("{nh}/{nkv}/{hd}"),
-                format!("{engine:?}"),
+                name,
                 rows as f64 / (ms * 1e-3) / 1e6,
                 flops / (ms * 1e-3) / 1e12
             );

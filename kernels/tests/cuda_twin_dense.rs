@@ -12,7 +12,7 @@ mod common;
 mod cuda_common;
 
 use common::*;
-use sieve_kernels::cuda::layout::PackedBatch;
+use sieve_kernels::cuda::layout::{PackedBatch, Sharing};
 use sieve_kernels::cuda::twin::{self, warp::round_bf16, TwinBackend};
 use sieve_kernels::cuda::{AttentionEngine, GemmEngine};
 use sieve_kernels::host::HostTensor;
@@ -356,6 +356,43 @@ fn tensor_core_attention_rows_do_not_depend_on_prefix_sharing() {
         let whole = attend(&b, &stack(&[&prefix, item]), &mut cache);
         assert_bits_eq(&format!("item {i}: in one sequence with its prefix"), &rows_of(&whole, p, n), &want);
     }
+}
+
+/// The schedule's sharing rule is a speed choice only: items of 1 to 100 rows over a 200-token
+/// prefix (three whole tiles; the short ones share them under the cost rule, the long ones do
+/// not) give the same bits when every item shares the prefix's tiles, and both schedules differ.
+#[test]
+fn tensor_core_attention_rows_do_not_depend_on_the_sharing_rule() {
+    let twin = TwinBackend::default();
+    let layout = QkvLayout { n_heads: 4, n_kv_heads: 2, head_dim: 64 };
+    let mut g = rng(38);
+    let p = 200;
+    let mut cache = twin.kv_cache(1, 2048, 2, 64).unwrap();
+    let mut b = LayoutBuilder { next_slot: 3, ..Default::default() };
+    b.push_seq(&[], p);
+    let prefix = tensor(&mut g, p, layout.qkv_dim());
+    let batch = twin.prepare_batch(&b.layout, &cache).unwrap();
+    twin.write_kv(&prefix, layout, &mut cache, 0, &batch).unwrap();
+    let slots = b.context_slots(0);
+    let mut b = LayoutBuilder { next_slot: b.next_slot, ..Default::default() };
+    for n in [10, 100, 1, 64, 33, 70, 5] {
+        b.push_seq(&slots, n);
+    }
+    let rows = b.layout.num_rows();
+    let qkv = tensor(&mut g, rows, layout.qkv_dim());
+    let mut batch = twin.prepare_batch(&b.layout, &cache).unwrap();
+    twin.write_kv(&qkv, layout, &mut cache, 0, &batch).unwrap();
+    let attend = |batch: &twin::TwinBatch| {
+        let mut out = vec![0f32; rows * layout.q_dim()];
+        batch.attention_mma(&qkv, layout, &cache, 0, &mut out, None);
+        out
+    };
+    let by_rule = attend(&batch);
+    let all = PackedBatch::with_sharing(&b.layout, Sharing::Always);
+    assert_ne!(all.attn_shared_levels, batch.packed.attn_shared_levels, "the rules schedule alike");
+    assert!(!batch.packed.attn_shared_levels.is_empty(), "no item shares under the rule");
+    batch.packed = all;
+    assert_bits_eq("every item sharing vs the cost rule", &attend(&batch), &by_rule);
 }
 
 /// The kernel's operand output (fused epilogues): the own pass stores each row's f32 value

@@ -34,6 +34,12 @@ pub struct PackedBatch {
 impl PackedBatch {
     /// Packs a layout that has already been validated against the cache.
     pub fn new(layout: &BatchLayout) -> Self {
+        Self::with_sharing(layout, Sharing::WherePays)
+    }
+
+    /// [`PackedBatch::new`] with the attention schedule's `sharing` rule (benchmarks and tests
+    /// compare the rules; the rows' bits are the same under both).
+    pub fn with_sharing(layout: &BatchLayout, sharing: Sharing) -> Self {
         let mut words = Vec::with_capacity(
             3 * layout.num_rows()
                 + 4 * layout.seqs.len()
@@ -54,7 +60,7 @@ impl PackedBatch {
         let tiles = q_tile_schedule(layout);
         let num_q_tiles = tiles.len() / 2;
         let q_tiles = push(&mut words, &mut tiles.into_iter());
-        let sched = AttentionSchedule::new(layout);
+        let sched = AttentionSchedule::with_sharing(layout, sharing);
         let attn_rows = push(&mut words, &mut sched.rows.into_iter());
         let attn_shared_levels =
             sched.shared_levels.into_iter().map(|units| push(&mut words, &mut units.into_iter())).collect();
@@ -118,8 +124,22 @@ pub struct AttentionSchedule {
     pub own_units: Vec<u32>,
 }
 
+/// Which sequences join a shared node of the [`AttentionSchedule`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Sharing {
+    /// Those for whom [`sharing_pays`] (the worker's schedule).
+    #[default]
+    WherePays,
+    /// Every sequence that has the node's tiles (the schedule before the cost rule).
+    Always,
+}
+
 impl AttentionSchedule {
     pub fn new(layout: &BatchLayout) -> Self {
+        Self::with_sharing(layout, Sharing::WherePays)
+    }
+
+    pub fn with_sharing(layout: &BatchLayout, sharing: Sharing) -> Self {
         let bk = AMMA_BK as usize;
         let mut s = AttentionSchedule::default();
         let live: Vec<usize> = (0..layout.seqs.len()).filter(|&i| layout.seqs[i].q_len > 0).collect();
@@ -152,7 +172,7 @@ impl AttentionSchedule {
             // without the others the node may reach deeper (never shallower), which only adds
             // to their gain. One who leaves cannot join a deeper node (its state stays here).
             let mut d = extent(&cont);
-            if d > d0 {
+            if d > d0 && sharing == Sharing::WherePays {
                 cont.retain(|&i| sharing_pays(layout.seqs[i].q_len as usize, d - d0));
                 if cont.len() < 2 {
                     continue;

@@ -7,7 +7,7 @@ use super::tma::TmaMap;
 use super::{driver_err, CudaBackend};
 use crate::backend::*;
 use crate::cuda::checks;
-use crate::cuda::layout::{attention_mma_smem_bytes, attention_smem_bytes, PackedBatch, ATTN_UNIT_WORDS};
+use crate::cuda::layout::{attention_mma_smem_bytes, attention_smem_bytes, PackedBatch, Sharing, ATTN_UNIT_WORDS};
 use crate::cuda::sources::consts::*;
 use crate::cuda::tma::TmaBox;
 use crate::cuda::twin::{attention_scale, attention_scale_log2, warp::to_bf16};
@@ -60,6 +60,15 @@ pub(crate) fn to_bf16_par(data: &[f32]) -> Vec<u16> {
 }
 
 impl CudaBackend {
+    /// [`Backend::prepare_batch`] with the attention schedule's `sharing` rule: benchmarks time
+    /// the tensor-core attention under both (the worker's is [`Sharing::WherePays`]).
+    pub fn prepare_batch_with(&self, layout: &BatchLayout, cache: &CudaKvCache, sharing: Sharing) -> Result<CudaBatch> {
+        layout.validate(cache.num_slots)?;
+        let packed = PackedBatch::with_sharing(layout, sharing);
+        let words = self.upload(&packed.words)?;
+        Ok(CudaBatch { layout: layout.clone(), packed, words })
+    }
+
     /// The tensor-core attention: the shared pass, then the own pass (kernels/cuda/attention_mma.cu).
     fn attention_mma(
         &self,
@@ -436,10 +445,7 @@ impl Backend for CudaBackend {
     }
 
     fn prepare_batch(&self, layout: &BatchLayout, cache: &CudaKvCache) -> Result<CudaBatch> {
-        layout.validate(cache.num_slots)?;
-        let packed = PackedBatch::new(layout);
-        let words = self.upload(&packed.words)?;
-        Ok(CudaBatch { layout: layout.clone(), packed, words })
+        self.prepare_batch_with(layout, cache, Sharing::WherePays)
     }
 
     fn embed(&self, table: &CudaMatrix, batch: &CudaBatch, out: &mut CudaTensor) -> Result<()> {
