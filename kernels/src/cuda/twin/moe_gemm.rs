@@ -60,7 +60,9 @@ fn moe_gemm_to(block_m: usize, wgmma: bool, args: GroupedGemmArgs<'_>, grid_x: u
     let bn = if wgmma { 128 } else { GemmShape::of(block_m).bn };
     let swiglu = matches!(out, TileOut::Swiglu(_));
     let n_experts = args.w.len() / (n * k);
-    let boxes = TmaBox::grouped_gemm(args.a.len() / k, n_experts, n, k, swiglu).expect("the grouped GEMM's boxes");
+    // The 128-row wgmma tiles' TMA boxes, as the host encodes them.
+    let boxes = (wgmma && block_m == 128)
+        .then(|| TmaBox::grouped_gemm(args.a.len() / k, n_experts, n, k, swiglu).expect("the grouped GEMM's boxes"));
     for tile in 0..grid_x {
         if tile as u32 >= n_tiles {
             continue;
@@ -79,10 +81,9 @@ fn moe_gemm_to(block_m: usize, wgmma: bool, args: GroupedGemmArgs<'_>, grid_x: u
                 beta: 0.0,
             };
             if wgmma {
-                let feed = if block_m == 128 {
-                    Feed::Tma { a_box: boxes.0, w_box: boxes.1, w_all: args.w, w_row0: e * n }
-                } else {
-                    Feed::CpAsync
+                let feed = match boxes {
+                    Some((a_box, w_box)) => Feed::Tma { a_box, w_box, w_all: args.w, w_row0: e * n },
+                    None => Feed::CpAsync,
                 };
                 wgmma_gemm_tile(block_m, bn, t, out.reborrow(), feed);
             } else {
