@@ -8,7 +8,10 @@
 // each prefix K/V tile is read once per 64 query rows of the call, not once per item; it leaves
 // each row's running state (m, l, unnormalised o). The "own" pass then takes each sequence's
 // rows, loads that state and continues over the remaining key tiles (the prefix's partial last
-// tile and the item's own keys, causally), and normalises.
+// tile and the item's own keys, causally), and normalises. The state's round trip costs more
+// than packing saves for items of a tile or more, so the host sends a sequence through the shared
+// pass only where it pays (layout.rs, `sharing_pays`); the others attend the prefix in their own
+// units.
 //
 // Determinism: every row reduces over the key tiles of its sequence in position order, tiles
 // aligned at position 0, with the same per-tile update whichever pass runs it; the state passes
