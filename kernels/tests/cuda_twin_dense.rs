@@ -17,7 +17,7 @@ use sieve_kernels::cuda::twin::{self, warp::round_bf16, TwinBackend};
 use sieve_kernels::cuda::{AttentionEngine, GemmEngine};
 use sieve_kernels::host::HostTensor;
 use sieve_kernels::reference::ReferenceBackend;
-use sieve_kernels::{Backend, KernelError, QkvLayout, RopeConfig, RopeLayout};
+use sieve_kernels::{Backend, BatchLayout, KernelError, QkvLayout, RopeConfig, RopeLayout};
 
 const EXACT_INPUT_TOL: f32 = 2e-5;
 const BF16_TOL: f32 = 2e-2;
@@ -358,16 +358,18 @@ fn tensor_core_attention_rows_do_not_depend_on_prefix_sharing() {
     }
 }
 
-/// The schedule's sharing rule is a speed choice only: items of 1 to 100 rows over a 200-token
-/// prefix (three whole tiles; the short ones share them under the cost rule, the long ones do
-/// not) give the same bits when every item shares the prefix's tiles, and both schedules differ.
-#[test]
-fn tensor_core_attention_rows_do_not_depend_on_the_sharing_rule() {
-    let twin = TwinBackend::default();
-    let layout = QkvLayout { n_heads: 4, n_kv_heads: 2, head_dim: 64 };
-    let mut g = rng(38);
-    let p = 200;
-    let mut cache = twin.kv_cache(1, 2048, 2, 64).unwrap();
+/// A prefix of `p` tokens in the cache (its K/V written), then items of `lens` rows over its
+/// slots with random QKV rows (seed `seed`), their K/V written too: the cache, the items' layout
+/// and their QKV rows.
+fn items_over_a_cached_prefix(
+    twin: &TwinBackend,
+    layout: QkvLayout,
+    seed: u64,
+    p: usize,
+    lens: &[usize],
+) -> (<TwinBackend as Backend>::KvCache, BatchLayout, HostTensor) {
+    let mut g = rng(seed);
+    let mut cache = twin.kv_cache(1, 2048, layout.n_kv_heads, layout.head_dim).unwrap();
     let mut b = LayoutBuilder { next_slot: 3, ..Default::default() };
     b.push_seq(&[], p);
     let prefix = tensor(&mut g, p, layout.qkv_dim());
@@ -375,20 +377,32 @@ fn tensor_core_attention_rows_do_not_depend_on_the_sharing_rule() {
     twin.write_kv(&prefix, layout, &mut cache, 0, &batch).unwrap();
     let slots = b.context_slots(0);
     let mut b = LayoutBuilder { next_slot: b.next_slot, ..Default::default() };
-    for n in [10, 100, 1, 64, 33, 70, 5] {
+    for &n in lens {
         b.push_seq(&slots, n);
     }
-    let rows = b.layout.num_rows();
-    let qkv = tensor(&mut g, rows, layout.qkv_dim());
-    let mut batch = twin.prepare_batch(&b.layout, &cache).unwrap();
+    let qkv = tensor(&mut g, b.layout.num_rows(), layout.qkv_dim());
+    let batch = twin.prepare_batch(&b.layout, &cache).unwrap();
     twin.write_kv(&qkv, layout, &mut cache, 0, &batch).unwrap();
+    (cache, b.layout, qkv)
+}
+
+/// The schedule's sharing rule is a speed choice only: items of 1 to 100 rows over a 200-token
+/// prefix (three whole tiles; the short ones share them under the cost rule, the long ones do
+/// not) give the same bits when every item shares the prefix's tiles, and both schedules differ.
+#[test]
+fn tensor_core_attention_rows_do_not_depend_on_the_sharing_rule() {
+    let twin = TwinBackend::default();
+    let layout = QkvLayout { n_heads: 4, n_kv_heads: 2, head_dim: 64 };
+    let (cache, items, qkv) = items_over_a_cached_prefix(&twin, layout, 38, 200, &[10, 100, 1, 64, 33, 70, 5]);
+    let rows = items.num_rows();
+    let mut batch = twin.prepare_batch(&items, &cache).unwrap();
     let attend = |batch: &twin::TwinBatch| {
         let mut out = vec![0f32; rows * layout.q_dim()];
         batch.attention_mma(&qkv, layout, &cache, 0, &mut out, None);
         out
     };
     let by_rule = attend(&batch);
-    let all = PackedBatch::with_sharing(&b.layout, Sharing::Always);
+    let all = PackedBatch::with_sharing(&items, Sharing::Always);
     assert_ne!(all.attn_shared_levels, batch.packed.attn_shared_levels, "the rules schedule alike");
     assert!(!batch.packed.attn_shared_levels.is_empty(), "no item shares under the rule");
     batch.packed = all;
@@ -402,23 +416,9 @@ fn tensor_core_attention_rows_do_not_depend_on_the_sharing_rule() {
 fn tensor_core_attention_into_an_operand_is_the_f32_rows_rounded() {
     let twin = TwinBackend::default();
     let layout = QkvLayout { n_heads: 4, n_kv_heads: 2, head_dim: 64 };
-    let mut g = rng(37);
-    let (p, lens) = (150, [20, 64, 1, 33]);
-    let mut cache = twin.kv_cache(1, 1024, 2, 64).unwrap();
-    let mut b = LayoutBuilder { next_slot: 3, ..Default::default() };
-    b.push_seq(&[], p);
-    let prefix = tensor(&mut g, p, layout.qkv_dim());
-    let batch = twin.prepare_batch(&b.layout, &cache).unwrap();
-    twin.write_kv(&prefix, layout, &mut cache, 0, &batch).unwrap();
-    let slots = b.context_slots(0);
-    let mut b = LayoutBuilder { next_slot: b.next_slot, ..Default::default() };
-    for n in lens {
-        b.push_seq(&slots, n);
-    }
-    let rows = b.layout.num_rows();
-    let qkv = tensor(&mut g, rows, layout.qkv_dim());
-    let batch = twin.prepare_batch(&b.layout, &cache).unwrap();
-    twin.write_kv(&qkv, layout, &mut cache, 0, &batch).unwrap();
+    let (cache, items, qkv) = items_over_a_cached_prefix(&twin, layout, 37, 150, &[20, 64, 1, 33]);
+    let rows = items.num_rows();
+    let batch = twin.prepare_batch(&items, &cache).unwrap();
     assert!(!batch.packed.attn_shared_levels.is_empty(), "no shared pass");
     let q_dim = layout.q_dim();
     let mut f32_rows = vec![0f32; rows * q_dim];
