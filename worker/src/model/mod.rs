@@ -4,6 +4,7 @@
 //! shared layers (`layers.rs`), the score head (`head.rs`), and the varlen forward pass here.
 
 pub mod arch;
+mod byte_level_bpe;
 pub mod config;
 pub mod ggml_quants;
 pub mod gguf;

@@ -19,6 +19,7 @@ use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
+use super::byte_level_bpe::ByteLevelBpe;
 use super::gguf::GgufFile;
 use crate::error::{Result, WorkerError};
 
@@ -69,6 +70,8 @@ pub struct Tokenizer {
     vocab_size: usize,
     /// [`crate::prompt::TextEncoder::splits_after_newline`].
     splits_after_newline: bool,
+    /// The same ids without the crate's offset bookkeeping, where the tokenizer's shape allows.
+    fast: Option<ByteLevelBpe>,
 }
 
 /// The split patterns whose pieces never run from a newline into a following printable ASCII
@@ -201,27 +204,27 @@ impl Tokenizer {
         let mut plain = inner.clone();
         plain.set_encode_special_tokens(true);
         let splits_after_newline = splits_after_newline(&plain);
-        Self { inner, plain, vocab_size, splits_after_newline }
+        let fast = ByteLevelBpe::of(&inner);
+        Self { inner, plain, vocab_size, splits_after_newline, fast }
     }
 
     /// Token ids of `text`; special tokens written in it are recognised; no BOS/EOS is added.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        encode_ids(&self.inner, text)
+        self.encode_with(&self.inner, text)
     }
 
     /// Token ids of caller text: special-token strings in it are ordinary text.
     pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
-        encode_ids(&self.plain, text)
+        self.encode_with(&self.plain, text)
     }
 
-    /// [`Tokenizer::encode`] for many texts (in parallel on the rayon pool).
-    pub fn encode_batch(&self, texts: &[String]) -> Result<Vec<Vec<u32>>> {
-        let inputs: Vec<&str> = texts.iter().map(String::as_str).collect();
-        let encs = self
-            .inner
-            .encode_batch_fast(inputs, false)
-            .map_err(|e| WorkerError::Tokenizer(format!("encoding failed: {e}")))?;
-        Ok(encs.into_iter().map(|e| e.get_ids().to_vec()).collect())
+    /// `text` through the fast path, or through `tok` where it holds an added token's string
+    /// (only there do `inner` and `plain` differ) or the tokenizer has another shape.
+    fn encode_with(&self, tok: &tokenizers::Tokenizer, text: &str) -> Result<Vec<u32>> {
+        match self.fast.as_ref().and_then(|fast| fast.encode(text)) {
+            Some(ids) => ids,
+            None => encode_ids(tok, text),
+        }
     }
 
     /// Text of `ids`, special tokens included.
@@ -307,11 +310,6 @@ mod tests {
             }
         }
         assert!(failures.is_empty(), "{fixture}: {} mismatches:\n{}", failures.len(), failures.join("\n"));
-        // A batch gives the same ids as one at a time.
-        let texts: Vec<String> = cases.iter().map(|(t, _)| t.clone()).collect();
-        let batch = tok.encode_batch(&texts).unwrap();
-        let want: Vec<Vec<u32>> = cases.into_iter().map(|(_, ids)| ids).collect();
-        assert_eq!(batch, want);
     }
 
     fn qwen3() -> Tokenizer {
@@ -387,6 +385,79 @@ mod tests {
                 assert_eq!(qwen.encode(text).unwrap(), ids_of(&p["ids"]), "{} {}", model["arch"], p["name"]);
             }
         }
+    }
+
+    /// The fast path against the crate's own `encode_fast`, both ways (special tokens matched and
+    /// plain), on random text: runs of what the split regexes treat apart (newlines, spaces,
+    /// apostrophes, digits, punctuation), letters with combining marks that NFC composes, and
+    /// characters of every UTF-8 length (so every byte value of the byte-level map), with and
+    /// without added tokens' strings. `SIEVE_TOKENIZER_CASES` sets the number of texts.
+    #[test]
+    fn the_fast_path_gives_the_crate_ids_on_random_text() {
+        use rand::{Rng, SeedableRng};
+        const PIECES: [&str; 24] = [
+            "\n",
+            "\r\n",
+            " ",
+            "   ",
+            "\t",
+            "'",
+            "'s",
+            "'LL",
+            "0",
+            "2024",
+            ":",
+            "?!",
+            "...",
+            "a",
+            "Zz",
+            "running",
+            "é",
+            "e\u{301}",
+            "\u{1100}\u{1161}",
+            "\u{3000}",
+            "\u{a0}",
+            "<|im_start|>",
+            "<think>",
+            "<s>",
+        ];
+        let cases = std::env::var("SIEVE_TOKENIZER_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(3000);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        for tok in [qwen3(), smollm2()] {
+            assert!(tok.fast.is_some(), "the fast path must apply to this tokenizer");
+            let mut fast_taken = 0;
+            for case in 0..cases {
+                let text: String = (0..rng.random_range(0..24))
+                    .map(|_| match rng.random_range(0..4) {
+                        0 => char::from_u32(rng.random_range(0x80..0x800)).unwrap_or('x').to_string(),
+                        1 => char::from_u32(rng.random_range(0x800..0x10000)).unwrap_or('x').to_string(),
+                        2 => char::from_u32(rng.random_range(0x10000..0x20000)).unwrap_or('x').to_string(),
+                        _ => PIECES[rng.random_range(0..PIECES.len())].to_string(),
+                    })
+                    .collect();
+                fast_taken += tok.fast.as_ref().unwrap().encode(&text).is_some() as usize;
+                assert_eq!(tok.encode(&text).unwrap(), encode_ids(&tok.inner, &text).unwrap(), "case {case}: {text:?}");
+                assert_eq!(
+                    tok.encode_plain(&text).unwrap(),
+                    encode_ids(&tok.plain, &text).unwrap(),
+                    "case {case}: {text:?} (plain)"
+                );
+            }
+            assert!(fast_taken > cases / 2, "only {fast_taken} of {cases} texts took the fast path");
+        }
+    }
+
+    #[test]
+    fn the_fast_path_leaves_other_shapes_to_the_crate() {
+        let mut tok = qwen3().inner;
+        tok.with_normalizer(Some(tokenizers::normalizers::Lowercase));
+        assert!(ByteLevelBpe::of(&tok).is_none(), "a lowercasing normalizer");
+        let mut tok = qwen3().inner;
+        tok.with_pre_tokenizer(Some(ByteLevel::default()));
+        assert!(ByteLevelBpe::of(&tok).is_none(), "ByteLevel with its own regex and a prefix space");
+        let mut tok = qwen3().inner;
+        tok.with_truncation(Some(tokenizers::TruncationParams::default())).unwrap();
+        assert!(ByteLevelBpe::of(&tok).is_none(), "truncation");
     }
 
     #[test]

@@ -1,0 +1,141 @@
+//! Text to token ids through a byte-level BPE tokenizer's own parts, without its offset
+//! bookkeeping.
+//!
+//! `tokenizers::Tokenizer::encode_fast` carries every byte's alignment through the normalizer
+//! and each pre-tokenizer (a `NormalizedString` per piece, a `String` per token); on ~100-token
+//! items that bookkeeping, mostly allocation, was about two thirds of its time, and tokenizing
+//! is most of a call's preparation. For the shape of Qwen2/3's tokenizer.json and every GGUF
+//! rebuild (no normalizer or NFC; split regexes then `ByteLevel` without a prefix space; a BPE
+//! model; no post-processor but `ByteLevel`; no truncation or padding), [`ByteLevelBpe`] cuts
+//! the same pieces with the same compiled regexes and hands each to the same BPE model, so the
+//! ids are the crate's. A text holding any added token's string (special or not) is left to the
+//! crate, which matches them.
+
+use tokenizers::models::bpe::BPE;
+use tokenizers::normalizers::unicode::NFC;
+use tokenizers::tokenizer::pattern::Pattern;
+use tokenizers::utils::SysRegex;
+use tokenizers::{Model, ModelWrapper, NormalizedString, Normalizer, NormalizerWrapper, PostProcessorWrapper};
+
+use crate::error::{Result, WorkerError};
+
+/// A byte-level BPE tokenizer's parts, for texts with no added token in them.
+pub(crate) struct ByteLevelBpe {
+    /// Whether the tokenizer normalizes to NFC (the identity on ASCII text).
+    nfc: bool,
+    /// Applied in turn, each as an isolating split of the previous one's pieces.
+    splits: Vec<SysRegex>,
+    bpe: BPE,
+    /// GPT-2's byte → printable character map (`ByteLevel`'s alphabet).
+    byte_chars: [char; 256],
+    /// Every added token's string: a text holding one goes the crate's way.
+    added: Vec<String>,
+}
+
+impl ByteLevelBpe {
+    /// The parts of `tok`, or `None` if it is not of the shape above.
+    pub(crate) fn of(tok: &tokenizers::Tokenizer) -> Option<Self> {
+        let nfc = match tok.get_normalizer() {
+            None => false,
+            Some(NormalizerWrapper::NFC(_)) => true,
+            Some(_) => return None,
+        };
+        if !matches!(tok.get_post_processor(), None | Some(PostProcessorWrapper::ByteLevel(_)))
+            || tok.get_truncation().is_some()
+            || tok.get_padding().is_some()
+        {
+            return None;
+        }
+        let ModelWrapper::BPE(bpe) = tok.get_model() else { return None };
+        if bpe.dropout.is_some() {
+            return None;
+        }
+        // The pre-tokenizer's serialized form names exactly what it does.
+        let pre = serde_json::to_value(tok.get_pre_tokenizer()?).ok()?;
+        let (byte_level, splits) = pre.get("pretokenizers")?.as_array()?.split_last()?;
+        let byte_level_ok = byte_level.get("type")? == "ByteLevel"
+            && byte_level.get("add_prefix_space")? == false
+            && byte_level.get("use_regex")? == false;
+        if pre.get("type")? != "Sequence" || !byte_level_ok || splits.is_empty() {
+            return None;
+        }
+        let splits = splits
+            .iter()
+            .map(|s| {
+                let isolated =
+                    s.get("type")? == "Split" && s.get("behavior")? == "Isolated" && s.get("invert")? == false;
+                if !isolated {
+                    return None;
+                }
+                SysRegex::new(s.pointer("/pattern/Regex")?.as_str()?).ok()
+            })
+            .collect::<Option<Vec<_>>>()?;
+        let added = tok.get_added_tokens_decoder().into_values().map(|t| t.content).collect();
+        Some(Self { nfc, splits, bpe: bpe.clone(), byte_chars: byte_chars(), added })
+    }
+
+    /// The ids of `text`, or `None` if it holds an added token's string.
+    pub(crate) fn encode(&self, text: &str) -> Option<Result<Vec<u32>>> {
+        if self.holds_added_token(text) {
+            return None;
+        }
+        let normalized;
+        let text = if self.nfc && !text.is_ascii() {
+            let mut n = NormalizedString::from(text);
+            if let Err(e) = NFC.normalize(&mut n) {
+                return Some(Err(WorkerError::Tokenizer(format!("normalizing failed: {e}"))));
+            }
+            normalized = n.get().to_owned();
+            if self.holds_added_token(&normalized) {
+                return None;
+            }
+            normalized.as_str()
+        } else {
+            text
+        };
+        let mut ids = Vec::with_capacity(text.len() / 3);
+        let mut mapped = String::new();
+        Some(self.pieces(0, text, &mut |piece| {
+            mapped.clear();
+            mapped.extend(piece.bytes().map(|b| self.byte_chars[b as usize]));
+            let tokens =
+                self.bpe.tokenize(&mapped).map_err(|e| WorkerError::Tokenizer(format!("encoding failed: {e}")))?;
+            ids.extend(tokens.iter().map(|t| t.id));
+            Ok(())
+        }))
+        .map(|done| done.map(|()| ids))
+    }
+
+    fn holds_added_token(&self, text: &str) -> bool {
+        self.added.iter().any(|t| text.contains(t.as_str()))
+    }
+
+    /// Calls `f` on each non-empty piece of `text` cut by the splits from `level` on, in order.
+    fn pieces(&self, level: usize, text: &str, f: &mut dyn FnMut(&str) -> Result<()>) -> Result<()> {
+        let Some(regex) = self.splits.get(level) else { return f(text) };
+        let cuts = regex.find_matches(text).map_err(|e| WorkerError::Tokenizer(format!("splitting failed: {e}")))?;
+        for ((start, end), _) in cuts {
+            if start < end {
+                self.pieces(level + 1, &text[start..end], f)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// GPT-2's `bytes_to_unicode`: printable bytes stand for themselves, the others for the
+/// characters from U+0100 on, in byte order.
+fn byte_chars() -> [char; 256] {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    let mut chars = ['\0'; 256];
+    let mut next = 256u32;
+    for b in 0..=255u8 {
+        chars[b as usize] = if printable(b) {
+            char::from(b)
+        } else {
+            next += 1;
+            char::from_u32(next - 1).unwrap_or('\0')
+        };
+    }
+    chars
+}
