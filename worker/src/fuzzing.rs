@@ -105,14 +105,17 @@ pub fn request_json(data: &[u8]) -> std::result::Result<(), ApiError> {
 }
 
 /// Caller text through the worker's tokenizer wrapper: ids inside the vocabulary, the same ids
-/// every time, and decoding what was encoded works.
+/// every time and as the `tokenizers` crate alone gives (the fast path), and decoding what was
+/// encoded works.
 pub fn tokenizer(tok: &Tokenizer, text: &str) {
     let Ok(ids) = tok.encode_plain(text) else { return };
     assert!(ids.iter().all(|&id| (id as usize) < tok.vocab_size()), "an id outside the vocabulary");
     assert_eq!(tok.encode_plain(text).ok().as_ref(), Some(&ids), "encoding is deterministic");
+    assert_eq!(tok.encode_by_crate(text, true).ok().as_ref(), Some(&ids), "the crate's own ids");
     tok.decode(&ids).expect("decoding encoded ids");
     if let Ok(special) = tok.encode(text) {
         assert!(special.iter().all(|&id| (id as usize) < tok.vocab_size()));
+        assert_eq!(tok.encode_by_crate(text, false).ok(), Some(special), "the crate's own ids, specials matched");
     }
 }
 
