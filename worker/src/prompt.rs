@@ -31,6 +31,11 @@ pub trait TextEncoder: Send + Sync {
     /// Where each token of [`TextEncoder::encode_plain`]`(text)` begins, in bytes of `text`:
     /// truncation cuts an item's text on these boundaries.
     fn token_starts(&self, text: &str) -> Result<Vec<usize>>;
+    /// [`TextEncoder::token_starts`] of each text, in order (spread over threads as
+    /// [`TextEncoder::encode_plain_many`]: the items a call asks to cut).
+    fn token_starts_many(&self, texts: &[&str]) -> Result<Vec<Vec<usize>>> {
+        texts.iter().map(|t| self.token_starts(t)).collect()
+    }
     /// Whether `encode_plain(a + b) == encode_plain(a) ++ encode_plain(b)` whenever `a` ends
     /// with a newline and `b` begins with a printable ASCII character other than a space: then a
     /// call's prompts tokenize the query part once and each item's part alone
@@ -287,49 +292,65 @@ impl PromptBuilder {
         let mut call = self.tokenize_call(enc, instruction, query, items)?;
         let ins = instruction.unwrap_or(&self.template.default_instruction);
         let empty = self.prompt_ids(enc, ins, query, "")?.len();
-        for (i, item) in items.iter().enumerate() {
-            let own = call.prompts[i].len().saturating_sub(empty);
-            // A BPE merge across the item's edges moves its count in the prompt by a token or
-            // two from its count alone: items near the cap are measured alone.
-            if own + 2 <= t.max_tokens && call.prompts[i].len() <= max_seq {
-                continue;
+        // A BPE merge across the item's edges moves its count in the prompt by a token or two
+        // from its count alone: items near the cap are measured alone.
+        let over: Vec<usize> = (0..items.len())
+            .filter(|&i| {
+                let own = call.prompts[i].len().saturating_sub(empty);
+                own + 2 > t.max_tokens || call.prompts[i].len() > max_seq
+            })
+            .collect();
+        if over.is_empty() {
+            return Ok(call);
+        }
+        // The items over the cap, measured and cut, then tokenized together as any call's items
+        // (both over the encoder's threads).
+        let starts = enc.token_starts_many(&over.iter().map(|&i| items[i]).collect::<Vec<_>>())?;
+        let keeps: Vec<usize> = starts.iter().map(|s| s.len().min(t.max_tokens)).collect();
+        let cut: Vec<usize> = (0..over.len()).filter(|&j| keeps[j] < starts[j].len()).collect();
+        let texts: Vec<&str> = cut.iter().map(|&j| cut_text(items[over[j]], &starts[j], keeps[j], t.left)).collect();
+        let prompts = self.tokenize_call(enc, instruction, query, &texts)?.prompts;
+        for (&j, prompt) in cut.iter().zip(prompts) {
+            call.prompts[over[j]] = prompt;
+        }
+        for (j, &i) in over.iter().enumerate() {
+            // Over the context: cut what is over and measure again (merges at the cut can add a
+            // token); a query too long for any item keeps its 413 at the scheduler.
+            let mut keep = keeps[j];
+            while call.prompts[i].len() > max_seq && keep > 0 {
+                keep = keep.saturating_sub((call.prompts[i].len() - max_seq).max(1));
+                call.prompts[i] = self.prompt_ids(enc, ins, query, cut_text(items[i], &starts[j], keep, t.left))?;
             }
-            let starts = enc.token_starts(item)?;
-            let mut keep = starts.len().min(t.max_tokens);
-            let mut prompt = std::mem::take(&mut call.prompts[i]);
-            let mut cut = keep < starts.len();
-            loop {
-                if keep < starts.len() {
-                    // A byte-level token can end inside a character: the cut moves to the
-                    // character's edge that keeps less.
-                    let text = if t.left {
-                        let mut at = starts[starts.len() - keep];
-                        while !item.is_char_boundary(at) {
-                            at += 1;
-                        }
-                        &item[at..]
-                    } else {
-                        let mut at = starts.get(keep).copied().unwrap_or(item.len());
-                        while !item.is_char_boundary(at) {
-                            at -= 1;
-                        }
-                        &item[..at]
-                    };
-                    prompt = self.prompt_ids(enc, ins, query, text)?;
-                    cut = true;
-                }
-                // Over the context: cut what is over and measure again (merges at the cut can
-                // add a token); a query too long for any item keeps its 413 at the scheduler.
-                if prompt.len() <= max_seq || keep == 0 {
-                    break;
-                }
-                keep = keep.saturating_sub((prompt.len() - max_seq).max(1));
-            }
-            call.truncated += u64::from(cut);
-            call.prefix_len = call.prefix_len.min(prompt.len().saturating_sub(1));
-            call.prompts[i] = prompt;
+            let truncated = keep < starts[j].len();
+            call.truncated += u64::from(truncated);
+            call.prefix_len = call.prefix_len.min(call.prompts[i].len().saturating_sub(1));
         }
         Ok(call)
+    }
+}
+
+/// `item` cut to `keep` of its tokens (`starts`: where each begins), its last ones if `left`.
+/// A byte-level token can end inside a character: the cut moves to the character's edge that
+/// keeps less.
+fn cut_text<'a>(item: &'a str, starts: &[usize], keep: usize, left: bool) -> &'a str {
+    if keep >= starts.len() {
+        return item;
+    }
+    if keep == 0 {
+        return "";
+    }
+    if left {
+        let mut at = starts[starts.len() - keep];
+        while !item.is_char_boundary(at) {
+            at += 1;
+        }
+        &item[at..]
+    } else {
+        let mut at = starts[keep];
+        while !item.is_char_boundary(at) {
+            at -= 1;
+        }
+        &item[..at]
     }
 }
 

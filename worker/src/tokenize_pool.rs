@@ -61,6 +61,13 @@ impl TextEncoder for PooledEncoder {
         let inner = self.inner.as_ref();
         self.pool.install(|| texts.par_iter().map(|t| inner.encode_plain(t)).collect())
     }
+    fn token_starts_many(&self, texts: &[&str]) -> Result<Vec<Vec<usize>>> {
+        if texts.len() < 2 {
+            return self.inner.token_starts_many(texts);
+        }
+        let inner = self.inner.as_ref();
+        self.pool.install(|| texts.par_iter().map(|t| inner.token_starts(t)).collect())
+    }
 }
 
 #[cfg(test)]

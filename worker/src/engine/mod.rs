@@ -332,3 +332,12 @@ impl Drop for EngineHandle {
         }
     }
 }
+
+/// The message a caught panic carries (a `&str` or a `String` payload), empty otherwise.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default()
+}

@@ -367,11 +367,7 @@ impl<B: Backend> Runner<B> {
             Ok(Ok(scores)) => Ran::Scores { scores, secs },
             Ok(Err(e)) => Ran::Failed(ApiError::internal(format!("forward pass failed: {e}"))),
             Err(panic) => {
-                let msg = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned());
-                Ran::Failed(ApiError::internal(format!("forward pass panicked: {}", msg.unwrap_or_default())))
+                Ran::Failed(ApiError::internal(format!("forward pass panicked: {}", super::panic_message(&*panic))))
             }
         }
     }

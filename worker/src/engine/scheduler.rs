@@ -8,6 +8,7 @@
 //! in the batch — reads it.
 
 use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -20,6 +21,7 @@ use super::job::{ScoreJob, TokenizedJob};
 use super::prefix_cache::{Epoch, PrefixCache, PrefixLease};
 use super::state::EngineState;
 use crate::prompt::{PromptBuilder, TextEncoder};
+use crate::WorkerError;
 
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
@@ -242,14 +244,16 @@ impl Scheduler {
             return 0;
         }
         let started = Instant::now();
-        let result = {
+        // A panic in the tokenizer fails this call alone: the scheduler thread serves every call.
+        let result = catch_unwind(AssertUnwindSafe(|| {
             let items: Vec<&str> = job.items.iter().map(String::as_str).collect();
             let (enc, ins) = (self.encoder.as_ref(), job.instruction.as_deref());
             match job.truncate {
                 None => self.builder.tokenize_call(enc, ins, &job.query, &items),
                 Some(t) => self.builder.tokenize_truncated(enc, ins, &job.query, &items, t, self.cfg.max_seq_tokens),
             }
-        };
+        }))
+        .unwrap_or_else(|panic| Err(WorkerError::Tokenizer(format!("panicked: {}", super::panic_message(&*panic)))));
         metrics::histogram!(m::TOKENIZE_SECONDS).record(started.elapsed().as_secs_f64());
         let call = match result {
             Ok(c) => c,

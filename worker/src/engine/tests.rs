@@ -38,9 +38,18 @@ fn engine_of(c: ModelConfig, src: MemorySource, cfg: EngineConfig) -> Arc<Engine
 }
 
 fn try_engine(c: ModelConfig, src: MemorySource, cfg: EngineConfig) -> crate::Result<Arc<EngineHandle>> {
+    let encoder: Arc<dyn TextEncoder> = Arc::new(ModEncoder(c.vocab as u32));
+    try_engine_with(c, src, cfg, encoder)
+}
+
+fn try_engine_with(
+    c: ModelConfig,
+    src: MemorySource,
+    cfg: EngineConfig,
+    encoder: Arc<dyn TextEncoder>,
+) -> crate::Result<Arc<EngineHandle>> {
     let backend = ReferenceBackend;
     let model = Model::load(&backend, &src, c.clone(), HeadSpec::YesNo { yes: 3, no: 4 }, false).unwrap();
-    let encoder: Arc<dyn TextEncoder> = Arc::new(ModEncoder(c.vocab as u32));
     let builder = PromptBuilder::new(template(), encoder.as_ref()).unwrap();
     EngineHandle::start(EngineParts { backend, model, encoder, builder }, cfg, Arc::new(EngineState::default()))
 }
@@ -285,6 +294,41 @@ fn a_truncated_item_scores_the_same_alone_in_a_batch_and_sent_already_cut() {
     let over = score_cut(&e, "q", vec!["ok".into(), "y ".repeat(300)], 10_000, false).unwrap();
     assert_eq!(over.usage.truncated_items, 1);
     assert!(over.scores.iter().all(Option::is_some));
+    // A query too long for any item: cut to nothing, the call is still refused with a 413 (from
+    // either end), and the engine serves the next call.
+    for left in [false, true] {
+        let err = score_cut(&e, &"q ".repeat(150), vec!["an item".into()], 10, left).unwrap_err();
+        assert_eq!(err.status(), 413, "left {left}: {}", err.message);
+    }
+    assert_eq!(score(&e, "q", vec!["ok".into()]).unwrap().scores.len(), 1);
+    e.shutdown();
+}
+
+/// [`ModEncoder`] that panics on a text holding "💥".
+struct PanickingEncoder(ModEncoder);
+impl TextEncoder for PanickingEncoder {
+    fn encode_special(&self, t: &str) -> crate::Result<Vec<u32>> {
+        self.0.encode_special(t)
+    }
+    fn encode_plain(&self, t: &str) -> crate::Result<Vec<u32>> {
+        assert!(!t.contains('💥'), "a tokenizer bug");
+        self.0.encode_plain(t)
+    }
+    fn token_starts(&self, t: &str) -> crate::Result<Vec<usize>> {
+        self.0.token_starts(t)
+    }
+}
+
+#[test]
+fn a_tokenizer_panic_fails_its_call_alone() {
+    let c = tiny_config(Arch::Qwen3);
+    let encoder = Arc::new(PanickingEncoder(ModEncoder(c.vocab as u32)));
+    let e = try_engine_with(c.clone(), random_source(&c, 11), cfg(true), encoder).unwrap();
+    let err = score(&e, "q", vec!["ok".into(), "boom 💥".into()]).unwrap_err();
+    assert_eq!(err.status(), 500);
+    assert!(err.message.contains("panicked") && err.message.contains("a tokenizer bug"), "{}", err.message);
+    assert_eq!(score(&e, "q", vec!["ok".into()]).unwrap().scores.len(), 1);
+    assert_eq!(e.state.queued_pairs.get(), 0);
     e.shutdown();
 }
 

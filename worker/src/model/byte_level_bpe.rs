@@ -11,6 +11,8 @@
 //! ids are the crate's. A text holding any added token's string (special or not) is left to the
 //! crate, which matches them.
 
+use std::borrow::Cow;
+
 use tokenizers::models::bpe::BPE;
 use tokenizers::normalizers::unicode::NFC;
 use tokenizers::tokenizer::pattern::Pattern;
@@ -76,47 +78,85 @@ impl ByteLevelBpe {
 
     /// The ids of `text`, or `None` if it holds an added token's string.
     pub(crate) fn encode(&self, text: &str) -> Option<Result<Vec<u32>>> {
+        let text = match self.normalized(text)? {
+            Ok(t) => t,
+            Err(e) => return Some(Err(e)),
+        };
+        let mut ids = Vec::with_capacity(text.len() / 3);
+        Some(self.each_token(&text, &mut |id, _| ids.push(id)).map(|()| ids))
+    }
+
+    /// Where each token of `text` begins, in bytes of `text` (the crate's `encode` offsets), or
+    /// `None` if it holds an added token's string or normalizing changes it (offsets through a
+    /// normalization are the crate's alignments).
+    pub(crate) fn token_starts(&self, text: &str) -> Option<Result<Vec<usize>>> {
+        match self.normalized(text)? {
+            Ok(Cow::Borrowed(_)) => {}
+            Ok(Cow::Owned(n)) if n == text => {}
+            Ok(Cow::Owned(_)) => return None,
+            Err(e) => return Some(Err(e)),
+        }
+        // A byte-level token may begin inside a character: its offset, as the crate aligns it,
+        // is that character's first byte.
+        let mut starts = Vec::with_capacity(text.len() / 3);
+        let floor = |mut at: usize| {
+            while !text.is_char_boundary(at) {
+                at -= 1;
+            }
+            at
+        };
+        Some(self.each_token(text, &mut |_, start| starts.push(floor(start))).map(|()| starts))
+    }
+
+    /// `text` as the model tokenizes it (its NFC form, where the tokenizer normalizes), or `None`
+    /// if it or that form holds an added token's string.
+    fn normalized<'a>(&self, text: &'a str) -> Option<Result<Cow<'a, str>>> {
         if self.holds_added_token(text) {
             return None;
         }
-        let normalized;
-        let text = if self.nfc && !text.is_ascii() {
-            let mut n = NormalizedString::from(text);
-            if let Err(e) = NFC.normalize(&mut n) {
-                return Some(Err(WorkerError::Tokenizer(format!("normalizing failed: {e}"))));
-            }
-            normalized = n.get().to_owned();
-            if self.holds_added_token(&normalized) {
-                return None;
-            }
-            normalized.as_str()
-        } else {
-            text
-        };
-        let mut ids = Vec::with_capacity(text.len() / 3);
-        let mut mapped = String::new();
-        Some(self.pieces(0, text, &mut |piece| {
-            mapped.clear();
-            mapped.extend(piece.bytes().map(|b| self.byte_chars[b as usize]));
-            let tokens =
-                self.bpe.tokenize(&mapped).map_err(|e| WorkerError::Tokenizer(format!("encoding failed: {e}")))?;
-            ids.extend(tokens.iter().map(|t| t.id));
-            Ok(())
-        }))
-        .map(|done| done.map(|()| ids))
+        if !self.nfc || text.is_ascii() {
+            return Some(Ok(Cow::Borrowed(text)));
+        }
+        let mut n = NormalizedString::from(text);
+        if let Err(e) = NFC.normalize(&mut n) {
+            return Some(Err(WorkerError::Tokenizer(format!("normalizing failed: {e}"))));
+        }
+        let normalized = n.get().to_owned();
+        (!self.holds_added_token(&normalized)).then_some(Ok(Cow::Owned(normalized)))
     }
 
     fn holds_added_token(&self, text: &str) -> bool {
         self.added.iter().any(|t| text.contains(t.as_str()))
     }
 
-    /// Calls `f` on each non-empty piece of `text` cut by the splits from `level` on, in order.
-    fn pieces(&self, level: usize, text: &str, f: &mut dyn FnMut(&str) -> Result<()>) -> Result<()> {
-        let Some(regex) = self.splits.get(level) else { return f(text) };
+    /// Calls `f(id, start)` for each token of `text` (already normalized), `start` in its bytes.
+    fn each_token(&self, text: &str, f: &mut dyn FnMut(u32, usize)) -> Result<()> {
+        let mut mapped = String::new();
+        self.pieces(0, text, 0, &mut |piece, at| {
+            mapped.clear();
+            mapped.extend(piece.bytes().map(|b| self.byte_chars[b as usize]));
+            let tokens =
+                self.bpe.tokenize(&mapped).map_err(|e| WorkerError::Tokenizer(format!("encoding failed: {e}")))?;
+            // A token's offsets are bytes of `mapped`, whose characters stand one for each byte
+            // of the piece.
+            let (mut byte, mut seen) = (at, 0);
+            for t in &tokens {
+                byte += mapped[seen..t.offsets.0].chars().count();
+                seen = t.offsets.0;
+                f(t.id, byte);
+            }
+            Ok(())
+        })
+    }
+
+    /// Calls `f(piece, start)` on each non-empty piece of `text` (which begins at byte `at` of
+    /// the whole) cut by the splits from `level` on, in order.
+    fn pieces(&self, level: usize, text: &str, at: usize, f: &mut dyn FnMut(&str, usize) -> Result<()>) -> Result<()> {
+        let Some(regex) = self.splits.get(level) else { return f(text, at) };
         let cuts = regex.find_matches(text).map_err(|e| WorkerError::Tokenizer(format!("splitting failed: {e}")))?;
         for ((start, end), _) in cuts {
             if start < end {
-                self.pieces(level + 1, &text[start..end], f)?;
+                self.pieces(level + 1, &text[start..end], at + start, f)?;
             }
         }
         Ok(())

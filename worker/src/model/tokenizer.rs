@@ -264,14 +264,21 @@ impl crate::prompt::TextEncoder for Tokenizer {
         Tokenizer::encode_plain(self, text)
     }
     fn token_starts(&self, text: &str) -> Result<Vec<usize>> {
-        // `encode` (not `encode_fast`) computes the offsets, in bytes of the text.
-        let enc =
-            self.plain.encode(text, false).map_err(|e| WorkerError::Tokenizer(format!("encoding failed: {e}")))?;
-        Ok(enc.get_offsets().iter().map(|o| o.0).collect())
+        match self.fast.as_ref().and_then(|fast| fast.token_starts(text)) {
+            Some(starts) => starts,
+            None => token_starts_by(&self.plain, text),
+        }
     }
     fn splits_after_newline(&self) -> bool {
         self.splits_after_newline
     }
+}
+
+/// Where each token of `text` through `tok` begins, in bytes of `text`: `encode` (not
+/// `encode_fast`) computes the offsets.
+fn token_starts_by(tok: &tokenizers::Tokenizer, text: &str) -> Result<Vec<usize>> {
+    let enc = tok.encode(text, false).map_err(|e| WorkerError::Tokenizer(format!("encoding failed: {e}")))?;
+    Ok(enc.get_offsets().iter().map(|o| o.0).collect())
 }
 
 /// Token ids of `text` through `tok`, no BOS/EOS added.
@@ -452,6 +459,11 @@ mod tests {
                     tok.encode_plain(&text).unwrap(),
                     tok.encode_by_crate(&text, true).unwrap(),
                     "case {case}: {text:?} (plain)"
+                );
+                assert_eq!(
+                    crate::prompt::TextEncoder::token_starts(&tok, &text).unwrap(),
+                    token_starts_by(&tok.plain, &text).unwrap(),
+                    "case {case}: {text:?} (token starts)"
                 );
             }
             assert!(fast_taken > cases / 2, "only {fast_taken} of {cases} texts took the fast path");
