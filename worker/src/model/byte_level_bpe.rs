@@ -9,7 +9,7 @@
 //! model; no post-processor but `ByteLevel`; no truncation or padding), [`ByteLevelBpe`] cuts
 //! the same pieces with the same compiled regexes and hands each to the same BPE model, so the
 //! ids are the crate's. A text holding any added token's string (special or not) is left to the
-//! crate, which matches them.
+//! crate whole, whose added-vocabulary pass handles them.
 
 use std::borrow::Cow;
 
