@@ -571,36 +571,8 @@ pub(crate) mod tests {
     /// prompts and prefix. `SIEVE_CUT_CASES` sets the number of calls (a longer run by hand).
     #[test]
     fn cut_bodies_give_the_whole_bodies_ids_on_random_text() {
-        use crate::model::test_assets::{asset, QWEN3_TOKENIZER};
+        use crate::model::test_assets::{asset, QWEN3_TOKENIZER, TEXT_PIECES};
         use rand::{Rng, SeedableRng};
-        const PIECES: [&str; 26] = [
-            "\n",
-            "\r",
-            "\r\n",
-            " ",
-            "  ",
-            "\t",
-            "'",
-            "'s",
-            "0",
-            "42",
-            ":",
-            "<",
-            ">",
-            "|",
-            "?!",
-            "a",
-            "Zz",
-            "é",
-            "e\u{301}",
-            "\u{301}",
-            "\u{3000}",
-            "漢字",
-            "🙂",
-            "<|im_end|>",
-            "<think>",
-            "\u{a0}",
-        ];
         let tok = crate::Tokenizer::from_file(&asset(QWEN3_TOKENIZER)).unwrap();
         let cut = PromptBuilder::new(PromptTemplate::default(), &tok).unwrap();
         assert!(cut.item_cut.is_some());
@@ -608,7 +580,7 @@ pub(crate) mod tests {
         let cases = std::env::var("SIEVE_CUT_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(300);
         let mut rng = rand::rngs::StdRng::seed_from_u64(11);
         let text = |rng: &mut rand::rngs::StdRng| -> String {
-            (0..rng.random_range(0..8)).map(|_| PIECES[rng.random_range(0..PIECES.len())]).collect()
+            (0..rng.random_range(0..8)).map(|_| TEXT_PIECES[rng.random_range(0..TEXT_PIECES.len())]).collect()
         };
         for case in 0..cases {
             let query = text(&mut rng);

@@ -19,6 +19,46 @@ pub(crate) fn asset(rel: &str) -> PathBuf {
 
 pub(crate) use crate::assets::{DEFAULT_MODEL as SMOLLM2_GGUF, QWEN3_TOKENIZER};
 
+/// Pieces of text whose joins tokenizers treat apart (newlines, spaces, tabs, apostrophes and
+/// contractions, digits, punctuation, letters with and without combining marks that NFC
+/// composes, wide spaces, CJK, emoji, special and added tokens' strings): random texts for the
+/// tokenizer tests are strung from these.
+pub(crate) const TEXT_PIECES: [&str; 33] = [
+    "\n",
+    "\r",
+    "\r\n",
+    " ",
+    "  ",
+    "   ",
+    "\t",
+    "'",
+    "'s",
+    "'LL",
+    "0",
+    "42",
+    "2024",
+    ":",
+    "<",
+    ">",
+    "|",
+    "?!",
+    "...",
+    "a",
+    "Zz",
+    "running",
+    "é",
+    "e\u{301}",
+    "\u{301}",
+    "\u{1100}\u{1161}",
+    "\u{3000}",
+    "\u{a0}",
+    "漢字",
+    "🙂",
+    "<|im_end|>",
+    "<think>",
+    "<s>",
+];
+
 /// A fresh, empty temporary directory for one test (removed when dropped).
 pub(crate) struct TempDir(pub PathBuf);
 

@@ -408,33 +408,8 @@ mod tests {
     /// without added tokens' strings. `SIEVE_TOKENIZER_CASES` sets the number of texts.
     #[test]
     fn the_fast_path_gives_the_crate_ids_on_random_text() {
+        use crate::model::test_assets::TEXT_PIECES;
         use rand::{Rng, SeedableRng};
-        const PIECES: [&str; 24] = [
-            "\n",
-            "\r\n",
-            " ",
-            "   ",
-            "\t",
-            "'",
-            "'s",
-            "'LL",
-            "0",
-            "2024",
-            ":",
-            "?!",
-            "...",
-            "a",
-            "Zz",
-            "running",
-            "é",
-            "e\u{301}",
-            "\u{1100}\u{1161}",
-            "\u{3000}",
-            "\u{a0}",
-            "<|im_start|>",
-            "<think>",
-            "<s>",
-        ];
         let cases = std::env::var("SIEVE_TOKENIZER_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(3000);
         let mut rng = rand::rngs::StdRng::seed_from_u64(5);
         for tok in [qwen3(), smollm2()] {
@@ -446,7 +421,7 @@ mod tests {
                         0 => char::from_u32(rng.random_range(0x80..0x800)).unwrap_or('x').to_string(),
                         1 => char::from_u32(rng.random_range(0x800..0x10000)).unwrap_or('x').to_string(),
                         2 => char::from_u32(rng.random_range(0x10000..0x20000)).unwrap_or('x').to_string(),
-                        _ => PIECES[rng.random_range(0..PIECES.len())].to_string(),
+                        _ => TEXT_PIECES[rng.random_range(0..TEXT_PIECES.len())].to_string(),
                     })
                     .collect();
                 fast_taken += tok.fast.as_ref().unwrap().encode(&text).is_some() as usize;
