@@ -311,6 +311,18 @@ impl EngineHandle {
         self.cache.lock().unwrap_or_else(|e| e.into_inner()).snapshot()
     }
 
+    /// Why the engine can no longer serve, if one of its threads has ended while it was not
+    /// shut down (a panic outside the parts that catch theirs): the worker is then not ready
+    /// and not healthy, so that it is taken out of rotation and restarted.
+    pub fn stopped(&self) -> Option<String> {
+        if self.tx.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
+            return None; // shut down on purpose
+        }
+        let threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+        let ended = threads.iter().find(|t| t.is_finished())?;
+        Some(format!("the engine's {} thread has stopped: restart the worker", ended.thread().name().unwrap_or("?")))
+    }
+
     /// Stops accepting work, lets queued work finish, and joins the threads.
     pub fn shutdown(&self) {
         // The runner holds a sender too (to say when it takes a batch): stop explicitly.

@@ -333,6 +333,32 @@ fn a_tokenizer_panic_fails_its_call_alone() {
 }
 
 #[test]
+fn an_engine_whose_thread_ended_says_so_and_refuses_calls() {
+    let e = engine(cfg(true));
+    assert_eq!(e.stopped(), None);
+    assert_eq!(score(&e, "q", vec!["ok".into()]).unwrap().scores.len(), 1);
+    // The scheduler ends while the handle still takes calls (as after a panic there).
+    e.tx.lock().unwrap().as_ref().unwrap().send(Msg::Stop).unwrap();
+    wait_for("the scheduler to end", || e.stopped().is_some());
+    let why = e.stopped().unwrap();
+    assert!(why.contains("sieve-scheduler") && why.contains("restart the worker"), "{why}");
+    let refused = e.submit(Submission {
+        query: "q".into(),
+        items: vec!["ok".into()],
+        instruction: None,
+        arrived: Instant::now(),
+        deadline: None,
+        cancel: CancellationToken::new(),
+        span: tracing::Span::none(),
+        truncate: None,
+    });
+    assert_eq!(refused.err().map(|e| e.status()), Some(503));
+    // Shut down on purpose: not a failure.
+    e.shutdown();
+    assert_eq!(e.stopped(), None);
+}
+
+#[test]
 fn too_long_prompts_and_overload_are_refused_cleanly() {
     let e = engine(EngineConfig { max_queued_pairs: 10, ..cfg(true) });
     let err = score(&e, "q", vec!["ok".into(), "y".repeat(400)]).unwrap_err();

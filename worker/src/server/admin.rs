@@ -1,6 +1,7 @@
-//! The admin port: `/health`, `/ready`, `/metrics` (Prometheus), `/stats` (JSON), and
-//! `POST /drain` (refuse new calls, finish those in flight, exit: what SIGTERM does), which
-//! needs the admin token; the reads need it too with `[admin] protect_reads`.
+//! The admin port: `/health` (503 once the engine has stopped), `/ready`, `/metrics`
+//! (Prometheus), `/stats` (JSON), and `POST /drain` (refuse new calls, finish those in flight,
+//! exit: what SIGTERM does), which needs the admin token; the reads need it too with `[admin]
+//! protect_reads`.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -34,7 +35,10 @@ pub async fn handle(app: Arc<AppState>, req: Request<Incoming>) -> HttpResponse 
         return http::error(&denied);
     }
     match path {
-        "/health" => http::json(StatusCode::OK, &json!({"status": "ok"})),
+        "/health" => match app.engine.get().and_then(|e| e.stopped()) {
+            None => http::json(StatusCode::OK, &json!({"status": "ok"})),
+            Some(why) => http::json(StatusCode::SERVICE_UNAVAILABLE, &json!({"status": "failed", "reason": why})),
+        },
         "/ready" => ready(&app),
         "/stats" => http::json(StatusCode::OK, &stats(&app)),
         "/metrics" => prometheus(&app),
@@ -52,10 +56,13 @@ fn drain(app: &AppState) -> HttpResponse {
 
 fn ready(app: &AppState) -> HttpResponse {
     let st = &app.state;
-    if st.is_ready() && app.engine.get().is_some() {
+    let stopped = app.engine.get().and_then(|e| e.stopped());
+    if st.is_ready() && app.engine.get().is_some() && stopped.is_none() {
         return http::json(StatusCode::OK, &json!({"ready": true}));
     }
-    let reason = if st.draining.load(Ordering::Acquire) {
+    let reason = if let Some(why) = stopped {
+        why
+    } else if st.draining.load(Ordering::Acquire) {
         "draining".to_string()
     } else if let Some(e) = st.load_error.lock().ok().and_then(|e| e.clone()) {
         format!("model failed to load: {e}")
@@ -71,7 +78,7 @@ pub fn stats(app: &AppState) -> WorkerStats {
         model: app.model_name.get().cloned().unwrap_or_default(),
         template: app.template_id.get().cloned().unwrap_or_default(),
         device: app.device.clone(),
-        ready: st.is_ready() && app.engine.get().is_some(),
+        ready: st.is_ready() && app.engine.get().is_some_and(|e| e.stopped().is_none()),
         draining: st.draining.load(Ordering::Acquire),
         in_flight_requests: st.in_flight_requests.get(),
         queued_pairs: st.queued_pairs.get(),
