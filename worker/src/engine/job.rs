@@ -124,6 +124,15 @@ pub struct ScoreJob {
     /// The call's spans when it is traced (`None`, nothing allocated, when tracing is off).
     pub trace: Option<Box<CallSpans>>,
     pub truncate: Option<crate::prompt::Truncate>,
+    /// For [`Drop`]: a job dropped unanswered (a panic on a thread that held it) answers 500 at
+    /// once instead of leaving its caller waiting for the deadline.
+    pub state: Arc<EngineState>,
+}
+
+impl Drop for ScoreJob {
+    fn drop(&mut self) {
+        self.slot.answer(&self.state, Err(dropped()));
+    }
 }
 
 /// A traced call's spans, carried to the runner thread (which has no span context of its own).

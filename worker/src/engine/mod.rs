@@ -293,6 +293,7 @@ impl EngineHandle {
             slot,
             trace,
             truncate: s.truncate,
+            state: self.state.clone(),
         };
         st.queued_pairs.add(pairs);
         st.in_flight_requests.add(1);

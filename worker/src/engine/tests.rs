@@ -333,6 +333,32 @@ fn a_tokenizer_panic_fails_its_call_alone() {
 }
 
 #[test]
+fn a_call_dropped_unanswered_is_answered_at_once() {
+    // As when a thread holding it panics: its caller gets a 500 now, not a 504 at the deadline.
+    let state = Arc::new(EngineState::default());
+    state.in_flight_requests.add(1);
+    let (ticket, slot) = Ticket::new(state.clone(), 1, Instant::now(), None);
+    let probe = slot.clone();
+    drop(ScoreJob {
+        instruction: None,
+        query: "q".into(),
+        items: vec!["ok".into()],
+        arrived: Instant::now(),
+        deadline: None,
+        cancel: CancellationToken::new(),
+        slot,
+        trace: None,
+        truncate: None,
+        state: state.clone(),
+    });
+    assert!(probe.is_answered(), "left for the deadline");
+    let err = ticket.blocking_recv().unwrap().unwrap_err();
+    assert_eq!(err.status(), 500);
+    assert!(err.message.contains("dropped"), "{}", err.message);
+    assert_eq!(state.in_flight_requests.get(), 0);
+}
+
+#[test]
 fn an_engine_whose_thread_ended_says_so_and_refuses_calls() {
     let e = engine(cfg(true));
     assert_eq!(e.stopped(), None);
