@@ -87,8 +87,9 @@ fn items(n: usize, salt: usize) -> Vec<String> {
     (0..n).map(|i| format!("item {} {}", i * 7 + salt, "x".repeat((i * 5 + salt) % 23))).collect()
 }
 
-fn submit(e: &EngineHandle, query: &str, items: Vec<String>) -> Ticket {
-    e.submit(Submission {
+/// A call of `items` for `query`, arriving now, with no deadline, instruction or truncation.
+fn submission(query: &str, items: Vec<String>) -> Submission {
+    Submission {
         query: query.into(),
         items,
         instruction: None,
@@ -97,8 +98,11 @@ fn submit(e: &EngineHandle, query: &str, items: Vec<String>) -> Ticket {
         cancel: CancellationToken::new(),
         span: tracing::Span::none(),
         truncate: None,
-    })
-    .unwrap()
+    }
+}
+
+fn submit(e: &EngineHandle, query: &str, items: Vec<String>) -> Ticket {
+    e.submit(submission(query, items)).unwrap()
 }
 
 fn submit_with(
@@ -108,17 +112,7 @@ fn submit_with(
     deadline: Option<Duration>,
     cancel: CancellationToken,
 ) -> Ticket {
-    e.submit(Submission {
-        query: query.into(),
-        items,
-        instruction: None,
-        arrived: Instant::now(),
-        deadline,
-        cancel,
-        span: tracing::Span::none(),
-        truncate: None,
-    })
-    .unwrap()
+    e.submit(Submission { deadline, cancel, ..submission(query, items) }).unwrap()
 }
 
 fn score(e: &EngineHandle, query: &str, items: Vec<String>) -> JobResult {
@@ -253,19 +247,10 @@ fn concurrent_batches_never_read_each_others_pending_prefix() {
 }
 
 fn score_cut(e: &EngineHandle, query: &str, items: Vec<String>, max_tokens: usize, left: bool) -> JobResult {
-    e.submit(Submission {
-        query: query.into(),
-        items,
-        instruction: None,
-        arrived: Instant::now(),
-        deadline: None,
-        cancel: CancellationToken::new(),
-        span: tracing::Span::none(),
-        truncate: Some(crate::prompt::Truncate { max_tokens, left }),
-    })
-    .unwrap()
-    .blocking_recv()
-    .unwrap()
+    e.submit(Submission { truncate: Some(crate::prompt::Truncate { max_tokens, left }), ..submission(query, items) })
+        .unwrap()
+        .blocking_recv()
+        .unwrap()
 }
 
 #[test]
@@ -368,16 +353,7 @@ fn an_engine_whose_thread_ended_says_so_and_refuses_calls() {
     wait_for("the scheduler to end", || e.stopped().is_some());
     let why = e.stopped().unwrap();
     assert!(why.contains("sieve-scheduler") && why.contains("restart the worker"), "{why}");
-    let refused = e.submit(Submission {
-        query: "q".into(),
-        items: vec!["ok".into()],
-        instruction: None,
-        arrived: Instant::now(),
-        deadline: None,
-        cancel: CancellationToken::new(),
-        span: tracing::Span::none(),
-        truncate: None,
-    });
+    let refused = e.submit(submission("q", vec!["ok".into()]));
     assert_eq!(refused.err().map(|e| e.status()), Some(503));
     // Shut down on purpose: not a failure.
     e.shutdown();
@@ -401,14 +377,9 @@ fn expired_calls_get_504_and_others_are_unaffected() {
     let e = engine(cfg(true));
     let expired = e
         .submit(Submission {
-            query: "q".into(),
-            items: items(3, 0),
-            instruction: None,
             arrived: Instant::now() - Duration::from_secs(5),
             deadline: Some(Duration::from_millis(1)),
-            cancel: CancellationToken::new(),
-            span: tracing::Span::none(),
-            truncate: None,
+            ..submission("q", items(3, 0))
         })
         .unwrap();
     let ok = submit(&e, "q", items(3, 0));
