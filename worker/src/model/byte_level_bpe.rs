@@ -17,7 +17,7 @@ use tokenizers::models::bpe::BPE;
 use tokenizers::normalizers::unicode::NFC;
 use tokenizers::tokenizer::pattern::Pattern;
 use tokenizers::utils::SysRegex;
-use tokenizers::{Model, ModelWrapper, NormalizedString, Normalizer, NormalizerWrapper, PostProcessorWrapper};
+use tokenizers::{Model, ModelWrapper, NormalizedString, Normalizer, NormalizerWrapper, PostProcessorWrapper, Token};
 
 use crate::error::{Result, WorkerError};
 
@@ -83,7 +83,7 @@ impl ByteLevelBpe {
             Err(e) => return Some(Err(e)),
         };
         let mut ids = Vec::with_capacity(text.len() / 3);
-        Some(self.each_token(&text, &mut |id, _| ids.push(id)).map(|()| ids))
+        Some(self.each_piece(&text, &mut |_, _, tokens| ids.extend(tokens.iter().map(|t| t.id))).map(|()| ids))
     }
 
     /// Where each token of `text` begins, in bytes of `text` (the crate's `encode` offsets), or
@@ -105,7 +105,17 @@ impl ByteLevelBpe {
             }
             at
         };
-        Some(self.each_token(text, &mut |_, start| starts.push(floor(start))).map(|()| starts))
+        let done = self.each_piece(text, &mut |at, mapped, tokens| {
+            // A token's offsets are bytes of `mapped`, whose characters stand one for each byte
+            // of the piece.
+            let (mut byte, mut seen) = (at, 0);
+            for t in tokens {
+                byte += mapped[seen..t.offsets.0].chars().count();
+                seen = t.offsets.0;
+                starts.push(floor(byte));
+            }
+        });
+        Some(done.map(|()| starts))
     }
 
     /// `text` as the model tokenizes it (its NFC form, where the tokenizer normalizes), or `None`
@@ -129,22 +139,16 @@ impl ByteLevelBpe {
         self.added.iter().any(|t| text.contains(t.as_str()))
     }
 
-    /// Calls `f(id, start)` for each token of `text` (already normalized), `start` in its bytes.
-    fn each_token(&self, text: &str, f: &mut dyn FnMut(u32, usize)) -> Result<()> {
+    /// Calls `f(start, mapped, tokens)` for each piece of `text` (already normalized): where it
+    /// begins in `text`, its bytes as `ByteLevel` characters, and the BPE model's tokens of them.
+    fn each_piece(&self, text: &str, f: &mut dyn FnMut(usize, &str, &[Token])) -> Result<()> {
         let mut mapped = String::new();
         self.pieces(0, text, 0, &mut |piece, at| {
             mapped.clear();
             mapped.extend(piece.bytes().map(|b| self.byte_chars[b as usize]));
             let tokens =
                 self.bpe.tokenize(&mapped).map_err(|e| WorkerError::Tokenizer(format!("encoding failed: {e}")))?;
-            // A token's offsets are bytes of `mapped`, whose characters stand one for each byte
-            // of the piece.
-            let (mut byte, mut seen) = (at, 0);
-            for t in &tokens {
-                byte += mapped[seen..t.offsets.0].chars().count();
-                seen = t.offsets.0;
-                f(t.id, byte);
-            }
+            f(at, &mapped, &tokens);
             Ok(())
         })
     }
